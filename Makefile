@@ -1,0 +1,64 @@
+# mpsd — build, test, lint. `make help` lists the targets.
+SHELL := /bin/bash
+GO ?= go
+export CGO_ENABLED := 1
+export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
+# Where hack/fetch-nvidia-mps.sh caches NVIDIA's real control daemons (outside the repo).
+export MPSD_NVIDIA_MPS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/nvidia-mps
+
+BIN := bin
+EMU := $(BIN)/emu
+GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
+STATICCHECK ?= $(GOBIN_DIR)/staticcheck
+STATICCHECK_VERSION := v0.8.2
+TEST_TIMEOUT ?= 9m
+
+.PHONY: all build emu test test-go lint fmt vet staticcheck fetch-mps conformance clean help check-leftovers
+
+all: build
+
+help:
+	@echo "make build        build everything; binaries in $(BIN)/, MPS emulator in $(EMU)/"
+	@echo "make test         fetch NVIDIA's real MPS control daemons (if reachable), run go test -race ./..., check for leftovers"
+	@echo "make lint         gofmt, go vet, staticcheck (architecture rules run as tests)"
+	@echo "make fetch-mps    fetch NVIDIA's real nvidia-cuda-mps-control into $(MPSD_NVIDIA_MPS_CACHE)"
+	@echo "make conformance  print the emulator-vs-real conformance table"
+	@echo "make clean        remove $(BIN)/"
+
+build: emu
+	$(GO) build ./...
+	@if [ -n "$$(ls -d cmd/*/ 2>/dev/null)" ]; then $(GO) build -o $(BIN)/ ./cmd/...; fi
+
+# The emulator programs carry the real binaries' names so they drop in via PATH.
+emu:
+	@mkdir -p $(EMU)
+	@if [ -d internal/mpsemu/cmd ]; then $(GO) build -o $(EMU)/ ./internal/mpsemu/cmd/...; fi
+
+fetch-mps:
+	@hack/fetch-nvidia-mps.sh || echo "make: real MPS daemons unavailable; tests that need them will say so and skip"
+
+test: fetch-mps build
+	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) $(GO) test -race -timeout $(TEST_TIMEOUT) ./...
+	@$(MAKE) --no-print-directory check-leftovers
+
+check-leftovers:
+	@hack/check-leftovers.sh
+
+conformance: fetch-mps emu
+	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) $(GO) test -count=1 -run 'TestConformance' -v ./internal/mpsemu/conformance/ | tee /dev/stderr | awk '/^CONFORMANCE/{sub(/^CONFORMANCE /,""); print}' >/dev/null
+
+lint: fmt vet staticcheck
+
+fmt:
+	@out=$$(find . -name '*.go' -not -path './.git/*' -print0 | xargs -0 gofmt -l); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+staticcheck:
+	@[ -x $(STATICCHECK) ] || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	$(STATICCHECK) ./...
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Run after the test suite: fail if tests left MPS (real or emulated) processes,
+# mpsd cgroups or default-location MPS files behind. Tests must clean up.
+set -u
+fail=0
+procs=$(pgrep -a -f 'nvidia-cuda-mps-(control|server)|mpsemu-client|bin/mpsd( |$)' | grep -v -e pgrep -e check-leftovers || true)
+if [ -n "$procs" ]; then
+	echo "check-leftovers: processes left running by the tests:" >&2
+	echo "$procs" >&2
+	fail=1
+fi
+cgs=$(ls -d /sys/fs/cgroup/*/mpsd-test* /sys/fs/cgroup/mpsd-test* /sys/fs/cgroup/unified/mpsd-test* 2>/dev/null || true)
+if [ -n "$cgs" ]; then
+	echo "check-leftovers: cgroups left by the tests:" >&2
+	echo "$cgs" >&2
+	fail=1
+fi
+# Tests always pass their own pipe and log directories; MPS's defaults must stay untouched.
+for d in /tmp/nvidia-mps /var/log/nvidia-mps; do
+	if [ -e "$d" ]; then
+		echo "check-leftovers: $d exists: a test used MPS's default directory" >&2
+		fail=1
+	fi
+done
+[ "$fail" = 0 ] && echo "check-leftovers: no processes, cgroups or default MPS directories left behind"
+exit "$fail"

@@ -1,0 +1,147 @@
+package archtest
+
+import (
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// execAllowed lists the directories whose non-test code may import os/exec.
+// mps/ and internal/mpsemu/ run the MPS binaries; launcher/ runs the user's
+// command; cgroup/ starts a command given to it directly inside a cgroup.
+var execAllowed = []string{"mps", "internal/mpsemu", "launcher", "cgroup"}
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "go.mod")); err != nil {
+		t.Fatalf("repository root not found from %s: %v", dir, err)
+	}
+	return dir
+}
+
+type pkgInfo struct {
+	hasDoc bool
+	files  int
+}
+
+// walkGo calls fn for every non-generated .go file outside testdata and
+// hidden directories, with its path relative to the repository root.
+func walkGo(t *testing.T, root string, fn func(rel string)) {
+	t.Helper()
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "bin" || name == "vendor") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if strings.HasSuffix(name, ".go") {
+			rel, _ := filepath.Rel(root, path)
+			fn(filepath.ToSlash(rel))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestEveryPackageHasDocComment(t *testing.T) {
+	root := repoRoot(t)
+	pkgs := map[string]*pkgInfo{}
+	walkGo(t, root, func(rel string) {
+		if strings.HasSuffix(rel, "_test.go") {
+			return
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(root, rel), nil, parser.ParseComments|parser.PackageClauseOnly)
+		if err != nil {
+			t.Errorf("%s: %v", rel, err)
+			return
+		}
+		dir := filepath.Dir(rel)
+		p := pkgs[dir]
+		if p == nil {
+			p = &pkgInfo{}
+			pkgs[dir] = p
+		}
+		p.files++
+		if f.Doc != nil && strings.TrimSpace(f.Doc.Text()) != "" {
+			p.hasDoc = true
+		}
+	})
+	if len(pkgs) == 0 {
+		t.Fatal("no Go packages found")
+	}
+	for dir, p := range pkgs {
+		if !p.hasDoc {
+			t.Errorf("package %s has no package doc comment (put one in doc.go saying what it owns)", dir)
+		}
+	}
+}
+
+func TestOnlyAllowedPackagesRunPrograms(t *testing.T) {
+	root := repoRoot(t)
+	checked := 0
+	walkGo(t, root, func(rel string) {
+		if strings.HasSuffix(rel, "_test.go") {
+			return
+		}
+		checked++
+		f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(root, rel), nil, parser.ImportsOnly)
+		if err != nil {
+			t.Errorf("%s: %v", rel, err)
+			return
+		}
+		for _, imp := range f.Imports {
+			path, _ := strconv.Unquote(imp.Path.Value)
+			if path != "os/exec" {
+				continue
+			}
+			if !allowed(rel) {
+				t.Errorf("%s imports os/exec; only %v may run external programs (DESIGN.md §2)", rel, execAllowed)
+			}
+		}
+	})
+	if checked == 0 {
+		t.Fatal("no Go files checked")
+	}
+}
+
+func allowed(rel string) bool {
+	for _, dir := range execAllowed {
+		if strings.HasPrefix(rel, dir+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func TestAllowed(t *testing.T) {
+	for _, tc := range []struct {
+		rel  string
+		want bool
+	}{
+		{"mps/daemon.go", true},
+		{"internal/mpsemu/control/control.go", true},
+		{"mpsd/instance.go", false},
+		{"mpsx/a.go", false},
+		{"cmd/mpsd/main.go", false},
+	} {
+		if got := allowed(tc.rel); got != tc.want {
+			t.Errorf("allowed(%q) = %v, want %v", tc.rel, got, tc.want)
+		}
+	}
+}

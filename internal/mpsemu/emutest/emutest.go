@@ -1,0 +1,115 @@
+// Package emutest finds the programs that tests run as MPS: the emulator's
+// binaries (built on demand) and NVIDIA's real control daemons fetched by
+// hack/fetch-nvidia-mps.sh. It is imported only by tests.
+package emutest
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// Program names, as NVIDIA ships them; the emulator uses the same names so it
+// drops in through PATH.
+const (
+	ControlName = "nvidia-cuda-mps-control"
+	ServerName  = "nvidia-cuda-mps-server"
+	ClientName  = "mpsemu-client"
+)
+
+// Generations are the driver generations the emulator emulates and the
+// fetch script tries to fetch, oldest first.
+var Generations = []string{"535", "550", "555"}
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+)
+
+// BinDir returns a directory holding the emulator's programs. It uses
+// $MPSEMU_BIN_DIR when set (make test sets it after make build); otherwise it
+// builds internal/mpsemu/cmd/... once per test process into a temporary
+// directory, so `go test ./...` works on a fresh clone too.
+func BinDir(tb testing.TB) string {
+	tb.Helper()
+	if dir := os.Getenv("MPSEMU_BIN_DIR"); dir != "" {
+		if _, err := os.Stat(filepath.Join(dir, ControlName)); err != nil {
+			tb.Fatalf("MPSEMU_BIN_DIR=%s has no %s (run make build): %v", dir, ControlName, err)
+		}
+		return dir
+	}
+	buildOnce.Do(func() { buildDir, buildErr = build() })
+	if buildErr != nil {
+		tb.Fatalf("build MPS emulator: %v", buildErr)
+	}
+	return buildDir
+}
+
+func build() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	root := filepath.Dir(strings.TrimSpace(string(out)))
+	// Not t.TempDir: the directory outlives the first test that asks for it.
+	// It is removed by the OS's tmp cleaning; binaries are small.
+	dir, err := os.MkdirTemp("", "mpsemu-bin-")
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./internal/mpsemu/cmd/...")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./internal/mpsemu/cmd/...: %w\n%s", err, out)
+	}
+	return dir, nil
+}
+
+// RealCacheDir is where hack/fetch-nvidia-mps.sh keeps the real binaries.
+func RealCacheDir() string {
+	if d := os.Getenv("MPSD_NVIDIA_MPS_CACHE"); d != "" {
+		return d
+	}
+	base := os.Getenv("XDG_CACHE_HOME")
+	if base == "" {
+		home, _ := os.UserHomeDir()
+		base = filepath.Join(home, ".cache")
+	}
+	return filepath.Join(base, "mpsd", "nvidia-mps")
+}
+
+// RealControl returns the path of NVIDIA's nvidia-cuda-mps-control of driver
+// generation gen ("535", "550", "555"). When it is missing the test is
+// skipped with the reason, or fails if MPSD_REQUIRE_REAL_MPS=1 (CI sets it,
+// so a broken fetch cannot silently turn the comparison off).
+func RealControl(tb testing.TB, gen string) string {
+	tb.Helper()
+	path, err := RealControlPath(gen)
+	if err != nil {
+		if os.Getenv("MPSD_REQUIRE_REAL_MPS") == "1" {
+			tb.Fatalf("real MPS %s required (MPSD_REQUIRE_REAL_MPS=1): %v", gen, err)
+		}
+		tb.Skipf("real MPS %s not available, skipping: %v (run make fetch-mps)", gen, err)
+	}
+	return path
+}
+
+// RealControlPath is RealControl without a test: the path or why it is missing.
+func RealControlPath(gen string) (string, error) {
+	path := filepath.Join(RealCacheDir(), gen, "usr", "bin", ControlName)
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("%s not fetched: %w", path, err)
+	}
+	return path, nil
+}
+
+// RealVersion returns the full package version of a fetched generation, or "".
+func RealVersion(gen string) string {
+	b, _ := os.ReadFile(filepath.Join(RealCacheDir(), gen, "VERSION"))
+	return strings.TrimSpace(string(b))
+}
