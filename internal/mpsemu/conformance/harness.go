@@ -1,0 +1,643 @@
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Target is one implementation of nvidia-cuda-mps-control under test.
+type Target struct {
+	Name    string   // e.g. "real-550", "emu-550"
+	Gen     string   // driver generation: 535, 550, 555
+	Control string   // path of nvidia-cuda-mps-control
+	BinDir  string   // put first on PATH: holds the nvidia-cuda-mps-server the daemon spawns
+	Env     []string // extra environment, e.g. MPSEMU_DRIVER=550
+}
+
+// Scenario is a script run against each target.
+type Scenario struct {
+	Name  string
+	Env   []string // extra environment for the daemon and every caller
+	Steps []Step
+	// Gens restricts the scenario to some generations (nil: all).
+	Gens []string
+}
+
+type op int
+
+const (
+	opDaemon op = iota
+	opCmd
+	opArgv
+	opFiles
+	opPidFile
+	opWaitLog
+	opKillDaemon
+	opKillServers
+	opWaitDaemonExit
+	opServersAlive
+	opForeground
+	opStopForeground
+	opLogDir
+	opWaitFile
+)
+
+// Step is one action of a scenario and what it records.
+type Step struct {
+	op      op
+	args    []string
+	stdin   string
+	sig     syscall.Signal
+	n       int
+	timeout time.Duration
+	// allowed is non-empty when this step's record may differ between real
+	// and emulated daemons, for the GPU-only reason given.
+	allowed string
+}
+
+// Allow marks the step's record as a documented GPU-only difference.
+func (s Step) Allow(reason string) Step { s.allowed = reason; return s }
+
+// Timeout sets the step's deadline (default 5 s).
+func (s Step) Timeout(d time.Duration) Step { s.timeout = d; return s }
+
+func daemon(args ...string) Step { return Step{op: opDaemon, args: args} }
+
+// cmd sends each line, newline-terminated, in one client call.
+func cmd(lines ...string) Step {
+	return Step{op: opCmd, stdin: strings.Join(lines, "\n") + "\n"}
+}
+
+// raw sends stdin exactly as given.
+func raw(stdin string) Step                  { return Step{op: opCmd, stdin: stdin} }
+func argv(args ...string) Step               { return Step{op: opArgv, args: args} }
+func files() Step                            { return Step{op: opFiles} }
+func pidFile() Step                          { return Step{op: opPidFile} }
+func logDir() Step                           { return Step{op: opLogDir} }
+func waitFile(name string) Step              { return Step{op: opWaitFile, args: []string{name}} }
+func waitLog(substr string, n int) Step      { return Step{op: opWaitLog, args: []string{substr}, n: n} }
+func killDaemon(sig syscall.Signal) Step     { return Step{op: opKillDaemon, sig: sig} }
+func killServers(sig syscall.Signal) Step    { return Step{op: opKillServers, sig: sig} }
+func waitDaemonExit() Step                   { return Step{op: opWaitDaemonExit} }
+func serversAlive() Step                     { return Step{op: opServersAlive} }
+func foreground(args ...string) Step         { return Step{op: opForeground, args: args} }
+func stopForeground(sig syscall.Signal) Step { return Step{op: opStopForeground, sig: sig} }
+
+// Entry is one recorded observation.
+type Entry struct {
+	What    string
+	Text    string
+	Allowed string
+}
+
+// Transcript is everything a scenario recorded on one target, normalised.
+type Transcript []Entry
+
+const defaultTimeout = 5 * time.Second
+
+type runner struct {
+	t       Target
+	sc      Scenario
+	dir     string
+	pipe    string
+	logs    string
+	env     []string
+	entries []Entry
+	fg      *exec.Cmd
+	fgOut   *os.File
+	fgDone  chan struct{}
+}
+
+// Run executes the scenario against the target in a fresh directory under
+// dir, then kills every process that carries the scenario's pipe directory.
+func Run(ctx context.Context, t Target, sc Scenario, dir string) (Transcript, error) {
+	r := &runner{t: t, sc: sc, dir: dir, pipe: filepath.Join(dir, "pipe"), logs: filepath.Join(dir, "log")}
+	if err := os.MkdirAll(r.logs, 0o755); err != nil {
+		return nil, err
+	}
+	r.env = r.environ()
+	defer r.cleanup()
+	for i, st := range sc.Steps {
+		if err := r.step(ctx, st); err != nil {
+			return nil, fmt.Errorf("%s on %s: step %d: %w", sc.Name, t.Name, i+1, err)
+		}
+	}
+	r.settle(ctx)
+	r.recordLogs()
+	return r.normalise(), nil
+}
+
+func (r *runner) environ() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "CUDA_") || strings.HasPrefix(k, "MPSEMU_") || k == "PATH" {
+			continue
+		}
+		env = append(env, kv)
+	}
+	env = append(env,
+		"PATH="+r.t.BinDir+":/usr/sbin:/usr/bin:/sbin:/bin",
+		"CUDA_MPS_PIPE_DIRECTORY="+r.pipe,
+		"CUDA_MPS_LOG_DIRECTORY="+r.logs,
+	)
+	env = append(env, r.t.Env...)
+	return append(env, r.sc.Env...)
+}
+
+func (r *runner) record(what, text, allowed string) {
+	r.entries = append(r.entries, Entry{What: what, Text: text, Allowed: allowed})
+}
+
+// call runs the control program and records its stdout, stderr and status.
+// Output goes to files, not pipes, so a daemon that inherits them cannot
+// keep the call open.
+func (r *runner) call(ctx context.Context, what string, args []string, stdin string, timeout time.Duration, allowed string) error {
+	if timeout == 0 {
+		timeout = defaultTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	outF, err := os.CreateTemp(r.dir, "stdout-")
+	if err != nil {
+		return err
+	}
+	errF, err := os.CreateTemp(r.dir, "stderr-")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		outF.Close()
+		errF.Close()
+		os.Remove(outF.Name())
+		os.Remove(errF.Name())
+	}()
+	c := exec.CommandContext(ctx, r.t.Control, args...)
+	c.Env = r.env
+	c.Dir = r.dir
+	c.Stdin = strings.NewReader(stdin)
+	c.Stdout, c.Stderr = outF, errF
+	c.WaitDelay = time.Second
+	runErr := c.Run()
+	status := "exit 0"
+	switch {
+	case ctx.Err() != nil:
+		status = "timed out"
+	case runErr != nil:
+		var ee *exec.ExitError
+		if !errors.As(runErr, &ee) {
+			return fmt.Errorf("run %s: %w", what, runErr)
+		}
+		status = exitStatus(ee.ProcessState)
+	}
+	out, _ := os.ReadFile(outF.Name())
+	serr, _ := os.ReadFile(errF.Name())
+	r.record(what, fmt.Sprintf("stdout %q\nstderr %q\n%s", out, serr, status), allowed)
+	return nil
+}
+
+func exitStatus(ps *os.ProcessState) string {
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return "signal " + ws.Signal().String()
+	}
+	return "exit " + strconv.Itoa(ps.ExitCode())
+}
+
+func (r *runner) step(ctx context.Context, st Step) error {
+	switch st.op {
+	case opDaemon:
+		return r.call(ctx, "daemon "+strings.Join(st.args, " "), st.args, "", st.timeout, st.allowed)
+	case opCmd:
+		return r.call(ctx, fmt.Sprintf("cmd %q", st.stdin), nil, r.expand(st.stdin), st.timeout, st.allowed)
+	case opArgv:
+		return r.call(ctx, "argv "+strings.Join(st.args, " "), st.args, "", st.timeout, st.allowed)
+	case opFiles:
+		r.record("pipe dir", listDir(r.pipe), st.allowed)
+	case opLogDir:
+		r.record("log dir", listDir(r.logs), st.allowed)
+	case opPidFile:
+		b, err := os.ReadFile(filepath.Join(r.pipe, "nvidia-cuda-mps-control.pid"))
+		text := fmt.Sprintf("%q", b)
+		if err != nil {
+			text = "absent"
+		}
+		r.record("pid file", text, st.allowed)
+	case opWaitLog:
+		ok := r.waitFor(ctx, st.timeout, func() bool {
+			return strings.Count(r.readLog("control.log"), st.args[0]) >= st.n
+		})
+		r.record(fmt.Sprintf("wait for %d× %q in control.log", st.n, st.args[0]), strconv.FormatBool(ok), st.allowed)
+	case opWaitFile:
+		ok := r.waitFor(ctx, st.timeout, func() bool {
+			_, err := os.Lstat(filepath.Join(r.pipe, st.args[0]))
+			return err == nil
+		})
+		r.record("wait for pipe-dir file "+st.args[0], strconv.FormatBool(ok), st.allowed)
+	case opKillDaemon:
+		pid := r.daemonPID()
+		if pid == 0 {
+			r.record("kill daemon", "no daemon pid", st.allowed)
+			return nil
+		}
+		err := syscall.Kill(pid, st.sig)
+		r.record("kill daemon "+st.sig.String(), errText(err), st.allowed)
+	case opKillServers:
+		pids := r.liveServers()
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, st.sig)
+		}
+		r.record("kill servers "+st.sig.String(), fmt.Sprintf("%d killed", len(pids)), st.allowed)
+	case opWaitDaemonExit:
+		pid := r.daemonPID()
+		ok := pid != 0 && r.waitFor(ctx, st.timeout, func() bool { return !alive(pid) })
+		r.record("daemon exited", strconv.FormatBool(ok), st.allowed)
+	case opServersAlive:
+		r.record("live servers", strconv.Itoa(len(r.liveServers())), st.allowed)
+	case opForeground:
+		return r.startForeground(st.args)
+	case opStopForeground:
+		return r.stopForeground(ctx, st)
+	default:
+		return fmt.Errorf("unknown step %d", st.op)
+	}
+	return nil
+}
+
+// expand replaces {daemon} and {server} (the newest live server) in a
+// command with pids; the recorded step name keeps the placeholder so it is
+// the same on every target.
+func (r *runner) expand(s string) string {
+	if strings.Contains(s, "{server}") {
+		pid := 0
+		if live := r.liveServers(); len(live) > 0 {
+			pid = live[len(live)-1]
+		}
+		s = strings.ReplaceAll(s, "{server}", strconv.Itoa(pid))
+	}
+	if strings.Contains(s, "{daemon}") {
+		s = strings.ReplaceAll(s, "{daemon}", strconv.Itoa(r.daemonPID()))
+	}
+	return s
+}
+
+func errText(err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return "ok"
+}
+
+func (r *runner) startForeground(args []string) error {
+	f, err := os.CreateTemp(r.dir, "foreground-")
+	if err != nil {
+		return err
+	}
+	c := exec.Command(r.t.Control, args...)
+	c.Env = r.env
+	c.Dir = r.dir
+	c.Stdout, c.Stderr = f, f
+	if err := c.Start(); err != nil {
+		f.Close()
+		return fmt.Errorf("start %s %v: %w", r.t.Control, args, err)
+	}
+	r.fg, r.fgOut, r.fgDone = c, f, make(chan struct{})
+	go func() { _ = c.Wait(); close(r.fgDone) }()
+	return nil
+}
+
+// stopForeground waits for the foreground daemon's listening socket, signals
+// it, and records its exit and what it printed.
+func (r *runner) stopForeground(ctx context.Context, st Step) error {
+	if r.fg == nil {
+		return errors.New("no foreground daemon")
+	}
+	if st.sig != 0 {
+		_ = r.fg.Process.Signal(st.sig)
+	}
+	timeout := st.timeout
+	if timeout == 0 {
+		timeout = defaultTimeout
+	}
+	select {
+	case <-r.fgDone:
+	case <-time.After(timeout):
+		_ = r.fg.Process.Kill()
+		<-r.fgDone
+	case <-ctx.Done():
+		_ = r.fg.Process.Kill()
+		<-r.fgDone
+	}
+	out, _ := os.ReadFile(r.fgOut.Name())
+	r.fgOut.Close()
+	r.record("foreground output", string(out)+"\n"+exitStatus(r.fg.ProcessState), st.allowed)
+	r.fg = nil
+	return nil
+}
+
+// waitFor polls cond until it holds or the deadline passes: the daemons are
+// separate processes with no event the harness could subscribe to.
+func (r *runner) waitFor(ctx context.Context, timeout time.Duration, cond func() bool) bool {
+	if timeout == 0 {
+		timeout = defaultTimeout
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// settle waits until the daemon has closed every client connection it
+// logged, so the final log does not depend on how fast it wrote the last
+// "UI closed".
+func (r *runner) settle(ctx context.Context) {
+	r.waitFor(ctx, 2*time.Second, func() bool {
+		if pid := r.daemonPID(); pid == 0 || !alive(pid) {
+			return true
+		}
+		l := r.readLog("control.log")
+		return strings.Count(l, "] NEW UI\n") == strings.Count(l, "] UI closed\n")
+	})
+}
+
+func (r *runner) readLog(name string) string {
+	b, _ := os.ReadFile(filepath.Join(r.logs, name))
+	return string(b)
+}
+
+func (r *runner) recordLogs() {
+	for _, name := range []string{"control.log", "server.log"} {
+		r.record(name, r.readLog(name), "")
+	}
+}
+
+var (
+	reDaemonStart = regexp.MustCompile(`Control +(\d+)\] Starting control daemon`)
+	reServerStart = regexp.MustCompile(`Starting new server (\d+) for user`)
+	reServerExit  = regexp.MustCompile(`Server (\d+) exited with status`)
+)
+
+// daemonPID finds the daemon as the real tools would: the pid file, or for
+// generations without one (535) the last "Starting control daemon" line.
+func (r *runner) daemonPID() int {
+	if b, err := os.ReadFile(filepath.Join(r.pipe, "nvidia-cuda-mps-control.pid")); err == nil {
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			return pid
+		}
+	}
+	m := reDaemonStart.FindAllStringSubmatch(r.readLog("control.log"), -1)
+	if len(m) == 0 {
+		return 0
+	}
+	pid, _ := strconv.Atoi(m[len(m)-1][1])
+	return pid
+}
+
+// liveServers lists server pids the log says were started and that still run.
+func (r *runner) liveServers() []int {
+	l := r.readLog("control.log")
+	var pids []int
+	for _, m := range reServerStart.FindAllStringSubmatch(l, -1) {
+		pid, _ := strconv.Atoi(m[1])
+		if alive(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// A zombie has exited; its parent just has not reaped it yet.
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(rest, "Z")
+}
+
+func listDir(dir string) string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "absent"
+		}
+		return err.Error()
+	}
+	var b strings.Builder
+	if fi, err := os.Stat(dir); err == nil {
+		fmt.Fprintf(&b, ". %s\n", fi.Mode())
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "stdout-") || strings.HasPrefix(e.Name(), "stderr-") {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			continue
+		}
+		fmt.Fprintf(&b, "%s %s size=%d\n", e.Name(), fi.Mode(), sizeOf(fi))
+	}
+	return b.String()
+}
+
+// sizeOf reports sizes only for regular files; a socket's or FIFO's size
+// means nothing.
+func sizeOf(fi fs.FileInfo) int64 {
+	if fi.Mode().IsRegular() {
+		return fi.Size()
+	}
+	return 0
+}
+
+// cleanup kills every process whose environment names this scenario's pipe
+// directory: the daemon, its servers, orphans and hung callers alike.
+func (r *runner) cleanup() {
+	if r.fg != nil {
+		_ = r.fg.Process.Kill()
+		<-r.fgDone
+		r.fgOut.Close()
+	}
+	KillByPipeDir(r.pipe)
+}
+
+// KillByPipeDir SIGKILLs every process that has CUDA_MPS_PIPE_DIRECTORY=pipe
+// in its environment and waits (bounded) until they are gone.
+func KillByPipeDir(pipe string) {
+	needle := []byte("CUDA_MPS_PIPE_DIRECTORY=" + pipe + "\x00")
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil || !bytes.Contains(env, needle) {
+			continue
+		}
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+		pids = append(pids, pid)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for _, pid := range pids {
+		for alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+}
+
+var (
+	reTimestamp = regexp.MustCompile(`\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (\w+) +(\d+)\]`)
+	rePidFile   = regexp.MustCompile(`^"(\d+)"$`)
+	reListed    = regexp.MustCompile(`(?m)^(\d+)$`)
+)
+
+// normalise replaces timestamps, the scenario directory and every pid with
+// stable symbols (P1, P2, ... in order of first appearance), and orders log
+// lines by the process that wrote them, keeping each process's own order:
+// lines of different processes interleave by scheduling, not by behaviour.
+func (r *runner) normalise() Transcript {
+	syms := map[string]string{}
+	sym := func(pid string) string {
+		if s, ok := syms[pid]; ok {
+			return s
+		}
+		s := fmt.Sprintf("P%d", len(syms)+1)
+		syms[pid] = s
+		return s
+	}
+	// First pass: learn pids in order of appearance.
+	for _, e := range r.entries {
+		switch {
+		case e.What == "pid file":
+			if m := rePidFile.FindStringSubmatch(e.Text); m != nil {
+				sym(m[1])
+			}
+		case e.What == "control.log" || e.What == "server.log" || e.What == "foreground output":
+			for _, m := range reTimestamp.FindAllStringSubmatch(e.Text, -1) {
+				sym(m[2])
+			}
+			for _, re := range []*regexp.Regexp{reServerStart, reServerExit} {
+				for _, m := range re.FindAllStringSubmatch(e.Text, -1) {
+					sym(m[1])
+				}
+			}
+		case strings.HasPrefix(e.What, "cmd "):
+			out, _, _ := strings.Cut(e.Text, "\nstderr")
+			out, _ = strconv.Unquote(strings.TrimPrefix(out, "stdout "))
+			for _, m := range reListed.FindAllStringSubmatch(out, -1) {
+				if isPidLike(m[1]) {
+					sym(m[1])
+				}
+			}
+		}
+	}
+	pidRe := regexp.MustCompile(`\b\d{2,7}\b`)
+	out := make(Transcript, 0, len(r.entries))
+	for _, e := range r.entries {
+		text := strings.ReplaceAll(e.Text, r.dir, "<DIR>")
+		text = reTimestamp.ReplaceAllString(text, "[TS $1 $2]")
+		text = pidRe.ReplaceAllStringFunc(text, func(s string) string {
+			if v, ok := syms[s]; ok {
+				return v
+			}
+			return s
+		})
+		what := strings.ReplaceAll(e.What, r.dir, "<DIR>")
+		if e.What == "control.log" || e.What == "server.log" {
+			text = groupByProcess(text)
+		}
+		out = append(out, Entry{What: what, Text: text, Allowed: e.Allowed})
+	}
+	return out
+}
+
+func atoi(s string) int { n, _ := strconv.Atoi(s); return n }
+
+// isPidLike accepts numbers in the kernel's pid range; get_server_list prints
+// nothing else, and a number that is not a pid is left alone by the caller.
+func isPidLike(s string) bool { n := atoi(s); return n > 1 && n < 1<<22 }
+
+var reLogProc = regexp.MustCompile(`^\[TS (\w+ \S+)\]`)
+
+func groupByProcess(log string) string {
+	lines := strings.Split(strings.TrimSuffix(log, "\n"), "\n")
+	if len(lines) == 1 && lines[0] == "" {
+		return ""
+	}
+	key := func(l string) string {
+		if m := reLogProc.FindStringSubmatch(l); m != nil {
+			return m[1]
+		}
+		return ""
+	}
+	sort.SliceStable(lines, func(i, j int) bool { return key(lines[i]) < key(lines[j]) })
+	return strings.Join(lines, "\n") + "\n"
+}
+
+// String renders the transcript for people (and for dumps to compare by eye).
+func (tr Transcript) String() string {
+	var b strings.Builder
+	for i, e := range tr {
+		fmt.Fprintf(&b, "## %d %s", i+1, e.What)
+		if e.Allowed != "" {
+			b.WriteString("  [GPU-only]")
+		}
+		fmt.Fprintf(&b, "\n%s\n", e.Text)
+	}
+	return b.String()
+}
+
+// Result of comparing two transcripts.
+type Result struct {
+	Identical bool
+	// AllowedDiffs lists steps that differ for a documented GPU-only reason.
+	AllowedDiffs []string
+	// Diff describes the first unexplained difference.
+	Diff string
+}
+
+// Compare compares a real daemon's transcript with the emulator's.
+func Compare(real, emu Transcript) Result {
+	res := Result{Identical: true}
+	n := max(len(real), len(emu))
+	for i := 0; i < n; i++ {
+		var a, b Entry
+		if i < len(real) {
+			a = real[i]
+		}
+		if i < len(emu) {
+			b = emu[i]
+		}
+		if a == b {
+			continue
+		}
+		if a.Allowed != "" && a.What == b.What {
+			res.AllowedDiffs = append(res.AllowedDiffs, fmt.Sprintf("%s: %s", a.What, a.Allowed))
+			continue
+		}
+		res.Identical = false
+		res.Diff = fmt.Sprintf("step %d %q:\n--- real\n%s\n--- emulator (%q)\n%s", i+1, a.What, a.Text, b.What, b.Text)
+		return res
+	}
+	return res
+}
