@@ -1,0 +1,103 @@
+package cgroup
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestStartMechanism checks how Start closes the attach race, not just its
+// outcome: while the v1 attach runs, the child must already have exec'd the
+// program, be stopped under ptrace (state t), and, where the unified tree is
+// used, already be in the lease there through CLONE_INTO_CGROUP.
+func TestStartMechanism(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		if b.cfg.Mode == ModeV2 {
+			t.Skip("v2 has no v1 attach step: the clone itself places the child (covered by TestStartInsideCgroup)")
+		}
+		m := newManager(t, b)
+		id := LeaseID{"g", "mech"}
+		mustCreate(t, m, id, Limits{})
+		rel := m.rel(id)
+		cmd := exec.Command("/bin/sh", "-c", "cat /proc/self/cgroup")
+		var out bytes.Buffer
+		cmd.Stdout = &out
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+		if m.v2 != nil {
+			fd, err := unix.Open(m.v2.dir(rel), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(fd)
+			cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
+		}
+		var state, exe string
+		var before map[string]string
+		err := startTraced(cmd, func(pid int) error {
+			stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			if err != nil {
+				return err
+			}
+			// state is the first field after "(comm)".
+			state = strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))[0]
+			if exe, err = os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil {
+				return err
+			}
+			raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+			if err != nil {
+				return err
+			}
+			before = cgroupPaths(t, raw)
+			return m.v1.attach(rel, pid)
+		})
+		if err != nil {
+			t.Fatalf("startTraced: %v", err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("wait: %v", err)
+		}
+		if state != "t" {
+			t.Errorf("child state during attach = %q, want t (ptrace stop)", state)
+		}
+		if resolved, _ := os.Readlink("/bin/sh"); !strings.HasSuffix(exe, "sh") && exe != resolved {
+			t.Errorf("child exe during attach = %q, want the shell (exec already done)", exe)
+		}
+		if before["memory"] == "/"+rel {
+			t.Errorf("child was in the v1 lease before attach; the test would not notice a racy start")
+		}
+		if m.v2 != nil && before["unified"] != "/"+rel {
+			t.Errorf("unified cgroup before attach = %q, want %q (CLONE_INTO_CGROUP)", before["unified"], "/"+rel)
+		}
+		checkInside(t, m, rel, out.Bytes())
+	})
+}
+
+// TestStartTracedAttachFails: when the attach step fails, Start must leave
+// nothing running and must reap the child itself.
+func TestStartTracedAttachFails(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: ptrace start is only used with cgroups")
+	}
+	cmd := exec.Command("/bin/sleep", "1000")
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
+	var pid int
+	err := startTraced(cmd, func(p int) error {
+		pid = p
+		return fmt.Errorf("attach refused")
+	})
+	if err == nil || !strings.Contains(err.Error(), "attach refused") {
+		t.Fatalf("startTraced = %v, want the attach error", err)
+	}
+	if cmd.ProcessState == nil {
+		t.Fatalf("child %d was not reaped", pid)
+	}
+	if ws := cmd.ProcessState.Sys().(syscall.WaitStatus); ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("child ended with %v, want SIGKILL", cmd.ProcessState)
+	}
+}
