@@ -1,0 +1,122 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Credentials identify a caller: the uid and gid from SO_PEERCRED and the
+// process's supplementary groups.
+type Credentials struct {
+	UID  uint32
+	GIDs []uint32
+}
+
+// Access is who may do what under one config: its admins and each
+// group's members, resolved to ids when the config was parsed. A caller
+// is a member when its uid is listed, or one of its gids.
+type Access struct {
+	admins idSet
+	groups []groupIDs // in Config.Groups order, by name
+}
+
+type groupIDs struct {
+	name string
+	ids  idSet
+}
+
+// idSet holds sorted, unique uids and gids.
+type idSet struct {
+	uids, gids []uint32
+}
+
+func (s *idSet) has(c Credentials) bool {
+	if _, ok := slices.BinarySearch(s.uids, c.UID); ok {
+		return true
+	}
+	for _, g := range c.GIDs {
+		if _, ok := slices.BinarySearch(s.gids, g); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// Admin reports whether c may use the privileged commands.
+func (a *Access) Admin(c Credentials) bool { return a.admins.has(c) }
+
+// Groups returns the groups c may use, by name.
+func (a *Access) Groups(c Credentials) []string {
+	var out []string
+	for i := range a.groups {
+		if a.groups[i].ids.has(c) {
+			out = append(out, a.groups[i].name)
+		}
+	}
+	return out
+}
+
+// Choose returns the group a request of c runs in: the group it named, if
+// c is a member, or with no name its only or first (by name) group.
+// Errors wrap ErrUnknownGroup, ErrNotAllowed or ErrNoGroup and say so in
+// words a user can act on.
+func (a *Access) Choose(c Credentials, group string) (string, error) {
+	if group == "" {
+		for i := range a.groups {
+			if a.groups[i].ids.has(c) {
+				return a.groups[i].name, nil
+			}
+		}
+		return "", fmt.Errorf("%w: uid %d is not a member of any group; ask an administrator to add it to one", ErrNoGroup, c.UID)
+	}
+	i, found := slices.BinarySearchFunc(a.groups, group, func(g groupIDs, name string) int { return strings.Compare(g.name, name) })
+	if !found {
+		return "", fmt.Errorf("%w %q", ErrUnknownGroup, group)
+	}
+	if !a.groups[i].ids.has(c) {
+		return "", fmt.Errorf("%w: uid %d is not a member of group %q (its users or unix_groups)", ErrNotAllowed, c.UID, group)
+	}
+	return group, nil
+}
+
+// resolveAccess resolves the config's member lists, reporting names the
+// user database does not know.
+func (d *decoder) resolveAccess(c *Config, u Users) Access {
+	a := Access{admins: d.resolveMembers("admins", c.Admins, u)}
+	for i := range c.Groups {
+		g := &c.Groups[i]
+		a.groups = append(a.groups, groupIDs{name: g.Name, ids: d.resolveMembers(groupsKey+"."+g.Name, g.Members, u)})
+	}
+	return a
+}
+
+func (d *decoder) resolveMembers(prefix string, m Members, u Users) idSet {
+	var s idSet
+	resolve := func(key string, names []string, lookup func(string) (uint32, error)) []uint32 {
+		var ids []uint32
+		for i, name := range names {
+			ekey := fmt.Sprintf("%s[%d]", key, i)
+			if !d.ok(ekey) || memberProblem(name) != "" {
+				continue
+			}
+			if isDigits(name) {
+				n, _ := strconv.ParseUint(name, 10, 32) // checked by memberProblem
+				ids = append(ids, uint32(n))
+				continue
+			}
+			id, err := lookup(name)
+			if err != nil {
+				d.problem(ekey, "%s", strings.TrimPrefix(err.Error(), "policy: "))
+				continue
+			}
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+		return slices.Compact(ids)
+	}
+	s.uids = resolve(prefix+".users", m.Users, u.UserID)
+	s.gids = resolve(prefix+".unix_groups", m.UnixGroups, u.GroupID)
+	return s
+}

@@ -1,0 +1,214 @@
+package policy
+
+import (
+	"sort"
+	"time"
+)
+
+// Version is the only config schema version this package reads.
+const Version = 1
+
+// MaxClientsLimit is the most clients MPS serves per GPU on Volta and
+// newer, so the most max_clients may say.
+const MaxClientsLimit = 48
+
+// Config is a decoded and validated config file (DESIGN.md §9). Values
+// come from Parse, LoadFile or a Watcher and are shared between
+// goroutines: treat them as read-only.
+//
+// Every field's default, when the key is absent, is stated on the field;
+// the one table that applies them is in schema.go.
+type Config struct {
+	// Version of the schema; required, must be 1.
+	Version int
+	// Socket is the API socket. Default: /run/mpsd/mpsd.sock.
+	Socket string
+	// RunDir holds the instances' pipe directories. Default: /run/mpsd.
+	RunDir string
+	// StateDir holds leases, attempts and quarantines. Default: /var/lib/mpsd.
+	StateDir string
+	// LogDir holds the instances' MPS log directories. Default: /var/log/mpsd.
+	LogDir string
+
+	Cgroup   CgroupConfig
+	Metrics  MetricsConfig
+	MPS      MPSConfig
+	Watchdog WatchdogConfig
+
+	// Placement chooses among instances with room. Default: binpack.
+	Placement Placement
+
+	// Admins may use mpsctl's privileged commands (drain, resume, restart,
+	// requeue, shutdown). Being an admin grants no group.
+	Admins Members
+
+	// Groups are the tenant groups, sorted by name. A config has at
+	// least one.
+	Groups []Group
+
+	Simulate SimulateConfig
+
+	// Access is Admins and each group's members resolved to uids and gids.
+	Access Access
+}
+
+// CgroupConfig is the `cgroup` section.
+type CgroupConfig struct {
+	// Enabled puts every lease in its own cgroup; false means no isolation
+	// (non-root simulation). Default: true.
+	Enabled bool
+	// Parent is the cgroup under which mpsd/<group>/<lease> are made, a
+	// relative path. Default: mpsd.
+	Parent string
+}
+
+// MetricsConfig is the `metrics` section.
+type MetricsConfig struct {
+	// Listen is the host:port of the Prometheus listener; empty disables
+	// it. Default: 127.0.0.1:9486.
+	Listen string
+}
+
+// MPSConfig is the `mps` section.
+type MPSConfig struct {
+	// Control is nvidia-cuda-mps-control as a name looked up on Path or an
+	// absolute path. Default: nvidia-cuda-mps-control.
+	Control string
+	// Path is the PATH given to the control daemons, which their servers
+	// inherit. Default: /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin.
+	Path string
+	// ComputeMode says whether mpsd sets the GPUs' compute mode.
+	// Default: leave.
+	ComputeMode ComputeMode
+}
+
+// WatchdogConfig is the `watchdog` section.
+type WatchdogConfig struct {
+	// ProbeInterval is the time between probes of an instance. Default: 2s.
+	ProbeInterval time.Duration
+	// ProbeTimeout is how long a probe may take; shorter than
+	// ProbeInterval. Default: 1s.
+	ProbeTimeout time.Duration
+	// ProbeFailures failed probes in a row mark an instance failed.
+	// Default: 3.
+	ProbeFailures int
+	// BackoffInitial is the first delay before restarting a failed
+	// server or daemon. Default: 200ms.
+	BackoffInitial time.Duration
+	// BackoffMax caps the doubling restart delay. Default: 30s.
+	BackoffMax time.Duration
+	// QuarantineAfter failures within QuarantineWindow quarantine an
+	// instance until mpsctl resume. Default: 5.
+	QuarantineAfter int
+	// QuarantineWindow: see QuarantineAfter. Default: 10m.
+	QuarantineWindow time.Duration
+}
+
+// SimulateConfig is the `simulate` section, read only by mpsd --simulate.
+type SimulateConfig struct {
+	// GPUs is the number of mock GPUs. Default: 2.
+	GPUs int
+	// Model of the mock GPUs: a100-40g, h100-80g, h200-141g or b200-180g.
+	// Default: a100-40g.
+	Model string
+	// EmulatorDir holds the mpsemu programs; empty means next to the mpsd
+	// binary, then bin/emu. Default: "".
+	EmulatorDir string
+}
+
+// Members names who belongs to a group or to the admins: user names or
+// numeric uids, and unix group names or numeric gids, as written.
+type Members struct {
+	// Users: names or numeric uids. Default: [] ([root] for admins).
+	Users []string
+	// UnixGroups: names or numeric gids. Default: [].
+	UnixGroups []string
+}
+
+// Group is one tenant group (`groups.<name>`). Budgets are per GPU: a
+// client of an instance spanning several GPUs is charged its sm and mem on
+// each of them, since it sees all of them.
+type Group struct {
+	// Name is the key under `groups`: lower-case letters, digits, "-" and
+	// "_", starting with a letter or digit, at most 32 bytes, because it
+	// becomes a directory and a cgroup name.
+	Name string
+
+	// Members may use the group. Users default: []; UnixGroups default: [].
+	Members
+
+	// GPUs selects the group's GPUs: "all", NVML indexes, GPU UUIDs or
+	// UUID prefixes (with or without "GPU-"). Default: [all].
+	GPUs []string
+	// GPUsPerInstance is the size of each instance's GPU set; the selected
+	// GPUs, in index order, are cut into sets of this size. Default: 1.
+	GPUsPerInstance int
+	// SMPercent is the per-GPU budget of the sum of the clients' sm, 1-100.
+	// Default: 100.
+	SMPercent int
+	// Memory is the per-GPU budget of the sum of the clients' mem, at
+	// least 1 MiB. Required.
+	Memory int64
+	// MaxClients is the per-instance client limit, 1-48. Default: 48.
+	MaxClients int
+	// DefaultSM is the sm of a request that gives none.
+	// Default: a quarter of MaxSM, at least 1.
+	DefaultSM int
+	// DefaultMem is the mem of a request that gives none.
+	// Default: a quarter of MaxMem, in whole MiB, at least 1 MiB.
+	DefaultMem int64
+	// MaxSM is the most sm one client may ask for. Default: SMPercent.
+	MaxSM int
+	// MaxMem is the most mem one client may ask for. Default: Memory.
+	MaxMem int64
+	// Priority orders the group's queue: higher first. Default: 0.
+	Priority int
+	// RequeueAttempts is how often a lease revoked by a fault is requeued
+	// before it fails; 0 never requeues. Default: 3.
+	RequeueAttempts int
+	// Multiuser runs the group's servers with -multiuser-server (as root),
+	// so clients of every uid share one server. Default: false.
+	Multiuser bool
+
+	// Instances are the GPU index sets of the group's instances, resolved
+	// against the host's GPUs; nil when the config was read without them.
+	Instances [][]int
+}
+
+// Budget is the group's per-GPU budget, what each of its instances may
+// hand out.
+func (g *Group) Budget() Usage {
+	return Usage{SM: g.SMPercent, Mem: g.Memory, Clients: g.MaxClients}
+}
+
+// Group returns the group with that name.
+func (c *Config) Group(name string) (*Group, bool) {
+	i := sort.Search(len(c.Groups), func(i int) bool { return c.Groups[i].Name >= name })
+	if i < len(c.Groups) && c.Groups[i].Name == name {
+		return &c.Groups[i], true
+	}
+	return nil, false
+}
+
+// Placement is the config's `placement`: how an instance is chosen among
+// those with room.
+type Placement string
+
+const (
+	// Binpack fills the fullest instance first, keeping others free for
+	// large requests.
+	Binpack Placement = "binpack"
+	// Spread uses the emptiest instance first, so clients interfere least.
+	Spread Placement = "spread"
+)
+
+// ComputeMode is `mps.compute_mode`.
+type ComputeMode string
+
+const (
+	// ComputeLeave leaves the GPUs' compute mode as the host has it.
+	ComputeLeave ComputeMode = "leave"
+	// ComputeExclusiveProcess sets EXCLUSIVE_PROCESS on the group's GPUs,
+	// as NVIDIA recommends for MPS, so only the MPS server can use them.
+	ComputeExclusiveProcess ComputeMode = "exclusive_process"
+)

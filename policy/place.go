@@ -1,0 +1,214 @@
+package policy
+
+import "cmp"
+
+// Usage is an amount of an instance's capacity, per GPU: the sum of its
+// clients' sm and mem, and their number; or the budget of those.
+type Usage struct {
+	SM      int
+	Mem     int64
+	Clients int
+}
+
+// InstanceState is where an instance is in its life; only a ready one
+// takes new clients. The names are those of `mpsctl status --json`.
+type InstanceState uint8
+
+const (
+	// InstanceStarting: the control daemon is being started or probed.
+	InstanceStarting InstanceState = iota
+	// InstanceReady: up and taking clients.
+	InstanceReady
+	// InstanceDraining: closed to new clients by mpsctl drain; existing
+	// ones run on.
+	InstanceDraining
+	// InstanceRecovering: a fault is being handled; closed until it
+	// reopens.
+	InstanceRecovering
+	// InstanceQuarantined: failed too often; closed until mpsctl resume.
+	InstanceQuarantined
+)
+
+var instanceStateNames = [...]string{"starting", "ready", "draining", "recovering", "quarantined"}
+
+func (s InstanceState) String() string {
+	if int(s) < len(instanceStateNames) {
+		return instanceStateNames[s]
+	}
+	return "unknown"
+}
+
+// Instance is what placement needs to know of one instance (one control
+// daemon for a GPU set and a group). mpsd keeps these up to date; policy
+// only reads them, except through Assign and Release.
+type Instance struct {
+	Group string
+	// GPUs are the NVML indexes of the instance's GPU set.
+	GPUs  []int
+	State InstanceState
+	// Multiuser: the server runs with -multiuser-server and serves every
+	// uid.
+	Multiuser bool
+	// ServerUp says a server runs (or is being started) as ServerUID. MPS
+	// runs one server uid at a time: a client of another uid would wait
+	// until every client of the current server is gone.
+	ServerUp  bool
+	ServerUID uint32
+	// Budget is the group's per-GPU budget (Group.Budget); Alloc is what
+	// the instance's leases hold of it. A config reload may leave Alloc
+	// above a smaller Budget; the instance then takes nobody until enough
+	// leases end.
+	Budget Usage
+	Alloc  Usage
+}
+
+// Request is one client's ask as placement and the queue see it: already
+// validated and completed by Group.NewRequest.
+type Request struct {
+	Group string
+	UID   uint32
+	SM    int
+	Mem   int64
+	// GPUs is how many GPUs the client needs; an instance with fewer
+	// cannot hold it.
+	GPUs int
+	// Priority orders the queue, higher first (the group's priority).
+	Priority int
+	// Requeued: a lease revoked by a fault, waiting again; it goes before
+	// fresh requests of its priority.
+	Requeued bool
+	// Seq is the arrival order; lower arrived earlier. mpsd keeps a
+	// requeued lease's original Seq.
+	Seq uint64
+}
+
+// QueueOrder compares requests in queue order: higher Priority first,
+// then requeued before fresh, then earlier arrival (lower Seq). It suits
+// slices.SortFunc; equal Seqs compare equal.
+func QueueOrder(a, b Request) int { return queueOrder(&a, &b) }
+
+func queueOrder(a, b *Request) int {
+	if a.Priority != b.Priority {
+		return cmp.Compare(b.Priority, a.Priority)
+	}
+	if a.Requeued != b.Requeued {
+		if a.Requeued {
+			return -1
+		}
+		return 1
+	}
+	return cmp.Compare(a.Seq, b.Seq)
+}
+
+// Head returns the index of the first request of queue in queue order,
+// or -1 when it is empty. The queue need not be sorted.
+func Head(queue []Request) int {
+	head := -1
+	for i := range queue {
+		if head < 0 || queueOrder(&queue[i], &queue[head]) < 0 {
+			head = i
+		}
+	}
+	return head
+}
+
+// Place chooses the instance for r and returns its index in instances.
+//
+// A candidate belongs to r's group, has at least r.GPUs GPUs, is ready,
+// has room for r.SM, r.Mem and one more client within its budget, and runs
+// no server of another uid that still has clients (unless multiuser).
+// Among candidates, those needing no server change come first (an idle
+// server of another uid must be replaced); then binpack takes the least
+// free memory after placement, then the least free SM, and spread the
+// most; ties go to the lower index. Any mode other than Spread is binpack.
+//
+// When none is a candidate, the error is ErrNeverFits if no instance of
+// the group could hold r even empty and ready (no instance, too few GPUs,
+// budgets smaller than r, a zero client budget), else ErrNoRoomNow. The
+// errors are the bare sentinels: Place allocates nothing.
+func Place(r *Request, instances []Instance, mode Placement) (int, error) {
+	spread := mode == Spread
+	best := -1
+	var bestSwap bool
+	var bestMem int64
+	var bestSM int
+	ever := false
+	for i := range instances {
+		in := &instances[i]
+		if in.Group != r.Group || len(in.GPUs) < r.GPUs ||
+			r.SM > in.Budget.SM || r.Mem > in.Budget.Mem || in.Budget.Clients < 1 {
+			continue
+		}
+		ever = true
+		if in.State != InstanceReady || in.Alloc.Clients >= in.Budget.Clients {
+			continue
+		}
+		freeSM := in.Budget.SM - in.Alloc.SM - r.SM
+		freeMem := in.Budget.Mem - in.Alloc.Mem - r.Mem
+		if freeSM < 0 || freeMem < 0 {
+			continue
+		}
+		swap := !in.Multiuser && in.ServerUp && in.ServerUID != r.UID
+		if swap && in.Alloc.Clients > 0 {
+			continue // would wait behind another uid's clients
+		}
+		if best >= 0 {
+			if swap != bestSwap {
+				if swap {
+					continue
+				}
+			} else if c := cmp.Compare(freeMem, bestMem); c != 0 {
+				if (c > 0) != spread {
+					continue
+				}
+			} else if c := cmp.Compare(freeSM, bestSM); c == 0 || (c > 0) != spread {
+				continue
+			}
+		}
+		best, bestSwap, bestMem, bestSM = i, swap, freeMem, freeSM
+	}
+	switch {
+	case best >= 0:
+		return best, nil
+	case !ever:
+		return -1, ErrNeverFits
+	default:
+		return -1, ErrNoRoomNow
+	}
+}
+
+// Next is one admission decision for a group's queue: the head of queue
+// in queue order and the instance Place chooses for it. The queue is
+// strict: when the head does not fit now (ErrNoRoomNow) nothing behind it
+// is placed, so a large request or one waiting for another uid's server
+// to empty is never starved by a stream of smaller ones. With
+// ErrNeverFits (say a reload shrank the budgets) mpsd refuses the head
+// and asks again. An empty queue gives ErrEmptyQueue. Next allocates
+// nothing.
+func Next(queue []Request, instances []Instance, mode Placement) (qi, ii int, err error) {
+	qi = Head(queue)
+	if qi < 0 {
+		return -1, -1, ErrEmptyQueue
+	}
+	ii, err = Place(&queue[qi], instances, mode)
+	return qi, ii, err
+}
+
+// Assign records r as placed on the instance: its usage grows, and the
+// server is now (or will be started as) r's uid.
+func (in *Instance) Assign(r *Request) {
+	in.Alloc.SM += r.SM
+	in.Alloc.Mem += r.Mem
+	in.Alloc.Clients++
+	if !in.Multiuser {
+		in.ServerUp, in.ServerUID = true, r.UID
+	}
+}
+
+// Release records that a lease placed by Assign ended. The server stays
+// up: MPS does not stop an idle server.
+func (in *Instance) Release(r *Request) {
+	in.Alloc.SM -= r.SM
+	in.Alloc.Mem -= r.Mem
+	in.Alloc.Clients--
+}

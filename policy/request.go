@@ -1,0 +1,68 @@
+package policy
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/mpsd/mpsd/internal/units"
+)
+
+// Demand is what a client asks for (mps-launch --sm, --mem, --gpus);
+// zero means "the group's default".
+type Demand struct {
+	// SM is the percent of each GPU's SMs, 1-100.
+	SM int
+	// Mem is the pinned device memory per GPU, in bytes.
+	Mem int64
+	// GPUs is how many GPUs; default 1.
+	GPUs int
+}
+
+// NewRequest checks a demand of uid against the group and completes it
+// into a Request (Seq is left for mpsd to set). Zero fields take the
+// group's defaults; mem is rounded down to a whole MiB, the granularity of
+// MPS's limit, so what a lease is charged is what MPS enforces.
+//
+// A demand the group never allows fails with an error wrapping
+// ErrInvalidRequest that lists every reason in plain words: sm outside
+// 1-100 or above max_sm, mem negative, below 1M or above max_mem, gpus
+// negative or more than the group's instances have.
+func (g *Group) NewRequest(uid uint32, d Demand) (Request, error) {
+	var why []string
+	sm := d.SM
+	switch {
+	case sm == 0:
+		sm = g.DefaultSM
+	case sm < 1 || sm > 100:
+		why = append(why, fmt.Sprintf("sm %d is not a percentage from 1 to 100", sm))
+	case sm > g.MaxSM:
+		why = append(why, fmt.Sprintf("sm %d is more than group %q allows one client (max_sm %d)", sm, g.Name, g.MaxSM))
+	}
+	mem := d.Mem
+	switch {
+	case mem == 0:
+		mem = g.DefaultMem
+	case mem < 0:
+		why = append(why, fmt.Sprintf("mem %d is negative", mem))
+	case mem < units.MiB:
+		why = append(why, fmt.Sprintf("mem %s is below 1M, the smallest limit MPS enforces", units.FormatSize(mem)))
+	case mem > g.MaxMem:
+		why = append(why, fmt.Sprintf("mem %s is more than group %q allows one client (max_mem %s)",
+			units.FormatSize(mem), g.Name, units.FormatSize(g.MaxMem)))
+	}
+	mem = mem / units.MiB * units.MiB
+	gpus := d.GPUs
+	switch {
+	case gpus == 0:
+		gpus = 1
+	case gpus < 0:
+		why = append(why, fmt.Sprintf("gpus %d is negative", gpus))
+	case gpus > g.GPUsPerInstance:
+		why = append(why, fmt.Sprintf("gpus %d is more than group %q's instances have (gpus_per_instance %d)",
+			gpus, g.Name, g.GPUsPerInstance))
+	}
+	if len(why) > 0 {
+		return Request{}, fmt.Errorf("%w: %s", ErrInvalidRequest, strings.Join(why, "; "))
+	}
+	return Request{Group: g.Name, UID: uid, SM: sm, Mem: mem, GPUs: gpus, Priority: g.Priority}, nil
+}

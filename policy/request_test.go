@@ -1,0 +1,56 @@
+package policy
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/mpsd/mpsd/internal/units"
+)
+
+func TestNewRequest(t *testing.T) {
+	g := Group{Name: "inference", GPUsPerInstance: 2, SMPercent: 100, Memory: 40 * gib, MaxClients: 48,
+		DefaultSM: 25, DefaultMem: 8 * gib, MaxSM: 50, MaxMem: 20 * gib, Priority: 7}
+	for _, tc := range []struct {
+		name string
+		d    Demand
+		want Request
+		// errs are substrings the error must contain, in order.
+		errs []string
+	}{
+		{"defaults", Demand{}, Request{Group: "inference", UID: 42, SM: 25, Mem: 8 * gib, GPUs: 1, Priority: 7}, nil},
+		{"explicit", Demand{SM: 50, Mem: 20 * gib, GPUs: 2}, Request{Group: "inference", UID: 42, SM: 50, Mem: 20 * gib, GPUs: 2, Priority: 7}, nil},
+		{"smallest", Demand{SM: 1, Mem: units.MiB}, Request{Group: "inference", UID: 42, SM: 1, Mem: units.MiB, GPUs: 1, Priority: 7}, nil},
+		{"mem rounded down to MiB", Demand{Mem: 3*units.MiB + 5}, Request{Group: "inference", UID: 42, SM: 25, Mem: 3 * units.MiB, GPUs: 1, Priority: 7}, nil},
+		{"sm over 100", Demand{SM: 120}, Request{}, []string{"sm 120 is not a percentage from 1 to 100"}},
+		{"sm negative", Demand{SM: -1}, Request{}, []string{"sm -1 is not a percentage"}},
+		{"sm over max_sm", Demand{SM: 51}, Request{}, []string{`sm 51 is more than group "inference" allows one client (max_sm 50)`}},
+		{"mem over max_mem", Demand{Mem: 20*gib + 1}, Request{}, []string{`mem 20G is more than group "inference" allows one client (max_mem 20G)`}},
+		{"mem negative", Demand{Mem: -5}, Request{}, []string{"mem -5 is negative"}},
+		{"mem below 1M", Demand{Mem: 1000}, Request{}, []string{"mem 1000B is below 1M"}},
+		{"gpus over the set", Demand{GPUs: 3}, Request{}, []string{`gpus 3 is more than group "inference"'s instances have (gpus_per_instance 2)`}},
+		{"gpus negative", Demand{GPUs: -1}, Request{}, []string{"gpus -1 is negative"}},
+		{"every reason at once", Demand{SM: 101, Mem: 30 * gib, GPUs: 4}, Request{}, []string{"sm 101", "; mem 30G", "; gpus 4"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := g.NewRequest(42, tc.d)
+			if tc.errs == nil {
+				if err != nil || got != tc.want {
+					t.Fatalf("NewRequest(%+v) = %+v, %v; want %+v", tc.d, got, err, tc.want)
+				}
+				return
+			}
+			if !errors.Is(err, ErrInvalidRequest) {
+				t.Fatalf("NewRequest(%+v) error %v does not match ErrInvalidRequest", tc.d, err)
+			}
+			msg, at := err.Error(), 0
+			for _, want := range tc.errs {
+				i := strings.Index(msg[at:], want)
+				if i < 0 {
+					t.Fatalf("error %q lacks %q", msg, want)
+				}
+				at += i + len(want)
+			}
+		})
+	}
+}

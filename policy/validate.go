@@ -1,0 +1,442 @@
+package policy
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"net"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/mpsd/mpsd/internal/units"
+)
+
+// simulateModels are the mock GPU models mpsd --simulate offers.
+var simulateModels = []string{"a100-40g", "h100-80g", "h200-141g", "b200-180g"}
+
+// validate checks every value on its own and against the others.
+func (d *decoder) validate(c *Config) {
+	d.check("version", c.Version == Version, "unsupported version %d; this mpsd reads version %d", c.Version, Version)
+	for _, p := range []struct {
+		key, val string
+	}{{"socket", c.Socket}, {"run_dir", c.RunDir}, {"state_dir", c.StateDir}, {"log_dir", c.LogDir}} {
+		d.absPath(p.key, p.val)
+	}
+	d.cgroupParent(c.Cgroup.Parent)
+	d.listen("metrics.listen", c.Metrics.Listen)
+
+	d.check("mps.control", c.MPS.Control != "", "empty; name nvidia-cuda-mps-control or give its absolute path")
+	d.check("mps.control", !strings.Contains(c.MPS.Control, "/") || filepath.IsAbs(c.MPS.Control),
+		"%q: give a name looked up on mps.path or an absolute path", c.MPS.Control)
+	d.check("mps.path", c.MPS.Path != "", "empty; the daemons need a PATH to find nvidia-cuda-mps-server")
+	for _, dir := range filepath.SplitList(c.MPS.Path) {
+		d.check("mps.path", filepath.IsAbs(dir),
+			"element %q is not an absolute directory; a relative PATH entry lets the working directory choose the programs root runs", dir)
+	}
+	d.check("mps.compute_mode", c.MPS.ComputeMode == ComputeLeave || c.MPS.ComputeMode == ComputeExclusiveProcess,
+		"%q: want %s or %s", c.MPS.ComputeMode, ComputeLeave, ComputeExclusiveProcess)
+
+	w := c.Watchdog
+	d.positive("watchdog.probe_interval", w.ProbeInterval)
+	d.positive("watchdog.probe_timeout", w.ProbeTimeout)
+	if d.ok("watchdog.probe_interval") && w.ProbeInterval > 0 {
+		d.check("watchdog.probe_timeout", w.ProbeTimeout < w.ProbeInterval,
+			"%v is not shorter than watchdog.probe_interval (%v); probes would overlap", w.ProbeTimeout, w.ProbeInterval)
+	}
+	d.check("watchdog.probe_failures", w.ProbeFailures >= 1, "%d: want at least 1", w.ProbeFailures)
+	d.positive("watchdog.backoff_initial", w.BackoffInitial)
+	if d.ok("watchdog.backoff_initial") && w.BackoffInitial > 0 {
+		d.check("watchdog.backoff_max", w.BackoffMax >= w.BackoffInitial,
+			"%v is shorter than watchdog.backoff_initial (%v)", w.BackoffMax, w.BackoffInitial)
+	}
+	d.check("watchdog.quarantine_after", w.QuarantineAfter >= 1, "%d: want at least 1", w.QuarantineAfter)
+	d.positive("watchdog.quarantine_window", w.QuarantineWindow)
+
+	d.check("placement", c.Placement == Binpack || c.Placement == Spread, "%q: want %s or %s", c.Placement, Binpack, Spread)
+	d.members("admins.users", c.Admins.Users)
+	d.members("admins.unix_groups", c.Admins.UnixGroups)
+
+	d.check("simulate.gpus", c.Simulate.GPUs >= 1, "%d: want at least 1", c.Simulate.GPUs)
+	d.check("simulate.model", slices.Contains(simulateModels, c.Simulate.Model),
+		"%q: want one of %s", c.Simulate.Model, strings.Join(simulateModels, ", "))
+
+	for i := range c.Groups {
+		d.validateGroup(&c.Groups[i])
+	}
+}
+
+func (d *decoder) validateGroup(g *Group) {
+	k := func(key string) string { return groupsKey + "." + g.Name + "." + key }
+
+	d.members(k("users"), g.Users)
+	d.members(k("unix_groups"), g.UnixGroups)
+	if d.ok(k("users"), k("unix_groups")) {
+		d.check(k("users"), len(g.Users)+len(g.UnixGroups) > 0, "empty, and so is unix_groups: nobody could use the group")
+	}
+
+	if d.ok(k("gpus")) {
+		d.check(k("gpus"), len(g.GPUs) > 0, "empty; select GPUs with [all], indexes or UUIDs")
+		seen := map[string]int{}
+		for i, s := range g.GPUs {
+			key := fmt.Sprintf("%s[%d]", k("gpus"), i)
+			sel, why := parseSelector(s)
+			if why != "" {
+				d.fail(key, "%q: %s", s, why)
+				continue
+			}
+			if sel.all && len(g.GPUs) > 1 {
+				d.problem(key, `"all" selects every GPU; it cannot be combined with other entries`)
+			}
+			norm := strings.ToLower(s)
+			if j, dup := seen[norm]; dup {
+				d.problem(key, "%q repeats entry %d", s, j)
+			}
+			seen[norm] = i
+		}
+	}
+	d.check(k("gpus_per_instance"), g.GPUsPerInstance >= 1, "%d: want at least 1", g.GPUsPerInstance)
+
+	d.check(k("sm_percent"), 1 <= g.SMPercent && g.SMPercent <= 100, "%d: want 1-100 (percent of each GPU's SMs)", g.SMPercent)
+	d.check(k("memory"), g.Memory >= units.MiB, "%s: want at least 1M", units.FormatSize(g.Memory))
+	d.check(k("max_clients"), 1 <= g.MaxClients && g.MaxClients <= MaxClientsLimit,
+		"%d: want 1-%d (MPS serves at most %d clients per GPU)", g.MaxClients, MaxClientsLimit, MaxClientsLimit)
+
+	d.check(k("max_sm"), g.MaxSM >= 1, "%d: want at least 1", g.MaxSM)
+	if d.ok(k("sm_percent")) {
+		d.check(k("max_sm"), g.MaxSM <= g.SMPercent, "%d exceeds sm_percent (%d)", g.MaxSM, g.SMPercent)
+	}
+	d.check(k("default_sm"), g.DefaultSM >= 1, "%d: want at least 1", g.DefaultSM)
+	if d.ok(k("max_sm")) {
+		d.check(k("default_sm"), g.DefaultSM <= g.MaxSM, "%d exceeds max_sm (%d)", g.DefaultSM, g.MaxSM)
+	}
+	d.check(k("max_mem"), g.MaxMem >= units.MiB, "%s: want at least 1M", units.FormatSize(g.MaxMem))
+	if d.ok(k("memory")) {
+		d.check(k("max_mem"), g.MaxMem <= g.Memory, "%s exceeds memory (%s)", units.FormatSize(g.MaxMem), units.FormatSize(g.Memory))
+	}
+	d.check(k("default_mem"), g.DefaultMem >= units.MiB,
+		"%s: want at least 1M, the smallest limit MPS enforces", units.FormatSize(g.DefaultMem))
+	if d.ok(k("max_mem")) {
+		d.check(k("default_mem"), g.DefaultMem <= g.MaxMem, "%s exceeds max_mem (%s)", units.FormatSize(g.DefaultMem), units.FormatSize(g.MaxMem))
+	}
+	d.check(k("requeue_attempts"), g.RequeueAttempts >= 0, "%d: want 0 (never requeue) or more", g.RequeueAttempts)
+}
+
+func (d *decoder) positive(key string, v time.Duration) {
+	d.check(key, v > 0, "%v: want a positive duration", v)
+}
+
+func (d *decoder) absPath(key, p string) {
+	if !d.ok(key) {
+		return
+	}
+	switch {
+	case p == "":
+		d.problem(key, "empty; want an absolute path")
+	case !filepath.IsAbs(p):
+		d.problem(key, "%q is not an absolute path", p)
+	case filepath.Clean(p) != p:
+		d.problem(key, "%q is not a clean path; write %q", p, filepath.Clean(p))
+	}
+}
+
+func (d *decoder) cgroupParent(p string) {
+	const key = "cgroup.parent"
+	if !d.ok(key) {
+		return
+	}
+	if p == "" || filepath.IsAbs(p) {
+		d.problem(key, "%q: want a relative cgroup path such as mpsd or mpsd.slice/leases", p)
+		return
+	}
+	for _, e := range strings.Split(p, "/") {
+		if e == "" || e == "." || e == ".." || strings.ContainsFunc(e, func(r rune) bool {
+			return !(r < unicode.MaxASCII && (unicode.IsLetter(r) || unicode.IsDigit(r) || r == '-' || r == '_' || r == '.' || r == '@'))
+		}) {
+			d.problem(key, "%q: element %q is not a plain cgroup name", p, e)
+			return
+		}
+	}
+}
+
+func (d *decoder) listen(key, addr string) {
+	if addr == "" || !d.ok(key) {
+		return
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		d.problem(key, "%q: want host:port such as 127.0.0.1:9486, or empty to disable metrics", addr)
+		return
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > math.MaxUint16 {
+		d.problem(key, "%q: port %q is not a number from 0 to 65535", addr, port)
+	}
+}
+
+// members checks a list of user or unix group names and numeric ids.
+func (d *decoder) members(key string, list []string) {
+	if !d.ok(key) {
+		return
+	}
+	seen := map[string]int{}
+	for i, s := range list {
+		ekey := fmt.Sprintf("%s[%d]", key, i)
+		if why := memberProblem(s); why != "" {
+			d.fail(ekey, "%q: %s", s, why)
+			continue
+		}
+		if j, dup := seen[s]; dup {
+			d.problem(ekey, "%q repeats entry %d", s, j)
+		}
+		seen[s] = i
+	}
+}
+
+// memberProblem says why s is neither a name nor a numeric id, or "".
+func memberProblem(s string) string {
+	switch {
+	case s == "":
+		return "empty"
+	case len(s) > 256:
+		return "longer than 256 bytes"
+	case isDigits(s):
+		if n, err := strconv.ParseUint(s, 10, 32); err != nil || n == math.MaxUint32 {
+			return "not a valid numeric id"
+		}
+		return ""
+	case strings.ContainsFunc(s, func(r rune) bool {
+		return unicode.IsSpace(r) || unicode.IsControl(r) || r == ':' || r == ',' || r == '/' || r == unicode.ReplacementChar
+	}):
+		return "not a name: no spaces, control characters, ':', ',' or '/'"
+	}
+	return ""
+}
+
+func isDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// selector is one parsed entry of a group's gpus list.
+type selector struct {
+	all    bool
+	index  int    // -1 unless an index
+	prefix string // lower-case, with "gpu-"; a whole UUID when full
+	full   bool
+}
+
+// uuidLen is the length of "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".
+const uuidLen = 40
+
+// parseSelector reads an entry of `gpus`: "all", an NVML index, a GPU
+// UUID, or a UUID prefix with or without "GPU-" (the forms gpu/ accepts).
+// Entries of digits only are indexes; an all-digit UUID prefix needs
+// "GPU-". Matching is case-insensitive.
+func parseSelector(s string) (selector, string) {
+	lower := strings.ToLower(s)
+	switch {
+	case lower == "all":
+		return selector{all: true, index: -1}, ""
+	case isDigits(s):
+		n, err := strconv.Atoi(s)
+		if err != nil || n > math.MaxInt32 {
+			return selector{}, "GPU index out of range"
+		}
+		return selector{index: n}, ""
+	case strings.HasPrefix(lower, "mig-"):
+		return selector{}, "MIG devices cannot be selected; select the whole GPU"
+	}
+	body := strings.TrimPrefix(lower, "gpu-")
+	if body == "" || strings.Trim(body, "0123456789abcdef-") != "" {
+		return selector{}, `want "all", a GPU index, a GPU UUID or a UUID prefix`
+	}
+	p := "gpu-" + body
+	if len(p) > uuidLen {
+		return selector{}, "longer than a GPU UUID"
+	}
+	return selector{index: -1, prefix: p, full: len(p) == uuidLen}, ""
+}
+
+// validateHost checks the config against the host's GPUs and records each
+// group's instance GPU sets.
+func (d *decoder) validateHost(c *Config, gpus []GPU) {
+	byIndex := map[int]*GPU{}
+	indexes := make([]int, 0, len(gpus))
+	for i := range gpus {
+		byIndex[gpus[i].Index] = &gpus[i]
+		indexes = append(indexes, gpus[i].Index)
+	}
+	slices.Sort(indexes)
+
+	onGPU := map[int][]*Group{} // GPU index -> groups whose memory counts there
+	for gi := range c.Groups {
+		g := &c.Groups[gi]
+		key := groupsKey + "." + g.Name + ".gpus"
+		if !d.ok(key) {
+			continue
+		}
+		selected := d.resolveGPUs(key, g.GPUs, gpus, indexes)
+		if selected == nil {
+			continue
+		}
+		if len(selected) == 0 {
+			d.problem(key, "selects no GPU of this host (it has %s)", describeIndexes(indexes))
+			continue
+		}
+		if n := g.GPUsPerInstance; n >= 1 && d.ok(groupsKey+"."+g.Name+".gpus_per_instance") {
+			if len(selected)%n != 0 {
+				d.problem(groupsKey+"."+g.Name+".gpus_per_instance",
+					"%d: the %d selected GPUs (%s) do not divide into sets of %d", n, len(selected), describeIndexes(selected), n)
+			} else {
+				for i := 0; i < len(selected); i += n {
+					g.Instances = append(g.Instances, slices.Clone(selected[i:i+n]))
+				}
+			}
+		}
+		if d.ok(groupsKey + "." + g.Name + ".memory") {
+			for _, idx := range selected {
+				onGPU[idx] = append(onGPU[idx], g)
+			}
+		}
+	}
+
+	// Report each over-committed combination of groups once, with every
+	// GPU it over-commits, on the memory key of its largest budget.
+	type overcommit struct {
+		groups string
+		total  int64
+	}
+	var order []overcommit
+	where := map[overcommit][]int{}
+	byOver := map[overcommit][]*Group{}
+	for _, idx := range indexes {
+		var sum int64
+		names := make([]string, 0, len(onGPU[idx]))
+		for _, g := range onGPU[idx] {
+			sum += g.Memory
+			names = append(names, g.Name)
+		}
+		if sum <= byIndex[idx].Memory {
+			continue
+		}
+		o := overcommit{strings.Join(names, ","), byIndex[idx].Memory}
+		if _, seen := where[o]; !seen {
+			order = append(order, o)
+			byOver[o] = onGPU[idx]
+		}
+		where[o] = append(where[o], idx)
+	}
+	for _, o := range order {
+		gs := slices.Clone(byOver[o])
+		slices.SortStableFunc(gs, func(a, b *Group) int { return cmp.Compare(b.Memory, a.Memory) })
+		var msg strings.Builder
+		sum := gs[0].Memory
+		msg.WriteString(units.FormatSize(gs[0].Memory))
+		for i, g := range gs[1:] {
+			if i == 0 {
+				msg.WriteString(" together with ")
+			} else {
+				msg.WriteString(", ")
+			}
+			fmt.Fprintf(&msg, "%s.%s.memory (%s)", groupsKey, g.Name, units.FormatSize(g.Memory))
+			sum += g.Memory
+		}
+		if len(gs) > 1 {
+			fmt.Fprintf(&msg, " is %s,", units.FormatSize(sum))
+		}
+		fmt.Fprintf(&msg, " more than the %s memory of %s", units.FormatSize(o.total), describeGPUs(where[o]))
+		d.problem(groupsKey+"."+gs[0].Name+".memory", "%s", msg.String())
+	}
+}
+
+// resolveGPUs returns the sorted indexes a group's gpus select, or nil
+// after reporting a problem.
+func (d *decoder) resolveGPUs(key string, sels []string, gpus []GPU, indexes []int) []int {
+	if len(sels) > 1 && slices.ContainsFunc(sels, func(s string) bool { return strings.EqualFold(s, "all") }) {
+		return nil // reported by validateGroup
+	}
+	picked := map[int]int{} // GPU index -> entry
+	okAll := true
+	for i, s := range sels {
+		ekey := fmt.Sprintf("%s[%d]", key, i)
+		sel, why := parseSelector(s)
+		if why != "" { // reported by validateGroup; check the others
+			okAll = false
+			continue
+		}
+		var match []int
+		switch {
+		case sel.all:
+			match = indexes
+		case sel.index >= 0:
+			if slices.Contains(indexes, sel.index) {
+				match = []int{sel.index}
+			} else {
+				d.problem(ekey, "no GPU with index %d (this host has %s)", sel.index, describeIndexes(indexes))
+				okAll = false
+			}
+		default:
+			for _, g := range gpus {
+				if strings.HasPrefix(strings.ToLower(g.UUID), sel.prefix) {
+					match = append(match, g.Index)
+				}
+			}
+			slices.Sort(match)
+			switch {
+			case len(match) == 0:
+				d.problem(ekey, "%q matches no GPU of this host", s)
+				okAll = false
+			case len(match) > 1:
+				d.problem(ekey, "%q matches %s; give more of the UUID", s, describeGPUs(match))
+				okAll = false
+				match = nil
+			}
+		}
+		for _, idx := range match {
+			if j, dup := picked[idx]; dup {
+				if !strings.EqualFold(sels[j], s) { // else reported by validateGroup
+					d.problem(ekey, "%q selects GPU %d, already selected by entry %d", s, idx, j)
+				}
+				okAll = false
+			}
+			picked[idx] = i
+		}
+	}
+	if !okAll {
+		return nil
+	}
+	out := make([]int, 0, len(picked))
+	for idx := range picked {
+		out = append(out, idx)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func describeIndexes(idx []int) string {
+	if len(idx) == 0 {
+		return "no GPUs"
+	}
+	parts := make([]string, len(idx))
+	for i, n := range idx {
+		parts[i] = strconv.Itoa(n)
+	}
+	return "GPUs " + strings.Join(parts, ", ")
+}
+
+func describeGPUs(idx []int) string {
+	if len(idx) == 1 {
+		return "GPU " + strconv.Itoa(idx[0])
+	}
+	return describeIndexes(idx)
+}
