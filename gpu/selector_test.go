@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/mpsd/mpsd/internal/gpusel"
 )
 
 // selectorInventory has UUIDs chosen so that "GPU-aaaa" is ambiguous while
@@ -23,19 +25,13 @@ func TestSelectGood(t *testing.T) {
 		want []int
 	}{
 		{"all", []string{"all"}, []int{0, 1, 2, 3}},
-		{"ALL upper case", []string{"ALL"}, []int{0, 1, 2, 3}},
-		{"one index", []string{"2"}, []int{2}},
 		{"indexes sorted and deduplicated", []string{"3", "0", "3"}, []int{0, 3}},
 		{"index with spaces", []string{" 1 "}, []int{1}},
-		{"leading zero index", []string{"01"}, []int{1}},
+		{"UUID with spaces", []string{"\tGPU-aaaa1 "}, []int{0}},
 		{"full UUID", []string{"GPU-bbbb3333-0000-0000-0000-000000000000"}, []int{2}},
 		{"full UUID upper case", []string{"GPU-BBBB3333-0000-0000-0000-000000000000"}, []int{2}},
-		{"full UUID lower-case prefix", []string{"gpu-bbbb3333-0000-0000-0000-000000000000"}, []int{2}},
-		{"UUID prefix with GPU-", []string{"GPU-aaaa1"}, []int{0}},
 		{"UUID prefix without GPU-", []string{"bbbb"}, []int{2}},
-		{"numeric UUID prefix with GPU-", []string{"GPU-1234"}, []int{3}},
 		{"mixed forms overlapping", []string{"GPU-aaaa2", "1", "bbbb3333"}, []int{1, 2}},
-		{"all plus index", []string{"all", "2"}, []int{0, 1, 2, 3}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -67,16 +63,10 @@ func TestSelectBad(t *testing.T) {
 		{"blank entry", selectorInventory, []string{"  "}, ErrBadSelector, []string{`"  "`, "empty"}},
 		{"index out of range", selectorInventory, []string{"4"}, ErrBadSelector, []string{`"4"`, "no GPU with index 4", "4 GPUs"}},
 		{"huge index", selectorInventory, []string{"99999999999999999999"}, ErrBadSelector, []string{"index out of range"}},
-		{"negative index", selectorInventory, []string{"-1"}, ErrBadSelector, []string{`"-1"`}},
 		{"not hex", selectorInventory, []string{"gpu0"}, ErrBadSelector, []string{`"gpu0"`, `want "all", an index`}},
-		{"name instead of selector", selectorInventory, []string{"nvidia"}, ErrBadSelector, []string{`"nvidia"`}},
 		{"bare GPU-", selectorInventory, []string{"GPU-"}, ErrBadSelector, []string{"UUID prefix is empty"}},
 		{"MIG UUID", selectorInventory, []string{"MIG-aaaa1111"}, ErrBadSelector, []string{"MIG devices"}},
 		{"too long", selectorInventory, []string{"GPU-aaaa1111-0000-0000-0000-0000000000000"}, ErrBadSelector, []string{"longer than a GPU UUID"}},
-		{"dash misplaced in a UUID-long entry", selectorInventory, []string{"GPU-aaaa111-10000-0000-0000-000000000000"}, ErrBadSelector,
-			[]string{"no GPU UUID starts with it"}},
-		{"dash missing in a UUID-long entry", selectorInventory, []string{"GPU-aaaa11110-000-0000-0000-000000000000"}, ErrBadSelector,
-			[]string{"no GPU UUID starts with it"}},
 		{"unknown UUID", selectorInventory, []string{"GPU-cccc3333-0000-0000-0000-000000000000"}, ErrBadSelector, []string{"no GPU with this UUID"}},
 		{"unknown prefix", selectorInventory, []string{"GPU-cc"}, ErrBadSelector, []string{`"GPU-cc"`, "no GPU UUID starts with it"}},
 		{"ambiguous prefix", selectorInventory, []string{"GPU-aaaa"}, ErrAmbiguousSelector,
@@ -85,6 +75,12 @@ func TestSelectBad(t *testing.T) {
 		{"every bad entry reported", selectorInventory, []string{"0", "x!", "7"}, ErrBadSelector, []string{`"x!"`}},
 		{"every unresolved entry reported", selectorInventory, []string{"0", "9", "GPU-aaaa"}, ErrBadSelector,
 			[]string{`"9"`, `"GPU-aaaa"`}},
+		{"every unresolved entry keeps its sentinel", selectorInventory, []string{"0", "9", "GPU-aaaa"}, ErrAmbiguousSelector,
+			[]string{`"GPU-aaaa": matches GPU 0`}},
+		{"padded entry quoted as written", selectorInventory, []string{"0", " 9 "}, ErrBadSelector,
+			[]string{`gpu: bad device selector " 9 ": no GPU with index 9`}},
+		{"padded bad entry quoted as written", selectorInventory, []string{" MIG-1 "}, ErrBadSelector,
+			[]string{`gpu: bad device selector " MIG-1 ": MIG devices`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -141,17 +137,22 @@ func TestHostSelectOnSimulatedUUIDs(t *testing.T) {
 	}
 }
 
-// FuzzSelect feeds arbitrary config entries to the selector parser and
-// resolver: they must never panic, and whatever they return must be a
-// sorted, duplicate-free subset of the inventory, or an error wrapping one
-// of the selector sentinels.
+// FuzzSelect holds the adapter to its contract whatever the entries (the
+// grammar itself is fuzzed in internal/gpusel): no panic, every error wraps
+// one of this package's selector sentinels, space around an entry changes
+// nothing, and what is selected is a sorted, duplicate-free subset of the
+// inventory.
 func FuzzSelect(f *testing.F) {
-	for _, s := range []string{"all", "0", "3", "17", "GPU-aaaa", "GPU-aaaa1", "bbbb", "GPU-bbbb3333-0000-0000-0000-000000000000",
+	for _, s := range []string{"all", "0", "3", "17", "GPU-aaaa", "GPU-aaaa1", " bbbb", "GPU-bbbb3333-0000-0000-0000-000000000000",
 		"", " ", "-1", "MIG-x", "GPU-", "gpu-AAAA2", "99999999999999999999", "ÿ", "all,0"} {
 		f.Add(s, "1")
 	}
 	f.Fuzz(func(t *testing.T, a, b string) {
 		got, err := Select(selectorInventory, []string{a, b})
+		padded, errPadded := Select(selectorInventory, []string{" " + a + "\t", "\n" + b})
+		if (err == nil) != (errPadded == nil) || !slices.Equal(got, padded) {
+			t.Fatalf("Select(%q, %q) = %v, %v; padded, %v, %v", a, b, got, err, padded, errPadded)
+		}
 		if err != nil {
 			if !errors.Is(err, ErrBadSelector) && !errors.Is(err, ErrAmbiguousSelector) {
 				t.Fatalf("Select(%q, %q) error %v wraps no selector sentinel", a, b, err)
@@ -170,4 +171,11 @@ func FuzzSelect(f *testing.F) {
 			}
 		}
 	})
+}
+
+// isFullUUID reports whether the selector grammar reads s as a whole GPU
+// UUID rather than a prefix (TestSimUUID holds SimUUID to it).
+func isFullUUID(s string) bool {
+	sel, err := gpusel.Parse(s)
+	return err == nil && sel.Kind() == gpusel.ByUUID
 }

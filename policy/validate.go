@@ -2,6 +2,7 @@ package policy
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/mpsd/mpsd/internal/gpusel"
 	"github.com/mpsd/mpsd/internal/units"
 )
 
@@ -83,12 +85,13 @@ func (d *decoder) validateGroup(g *Group) {
 		seen := map[string]int{}
 		for i, s := range g.GPUs {
 			key := fmt.Sprintf("%s[%d]", k("gpus"), i)
-			sel, why := parseSelector(s)
-			if why != "" {
-				d.fail(key, "%q: %s", s, why)
+			sel, err := gpusel.Parse(s)
+			var e *gpusel.Error
+			if errors.As(err, &e) {
+				d.fail(key, "%q: %s", s, e.Reason)
 				continue
 			}
-			if sel.all && len(g.GPUs) > 1 {
+			if sel.Kind() == gpusel.All && len(g.GPUs) > 1 {
 				d.problem(key, `"all" selects every GPU; it cannot be combined with other entries`)
 			}
 			norm := strings.ToLower(s)
@@ -227,46 +230,6 @@ func isDigits(s string) bool {
 	return true
 }
 
-// selector is one parsed entry of a group's gpus list.
-type selector struct {
-	all    bool
-	index  int    // -1 unless an index
-	prefix string // lower-case, with "gpu-"; a whole UUID when full
-	full   bool
-}
-
-// uuidLen is the length of "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".
-const uuidLen = 40
-
-// parseSelector reads an entry of `gpus`: "all", an NVML index, a GPU
-// UUID, or a UUID prefix with or without "GPU-" (the forms gpu/ accepts).
-// Entries of digits only are indexes; an all-digit UUID prefix needs
-// "GPU-". Matching is case-insensitive.
-func parseSelector(s string) (selector, string) {
-	lower := strings.ToLower(s)
-	switch {
-	case lower == "all":
-		return selector{all: true, index: -1}, ""
-	case isDigits(s):
-		n, err := strconv.Atoi(s)
-		if err != nil || n > math.MaxInt32 {
-			return selector{}, "GPU index out of range"
-		}
-		return selector{index: n}, ""
-	case strings.HasPrefix(lower, "mig-"):
-		return selector{}, "MIG devices cannot be selected; select the whole GPU"
-	}
-	body := strings.TrimPrefix(lower, "gpu-")
-	if body == "" || strings.Trim(body, "0123456789abcdef-") != "" {
-		return selector{}, `want "all", a GPU index, a GPU UUID or a UUID prefix`
-	}
-	p := "gpu-" + body
-	if len(p) > uuidLen {
-		return selector{}, "longer than a GPU UUID"
-	}
-	return selector{index: -1, prefix: p, full: len(p) == uuidLen}, ""
-}
-
 // validateHost checks the config against the host's GPUs and records each
 // group's instance GPU sets.
 func (d *decoder) validateHost(c *Config, gpus []GPU) {
@@ -365,44 +328,31 @@ func (d *decoder) resolveGPUs(key string, sels []string, gpus []GPU, indexes []i
 	if len(sels) > 1 && slices.ContainsFunc(sels, func(s string) bool { return strings.EqualFold(s, "all") }) {
 		return nil // reported by validateGroup
 	}
+	inv := make([]gpusel.GPU, len(gpus))
+	for i, g := range gpus {
+		inv[i] = gpusel.GPU{Index: g.Index, UUID: g.UUID}
+	}
 	picked := map[int]int{} // GPU index -> entry
 	okAll := true
 	for i, s := range sels {
 		ekey := fmt.Sprintf("%s[%d]", key, i)
-		sel, why := parseSelector(s)
-		if why != "" { // reported by validateGroup; check the others
+		sel, err := gpusel.Parse(s)
+		if err != nil { // reported by validateGroup; check the others
 			okAll = false
 			continue
 		}
-		var match []int
-		switch {
-		case sel.all:
-			match = indexes
-		case sel.index >= 0:
-			if slices.Contains(indexes, sel.index) {
-				match = []int{sel.index}
-			} else {
-				d.problem(ekey, "no GPU with index %d (this host has %s)", sel.index, describeIndexes(indexes))
+		pos, err := sel.Resolve(inv)
+		if err != nil {
+			// "all" fails only on a host without GPUs, which validateHost
+			// reports for the whole group.
+			if sel.Kind() != gpusel.All {
+				d.unresolved(ekey, sel, err, indexes)
 				okAll = false
 			}
-		default:
-			for _, g := range gpus {
-				if strings.HasPrefix(strings.ToLower(g.UUID), sel.prefix) {
-					match = append(match, g.Index)
-				}
-			}
-			slices.Sort(match)
-			switch {
-			case len(match) == 0:
-				d.problem(ekey, "%q matches no GPU of this host", s)
-				okAll = false
-			case len(match) > 1:
-				d.problem(ekey, "%q matches %s; give more of the UUID", s, describeGPUs(match))
-				okAll = false
-				match = nil
-			}
+			continue
 		}
-		for _, idx := range match {
+		for _, p := range pos {
+			idx := gpus[p].Index
 			if j, dup := picked[idx]; dup {
 				if !strings.EqualFold(sels[j], s) { // else reported by validateGroup
 					d.problem(ekey, "%q selects GPU %d, already selected by entry %d", s, idx, j)
@@ -421,6 +371,25 @@ func (d *decoder) resolveGPUs(key string, sels []string, gpus []GPU, indexes []i
 	}
 	slices.Sort(out)
 	return out
+}
+
+// unresolved reports why a well-formed entry selects no GPU, in policy's
+// words: the host's indexes rather than a count, and what to do about an
+// ambiguous prefix.
+func (d *decoder) unresolved(key string, sel gpusel.Selector, err error, indexes []int) {
+	var e *gpusel.Error
+	switch {
+	case errors.Is(err, gpusel.ErrUnknownIndex):
+		d.problem(key, "no GPU with index %d (this host has %s)", sel.Index(), describeIndexes(indexes))
+	case errors.Is(err, gpusel.ErrAmbiguous) && errors.As(err, &e):
+		match := make([]int, len(e.Matches))
+		for i, g := range e.Matches {
+			match[i] = g.Index
+		}
+		d.problem(key, "%q matches %s; give more of the UUID", sel, describeGPUs(match))
+	default:
+		d.problem(key, "%q matches no GPU of this host", sel)
+	}
 }
 
 func describeIndexes(idx []int) string {
