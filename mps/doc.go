@@ -3,4 +3,41 @@
 // stop with escalation, health probes and an event stream of daemon and
 // server lifecycle. It is the only package of the daemon that runs the MPS
 // binaries, and it drives the real ones and the emulator identically.
+//
+// What it owns:
+//   - Start (`-d` with a full environment, CUDA_VISIBLE_DEVICES, optional
+//     -multiuser-server, defaults applied in whole MiB) and Adopt of a running
+//     daemon after mpsd restarts. Stale pipe-directory files are removed only
+//     when nobody holds the daemon's POSIX lock on control_lock.
+//   - Every control command as a typed method. Commands always go on stdin
+//     (555 rejects them as arguments); output is parsed, never the exit code
+//     alone; failures are *CommandError values wrapping the package's
+//     sentinels. A call's ctx ending kills the client process, so a hung
+//     daemon never blocks a caller past its deadline (ErrTimeout).
+//   - Driver generations, detected at run time, never assumed: the daemon
+//     pid comes from the pid file (550+), else the holder of the
+//     control_lock lock, else control.log's "Starting control daemon" line,
+//     each checked against /proc; without get_server_status (535) server
+//     state is inferred from get_server_list and "NEW SERVER <pid>: Ready".
+//   - Events: a pidfd per daemon and server pid (exit seen at once, wait
+//     status read from the zombie when possible) plus a control.log follower
+//     on fsnotify that survives truncation and rename rotation. Each exit is
+//     reported once, by whichever source sees it first.
+//   - Stop: `quit -t N`, then SIGKILL of servers that ignore SIGINT, then of
+//     the daemon and its orphans, all through pidfds (no recycled pid is
+//     ever signalled), bounded in time, with a report of what was killed.
+//
+// What it never does: decide policy (which uid, how many clients, when to
+// restart: the caller, mpsd's watchdog, does), touch cgroups or NVML, use
+// MPS's default directories, or stop a daemon on Close (a restarted mpsd
+// adopts it).
+//
+// Known behaviour of NVIDIA's daemon the callers must live with: a command
+// sent while it is busy (reaping a server) is occasionally accepted and
+// dropped, with the client exiting 0 and printing nothing, and under churn
+// it may answer "Cannot send command to MPS control daemon process"
+// (ErrDaemonQuitting) without quitting. Commands that print nothing on
+// success (start_server, shutdown_server, the set_* of memory limits)
+// therefore cannot be confirmed from their output; confirm through events
+// or a get_* command when it matters.
 package mps

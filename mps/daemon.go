@@ -1,0 +1,543 @@
+package mps
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Capabilities are what this daemon's driver generation offers, detected at
+// start or adoption.
+type Capabilities struct {
+	// PIDFile: the daemon writes nvidia-cuda-mps-control.pid (550+).
+	PIDFile bool
+	// ServerStatus: get_server_status exists (550+); without it
+	// ServerStatus infers the state from get_server_list and control.log.
+	ServerStatus bool
+}
+
+// Daemon is a handle on one running control daemon. Its methods are safe for
+// concurrent use. Close releases the handle (watchers, event stream) without
+// touching the daemon; Stop stops the daemon.
+type Daemon struct {
+	cfg       Config
+	log       *slog.Logger
+	pid       int
+	foundBy   string
+	caps      Capabilities
+	clientEnv []string
+
+	stopFD    int
+	stop      chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+	events    *eventQueue
+	daemon    *proc
+	exitedCh  chan struct{} // closed when the daemon process is gone
+
+	mu             sync.Mutex
+	closed         bool
+	servers        map[int]*proc // live servers; nil value: being registered
+	exited         map[int]time.Time
+	ready          map[int]bool
+	lastExitStatus int
+}
+
+// startWaitDelay bounds how long a finished control process may hold the
+// output pipes (a forked daemon inheriting them) before Wait gives up on them.
+const startWaitDelay = 200 * time.Millisecond
+
+// Start starts a control daemon (`-d`) for cfg and returns once it answers a
+// probe and cfg's defaults are applied. ctx bounds the start only; the handle
+// lives until Close. Stale pipe-directory files are removed first, but only
+// when no live daemon owns them: if one does, Start returns ErrAlreadyRunning
+// (use Adopt). If applying defaults fails the new daemon is killed.
+func Start(ctx context.Context, cfg Config) (*Daemon, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	for _, dir := range []string{cfg.LogDir, cfg.PipeDir} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("mps: start: create %s: %w", dir, err)
+		}
+	}
+	if pid, how := findDaemon(cfg.ProcRoot, cfg.PipeDir, cfg.LogDir, cfg.ControlPath); pid > 0 {
+		return nil, fmt.Errorf("%w: pid %d (found by %s) on %s", ErrAlreadyRunning, pid, how, cfg.PipeDir)
+	}
+	if err := removeStale(cfg.PipeDir); err != nil {
+		return nil, err
+	}
+	var logOff int64
+	if fi, err := os.Stat(filepath.Join(cfg.LogDir, controlLog)); err == nil {
+		logOff = fi.Size()
+	}
+
+	args := []string{"-d"}
+	if cfg.Multiuser {
+		args = append(args, "-multiuser-server")
+	}
+	cmd := exec.CommandContext(ctx, cfg.ControlPath, args...)
+	cmd.Env = daemonEnv(cfg)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.WaitDelay = startWaitDelay
+	if err := cfg.Runner.Start(cmd); err != nil {
+		return nil, fmt.Errorf("mps: start %s on %s: %w", cfg.ControlPath, cfg.PipeDir, err)
+	}
+	if err := cmd.Wait(); err != nil && !errors.Is(err, exec.ErrWaitDelay) {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("mps: start on %s: %w: %w", cfg.PipeDir, ErrTimeout, ctx.Err())
+		}
+		if strings.Contains(out.String(), "already running") {
+			return nil, fmt.Errorf("%w: %s on %s", ErrAlreadyRunning, strings.TrimSpace(out.String()), cfg.PipeDir)
+		}
+		return nil, fmt.Errorf("mps: start %s -d on %s: %w (output %q)", cfg.ControlPath, cfg.PipeDir, err, strings.TrimSpace(out.String()))
+	}
+
+	// The parent exits once the daemon listens; the pid file (550+) or the
+	// lock may lag a moment behind.
+	pid, how, err := waitDaemonPID(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	d, err := attach(ctx, cfg, pid, how, logOff, false)
+	if err != nil {
+		killPID(pid)
+		return nil, err
+	}
+	if err := d.applyDefaults(ctx); err != nil {
+		d.daemon.signal(unix.SIGKILL)
+		d.Close()
+		return nil, err
+	}
+	d.log.Info("mps: control daemon started", "pid", pid, "found_by", how, "pid_file", d.caps.PIDFile, "server_status", d.caps.ServerStatus)
+	return d, nil
+}
+
+// Adopt attaches to a daemon already running on cfg.PipeDir (found by pid
+// file, lock or control.log, then probed), e.g. after mpsd restarted. It
+// disturbs no server or client. Returns ErrNoDaemon when none runs.
+func Adopt(ctx context.Context, cfg Config) (*Daemon, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	pid, how := findDaemon(cfg.ProcRoot, cfg.PipeDir, cfg.LogDir, cfg.ControlPath)
+	if pid == 0 {
+		return nil, fmt.Errorf("mps: adopt on %s: %w", cfg.PipeDir, ErrNoDaemon)
+	}
+	if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
+		return nil, fmt.Errorf("mps: adopt: create %s: %w", cfg.LogDir, err)
+	}
+	var logOff int64
+	if fi, err := os.Stat(filepath.Join(cfg.LogDir, controlLog)); err == nil {
+		logOff = fi.Size()
+	}
+	d, err := attach(ctx, cfg, pid, how, logOff, true)
+	if err != nil {
+		return nil, err
+	}
+	d.log.Info("mps: control daemon adopted", "pid", pid, "found_by", how)
+	return d, nil
+}
+
+func daemonEnv(cfg Config) []string {
+	env := setEnv(cfg.Env, "CUDA_MPS_PIPE_DIRECTORY", cfg.PipeDir)
+	env = setEnv(env, "CUDA_MPS_LOG_DIRECTORY", cfg.LogDir)
+	if len(cfg.VisibleDevices) > 0 {
+		env = setEnv(env, "CUDA_VISIBLE_DEVICES", strings.Join(cfg.VisibleDevices, ","))
+	}
+	return env
+}
+
+// removeStale deletes a dead daemon's pipe-directory files. The lock check
+// makes sure no live daemon (of any generation) owns them.
+func removeStale(pipeDir string) error {
+	holder, err := lockHolder(pipeDir)
+	if err != nil {
+		return fmt.Errorf("mps: start: check %s: %w", pipeDir, err)
+	}
+	if holder > 0 {
+		return fmt.Errorf("%w: pid %d holds %s", ErrAlreadyRunning, holder, filepath.Join(pipeDir, lockFileName))
+	}
+	for _, name := range staleFiles {
+		p := filepath.Join(pipeDir, name)
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("mps: start: remove stale %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+func waitDaemonPID(ctx context.Context, cfg Config) (int, string, error) {
+	t := time.NewTicker(2 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if pid, how := findDaemon(cfg.ProcRoot, cfg.PipeDir, cfg.LogDir, cfg.ControlPath); pid > 0 {
+			return pid, how, nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, "", fmt.Errorf("mps: start on %s: daemon pid not found (no pid file, lock or log line): %w: %w", cfg.PipeDir, ErrTimeout, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+func killPID(pid int) {
+	if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+		_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		unix.Close(fd)
+	}
+}
+
+// attach builds the handle: watchers first (so nothing is missed), then a
+// probe and capability detection.
+func attach(ctx context.Context, cfg Config, pid int, how string, logOff int64, adopted bool) (*Daemon, error) {
+	stopFD, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("mps: eventfd: %w", err)
+	}
+	log := cfg.Logger.With("pipe_dir", cfg.PipeDir)
+	d := &Daemon{
+		cfg:            cfg,
+		log:            log,
+		pid:            pid,
+		foundBy:        how,
+		clientEnv:      setEnv(cfg.Env, "CUDA_MPS_PIPE_DIRECTORY", cfg.PipeDir),
+		stopFD:         stopFD,
+		stop:           make(chan struct{}),
+		events:         newEventQueue(log),
+		exitedCh:       make(chan struct{}),
+		servers:        map[int]*proc{},
+		exited:         map[int]time.Time{},
+		ready:          map[int]bool{},
+		lastExitStatus: -1,
+	}
+	d.wg.Add(1)
+	go func() { defer d.wg.Done(); d.events.run(d.stop) }()
+
+	d.daemon = d.watch(pid, func(p *proc) {
+		d.mu.Lock()
+		status := p.status
+		if status < 0 && p.sig == 0 {
+			status = d.lastExitStatus
+		}
+		d.mu.Unlock()
+		close(d.exitedCh)
+		d.events.push(Event{Kind: DaemonExited, Time: time.Now(), PID: p.pid, UID: -1, ExitStatus: status, Signal: p.sig, Source: SourcePidfd})
+	})
+	if d.daemon == nil {
+		d.Close()
+		return nil, fmt.Errorf("mps: daemon pid %d on %s exited: %w", pid, cfg.PipeDir, ErrNoDaemon)
+	}
+
+	logPath := filepath.Join(cfg.LogDir, controlLog)
+	if adopted {
+		d.loadReady(logPath, pid)
+	}
+	ready := make(chan error, 1)
+	lf := newLogFollower(logPath, logOff, log, d.onLogLine)
+	d.wg.Add(1)
+	go func() { defer d.wg.Done(); lf.run(d.stop, ready) }()
+	if err := <-ready; err != nil {
+		d.Close()
+		return nil, err
+	}
+
+	if err := d.probeUntilUp(ctx); err != nil {
+		d.Close()
+		return nil, err
+	}
+	d.caps.PIDFile = fileExists(filepath.Join(cfg.PipeDir, pidFileName))
+	if _, err := d.Command(ctx, "get_server_status"); errors.Is(err, ErrUnknownCommand) {
+		d.caps.ServerStatus = false
+	} else if errors.Is(err, ErrInvalidValue) || err == nil {
+		d.caps.ServerStatus = true // "A server PID is required"
+	} else {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// loadReady marks servers of this daemon that logged Ready before adoption,
+// for the ServerStatus fallback on daemons without get_server_status.
+func (d *Daemon) loadReady(logPath string, pid int) {
+	b, err := os.ReadFile(logPath)
+	if err != nil {
+		return
+	}
+	mine := false
+	for _, line := range strings.Split(string(b), "\n") {
+		l, ok := ParseLogLine(line)
+		if !ok {
+			continue
+		}
+		if strings.HasPrefix(l.Message, "Starting control daemon") {
+			mine = l.PID == pid
+			clear(d.ready)
+			continue
+		}
+		if ev, ok := logEvent(l); ok && mine {
+			switch ev.Kind {
+			case ServerReady:
+				d.ready[ev.PID] = true
+			case ServerExited:
+				delete(d.ready, ev.PID)
+			}
+		}
+	}
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func (d *Daemon) probeUntilUp(ctx context.Context) error {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		err := d.Probe(ctx)
+		if err == nil || !errors.Is(err, ErrNoDaemon) || d.Exited() {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-t.C:
+		}
+	}
+}
+
+func (d *Daemon) applyDefaults(ctx context.Context) error {
+	if p := d.cfg.DefaultThreadPercentage; p > 0 {
+		if _, err := d.SetDefaultActiveThreadPercentage(ctx, p); err != nil {
+			return fmt.Errorf("mps: apply default thread percentage: %w", err)
+		}
+	}
+	for dev, b := range d.cfg.DefaultPinnedMem {
+		if err := d.SetDefaultDevicePinnedMemLimit(ctx, dev, b); err != nil {
+			return fmt.Errorf("mps: apply default pinned memory of device %d: %w", dev, err)
+		}
+	}
+	return nil
+}
+
+// PID is the control daemon's pid.
+func (d *Daemon) PID() int { return d.pid }
+
+// PipeDir is the daemon's CUDA_MPS_PIPE_DIRECTORY.
+func (d *Daemon) PipeDir() string { return d.cfg.PipeDir }
+
+// Capabilities reports what this daemon's generation offers.
+func (d *Daemon) Capabilities() Capabilities { return d.caps }
+
+// Events is the daemon's event stream. It is closed by Close. Events are
+// queued (up to 4096, then the oldest are dropped), so a slow reader never
+// delays exit detection; read it continuously.
+func (d *Daemon) Events() <-chan Event { return d.events.out }
+
+// Exited reports whether the daemon process is gone.
+func (d *Daemon) Exited() bool {
+	select {
+	case <-d.exitedCh:
+		return true
+	default:
+		return false
+	}
+}
+
+// Done is closed when the daemon process exits.
+func (d *Daemon) Done() <-chan struct{} { return d.exitedCh }
+
+// Probe checks that the daemon is alive and answers a command before ctx
+// ends: nil, or an error wrapping ErrNoDaemon, ErrDaemonQuitting or
+// ErrTimeout (a hung daemon). It also learns servers it had not seen yet.
+func (d *Daemon) Probe(ctx context.Context) error {
+	if d.Exited() {
+		return fmt.Errorf("mps: probe %s: daemon pid %d exited: %w", d.cfg.PipeDir, d.pid, ErrNoDaemon)
+	}
+	_, err := d.ServerList(ctx)
+	return err
+}
+
+// Close stops the handle's goroutines and closes the event stream. It does
+// not stop the daemon (a restarted mpsd adopts it). Idempotent.
+func (d *Daemon) Close() error {
+	d.closeOnce.Do(func() {
+		d.mu.Lock()
+		d.closed = true
+		d.mu.Unlock()
+		close(d.stop)
+		var one [8]byte
+		one[0] = 1 // little-endian uint64 1 for the eventfd
+		_, _ = unix.Write(d.stopFD, one[:])
+		d.wg.Wait()
+		unix.Close(d.stopFD)
+	})
+	return nil
+}
+
+// Command sends one raw command line and returns the daemon's output. The
+// error is a *CommandError wrapping ErrNoDaemon, ErrDaemonQuitting,
+// ErrUnknownCommand, ErrServerNotFound, ErrInvalidValue, ErrPermission or
+// ErrTimeout (ctx ended: the client process is killed, so a hung daemon
+// never blocks the caller). Prefer the typed methods.
+func (d *Daemon) Command(ctx context.Context, line string) (string, error) {
+	if strings.ContainsAny(line, "\n\r") {
+		return "", &CommandError{Command: line, PipeDir: d.cfg.PipeDir, Err: fmt.Errorf("%w: command contains a newline", ErrInvalidValue)}
+	}
+	select {
+	case <-d.stop:
+		return "", &CommandError{Command: line, PipeDir: d.cfg.PipeDir, Err: ErrClosed}
+	default:
+	}
+	// Always stdin: 555 rejects commands given as arguments.
+	cmd := exec.CommandContext(ctx, d.cfg.ControlPath)
+	cmd.Env = d.clientEnv
+	cmd.Stdin = strings.NewReader(line + "\n")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.WaitDelay = startWaitDelay
+	cerr := func(err error) error {
+		return &CommandError{Command: line, PipeDir: d.cfg.PipeDir, Output: strings.TrimSpace(stdout.String() + stderr.String()), Err: err}
+	}
+	if err := d.cfg.Runner.Start(cmd); err != nil {
+		if ctx.Err() != nil {
+			return "", cerr(fmt.Errorf("%w: %w", ErrTimeout, ctx.Err()))
+		}
+		return "", cerr(fmt.Errorf("run %s: %w", d.cfg.ControlPath, err))
+	}
+	err := cmd.Wait()
+	if ctx.Err() != nil {
+		return "", cerr(fmt.Errorf("%w: %w", ErrTimeout, ctx.Err()))
+	}
+	if cls := classifyOutput(stdout.String(), stderr.String()); cls != nil {
+		return stdout.String(), cerr(cls)
+	}
+	if err != nil {
+		return stdout.String(), cerr(fmt.Errorf("control exited: %w", err))
+	}
+	return stdout.String(), nil
+}
+
+// StopReport says how Stop ended the daemon.
+type StopReport struct {
+	DaemonPID int
+	// Graceful: the daemon exited after `quit -t` without any SIGKILL.
+	Graceful bool
+	// AlreadyExited: the daemon was gone before Stop.
+	AlreadyExited bool
+	// KilledServers are the servers Stop SIGKILLed (they ignored SIGINT, or
+	// were orphaned by a dead daemon).
+	KilledServers []int
+	// KilledDaemon: the daemon itself had to be SIGKILLed.
+	KilledDaemon bool
+}
+
+// Escalation waits in Stop after `quit -t N`'s N seconds.
+const (
+	quitGrace     = 500 * time.Millisecond
+	afterKillWait = 500 * time.Millisecond
+	daemonKillMax = 2 * time.Second
+)
+
+// Stop stops the daemon: `quit -t N` (N = QuitTimeout), then SIGKILL of
+// servers that ignored the daemon's SIGINT, then SIGKILL of the daemon, then
+// of orphaned servers. It is bounded by QuitTimeout plus a few seconds, or by
+// ctx, whichever is shorter (a dead ctx escalates at once). The handle stays
+// open (Events still delivers the exits); call Close afterwards.
+func (d *Daemon) Stop(ctx context.Context) (StopReport, error) {
+	rep := StopReport{DaemonPID: d.pid}
+	if d.Exited() {
+		rep.AlreadyExited = true
+		rep.KilledServers = d.killServers()
+		return rep, nil
+	}
+	// Learn servers not yet seen in the log, briefly: a hung daemon must not
+	// delay the stop.
+	lctx, lcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	_, _ = d.ServerList(lctx)
+	lcancel()
+
+	secs := int(math.Ceil(d.cfg.QuitTimeout.Seconds()))
+	qctx, qcancel := context.WithCancel(ctx)
+	quitDone := make(chan error, 1)
+	go func() {
+		_, err := d.Command(qctx, "quit -t "+strconv.Itoa(secs))
+		quitDone <- err
+	}()
+	defer func() { qcancel(); <-quitDone }()
+
+	if d.waitExit(ctx, time.Duration(secs)*time.Second+quitGrace) {
+		rep.Graceful = true
+		return rep, nil
+	}
+	rep.KilledServers = d.killServers()
+	if len(rep.KilledServers) > 0 && d.waitExit(ctx, afterKillWait) {
+		return rep, nil
+	}
+	rep.KilledDaemon = d.daemon.signal(unix.SIGKILL)
+	// SIGKILL is not ignorable; the bound only covers a broken kernel or D state.
+	kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), daemonKillMax)
+	defer kcancel()
+	if !d.waitExit(kctx, daemonKillMax) {
+		return rep, fmt.Errorf("mps: stop %s: daemon pid %d survived SIGKILL: %w", d.cfg.PipeDir, d.pid, ErrTimeout)
+	}
+	rep.KilledServers = append(rep.KilledServers, d.killServers()...)
+	if ctx.Err() != nil {
+		return rep, fmt.Errorf("mps: stop %s: escalated early: %w: %w", d.cfg.PipeDir, ErrTimeout, ctx.Err())
+	}
+	return rep, nil
+}
+
+// waitExit waits up to max (and ctx) for the daemon to exit.
+func (d *Daemon) waitExit(ctx context.Context, max time.Duration) bool {
+	t := time.NewTimer(max)
+	defer t.Stop()
+	select {
+	case <-d.exitedCh:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return d.Exited()
+}
+
+// killServers SIGKILLs every live watched server and waits (briefly) for
+// them to go, returning their pids.
+func (d *Daemon) killServers() []int {
+	var killed []int
+	var procs []*proc
+	for _, p := range d.liveServers() {
+		if p.signal(unix.SIGKILL) {
+			killed = append(killed, p.pid)
+			procs = append(procs, p)
+		}
+	}
+	t := time.NewTimer(afterKillWait)
+	defer t.Stop()
+	for _, p := range procs {
+		select {
+		case <-p.done:
+		case <-t.C:
+			return killed
+		}
+	}
+	return killed
+}

@@ -1,0 +1,152 @@
+package mps
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// EventKind says what happened to a daemon or one of its servers.
+type EventKind int
+
+// Event kinds.
+const (
+	DaemonExited      EventKind = iota + 1 // the control daemon process is gone (pidfd)
+	ServerStarted                          // the daemon started a server (PID, UID)
+	ServerReady                            // a server finished initializing
+	ServerExited                           // a server process is gone (PID, ExitStatus/Signal)
+	FatalException                         // a server hit a fatal exception and is shutting down
+	ServerStartFailed                      // the daemon could not start a server for UID
+	ClientConnected                        // a CUDA client (PID, UID) connected
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case DaemonExited:
+		return "daemon exited"
+	case ServerStarted:
+		return "server started"
+	case ServerReady:
+		return "server ready"
+	case ServerExited:
+		return "server exited"
+	case FatalException:
+		return "fatal exception"
+	case ServerStartFailed:
+		return "server failed to start"
+	case ClientConnected:
+		return "client connected"
+	}
+	return fmt.Sprintf("EventKind(%d)", int(k))
+}
+
+// EventSource says how an event was learned.
+type EventSource int
+
+// Event sources.
+const (
+	SourcePidfd   EventSource = iota + 1 // process exit notification, immediate
+	SourceLog                            // a control.log line
+	SourceCommand                        // a command's answer (get_server_list)
+)
+
+func (s EventSource) String() string {
+	switch s {
+	case SourcePidfd:
+		return "pidfd"
+	case SourceLog:
+		return "log"
+	case SourceCommand:
+		return "command"
+	}
+	return fmt.Sprintf("EventSource(%d)", int(s))
+}
+
+// Event is one lifecycle event of a daemon. Each server exit and the daemon's
+// exit are reported once, by whichever source sees it first (pidfd, normally).
+type Event struct {
+	Kind EventKind
+	Time time.Time // when it happened (log time) or was observed (pidfd)
+	// PID is the daemon's (DaemonExited), the server's or the client's pid;
+	// for FatalException the pid that logged it; 0 when unknown.
+	PID int
+	// UID of the server or client; -1 when unknown.
+	UID int
+	// ExitStatus is the exit code, -1 when unknown or killed by a signal.
+	// MPS logs status 0 for a SIGKILLed server; pidfd events read the real
+	// wait status from /proc while the process is still a zombie.
+	ExitStatus int
+	Signal     syscall.Signal // the killing signal, 0 when none or unknown
+	Message    string         // the log message for FatalException and ServerStartFailed
+	Source     EventSource
+}
+
+func (e Event) String() string {
+	return fmt.Sprintf("%s pid=%d uid=%d status=%d signal=%d source=%s %s", e.Kind, e.PID, e.UID, e.ExitStatus, int(e.Signal), e.Source, e.Message)
+}
+
+// maxQueuedEvents bounds the events waiting for a slow reader; beyond it the
+// oldest are dropped (and logged) rather than blocking the watchers.
+const maxQueuedEvents = 4096
+
+// eventQueue decouples producers (pidfd watchers, the log follower) from the
+// reader, so a slow reader never delays exit detection.
+type eventQueue struct {
+	log     *slog.Logger
+	out     chan Event
+	notify  chan struct{}
+	mu      sync.Mutex
+	pending []Event
+	dropped int
+}
+
+func newEventQueue(log *slog.Logger) *eventQueue {
+	return &eventQueue{log: log, out: make(chan Event), notify: make(chan struct{}, 1)}
+}
+
+func (q *eventQueue) push(ev Event) {
+	q.mu.Lock()
+	if len(q.pending) >= maxQueuedEvents {
+		q.pending = q.pending[1:]
+		q.dropped++
+		q.log.Warn("mps: event reader too slow, dropped oldest event", "dropped_total", q.dropped)
+	}
+	q.pending = append(q.pending, ev)
+	q.mu.Unlock()
+	select {
+	case q.notify <- struct{}{}:
+	default:
+	}
+}
+
+// run forwards queued events to out until stop is closed, then closes out.
+func (q *eventQueue) run(stop <-chan struct{}) {
+	defer close(q.out)
+	for {
+		// Pop before sending so that overflow dropping in push never races
+		// with the event in flight.
+		q.mu.Lock()
+		var next Event
+		have := len(q.pending) > 0
+		if have {
+			next = q.pending[0]
+			q.pending = q.pending[1:]
+		}
+		q.mu.Unlock()
+		if !have {
+			select {
+			case <-q.notify:
+				continue
+			case <-stop:
+				return
+			}
+		}
+		select {
+		case q.out <- next:
+		case <-stop:
+			return
+		}
+	}
+}

@@ -1,0 +1,258 @@
+package mps
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ServerState is what get_server_status reports (or what is inferred on
+// daemons that lack it).
+type ServerState int
+
+// Server states, as MPS names them.
+const (
+	StateUnknown ServerState = iota
+	StateInitializing
+	StateActive
+	StateFault
+)
+
+func (s ServerState) String() string {
+	switch s {
+	case StateInitializing:
+		return "INITIALIZING"
+	case StateActive:
+		return "ACTIVE"
+	case StateFault:
+		return "FAULT"
+	}
+	return "UNKNOWN"
+}
+
+// outputLines splits a command's stdout into trimmed, non-empty lines; the
+// real daemon ends lines with \n, the field has seen CRLF.
+func outputLines(out string) []string {
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	return lines
+}
+
+// classifyOutput maps the daemon's known failure lines (printed on stdout with
+// exit status 0, or on stderr with exit status 1) to sentinels. It returns nil
+// when no line is a known failure.
+func classifyOutput(stdout, stderr string) error {
+	for _, l := range outputLines(stderr + "\n" + stdout) {
+		switch {
+		case strings.HasPrefix(l, "Cannot find MPS control daemon process"),
+			strings.HasPrefix(l, "Cannot authenticate or connect to MPS control daemon"):
+			return ErrNoDaemon
+		case strings.HasPrefix(l, "Cannot send command to MPS control daemon"):
+			return ErrDaemonQuitting
+		case strings.HasPrefix(l, "Unknown command"):
+			return ErrUnknownCommand
+		case strings.HasPrefix(l, "Server ") && (strings.HasSuffix(l, " not found") || strings.HasSuffix(l, " not found!")),
+			l == "Server not found":
+			return ErrServerNotFound
+		case strings.HasPrefix(l, "A server PID is required"),
+			strings.HasPrefix(l, "A user id (UID) is required"):
+			return ErrInvalidValue
+		case strings.HasPrefix(l, "Insufficient privileges"),
+			strings.HasPrefix(l, "Not enough privilege"),
+			strings.HasPrefix(l, "Only root user may"):
+			return ErrPermission
+		}
+	}
+	return nil
+}
+
+// parsePIDList parses get_server_list / get_client_list output: one pid per
+// line, nothing when empty.
+func parsePIDList(out string) ([]int, error) {
+	lines := outputLines(out)
+	pids := make([]int, 0, len(lines))
+	for _, l := range lines {
+		pid, err := strconv.Atoi(l)
+		if err != nil || pid <= 0 {
+			return nil, fmt.Errorf("%w: pid line %q", ErrUnexpectedOutput, l)
+		}
+		pids = append(pids, pid)
+	}
+	return pids, nil
+}
+
+// parseServerState parses get_server_status output.
+func parseServerState(out string) (ServerState, error) {
+	lines := outputLines(out)
+	if len(lines) != 1 {
+		return StateUnknown, fmt.Errorf("%w: server status %q", ErrUnexpectedOutput, out)
+	}
+	switch lines[0] {
+	case "INITIALIZING":
+		return StateInitializing, nil
+	case "ACTIVE":
+		return StateActive, nil
+	case "FAULT":
+		return StateFault, nil
+	}
+	return StateUnknown, fmt.Errorf("%w: server status %q", ErrUnexpectedOutput, lines[0])
+}
+
+// parsePercent parses a thread percentage the daemon prints as %.1f.
+func parsePercent(out string) (float64, error) {
+	lines := outputLines(out)
+	if len(lines) != 1 {
+		return 0, fmt.Errorf("%w: percentage %q", ErrUnexpectedOutput, out)
+	}
+	p, err := strconv.ParseFloat(lines[0], 64)
+	if err != nil || math.IsNaN(p) || math.IsInf(p, 0) || p < 0 || p > 100 {
+		return 0, fmt.Errorf("%w: percentage %q", ErrUnexpectedOutput, lines[0])
+	}
+	return p, nil
+}
+
+// parseMemLimit parses a pinned memory limit as the daemon prints it: <n>G
+// (whole GiB, floored) or <n>M; empty means no limit set (ok false).
+func parseMemLimit(out string) (bytes int64, ok bool, err error) {
+	lines := outputLines(out)
+	if len(lines) == 0 {
+		return 0, false, nil
+	}
+	if len(lines) != 1 || len(lines[0]) < 2 {
+		return 0, false, fmt.Errorf("%w: memory limit %q", ErrUnexpectedOutput, out)
+	}
+	l := lines[0]
+	var shift uint
+	switch l[len(l)-1] {
+	case 'G':
+		shift = 30
+	case 'M':
+		shift = 20
+	default:
+		return 0, false, fmt.Errorf("%w: memory limit %q", ErrUnexpectedOutput, l)
+	}
+	n, err := strconv.ParseInt(l[:len(l)-1], 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64>>shift {
+		return 0, false, fmt.Errorf("%w: memory limit %q", ErrUnexpectedOutput, l)
+	}
+	return n << shift, true, nil
+}
+
+// parseInt parses a single-integer answer (client priority, CUDA result code).
+func parseInt(out string) (int, error) {
+	lines := outputLines(out)
+	if len(lines) != 1 {
+		return 0, fmt.Errorf("%w: integer %q", ErrUnexpectedOutput, out)
+	}
+	n, err := strconv.Atoi(lines[0])
+	if err != nil {
+		return 0, fmt.Errorf("%w: integer %q", ErrUnexpectedOutput, lines[0])
+	}
+	return n, nil
+}
+
+// LogLine is one parsed control.log / server.log line:
+// "[YYYY-MM-DD HH:MM:SS.mmm Control %5d] message".
+type LogLine struct {
+	Time    time.Time // local time as the daemon wrote it
+	Source  string    // "Control" or "Server"
+	PID     int       // the writing process (for "Starting new server" the new server)
+	Message string
+}
+
+const logTimeLayout = "2006-01-02 15:04:05.000"
+
+// ParseLogLine parses one MPS log line; ok is false for anything else.
+func ParseLogLine(line string) (LogLine, bool) {
+	line = strings.TrimRight(line, "\r\n")
+	if len(line) < len(logTimeLayout)+4 || line[0] != '[' {
+		return LogLine{}, false
+	}
+	end := strings.IndexByte(line, ']')
+	if end < 0 {
+		return LogLine{}, false
+	}
+	head := line[1:end]
+	if len(head) < len(logTimeLayout)+1 {
+		return LogLine{}, false
+	}
+	ts, err := time.ParseInLocation(logTimeLayout, head[:len(logTimeLayout)], time.Local)
+	if err != nil {
+		return LogLine{}, false
+	}
+	fields := strings.Fields(head[len(logTimeLayout):])
+	if len(fields) != 2 {
+		return LogLine{}, false
+	}
+	pid, err := strconv.Atoi(fields[1])
+	if err != nil || pid <= 0 {
+		return LogLine{}, false
+	}
+	return LogLine{Time: ts, Source: fields[0], PID: pid, Message: strings.TrimSpace(line[end+1:])}, true
+}
+
+// logEvent maps a control.log line to an event; ok is false for lines that
+// are no lifecycle event. Daemon exit is not taken from the log ("Exit with
+// status" is written before the process is gone); pidfd reports it.
+func logEvent(l LogLine) (Event, bool) {
+	m := l.Message
+	ev := Event{Time: l.Time, UID: -1, ExitStatus: -1, Source: SourceLog}
+	var a, b int
+	switch {
+	case scan2(m, "Starting new server %d for user %d", &a, &b):
+		ev.Kind, ev.PID, ev.UID = ServerStarted, a, b
+	case scan1(m, "NEW SERVER %d: Ready", &a):
+		ev.Kind, ev.PID = ServerReady, a
+	case strings.HasPrefix(m, "NEW CLIENT ") && strings.Contains(m, ":") && scan2(m[:strings.IndexByte(m, ':')], "NEW CLIENT %d from user %d", &a, &b):
+		ev.Kind, ev.PID, ev.UID = ClientConnected, a, b
+	case scan2(m, "Server %d exited with status %d", &a, &b):
+		ev.Kind, ev.PID, ev.ExitStatus = ServerExited, a, b
+	case strings.HasPrefix(m, "Server encountered a fatal exception"):
+		ev.Kind, ev.PID, ev.Message = FatalException, l.PID, m
+	case strings.HasPrefix(m, "Failed to start server using uid "):
+		rest := strings.TrimPrefix(m, "Failed to start server using uid ")
+		uidStr, msg, _ := strings.Cut(rest, ",")
+		uid, err := strconv.Atoi(strings.TrimSpace(uidStr))
+		if err != nil {
+			return Event{}, false
+		}
+		ev.Kind, ev.UID, ev.Message = ServerStartFailed, uid, strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(msg), "error:"))
+	default:
+		return Event{}, false
+	}
+	if ev.PID < 0 || ev.UID < -1 {
+		return Event{}, false
+	}
+	return ev, true
+}
+
+// scan1 and scan2 match a whole message against a format with %d verbs;
+// the round trip through Sprintf rejects what Sscanf alone lets through
+// (trailing text, "+5", "05", loose spacing).
+func scan1(m, format string, a *int) bool {
+	n, err := fmt.Sscanf(m, format, a)
+	return err == nil && n == 1 && fmt.Sprintf(format, *a) == m
+}
+
+func scan2(m, format string, a, b *int) bool {
+	n, err := fmt.Sscanf(m, format, a, b)
+	return err == nil && n == 2 && fmt.Sprintf(format, *a, *b) == m
+}
+
+// daemonPIDFromLog returns the pid of the last "Starting control daemon" line
+// of a control.log, the only place a 535 daemon writes its pid.
+func daemonPIDFromLog(content string) int {
+	pid := 0
+	for _, line := range strings.Split(content, "\n") {
+		if l, ok := ParseLogLine(line); ok && l.Source == "Control" && strings.HasPrefix(l.Message, "Starting control daemon") {
+			pid = l.PID
+		}
+	}
+	return pid
+}
