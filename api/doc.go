@@ -1,4 +1,77 @@
 // Package api holds the wire types shared by mpsd, mps-launch and mpsctl:
-// requests, the NDJSON lease events and the status document. It has no
-// behaviour, so every side of the socket agrees on one definition.
+// the lease request, the NDJSON lease events, the attach request, the error
+// document and the status document, with the strict decoders and the
+// validation both sides of the socket apply. It owns the protocol, so every
+// side agrees on one definition; it does no I/O of its own beyond the
+// readers and writers it is handed, never logs and holds no state.
+//
+// # Protocol, version 1
+//
+// HTTP/1.1 with JSON bodies over mpsd's unix socket (DefaultSocket, or
+// $MPSD_SOCKET, or mps-launch --socket). mpsd identifies the caller by the
+// socket's peer credentials (SO_PEERCRED), never by anything in a request.
+// Every path is under /v1; a later incompatible protocol gets /v2 and
+// mpsd serves both for a while. Within v1, new optional fields may be added:
+// readers of events and responses ignore fields they do not know, while
+// mpsd rejects unknown fields in requests (a typo must not silently become
+// a default).
+//
+// POST /v1/leases (PathLeases), body LeaseRequest, at most
+// MaxRequestBytes. If mpsd refuses before queueing (malformed body, unknown
+// field, out-of-range value, over-size body) it answers a 4xx or 5xx status
+// with an Error body. Otherwise it answers 200 with Content-Type
+// application/x-ndjson at once, before queueing (clients time out waiting
+// for the headers), and streams Events, one JSON object per line, each
+// flushed as it is written; blank lines are keep-alives and are skipped.
+// The events of one connection follow this grammar:
+//
+//	queued*  ( granted ( revoked requeued queued* granted )* )?  error?
+//
+// An error event is always the last line; mpsd closes the stream after it.
+// The connection's life is the lease's life: while the client keeps it
+// open the lease (or its place in the queue) is held; when the client
+// closes it, mpsd releases the lease once the lease's processes are gone.
+//
+//   - queued{position, group}: waiting; position 1 is next in the group's
+//     queue. Sent again whenever the position changes.
+//   - granted{lease}: the lease is placed. Lease.Env is the MPS environment
+//     of the workload (CUDA_MPS_PIPE_DIRECTORY,
+//     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,
+//     MPSD_LEASE_ID, MPSD_GROUP, MPSD_ATTEMPT); the client adds it to the
+//     caller's environment. Attempts count from 1.
+//   - revoked{reason}: a fault took the lease's instance down. mpsd sends
+//     this before it stops the lease's processes (terminate_client, then
+//     killing the lease's cgroup), so a client that sees its command die
+//     can tell a revocation from the command's own end. The client must not
+//     kill the command itself: MPS needs terminate_client to come first.
+//   - requeued{attempt}: the revoked lease is back in its queue; attempt is
+//     the number of the next run (2 for the first requeue). Queued and a
+//     new granted (with Lease.Attempt = attempt) follow.
+//   - error{code, message}: the request failed for good (ErrorCode says
+//     why). Message is one line meant for people.
+//
+// Reconnecting: if the stream ends without an error event (mpsd restarted),
+// the client sends the same request again with ResumeLeaseID set to its
+// lease and Attempt to the run in progress; mpsd answers granted with the
+// same lease if it re-adopted it (the command keeps running), or an error
+// with CodeNotFound. A client that held no lease sends the request again
+// without ResumeLeaseID and joins the queue afresh.
+//
+// POST /v1/leases/{id}/attach (AttachPath), body AttachRequest, sent on a
+// second connection while the lease stream is open. mpsd checks that the
+// caller's uid owns the lease and that the pid is a child of the caller's
+// process, moves it into the lease's cgroup and answers 200 (body {}). The
+// client runs the user's program in that process only after the 200, so the
+// program starts inside the cgroup; the client itself stays outside, so a
+// cgroup kill never takes it down. Failures answer an Error body: 400
+// CodeBadRequest, 403 CodeForbidden (not the caller's lease or not its
+// child), 404 CodeNotFound (no such lease), 409 CodeConflict (the lease is
+// not running).
+//
+// GET /v1/status returns a Status document (mpsctl status --json).
+//
+// Error codes and what mps-launch makes of them: CodeWaitTimeout,
+// CodeAttemptsExhausted and CodeUnavailable are temporary (exit 75); every
+// other code, including ones this version does not know, is a refusal or
+// failure (exit 125).
 package api

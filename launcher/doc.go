@@ -1,7 +1,30 @@
 // Package launcher is the library behind mps-launch: flag and size parsing,
-// the lease client that talks to mpsd over its unix socket, running the
-// user's command with the MPS environment of a granted lease, and the
-// requeue loop that relaunches the command when mpsd requeues the lease.
+// the lease client that talks to mpsd over its unix socket (the protocol of
+// package api), running the user's command with the MPS environment of a
+// granted lease, and the requeue loop that relaunches the command when
+// mpsd requeues the lease. cmd/mps-launch only calls Main.
 //
-// It never touches MPS or cgroups directly: mpsd does, as root.
+// What it owns:
+//   - the command line of DESIGN.md §5 (ParseArgs, one line per bad input)
+//     and the exit statuses: the command's own, 128+N for signal N, 125,
+//     126, 127 and 75 (ExitCode maps errors to them);
+//   - one lease stream per run, held open exactly as long as the lease is
+//     needed (closing it releases the lease), re-opened with the lease id
+//     when mpsd restarts;
+//   - the trampoline (trampoline.go): the command's process starts as a
+//     copy of this binary that waits on a pipe until mpsd has attached it
+//     to the lease's cgroup, then execs the program, so the program never
+//     runs outside the cgroup while mps-launch itself stays outside. In
+//     cgo builds this runs in a C constructor, before the Go runtime, so
+//     every binary that links this package serves trampoline mode when
+//     MPSD_LAUNCH_TRAMPOLINE is set in its environment;
+//   - signal forwarding (SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1,
+//     SIGUSR2 go to the command; with no command, the first four abandon
+//     the request) and the live queue status line on a terminal.
+//
+// It never touches MPS, cgroups or the GPU (mpsd does, as root), never
+// kills a command mpsd revoked (MPS wants terminate_client first; mpsd
+// kills the cgroup), never copies the command's stdin, stdout or stderr
+// (the command inherits the descriptors), and never logs: what it says is
+// one line on stderr for the person who ran it.
 package launcher

@@ -1,0 +1,386 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+)
+
+// Where and how the API is reached.
+const (
+	// DefaultSocket is mpsd's API socket when neither --socket nor
+	// EnvSocket says otherwise (DESIGN.md §3).
+	DefaultSocket = "/run/mpsd/mpsd.sock"
+	// EnvSocket names the environment variable that overrides DefaultSocket
+	// for mps-launch and mpsctl.
+	EnvSocket = "MPSD_SOCKET"
+
+	// PathLeases is where a LeaseRequest is posted.
+	PathLeases = "/v1/leases"
+	// PathStatus returns the Status document.
+	PathStatus = "/v1/status"
+
+	// ContentTypeJSON is the type of every request and non-stream body.
+	ContentTypeJSON = "application/json"
+	// ContentTypeNDJSON is the type of the lease event stream.
+	ContentTypeNDJSON = "application/x-ndjson"
+
+	// MaxRequestBytes bounds a request body; mpsd answers 413 beyond it.
+	MaxRequestBytes = 64 << 10
+	// MaxEventBytes bounds one event line (and an Error body).
+	MaxEventBytes = 64 << 10
+	// MaxCommandBytes bounds LeaseRequest.Command, all arguments together.
+	MaxCommandBytes = 16 << 10
+	// MaxLeaseIDLen bounds a lease id.
+	MaxLeaseIDLen = 128
+)
+
+// Environment variables of a lease's workload (DESIGN.md §5).
+const (
+	EnvPipeDirectory    = "CUDA_MPS_PIPE_DIRECTORY"
+	EnvThreadPercentage = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+	EnvPinnedMemLimit   = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+	EnvLeaseID          = "MPSD_LEASE_ID"
+	EnvGroup            = "MPSD_GROUP"
+	EnvAttempt          = "MPSD_ATTEMPT"
+)
+
+const attachSuffix = "/attach"
+
+var (
+	// ErrInvalid is wrapped by every decoder and Validate when a message is
+	// not well-formed JSON of the expected shape or a value is out of range.
+	ErrInvalid = errors.New("api: invalid message")
+	// ErrTooLarge is wrapped when a body or event line exceeds its bound.
+	ErrTooLarge = errors.New("api: message too large")
+)
+
+// AttachPath is where an AttachRequest for lease id is posted. The id is
+// path-escaped, though ValidLeaseID ids never need it.
+func AttachPath(id string) string {
+	return PathLeases + "/" + url.PathEscape(id) + attachSuffix
+}
+
+// LeaseIDFromAttachPath returns the lease id of an AttachPath, and false
+// for any other path.
+func LeaseIDFromAttachPath(p string) (string, bool) {
+	rest, ok := strings.CutPrefix(p, PathLeases+"/")
+	if !ok {
+		return "", false
+	}
+	id, ok := strings.CutSuffix(rest, attachSuffix)
+	if !ok || ValidLeaseID(id) != nil {
+		return "", false
+	}
+	return id, true
+}
+
+// ValidLeaseID reports whether id can name a lease: 1 to MaxLeaseIDLen
+// ASCII letters, digits, '.', '_' or '-', not starting with '.', so it is
+// safe in a URL path, a cgroup name and a file name alike.
+func ValidLeaseID(id string) error {
+	if id == "" || len(id) > MaxLeaseIDLen {
+		return fmt.Errorf("%w: lease id %q: want 1 to %d characters", ErrInvalid, id, MaxLeaseIDLen)
+	}
+	if id[0] == '.' {
+		return fmt.Errorf("%w: lease id %q starts with '.'", ErrInvalid, id)
+	}
+	for _, c := range []byte(id) {
+		ok := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+			c == '.' || c == '_' || c == '-'
+		if !ok {
+			return fmt.Errorf("%w: lease id %q: only letters, digits, '.', '_' and '-'", ErrInvalid, id)
+		}
+	}
+	return nil
+}
+
+// LeaseRequest is the body of POST /v1/leases. Zero values mean "the
+// group's default" where the comment says so.
+type LeaseRequest struct {
+	// SM is the percent of each GPU's SMs, 1-100; 0 takes the group's
+	// default_sm.
+	SM int `json:"sm,omitempty"`
+	// MemBytes is the pinned device memory per GPU; 0 takes the group's
+	// default_mem.
+	MemBytes int64 `json:"mem_bytes,omitempty"`
+	// GPUs is how many GPUs; 0 means 1.
+	GPUs int `json:"gpus,omitempty"`
+	// Group names the tenant group; empty takes the caller's only or first
+	// allowed group.
+	Group string `json:"group,omitempty"`
+	// RequeueAttempts caps how often a revoked lease is requeued: absent
+	// takes the group's requeue_attempts, 0 never requeues, N requeues at
+	// most min(N, the group's requeue_attempts) times.
+	RequeueAttempts *int `json:"requeue_attempts,omitempty"`
+	// WaitMillis bounds the time spent queued, in milliseconds; 0 waits
+	// for ever. When it passes, mpsd sends an error with CodeWaitTimeout.
+	WaitMillis int64 `json:"wait_ms,omitempty"`
+	// NoWait refuses to queue at all: if the lease cannot be placed now,
+	// mpsd sends an error with CodeWaitTimeout. Excludes WaitMillis.
+	NoWait bool `json:"no_wait,omitempty"`
+	// Command is the argv the lease runs, for display in status only; mpsd
+	// never runs it.
+	Command []string `json:"command,omitempty"`
+	// ResumeLeaseID reconnects to a lease after mpsd restarted.
+	ResumeLeaseID string `json:"resume_lease_id,omitempty"`
+	// Attempt is the run in progress when resuming (1 for the first run);
+	// 0 otherwise.
+	Attempt int `json:"attempt,omitempty"`
+}
+
+// Validate checks the ranges the protocol fixes; the group's own limits
+// are mpsd's policy, not checked here. The error wraps ErrInvalid and names
+// every field that is wrong.
+func (r LeaseRequest) Validate() error {
+	var why []string
+	if r.SM < 0 || r.SM > 100 {
+		why = append(why, fmt.Sprintf("sm %d: want 1 to 100, or 0 for the group's default", r.SM))
+	}
+	if r.MemBytes < 0 {
+		why = append(why, fmt.Sprintf("mem_bytes %d is negative", r.MemBytes))
+	}
+	if r.GPUs < 0 {
+		why = append(why, fmt.Sprintf("gpus %d is negative", r.GPUs))
+	}
+	if r.RequeueAttempts != nil && *r.RequeueAttempts < 0 {
+		why = append(why, fmt.Sprintf("requeue_attempts %d is negative", *r.RequeueAttempts))
+	}
+	if r.WaitMillis < 0 {
+		why = append(why, fmt.Sprintf("wait_ms %d is negative", r.WaitMillis))
+	}
+	if r.NoWait && r.WaitMillis != 0 {
+		why = append(why, "no_wait and wait_ms exclude each other")
+	}
+	n := 0
+	for _, a := range r.Command {
+		n += len(a)
+	}
+	if n > MaxCommandBytes {
+		why = append(why, fmt.Sprintf("command is %d bytes, more than %d", n, MaxCommandBytes))
+	}
+	if r.ResumeLeaseID != "" {
+		if err := ValidLeaseID(r.ResumeLeaseID); err != nil {
+			why = append(why, "resume_lease_id: "+strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "))
+		}
+		if r.Attempt < 1 {
+			why = append(why, fmt.Sprintf("attempt %d: a resumed lease is on attempt 1 or later", r.Attempt))
+		}
+	} else if r.Attempt != 0 {
+		why = append(why, "attempt is only sent with resume_lease_id")
+	}
+	if len(why) > 0 {
+		return fmt.Errorf("%w: lease request: %s", ErrInvalid, strings.Join(why, "; "))
+	}
+	return nil
+}
+
+// AttachRequest is the body of POST /v1/leases/{id}/attach.
+type AttachRequest struct {
+	// PID is the caller's child to move into the lease's cgroup.
+	PID int `json:"pid"`
+}
+
+// Validate checks that PID can name another process.
+func (a AttachRequest) Validate() error {
+	if a.PID <= 1 {
+		return fmt.Errorf("%w: attach: pid %d is not a child process", ErrInvalid, a.PID)
+	}
+	return nil
+}
+
+// Lease is a granted lease as the client sees it.
+type Lease struct {
+	ID         string            `json:"id"`
+	Group      string            `json:"group"`
+	GPUIndexes []int             `json:"gpu_indexes"`
+	GPUUUIDs   []string          `json:"gpu_uuids"`
+	SM         int               `json:"sm"`
+	MemBytes   int64             `json:"mem_bytes"`
+	Attempt    int               `json:"attempt"`
+	Env        map[string]string `json:"env"`
+}
+
+// Validate checks the lease's id, ranges and environment.
+func (l *Lease) Validate() error {
+	if err := ValidLeaseID(l.ID); err != nil {
+		return err
+	}
+	if l.Group == "" {
+		return fmt.Errorf("%w: lease %s: no group", ErrInvalid, l.ID)
+	}
+	if l.SM < 1 || l.SM > 100 {
+		return fmt.Errorf("%w: lease %s: sm %d: want 1 to 100", ErrInvalid, l.ID, l.SM)
+	}
+	if l.MemBytes < 0 {
+		return fmt.Errorf("%w: lease %s: mem_bytes %d is negative", ErrInvalid, l.ID, l.MemBytes)
+	}
+	if l.Attempt < 1 {
+		return fmt.Errorf("%w: lease %s: attempt %d: attempts count from 1", ErrInvalid, l.ID, l.Attempt)
+	}
+	for k, v := range l.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return fmt.Errorf("%w: lease %s: environment entry %q=%q cannot be passed to a program", ErrInvalid, l.ID, k, v)
+		}
+	}
+	return nil
+}
+
+// EventType names a lease event.
+type EventType string
+
+// The lease events, in the order of the grammar in the package doc.
+const (
+	EventQueued   EventType = "queued"
+	EventGranted  EventType = "granted"
+	EventRevoked  EventType = "revoked"
+	EventRequeued EventType = "requeued"
+	EventError    EventType = "error"
+)
+
+// Event is one line of the lease stream. Only the fields of its Type are
+// set.
+type Event struct {
+	Type EventType `json:"type"`
+	// Position (queued) is 1 for the next request of the group's queue.
+	Position int `json:"position,omitempty"`
+	// Group (queued) is the group the request waits in.
+	Group string `json:"group,omitempty"`
+	// Lease (granted).
+	Lease *Lease `json:"lease,omitempty"`
+	// Reason (revoked) says in one line why the lease was revoked.
+	Reason string `json:"reason,omitempty"`
+	// Attempt (requeued) is the number of the next run, 2 or more.
+	Attempt int `json:"attempt,omitempty"`
+	// Code and Message (error).
+	Code    ErrorCode `json:"code,omitempty"`
+	Message string    `json:"message,omitempty"`
+}
+
+// Validate checks the fields Type requires.
+func (e *Event) Validate() error {
+	switch e.Type {
+	case EventQueued:
+		if e.Position < 1 {
+			return fmt.Errorf("%w: queued event: position %d: positions count from 1", ErrInvalid, e.Position)
+		}
+	case EventGranted:
+		if e.Lease == nil {
+			return fmt.Errorf("%w: granted event without a lease", ErrInvalid)
+		}
+		return e.Lease.Validate()
+	case EventRevoked:
+		if e.Reason == "" {
+			return fmt.Errorf("%w: revoked event without a reason", ErrInvalid)
+		}
+	case EventRequeued:
+		if e.Attempt < 2 {
+			return fmt.Errorf("%w: requeued event: attempt %d: a requeued run is attempt 2 or later", ErrInvalid, e.Attempt)
+		}
+	case EventError:
+		if e.Message == "" {
+			return fmt.Errorf("%w: error event without a message", ErrInvalid)
+		}
+	default:
+		return fmt.Errorf("%w: unknown event type %q", ErrInvalid, e.Type)
+	}
+	return nil
+}
+
+// ErrorCode says why a request failed; clients branch on it.
+type ErrorCode string
+
+// The error codes of version 1.
+const (
+	// CodeBadRequest: malformed or out-of-range request.
+	CodeBadRequest ErrorCode = "bad_request"
+	// CodeTooLarge: the request body exceeds MaxRequestBytes.
+	CodeTooLarge ErrorCode = "too_large"
+	// CodeRefused: policy refuses the request for good (not a member of
+	// the group, unknown group, can never fit, above the group's max).
+	CodeRefused ErrorCode = "refused"
+	// CodeForbidden: the caller may not act on this lease or pid.
+	CodeForbidden ErrorCode = "forbidden"
+	// CodeNotFound: no such lease (also: a resumed lease mpsd lost).
+	CodeNotFound ErrorCode = "not_found"
+	// CodeConflict: the lease is not in a state that allows the action.
+	CodeConflict ErrorCode = "conflict"
+	// CodeWaitTimeout: wait_ms passed, or no_wait and no room now.
+	CodeWaitTimeout ErrorCode = "wait_timeout"
+	// CodeAttemptsExhausted: revoked with no requeue attempts left.
+	CodeAttemptsExhausted ErrorCode = "attempts_exhausted"
+	// CodeUnavailable: temporarily cannot serve (group draining, mpsd
+	// shutting down).
+	CodeUnavailable ErrorCode = "unavailable"
+	// CodeInternal: mpsd failed.
+	CodeInternal ErrorCode = "internal"
+)
+
+// Temporary reports whether trying again later may succeed: the codes
+// mps-launch maps to exit status 75 (EX_TEMPFAIL).
+func (c ErrorCode) Temporary() bool {
+	switch c {
+	case CodeWaitTimeout, CodeAttemptsExhausted, CodeUnavailable:
+		return true
+	}
+	return false
+}
+
+// Error is the body of every non-2xx response, and the content of an error
+// event.
+type Error struct {
+	Code    ErrorCode `json:"code"`
+	Message string    `json:"message"`
+}
+
+// Error returns the message, which already says what failed.
+func (e *Error) Error() string { return e.Message }
+
+// Status is the document of GET /v1/status (mpsctl status --json).
+type Status struct {
+	Instances []InstanceStatus `json:"instances"`
+	Leases    []LeaseStatus    `json:"leases"`
+	// Queue is the number of queued requests per group.
+	Queue map[string]int `json:"queue"`
+}
+
+// Instance states.
+const (
+	InstanceStarting    = "starting"
+	InstanceReady       = "ready"
+	InstanceRecovering  = "recovering"
+	InstanceQuarantined = "quarantined"
+	InstanceDraining    = "draining"
+)
+
+// InstanceStatus is one MPS instance in Status.
+type InstanceStatus struct {
+	GPUUUID    string `json:"gpu_uuid"`
+	GPUIndex   int    `json:"gpu_index"`
+	Group      string `json:"group"`
+	State      string `json:"state"`
+	DaemonPID  int    `json:"daemon_pid"`
+	ServerPIDs []int  `json:"server_pids"`
+	Clients    int    `json:"clients"`
+	Restarts   int    `json:"restarts"`
+}
+
+// Lease states.
+const (
+	LeaseQueued  = "queued"
+	LeaseRunning = "running"
+)
+
+// LeaseStatus is one lease in Status.
+type LeaseStatus struct {
+	ID         string `json:"id"`
+	Group      string `json:"group"`
+	GPUIndexes []int  `json:"gpu_indexes"`
+	UID        uint32 `json:"uid"`
+	PIDs       []int  `json:"pids"`
+	SM         int    `json:"sm"`
+	MemBytes   int64  `json:"mem_bytes"`
+	Attempt    int    `json:"attempt"`
+	State      string `json:"state"`
+}

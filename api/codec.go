@@ -1,0 +1,175 @@
+package api
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+)
+
+// DecodeLeaseRequest reads one LeaseRequest from r strictly: at most
+// MaxRequestBytes, one JSON object, no unknown fields, nothing after it,
+// and Validate passes. Errors wrap ErrTooLarge or ErrInvalid.
+func DecodeLeaseRequest(r io.Reader) (LeaseRequest, error) {
+	var req LeaseRequest
+	if err := decodeStrict(r, MaxRequestBytes, "lease request", &req); err != nil {
+		return LeaseRequest{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return LeaseRequest{}, err
+	}
+	return req, nil
+}
+
+// DecodeAttachRequest reads one AttachRequest from r as strictly as
+// DecodeLeaseRequest.
+func DecodeAttachRequest(r io.Reader) (AttachRequest, error) {
+	var req AttachRequest
+	if err := decodeStrict(r, MaxRequestBytes, "attach request", &req); err != nil {
+		return AttachRequest{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return AttachRequest{}, err
+	}
+	return req, nil
+}
+
+// DecodeError reads the Error body of a non-2xx response. A body that is
+// not an Error (a proxy's page, an empty body) still yields an Error, with
+// CodeInternal and the HTTP status in the message, because the caller
+// wants to report something useful either way.
+func DecodeError(status int, r io.Reader) *Error {
+	body, _ := io.ReadAll(io.LimitReader(r, MaxEventBytes))
+	var e Error
+	if err := json.Unmarshal(body, &e); err != nil || e.Message == "" {
+		return &Error{Code: CodeInternal, Message: fmt.Sprintf("mpsd answered %d %s", status, http.StatusText(status))}
+	}
+	if e.Code == "" {
+		e.Code = CodeInternal
+	}
+	return &e
+}
+
+func decodeStrict(r io.Reader, limit int64, what string, v any) error {
+	body, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return fmt.Errorf("api: read %s: %w", what, err)
+	}
+	if int64(len(body)) > limit {
+		return fmt.Errorf("%w: %s is more than %d bytes", ErrTooLarge, what, limit)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrInvalid, what, err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("%w: %s: data after the JSON object", ErrInvalid, what)
+	}
+	return nil
+}
+
+// EventDecoder reads the NDJSON lease stream.
+type EventDecoder struct {
+	r *bufio.Reader
+}
+
+// NewEventDecoder reads events from r.
+func NewEventDecoder(r io.Reader) *EventDecoder {
+	return &EventDecoder{r: bufio.NewReaderSize(r, 4096)}
+}
+
+// Next returns the next event. Blank lines are skipped; unknown fields are
+// ignored (see the package doc); the event must pass Validate.
+//
+// Results: (event, nil); (zero, io.EOF) when the stream ends cleanly
+// between lines; (zero, io.ErrUnexpectedEOF) when it ends inside a line;
+// (zero, error wrapping ErrInvalid or ErrTooLarge) for a bad line, after
+// which the stream cannot be trusted; (zero, the reader's error) otherwise.
+func (d *EventDecoder) Next() (Event, error) {
+	for {
+		line, err := d.readLine()
+		if err != nil {
+			return Event{}, err
+		}
+		line = bytes.TrimSpace(line)
+		if len(line) == 0 {
+			continue
+		}
+		return ParseEvent(line)
+	}
+}
+
+// readLine returns one line without its newline, at most MaxEventBytes.
+func (d *EventDecoder) readLine() ([]byte, error) {
+	var line []byte
+	for {
+		frag, err := d.r.ReadSlice('\n')
+		if len(line)+len(frag) > MaxEventBytes+1 {
+			return nil, fmt.Errorf("%w: event line longer than %d bytes", ErrTooLarge, MaxEventBytes)
+		}
+		switch {
+		case err == nil:
+			return append(line, frag[:len(frag)-1]...), nil
+		case errors.Is(err, bufio.ErrBufferFull):
+			line = append(line, frag...)
+		case errors.Is(err, io.EOF):
+			if len(line)+len(frag) == 0 {
+				return nil, io.EOF
+			}
+			return nil, fmt.Errorf("api: event stream ended inside a line: %w", io.ErrUnexpectedEOF)
+		default:
+			return nil, fmt.Errorf("api: read event stream: %w", err)
+		}
+	}
+}
+
+// ParseEvent decodes one event line (without its newline) and validates
+// it. Errors wrap ErrInvalid.
+func ParseEvent(line []byte) (Event, error) {
+	var ev Event
+	dec := json.NewDecoder(bytes.NewReader(line))
+	if err := dec.Decode(&ev); err != nil {
+		return Event{}, fmt.Errorf("%w: event: %w", ErrInvalid, err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return Event{}, fmt.Errorf("%w: event: data after the JSON object", ErrInvalid)
+	}
+	if err := ev.Validate(); err != nil {
+		return Event{}, err
+	}
+	return ev, nil
+}
+
+// WriteEvent validates ev and writes it as one line to w, then flushes w
+// if it is an http.Flusher, so the client sees each event as it happens.
+func WriteEvent(w io.Writer, ev Event) error {
+	if err := ev.Validate(); err != nil {
+		return err
+	}
+	line, err := json.Marshal(ev)
+	if err != nil {
+		return fmt.Errorf("api: encode %s event: %w", ev.Type, err)
+	}
+	if len(line) > MaxEventBytes {
+		return fmt.Errorf("%w: %s event is %d bytes", ErrTooLarge, ev.Type, len(line))
+	}
+	if _, err := w.Write(append(line, '\n')); err != nil {
+		return fmt.Errorf("api: write %s event: %w", ev.Type, err)
+	}
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
+	return nil
+}
+
+// WriteError answers a non-stream request with status and an Error body.
+func WriteError(w http.ResponseWriter, status int, code ErrorCode, message string) {
+	body, _ := json.Marshal(Error{Code: code, Message: message})
+	w.Header().Set("Content-Type", ContentTypeJSON)
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}

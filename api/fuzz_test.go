@@ -1,0 +1,106 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+)
+
+// FuzzEventDecoder feeds arbitrary streams to the decoder: it must never
+// panic, every event it returns must be valid and survive a write and a
+// read back unchanged, and it must stop with an error.
+func FuzzEventDecoder(f *testing.F) {
+	for _, seed := range []string{
+		"",
+		`{"type":"queued","position":1,"group":"g"}` + "\n",
+		`{"type":"granted","lease":{"id":"l","group":"g","gpu_indexes":[0],"gpu_uuids":["GPU-1"],"sm":10,"mem_bytes":1073741824,"attempt":1,"env":{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE":"10"}}}` + "\n",
+		`{"type":"revoked","reason":"x"}` + "\n" + `{"type":"requeued","attempt":2}` + "\n",
+		`{"type":"error","code":"wait_timeout","message":"m"}`,
+		"\n\n\r\n",
+		`{"type":"queued","position":1}{"type":"queued","position":1}` + "\n",
+		`{"type":"granted","lease":{"id":"a/b"}}` + "\n",
+		`{"type":"queued","position":1e3}` + "\n",
+		"\xff\xfe\n",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, stream []byte) {
+		d := NewEventDecoder(bytes.NewReader(stream))
+		for n := 0; ; n++ {
+			if n > len(stream) {
+				t.Fatalf("more events than bytes: the decoder does not advance")
+			}
+			ev, err := d.Next()
+			if err != nil {
+				if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) &&
+					!errors.Is(err, ErrInvalid) && !errors.Is(err, ErrTooLarge) {
+					t.Fatalf("unexpected error kind: %v", err)
+				}
+				return
+			}
+			if err := ev.Validate(); err != nil {
+				t.Fatalf("decoder returned an invalid event %+v: %v", ev, err)
+			}
+			var buf bytes.Buffer
+			if err := WriteEvent(&buf, ev); err != nil {
+				t.Fatalf("WriteEvent of a decoded event: %v", err)
+			}
+			back, err := ParseEvent(bytes.TrimSuffix(buf.Bytes(), []byte("\n")))
+			if err != nil {
+				t.Fatalf("ParseEvent(%s): %v", buf.Bytes(), err)
+			}
+			a, _ := json.Marshal(ev)
+			b, _ := json.Marshal(back)
+			if !bytes.Equal(a, b) {
+				t.Fatalf("round trip changed the event: %s -> %s", a, b)
+			}
+		}
+	})
+}
+
+// FuzzDecodeLeaseRequest checks the daemon-side request decoder: no
+// panic, every accepted request is valid and re-encodes to a request that
+// decodes the same, and every refusal wraps ErrInvalid or ErrTooLarge.
+func FuzzDecodeLeaseRequest(f *testing.F) {
+	for _, seed := range []string{
+		`{}`,
+		`{"sm":30,"mem_bytes":8589934592,"gpus":1,"group":"g","requeue_attempts":2,"wait_ms":1000,"command":["a","b"]}`,
+		`{"no_wait":true}`,
+		`{"resume_lease_id":"l-1","attempt":3}`,
+		`{"sm":30,"x":1}`,
+		`{"sm":1}{}`,
+		`{"SM":30}`,
+		`{"requeue_attempts":null}`,
+		`[`,
+		strings.Repeat(" ", 100) + `{}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, err := DecodeLeaseRequest(bytes.NewReader(body))
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrTooLarge) {
+				t.Fatalf("unexpected error kind: %v", err)
+			}
+			return
+		}
+		if err := req.Validate(); err != nil {
+			t.Fatalf("accepted an invalid request: %v", err)
+		}
+		enc, err := json.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := DecodeLeaseRequest(bytes.NewReader(enc))
+		if err != nil {
+			t.Fatalf("re-encoded request %s refused: %v", enc, err)
+		}
+		enc2, _ := json.Marshal(again)
+		if !bytes.Equal(enc, enc2) {
+			t.Fatalf("round trip changed the request: %s -> %s", enc, enc2)
+		}
+	})
+}

@@ -1,0 +1,65 @@
+package launcher
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/mpsd/mpsd/api"
+)
+
+// Exit statuses of mps-launch besides the command's own (DESIGN.md §5).
+const (
+	// ExitTempFail (EX_TEMPFAIL): the wait timed out, or the requeue
+	// attempts are used up; trying later may work.
+	ExitTempFail = 75
+	// ExitFailure: bad usage, mpsd unreachable, refused by policy, or any
+	// other launcher or daemon error.
+	ExitFailure = 125
+	// ExitNotExecutable: the command exists but cannot be executed.
+	ExitNotExecutable = 126
+	// ExitNotFound: the command was not found.
+	ExitNotFound = 127
+)
+
+var (
+	// ErrUsage is wrapped by every ParseArgs error: bad flag, bad value,
+	// missing command.
+	ErrUsage = errors.New("launcher: usage")
+	// ErrUnreachable is wrapped when mpsd's socket cannot be connected to.
+	ErrUnreachable = errors.New("launcher: cannot reach mpsd")
+	// ErrCommandNotFound is wrapped when the command is not on PATH or
+	// its path does not exist.
+	ErrCommandNotFound = errors.New("launcher: command not found")
+	// ErrNotExecutable is wrapped when the command exists but cannot be
+	// executed (no permission, a directory).
+	ErrNotExecutable = errors.New("launcher: command not executable")
+	// ErrProtocol is wrapped when mpsd's answers break the protocol of
+	// package api.
+	ErrProtocol = errors.New("launcher: protocol violation")
+	// ErrLost is wrapped when the connection to mpsd ended and could not
+	// be made again within Config.ReconnectTimeout.
+	ErrLost = errors.New("launcher: lost mpsd")
+)
+
+// ExitCode is the exit status mps-launch reports for err (never 0):
+// ExitNotFound, ExitNotExecutable, ExitTempFail for temporary api errors,
+// otherwise ExitFailure.
+func ExitCode(err error) int {
+	var apiErr *api.Error
+	switch {
+	case errors.Is(err, ErrCommandNotFound):
+		return ExitNotFound
+	case errors.Is(err, ErrNotExecutable):
+		return ExitNotExecutable
+	case errors.As(err, &apiErr) && apiErr.Code.Temporary():
+		return ExitTempFail
+	}
+	return ExitFailure
+}
+
+// message is err as the one line mps-launch prints after "mps-launch: ".
+func message(err error) string {
+	msg := err.Error()
+	msg = strings.TrimPrefix(msg, ErrUsage.Error()+": ")
+	return strings.TrimPrefix(msg, "launcher: ")
+}

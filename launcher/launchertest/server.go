@@ -1,0 +1,351 @@
+package launchertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/units"
+)
+
+// Wait bounds every wait of a test on the fake; reaching it fails the
+// test rather than hanging it.
+const Wait = 20 * time.Second
+
+// Server is the fake mpsd.
+type Server struct {
+	// Socket is the path of the unix socket it listens on.
+	Socket string
+
+	srv      *httptest.Server
+	onLease  func(*LeaseConn)
+	leases   chan *LeaseConn
+	attaches chan Attach
+
+	mu      sync.Mutex
+	granted map[string]bool
+	refuse  map[string]api.Error
+}
+
+// Attach is one attach request the fake accepted.
+type Attach struct {
+	LeaseID string
+	PID     int
+	// Exe is where /proc/PID/exe pointed when the attach arrived: the
+	// launcher's own binary while the trampoline waits for its release.
+	Exe string
+	// PeerPID is the pid of the process that sent it (SO_PEERCRED).
+	PeerPID int
+}
+
+type credKey struct{}
+
+// New starts a fake mpsd for the test and stops it when the test ends.
+// onLease handles each lease stream in the server's goroutine; nil queues
+// the streams for NextLease instead.
+func New(t testing.TB, onLease func(*LeaseConn)) *Server {
+	t.Helper()
+	// A unix socket path has room for 107 bytes; t.TempDir's names grow
+	// with the test's name, so the socket lives in a short directory.
+	dir, err := os.MkdirTemp("", "mpsl-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	s := &Server{
+		Socket:   filepath.Join(dir, "mpsd.sock"),
+		onLease:  onLease,
+		leases:   make(chan *LeaseConn, 64),
+		attaches: make(chan Attach, 64),
+		granted:  map[string]bool{},
+		refuse:   map[string]api.Error{},
+	}
+	ln, err := net.Listen("unix", s.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+api.PathLeases, s.serveLease)
+	mux.HandleFunc("POST "+api.PathLeases+"/{id}/attach", s.serveAttach)
+	s.srv = httptest.NewUnstartedServer(mux)
+	s.srv.Listener = ln
+	s.srv.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+		return context.WithValue(ctx, credKey{}, peerCred(c))
+	}
+	s.srv.Start()
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+// peerCred returns the connecting process's credentials, or nil.
+func peerCred(c net.Conn) *unix.Ucred {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return nil
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	var cred *unix.Ucred
+	_ = raw.Control(func(fd uintptr) {
+		cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	})
+	return cred
+}
+
+// RefuseAttach makes attaches to lease id fail with e.
+func (s *Server) RefuseAttach(id string, e api.Error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refuse[id] = e
+}
+
+// NextLease returns the next lease stream opened while onLease is nil,
+// failing the test if none comes within Wait.
+func (s *Server) NextLease(t testing.TB) *LeaseConn {
+	t.Helper()
+	select {
+	case lc := <-s.leases:
+		return lc
+	case <-time.After(Wait):
+		t.Fatalf("launchertest: no lease request within %s", Wait)
+		return nil
+	}
+}
+
+// Leases delivers the lease streams opened while onLease is nil, for a
+// test that must wait on something else at the same time.
+func (s *Server) Leases() <-chan *LeaseConn { return s.leases }
+
+// NextAttach returns the next accepted attach, failing the test if none
+// comes within Wait.
+func (s *Server) NextAttach(t testing.TB) Attach {
+	t.Helper()
+	select {
+	case a := <-s.attaches:
+		return a
+	case <-time.After(Wait):
+		t.Fatalf("launchertest: no attach within %s", Wait)
+		return Attach{}
+	}
+}
+
+func (s *Server) serveLease(w http.ResponseWriter, r *http.Request) {
+	req, err := api.DecodeLeaseRequest(r.Body)
+	switch {
+	case errors.Is(err, api.ErrTooLarge):
+		api.WriteError(w, http.StatusRequestEntityTooLarge, api.CodeTooLarge, err.Error())
+		return
+	case err != nil:
+		api.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", api.ContentTypeNDJSON)
+	w.WriteHeader(http.StatusOK)
+	w.(http.Flusher).Flush()
+	lc := &LeaseConn{
+		Request:  req,
+		srv:      s,
+		w:        w,
+		released: r.Context().Done(),
+		end:      make(chan struct{}),
+	}
+	if cred, _ := r.Context().Value(credKey{}).(*unix.Ucred); cred != nil {
+		lc.PeerPID = int(cred.Pid)
+	}
+	if s.onLease != nil {
+		s.onLease(lc)
+		lc.End()
+		return
+	}
+	s.leases <- lc
+	select {
+	case <-lc.end:
+	case <-r.Context().Done():
+	}
+	lc.End()
+}
+
+func (s *Server) serveAttach(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	req, err := api.DecodeAttachRequest(r.Body)
+	if err != nil {
+		api.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+		return
+	}
+	s.mu.Lock()
+	known, refusal := s.granted[id], s.refuse[id]
+	s.mu.Unlock()
+	if !known {
+		api.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no lease %s", id))
+		return
+	}
+	if refusal.Message != "" {
+		api.WriteError(w, http.StatusForbidden, refusal.Code, refusal.Message)
+		return
+	}
+	cred, _ := r.Context().Value(credKey{}).(*unix.Ucred)
+	ppid, err := parentPID(req.PID)
+	if cred == nil || err != nil || ppid != int(cred.Pid) {
+		api.WriteError(w, http.StatusForbidden, api.CodeForbidden,
+			fmt.Sprintf("pid %d is not a child of the caller", req.PID))
+		return
+	}
+	exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", req.PID))
+	select {
+	case s.attaches <- Attach{LeaseID: id, PID: req.PID, Exe: exe, PeerPID: int(cred.Pid)}:
+	default: // nobody reads them (a benchmark); the attach still succeeds
+	}
+	w.Header().Set("Content-Type", api.ContentTypeJSON)
+	_, _ = w.Write([]byte("{}\n"))
+}
+
+// parentPID reads the parent of pid from /proc/pid/stat.
+func parentPID(pid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name in parentheses may hold spaces and parentheses;
+	// the fields after the last ')' are "state ppid ...".
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, fmt.Errorf("launchertest: /proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0, fmt.Errorf("launchertest: /proc/%d/stat: unexpected format", pid)
+	}
+	return strconv.Atoi(f[1])
+}
+
+// LeaseConn is one lease stream: the request and the means to answer it.
+type LeaseConn struct {
+	Request api.LeaseRequest
+	// PeerPID is the requesting process (SO_PEERCRED).
+	PeerPID int
+
+	srv      *Server
+	released <-chan struct{}
+	end      chan struct{}
+
+	mu    sync.Mutex
+	w     http.ResponseWriter
+	ended bool
+}
+
+// Send writes ev to the stream. A granted lease becomes attachable.
+func (c *LeaseConn) Send(ev api.Event) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ended {
+		return errors.New("launchertest: stream already ended")
+	}
+	if ev.Type == api.EventGranted && ev.Lease != nil {
+		c.srv.mu.Lock()
+		c.srv.granted[ev.Lease.ID] = true
+		c.srv.mu.Unlock()
+	}
+	return api.WriteEvent(c.w, ev)
+}
+
+// SendRaw writes line and a newline to the stream unchecked, to break
+// the protocol on purpose.
+func (c *LeaseConn) SendRaw(line string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ended {
+		return errors.New("launchertest: stream already ended")
+	}
+	if _, err := io.WriteString(c.w, line+"\n"); err != nil {
+		return err
+	}
+	c.w.(http.Flusher).Flush()
+	return nil
+}
+
+// MustSend is Send failing the test on error.
+func (c *LeaseConn) MustSend(t testing.TB, ev api.Event) {
+	t.Helper()
+	if err := c.Send(ev); err != nil {
+		t.Fatalf("launchertest: send %s: %v", ev.Type, err)
+	}
+}
+
+// End closes the stream from mpsd's side, as a restarting mpsd does.
+func (c *LeaseConn) End() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.ended {
+		c.ended = true
+		close(c.end)
+	}
+}
+
+// Released is closed when the launcher has closed the stream (released
+// the lease).
+func (c *LeaseConn) Released() <-chan struct{} { return c.released }
+
+// WaitReleased fails the test unless the launcher releases the lease
+// within Wait.
+func (c *LeaseConn) WaitReleased(t testing.TB) {
+	t.Helper()
+	select {
+	case <-c.released:
+	case <-time.After(Wait):
+		t.Fatalf("launchertest: lease not released within %s", Wait)
+	}
+}
+
+// Granted is a granted event for the request, as mpsd would make it: the
+// request's sm and mem (or 25% and 1G), one GPU, and the MPS environment.
+func Granted(req api.LeaseRequest, id string, attempt int) api.Event {
+	sm, mem := req.SM, req.MemBytes
+	if sm == 0 {
+		sm = 25
+	}
+	if mem == 0 {
+		mem = units.GiB
+	}
+	group := req.Group
+	if group == "" {
+		group = "default"
+	}
+	limit, _ := units.MPSLimit(mem)
+	return api.Event{Type: api.EventGranted, Lease: &api.Lease{
+		ID: id, Group: group, GPUIndexes: []int{0}, GPUUUIDs: []string{"GPU-fake-0"},
+		SM: sm, MemBytes: mem, Attempt: attempt,
+		Env: map[string]string{
+			api.EnvPipeDirectory:    "/run/mpsd/" + group + "/GPU-fake-0/pipe",
+			api.EnvThreadPercentage: strconv.Itoa(sm),
+			api.EnvPinnedMemLimit:   "0=" + limit,
+			api.EnvLeaseID:          id,
+			api.EnvGroup:            group,
+			api.EnvAttempt:          strconv.Itoa(attempt),
+		},
+	}}
+}
+
+// Grant serves a lease at once: granted, then hold until the launcher
+// releases. Use it as New's onLease.
+func Grant(lc *LeaseConn) {
+	if lc.Send(Granted(lc.Request, "lease-1", 1)) != nil {
+		return
+	}
+	<-lc.Released()
+}

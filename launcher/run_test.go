@@ -1,0 +1,789 @@
+package launcher
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/units"
+	"github.com/mpsd/mpsd/launcher/launchertest"
+)
+
+// harness runs Run in-process against a fake mpsd, with the command's
+// stdout and mps-launch's stderr going to files of the test.
+type harness struct {
+	t       *testing.T
+	fake    *launchertest.Server
+	dir     string
+	signals chan os.Signal
+	cfg     Config
+}
+
+func newHarness(t *testing.T, onLease func(*launchertest.LeaseConn)) *harness {
+	t.Helper()
+	h := &harness{t: t, fake: launchertest.New(t, onLease), dir: t.TempDir(), signals: make(chan os.Signal, 4)}
+	h.cfg = Config{
+		Options: Options{Requeue: -1, Socket: h.fake.Socket},
+		Stdout:  h.create("stdout"),
+		Stderr:  h.create("stderr"),
+		Environ: []string{"PATH=/usr/bin:/bin", "KEEP=kept"},
+		Signals: h.signals,
+	}
+	return h
+}
+
+func (h *harness) create(name string) *os.File {
+	h.t.Helper()
+	f, err := os.Create(filepath.Join(h.dir, name))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { _ = f.Close() })
+	return f
+}
+
+func (h *harness) path(name string) string { return filepath.Join(h.dir, name) }
+
+func (h *harness) read(name string) string {
+	h.t.Helper()
+	b, err := os.ReadFile(h.path(name))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		h.t.Fatal(err)
+	}
+	return string(b)
+}
+
+// start runs the command under Run in a goroutine; wait collects it.
+func (h *harness) start(ctx context.Context, command ...string) <-chan int {
+	h.cfg.Command = command
+	ch := make(chan int, 1)
+	go func() { ch <- Run(ctx, h.cfg) }()
+	return ch
+}
+
+func (h *harness) wait(ch <-chan int) int {
+	h.t.Helper()
+	select {
+	case code := <-ch:
+		return code
+	case <-time.After(launchertest.Wait):
+		h.t.Fatalf("Run did not return within %s", launchertest.Wait)
+		return -1
+	}
+}
+
+// sh is a shell command running in the test's directory.
+func (h *harness) sh(script string) []string {
+	return []string{"/bin/sh", "-c", "cd " + h.dir + " && " + script}
+}
+
+func TestRunGrantedLease(t *testing.T) {
+	h := newHarness(t, nil)
+	h.cfg.SM, h.cfg.Mem = 10, units.GiB
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := h.sh(`echo "$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE|$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT|$CUDA_MPS_PIPE_DIRECTORY|$MPSD_LEASE_ID|$MPSD_GROUP|$MPSD_ATTEMPT|$KEEP|$MPSD_LAUNCH_TRAMPOLINE" > env; exit 3`)
+	done := h.start(t.Context(), cmd...)
+
+	lc := h.fake.NextLease(t)
+	if lc.Request.SM != 10 || lc.Request.MemBytes != units.GiB || lc.Request.Command[0] != "/bin/sh" {
+		t.Errorf("request %+v", lc.Request)
+	}
+	if lc.PeerPID != os.Getpid() {
+		t.Errorf("peer pid %d, want the launcher %d", lc.PeerPID, os.Getpid())
+	}
+	lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 1})
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	a := h.fake.NextAttach(t)
+	if a.LeaseID != "lease-1" || a.PeerPID != os.Getpid() {
+		t.Errorf("attach %+v", a)
+	}
+	// While mpsd attaches, the process must still be the trampoline: the
+	// user's program has not started outside the cgroup.
+	if a.Exe != self {
+		t.Errorf("at attach /proc/%d/exe = %q, want the launcher %q", a.PID, a.Exe, self)
+	}
+	if code := h.wait(done); code != 3 {
+		t.Errorf("exit %d, want the command's 3; stderr: %s", code, h.read("stderr"))
+	}
+	if got, want := h.read("env"), "10|0=1024M|/run/mpsd/default/GPU-fake-0/pipe|lease-1|default|1|kept|\n"; got != want {
+		t.Errorf("command environment\n got %q\nwant %q", got, want)
+	}
+	lc.WaitReleased(t)
+	if s := h.read("stderr"); s != "" {
+		t.Errorf("stderr %q, want nothing", s)
+	}
+}
+
+func TestRunExitStatus(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		script string
+		want   int
+	}{
+		{"true", "exit 0", 0},
+		{"false", "exit 1", 1},
+		{"own code", "exit 42", 42},
+		{"SIGKILL", "kill -KILL $$", 137},
+		{"SIGTERM", "kill -TERM $$", 143},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, launchertest.Grant)
+			h.cfg.RevokeGrace = time.Millisecond // SIGKILL: no revocation is coming
+			if code := h.wait(h.start(t.Context(), h.sh(tc.script)...)); code != tc.want {
+				t.Errorf("exit %d, want %d; stderr: %s", code, tc.want, h.read("stderr"))
+			}
+		})
+	}
+}
+
+func TestRunCommandErrors(t *testing.T) {
+	dir := t.TempDir()
+	plain := filepath.Join(dir, "plain")
+	writeFile(t, plain, 0o644)
+	for _, tc := range []struct {
+		name    string
+		command []string
+		code    int
+		line    string
+	}{
+		{"not found", []string{"no-such-command-mpsd"}, ExitNotFound, "mps-launch: command not found: no-such-command-mpsd\n"},
+		{"not executable", []string{plain}, ExitNotExecutable, "mps-launch: command not executable: " + plain + ": permission denied\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			// Resolved before mpsd is asked: the fake sees no request.
+			h.cfg.Socket = filepath.Join(h.dir, "absent.sock")
+			if code := h.wait(h.start(t.Context(), tc.command...)); code != tc.code {
+				t.Errorf("exit %d, want %d", code, tc.code)
+			}
+			if got := h.read("stderr"); got != tc.line {
+				t.Errorf("stderr %q, want %q", got, tc.line)
+			}
+		})
+	}
+}
+
+func TestRunUnreachable(t *testing.T) {
+	h := newHarness(t, nil)
+	sock := filepath.Join(h.dir, "mpsd.sock")
+	h.cfg.Socket = sock
+	if code := h.wait(h.start(t.Context(), "/bin/true")); code != ExitFailure {
+		t.Errorf("exit %d, want %d", code, ExitFailure)
+	}
+	want := "mps-launch: cannot reach mpsd at " + sock + ": no such file or directory (is mpsd running? --socket or $MPSD_SOCKET names another socket)\n"
+	if got := h.read("stderr"); got != want {
+		t.Errorf("stderr\n got %q\nwant %q", got, want)
+	}
+}
+
+func TestRunStdinPassthrough(t *testing.T) {
+	h := newHarness(t, launchertest.Grant)
+	in := "line one\nline two\x00binary\xff\n"
+	if err := os.WriteFile(h.path("in"), []byte(in), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stdin, err := os.Open(h.path("in"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	h.cfg.Stdin = stdin
+	if code := h.wait(h.start(t.Context(), "cat")); code != 0 {
+		t.Fatalf("exit %d; stderr: %s", code, h.read("stderr"))
+	}
+	if got := h.read("stdout"); got != in {
+		t.Errorf("stdout %q, want stdin %q", got, in)
+	}
+}
+
+// readyPipe gives the command a stdout pipe and returns a function that
+// waits for the command to print "ready".
+func (h *harness) readyPipe() func() {
+	r, w, err := os.Pipe()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { _ = r.Close(); _ = w.Close() })
+	h.cfg.Stdout = w
+	lines := bufio.NewReader(r)
+	return func() {
+		h.t.Helper()
+		got := make(chan string, 1)
+		go func() {
+			line, _ := lines.ReadString('\n')
+			got <- line
+		}()
+		select {
+		case line := <-got:
+			if line != "ready\n" {
+				h.t.Fatalf("command printed %q, want ready", line)
+			}
+		case <-time.After(launchertest.Wait):
+			h.t.Fatal("command never got ready")
+		}
+	}
+}
+
+// quietStdin gives the command a stdin pipe that stays open and empty
+// until the test ends.
+func (h *harness) quietStdin() {
+	r, w, err := os.Pipe()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { _ = r.Close(); _ = w.Close() })
+	h.cfg.Stdin = r
+}
+
+func TestRunForwardsSignals(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1} {
+		t.Run(sig.String(), func(t *testing.T) {
+			h := newHarness(t, launchertest.Grant)
+			ready := h.readyPipe()
+			h.quietStdin()
+			n := strconv.Itoa(int(sig))
+			// read blocks on a pipe nobody writes to; the trap interrupts it.
+			done := h.start(t.Context(), h.sh(`trap 'echo got `+n+` > marker; exit 7' `+n+`; echo ready; read line`)...)
+			ready()
+			h.signals <- sig
+			if code := h.wait(done); code != 7 {
+				t.Errorf("exit %d, want the trap's 7; stderr: %s", code, h.read("stderr"))
+			}
+			if got := h.read("marker"); got != "got "+n+"\n" {
+				t.Errorf("marker %q: the command did not get signal %d", got, sig)
+			}
+		})
+	}
+}
+
+func TestRunAbandonWhileQueued(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			h := newHarness(t, nil)
+			done := h.start(t.Context(), "/bin/true")
+			lc := h.fake.NextLease(t)
+			lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 4, Group: "g"})
+			h.signals <- syscall.SIGUSR1 // nothing to deliver it to: ignored
+			h.signals <- sig
+			if code := h.wait(done); code != 128+int(sig) {
+				t.Errorf("exit %d, want %d", code, 128+int(sig))
+			}
+			lc.WaitReleased(t)
+			if s := h.read("stderr"); s != "" {
+				t.Errorf("stderr %q, want nothing (not a terminal)", s)
+			}
+		})
+	}
+}
+
+func TestRunRequeue(t *testing.T) {
+	h := newHarness(t, nil)
+	ready := h.readyPipe()
+	// Attempt 1 runs until killed; attempt 2 succeeds.
+	done := h.start(t.Context(), h.sh(`echo $MPSD_ATTEMPT >> attempts; [ "$MPSD_ATTEMPT" = 2 ] && exit 0; echo ready; exec sleep 1000`)...)
+	lc := h.fake.NextLease(t)
+	if lc.Request.RequeueAttempts != nil {
+		t.Errorf("requeue_attempts sent without --requeue: %d", *lc.Request.RequeueAttempts)
+	}
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	first := h.fake.NextAttach(t)
+	ready()
+
+	// mpsd's order: revoked, then kill the cgroup, then requeue.
+	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "MPS server on GPU 0 crashed"})
+	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
+	lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 1})
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 2))
+	second := h.fake.NextAttach(t)
+	if second.PID == first.PID {
+		t.Errorf("attempt 2 reused pid %d: not a fresh process", first.PID)
+	}
+	if code := h.wait(done); code != 0 {
+		t.Errorf("exit %d, want 0 from attempt 2; stderr: %s", code, h.read("stderr"))
+	}
+	if got := h.read("attempts"); got != "1\n2\n" {
+		t.Errorf("attempts %q, want 1 then 2", got)
+	}
+	want := "mps-launch: lease lease-1 revoked (MPS server on GPU 0 crashed); requeued, attempt 2\n"
+	if got := h.read("stderr"); got != want {
+		t.Errorf("stderr\n got %q\nwant %q", got, want)
+	}
+	lc.WaitReleased(t)
+}
+
+func TestRunRequeueQuiet(t *testing.T) {
+	h := newHarness(t, nil)
+	h.cfg.Quiet = true
+	h.cfg.Requeue = 1
+	ready := h.readyPipe()
+	done := h.start(t.Context(), h.sh(`[ "$MPSD_ATTEMPT" = 2 ] && exit 5; echo ready; exec sleep 1000`)...)
+	lc := h.fake.NextLease(t)
+	if lc.Request.RequeueAttempts == nil || *lc.Request.RequeueAttempts != 1 {
+		t.Errorf("requeue_attempts %v, want 1", lc.Request.RequeueAttempts)
+	}
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	a := h.fake.NextAttach(t)
+	ready()
+	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "Xid 79"})
+	// This time the new grant arrives before the old process is gone.
+	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 2))
+	if err := syscall.Kill(a.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	h.fake.NextAttach(t)
+	if code := h.wait(done); code != 5 {
+		t.Errorf("exit %d, want 5 from attempt 2", code)
+	}
+	if s := h.read("stderr"); s != "" {
+		t.Errorf("stderr %q with --quiet", s)
+	}
+}
+
+func TestRunAttemptsExhausted(t *testing.T) {
+	h := newHarness(t, nil)
+	h.cfg.Requeue = 0
+	ready := h.readyPipe()
+	done := h.start(t.Context(), h.sh(`echo ready; exec sleep 1000`)...)
+	lc := h.fake.NextLease(t)
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	a := h.fake.NextAttach(t)
+	ready()
+	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "MPS server crashed"})
+	lc.MustSend(t, api.Event{Type: api.EventError, Code: api.CodeAttemptsExhausted, Message: "lease lease-1 revoked after 1 attempt (requeue_attempts 0): MPS server crashed"})
+	if err := syscall.Kill(a.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if code := h.wait(done); code != ExitTempFail {
+		t.Errorf("exit %d, want %d", code, ExitTempFail)
+	}
+	want := "mps-launch: lease lease-1 revoked after 1 attempt (requeue_attempts 0): MPS server crashed\n"
+	if got := h.read("stderr"); got != want {
+		t.Errorf("stderr\n got %q\nwant %q", got, want)
+	}
+}
+
+// TestRunDaemonErrors: refusals and timeouts mpsd sends as error events.
+func TestRunDaemonErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		opts   func(*Options)
+		check  func(t *testing.T, r api.LeaseRequest)
+		queued bool
+		code   api.ErrorCode
+		msg    string
+		exit   int
+	}{
+		{"no-wait", func(o *Options) { o.NoWait = true }, func(t *testing.T, r api.LeaseRequest) {
+			if !r.NoWait || r.WaitMillis != 0 {
+				t.Errorf("request %+v, want no_wait", r)
+			}
+		}, false, api.CodeWaitTimeout, "group g is full now and --no-wait was given", ExitTempFail},
+		{"wait 1s", func(o *Options) { o.Wait = time.Second }, func(t *testing.T, r api.LeaseRequest) {
+			if r.WaitMillis != 1000 || r.NoWait {
+				t.Errorf("request %+v, want wait_ms 1000", r)
+			}
+		}, true, api.CodeWaitTimeout, "waited 1s in group g's queue (position 3)", ExitTempFail},
+		{"refused", func(o *Options) { o.Group = "b" }, func(t *testing.T, r api.LeaseRequest) {
+			if r.Group != "b" {
+				t.Errorf("request %+v, want group b", r)
+			}
+		}, false, api.CodeRefused, `uid 1001 is not a member of group "b"`, ExitFailure},
+		{"can never fit", func(o *Options) { o.Mem = 200 * units.GiB }, nil, false, api.CodeRefused, "can never fit: mem 200G is more than any GPU has", ExitFailure},
+		{"unknown code", nil, nil, false, "new-code", "something new", ExitFailure},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			if tc.opts != nil {
+				tc.opts(&h.cfg.Options)
+			}
+			done := h.start(t.Context(), "/bin/true")
+			lc := h.fake.NextLease(t)
+			if tc.check != nil {
+				tc.check(t, lc.Request)
+			}
+			if tc.queued {
+				lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 3, Group: "g"})
+			}
+			lc.MustSend(t, api.Event{Type: api.EventError, Code: tc.code, Message: tc.msg})
+			if code := h.wait(done); code != tc.exit {
+				t.Errorf("exit %d, want %d", code, tc.exit)
+			}
+			if got := h.read("stderr"); got != "mps-launch: "+tc.msg+"\n" {
+				t.Errorf("stderr %q, want the message", got)
+			}
+		})
+	}
+}
+
+func TestRunAttachRefused(t *testing.T) {
+	h := newHarness(t, nil)
+	done := h.start(t.Context(), h.sh("echo ran > marker")...)
+	lc := h.fake.NextLease(t)
+	h.fake.RefuseAttach("lease-1", api.Error{Code: api.CodeForbidden, Message: "pid is not a child of the caller"})
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	if code := h.wait(done); code != ExitFailure {
+		t.Errorf("exit %d, want %d", code, ExitFailure)
+	}
+	if regexp.MustCompile(`^mps-launch: attach pid \d+ to lease lease-1: pid is not a child of the caller\n$`).FindString(h.read("stderr")) == "" {
+		t.Errorf("stderr %q", h.read("stderr"))
+	}
+	if _, err := os.Stat(h.path("marker")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the command ran although its attach was refused (%v)", err)
+	}
+	lc.WaitReleased(t)
+}
+
+func TestRunReconnect(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		answer func(t *testing.T, lc *launchertest.LeaseConn)
+		stderr string
+	}{
+		{"lease re-adopted", func(t *testing.T, lc *launchertest.LeaseConn) {
+			lc.MustSend(t, launchertest.Granted(api.LeaseRequest{SM: 25}, "lease-1", 1))
+		}, ""},
+		{"lease lost", func(t *testing.T, lc *launchertest.LeaseConn) {
+			lc.MustSend(t, api.Event{Type: api.EventError, Code: api.CodeNotFound, Message: "no lease lease-1"})
+			lc.WaitReleased(t) // the error was taken in before the command ends
+		}, "mps-launch: no lease lease-1; the command keeps running without a lease\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			stdinR, stdinW, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stdinR.Close()
+			defer stdinW.Close()
+			h.cfg.Stdin = stdinR
+			done := h.start(t.Context(), h.sh(`read line; exit 4`)...)
+			lc := h.fake.NextLease(t)
+			lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+			h.fake.NextAttach(t)
+			lc.End() // mpsd restarts
+
+			again := h.fake.NextLease(t)
+			if again.Request.ResumeLeaseID != "lease-1" || again.Request.Attempt != 1 {
+				t.Errorf("reconnect request %+v, want resume of lease-1 attempt 1", again.Request)
+			}
+			tc.answer(t, again)
+			if _, err := stdinW.WriteString("go\n"); err != nil {
+				t.Fatal(err)
+			}
+			if code := h.wait(done); code != 4 {
+				t.Errorf("exit %d, want 4", code)
+			}
+			if got := h.read("stderr"); got != tc.stderr {
+				t.Errorf("stderr %q, want %q", got, tc.stderr)
+			}
+		})
+	}
+}
+
+func TestRunReconnectWhileQueued(t *testing.T) {
+	h := newHarness(t, nil)
+	done := h.start(t.Context(), "/bin/true")
+	lc := h.fake.NextLease(t)
+	lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 2})
+	lc.End()
+	again := h.fake.NextLease(t)
+	if again.Request.ResumeLeaseID != "" {
+		t.Errorf("resumed %q without ever holding a lease", again.Request.ResumeLeaseID)
+	}
+	again.MustSend(t, launchertest.Granted(again.Request, "lease-2", 1))
+	if code := h.wait(done); code != 0 {
+		t.Errorf("exit %d, want 0; stderr %s", code, h.read("stderr"))
+	}
+}
+
+func TestRunProtocolViolation(t *testing.T) {
+	for _, tc := range []struct {
+		name, line, want string
+	}{
+		{"not JSON", "hello", "mps-launch: protocol violation: api: invalid message: event: invalid character 'h' looking for beginning of value\n"},
+		{"unknown event", `{"type":"paused"}`, "mps-launch: protocol violation: api: invalid message: unknown event type \"paused\"\n"},
+		{"requeued out of order", `{"type":"requeued","attempt":2}`, "mps-launch: protocol violation: requeued without a revocation\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			done := h.start(t.Context(), "/bin/true")
+			lc := h.fake.NextLease(t)
+			if err := lc.SendRaw(tc.line); err != nil {
+				t.Fatal(err)
+			}
+			if code := h.wait(done); code != ExitFailure {
+				t.Errorf("exit %d, want %d", code, ExitFailure)
+			}
+			if got := h.read("stderr"); got != tc.want {
+				t.Errorf("stderr\n got %q\nwant %q", got, tc.want)
+			}
+			lc.WaitReleased(t)
+		})
+	}
+}
+
+func TestRunStatusLine(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		terminal bool
+		quiet    bool
+		want     string // regexp of the whole of stderr
+	}{
+		{"terminal", true, false, `^\rmps-launch: queued, position 2 in group g, waited \d+s\x1b\[K\rmps-launch: queued, position 1 in group g, waited \d+s\x1b\[K` +
+			`\r\x1b\[Kmps-launch: waited too long\n$`},
+		{"not a terminal", false, false, `^mps-launch: waited too long\n$`},
+		{"quiet terminal", true, true, `^mps-launch: waited too long\n$`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			h.cfg.Terminal, h.cfg.Quiet = tc.terminal, tc.quiet
+			done := h.start(t.Context(), "/bin/true")
+			lc := h.fake.NextLease(t)
+			lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 2, Group: "g"})
+			lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 1, Group: "g"})
+			lc.MustSend(t, api.Event{Type: api.EventError, Code: api.CodeWaitTimeout, Message: "waited too long"})
+			if code := h.wait(done); code != ExitTempFail {
+				t.Errorf("exit %d", code)
+			}
+			if got := h.read("stderr"); !regexp.MustCompile(tc.want).MatchString(got) {
+				t.Errorf("stderr %q, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestRunStatusLineClearedOnGrant(t *testing.T) {
+	h := newHarness(t, nil)
+	h.cfg.Terminal = true
+	done := h.start(t.Context(), h.sh("echo out >&2")...)
+	lc := h.fake.NextLease(t)
+	lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 1, Group: "g"})
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	if code := h.wait(done); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	// The command's own output starts on a clean line.
+	if got := h.read("stderr"); !strings.HasSuffix(got, "\r\x1b[Kout\n") || !strings.HasPrefix(got, "\rmps-launch: queued, position 1") {
+		t.Errorf("stderr %q", got)
+	}
+}
+
+func TestRunCancel(t *testing.T) {
+	h := newHarness(t, nil)
+	ready := h.readyPipe()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := h.start(ctx, h.sh("echo ready; exec sleep 1000")...)
+	lc := h.fake.NextLease(t)
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	a := h.fake.NextAttach(t)
+	ready()
+	cancel()
+	if code := h.wait(done); code != ExitFailure {
+		t.Errorf("exit %d, want %d", code, ExitFailure)
+	}
+	if got := h.read("stderr"); got != "mps-launch: context canceled\n" {
+		t.Errorf("stderr %q", got)
+	}
+	// Run reaped it: the pid names no process any more.
+	if err := syscall.Kill(a.PID, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("command pid %d still exists after cancel (%v)", a.PID, err)
+	}
+	lc.WaitReleased(t)
+}
+
+func TestClientLeaseRefusedBeforeStream(t *testing.T) {
+	fake := launchertest.New(t, nil)
+	c := NewClient(fake.Socket)
+	// The fake decodes as strictly as mpsd, so an invalid request gets the
+	// 400 Error body instead of a stream.
+	_, err := c.Lease(t.Context(), api.LeaseRequest{SM: 500})
+	var apiErr *api.Error
+	if !errors.As(err, &apiErr) || apiErr.Code != api.CodeBadRequest || !strings.Contains(apiErr.Message, "sm 500") {
+		t.Fatalf("Lease = %v, want a bad_request api.Error", err)
+	}
+	if ExitCode(err) != ExitFailure {
+		t.Errorf("ExitCode = %d", ExitCode(err))
+	}
+	err = c.Attach(t.Context(), "lease-9", os.Getpid())
+	if !errors.As(err, &apiErr) || apiErr.Code != api.CodeNotFound {
+		t.Errorf("Attach to an unknown lease = %v, want not_found", err)
+	}
+}
+
+// TestRunRevokeAfterKill: the kill can reach the command before the
+// revoked event reaches mps-launch; the SIGKILL grace must still turn it
+// into a requeue rather than exit 137.
+func TestRunRevokeAfterKill(t *testing.T) {
+	h := newHarness(t, nil)
+	h.cfg.RevokeGrace = time.Hour // only the event may end the grace here
+	ready := h.readyPipe()
+	done := h.start(t.Context(), h.sh(`[ "$MPSD_ATTEMPT" = 2 ] && exit 0; echo ready; exec sleep 1000`)...)
+	lc := h.fake.NextLease(t)
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	a := h.fake.NextAttach(t)
+	ready()
+	if err := syscall.Kill(a.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "fault"})
+	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 2))
+	if code := h.wait(done); code != 0 {
+		t.Errorf("exit %d, want 0 from attempt 2; stderr: %s", code, h.read("stderr"))
+	}
+}
+
+// TestRunKilledWhileStreamEnds: a command SIGKILLed by someone else while
+// mpsd goes away exits 137, whether the stream's end or the re-adopted
+// lease (then the grace) tells mps-launch that the kill was not a
+// revocation.
+func TestRunKilledWhileStreamEnds(t *testing.T) {
+	h := newHarness(t, nil)
+	h.cfg.RevokeGrace = 50 * time.Millisecond
+	ready := h.readyPipe()
+	done := h.start(t.Context(), h.sh(`echo ready; exec sleep 1000`)...)
+	lc := h.fake.NextLease(t)
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	a := h.fake.NextAttach(t)
+	ready()
+	if err := syscall.Kill(a.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	lc.End()
+	// If the stream's end came first, mps-launch reconnects (the command
+	// may still be running as far as it knows) and mpsd re-adopts the lease.
+	select {
+	case code := <-done:
+		if code != 137 {
+			t.Errorf("exit %d, want 137", code)
+		}
+	case again := <-h.fake.Leases():
+		if again.Request.ResumeLeaseID != "lease-1" {
+			t.Errorf("reconnect request %+v", again.Request)
+		}
+		again.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+		if code := h.wait(done); code != 137 {
+			t.Errorf("exit %d, want 137", code)
+		}
+	case <-time.After(launchertest.Wait):
+		t.Fatal("mps-launch neither ended nor reconnected")
+	}
+}
+
+func TestMainUsage(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		code   int
+		stdout string
+		stderr string
+	}{
+		{"help", []string{"--help"}, 0, Usage, ""},
+		{"bad flag", []string{"--sm", "0", "--", "/bin/true"}, ExitFailure, "", "mps-launch: --sm \"0\": want a whole percentage from 1 to 100\n"},
+		{"missing command", []string{"--sm", "10"}, ExitFailure, "", "mps-launch: missing command: mps-launch [flags] -- COMMAND [ARG...]\n"},
+		{"socket from the environment", []string{"/bin/true"}, ExitFailure, "",
+			"mps-launch: cannot reach mpsd at " + dir + "/none.sock: no such file or directory (is mpsd running? --socket or $MPSD_SOCKET names another socket)\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := os.Create(filepath.Join(t.TempDir(), "out"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer out.Close()
+			errf, err := os.Create(filepath.Join(t.TempDir(), "err"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer errf.Close()
+			env := []string{"PATH=/usr/bin:/bin", "MPSD_SOCKET=" + dir + "/none.sock"}
+			if code := Main(t.Context(), tc.args, nil, out, errf, env); code != tc.code {
+				t.Errorf("exit %d, want %d", code, tc.code)
+			}
+			o, _ := os.ReadFile(out.Name())
+			e, _ := os.ReadFile(errf.Name())
+			if string(o) != tc.stdout || string(e) != tc.stderr {
+				t.Errorf("stdout %q stderr %q, want %q and %q", o, e, tc.stdout, tc.stderr)
+			}
+		})
+	}
+}
+
+// childrenOf lists the pids whose parent is pid.
+func childrenOf(t *testing.T, pid int) []int {
+	t.Helper()
+	stats, err := filepath.Glob("/proc/[0-9]*/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kids []int
+	for _, p := range stats {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		i := strings.LastIndexByte(string(b), ')')
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			n, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			kids = append(kids, n)
+		}
+	}
+	return kids
+}
+
+// TestRunSpareTrampoline: the trampoline started ahead of the grant
+// waits as long as the request is queued. A signal to the process group
+// (which mps-launch ignores without a command) must not cost the launch,
+// and if the trampoline dies anyway the program still runs, once, in a
+// new one.
+func TestRunSpareTrampoline(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGUSR1, syscall.SIGKILL} {
+		t.Run(sig.String(), func(t *testing.T) {
+			h := newHarness(t, nil)
+			done := h.start(t.Context(), h.sh("echo ran >> runs")...)
+			lc := h.fake.NextLease(t)
+			lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 1})
+			spares := childrenOf(t, os.Getpid())
+			if len(spares) != 1 {
+				t.Fatalf("children of the launcher while queued: %v, want the one waiting trampoline", spares)
+			}
+			if err := syscall.Kill(spares[0], sig); err != nil {
+				t.Fatal(err)
+			}
+			lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+			a := h.fake.NextAttach(t)
+			if a.PID == spares[0] && sig == syscall.SIGKILL {
+				// mps-launch took the dying spare before it saw it die:
+				// the release fails and a new trampoline is attached.
+				a = h.fake.NextAttach(t)
+				if a.PID == spares[0] {
+					t.Errorf("the killed trampoline %d was attached twice", a.PID)
+				}
+			}
+			if code := h.wait(done); code != 0 {
+				t.Errorf("exit %d, want 0; stderr %s", code, h.read("stderr"))
+			}
+			if got := h.read("runs"); got != "ran\n" {
+				t.Errorf("the program ran %q, want once", got)
+			}
+		})
+	}
+}
