@@ -44,8 +44,11 @@ test: fetch-mps build
 check-leftovers:
 	@hack/check-leftovers.sh
 
+# Prints scenario × driver generation: identical / DIFFERS (details above the table).
 conformance: fetch-mps emu
-	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) $(GO) test -count=1 -run 'TestConformance' -v ./internal/mpsemu/conformance/ | tee /dev/stderr | awk '/^CONFORMANCE/{sub(/^CONFORMANCE /,""); print}' >/dev/null
+	@table=$$(mktemp); \
+	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) MPSD_CONFORMANCE_TABLE=$$table $(GO) test -count=1 -run 'TestConformance$$' ./internal/mpsemu/conformance/; rc=$$?; \
+	echo; echo "NVIDIA's nvidia-cuda-mps-control vs the emulator in that generation's mode:"; cat $$table; rm -f $$table; exit $$rc
 
 lint: fmt vet staticcheck
 

@@ -2,5 +2,59 @@
 // nvidia-cuda-mps-server and a CUDA client (mpsemu-client) that behave like
 // NVIDIA's MPS closely enough that the daemon's tests mean something. They
 // drop in through PATH or configuration; no code path of mpsd knows it is
-// talking to them.
+// talking to them. `go build -o bin/emu/ ./internal/mpsemu/cmd/...` builds
+// the three programs under their real names.
+//
+// The control daemon copies NVIDIA's binaries of driver 535, 550 and 555
+// byte for byte where a GPU-less machine can observe them (outputs, error
+// strings, exit codes, pipe-directory files and modes, control.log lines);
+// the server and client emulate what needs a GPU. Packages:
+//
+//	control   nvidia-cuda-mps-control: daemon and client mode
+//	server    nvidia-cuda-mps-server: states, admission, limits, faults
+//	client    mpsemu-client: the stand-in CUDA application (exit codes there)
+//	ctlwire   NVIDIA's control-socket protocol
+//	emuwire   the emulator's private protocol (abstract unix sockets)
+//	mpslog    MPS log lines and log-FIFO records
+//	cstr      C-library scanning (sscanf, strtod, strtoull) and MPS sizes
+//
+// # Environment
+//
+// NVIDIA's variables mean what they mean for MPS: CUDA_MPS_PIPE_DIRECTORY
+// (default /tmp/nvidia-mps), CUDA_MPS_LOG_DIRECTORY (default
+// /var/log/nvidia-mps), CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and
+// CUDA_MPS_CLIENT_PRIORITY (on the daemon: defaults; on a client: can only
+// lower), CUDA_MPS_PINNED_DEVICE_MEM_LIMIT ("0=8G,1=512M", ordinals or
+// UUIDs, per client, can only lower), CUDA_VISIBLE_DEVICES (the daemon's
+// GPUs, inherited by the server; unset means one GPU, UUIDs or indexes
+// otherwise). The emulator's own knobs:
+//
+//	MPSEMU_DRIVER=535|550|555      generation the control program imitates (default 550)
+//	MPSEMU_DEVICE_MEMORY=SIZE      memory of each emulated GPU (default 40G)
+//	MPSEMU_MAX_CLIENTS=N           clients per server, 1..48 (default 48, MPS's limit)
+//	MPSEMU_SERVER_IGNORE_SIGINT=1  the server ignores SIGINT (a server stuck in the GPU)
+//	MPSEMU_SERVER_STANDALONE=1     the server does not register with the emulated
+//	                               daemon, which then sees it as NVIDIA's daemon sees a
+//	                               stand-in: INITIALIZING for ever; it also writes no
+//	                               server.log lines (for conformance runs)
+//
+// Two more are internal and never need setting: MPSEMU_DAEMON_CHILD marks
+// the re-executed daemon, MPSEMU_EXEC_FAILED the child that stands for a
+// server binary missing from PATH.
+//
+// # Where the emulator knowingly differs
+//
+// Only a GPU shows these, so NVIDIA's GPU-less daemon cannot confirm them:
+// the emulated server registers with the emulated daemon, which then logs
+// "Accepting connection..." and "NEW SERVER <pid>: Ready" and reports it
+// ACTIVE or FAULT; emulated clients produce "NEW CLIENT <pid> from user
+// <uid>: ..." lines; quit and shutdown_server without -f make an idle
+// emulated server exit, where NVIDIA's daemon with a stand-in waits for
+// ever; the server.log lines of the emulated server, the output of
+// get_client_list, get_device_client_list, terminate_client and the
+// per-server commands on a ready server follow MPS's documentation and the
+// daemon's strings, not an observation. Races of NVIDIA's daemon (whether
+// the forked server's "Starting new server" line lands before or after the
+// caller's "UI closed", and which status a quit caller gets while the
+// daemon exits) are resolved the way they were observed most often.
 package mpsemu

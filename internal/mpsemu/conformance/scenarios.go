@@ -5,12 +5,6 @@ import (
 	"time"
 )
 
-const (
-	gpuProtocol = "server protocol: the real daemon asks its server to exit over a private channel the stand-in server cannot speak, so it waits; the emulated server obeys as a real one does"
-	gpuState    = "server state: the real daemon's stand-in server never reports ready, so it stays INITIALIZING; the emulator's becomes ACTIVE as on a GPU"
-	gpuClients  = "CUDA clients: only the emulated server has clients"
-)
-
 // Scenarios is the conformance suite. Every scenario starts from an empty
 // scenario directory (pipe dir absent, log dir empty).
 var Scenarios = []Scenario{
@@ -142,8 +136,8 @@ var Scenarios = []Scenario{
 	{Name: "server-status-live", Steps: []Step{
 		daemon("-d"),
 		cmd("start_server -uid 0"), waitLog("Starting new server", 1),
-		cmd("get_server_status {server}").Allow(gpuState),
-		cmd("get_server_status {server} extra").Allow(gpuState),
+		cmd("get_server_status {server}"),
+		cmd("get_server_status {server} extra"),
 		cmd("quit -t 0"),
 	}},
 	{Name: "server-thread-percentage", Steps: []Step{
@@ -151,8 +145,8 @@ var Scenarios = []Scenario{
 		cmd("get_active_thread_percentage 1"),
 		cmd("set_active_thread_percentage 1 50"),
 		cmd("start_server -uid 0"), waitLog("Starting new server", 1),
-		cmd("set_active_thread_percentage {server} 50").Allow(gpuState),
-		cmd("get_active_thread_percentage {server}").Allow(gpuState),
+		cmd("set_active_thread_percentage {server} 50"),
+		cmd("get_active_thread_percentage {server}"),
 		cmd("quit -t 0"),
 	}},
 	{Name: "client-list-and-terminate", Steps: []Step{
@@ -160,16 +154,16 @@ var Scenarios = []Scenario{
 		cmd("get_client_list"),
 		cmd("get_client_list 1"),
 		cmd("start_server -uid 0"), waitLog("Starting new server", 1),
-		cmd("get_client_list {server}").Allow(gpuClients),
+		cmd("get_client_list {server}"),
 		cmd("quit -t 0"),
 	}},
 	{Name: "shutdown-server", Steps: []Step{
 		daemon("-d"),
 		cmd("start_server -uid 0"), waitLog("Starting new server", 1),
 		cmd("shutdown_server {server}"),
-		waitLog("exited with status", 1).Timeout(time.Second).Allow(gpuProtocol),
-		serversAlive().Allow(gpuProtocol),
-		cmd("get_server_list").Allow(gpuProtocol),
+		waitLog("exited with status", 1).Timeout(time.Second),
+		serversAlive(),
+		cmd("get_server_list"),
 		cmd("quit -t 0"),
 	}},
 	{Name: "shutdown-server-force", Steps: []Step{
@@ -178,7 +172,7 @@ var Scenarios = []Scenario{
 		cmd("shutdown_server {server} -f"),
 		waitLog("exited with status", 1),
 		serversAlive(),
-		cmd("quit"),
+		killDaemon(syscall.SIGKILL),
 	}},
 	{Name: "shutdown-server-errors", Steps: []Step{
 		daemon("-d"),
@@ -195,7 +189,9 @@ var Scenarios = []Scenario{
 		cmd("get_server_list"),
 		cmd("start_server -uid 0"), waitLog("Starting new server", 2),
 		cmd("get_server_list"),
-		cmd("quit -t 0"),
+		// Not quit: once a server has exited, whether NVIDIA's quit caller
+		// sees status 0 or 1 is a race in the daemon.
+		killDaemon(syscall.SIGKILL),
 	}},
 	{Name: "sigkill-daemon-stale-files", Steps: []Step{
 		daemon("-d"),
@@ -217,7 +213,7 @@ var Scenarios = []Scenario{
 	{Name: "quit-with-server", Steps: []Step{
 		daemon("-d"),
 		cmd("start_server -uid 0"), waitLog("Starting new server", 1),
-		cmd("quit").Timeout(time.Second).Allow(gpuProtocol),
+		cmd("quit").Timeout(time.Second),
 		cmd("quit -t 0"), waitDaemonExit(), serversAlive(), files(),
 	}},
 	{Name: "quit-t0-with-server", Steps: []Step{

@@ -1,0 +1,88 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/mpsd/mpsd/internal/mpsemu/server"
+)
+
+// Main is the mpsemu-client program; it returns the exit status (doc.go).
+//
+//	mpsemu-client [--alloc SIZE] [--device N] [--duration D] [--fault-after D]
+func Main(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("mpsemu-client", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	alloc := fs.String("alloc", "", "allocate `SIZE` (8G, 512M, 1.5G, bytes) on --device")
+	device := fs.Int("device", 0, "device ordinal for --alloc")
+	duration := fs.Duration("duration", 0, "stay connected this long after setup")
+	faultAfter := fs.Duration("fault-after", 0, "raise a fatal GPU fault after this long")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 || *duration < 0 || *faultAfter < 0 {
+		fmt.Fprintln(stderr, "mpsemu-client: unexpected arguments or negative duration")
+		return 2
+	}
+	opts := Options{
+		PipeDir:     getenv("CUDA_MPS_PIPE_DIRECTORY"),
+		PID:         os.Getpid(),
+		EnvSM:       getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+		EnvPinned:   getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+		AllocDevice: *device,
+		Duration:    *duration,
+		FaultAfter:  *faultAfter,
+	}
+	if opts.PipeDir == "" {
+		opts.PipeDir = "/tmp/nvidia-mps"
+	}
+	if *alloc != "" {
+		b, err := server.ParseSize(*alloc)
+		if err != nil {
+			fmt.Fprintf(stderr, "mpsemu-client: --alloc: %v\n", err)
+			return 2
+		}
+		opts.Alloc = b
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigc)
+	var got os.Signal
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		select {
+		case got = <-sigc:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	err := Run(ctx, opts, stdout)
+	cancel()
+	<-watchDone
+
+	var cerr *Error
+	switch {
+	case err == nil:
+		return 0
+	case got != nil:
+		sig := got.(syscall.Signal)
+		fmt.Fprintf(stderr, "mpsemu-client: stopped by %v\n", sig)
+		return 128 + int(sig)
+	case errors.As(err, &cerr):
+		fmt.Fprintf(stderr, "mpsemu-client: %v\n", cerr)
+		return ExitCode(cerr.Code)
+	default:
+		fmt.Fprintf(stderr, "mpsemu-client: %v\n", err)
+		return 1
+	}
+}

@@ -1,0 +1,335 @@
+package control
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/mpsd/mpsd/internal/mpsemu/emuwire"
+	"github.com/mpsd/mpsd/internal/mpsemu/mpslog"
+)
+
+// rpcTimeout bounds a request to a server; a server that does not answer
+// is treated as not ready rather than hanging the daemon.
+const rpcTimeout = 2 * time.Second
+
+var errNoLink = errors.New("control: server not connected")
+
+// rpc sends one request to a ready server and waits for its answer.
+// d.mu is held: commands are handled one at a time, as by NVIDIA's daemon.
+func (d *Daemon) rpc(sv *srv, m emuwire.Msg) (emuwire.Msg, error) {
+	if sv.link == nil {
+		return emuwire.Msg{}, errNoLink
+	}
+	sv.nextID++
+	m.ID = sv.nextID
+	if err := sv.link.Send(m); err != nil {
+		return emuwire.Msg{}, err
+	}
+	t := time.NewTimer(rpcTimeout)
+	defer t.Stop()
+	for {
+		select {
+		case r := <-sv.replies:
+			if r.ID != m.ID {
+				continue // a late answer to a request that timed out
+			}
+			if r.Op == emuwire.OpError {
+				return r, fmt.Errorf("control: server %d: %s (%d)", sv.pid, r.Text, r.Err)
+			}
+			return r, nil
+		case <-sv.linkDone:
+			return emuwire.Msg{}, errNoLink
+		case <-t.C:
+			return emuwire.Msg{}, fmt.Errorf("control: server %d did not answer %s", sv.pid, m.Op)
+		}
+	}
+}
+
+// lookPath finds name in the PATH of env (the daemon's own environment,
+// which the servers inherit).
+func lookPath(name string, env []string) (string, bool) {
+	path := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, true
+		}
+	}
+	return "", false
+}
+
+// schedulePendingLocked starts the first queued server when none runs.
+func (d *Daemon) schedulePendingLocked() {
+	if d.quitting || len(d.servers) > 0 || len(d.pending) == 0 {
+		return
+	}
+	r := d.pending[0]
+	d.pending = d.pending[1:]
+	if sv := d.startServerLocked(r.uid); sv != nil {
+		sv.waiting = append(sv.waiting, r.clients...)
+	}
+}
+
+// startServerLocked runs nvidia-cuda-mps-server from PATH as uid with the
+// daemon's environment, as NVIDIA's daemon does (setuid only; the group
+// stays the daemon's).
+func (d *Daemon) startServerLocked(uid int32) *srv {
+	var cmd *exec.Cmd
+	if path, ok := lookPath(serverName, d.env); ok {
+		cmd = exec.Command(path)
+		cmd.Args = []string{serverName}
+		cmd.Env = d.env
+	} else {
+		// NVIDIA's forked child exits 1 when execlp fails; so does this.
+		cmd = exec.Command("/proc/self/exe")
+		cmd.Args = []string{serverName}
+		cmd.Env = append(append([]string{}, d.env...), execFailedEnv+"=1")
+	}
+	if uint32(uid) != d.uid {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{
+			Uid: uint32(uid), Gid: uint32(os.Getegid()), Groups: []uint32{},
+		}}
+	}
+	if err := d.start(cmd); err != nil {
+		msg := strings.TrimPrefix(err.Error(), "fork/exec ")
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			msg = errno.Error()
+		}
+		if d.gen == Gen555 {
+			d.logf("Failed to start server using uid %d, error: %s", uid, msg)
+		} else {
+			d.logf("Failed to start server using uid %d. %s", uid, msg)
+		}
+		return nil
+	}
+	sv := &srv{
+		pid: cmd.Process.Pid, uid: uid, cmd: cmd,
+		replies: make(chan emuwire.Msg, 1), linkDone: make(chan struct{}),
+	}
+	d.servers = append(d.servers, sv)
+	rec := mpslog.Record{Kind: mpslog.Control, PID: d.gen.ServerStartLogPID(d.pid, sv.pid),
+		Time: time.Now(), Msg: fmt.Sprintf("Starting new server %d for user %d", sv.pid, uid)}
+	if d.deferred != nil && d.gen != Gen535 {
+		*d.deferred = append(*d.deferred, rec)
+	} else {
+		d.log.Write(rec)
+	}
+	go d.waitServer(sv)
+	return sv
+}
+
+// waitServer reaps a server and does what NVIDIA's daemon does on SIGCHLD:
+// log the exit (a server killed by a signal reports status 0, the
+// WEXITSTATUS of a signalled process), remember the first failure as the
+// daemon's exit status, and start the next queued server — at once, if
+// clients were waiting for the one that died.
+func (d *Daemon) waitServer(sv *srv) {
+	_ = sv.cmd.Wait()
+	status := 0
+	if ws, ok := sv.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Exited() {
+		status = ws.ExitStatus()
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.logf("Server %d exited with status %d", sv.pid, status)
+	d.logf(msgRemovedShm)
+	d.serverExits++
+	if status != 0 && d.exitStatus == 0 {
+		d.exitStatus = status
+	}
+	for i, s := range d.servers {
+		if s == sv {
+			d.servers = append(d.servers[:i], d.servers[i+1:]...)
+			break
+		}
+	}
+	if sv.link != nil {
+		sv.link.Close()
+	}
+	if d.quitting {
+		for _, pc := range sv.waiting {
+			d.refuseLocked(pc)
+		}
+		if len(d.servers) == 0 {
+			d.finishLocked()
+		}
+		return
+	}
+	if live := liveClients(sv.waiting); len(live) > 0 {
+		d.pending = append([]*request{{uid: sv.uid, clients: live}}, d.pending...)
+	}
+	d.schedulePendingLocked()
+}
+
+func liveClients(pcs []*pendingClient) []*pendingClient {
+	var out []*pendingClient
+	for _, pc := range pcs {
+		if !pc.done {
+			out = append(out, pc)
+		}
+	}
+	return out
+}
+
+func (d *Daemon) acceptPrivate(l *net.UnixListener) {
+	for {
+		c, err := l.AcceptUnix()
+		if err != nil {
+			return
+		}
+		go d.servePrivate(emuwire.NewConn(c))
+	}
+}
+
+// servePrivate handles a connection from an emulated server or client.
+func (d *Daemon) servePrivate(c *emuwire.Conn) {
+	d.mu.Lock()
+	d.logf("Accepting connection...")
+	d.mu.Unlock()
+	m, err := c.Recv()
+	if err != nil {
+		c.Close()
+		return
+	}
+	switch m.Op {
+	case emuwire.OpServerHello:
+		d.registerServer(c, m.PID)
+	case emuwire.OpClientHello:
+		d.clientRequest(c, m.PID)
+	default:
+		d.mu.Lock()
+		d.logf("Unknown type of connection")
+		d.mu.Unlock()
+		c.Close()
+	}
+}
+
+// registerServer: a server the daemon started reports ready. It gets the
+// daemon's defaults, and the clients waiting for it are sent to it.
+func (d *Daemon) registerServer(c *emuwire.Conn, pid int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var sv *srv
+	for _, s := range d.servers {
+		if s.pid == pid && s.link == nil {
+			sv = s
+		}
+	}
+	if sv == nil {
+		d.logf("NEW SERVER %d: Ignoring old connection request", pid)
+		c.Close()
+		return
+	}
+	pinned := make([]uint64, maxDevices)
+	copy(pinned, d.defaultPinned[:])
+	if err := c.Send(emuwire.Msg{Op: emuwire.OpConfig, SM: d.defaultSM, Pinned: pinned, Priority: d.priority, Multiuser: d.multiuser}); err != nil {
+		c.Close()
+		return
+	}
+	sv.link = c
+	go func() {
+		defer close(sv.linkDone)
+		for {
+			r, err := c.Recv()
+			if err != nil {
+				return
+			}
+			select {
+			case sv.replies <- r:
+			default: // nobody waits for it any more
+			}
+		}
+	}()
+	d.logf("NEW SERVER %d: Ready", pid)
+	for _, pc := range sv.waiting {
+		d.handOverLocked(pc, sv)
+	}
+	sv.waiting = nil
+	if d.quitting {
+		d.askShutdownLocked(sv)
+	}
+}
+
+func (d *Daemon) handOverLocked(pc *pendingClient, sv *srv) {
+	if pc.done {
+		return
+	}
+	pc.done = true
+	_ = pc.conn.Send(emuwire.Msg{Op: emuwire.OpReady, ServerPID: sv.pid})
+	pc.conn.Close()
+}
+
+// clientRequest is a CUDA client asking for a server. One server runs at a
+// time: a client of another user waits until the current server, asked to
+// exit once idle, is gone (MPS documentation).
+func (d *Daemon) clientRequest(c *emuwire.Conn, pid int) {
+	peer, err := c.PeerUID()
+	if err != nil {
+		c.Close()
+		return
+	}
+	uid := int32(peer)
+	serverUID := uid
+	if d.multiuser {
+		serverUID = 0 // -multiuser-server: every user shares root's server
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var cur *srv
+	if len(d.servers) > 0 {
+		cur = d.servers[0]
+	}
+	if cur != nil && cur.link != nil && cur.uid == serverUID && !cur.stopping {
+		d.logf("NEW CLIENT %d from user %d: Server already exists", pid, uid)
+		d.handOverLocked(&pendingClient{pid: pid, uid: uid, conn: c}, cur)
+		return
+	}
+	d.logf("NEW CLIENT %d from user %d: Server is not ready, push client to pending list", pid, uid)
+	pc := &pendingClient{pid: pid, uid: serverUID, conn: c}
+	if d.quitting {
+		d.refuseLocked(pc)
+		return
+	}
+	switch {
+	case cur != nil && cur.uid == serverUID && !cur.stopping:
+		cur.waiting = append(cur.waiting, pc)
+	default:
+		queued := false
+		for _, r := range d.pending {
+			if r.uid == serverUID {
+				r.clients = append(r.clients, pc)
+				queued = true
+			}
+		}
+		if !queued {
+			d.pending = append(d.pending, &request{uid: serverUID, clients: []*pendingClient{pc}})
+		}
+		if cur != nil {
+			d.askShutdownLocked(cur)
+		}
+		d.schedulePendingLocked()
+	}
+	// A client that gives up while it waits leaves the queue.
+	go func() {
+		_, _ = c.Recv()
+		d.mu.Lock()
+		pc.done = true
+		d.mu.Unlock()
+	}()
+}

@@ -1,0 +1,447 @@
+package mpsemu_test
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var logLine = regexp.MustCompile(`^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} Control +\d+\] `)
+
+func listDir(t *testing.T, dir string) string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	sort.Strings(names)
+	return strings.Join(names, " ")
+}
+
+func TestDaemonFilesPerGeneration(t *testing.T) {
+	tests := []struct {
+		gen          string
+		running, end string
+	}{
+		{"535", "control control_lock control_privileged log", "control control_lock control_privileged"},
+		{"550", "control control_lock control_privileged log nvidia-cuda-mps-control.pid", "control control_lock control_privileged"},
+		{"555", "control control_lock control_privileged log nvidia-cuda-mps-control.pid", "control control_lock control_privileged"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.gen, func(t *testing.T) {
+			m := newMPS(t, tt.gen, "")
+			m.startDaemon()
+			if got := listDir(t, m.pipe); got != tt.running {
+				t.Errorf("pipe dir while running: %q; want %q", got, tt.running)
+			}
+			fi, err := os.Stat(m.pipe)
+			if err != nil || fi.Mode().Perm() != 0o777 {
+				t.Errorf("pipe dir mode %v, %v; want 0777 so every user's clients reach it", fi.Mode(), err)
+			}
+			if tt.gen != "535" {
+				b, _ := os.ReadFile(filepath.Join(m.pipe, "nvidia-cuda-mps-control.pid"))
+				if _, err := strconv.Atoi(string(b)); err != nil {
+					t.Errorf("pid file %q: digits without newline expected", b)
+				}
+			}
+			log := m.waitLog("control.log", "To connect CUDA applications", 1)
+			for _, l := range strings.Split(strings.TrimSuffix(log, "\n"), "\n") {
+				if !logLine.MatchString(l) {
+					t.Errorf("control.log line %q not in MPS format", l)
+				}
+			}
+			if r := m.control("quit\n"); r.code != 0 || r.stdout != "" {
+				t.Fatalf("quit: %+v", r)
+			}
+			if got := listDir(t, m.pipe); got != tt.end {
+				t.Errorf("pipe dir after quit: %q; want %q", got, tt.end)
+			}
+			if got := listDir(t, m.logs); got != "control.log server.log" {
+				t.Errorf("log dir %q", got)
+			}
+		})
+	}
+}
+
+func TestArgvPerGeneration(t *testing.T) {
+	help := "CUDA MPS Control for Linux/Unix.\n"
+	tests := []struct {
+		gen, arg  string
+		code      int
+		outPrefix string
+		stderr    string
+	}{
+		{"535", "get_server_list", 1, "", "Cannot find MPS control daemon process\n"},
+		{"550", "get_server_list", 1, "", "Cannot find MPS control daemon process\n"},
+		{"555", "get_server_list", 1, help, ""},
+		{"550", "-h", 0, help, ""},
+		{"555", "--help", 0, help, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.gen+" "+tt.arg, func(t *testing.T) {
+			m := newMPS(t, tt.gen, "")
+			r := m.control("", tt.arg)
+			if r.code != tt.code || !strings.HasPrefix(r.stdout, tt.outPrefix) || r.stderr != tt.stderr {
+				t.Errorf("got %+v; want exit %d, stdout starting %q, stderr %q", r, tt.code, tt.outPrefix, tt.stderr)
+			}
+		})
+	}
+}
+
+func TestSecondDaemonSamePipe(t *testing.T) {
+	m := newMPS(t, "550", "")
+	m.startDaemon()
+	r := m.control("", "-d")
+	if r.code != 1 || r.stdout != "An instance of this daemon is already running\n" {
+		t.Fatalf("second -d: %+v", r)
+	}
+	// Like NVIDIA's, the second instance announces itself through the
+	// running daemon's log FIFO.
+	m.waitLog("server.log", "] Using log directory: "+m.logs+"\n", 1)
+	m.cmd("quit")
+}
+
+func TestForeground(t *testing.T) {
+	m := newMPS(t, "550", "")
+	fg := m.start(-1, emutest.ControlName, "-f")
+	if l := fg.line(t); !strings.Contains(l, "Starting control daemon using socket "+m.pipe+"/control") {
+		t.Fatalf("first line %q", l)
+	}
+	fg.line(t)
+	if got := m.cmd("get_default_active_thread_percentage"); got != "100.0\n" {
+		t.Errorf("got %q", got)
+	}
+	m.cmd("quit")
+	if code := fg.wait(t); code != 0 {
+		t.Errorf("-f exited %d", code)
+	}
+	if got := listDir(t, m.logs); got != "" {
+		t.Errorf("-f wrote log files: %q", got)
+	}
+}
+
+func TestStaleFilesAfterSIGKILL(t *testing.T) {
+	m := newMPS(t, "550", "")
+	m.startDaemon()
+	pid := m.daemonPID()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(pid)
+	if got := listDir(t, m.pipe); !strings.Contains(got, "nvidia-cuda-mps-control.pid") || !strings.Contains(got, "log") {
+		t.Errorf("SIGKILL should leave every file: %q", got)
+	}
+	if r := m.control("get_server_list\n"); r.code != 1 || r.stderr != "Cannot find MPS control daemon process\n" {
+		t.Errorf("client of a dead daemon: %+v", r)
+	}
+	m.startDaemon()
+	if m.daemonPID() == pid {
+		t.Error("pid file not rewritten")
+	}
+	m.cmd("quit")
+}
+
+func TestSIGTERMOrphansServer(t *testing.T) {
+	m := newMPS(t, "550", "")
+	m.startDaemon()
+	m.cmd("start_server -uid 0")
+	m.waitLog("control.log", "NEW SERVER", 1)
+	server := m.serverPID()
+	daemon := m.daemonPID()
+	if err := syscall.Kill(daemon, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(daemon)
+	if !alive(server) {
+		t.Error("server died with its daemon; MPS servers are orphaned and keep running")
+	}
+	if b, _ := os.ReadFile(filepath.Join(m.logs, "control.log")); strings.Contains(string(b), "Exit with status") {
+		t.Error("SIGTERM must kill the daemon without logging")
+	}
+}
+
+// TestDataPath runs emulated CUDA clients through the emulated daemon and
+// server: limits from the daemon's defaults, lowered by the client's env.
+func TestDataPath(t *testing.T) {
+	m := newMPS(t, "550", "")
+	m.startDaemon()
+	m.cmd("set_default_active_thread_percentage 50")
+	m.cmd("set_default_device_pinned_mem_limit 0 8G")
+	tests := []struct {
+		name string
+		env  []string
+		args []string
+		code int
+		line string
+		err  string
+	}{
+		{"defaults", nil, nil, 0, "sm=50.0 devices=1 mem0=8192M", ""},
+		{"env lowers", []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4G"}, nil, 0, "sm=25.0 devices=1 mem0=4096M", ""},
+		{"env cannot raise", []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=90", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=16G"}, nil, 0, "sm=50.0 devices=1 mem0=8192M", ""},
+		{"alloc within", nil, []string{"--alloc", "8G"}, 0, "sm=50.0", ""},
+		{"alloc above pinned limit", nil, []string{"--alloc", "9G"}, 12, "sm=50.0", "CUDA error 2 cudaErrorMemoryAllocation"},
+		{"bad flag", nil, []string{"--alloc", "lots"}, 2, "", "--alloc"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := *m
+			c.env = append(append([]string{}, m.env...), tt.env...)
+			r := c.run(deadline, "", emutest.ClientName, tt.args...)
+			if r.code != tt.code || !strings.Contains(r.stdout, tt.line) || !strings.Contains(r.stderr, tt.err) {
+				t.Errorf("got %+v; want exit %d, stdout with %q, stderr with %q", r, tt.code, tt.line, tt.err)
+			}
+		})
+	}
+	log := m.waitLog("control.log", "Server already exists", len(tests)-2)
+	for _, want := range []string{"Server is not ready, push client to pending list", "NEW SERVER", "Starting new server"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("control.log lacks %q", want)
+		}
+	}
+	if got := m.cmd("get_server_status " + strconv.Itoa(m.serverPID())); got != "ACTIVE\n" {
+		t.Errorf("status %q", got)
+	}
+}
+
+func TestNoServerNoDaemon(t *testing.T) {
+	m := newMPS(t, "550", "")
+	r := m.run(deadline, "", emutest.ClientName)
+	if r.code != 85 || !strings.Contains(r.stderr, "CUDA error 805 cudaErrorMpsConnectionFailed") {
+		t.Errorf("got %+v; want exit 85 and error 805", r)
+	}
+}
+
+// TestFaultContainmentProcesses: three client processes, one faults; all
+// three fail with the fault and the server recovers once they are gone.
+func TestFaultContainmentProcesses(t *testing.T) {
+	m := newMPS(t, "550", "")
+	m.startDaemon()
+	a := m.start(-1, emutest.ClientName, "--duration", "1m")
+	a.line(t)
+	b := m.start(-1, emutest.ClientName, "--duration", "1m")
+	b.line(t)
+	c := m.start(-1, emutest.ClientName, "--duration", "1m", "--fault-after", "1ms")
+	c.line(t)
+	for i, p := range []*proc{a, b, c} {
+		if code := p.wait(t); code != 70 || !strings.Contains(p.stderr.String(), "CUDA error 700 cudaErrorIllegalAddress") {
+			t.Errorf("client %d: exit %d, stderr %q; want 70 and error 700", i, code, p.stderr.String())
+		}
+	}
+	server := strconv.Itoa(m.serverPID())
+	if got := m.cmd("get_server_status " + server); got != "ACTIVE\n" {
+		t.Errorf("after all affected clients left: %q; want ACTIVE", got)
+	}
+}
+
+func TestMaxClientsProcesses(t *testing.T) {
+	m := newMPS(t, "550", "", "MPSEMU_MAX_CLIENTS=2")
+	m.startDaemon()
+	for range 2 {
+		m.start(-1, emutest.ClientName, "--duration", "1m").line(t)
+	}
+	r := m.run(deadline, "", emutest.ClientName)
+	if r.code != 88 || !strings.Contains(r.stderr, "CUDA error 808 cudaErrorMpsMaxClientsReached") {
+		t.Errorf("third client: %+v; want exit 88", r)
+	}
+}
+
+func TestTerminateClient(t *testing.T) {
+	m := newMPS(t, "550", "")
+	m.startDaemon()
+	p := m.start(-1, emutest.ClientName, "--duration", "1m")
+	p.line(t)
+	server := strconv.Itoa(m.serverPID())
+	if got := m.cmd("get_client_list " + server); got != strconv.Itoa(p.cmd.Process.Pid)+"\n" {
+		t.Errorf("client list %q", got)
+	}
+	if got := m.cmd("terminate_client " + server + " " + strconv.Itoa(p.cmd.Process.Pid)); got != "0\n" {
+		t.Errorf("terminate_client printed %q; want 0", got)
+	}
+	if code := p.wait(t); code != 90 {
+		t.Errorf("terminated client exited %d; want 90 (error 810)", code)
+	}
+}
+
+// TestSIGKILLedServer: clients fail at once, the daemon logs status 0.
+func TestSIGKILLedServer(t *testing.T) {
+	m := newMPS(t, "550", "")
+	m.startDaemon()
+	p := m.start(-1, emutest.ClientName, "--duration", "1m")
+	p.line(t)
+	server := m.serverPID()
+	if err := syscall.Kill(server, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t); code != 86 {
+		t.Errorf("client of a killed server exited %d; want 86 (error 806)", code)
+	}
+	m.waitLog("control.log", "Server "+strconv.Itoa(server)+" exited with status 0\n", 1)
+	if got := m.cmd("get_server_list"); got != "" {
+		t.Errorf("servers after kill: %q", got)
+	}
+}
+
+// TestQuitWithServerIgnoringSIGINT: quit -t sends SIGINT and nothing more,
+// so a server that ignores it (and has a client, so it cannot leave on its
+// own) keeps quit waiting until the caller gives up.
+func TestQuitWithServerIgnoringSIGINT(t *testing.T) {
+	m := newMPS(t, "550", "", "MPSEMU_SERVER_IGNORE_SIGINT=1")
+	m.startDaemon()
+	m.start(-1, emutest.ClientName, "--duration", "1m").line(t)
+	server := m.serverPID()
+	r := m.run(2*time.Second, "quit -t 0\n", emutest.ControlName)
+	if !r.timedOut {
+		t.Fatalf("quit returned %+v; it must hang on a server that ignores SIGINT", r)
+	}
+	m.waitLog("control.log", "Force shutting down server "+strconv.Itoa(server), 1)
+	if !alive(server) {
+		t.Error("server gone: quit escalated beyond SIGINT")
+	}
+}
+
+// TestShutdownServerWaitsForClients: shutdown_server without -f lets the
+// server finish its clients; a client arriving meanwhile waits, and gets a
+// new server as soon as the old one has gone.
+func TestShutdownServerWaitsForClients(t *testing.T) {
+	m := newMPS(t, "550", "")
+	m.startDaemon()
+	first := m.start(-1, emutest.ClientName, "--duration", "1m")
+	first.line(t)
+	server := strconv.Itoa(m.serverPID())
+	m.cmd("shutdown_server " + server)
+	if got := m.cmd("get_client_list " + server); got != strconv.Itoa(first.cmd.Process.Pid)+"\n" {
+		t.Fatalf("server with a client must stay: client list %q", got)
+	}
+	second := m.start(-1, emutest.ClientName)
+	m.waitLog("control.log", "Server is not ready, push client to pending list", 2)
+	_ = first.cmd.Process.Signal(syscall.SIGTERM)
+	if code := first.wait(t); code != 143 {
+		t.Errorf("client exit on SIGTERM: %d; want 143", code)
+	}
+	l := second.line(t)
+	if !strings.HasPrefix(l, "mpsemu-client: pid=") || strings.Contains(l, " server="+server+" ") {
+		t.Errorf("waiting client: %q; want it served by a new server", l)
+	}
+	log := m.waitLog("control.log", "Starting new server", 2)
+	if strings.Index(log, "Server "+server+" exited with status 0") > strings.LastIndex(log, "Starting new server") {
+		t.Errorf("new server started before the old one exited:\n%s", log)
+	}
+}
+
+// TestUIDSerialisation: one server uid at a time. A client of a second uid
+// waits until the first uid's server, asked to leave once idle, is gone.
+func TestUIDSerialisation(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: clients and servers run as uids 65534 and 65533")
+	}
+	// Every directory on the way must be reachable by those uids, which
+	// t.TempDir's 0700 parents are not; the binaries are copied for the
+	// same reason.
+	dir, err := os.MkdirTemp("", "mpsemu-uid-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m := newMPS(t, "550", dir)
+	bin := filepath.Join(dir, "bin")
+	if err := os.Mkdir(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{emutest.ControlName, emutest.ServerName, emutest.ClientName} {
+		b, err := os.ReadFile(filepath.Join(m.bin, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(bin, name), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.bin = bin
+	for i, kv := range m.env {
+		if strings.HasPrefix(kv, "PATH=") {
+			m.env[i] = "PATH=" + bin + ":/usr/sbin:/usr/bin:/sbin:/bin"
+		}
+	}
+	m.startDaemon()
+
+	first := m.start(65534, emutest.ClientName, "--duration", "1m")
+	first.line(t)
+	second := m.start(65533, emutest.ClientName)
+	m.waitLog("control.log", "from user 65533: Server is not ready, push client to pending list", 1)
+	if uid := procUID(t, m.serverPID()); uid != "65534" {
+		t.Fatalf("the running server has uid %s; want 65534 while uid 65533 waits", uid)
+	}
+	_ = first.cmd.Process.Signal(syscall.SIGTERM)
+	first.wait(t)
+	m.waitLog("control.log", "for user 65533\n", 1)
+	if l := second.line(t); !strings.HasPrefix(l, "mpsemu-client: pid=") {
+		t.Errorf("second client: %q", l)
+	}
+	if uid := procUID(t, m.serverPID()); uid != "65533" {
+		t.Errorf("second server runs as uid %s; want 65533", uid)
+	}
+	if code := second.wait(t); code != 0 {
+		t.Errorf("second client exited %d: %s", code, second.stderr.String())
+	}
+}
+
+// procUID is the real uid of a process.
+func procUID(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == "Uid:" {
+			return f[1]
+		}
+	}
+	t.Fatalf("no Uid in /proc/%d/status", pid)
+	return ""
+}
+
+// TestAgainstNVIDIADaemon: NVIDIA's daemon spawns the emulated server
+// (which it reports INITIALIZING) and emulated clients use it directly;
+// the emulator's client mode drives NVIDIA's daemon.
+func TestAgainstNVIDIADaemon(t *testing.T) {
+	real := emutest.RealControl(t, "550")
+	m := newMPS(t, "550", "")
+	nv := *m
+	nv.bin = filepath.Dir(real)
+	if r := nv.run(deadline, "", filepath.Base(real), "-d"); r.code != 0 {
+		t.Fatalf("NVIDIA daemon: %+v", r)
+	}
+	m.cmd("start_server -uid 0")
+	m.waitLog("control.log", "Starting new server", 1)
+	server := strconv.Itoa(m.serverPID())
+	if got := m.cmd("get_server_status " + server); got != "INITIALIZING\n" {
+		t.Errorf("NVIDIA's daemon says %q about the emulated server", got)
+	}
+	r := m.run(deadline, "", emutest.ClientName)
+	if r.code != 0 || !strings.Contains(r.stdout, "server="+server+" ") {
+		t.Errorf("client via NVIDIA's daemon's server: %+v", r)
+	}
+	if r := m.control("quit -t 0\n"); r.code != 0 {
+		t.Errorf("quit: %+v", r)
+	}
+}

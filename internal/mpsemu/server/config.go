@@ -1,0 +1,181 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/mpsd/mpsd/internal/mpsemu/cstr"
+)
+
+// MaxClientsPerDevice is MPS's client limit on Volta and newer GPUs.
+const MaxClientsPerDevice = 48
+
+// DefaultDeviceMemory is each emulated GPU's memory unless
+// MPSEMU_DEVICE_MEMORY says otherwise (an A100 40GB).
+const DefaultDeviceMemory = 40 * cstr.GiB
+
+// ErrBadConfig reports an unusable emulator setting in the environment.
+var ErrBadConfig = errors.New("server: bad configuration")
+
+// Config is what a server starts with.
+type Config struct {
+	PipeDir      string
+	PID          int
+	UID          uint32
+	Devices      []string // UUIDs, in ordinal order
+	DeviceMemory uint64
+	MaxClients   int
+	// SM and Priority apply when no emulated daemon configures the server
+	// (the daemon's environment, inherited).
+	SM       float64
+	Priority int
+	// Pinned is the per-device pinned memory limit in bytes (0 = none)
+	// until an emulated daemon sends its defaults.
+	Pinned []uint64
+	// Standalone keeps the server from registering with an emulated
+	// daemon, so the daemon sees it as NVIDIA's daemon sees any server it
+	// cannot talk to: INITIALIZING for ever (MPSEMU_SERVER_STANDALONE=1).
+	// It then writes no server.log lines either.
+	Standalone bool
+}
+
+// ConfigFromEnv reads the server's environment: CUDA_MPS_PIPE_DIRECTORY,
+// CUDA_VISIBLE_DEVICES, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE,
+// CUDA_MPS_CLIENT_PRIORITY, MPSEMU_DEVICE_MEMORY, MPSEMU_MAX_CLIENTS.
+func ConfigFromEnv(getenv func(string) string) (Config, error) {
+	cfg := Config{
+		PipeDir:      getenv("CUDA_MPS_PIPE_DIRECTORY"),
+		PID:          os.Getpid(),
+		UID:          uint32(os.Geteuid()),
+		DeviceMemory: DefaultDeviceMemory,
+		MaxClients:   MaxClientsPerDevice,
+		SM:           100,
+	}
+	if cfg.PipeDir == "" {
+		cfg.PipeDir = "/tmp/nvidia-mps"
+	}
+	cfg.Devices = VisibleDevices(getenv("CUDA_VISIBLE_DEVICES"))
+	if v := getenv("MPSEMU_DEVICE_MEMORY"); v != "" {
+		b, err := ParseSize(v)
+		if err != nil || b == 0 {
+			return cfg, fmt.Errorf("%w: MPSEMU_DEVICE_MEMORY=%q: want a size such as 40G", ErrBadConfig, v)
+		}
+		cfg.DeviceMemory = b
+	}
+	if v := getenv("MPSEMU_MAX_CLIENTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxClientsPerDevice {
+			return cfg, fmt.Errorf("%w: MPSEMU_MAX_CLIENTS=%q: want 1..%d", ErrBadConfig, v, MaxClientsPerDevice)
+		}
+		cfg.MaxClients = n
+	}
+	if v := getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"); v != "" {
+		if p, n := cstr.Strtod(v); n > 0 && cstr.ValidPercent(p) {
+			cfg.SM = p
+		}
+	}
+	cfg.Standalone = getenv("MPSEMU_SERVER_STANDALONE") == "1"
+	if v := getenv("CUDA_MPS_CLIENT_PRIORITY"); v == "1" {
+		cfg.Priority = 1
+	}
+	return cfg, nil
+}
+
+// VisibleDevices turns CUDA_VISIBLE_DEVICES into device UUIDs as CUDA
+// enumerates them: unset (or empty, which getenv cannot tell apart) means one
+// device; "GPU-…"/"MIG-…" entries are taken as they are; an index becomes a
+// made-up stable UUID; the list ends at the first entry that is neither
+// (CUDA ignores the rest), so "-1" means no devices.
+func VisibleDevices(env string) []string {
+	if env == "" {
+		return []string{syntheticUUID(0)}
+	}
+	var out []string
+	for _, f := range strings.Split(env, ",") {
+		f = strings.TrimSpace(f)
+		switch {
+		case strings.HasPrefix(f, "GPU-") || strings.HasPrefix(f, "MIG-"):
+			out = append(out, f)
+		default:
+			n, err := strconv.Atoi(f)
+			if err != nil || n < 0 {
+				return out
+			}
+			out = append(out, syntheticUUID(n))
+		}
+	}
+	return out
+}
+
+func syntheticUUID(i int) string { return fmt.Sprintf("GPU-00000000-0000-4000-8000-%012d", i) }
+
+// ParseSize reads a size for the emulator's own settings and the client's
+// --alloc: plain bytes or a number with K, M, G or T (binary, optional "i"
+// and "B": "8G", "8GiB", "512M", "1.5G").
+func ParseSize(s string) (uint64, error) {
+	t := strings.TrimSpace(s)
+	mult := uint64(1)
+	upper := strings.ToUpper(t)
+	upper = strings.TrimSuffix(upper, "B")
+	upper = strings.TrimSuffix(upper, "I")
+	if upper != "" {
+		switch upper[len(upper)-1] {
+		case 'K':
+			mult = 1 << 10
+		case 'M':
+			mult = 1 << 20
+		case 'G':
+			mult = 1 << 30
+		case 'T':
+			mult = 1 << 40
+		}
+		if mult != 1 {
+			upper = upper[:len(upper)-1]
+		}
+	}
+	if upper == "" || strings.ContainsAny(upper, "+-eEXxPpNnIi") {
+		return 0, fmt.Errorf("size %q: %w", s, strconv.ErrSyntax)
+	}
+	f, err := strconv.ParseFloat(upper, 64)
+	if err != nil {
+		return 0, fmt.Errorf("size %q: %w", s, err)
+	}
+	v := f * float64(mult)
+	if v >= 1<<64 || v < 0 {
+		return 0, fmt.Errorf("size %q: %w", s, strconv.ErrRange)
+	}
+	return uint64(v), nil
+}
+
+// ClientLimits parses a client's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+// ("0=8G,1=512M", keys are ordinals or device UUIDs, values in MPS's loose
+// syntax) into a per-device limit in bytes, 0 where none is given. Entries
+// that name no device are ignored, as CUDA does.
+func ClientLimits(env string, devices []string) []uint64 {
+	out := make([]uint64, len(devices))
+	for _, e := range strings.Split(env, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(e), "=")
+		if !ok {
+			continue
+		}
+		k = strings.TrimSpace(k)
+		idx := -1
+		if n, err := strconv.Atoi(k); err == nil {
+			idx = n
+		} else {
+			for i, u := range devices {
+				if u == k {
+					idx = i
+				}
+			}
+		}
+		if idx < 0 || idx >= len(devices) {
+			continue
+		}
+		out[idx] = cstr.ParsePinnedLimit(strings.TrimSpace(v))
+	}
+	return out
+}
