@@ -3,6 +3,7 @@ package mps
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -159,6 +160,10 @@ func TestKillEvents(t *testing.T) {
 		if err := unix.Kill(in.d.PID(), unix.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
+		// SIGSTOP takes effect asynchronously: a daemon still running when
+		// the server dies reaps it (the emulator's at once), and the exit
+		// status is gone before the pidfd watcher can read it.
+		waitStopped(t, in.d.PID())
 		sigkill(t, pid)
 		ev := in.waitEvent(t, "server exited", kindPID(ServerExited, pid))
 		if ev.Source != SourcePidfd || ev.Signal != syscall.SIGKILL {
@@ -404,4 +409,24 @@ func TestRunnerSeesEveryInvocation(t *testing.T) {
 			}
 		}
 	})
+}
+
+// waitStopped waits until pid is in stopped state. The kernel offers no
+// event for that to anyone but the parent, so it polls /proc with a deadline.
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			t.Fatalf("daemon %d: %v", pid, err)
+		}
+		if i := bytes.LastIndexByte(b, ')'); i > 0 && len(b) > i+2 && (b[i+2] == 'T' || b[i+2] == 't') {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon %d not stopped after SIGSTOP within 5s", pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
