@@ -15,6 +15,13 @@ if [ -n "$cgs" ]; then
 	echo "$cgs" >&2
 	fail=1
 fi
+# mps/ tests keep pipe dirs short (unix socket paths are limited) in /tmp/mpst*.
+tmps=$(ls -d "${TMPDIR:-/tmp}"/mpst* 2>/dev/null || true)
+if [ -n "$tmps" ]; then
+	echo "check-leftovers: temporary directories left by the tests:" >&2
+	echo "$tmps" >&2
+	fail=1
+fi
 # Tests always pass their own pipe and log directories; MPS's defaults must stay untouched.
 for d in /tmp/nvidia-mps /var/log/nvidia-mps; do
 	if [ -e "$d" ]; then
@@ -22,5 +29,5 @@ for d in /tmp/nvidia-mps /var/log/nvidia-mps; do
 		fail=1
 	fi
 done
-[ "$fail" = 0 ] && echo "check-leftovers: no processes, cgroups or default MPS directories left behind"
+[ "$fail" = 0 ] && echo "check-leftovers: no processes, cgroups, temporary or default MPS directories left behind"
 exit "$fail"

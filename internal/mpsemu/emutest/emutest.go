@@ -4,10 +4,13 @@
 package emutest
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -56,10 +59,16 @@ func build() (string, error) {
 		return "", fmt.Errorf("go env GOMOD: %w", err)
 	}
 	root := filepath.Dir(strings.TrimSpace(string(out)))
-	// Not t.TempDir: the directory outlives the first test that asks for it.
-	// It is removed by the OS's tmp cleaning; binaries are small.
-	dir, err := os.MkdirTemp("", "mpsemu-bin-")
-	if err != nil {
+	// Not t.TempDir: the directory serves every test of this process, which
+	// has no hook at its end. So each process builds into a directory named
+	// by its pid and removes those of processes that are gone.
+	parent := filepath.Join(os.TempDir(), "mpsemu-bin")
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return "", err
+	}
+	pruneGone(parent)
+	dir := filepath.Join(parent, strconv.Itoa(os.Getpid()))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
 	cmd := exec.Command("go", "build", "-o", dir+"/", "./internal/mpsemu/cmd/...")
@@ -68,6 +77,20 @@ func build() (string, error) {
 		return "", fmt.Errorf("go build ./internal/mpsemu/cmd/...: %w\n%s", err, out)
 	}
 	return dir, nil
+}
+
+// pruneGone removes the build directories of test processes that have exited.
+func pruneGone(parent string) {
+	ents, _ := os.ReadDir(parent)
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); errors.Is(err, fs.ErrNotExist) {
+			os.RemoveAll(filepath.Join(parent, e.Name()))
+		}
+	}
 }
 
 // RealCacheDir is where hack/fetch-nvidia-mps.sh keeps the real binaries.
