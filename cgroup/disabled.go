@@ -29,10 +29,10 @@ type Disabled struct {
 var _ Manager = (*Disabled)(nil)
 
 // NewDisabled returns a Disabled manager and logs, once, that isolation is
-// off.
+// off. A nil log discards that warning; mpsd passes its own.
 func NewDisabled(log *slog.Logger) *Disabled {
 	if log == nil {
-		log = slog.Default()
+		log = slog.New(slog.DiscardHandler)
 	}
 	log.Warn("cgroup isolation is off: lease processes are not confined or limited, and descendants that leave their process group survive a kill")
 	return &Disabled{leases: map[LeaseID]*disabledLease{}}

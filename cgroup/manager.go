@@ -70,7 +70,8 @@ type Config struct {
 	// the lease cgroups may hold processes (the kernel's no-internal-process
 	// rule), so mpsd itself must not live in Parent or its group cgroups.
 	Parent string
-	// Logger defaults to slog.Default().
+	// Logger receives debug lines; nil discards them (the package never
+	// falls back to the global logger).
 	Logger *slog.Logger
 }
 
@@ -81,6 +82,10 @@ type Cgroups struct {
 	v1     *v1Tree // nil in ModeV2
 	v2     *v2Tree // nil in ModeV1
 	log    *slog.Logger
+	// cloneInto: Start may clone children straight into the unified tree
+	// (CLONE_INTO_CGROUP, Linux 5.7). Without it Start attaches the child
+	// while it is stopped after its execve, as on v1.
+	cloneInto bool
 
 	// mu keeps Create from racing with Delete's removal of an emptied
 	// group directory.
@@ -99,7 +104,7 @@ func New(cfg Config) (*Cgroups, error) {
 		cfg.Parent = DefaultParent
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if err := validParent(cfg.Parent); err != nil {
 		return nil, err
@@ -144,6 +149,9 @@ func New(cfg Config) (*Cgroups, error) {
 		if err := m.v1.check(); err != nil {
 			return nil, err
 		}
+	}
+	if m.v2 != nil {
+		m.cloneInto = kernelHasCloneIntoCgroup()
 	}
 	m.log = cfg.Logger.With("cgroup_mode", mode.String(), "cgroup_parent", cfg.Parent)
 	return m, nil

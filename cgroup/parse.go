@@ -151,3 +151,23 @@ func sharesToWeight(s uint64) uint64 {
 	}
 	return minWeight + ((s-minShares)*(maxWeight-minWeight)+(maxShares-minShares)/2)/(maxShares-minShares)
 }
+
+// parseKernelRelease reads the major and minor version from a kernel
+// release string such as "6.1.0-18-amd64" or "5.4.0".
+func parseKernelRelease(s string) (major, minor int, ok bool) {
+	maj, rest, found := strings.Cut(s, ".")
+	if !found {
+		return 0, 0, false
+	}
+	end := 0
+	for end < len(rest) && rest[end] >= '0' && rest[end] <= '9' {
+		end++
+	}
+	var err1, err2 error
+	major, err1 = strconv.Atoi(maj)
+	minor, err2 = strconv.Atoi(rest[:end])
+	if err1 != nil || err2 != nil || major < 0 || minor < 0 {
+		return 0, 0, false
+	}
+	return major, minor, true
+}

@@ -280,3 +280,45 @@ func TestModeString(t *testing.T) {
 		}
 	}
 }
+
+func TestParseKernelRelease(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		in           string
+		major, minor int
+		ok           bool
+	}{
+		{"debian", "6.1.0-18-amd64", 6, 1, true},
+		{"plain", "5.7.0", 5, 7, true},
+		{"two fields", "5.10", 5, 10, true},
+		{"suffix on minor", "4.19-rc1", 4, 19, true},
+		{"this build", "6.18.44-fc-v669", 6, 18, true},
+		{"empty", "", 0, 0, false},
+		{"no dot", "6", 0, 0, false},
+		{"no minor", "6.x", 0, 0, false},
+		{"signed", "-5.7", 0, 0, false},
+		{"words", "linux.kernel", 0, 0, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			major, minor, ok := parseKernelRelease(c.in)
+			if major != c.major || minor != c.minor || ok != c.ok {
+				t.Fatalf("parseKernelRelease(%q) = %d, %d, %v, want %d, %d, %v", c.in, major, minor, ok, c.major, c.minor, c.ok)
+			}
+		})
+	}
+}
+
+func FuzzParseKernelRelease(f *testing.F) {
+	for _, s := range []string{"6.1.0-18-amd64", "5.7", "", "5", "-1.2", "5.-7", "99999999999999999999.1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		major, minor, ok := parseKernelRelease(s)
+		if !ok && (major != 0 || minor != 0) {
+			t.Fatalf("parseKernelRelease(%q) = %d, %d, false, want zeros", s, major, minor)
+		}
+		if ok && (major < 0 || minor < 0) {
+			t.Fatalf("parseKernelRelease(%q) = %d, %d, negative", s, major, minor)
+		}
+	})
+}

@@ -19,7 +19,8 @@ import (
 //   - On the unified tree (v2 and hybrid) the child is cloned directly into
 //     the lease with clone3(CLONE_INTO_CGROUP), through
 //     SysProcAttr.UseCgroupFD and a descriptor of the lease directory.
-//     Needs Linux 5.7.
+//     Needs Linux 5.7; on older kernels the unified tree is attached to like
+//     the v1 hierarchies below.
 //   - v1 hierarchies have no such clone flag, so on v1 and hybrid the child is
 //     started with SysProcAttr.Ptrace: it stops with SIGTRAP right after its
 //     execve, before the program's first instruction, is attached to every
@@ -47,7 +48,7 @@ func (l *lease) Start(cmd *exec.Cmd) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.m.v2 != nil {
+	if l.m.v2 != nil && l.m.cloneInto {
 		dir := l.m.v2.dir(l.rel)
 		fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -60,16 +61,40 @@ func (l *lease) Start(cmd *exec.Cmd) error {
 		attr.UseCgroupFD, attr.CgroupFD = true, fd
 	}
 	cmd.SysProcAttr = attr
-	if l.m.v1 == nil {
+	if l.m.v1 == nil && l.m.cloneInto {
 		if err := cmd.Start(); err != nil {
 			return fmt.Errorf("cgroup: unified: start %s in %s: %w", cmd.Path, l.m.v2.dir(l.rel), err)
 		}
 		return nil
 	}
-	if err := startTraced(cmd, func(pid int) error { return l.m.v1.attach(l.rel, pid) }); err != nil {
+	attach := func(pid int) error {
+		if l.m.v1 != nil {
+			if err := l.m.v1.attach(l.rel, pid); err != nil {
+				return err
+			}
+		}
+		if l.m.v2 != nil && !l.m.cloneInto {
+			return writeProcs("unified", l.m.v2.dir(l.rel), pid)
+		}
+		return nil
+	}
+	if err := startTraced(cmd, attach); err != nil {
 		return fmt.Errorf("cgroup: start %s in %s: %w", cmd.Path, l.rel, err)
 	}
 	return nil
+}
+
+// kernelHasCloneIntoCgroup reports whether the running kernel is 5.7 or
+// newer, the first with CLONE_INTO_CGROUP. Go's exec does not fall back when
+// clone3 rejects the flag, and a failed exec.Cmd.Start cannot be retried,
+// so the choice is made up front. An unreadable release takes the safe path.
+func kernelHasCloneIntoCgroup() bool {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return false
+	}
+	major, minor, ok := parseKernelRelease(unix.ByteSliceToString(u.Release[:]))
+	return ok && (major > 5 || (major == 5 && minor >= 7))
 }
 
 // startTraced starts cmd stopped at its execve, runs attach on it and lets

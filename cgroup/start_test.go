@@ -2,6 +2,7 @@ package cgroup
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -100,4 +101,41 @@ func TestStartTracedAttachFails(t *testing.T) {
 	if ws := cmd.ProcessState.Sys().(syscall.WaitStatus); ws.Signal() != syscall.SIGKILL {
 		t.Fatalf("child ended with %v, want SIGKILL", cmd.ProcessState)
 	}
+}
+
+// TestStartWithoutCloneInto runs Start as on a kernel older than 5.7, where
+// the unified tree cannot be cloned into: the child must still be inside
+// every hierarchy of the lease, its first fork included, through the ptrace
+// attach. On this host the kernel has CLONE_INTO_CGROUP, so the test also
+// checks that the manager uses it by default.
+func TestStartWithoutCloneInto(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		if b.cfg.Mode == ModeV1 {
+			t.Skip("v1 has no unified tree: it always starts through the ptrace attach (TestStartInsideCgroup)")
+		}
+		m := newManager(t, b)
+		if !m.cloneInto {
+			t.Errorf("cloneInto = false on kernel with CLONE_INTO_CGROUP (%v)", kernelHasCloneIntoCgroup())
+		}
+		m.cloneInto = false
+		id := LeaseID{"g", "noclone"}
+		l := mustCreate(t, m, id, Limits{})
+		p := startIn(t, l.Start, "cat /proc/self/cgroup; echo; cat /proc/$$/cgroup")
+		out := p.readAll(t)
+		if err := p.wait(); err != nil {
+			t.Fatalf("wait: %v", err)
+		}
+		child, self, ok := strings.Cut(out, "\n\n")
+		if !ok {
+			t.Fatalf("unexpected output %q", out)
+		}
+		checkInside(t, m, m.rel(id), []byte(child))
+		checkInside(t, m, m.rel(id), []byte(self))
+		if err := l.Delete(); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Start(exec.Command("/bin/true")); !errors.Is(err, ErrNotExist) {
+			t.Fatalf("Start(deleted) = %v, want ErrNotExist", err)
+		}
+	})
 }

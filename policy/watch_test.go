@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 )
@@ -170,7 +171,10 @@ func TestWatcherKeepsLastGoodConfig(t *testing.T) {
 	h := startWatcher(t, dir)
 	good := h.w.Config()
 
-	must(t, os.WriteFile(h.path, []byte(version(2)+"bogus: 1\n"), 0o644))
+	// Replaced by rename, so the watcher can only ever read the whole bad
+	// file: a truncate-then-write could show it an empty file first, whose
+	// different failure the checks below would take for this one.
+	replaceFile(t, h.path, version(2)+"bogus: 1\n")
 	r := h.waitError(t)
 	if !errors.Is(r.Err, ErrInvalidConfig) {
 		t.Errorf("reload error %v does not match ErrInvalidConfig", r.Err)
@@ -299,11 +303,11 @@ func TestWatcherDirectoryRemoved(t *testing.T) {
 	path := writeFile(t, dir, "mpsd.yaml", version(1))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	reloaded := make(chan struct{}, 8)
-	w, err := NewWatcher(path, Host{Users: testUsers}, WatchOptions{Debounce: 10 * time.Millisecond, OnReload: func(Reload) {
-		select {
-		case reloaded <- struct{}{}:
-		case <-ctx.Done():
+	applied := make(chan struct{})
+	var once sync.Once
+	w, err := NewWatcher(path, Host{Users: testUsers}, WatchOptions{Debounce: 10 * time.Millisecond, OnReload: func(r Reload) {
+		if r.Err == nil && r.Config.Watchdog.ProbeFailures == 2 {
+			once.Do(func() { close(applied) })
 		}
 	}})
 	if err != nil {
@@ -311,13 +315,14 @@ func TestWatcherDirectoryRemoved(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	// A reload proves Run is watching: it reads the file only after
-	// adding the watch.
-	must(t, os.WriteFile(path, []byte(version(2)), 0o644))
+	// Applying version 2 proves Run is watching: it reads the file only
+	// after adding the watch. Any failed attempt on the way does not count,
+	// since the config in force checked below would then still be version 1.
+	replaceFile(t, path, version(2))
 	select {
-	case <-reloaded:
+	case <-applied:
 	case <-time.After(waitLimit):
-		t.Fatal("no reload")
+		t.Fatal("version 2 was not applied")
 	}
 	must(t, os.RemoveAll(dir))
 	select {
@@ -355,6 +360,17 @@ func TestWatcherErrors(t *testing.T) {
 	if err := w.Run(context.Background()); err == nil {
 		t.Error("a second Run was allowed")
 	}
+}
+
+// replaceFile puts data at path atomically: written to a temporary file in
+// the same directory, then renamed over path.
+func replaceFile(t *testing.T, path, data string) {
+	t.Helper()
+	f, err := os.CreateTemp(filepath.Dir(path), ".replace-*")
+	must(t, err)
+	_, err = f.WriteString(data)
+	must(t, errors.Join(err, f.Close()))
+	must(t, os.Rename(f.Name(), path))
 }
 
 func must(t *testing.T, err error) {
