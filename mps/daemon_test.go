@@ -200,6 +200,7 @@ func TestHungDaemonTimesOut(t *testing.T) {
 		if err := unix.Kill(in.d.PID(), unix.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
+		waitStopped(t, in.d.PID()) // else a call may still be answered
 		const deadline = 300 * time.Millisecond
 		for _, tc := range []struct {
 			name string

@@ -19,7 +19,11 @@ const (
 	ServerExited                           // a server process is gone (PID, ExitStatus/Signal)
 	FatalException                         // a server hit a fatal exception and is shutting down
 	ServerStartFailed                      // the daemon could not start a server for UID
-	ClientConnected                        // a CUDA client (PID, UID) connected
+	// ClientConnected: a CUDA client (PID, UID) asked the daemon for a
+	// server. MPS logs a "NEW CLIENT" line per request, and a CUDA process
+	// makes two (one per context; a pending client's first one says "Server
+	// is not ready"), so expect it twice per client (docs/gpu-probe).
+	ClientConnected
 )
 
 func (k EventKind) String() string {

@@ -53,7 +53,17 @@
 // ever; the server.log lines of the emulated server, the output of
 // get_client_list, get_device_client_list, terminate_client and the
 // per-server commands on a ready server follow MPS's documentation and the
-// daemon's strings, not an observation. Races of NVIDIA's daemon (whether
+// daemon's strings. Where a real GPU was observed (driver 580 on an H200,
+// docs/gpu-probe), the emulator follows that observation: a client's
+// connection without credentials and its two "NEW CLIENT" lines (the first
+// "Server is not ready, push client to pending list" when it must wait),
+// "Try shutting down server <pid>, backoff is disabled" for shutdown_server
+// of a ready server, the server.log lines of start-up, clients, faults and
+// shutdown (with "MPS Emulated GPU" for the card's name), and CUDA errors 2,
+// 700 and 806. The 580 daemon's extra lines ("CUDA MPS Control binary
+// version", the pinned-memory echo) and the server's binary and driver
+// version lines belong to a generation the emulator does not emulate and
+// are not written. Races of NVIDIA's daemon (whether
 // the forked server's "Starting new server" line lands before or after the
 // caller's "UI closed", and which status a quit caller gets while the
 // daemon exits) are resolved the way they were observed most often.

@@ -445,3 +445,109 @@ func TestAgainstNVIDIADaemon(t *testing.T) {
 		t.Errorf("quit: %+v", r)
 	}
 }
+
+// logMessages returns the messages of a log's lines whose bracket names
+// kind ("Control", "Server", "Other"); "" takes every line.
+func logMessages(log, kind string) []string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		head, msg, ok := strings.Cut(l, "] ")
+		if !ok {
+			continue
+		}
+		if f := strings.Fields(head); kind == "" || (len(f) == 4 && f[2] == kind) {
+			out = append(out, msg)
+		}
+	}
+	return out
+}
+
+// wantInOrder fails unless want occurs in got as a subsequence.
+func wantInOrder(t *testing.T, name string, got, want []string) {
+	t.Helper()
+	i := 0
+	for _, g := range got {
+		if i < len(want) && g == want[i] {
+			i++
+		}
+	}
+	if i < len(want) {
+		t.Errorf("%s: line %q (and those after it) missing or out of order; want in order:\n  %s\ngot:\n  %s",
+			name, want[i], strings.Join(want, "\n  "), strings.Join(got, "\n  "))
+	}
+}
+
+// TestLogsAsOnGPU: the lines only a GPU shows (clients, a ready server, its
+// server.log) follow what a real server and daemon wrote on an H200
+// (docs/gpu-probe/control.log and server.log).
+func TestLogsAsOnGPU(t *testing.T) {
+	m := newMPS(t, "550", "")
+	m.startDaemon()
+	m.cmd("set_default_active_thread_percentage 50")
+	m.cmd("set_default_device_pinned_mem_limit 0 4096M")
+	clientPID := func(r result) string {
+		t.Helper()
+		f := strings.Fields(r.stdout)
+		if r.code != 0 || len(f) < 2 || !strings.HasPrefix(f[1], "pid=") {
+			t.Fatalf("client: %+v", r)
+		}
+		return strings.TrimPrefix(f[1], "pid=")
+	}
+	first := clientPID(m.run(deadline, "", emutest.ClientName))
+	server := strconv.Itoa(m.serverPID())
+	second := clientPID(m.run(deadline, "", emutest.ClientName))
+	m.waitLog("server.log", "Client process "+second+" disconnected", 1)
+	m.cmd("shutdown_server " + server)
+	control := m.waitLog("control.log", "Server "+server+" exited with status 0", 1)
+	serverLog := m.waitLog("server.log", "] Exiting\n", 1)
+
+	wantInOrder(t, "control.log", logMessages(control, "Control"), []string{
+		"Accepting connection...",
+		"User did not send valid credentials",
+		"Accepting connection...",
+		"NEW CLIENT " + first + " from user 0: Server is not ready, push client to pending list",
+		"Starting new server " + server + " for user 0",
+		"NEW SERVER " + server + ": Ready",
+		"NEW CLIENT " + first + " from user 0: Server already exists",
+		"User did not send valid credentials",
+		"NEW CLIENT " + second + " from user 0: Server already exists",
+		"NEW CLIENT " + second + " from user 0: Server already exists",
+		"Cmd:shutdown_server " + server,
+		"Try shutting down server " + server + ", backoff is disabled",
+		"Server " + server + " exited with status 0",
+	})
+	if n := strings.Count(control, "NEW CLIENT "+first+" "); n != 2 {
+		t.Errorf("control.log has %d NEW CLIENT lines for %s; want 2 (one per context)", n, first)
+	}
+	wantInOrder(t, "server.log (Other)", logMessages(serverLog, "Other"), []string{
+		"Startup",
+		"Connecting to control daemon on socket: " + filepath.Join(m.pipe, "control"),
+		"Initializing server process",
+	})
+	clientLines := func(pid string) []string {
+		return []string{
+			"Client {PID: " + pid + ", Context ID: 0} connected",
+			"Creating worker thread for client {PID: " + pid + ", Context ID: 0}",
+			"Received new client request for {PID: " + pid + ", Context ID: 0}",
+			"Client {PID: " + pid + ", Context ID: 1} connected",
+			"Creating worker thread for client {PID: " + pid + ", Context ID: 1}",
+			"Status of client {PID: " + pid + ", Context ID: 1} is ACTIVE",
+			"Server failed to recevie command with status 806, assuming client {PID: " + pid + ", Context ID: 1} exit",
+			"Client {PID: " + pid + ", Context ID: 1} exiting. Number of active client contexts is 0.",
+			"Client process " + pid + " disconnected",
+		}
+	}
+	want := []string{
+		"Creating server context on device 0 (" + server0Name + ")",
+		"Active Threads Percentage set to 50.0",
+		"Device pinned memory limit for device 0 set to 0x100000000 bytes",
+		"Server Priority set to 0",
+		"Server has started",
+	}
+	want = append(append(append(want, clientLines(first)...), clientLines(second)...),
+		"Server has been notified to shutdown", "Exiting")
+	wantInOrder(t, "server.log (Server)", logMessages(serverLog, "Server"), want)
+}
+
+// server0Name is the emulated GPUs' name in server.log.
+const server0Name = "MPS Emulated GPU"

@@ -226,27 +226,21 @@ func recv(ctx context.Context, c *emuwire.Conn) (emuwire.Msg, error) {
 
 // connect finds a server the way a CUDA client does: ask the control daemon,
 // which may keep the client pending (another uid's server, or one being
-// started); without an emulated daemon, go to the server directly.
+// started); without an emulated daemon, go to the server directly. Like the
+// CUDA driver on a real GPU (docs/gpu-probe), it first opens a connection
+// that sends no credentials, then asks once per context (two): the daemon
+// logs "User did not send valid credentials" and two "NEW CLIENT" lines.
 func connect(ctx context.Context, opts Options) (*emuwire.Conn, emuwire.Msg, error) {
 	addr := emuwire.AnyServerSocket(opts.PipeDir)
 	if d, err := emuwire.Dial(emuwire.DaemonSocket(opts.PipeDir)); err == nil {
-		err := d.Send(emuwire.Msg{Op: emuwire.OpClientHello, PID: opts.PID})
-		var m emuwire.Msg
-		if err == nil {
-			m, err = recv(ctx, d)
-		}
 		d.Close()
-		switch {
-		case ctx.Err() != nil:
-			return nil, emuwire.Msg{}, ctx.Err()
-		case err != nil:
-			return nil, emuwire.Msg{}, cudaErr(ErrConnectionFailed, "MPS control daemon: %v", err)
-		case m.Op == emuwire.OpError:
-			return nil, emuwire.Msg{}, cudaErr(m.Err, "MPS control daemon: %s", m.Text)
-		case m.Op != emuwire.OpReady:
-			return nil, emuwire.Msg{}, cudaErr(ErrConnectionFailed, "MPS control daemon answered %q", m.Op)
+		var pid int
+		for range 2 {
+			if pid, err = askDaemon(ctx, opts); err != nil {
+				return nil, emuwire.Msg{}, err
+			}
 		}
-		addr = emuwire.ServerSocket(opts.PipeDir, m.ServerPID)
+		addr = emuwire.ServerSocket(opts.PipeDir, pid)
 	}
 	s, err := emuwire.Dial(addr)
 	if err != nil {
@@ -272,4 +266,30 @@ func connect(ctx context.Context, opts Options) (*emuwire.Conn, emuwire.Msg, err
 		return nil, emuwire.Msg{}, cudaErr(ErrConnectionFailed, "MPS server answered %q", w.Op)
 	}
 	return s, w, nil
+}
+
+// askDaemon asks the emulated control daemon for a server and returns its
+// pid once the daemon hands one over.
+func askDaemon(ctx context.Context, opts Options) (int, error) {
+	d, err := emuwire.Dial(emuwire.DaemonSocket(opts.PipeDir))
+	if err != nil {
+		return 0, cudaErr(ErrConnectionFailed, "MPS control daemon: %v", err)
+	}
+	defer d.Close()
+	err = d.Send(emuwire.Msg{Op: emuwire.OpClientHello, PID: opts.PID})
+	var m emuwire.Msg
+	if err == nil {
+		m, err = recv(ctx, d)
+	}
+	switch {
+	case ctx.Err() != nil:
+		return 0, ctx.Err()
+	case err != nil:
+		return 0, cudaErr(ErrConnectionFailed, "MPS control daemon: %v", err)
+	case m.Op == emuwire.OpError:
+		return 0, cudaErr(m.Err, "MPS control daemon: %s", m.Text)
+	case m.Op != emuwire.OpReady:
+		return 0, cudaErr(ErrConnectionFailed, "MPS control daemon answered %q", m.Op)
+	}
+	return m.ServerPID, nil
 }

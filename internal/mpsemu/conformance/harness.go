@@ -472,9 +472,16 @@ func alive(pid int) bool {
 	if err != nil {
 		return false
 	}
-	// A zombie has exited; its parent just has not reaped it yet.
+	// A zombie has exited; its parent just has not reaped it yet. But a
+	// multi-threaded process (the emulator is Go) shows its main thread as
+	// a zombie while other threads still exit and still hold its sockets:
+	// it is gone only when no thread is left but the leader.
 	_, rest, _ := strings.Cut(string(b), ") ")
-	return !strings.HasPrefix(rest, "Z")
+	if !strings.HasPrefix(rest, "Z") {
+		return true
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	return err == nil && len(tasks) > 1
 }
 
 func listDir(dir string) string {

@@ -372,6 +372,11 @@ func (d *Daemon) cmdShutdownServer(s session, args string) {
 		d.forceShutdownLocked(sv)
 		return
 	}
+	// Seen on a GPU (docs/gpu-probe); NVIDIA's daemon logs nothing for a
+	// server that never became ready, which it cannot ask.
+	if sv.link != nil {
+		d.logf("Try shutting down server %d, backoff is disabled", sv.pid)
+	}
 	d.askShutdownLocked(sv)
 }
 

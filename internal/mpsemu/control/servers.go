@@ -193,20 +193,35 @@ func (d *Daemon) acceptPrivate(l *net.UnixListener) {
 		if err != nil {
 			return
 		}
-		go d.servePrivate(emuwire.NewConn(c))
+		// NVIDIA's daemon takes one connection at a time up to its
+		// credentials, so its log lines stay in connection order. Emulated
+		// peers send their hello at once; the deadline only bounds a peer
+		// that connects and stalls.
+		d.mu.Lock()
+		d.logf("Accepting connection...")
+		d.mu.Unlock()
+		_ = c.SetReadDeadline(time.Now().Add(helloTimeout))
+		conn := emuwire.NewConn(c)
+		m, err := conn.Recv()
+		_ = c.SetReadDeadline(time.Time{})
+		if err != nil {
+			// The CUDA driver's first connection sends nothing (docs/gpu-probe).
+			d.mu.Lock()
+			d.logf("User did not send valid credentials")
+			d.mu.Unlock()
+			conn.Close()
+			continue
+		}
+		go d.servePrivate(conn, m)
 	}
 }
 
-// servePrivate handles a connection from an emulated server or client.
-func (d *Daemon) servePrivate(c *emuwire.Conn) {
-	d.mu.Lock()
-	d.logf("Accepting connection...")
-	d.mu.Unlock()
-	m, err := c.Recv()
-	if err != nil {
-		c.Close()
-		return
-	}
+// helloTimeout bounds the wait for a private connection's first message.
+const helloTimeout = time.Second
+
+// servePrivate handles a connection from an emulated server or client whose
+// first message was m.
+func (d *Daemon) servePrivate(c *emuwire.Conn, m emuwire.Msg) {
 	switch m.Op {
 	case emuwire.OpServerHello:
 		d.registerServer(c, m.PID)

@@ -14,16 +14,22 @@ import (
 // word in the line's bracket.
 type Kind uint32
 
-// Kinds seen in NVIDIA's logs and record headers. Control lines go to
-// control.log, everything else to server.log.
+// Kinds seen in NVIDIA's logs and record headers (NVIDIA's 550 daemon
+// renders 0 Control, 1 Server, 2 Client, 3 Other, 4 Legacy Server). Control
+// lines go to control.log, everything else to server.log. A server writes
+// its start-up lines as Other and the rest as Server (docs/gpu-probe).
 const (
 	Control Kind = 0
+	Server  Kind = 1
 	Other   Kind = 3
 )
 
 func (k Kind) String() string {
-	if k == Control {
+	switch k {
+	case Control:
 		return "Control"
+	case Server:
+		return "Server"
 	}
 	return "Other"
 }

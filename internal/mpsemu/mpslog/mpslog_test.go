@@ -49,6 +49,7 @@ func TestLine(t *testing.T) {
 		{"control pads pid to 5", Record{Control, 8578, tm, "NEW UI"}, "[2026-01-02 03:04:05.006 Control  8578] NEW UI\n"},
 		{"long pid", Record{Control, 1234567, tm, "x"}, "[2026-01-02 03:04:05.006 Control 1234567] x\n"},
 		{"other", Record{Other, 17, tm, "Start"}, "[2026-01-02 03:04:05.006 Other    17] Start\n"},
+		{"server", Record{Server, 1035, tm, "Server has started"}, "[2026-01-02 03:04:05.006 Server  1035] Server has started\n"},
 		{"empty message", Record{Control, 1, tm, ""}, "[2026-01-02 03:04:05.006 Control     1] \n"},
 	}
 	for _, tt := range tests {

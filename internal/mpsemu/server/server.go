@@ -62,16 +62,20 @@ type Server struct {
 	sm        float64
 	pinned    []uint64
 	multiuser bool
-	clients   map[int]*client
-	affected  map[int]bool
-	seq       int
-	shutdown  bool
-	used      []uint64
-	done      chan struct{} // closed when a requested shutdown completes
-	doneOnce  sync.Once
-	changed   chan struct{} // closed and replaced on every state change (tests)
-	daemon    *emuwire.Conn
-	conns     map[*emuwire.Conn]bool
+	priority  int
+	// contextsGone: the contexts were destroyed after a fault and are
+	// created again for the next client.
+	contextsGone bool
+	clients      map[int]*client
+	affected     map[int]bool
+	seq          int
+	shutdown     bool
+	used         []uint64
+	done         chan struct{} // closed when a requested shutdown completes
+	doneOnce     sync.Once
+	changed      chan struct{} // closed and replaced on every state change (tests)
+	daemon       *emuwire.Conn
+	conns        map[*emuwire.Conn]bool
 }
 
 // New returns a server for cfg; Run starts it.
@@ -80,6 +84,7 @@ func New(cfg Config) *Server {
 		cfg:      cfg,
 		state:    Initializing,
 		sm:       cfg.SM,
+		priority: cfg.Priority,
 		pinned:   pinnedFor(cfg),
 		clients:  map[int]*client{},
 		affected: map[int]bool{},
@@ -96,16 +101,50 @@ func pinnedFor(cfg Config) []uint64 {
 	return p
 }
 
+// DeviceName is the name the emulated GPUs carry in server.log, where a
+// real server names the card ("NVIDIA H200").
+const DeviceName = "MPS Emulated GPU"
+
 // logf writes a server.log line through the daemon's FIFO, as a real server
 // does; without a daemon reading it the line is dropped. A standalone server
-// writes none, like the stand-in servers tests give NVIDIA's daemon.
-func (s *Server) logf(format string, args ...any) {
+// writes none, like the stand-in servers tests give NVIDIA's daemon. The
+// messages are those a real server wrote on an H200 (docs/gpu-probe): the
+// start-up lines as "Other", everything after as "Server".
+func (s *Server) logf(format string, args ...any) { s.logKind(mpslog.Server, format, args...) }
+
+func (s *Server) logOther(format string, args ...any) { s.logKind(mpslog.Other, format, args...) }
+
+func (s *Server) logKind(kind mpslog.Kind, format string, args ...any) {
 	if s.cfg.Standalone {
 		return
 	}
 	_ = mpslog.SendFIFO(filepath.Join(s.cfg.PipeDir, "log"), mpslog.Record{
-		Kind: mpslog.Other, PID: s.cfg.PID, Time: time.Now(), Msg: fmt.Sprintf(format, args...),
+		Kind: kind, PID: s.cfg.PID, Time: time.Now(), Msg: fmt.Sprintf(format, args...),
 	})
+}
+
+// logContextsLocked logs the creation or destruction of the per-device
+// server contexts (verb "Creating" or "Destroy", as MPS writes them).
+func (s *Server) logContextsLocked(verb string) {
+	for i := range s.cfg.Devices {
+		s.logfLocked("%s server context on device %d (%s)", verb, i, DeviceName)
+	}
+}
+
+// logStartedLocked logs the limits the server runs with and that it has
+// started, in a real server's words and order.
+func (s *Server) logStartedLocked() {
+	s.logContextsLocked("Creating")
+	if s.sm != 100 {
+		s.logfLocked("Active Threads Percentage set to %.1f", s.sm)
+	}
+	for i, b := range s.pinned {
+		if b > 0 {
+			s.logfLocked("Device pinned memory limit for device %d set to %#x bytes", i, b)
+		}
+	}
+	s.logfLocked("Server Priority set to %d", s.priority)
+	s.logfLocked("Server has started")
 }
 
 // State returns the current state.
@@ -160,7 +199,9 @@ func (s *Server) Run(ctx context.Context) error {
 	if any, err := emuwire.Listen(emuwire.AnyServerSocket(s.cfg.PipeDir)); err == nil {
 		listeners = append(listeners, any)
 	}
-	s.logf("Start")
+	s.logOther("Startup")
+	s.logOther("Connecting to control daemon on socket: %s", filepath.Join(s.cfg.PipeDir, "control"))
+	s.logOther("Initializing server process")
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -176,7 +217,9 @@ func (s *Server) Run(ctx context.Context) error {
 	} else {
 		s.becomeActive()
 	}
-	s.logf("MPS Server is started")
+	s.mu.Lock()
+	s.logStartedLocked()
+	s.mu.Unlock()
 
 	for _, l := range listeners {
 		wg.Add(1)
@@ -243,11 +286,9 @@ func (s *Server) register(d *emuwire.Conn) error {
 		}
 	}
 	s.multiuser = m.Multiuser
+	s.priority = m.Priority
 	s.state = Active
 	s.notifyLocked()
-	if s.sm != 100 {
-		s.logfLocked("activeThreadsPercentage set to %f", s.sm)
-	}
 	return nil
 }
 
@@ -283,7 +324,7 @@ func (s *Server) handleDaemon(m emuwire.Msg) emuwire.Msg {
 	case emuwire.OpSetSM:
 		if cstr.ValidPercent(m.SM) {
 			s.sm = m.SM
-			s.logfLocked("activeThreadsPercentage set to %f", s.sm)
+			s.logfLocked("Active Threads Percentage set to %.1f", s.sm)
 		}
 		ok.SM = s.sm
 	case emuwire.OpGetPinned:
@@ -305,6 +346,12 @@ func (s *Server) handleDaemon(m emuwire.Msg) emuwire.Msg {
 		s.dropLocked(c)
 		c.conn.Close()
 	case emuwire.OpShutdown:
+		if !s.shutdown {
+			s.logfLocked("Server has been notified to shutdown")
+			if len(s.clients) > 0 {
+				s.logfLocked("Waiting for current clients to finish")
+			}
+		}
 		s.shutdown = true
 		s.maybeFinishLocked()
 	default:
@@ -315,7 +362,10 @@ func (s *Server) handleDaemon(m emuwire.Msg) emuwire.Msg {
 
 func (s *Server) maybeFinishLocked() {
 	if s.shutdown && len(s.clients) == 0 {
-		s.doneOnce.Do(func() { close(s.done) })
+		s.doneOnce.Do(func() {
+			s.logfLocked("Exiting")
+			close(s.done)
+		})
 	}
 }
 
@@ -385,7 +435,20 @@ func (s *Server) admit(conn *emuwire.Conn, hello emuwire.Msg) (*client, emuwire.
 	c := &client{pid: hello.PID, conn: conn, mem: mem, used: make([]uint64, len(mem)), order: s.seq}
 	s.clients[c.pid] = c
 	s.notifyLocked()
-	s.logfLocked("Volta MPS Server: Received new client request")
+	if s.contextsGone {
+		s.contextsGone = false
+		s.logContextsLocked("Creating")
+	}
+	// A CUDA process opens two contexts on the server (MPS logs both).
+	s.logfLocked("Client {PID: %d, Context ID: 0} connected", c.pid)
+	s.logfLocked("Creating worker thread for client {PID: %d, Context ID: 0}", c.pid)
+	s.logfLocked("Received new client request for {PID: %d, Context ID: 0}", c.pid)
+	s.logfLocked("Client {PID: %d, Context ID: 1} connected", c.pid)
+	s.logfLocked("Creating worker thread for client {PID: %d, Context ID: 1}", c.pid)
+	for _, uuid := range s.cfg.Devices {
+		s.logfLocked("Device %s (uuid %s) is associated", DeviceName, uuid)
+	}
+	s.logfLocked("Status of client {PID: %d, Context ID: 1} is ACTIVE", c.pid)
 	return c, emuwire.Msg{Op: emuwire.OpWelcome, ServerPID: s.cfg.PID, SM: sm, Mem: mem, UUIDs: s.cfg.Devices}
 }
 
@@ -441,7 +504,26 @@ func (s *Server) fault(c *client) {
 		return
 	}
 	s.state = Fault
-	s.logfLocked("Volta MPS: fatal exception from client %d, server state is FAULT", c.pid)
+	s.logfLocked("Client {PID: %d, Context: 1} encountered a fatal GPU error.", c.pid)
+	s.logfLocked("Server is handling a fatal GPU error.")
+	pids := s.clientPIDsLocked()
+	for i := range s.cfg.Devices {
+		for _, pid := range pids {
+			s.logfLocked("Client {PID: %d, Context ID: 1} on device %d to be torn down", pid, i)
+		}
+	}
+	for _, pid := range pids {
+		s.logfLocked("All clients belonging to error trigging process %d will be torn down", pid)
+		s.logfLocked("Client {PID: %d, Context ID: 1} on the error-trigging process %d to be torn down", pid, pid)
+	}
+	s.logfLocked("The following devices will be reset:")
+	for i := range s.cfg.Devices {
+		s.logfLocked("%d", i)
+	}
+	s.logfLocked("The following client process have a sticky error set:")
+	for _, pid := range pids {
+		s.logfLocked("%d", pid)
+	}
 	for pid, other := range s.clients {
 		s.affected[pid] = true
 		_ = other.conn.Send(emuwire.Msg{Op: emuwire.OpFault, Err: ErrIllegalAddress})
@@ -464,12 +546,18 @@ func (s *Server) dropLocked(c *client) {
 		s.used[i] -= u
 	}
 	c.used = make([]uint64, len(c.used))
-	s.logfLocked("Volta MPS: Client disconnected. Number of active client contexts is %d", len(s.clients))
+	// "recevie" is MPS's spelling.
+	s.logfLocked("Server failed to recevie command with status 806, assuming client {PID: %d, Context ID: 1} exit", c.pid)
+	s.logfLocked("Client {PID: %d, Context ID: 1} exiting. Number of active client contexts is %d.", c.pid, len(s.clients))
+	s.logfLocked("Server failed to recevie command with status 806, assuming client {PID: %d, Context ID: 0} exit", c.pid)
+	s.logfLocked("Client process %d disconnected", c.pid)
 	if s.affected[c.pid] {
 		delete(s.affected, c.pid)
 		if s.state == Fault && len(s.affected) == 0 {
+			// The faulted contexts are torn down; the next client gets new ones.
 			s.state = Active
-			s.logfLocked("Volta MPS: all faulted clients exited, server state is ACTIVE")
+			s.logContextsLocked("Destroy")
+			s.contextsGone = true
 		}
 	}
 	s.notifyLocked()
