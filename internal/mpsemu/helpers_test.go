@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -55,7 +54,7 @@ func newMPS(t *testing.T, gen string, dir string, extra ...string) *mps {
 	m.env = append(m.env, "PATH="+bin+":/usr/sbin:/usr/bin:/sbin:/bin",
 		"CUDA_MPS_PIPE_DIRECTORY="+m.pipe, "CUDA_MPS_LOG_DIRECTORY="+m.logs, "MPSEMU_DRIVER="+gen)
 	m.env = append(m.env, extra...)
-	t.Cleanup(func() { killByPipeDir(m.pipe) })
+	t.Cleanup(func() { emutest.KillByPipeDir(m.pipe) })
 	return m
 }
 
@@ -267,45 +266,4 @@ func (m *mps) serverPID() int {
 	}
 	pid, _ := strconv.Atoi(out[0])
 	return pid
-}
-
-func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	_, rest, _ := strings.Cut(string(b), ") ")
-	return !strings.HasPrefix(rest, "Z")
-}
-
-// killByPipeDir SIGKILLs every process whose environment names pipe and
-// waits until they are gone.
-func killByPipeDir(pipe string) {
-	needle := []byte("CUDA_MPS_PIPE_DIRECTORY=" + pipe + "\x00")
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-		if err != nil || !bytes.Contains(env, needle) {
-			continue
-		}
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-		pids = append(pids, pid)
-	}
-	for _, pid := range pids {
-		waitGone(pid)
-	}
-}
-
-// waitGone waits for a killed process to disappear. A SIGKILLed process
-// goes at once; the short wait only covers the kernel's reaping.
-func waitGone(pid int) {
-	end := time.Now().Add(5 * time.Second)
-	for alive(pid) && time.Now().Before(end) {
-		time.Sleep(time.Millisecond)
-	}
 }

@@ -143,7 +143,7 @@ func TestStaleFilesAfterSIGKILL(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitGone(pid)
+	emutest.WaitGone(pid)
 	if got := listDir(t, m.pipe); !strings.Contains(got, "nvidia-cuda-mps-control.pid") || !strings.Contains(got, "log") {
 		t.Errorf("SIGKILL should leave every file: %q", got)
 	}
@@ -167,8 +167,8 @@ func TestSIGTERMOrphansServer(t *testing.T) {
 	if err := syscall.Kill(daemon, syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	waitGone(daemon)
-	if !alive(server) {
+	emutest.WaitGone(daemon)
+	if !emutest.Alive(server) {
 		t.Error("server died with its daemon; MPS servers are orphaned and keep running")
 	}
 	if b, _ := os.ReadFile(filepath.Join(m.logs, "control.log")); strings.Contains(string(b), "Exit with status") {
@@ -310,7 +310,7 @@ func TestQuitWithServerIgnoringSIGINT(t *testing.T) {
 		t.Fatalf("quit returned %+v; it must hang on a server that ignores SIGINT", r)
 	}
 	m.waitLog("control.log", "Force shutting down server "+strconv.Itoa(server), 1)
-	if !alive(server) {
+	if !emutest.Alive(server) {
 		t.Error("server gone: quit escalated beyond SIGINT")
 	}
 }

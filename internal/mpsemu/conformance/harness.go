@@ -1,7 +1,6 @@
 package conformance
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
 )
 
 // Target is one implementation of nvidia-cuda-mps-control under test.
@@ -286,7 +287,7 @@ func (r *runner) step(ctx context.Context, st Step) error {
 		r.record("kill servers "+st.sig.String(), fmt.Sprintf("%d killed", len(pids)))
 	case opWaitDaemonExit:
 		pid := r.daemonPID()
-		ok := pid != 0 && r.waitFor(ctx, st.timeout, func() bool { return !alive(pid) })
+		ok := pid != 0 && r.waitFor(ctx, st.timeout, func() bool { return !emutest.Alive(pid) })
 		r.record("daemon exited", strconv.FormatBool(ok))
 	case opServersAlive:
 		r.record("live servers", strconv.Itoa(len(r.liveServers())))
@@ -460,28 +461,11 @@ func (r *runner) liveServers() []int {
 	var pids []int
 	for _, m := range reServerStart.FindAllStringSubmatch(l, -1) {
 		pid, _ := strconv.Atoi(m[1])
-		if alive(pid) {
+		if emutest.Alive(pid) {
 			pids = append(pids, pid)
 		}
 	}
 	return pids
-}
-
-func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// A zombie has exited; its parent just has not reaped it yet. But a
-	// multi-threaded process (the emulator is Go) shows its main thread as
-	// a zombie while other threads still exit and still hold its sockets:
-	// it is gone only when no thread is left but the leader.
-	_, rest, _ := strings.Cut(string(b), ") ")
-	if !strings.HasPrefix(rest, "Z") {
-		return true
-	}
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	return err == nil && len(tasks) > 1
 }
 
 func listDir(dir string) string {
@@ -527,34 +511,7 @@ func (r *runner) cleanup() {
 		<-r.fgDone
 		r.fgOut.Close()
 	}
-	KillByPipeDir(r.pipe)
-}
-
-// KillByPipeDir SIGKILLs every process that has CUDA_MPS_PIPE_DIRECTORY=pipe
-// in its environment and waits (bounded) until they are gone.
-func KillByPipeDir(pipe string) {
-	needle := []byte("CUDA_MPS_PIPE_DIRECTORY=" + pipe + "\x00")
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-		if err != nil || !bytes.Contains(env, needle) {
-			continue
-		}
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-		_ = syscall.Kill(pid, syscall.SIGCONT)
-		pids = append(pids, pid)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for _, pid := range pids {
-		for alive(pid) && time.Now().Before(deadline) {
-			time.Sleep(2 * time.Millisecond)
-		}
-	}
+	emutest.KillByPipeDir(r.pipe)
 }
 
 var (

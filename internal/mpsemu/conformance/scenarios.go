@@ -213,8 +213,11 @@ var Scenarios = []Scenario{
 	{Name: "quit-with-server", Steps: []Step{
 		daemon("-d"),
 		cmd("start_server -uid 0"), waitLog("Starting new server", 1),
+		// quit without -t waits for the server, which (without a GPU) never
+		// answers: the caller hangs. What a second command then gets from
+		// the quitting daemon is a race in NVIDIA's daemon, so none is sent.
 		cmd("quit").Timeout(time.Second),
-		cmd("quit -t 0"), waitDaemonExit(), serversAlive(), files(),
+		serversAlive(), files(),
 	}},
 	{Name: "quit-t0-with-server", Steps: []Step{
 		daemon("-d"),

@@ -200,48 +200,24 @@ func isHex(c byte) bool {
 // scanDecimal returns the end of "digits[.digits][e[+-]digits]" at i, which
 // needs at least one mantissa digit; an exponent without digits is not part
 // of the number.
-func scanDecimal(s string, i int) (int, bool) {
-	mant := 0
-	for i < len(s) && isDigit(s[i]) {
-		i++
-		mant++
-	}
-	if i < len(s) && s[i] == '.' {
-		i++
-		for i < len(s) && isDigit(s[i]) {
-			i++
-			mant++
-		}
-	}
-	if mant == 0 {
-		return 0, false
-	}
-	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
-		j := i + 1
-		if j < len(s) && (s[j] == '+' || s[j] == '-') {
-			j++
-		}
-		if j < len(s) && isDigit(s[j]) {
-			for j < len(s) && isDigit(s[j]) {
-				j++
-			}
-			i = j
-		}
-	}
-	return i, true
-}
+func scanDecimal(s string, i int) (int, bool) { return scanNumber(s, i, isDigit, 'e') }
 
 // scanHex is scanDecimal for the part after "0x": hex digits, an optional
 // fraction and an optional binary exponent "p[+-]digits".
-func scanHex(s string, i int) (int, bool) {
+func scanHex(s string, i int) (int, bool) { return scanNumber(s, i, isHex, 'p') }
+
+// scanNumber scans a mantissa of digits accepted by isMant with an optional
+// fraction, then an optional exponent introduced by exp (either case) whose
+// digits are always decimal, as strtod reads them.
+func scanNumber(s string, i int, isMant func(byte) bool, exp byte) (int, bool) {
 	mant := 0
-	for i < len(s) && isHex(s[i]) {
+	for i < len(s) && isMant(s[i]) {
 		i++
 		mant++
 	}
 	if i < len(s) && s[i] == '.' {
 		i++
-		for i < len(s) && isHex(s[i]) {
+		for i < len(s) && isMant(s[i]) {
 			i++
 			mant++
 		}
@@ -249,7 +225,7 @@ func scanHex(s string, i int) (int, bool) {
 	if mant == 0 {
 		return 0, false
 	}
-	if i < len(s) && (s[i] == 'p' || s[i] == 'P') {
+	if i < len(s) && s[i]|0x20 == exp {
 		j := i + 1
 		if j < len(s) && (s[j] == '+' || s[j] == '-') {
 			j++

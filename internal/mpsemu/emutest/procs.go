@@ -1,0 +1,63 @@
+package emutest
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Alive reports whether pid still runs. A zombie has exited (its parent just
+// has not reaped it); but a multi-threaded process (the emulator is Go)
+// shows its main thread as a zombie while other threads still exit and still
+// hold its sockets, so it is gone only when no thread but the leader is left.
+func Alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	if !strings.HasPrefix(rest, "Z") {
+		return true
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	return err == nil && len(tasks) > 1
+}
+
+// WaitGone waits (at most 5 s) until pid is gone. The kernel offers no exit
+// event for a process that is not our child, so it polls /proc.
+func WaitGone(pid int) {
+	end := time.Now().Add(5 * time.Second)
+	for Alive(pid) && time.Now().Before(end) {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// KillByPipeDir SIGKILLs every process whose environment has
+// CUDA_MPS_PIPE_DIRECTORY=pipe (a daemon, its servers, orphans, hung
+// callers) and waits until they are gone. Tests call it in cleanup, so
+// nothing they started outlives them, whoever its parent is.
+func KillByPipeDir(pipe string) {
+	needle := []byte("CUDA_MPS_PIPE_DIRECTORY=" + pipe + "\x00")
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil || !bytes.Contains(env, needle) {
+			continue
+		}
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		_ = syscall.Kill(pid, syscall.SIGCONT) // a SIGSTOPped process dies too
+		pids = append(pids, pid)
+	}
+	for _, pid := range pids {
+		WaitGone(pid)
+	}
+}
