@@ -302,21 +302,18 @@ func (r *runner) step(ctx context.Context, st Step) error {
 	return nil
 }
 
-// expand replaces {daemon} and {server} (the newest live server) in a
-// command with pids; the recorded step name keeps the placeholder so it is
-// the same on every target.
+// expand replaces {server} in a command with the newest live server's pid;
+// the recorded step name keeps the placeholder so it is the same on every
+// target.
 func (r *runner) expand(s string) string {
-	if strings.Contains(s, "{server}") {
-		pid := 0
-		if live := r.liveServers(); len(live) > 0 {
-			pid = live[len(live)-1]
-		}
-		s = strings.ReplaceAll(s, "{server}", strconv.Itoa(pid))
+	if !strings.Contains(s, "{server}") {
+		return s
 	}
-	if strings.Contains(s, "{daemon}") {
-		s = strings.ReplaceAll(s, "{daemon}", strconv.Itoa(r.daemonPID()))
+	pid := 0
+	if live := r.liveServers(); len(live) > 0 {
+		pid = live[len(live)-1]
 	}
-	return s
+	return strings.ReplaceAll(s, "{server}", strconv.Itoa(pid))
 }
 
 func errText(err error) string {
