@@ -14,6 +14,8 @@
 # No registry host is written here: the mirror is read from this machine's apt sources.
 set -euo pipefail
 
+# CI may run without HOME; take it from the user database then.
+: "${HOME:=$(getent passwd "$(id -u)" | cut -d: -f6)}"
 cache=${MPSD_NVIDIA_MPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mpsd/nvidia-mps}
 suites=("$@")
 [ ${#suites[@]} -gt 0 ] || suites=(bookworm trixie experimental)
