@@ -53,9 +53,6 @@ type dialError struct{ err error }
 func (e *dialError) Error() string { return e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
-// Socket is the path the client connects to.
-func (c *Client) Socket() string { return c.socket }
-
 // requestError turns an HTTP client error into ErrUnreachable naming the
 // socket when the connection could not be made, or wraps it otherwise.
 func (c *Client) requestError(what string, err error) error {

@@ -226,8 +226,7 @@ func (s *session) run(ctx context.Context) (int, error) {
 		case <-s.tickC():
 			s.status.update(s.position, s.group, time.Since(s.queuedSince))
 		case <-s.graceC():
-			s.grace = nil
-			r = &done{code: s.heldExit}
+			r = s.endGrace()
 		}
 		if r != nil {
 			return r.code, r.err
@@ -398,7 +397,7 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 		}
 		// A trampoline that died while it waited (a signal to the process
 		// group, say) never ran the program: one new one may try again.
-		died := errors.Is(err, syscall.EPIPE) // it read no release message
+		died := errors.Is(err, errTrampolineGone)
 		select {
 		case <-c.exited:
 			died = true

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -678,7 +679,9 @@ func TestRunKilledWhileStreamEnds(t *testing.T) {
 		if again.Request.ResumeLeaseID != "lease-1" {
 			t.Errorf("reconnect request %+v", again.Request)
 		}
-		again.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+		// mps-launch may have seen its command's end and closed this
+		// stream already: the send may fail, the exit status may not.
+		_ = again.Send(launchertest.Granted(lc.Request, "lease-1", 1))
 		if code := h.wait(done); code != 137 {
 			t.Errorf("exit %d, want 137", code)
 		}
@@ -765,11 +768,17 @@ func TestRunSpareTrampoline(t *testing.T) {
 			if len(spares) != 1 {
 				t.Fatalf("children of the launcher while queued: %v, want the one waiting trampoline", spares)
 			}
+			// A signal that came before the trampoline set itself up would
+			// prove nothing (the launch survives its death too).
+			waitIgnoring(t, spares[0], syscall.SIGUSR1)
 			if err := syscall.Kill(spares[0], sig); err != nil {
 				t.Fatal(err)
 			}
 			lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
 			a := h.fake.NextAttach(t)
+			if sig != syscall.SIGKILL && a.PID != spares[0] {
+				t.Errorf("attached pid %d, want the waiting trampoline %d: %v killed it", a.PID, spares[0], sig)
+			}
 			if a.PID == spares[0] && sig == syscall.SIGKILL {
 				// mps-launch took the dying spare before it saw it die:
 				// the release fails and a new trampoline is attached.
@@ -785,5 +794,27 @@ func TestRunSpareTrampoline(t *testing.T) {
 				t.Errorf("the program ran %q, want once", got)
 			}
 		})
+	}
+}
+
+// TestRunProgramFDs: the program gets its standard files and whatever the
+// caller passed down, never a descriptor of mps-launch's own (the release
+// and exec pipes, the socket to mpsd).
+func TestRunProgramFDs(t *testing.T) {
+	h := newHarness(t, nil)
+	ready := h.readyPipe()
+	h.quietStdin()
+	done := h.start(t.Context(), h.sh("echo ready; read line")...)
+	lc := h.fake.NextLease(t)
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	a := h.fake.NextAttach(t)
+	ready()
+	got, want := launchertest.ProgramFDs(t, a.PID)
+	if !slices.Equal(got, want) {
+		t.Errorf("the program has descriptors %v, want %v", got, want)
+	}
+	h.signals <- syscall.SIGTERM
+	if code := h.wait(done); code != 128+int(syscall.SIGTERM) {
+		t.Errorf("exit %d, want %d", code, 128+int(syscall.SIGTERM))
 	}
 }

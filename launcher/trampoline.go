@@ -3,6 +3,7 @@ package launcher
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"syscall"
@@ -31,20 +32,31 @@ import (
 // failed. Until the release message it ignores the forwarded signals: a
 // terminal's signal to the process group while the request is queued is
 // mps-launch's to act on (it abandons the request or ignores the signal),
-// and must not kill the trampoline. mps-launch forwards signals only
-// after the release, so the only ones lost are those in the microseconds
-// between the release and the trampoline restoring the dispositions the
-// process started with. With cgo (the project's build) a C
+// and must not kill the trampoline. Once it has restored the dispositions
+// the process started with, it says so on trampolineExecFD and execs; the
+// release returns only when mps-launch has read that, so a signal
+// forwarded after the release can never fall into the time the
+// trampoline still ignores it. With cgo (the project's build) a C
 // constructor does all this before the Go runtime starts, so the
 // trampoline costs little more than an exec; without cgo, Main does it in
 // Go (trampoline_nocgo.go).
 const (
 	trampolineEnv = "MPSD_LAUNCH_TRAMPOLINE"
 	// trampolineFD is the pipe's read end in the trampoline:
-	// exec.Cmd.ExtraFiles[0].
+	// syscall.ProcAttr.Files[3].
 	trampolineFD = 3
-	releaseByte  = 'x'
+	// trampolineExecFD is the write end of the exec pipe in the
+	// trampoline: syscall.ProcAttr.Files[4]. The trampoline writes
+	// releaseByte to it and closes it just before the exec; its end
+	// without the byte means the trampoline died first.
+	trampolineExecFD = 4
+	releaseByte      = 'x'
 )
+
+// errTrampolineGone is wrapped by a release that the trampoline did not
+// take because it had died (a signal to the process group, say): it never
+// ran the program, and a new one may.
+var errTrampolineGone = errors.New("launcher: trampoline ended before its release")
 
 // forwarded are the signals mps-launch passes on to the command.
 var forwarded = []os.Signal{
@@ -63,6 +75,10 @@ func isTrampoline(environ []string) bool {
 type child struct {
 	pid     int
 	release *os.File // write end of the trampoline's pipe; nil once used
+	// execPipe is the read end of the exec pipe: a byte on it says the
+	// trampoline has restored its signal dispositions and execs; its end
+	// without one, that it died. nil once read.
+	execPipe *os.File
 	// exited is closed when the process has ended; it is not reaped until
 	// reap, so until then its pid cannot be reused and signal cannot hit
 	// another process.
@@ -85,13 +101,24 @@ func startChild(self, path string, argv []string, stdin, stdout, stderr *os.File
 		return nil, fmt.Errorf("launcher: release pipe for %s: %w", path, err)
 	}
 	defer r.Close() // the trampoline holds its own copy
-	files := []uintptr{0, 0, 0, r.Fd()}
+	er, ew, err := os.Pipe()
+	if err != nil {
+		_ = w.Close()
+		return nil, fmt.Errorf("launcher: exec pipe for %s: %w", path, err)
+	}
+	defer ew.Close() // only the trampoline's copy may keep it open
+	fail := func(err error) (*child, error) {
+		_ = w.Close()
+		_ = er.Close()
+		return nil, err
+	}
+	files := make([]uintptr, trampolineExecFD+1)
+	files[trampolineFD], files[trampolineExecFD] = r.Fd(), ew.Fd()
 	for i, f := range []*os.File{stdin, stdout, stderr} {
 		if f == nil {
 			null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 			if err != nil {
-				_ = w.Close()
-				return nil, fmt.Errorf("launcher: open %s: %w", os.DevNull, err)
+				return fail(fmt.Errorf("launcher: open %s: %w", os.DevNull, err))
 			}
 			defer null.Close()
 			f = null
@@ -103,10 +130,9 @@ func startChild(self, path string, argv []string, stdin, stdout, stderr *os.File
 		Files: files,
 	})
 	if err != nil {
-		_ = w.Close()
-		return nil, fmt.Errorf("launcher: start %s through %s: %w", path, self, err)
+		return fail(fmt.Errorf("launcher: start %s through %s: %w", path, self, err))
 	}
-	c := &child{pid: pid, release: w, exited: make(chan struct{})}
+	c := &child{pid: pid, release: w, execPipe: er, exited: make(chan struct{})}
 	go func() {
 		defer close(c.exited)
 		var info unix.Siginfo
@@ -143,8 +169,10 @@ func (c *child) kill() syscall.WaitStatus {
 	return c.reap()
 }
 
-// start lets the trampoline exec the program with env. Entries holding a
-// NUL cannot be passed to a program and are left out.
+// start lets the trampoline exec the program with env, and returns once
+// the trampoline has restored its signal dispositions (or died), so that
+// signals sent from then on reach the program. Entries holding a NUL
+// cannot be passed to a program and are left out.
 func (c *child) start(env []string) error {
 	defer c.abandon()
 	n := 1
@@ -158,18 +186,37 @@ func (c *child) start(env []string) error {
 			msg = append(append(msg, kv...), 0)
 		}
 	}
-	if _, err := c.release.Write(msg); err != nil {
+	if _, err := c.release.Write(msg); errors.Is(err, syscall.EPIPE) {
+		return fmt.Errorf("%w: pid %d", errTrampolineGone, c.pid)
+	} else if err != nil {
 		return fmt.Errorf("launcher: release pid %d: %w", c.pid, err)
+	}
+	// The trampoline reads the message to its end.
+	_ = c.release.Close()
+	c.release = nil
+	// The write into the pipe can succeed while a killed trampoline is
+	// still on its way out; only the byte on the exec pipe says that it
+	// took the release.
+	ack, err := io.ReadAll(io.LimitReader(c.execPipe, 1))
+	if err != nil {
+		return fmt.Errorf("launcher: wait for pid %d to exec: %w", c.pid, err)
+	}
+	if len(ack) == 0 {
+		return fmt.Errorf("%w: pid %d", errTrampolineGone, c.pid)
 	}
 	return nil
 }
 
-// abandon closes the release pipe unused, so a trampoline still waiting
-// exits without running the program.
+// abandon closes the pipes to the trampoline, so one still waiting exits
+// without running the program.
 func (c *child) abandon() {
 	if c.release != nil {
 		_ = c.release.Close()
 		c.release = nil
+	}
+	if c.execPipe != nil {
+		_ = c.execPipe.Close()
+		c.execPipe = nil
 	}
 }
 

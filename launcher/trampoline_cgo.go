@@ -12,9 +12,11 @@ package launcher
 #include <string.h>
 #include <unistd.h>
 
-// These must match trampolineEnv, trampolineFD and releaseByte.
+// These must match trampolineEnv, trampolineFD, trampolineExecFD and
+// releaseByte.
 #define MPSD_TRAMPOLINE_ENV "MPSD_LAUNCH_TRAMPOLINE"
 #define MPSD_TRAMPOLINE_FD 3
+#define MPSD_EXEC_FD 4
 #define MPSD_RELEASE_BYTE 'x'
 #define MPSD_EXIT_FAILURE 125
 #define MPSD_EXIT_NOT_EXECUTABLE 126
@@ -121,6 +123,12 @@ __attribute__((constructor)) static void mpsd_launch_trampoline(void) {
 	for (size_t i = 0; i < MPSD_NFORWARDED; i++) {
 		sigaction(mpsd_forwarded[i], &saved[i], NULL);
 	}
+	// From here on a forwarded signal reaches this process with the
+	// program's dispositions: mps-launch may send them.
+	const char ack = MPSD_RELEASE_BYTE;
+	while (write(MPSD_EXEC_FD, &ack, 1) < 0 && errno == EINTR) {
+	}
+	close(MPSD_EXEC_FD);
 	int envc = 0;
 	char **envp = mpsd_split(msg + 1, len - 1, &envc);
 	if (envp == NULL) {

@@ -33,6 +33,11 @@ func trampoline(args, _ []string, stderr io.Writer) int {
 		return ExitFailure
 	}
 	signal.Reset(forwarded...)
+	// From here on a forwarded signal finds the program's dispositions:
+	// mps-launch may send them.
+	execPipe := os.NewFile(trampolineExecFD, "mps-launch exec pipe")
+	_, _ = execPipe.Write([]byte{releaseByte})
+	_ = execPipe.Close()
 	path, argv := args[0], args[1:]
 	env := strings.Split(string(msg[1:]), "\x00")
 	env = env[:len(env)-1] // the part after the last NUL is not an entry

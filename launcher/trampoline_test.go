@@ -5,7 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -173,5 +175,42 @@ func TestTrampolineWithoutCommand(t *testing.T) {
 	}
 	if string(out) != "mps-launch: trampoline started without a command\n" {
 		t.Errorf("output %q", out)
+	}
+}
+
+// waitIgnoring waits until the trampoline pid ignores sig (or, built
+// without cgo, catches it), the state it keeps while it waits for its
+// release. The kernel has no event for a change of disposition, so this
+// polls /proc/pid/status, bounded by launchertest.Wait; no assertion
+// depends on how long it takes.
+func waitIgnoring(t *testing.T, pid int, sig syscall.Signal) {
+	t.Helper()
+	deadline := time.Now().Add(launchertest.Wait)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		b, err := os.ReadFile("/proc/" + itoa(pid) + "/status")
+		if err != nil {
+			t.Fatalf("trampoline %d: %v", pid, err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			mask, ok := strings.CutPrefix(line, "SigIgn:")
+			if !ok {
+				mask, ok = strings.CutPrefix(line, "SigCgt:")
+			}
+			if ok {
+				bits, err := strconv.ParseUint(strings.TrimSpace(mask), 16, 64)
+				if err != nil {
+					t.Fatalf("trampoline %d: SigIgn %q: %v", pid, mask, err)
+				}
+				if bits&(1<<(sig-1)) != 0 {
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("trampoline %d never started ignoring %v", pid, sig)
+		}
+		<-tick.C
 	}
 }

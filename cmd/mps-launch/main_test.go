@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -216,6 +218,47 @@ func TestSignalForwarding(t *testing.T) {
 	}
 }
 
+// TestProgramFDs: the program gets the descriptors mps-launch was given,
+// none of its own (the release and exec pipes, the socket to mpsd, the Go
+// runtime's).
+func TestProgramFDs(t *testing.T) {
+	fake := launchertest.New(t, launchertest.Grant)
+	cmd := exec.Command(bin, "--", "sh", "-c", `echo $$; read line; exit 0`)
+	cmd.Env = []string{"PATH=/usr/bin:/bin", api.EnvSocket + "=" + fake.Socket}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = in.Close() // read ends, and so does the program
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("mps-launch: %v", err)
+		}
+	}()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		_ = cmd.Process.Kill()
+		t.Fatalf("command printed %q, %v", line, err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		_ = cmd.Process.Kill()
+		t.Fatalf("command printed %q: %v", line, err)
+	}
+	// cmd passed 0, 1 and 2, and what this process inherited.
+	got, want := launchertest.ProgramFDs(t, pid)
+	if !slices.Equal(got, want) {
+		t.Errorf("the program has descriptors %v, want %v", got, want)
+	}
+}
+
 func TestSignalWhileQueued(t *testing.T) {
 	fake := launchertest.New(t, nil)
 	cmd := exec.Command(bin, "--", "/bin/true")
@@ -289,7 +332,8 @@ func TestStatusLineOnTerminal(t *testing.T) {
 			break
 		}
 	}
-	if !bytes.Contains(got, []byte("\rmps-launch: queued, position 2 in group g, waited 0s\x1b[K")) || !bytes.Contains(got, []byte("mps-launch: gave up")) {
+	status := regexp.MustCompile(`\rmps-launch: queued, position 2 in group g, waited \d+s\x1b\[K`)
+	if !status.Match(got) || !bytes.Contains(got, []byte("mps-launch: gave up")) {
 		t.Errorf("terminal showed %q", got)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -348,4 +349,54 @@ func Grant(lc *LeaseConn) {
 		return
 	}
 	<-lc.Released()
+}
+
+// ProgramFDs lists the open descriptors of process pid, and the ones a
+// program this process starts should see there: 0, 1 and 2, plus those
+// this process itself inherited without close-on-exec (a wrapper passes
+// them through like a shell does). Anything more leaked from mps-launch.
+func ProgramFDs(t testing.TB, pid int) (got, want []int) {
+	t.Helper()
+	return openFDs(t, pid, false), append([]int{0, 1, 2}, slices.DeleteFunc(openFDs(t, os.Getpid(), true), func(fd int) bool { return fd <= 2 })...)
+}
+
+// openFDs lists pid's open descriptors, in order; inheritable keeps only
+// those without close-on-exec.
+func openFDs(t testing.TB, pid int, inheritable bool) []int {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	names, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatalf("launchertest: %v", err)
+	}
+	var fds []int
+	for _, n := range names {
+		fd, err := strconv.Atoi(n.Name())
+		if err != nil {
+			t.Fatalf("launchertest: %s/%s: %v", dir, n.Name(), err)
+		}
+		if inheritable {
+			info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%d", pid, fd))
+			if err != nil {
+				continue // the descriptor ReadDir itself used, now closed
+			}
+			if flags, ok := fdFlags(string(info)); !ok || flags&unix.O_CLOEXEC != 0 {
+				continue
+			}
+		}
+		fds = append(fds, fd)
+	}
+	slices.Sort(fds)
+	return fds
+}
+
+// fdFlags reads the octal "flags:" line of a /proc fdinfo file.
+func fdFlags(info string) (int64, bool) {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(line, "flags:"); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 8, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
 }
