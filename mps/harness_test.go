@@ -28,8 +28,8 @@ func TestMain(m *testing.M) {
 }
 
 // backend is one control program the suite runs against: NVIDIA's real
-// daemon of a generation with a stand-in server, or the emulator in that
-// generation's mode with its own server.
+// daemon of a generation with the emulator's server as its stand-in server,
+// or the emulator in that generation's mode with its own server.
 type backend struct {
 	name    string
 	gen     string
@@ -38,17 +38,6 @@ type backend struct {
 	path    string   // daemon PATH: server first
 	env     []string // extra daemon environment
 }
-
-// standInServer is the real daemons' server: it does nothing but live. With
-// MPSD_TEST_SERVER=ignore-int it survives SIGINT (a handler, not SIG_IGN, as
-// a busy real server would), which makes `quit -t` hang.
-const standInServer = `#!/bin/bash
-if [ "$MPSD_TEST_SERVER" = ignore-int ]; then
-	trap ':' INT
-	while :; do sleep 1; done
-fi
-exec sleep 3600
-`
 
 // shortTempDir is a temporary directory with a short path: the daemon's
 // sockets live in it and sun_path holds 108 bytes, more than t.TempDir's
@@ -63,39 +52,20 @@ func shortTempDir(t testing.TB) string {
 	return dir
 }
 
-func standInDir(t testing.TB) string {
-	t.Helper()
-	dir := shortTempDir(t)
-	if err := os.WriteFile(filepath.Join(dir, emutest.ServerName), []byte(standInServer), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
-// emulatorBuildable says whether the emulator's control program exists yet
-// (it is being written in parallel; its cases are wired and switch on with it).
-func emulatorBuildable() bool {
-	if os.Getenv("MPSEMU_BIN_DIR") != "" {
-		return true
-	}
-	m, _ := filepath.Glob("../internal/mpsemu/cmd/" + emutest.ControlName + "/*.go")
-	return len(m) > 0
-}
-
 func realBackend(t testing.TB, gen string) backend {
 	t.Helper()
 	control := emutest.RealControl(t, gen)
+	// The emulator's server stands in: standalone, it never registers, which
+	// is what NVIDIA's daemon sees of any server on a machine without a GPU.
+	bin := emutest.BinDir(t)
 	return backend{
 		name: "real-" + gen + " (" + emutest.RealVersion(gen) + ")", gen: gen, control: control, real: true,
-		path: standInDir(t) + ":" + os.Getenv("PATH"),
+		path: bin + ":" + os.Getenv("PATH"), env: []string{"MPSEMU_SERVER_STANDALONE=1"},
 	}
 }
 
 func emuBackend(t testing.TB, gen string) backend {
 	t.Helper()
-	if !emulatorBuildable() {
-		t.Skipf("MPS emulator %s not available yet (internal/mpsemu/cmd/%s has no Go files); the emulator cases are wired and run once it builds", gen, emutest.ControlName)
-	}
 	bin := emutest.BinDir(t)
 	return backend{
 		name: "emu-" + gen, gen: gen, control: filepath.Join(bin, emutest.ControlName),
@@ -122,13 +92,12 @@ func eachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
 
 type cfgOpt func(*Config)
 
-// ignoringSIGINT puts the SIGINT-ignoring stand-in server first on PATH, for
-// the emulator too.
-func ignoringSIGINT(t testing.TB) cfgOpt {
-	dir := standInDir(t)
+// ignoringSIGINT makes the (emulated) server behave as one wedged in the
+// GPU: it ignores SIGINT and never answers its daemon, so `quit -t` hangs.
+func ignoringSIGINT(testing.TB) cfgOpt {
 	return func(c *Config) {
-		c.Env = setEnv(c.Env, "PATH", dir+":"+envValue(c.Env, "PATH"))
-		c.Env = setEnv(c.Env, "MPSD_TEST_SERVER", "ignore-int")
+		c.Env = setEnv(c.Env, "MPSEMU_SERVER_IGNORE_SIGINT", "1")
+		c.Env = setEnv(c.Env, "MPSEMU_SERVER_STANDALONE", "1")
 	}
 }
 
@@ -136,7 +105,6 @@ func newConfig(t testing.TB, b backend, opts ...cfgOpt) Config {
 	t.Helper()
 	dir := shortTempDir(t)
 	env := setEnv(os.Environ(), "PATH", b.path)
-	env = setEnv(env, "MPSD_TEST_SERVER", "")
 	for _, kv := range b.env {
 		k, v, _ := strings.Cut(kv, "=")
 		env = setEnv(env, k, v)
