@@ -3,8 +3,10 @@ package conformance
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -46,6 +48,12 @@ func (tb *table) String() string {
 			fmt.Fprintf(&b, " %-22s", v)
 		}
 		b.WriteString("\n")
+	}
+	for _, byGen := range tb.cells {
+		if slices.Contains(slices.Collect(maps.Values(byGen)), "identical*") {
+			b.WriteString("identical*: the first run differed and the second did not (a race of NVIDIA's daemon or the emulator; the difference is in the test log)\n")
+			break
+		}
 	}
 	gens := make([]string, 0, len(tb.missing))
 	for g := range tb.missing {
@@ -95,7 +103,7 @@ func TestConformance(t *testing.T) {
 	tb := &table{cells: map[string]map[string]string{}, missing: map[string]string{}}
 	t.Cleanup(func() {
 		out := tb.String()
-		t.Logf("conformance table, NVIDIA's daemon vs the emulator in its mode (identical / DIFFERS):\n%s", out)
+		t.Logf("conformance table, NVIDIA's daemon vs the emulator in its mode (identical / DIFFERS; identical* = a first run differed, the second did not, difference logged):\n%s", out)
 		if path := os.Getenv("MPSD_CONFORMANCE_TABLE"); path != "" {
 			if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
 				t.Errorf("write %s: %v", path, err)
@@ -117,27 +125,49 @@ func TestConformance(t *testing.T) {
 					continue
 				}
 				t.Run(sc.Name, func(t *testing.T) {
-					ctx := context.Background()
-					a, err := Run(ctx, realT, sc, t.TempDir())
-					if err != nil {
-						t.Fatal(err)
-					}
-					b, err := Run(ctx, emuT, sc, t.TempDir())
-					if err != nil {
-						t.Fatal(err)
-					}
-					dump(t, gen, sc.Name, a, b)
-					res := Compare(a, b)
-					if !res.Identical {
+					res, once := runPair(t, realT, emuT, sc, func(a, b Transcript) { dump(t, gen, sc.Name, a, b) })
+					switch {
+					case !res.Identical:
 						tb.set(sc.Name, gen, "DIFFERS")
-						t.Errorf("emulator differs from NVIDIA %s: %s", emutest.RealVersion(gen), res.Diff)
-						return
+						t.Errorf("emulator differs from NVIDIA %s, twice: %s", emutest.RealVersion(gen), res.Diff)
+					case once != "":
+						tb.set(sc.Name, gen, "identical*")
+						t.Logf("first run differed, second identical: %s", once)
+					default:
+						tb.set(sc.Name, gen, "identical")
 					}
-					tb.set(sc.Name, gen, "identical")
 				})
 			}
 		})
 	}
+}
+
+// runPair runs sc on x and on y and compares the transcripts. NVIDIA's
+// daemon has rare races no normalisation removes (doc.go), so a difference
+// counts only if a second run shows one too; a difference that did not
+// repeat is returned in once, for the log and the table (identical*), never
+// dropped silently. each, if set, sees every pair of transcripts.
+func runPair(t *testing.T, x, y Target, sc Scenario, each func(a, b Transcript)) (res Result, once string) {
+	t.Helper()
+	ctx := context.Background()
+	for attempt := 1; attempt <= 2; attempt++ {
+		a, err := Run(ctx, x, sc, t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := Run(ctx, y, sc, t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if each != nil {
+			each(a, b)
+		}
+		if res = Compare(a, b); res.Identical {
+			return res, once
+		}
+		once = res.Diff
+	}
+	return res, ""
 }
 
 // TestHarnessIsDeterministic runs the real daemon twice per scenario: if the
@@ -152,17 +182,11 @@ func TestHarnessIsDeterministic(t *testing.T) {
 	for _, sc := range Scenarios {
 		t.Run(sc.Name, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
-			a, err := Run(ctx, realT, sc, t.TempDir())
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, err := Run(ctx, realT, sc, t.TempDir())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if res := Compare(a, b); !res.Identical {
-				t.Errorf("two runs of the real daemon differ: %s", res.Diff)
+			res, once := runPair(t, realT, realT, sc, nil)
+			if !res.Identical {
+				t.Errorf("two runs of the real daemon differ, twice: %s", res.Diff)
+			} else if once != "" {
+				t.Logf("two runs of the real daemon differed once: %s", once)
 			}
 		})
 	}

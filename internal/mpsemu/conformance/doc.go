@@ -24,6 +24,11 @@
 // cover those against MPS's documentation and what hack/gpu-mps-probe.sh
 // recorded on a real H200 (docs/gpu-probe/).
 //
+// A scenario whose transcripts differ is run again; only a difference that
+// repeats fails. One that does not is logged and marked identical* in the
+// table: NVIDIA's daemon has rare races (a second command to a quitting
+// daemon, log lines lost at exit) that no normalisation removes.
+//
 // Two races of NVIDIA's daemon are normalised, on both sides alike: lines
 // of different processes interleave by scheduling (each process's own order
 // is kept), and "UI closed" may be logged before or after the server-exit
