@@ -272,24 +272,30 @@ func TestAttachNestedKillDelete(t *testing.T) {
 	})
 }
 
+// checkStartedInside starts a program through l.Start whose first act is
+// to fork a child that reports its cgroups: both the program and that child
+// must already be inside the lease.
+func checkStartedInside(t *testing.T, m *Cgroups, l Lease, id LeaseID) {
+	t.Helper()
+	p := startIn(t, l.Start, "cat /proc/self/cgroup; echo; cat /proc/$$/cgroup")
+	out := p.readAll(t)
+	if err := p.wait(); err != nil {
+		t.Fatalf("wait: %v", err)
+	}
+	child, self, ok := strings.Cut(out, "\n\n")
+	if !ok {
+		t.Fatalf("unexpected output %q", out)
+	}
+	checkInside(t, m, m.rel(id), []byte(child))
+	checkInside(t, m, m.rel(id), []byte(self))
+}
+
 func TestStartInsideCgroup(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		m := newManager(t, b)
 		id := LeaseID{"g", "start"}
 		l := mustCreate(t, m, id, Limits{})
-		// The first thing the program does is fork a child that reports
-		// its cgroups: both must already be inside the lease.
-		p := startIn(t, l.Start, "cat /proc/self/cgroup; echo; cat /proc/$$/cgroup")
-		out := p.readAll(t)
-		if err := p.wait(); err != nil {
-			t.Fatalf("wait: %v", err)
-		}
-		child, self, ok := strings.Cut(out, "\n\n")
-		if !ok {
-			t.Fatalf("unexpected output %q", out)
-		}
-		checkInside(t, m, m.rel(id), []byte(child))
-		checkInside(t, m, m.rel(id), []byte(self))
+		checkStartedInside(t, m, l, id)
 
 		t.Run("exit status passes through", func(t *testing.T) {
 			p := startIn(t, l.Start, "exit 7")

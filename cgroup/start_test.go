@@ -120,17 +120,7 @@ func TestStartWithoutCloneInto(t *testing.T) {
 		m.cloneInto = false
 		id := LeaseID{"g", "noclone"}
 		l := mustCreate(t, m, id, Limits{})
-		p := startIn(t, l.Start, "cat /proc/self/cgroup; echo; cat /proc/$$/cgroup")
-		out := p.readAll(t)
-		if err := p.wait(); err != nil {
-			t.Fatalf("wait: %v", err)
-		}
-		child, self, ok := strings.Cut(out, "\n\n")
-		if !ok {
-			t.Fatalf("unexpected output %q", out)
-		}
-		checkInside(t, m, m.rel(id), []byte(child))
-		checkInside(t, m, m.rel(id), []byte(self))
+		checkStartedInside(t, m, l, id)
 		if err := l.Delete(); err != nil {
 			t.Fatal(err)
 		}

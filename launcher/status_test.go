@@ -7,36 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/mpsd/mpsd/launcher/launchertest"
 )
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
-// openPTY opens a pseudo-terminal pair.
-func openPTY(t *testing.T) (master, slave *os.File) {
-	t.Helper()
-	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Skipf("no pseudo-terminals on this host: %v", err)
-	}
-	t.Cleanup(func() { _ = m.Close() })
-	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := os.OpenFile("/dev/pts/"+itoa(n), os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return m, s
-}
-
 func TestIsTerminal(t *testing.T) {
-	_, slave := openPTY(t)
+	_, slave := launchertest.OpenPTY(t)
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)

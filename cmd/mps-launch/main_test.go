@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
-	"golang.org/x/sys/unix"
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/launcher"
@@ -307,7 +306,7 @@ func TestWaitLimits(t *testing.T) {
 // TestStatusLineOnTerminal runs mps-launch with stderr on a pseudo
 // terminal: the queue status appears there, rewritten in place.
 func TestStatusLineOnTerminal(t *testing.T) {
-	master, slave := openPTY(t)
+	master, slave := launchertest.OpenPTY(t)
 	fake := launchertest.New(t, nil)
 	cmd := exec.Command(bin, "--group", "g", "--", "/bin/true")
 	cmd.Env = []string{"PATH=/usr/bin:/bin", api.EnvSocket + "=" + fake.Socket}
@@ -338,27 +337,6 @@ func TestStatusLineOnTerminal(t *testing.T) {
 	}
 }
 
-func openPTY(t *testing.T) (master, slave *os.File) {
-	t.Helper()
-	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Skipf("no pseudo-terminals on this host: %v", err)
-	}
-	t.Cleanup(func() { _ = m.Close() })
-	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return m, s
-}
 
 // BenchmarkTrue compares `mps-launch --sm 10 --mem 1G -- /bin/true`
 // against the fake mpsd with `/bin/true` alone, in the same run; the

@@ -400,3 +400,28 @@ func fdFlags(info string) (int64, bool) {
 	}
 	return 0, false
 }
+
+// OpenPTY opens a pseudo-terminal pair for tests of what mps-launch shows on
+// a terminal; both ends are closed when the test ends. It skips the test
+// on a host without pseudo-terminals.
+func OpenPTY(t testing.TB) (master, slave *os.File) {
+	t.Helper()
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Skipf("no pseudo-terminals on this host: %v", err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := os.OpenFile("/dev/pts/"+strconv.Itoa(n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return m, s
+}
