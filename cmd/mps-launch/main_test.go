@@ -337,7 +337,6 @@ func TestStatusLineOnTerminal(t *testing.T) {
 	}
 }
 
-
 // BenchmarkTrue compares `mps-launch --sm 10 --mem 1G -- /bin/true`
 // against the fake mpsd with `/bin/true` alone, in the same run; the
 // difference is what mps-launch adds (its own start, the trampoline's
