@@ -38,7 +38,7 @@ fetch-mps:
 	@hack/fetch-nvidia-mps.sh || echo "make: real MPS daemons unavailable; tests that need them will say so and skip"
 
 test: fetch-mps build
-	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) $(GO) test -race -timeout $(TEST_TIMEOUT) ./...
+	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) MPSD_BIN_DIR=$(CURDIR)/bin $(GO) test -race -timeout $(TEST_TIMEOUT) ./...
 	@$(MAKE) --no-print-directory check-leftovers
 
 check-leftovers:

@@ -20,6 +20,11 @@ const (
 	PathLeases = "/v1/leases"
 	// PathStatus returns the Status document.
 	PathStatus = "/v1/status"
+	// PathDrain closes the instances an AdminTarget names to new leases;
+	// running leases go on. Admins only.
+	PathDrain = "/v1/drain"
+	// PathResume reopens drained (or quarantined) instances. Admins only.
+	PathResume = "/v1/resume"
 
 	// ContentTypeJSON is the type of every request and non-stream body.
 	ContentTypeJSON = "application/json"
@@ -364,6 +369,19 @@ type InstanceStatus struct {
 	ServerPIDs []int  `json:"server_pids"`
 	Clients    int    `json:"clients"`
 	Restarts   int    `json:"restarts"`
+	// GPUIndexes and GPUUUIDs are the instance's whole GPU set (more than
+	// one GPU with gpus_per_instance > 1); GPUIndex and GPUUUID are its
+	// first, which names its directories.
+	GPUIndexes []int    `json:"gpu_indexes"`
+	GPUUUIDs   []string `json:"gpu_uuids"`
+	// SMAllocated and MemAllocatedBytes are the sums of the running
+	// leases' sm and mem per GPU; SMBudget and MemBudgetBytes the group's
+	// per-GPU budget; MaxClients its client limit.
+	SMAllocated       int   `json:"sm_allocated"`
+	SMBudget          int   `json:"sm_budget"`
+	MemAllocatedBytes int64 `json:"mem_allocated_bytes"`
+	MemBudgetBytes    int64 `json:"mem_budget_bytes"`
+	MaxClients        int   `json:"max_clients"`
 }
 
 // Lease states.
@@ -383,4 +401,30 @@ type LeaseStatus struct {
 	MemBytes   int64  `json:"mem_bytes"`
 	Attempt    int    `json:"attempt"`
 	State      string `json:"state"`
+}
+
+// AdminTarget is the body of PathDrain and PathResume: the instances of
+// a GPU, of a group, or (both given) of that group on that GPU.
+type AdminTarget struct {
+	// GPU is an NVML index, a GPU UUID or a UUID prefix.
+	GPU string `json:"gpu,omitempty"`
+	// Group is a tenant group's name.
+	Group string `json:"group,omitempty"`
+}
+
+// Validate checks that the target names something.
+func (t AdminTarget) Validate() error {
+	if t.GPU == "" && t.Group == "" {
+		return fmt.Errorf("%w: name a gpu, a group or both", ErrInvalid)
+	}
+	if len(t.GPU) > 128 || len(t.Group) > 128 {
+		return fmt.Errorf("%w: gpu or group longer than 128 bytes", ErrInvalid)
+	}
+	return nil
+}
+
+// AdminResult answers an admin command: the instances it changed, each
+// with its state afterwards.
+type AdminResult struct {
+	Instances []InstanceStatus `json:"instances"`
 }

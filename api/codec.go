@@ -37,6 +37,19 @@ func DecodeAttachRequest(r io.Reader) (AttachRequest, error) {
 	return req, nil
 }
 
+// DecodeAdminTarget reads one AdminTarget from r as strictly as
+// DecodeLeaseRequest.
+func DecodeAdminTarget(r io.Reader) (AdminTarget, error) {
+	var t AdminTarget
+	if err := decodeStrict(r, MaxRequestBytes, "admin request", &t); err != nil {
+		return AdminTarget{}, err
+	}
+	if err := t.Validate(); err != nil {
+		return AdminTarget{}, err
+	}
+	return t, nil
+}
+
 // DecodeError reads the Error body of a non-2xx response. A body that is
 // not an Error (a proxy's page, an empty body) still yields an Error, with
 // CodeInternal and the HTTP status in the message, because the caller

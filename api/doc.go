@@ -70,6 +70,12 @@
 //
 // GET /v1/status returns a Status document (mpsctl status --json).
 //
+// POST /v1/drain and POST /v1/resume (admins only, by peer credentials),
+// body AdminTarget, answer an AdminResult listing the instances changed.
+// Drain closes instances to new leases while running ones go on; resume
+// reopens drained or quarantined ones. 403 CodeForbidden for a caller who
+// is not an admin, 404 CodeNotFound when the target names no instance.
+//
 // Error codes and what mps-launch makes of them: CodeWaitTimeout,
 // CodeAttemptsExhausted and CodeUnavailable are temporary (exit 75); every
 // other code, including ones this version does not know, is a refusal or

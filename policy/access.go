@@ -44,6 +44,18 @@ func (s *idSet) has(c Credentials) bool {
 	return false
 }
 
+// Members returns the uids and gids of a group's members, sorted, for
+// mpsd to grant them (and nobody else) access to the group's pipe
+// directories; ok is false for an unknown group. The slices are copies.
+func (a *Access) Members(group string) (uids, gids []uint32, ok bool) {
+	i, found := slices.BinarySearchFunc(a.groups, group, func(g groupIDs, name string) int { return strings.Compare(g.name, name) })
+	if !found {
+		return nil, nil, false
+	}
+	ids := a.groups[i].ids
+	return slices.Clone(ids.uids), slices.Clone(ids.gids), true
+}
+
 // Admin reports whether c may use the privileged commands.
 func (a *Access) Admin(c Credentials) bool { return a.admins.has(c) }
 

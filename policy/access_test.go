@@ -77,4 +77,18 @@ groups:
 			}
 		})
 	}
+
+	t.Run("Members", func(t *testing.T) {
+		uids, gids, ok := a.Members("batch")
+		if !ok || !slices.Equal(uids, []uint32{1002}) || !slices.Equal(gids, []uint32{3000, 3001}) {
+			t.Errorf("Members(batch) = %v, %v, %v", uids, gids, ok)
+		}
+		uids[0] = 1 // a copy: the Access must not change
+		if again, _, _ := a.Members("batch"); again[0] != 1002 {
+			t.Errorf("Members returned the Access's own slice")
+		}
+		if _, _, ok := a.Members("nope"); ok {
+			t.Errorf("Members(nope) ok")
+		}
+	})
 }

@@ -1,6 +1,7 @@
 // Package emutest finds the programs that tests run as MPS: the emulator's
 // binaries (built on demand) and NVIDIA's real control daemons fetched by
-// hack/fetch-nvidia-mps.sh. It is imported only by tests.
+// hack/fetch-nvidia-mps.sh, and the project's own commands for
+// end-to-end tests. It is imported only by tests.
 package emutest
 
 import (
@@ -135,4 +136,50 @@ func RealControlPath(gen string) (string, error) {
 func RealVersion(gen string) string {
 	b, _ := os.ReadFile(filepath.Join(RealCacheDir(), gen, "VERSION"))
 	return strings.TrimSpace(string(b))
+}
+
+var (
+	cmdOnce sync.Once
+	cmdDir  string
+	cmdErr  error
+)
+
+// CmdDir returns a directory holding the project's own commands (mpsd,
+// mps-launch, mpsctl) for end-to-end tests: $MPSD_BIN_DIR when set (make
+// test points it at bin/), else built once per test process next to the
+// emulator's build.
+func CmdDir(tb testing.TB) string {
+	tb.Helper()
+	if dir := os.Getenv("MPSD_BIN_DIR"); dir != "" {
+		if _, err := os.Stat(filepath.Join(dir, "mps-launch")); err != nil {
+			tb.Fatalf("MPSD_BIN_DIR=%s has no mps-launch (run make build): %v", dir, err)
+		}
+		return dir
+	}
+	cmdOnce.Do(func() {
+		out, err := exec.Command("go", "env", "GOMOD").Output()
+		if err != nil {
+			cmdErr = fmt.Errorf("go env GOMOD: %w", err)
+			return
+		}
+		root := filepath.Dir(strings.TrimSpace(string(out)))
+		parent := filepath.Join(os.TempDir(), "mpsd-bin")
+		if err := os.MkdirAll(parent, 0o755); err != nil {
+			cmdErr = err
+			return
+		}
+		pruneGone(parent)
+		dir := filepath.Join(parent, strconv.Itoa(os.Getpid()))
+		cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/...")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			cmdErr = fmt.Errorf("go build ./cmd/...: %w\n%s", err, out)
+			return
+		}
+		cmdDir = dir
+	})
+	if cmdErr != nil {
+		tb.Fatalf("build commands: %v", cmdErr)
+	}
+	return cmdDir
 }

@@ -1,0 +1,429 @@
+package mpsd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/mpsd/mpsd/cgroup"
+	"github.com/mpsd/mpsd/gpu"
+	"github.com/mpsd/mpsd/mps"
+	"github.com/mpsd/mpsd/policy"
+)
+
+// Sentinel errors of the daemon.
+var (
+	// ErrConfig: the config file cannot be used; the daemon did not start.
+	ErrConfig = errors.New("mpsd: invalid config")
+	// ErrSocketInUse: another mpsd answers on the API socket.
+	ErrSocketInUse = errors.New("mpsd: API socket in use")
+)
+
+// DefaultReconnectGrace is how long a lease re-adopted after a restart
+// waits for its launcher to reconnect before it is released (its
+// processes killed). Launchers retry for a minute (launcher's
+// DefaultReconnectTimeout), so this outlasts them.
+const DefaultReconnectGrace = 90 * time.Second
+
+// Options configure a Daemon. Only ConfigPath is required; the rest are
+// the seams tests and the command line use.
+type Options struct {
+	// ConfigPath is the YAML config (DESIGN.md §9), watched for edits.
+	ConfigPath string
+	// Simulate runs on go-nvml mock GPUs described by the config's
+	// simulate section, with the MPS emulator's programs instead of
+	// NVIDIA's (found in simulate.emulator_dir, next to the mpsd binary
+	// or in bin/emu).
+	Simulate bool
+	// NVML overrides the NVML library (tests); nil means nvml.New(), or
+	// the simulated one.
+	NVML nvml.Interface
+	// Users resolves names in the config; nil means the host's database.
+	Users policy.Users
+	// Cgroup chooses the cgroup backend and mounts; its Parent is taken
+	// from the config.
+	Cgroup cgroup.Config
+	// Listener is the API socket when it is passed in (systemd socket
+	// activation, tests); nil means listen on the config's socket.
+	Listener net.Listener
+	// ProcRoot is where /proc is mounted; default /proc.
+	ProcRoot string
+	// ReconnectGrace: see DefaultReconnectGrace.
+	ReconnectGrace time.Duration
+	// RequestTimeout bounds reading a request's headers and body, so a
+	// slow or stuck client holds only its own connection; default 10s.
+	RequestTimeout time.Duration
+	// Logger receives the daemon's log; nil discards it.
+	Logger *slog.Logger
+	// Ready, if set, is called once the instances are up and the socket
+	// is served.
+	Ready func()
+}
+
+// Daemon is mpsd: one per host.
+type Daemon struct {
+	opts    Options
+	log     *slog.Logger
+	host    *gpu.Host
+	sim     *gpu.Sim
+	watcher *policy.Watcher
+	layout  Layout
+	cg      cgroup.Manager
+	mpsBase mps.Config // control path and environment shared by every instance
+	proc    string
+	store   *store
+	ln      net.Listener
+	srv     *http.Server
+
+	// ctx is the daemon's life. Every goroutine started on its behalf
+	// (instance starts, lease releases, event readers, API handlers) goes
+	// through spawn or enter, which refuse once Run has begun waiting.
+	ctx     context.Context
+	cancel  context.CancelFunc
+	gmu     sync.Mutex
+	gclosed bool
+	wg      sync.WaitGroup
+
+	// stopping is closed when Run begins to stop, before connections
+	// close, so lease handlers tell mpsd's own stop (keep the lease) from
+	// a launcher going away (release it).
+	stopping chan struct{}
+
+	mu        sync.Mutex
+	cfg       *policy.Config
+	instances map[string]*instance
+	queues    map[string][]*lease // queued leases per group, arrival order
+	leases    map[string]*lease   // every lease, queued or running
+	seq       uint64
+}
+
+// New loads the config, takes the GPU inventory and prepares the cgroup
+// backend. It starts nothing; Run does.
+func New(opts Options) (*Daemon, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if opts.ProcRoot == "" {
+		opts.ProcRoot = "/proc"
+	}
+	if opts.RequestTimeout <= 0 {
+		opts.RequestTimeout = 10 * time.Second
+	}
+	if opts.ReconnectGrace <= 0 {
+		opts.ReconnectGrace = DefaultReconnectGrace
+	}
+	d := &Daemon{opts: opts, log: log, proc: opts.ProcRoot, stopping: make(chan struct{})}
+
+	// The simulate section decides the GPUs, which the full check needs:
+	// read the file once without them first.
+	pre, err := policy.LoadFile(opts.ConfigPath, policy.Host{Users: opts.Users})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	lib := opts.NVML
+	if lib == nil && opts.Simulate {
+		d.sim, err = gpu.NewSim(gpu.SimSpec{GPUs: pre.Simulate.GPUs, Model: pre.Simulate.Model})
+		if err != nil {
+			return nil, fmt.Errorf("%w: simulate: %w", ErrConfig, err)
+		}
+		lib = d.sim.NVML()
+	}
+	if lib == nil {
+		lib = nvml.New()
+	}
+	d.host, err = gpu.New(lib, log.With("component", "gpu"))
+	if err != nil {
+		return nil, fmt.Errorf("GPU inventory: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = d.host.Close()
+		}
+	}()
+
+	d.watcher, err = policy.NewWatcher(opts.ConfigPath, policy.Host{GPUs: policyGPUs(d.host.GPUs()), Users: opts.Users}, policy.WatchOptions{OnReload: d.onReload})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	cfg := d.watcher.Config()
+	d.cfg = cfg
+	d.layout = Layout{RunDir: cfg.RunDir, LogDir: cfg.LogDir, StateDir: cfg.StateDir}
+
+	d.mpsBase, err = mpsBase(cfg, opts.Simulate)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Cgroup.Enabled {
+		cc := opts.Cgroup
+		cc.Parent = cfg.Cgroup.Parent
+		cc.Logger = log.With("component", "cgroup")
+		m, err := cgroup.New(cc)
+		if err != nil {
+			return nil, fmt.Errorf("cgroups (set cgroup.enabled: false to run without isolation): %w", err)
+		}
+		d.cg = m
+	} else {
+		d.cg = cgroup.NewDisabled(log)
+	}
+	d.store = newStore(d.layout.StateFile(), d.snapshot, log)
+	ok = true
+	return d, nil
+}
+
+// Sim returns the simulated GPUs when the daemon runs with Simulate, else
+// nil: tests and `mpsctl inject-xid` raise faults through it.
+func (d *Daemon) Sim() *gpu.Sim { return d.sim }
+
+// mpsBase resolves the control program and the daemons' environment.
+// Simulation only changes where the programs are found: the emulator's
+// directory goes first on the daemons' PATH, so the control daemon starts
+// the emulated server exactly as NVIDIA's starts the real one.
+func mpsBase(cfg *policy.Config, simulate bool) (mps.Config, error) {
+	control, path := cfg.MPS.Control, cfg.MPS.Path
+	if simulate {
+		dir, err := emulatorDir(cfg.Simulate.EmulatorDir)
+		if err != nil {
+			return mps.Config{}, err
+		}
+		control = filepath.Join(dir, mps.DefaultControl)
+		path = dir + ":" + path
+	}
+	env := []string{"PATH=" + path}
+	// Locale, home and the emulator's knobs pass through; nothing else of
+	// mpsd's environment reaches the daemons, so a server never depends on
+	// how mpsd itself was started.
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch {
+		case k == "HOME", k == "LANG", k == "TZ", strings.HasPrefix(k, "LC_"), strings.HasPrefix(k, "MPSEMU_"):
+			env = append(env, kv)
+		}
+	}
+	return mps.Config{ControlPath: control, Env: env}, nil
+}
+
+// emulatorDir finds the emulator's programs: the configured directory,
+// else next to the mpsd binary (or in its emu/ subdirectory, as make
+// build lays them out), else bin/emu under the working directory.
+func emulatorDir(configured string) (string, error) {
+	var tried []string
+	has := func(dir string) bool {
+		tried = append(tried, dir)
+		st, err := os.Stat(filepath.Join(dir, mps.DefaultControl))
+		return err == nil && !st.IsDir()
+	}
+	if configured != "" {
+		if has(configured) {
+			return filepath.Abs(configured)
+		}
+		return "", fmt.Errorf("%w: simulate.emulator_dir %s has no %s", ErrConfig, configured, mps.DefaultControl)
+	}
+	if exe, err := os.Executable(); err == nil {
+		dir := filepath.Dir(exe)
+		for _, c := range []string{dir, filepath.Join(dir, "emu")} {
+			if has(c) {
+				return c, nil
+			}
+		}
+	}
+	if has("bin/emu") {
+		return filepath.Abs("bin/emu")
+	}
+	return "", fmt.Errorf("%w: no MPS emulator found for --simulate (looked in %s); run make build or set simulate.emulator_dir", ErrConfig, strings.Join(tried, ", "))
+}
+
+func policyGPUs(inv []gpu.Info) []policy.GPU {
+	out := make([]policy.GPU, len(inv))
+	for i, g := range inv {
+		out[i] = policy.GPU{Index: g.Index, UUID: g.UUID, Memory: int64(g.MemoryTotalBytes)}
+	}
+	return out
+}
+
+// Run starts or re-adopts the instances and the leases of the persisted
+// state, serves the API and watches the config until ctx ends. Stopping
+// kills nothing: MPS daemons, servers and workloads run on, and the next
+// mpsd adopts them.
+func (d *Daemon) Run(ctx context.Context) error {
+	d.ctx, d.cancel = context.WithCancel(context.Background())
+	defer d.cancel()
+	defer func() { _ = d.host.Close() }()
+
+	for _, dir := range []string{d.layout.RunDir, d.layout.LogDir, d.layout.StateDir} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("create %s: %w", dir, err)
+		}
+	}
+	if err := os.Chmod(d.layout.StateDir, 0o700); err != nil {
+		return fmt.Errorf("chmod %s: %w", d.layout.StateDir, err)
+	}
+	saved, err := d.store.load()
+	if err != nil {
+		// A state file that cannot be read must not stop the host's GPUs
+		// from being served; it is kept aside for a person to look at.
+		d.log.Error("persisted state unreadable; starting without it", "err", err)
+	}
+
+	ln := d.opts.Listener
+	if ln == nil {
+		ln, err = listen(d.cfg.Socket)
+		if err != nil {
+			return err
+		}
+	}
+	d.ln = ln
+
+	d.mu.Lock()
+	d.instances = map[string]*instance{}
+	d.queues = map[string][]*lease{}
+	d.leases = map[string]*lease{}
+	d.reconcileLocked(d.cfg)
+	insts := d.instanceList()
+	d.mu.Unlock()
+
+	if err := d.prepareGroupDirs(d.cfg); err != nil {
+		_ = ln.Close()
+		return err
+	}
+	d.adoptLeases(saved)
+	// Instances come up (or are adopted) in parallel. The API is served
+	// once each has had its first try: one that fails keeps retrying in
+	// the background while the others take clients.
+	for _, in := range insts {
+		d.spawn(func() { d.bringUp(in, true) })
+	}
+	firstTry := time.After(2 * time.Minute)
+	for _, in := range insts {
+		select {
+		case <-in.tried:
+		case <-firstTry:
+		case <-ctx.Done():
+		}
+	}
+
+	d.spawn(func() { d.store.run(d.ctx) })
+	watchErr := make(chan error, 1)
+	d.spawn(func() { watchErr <- d.watcher.Run(d.ctx) })
+	d.srv = d.newHTTPServer()
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- d.srv.Serve(ln) }()
+	d.log.Info("mpsd ready", "socket", ln.Addr().String(), "instances", len(insts), "leases", len(saved.Leases))
+	if d.opts.Ready != nil {
+		d.opts.Ready()
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		runErr = fmt.Errorf("serve API: %w", err)
+	}
+	d.log.Info("mpsd stopping; MPS daemons and workloads keep running")
+	close(d.stopping)
+	_ = d.srv.Close()
+	if runErr == nil {
+		<-serveErr
+	}
+	d.cancel()
+	// Closing the handles (not the daemons) ends their event readers.
+	d.mu.Lock()
+	for _, in := range d.instances {
+		if in.daemon != nil {
+			_ = in.daemon.Close()
+		}
+	}
+	for _, l := range d.leases {
+		if l.grace != nil {
+			l.grace.Stop()
+		}
+	}
+	d.mu.Unlock()
+	d.gmu.Lock()
+	d.gclosed = true
+	d.gmu.Unlock()
+	d.wg.Wait()
+	select {
+	case err := <-watchErr:
+		if err != nil {
+			d.log.Warn("config watch ended", "err", err)
+		}
+	default:
+	}
+	if err := d.store.flush(); err != nil {
+		runErr = errors.Join(runErr, err)
+	}
+	d.log.Info("mpsd stopped")
+	return runErr
+}
+
+// spawn runs f in a goroutine Run waits for; after Run has begun its final
+// wait it runs nothing and reports false.
+func (d *Daemon) spawn(f func()) bool {
+	if !d.enter() {
+		return false
+	}
+	go func() {
+		defer d.leave()
+		f()
+	}()
+	return true
+}
+
+func (d *Daemon) enter() bool {
+	d.gmu.Lock()
+	defer d.gmu.Unlock()
+	if d.gclosed {
+		return false
+	}
+	d.wg.Add(1)
+	return true
+}
+
+func (d *Daemon) leave() { d.wg.Done() }
+
+// listen opens the API socket: mode 0666 because authorization is by peer
+// credentials. A stale socket file is replaced; a live one is an error.
+func listen(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("create socket directory: %w", err)
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("%w: %s answers; is another mpsd running?", ErrSocketInUse, path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o666); err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("chmod %s: %w", path, err)
+	}
+	return ln, nil
+}
+
+// prepareGroupDirs (re)writes every group's run directory ACL.
+func (d *Daemon) prepareGroupDirs(cfg *policy.Config) error {
+	for _, g := range cfg.Groups {
+		uids, gids, _ := cfg.Access.Members(g.Name)
+		if err := prepareGroupDir(d.layout.GroupRunDir(g.Name), uids, gids); err != nil {
+			return fmt.Errorf("group %s: %w", g.Name, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,112 @@
+package mpsd
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+)
+
+const oneGroup = `  inference:
+    users: [root]
+    memory: 20G
+`
+
+// The launcher's command gets the lease's limits, and MPS enforces them
+// inside the client: its thread percentage and pinned memory limit are the
+// request's, and an allocation beyond the limit fails with CUDA's
+// out-of-memory error, whose exit status mps-launch passes on.
+func TestLaunchAppliesLimits(t *testing.T) {
+	e := newEnv(t, oneGroup, "")
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+
+	r := run(t, e.launch("--sm", "30", "--mem", "8G", "--", client, "--alloc", "4G", "--duration", "1s"))
+	if r.code != 0 {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	for _, want := range []string{"sm=30.0", "mem0=8192M", "allocated 4294967296 bytes"} {
+		if !strings.Contains(r.stdout+r.stderr, want) {
+			t.Errorf("client output lacks %q:\n%s%s", want, r.stdout, r.stderr)
+		}
+	}
+
+	r = run(t, e.launch("--sm", "30", "--mem", "8G", "--", client, "--alloc", "9G"))
+	if r.code != 12 {
+		t.Fatalf("--alloc 9G: exit %d, want the client's 12 (out of memory); stderr %q", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stderr, "out of memory") {
+		t.Errorf("stderr lacks the out-of-memory error: %q", r.stderr)
+	}
+	e.waitStatus("every lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
+}
+
+func cgroupOf(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(line, "0::"); ok {
+			return p
+		}
+	}
+	t.Fatalf("pid %d has no cgroup2 line: %s", pid, b)
+	return ""
+}
+
+// The workload and everything it starts live in the lease's cgroup;
+// mps-launch stays outside, so killing the lease never kills it.
+func TestWorkloadInLeaseCgroup(t *testing.T) {
+	e := newEnv(t, oneGroup, "")
+	e.start()
+	pids := filepath.Join(e.dir, "pids")
+	gateArgs, open := e.gate("cg")
+	script := "sleep 300 & echo $$ $! > " + pids + ".tmp && mv " + pids + ".tmp " + pids + "; " + gateArgs[2] + "; kill $!"
+	cmd := e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c", script)
+	p := startProc(t, cmd)
+
+	st := e.waitStatus("a running lease", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 1 })
+	leaseID := st.Leases[0].ID
+	var fields []string
+	deadline := time.Now().Add(waitFor)
+	for len(fields) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("workload did not write its pids")
+		}
+		b, _ := os.ReadFile(pids)
+		fields = strings.Fields(string(b))
+		time.Sleep(10 * time.Millisecond)
+	}
+	want := "/" + e.parent + "/inference/" + leaseID
+	for _, f := range fields {
+		pid, _ := strconv.Atoi(f)
+		if got := cgroupOf(t, pid); got != want {
+			t.Errorf("pid %d is in %s, want the lease cgroup %s", pid, got, want)
+		}
+	}
+	if got := cgroupOf(t, p.pid()); got == want || strings.Contains(got, leaseID) {
+		t.Errorf("mps-launch (pid %d) is inside the lease cgroup %s", p.pid(), got)
+	}
+	st = e.d.Status()
+	for _, f := range fields {
+		pid, _ := strconv.Atoi(f)
+		if !slices.Contains(st.Leases[0].PIDs, pid) {
+			t.Errorf("status pids %v lack %d", st.Leases[0].PIDs, pid)
+		}
+	}
+	open()
+	if r := p.wait(t); r.code != 0 {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	e.waitStatus("the lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/unified", e.parent, "inference", leaseID)); !os.IsNotExist(err) {
+		t.Errorf("lease cgroup still there after the lease ended: %v", err)
+	}
+}

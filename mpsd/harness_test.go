@@ -1,0 +1,334 @@
+package mpsd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
+)
+
+// waitFor bounds every wait of these tests; reaching it fails the test.
+const waitFor = 30 * time.Second
+
+var envSeq atomic.Int64
+
+// testEnv is one mpsd, run in this process on simulated GPUs with the MPS
+// emulator's real processes and real cgroups, in a temporary tree. The
+// commands (mps-launch, mpsctl) run as real processes against it.
+type testEnv struct {
+	t       *testing.T
+	dir     string
+	cfgPath string
+	socket  string
+	parent  string
+	emu     string
+	bin     string
+	opts    Options
+
+	d      *Daemon
+	cancel context.CancelFunc
+	done   chan error
+	log    *os.File
+}
+
+// newEnv writes a config with the given groups section (indented as under
+// `groups:`) and extra top-level YAML, and starts mpsd on it.
+func newEnv(t *testing.T, groups, extra string) *testEnv {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mpsd's end-to-end tests need root: real cgroups, pipe directory ownership and test uids")
+	}
+	// Short: the socket path must fit a sockaddr_un.
+	dir, err := os.MkdirTemp("", "mpst")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Test uids must reach the socket, the binaries and their own files.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e := &testEnv{
+		t:       t,
+		dir:     dir,
+		cfgPath: filepath.Join(dir, "mpsd.yaml"),
+		socket:  filepath.Join(dir, "mpsd.sock"),
+		parent:  fmt.Sprintf("mpsd-test-e2e-%d-%d", os.Getpid(), envSeq.Add(1)),
+		emu:     emutest.BinDir(t),
+		bin:     emutest.CmdDir(t),
+	}
+	e.log, err = os.Create(filepath.Join(dir, "mpsd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.cleanup)
+	e.writeConfig(groups, extra)
+	e.opts = Options{
+		ConfigPath:     e.cfgPath,
+		Simulate:       true,
+		Logger:         slog.New(slog.NewTextHandler(e.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		RequestTimeout: 2 * time.Second,
+	}
+	return e
+}
+
+func (e *testEnv) config(groups, extra string) string {
+	return fmt.Sprintf(`version: 1
+socket: %s
+run_dir: %s/run
+state_dir: %s/state
+log_dir: %s/log
+cgroup:
+  parent: %s
+metrics:
+  listen: ""
+watchdog:
+  backoff_initial: 50ms
+  backoff_max: 1s
+simulate:
+  gpus: 2
+  model: a100-40g
+  emulator_dir: %s
+%s
+groups:
+%s`, e.socket, e.dir, e.dir, e.dir, e.parent, e.emu, extra, groups)
+}
+
+// writeConfig replaces the config file atomically, as a deployment tool
+// would.
+func (e *testEnv) writeConfig(groups, extra string) {
+	e.t.Helper()
+	tmp := e.cfgPath + ".new"
+	if err := os.WriteFile(tmp, []byte(e.config(groups, extra)), 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, e.cfgPath); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// start runs mpsd until stop, and returns once it serves.
+func (e *testEnv) start() {
+	e.t.Helper()
+	ready := make(chan struct{})
+	opts := e.opts
+	opts.Ready = func() { close(ready) }
+	d, err := New(opts)
+	if err != nil {
+		e.t.Fatalf("mpsd.New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e.d, e.cancel, e.done = d, cancel, make(chan error, 1)
+	go func() { e.done <- d.Run(ctx) }()
+	select {
+	case <-ready:
+	case err := <-e.done:
+		e.cancel = nil
+		e.t.Fatalf("mpsd stopped before it was ready: %v", err)
+	case <-time.After(waitFor):
+		e.t.Fatalf("mpsd not ready after %s", waitFor)
+	}
+}
+
+// stop stops mpsd as SIGTERM does: it alone stops; MPS and workloads run
+// on.
+func (e *testEnv) stop() {
+	e.t.Helper()
+	if e.cancel == nil {
+		return
+	}
+	e.cancel()
+	e.cancel = nil
+	select {
+	case err := <-e.done:
+		if err != nil {
+			e.t.Errorf("mpsd.Run: %v", err)
+		}
+	case <-time.After(waitFor):
+		e.t.Fatalf("mpsd did not stop within %s", waitFor)
+	}
+}
+
+func (e *testEnv) cleanup() {
+	e.stop()
+	pipes, _ := filepath.Glob(filepath.Join(e.dir, "run", "*", "*", "pipe"))
+	for _, p := range pipes {
+		emutest.KillByPipeDir(p)
+	}
+	removeCgroupTree(e.parent)
+	_ = e.log.Close()
+	if e.t.Failed() {
+		if b, err := os.ReadFile(e.log.Name()); err == nil {
+			if len(b) > 20000 {
+				b = b[len(b)-20000:]
+			}
+			e.t.Logf("mpsd log (tail):\n%s", b)
+		}
+	}
+	_ = os.RemoveAll(e.dir)
+}
+
+// removeCgroupTree kills what is left in a test's cgroup parent and
+// removes it from every hierarchy.
+func removeCgroupTree(parent string) {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
+	roots = append(roots, "/sys/fs/cgroup")
+	for _, root := range roots {
+		top := filepath.Join(root, parent)
+		if _, err := os.Stat(top); err != nil {
+			continue
+		}
+		var dirs []string
+		_ = filepath.WalkDir(top, func(p string, de os.DirEntry, err error) error {
+			if err == nil && de.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if b, err := os.ReadFile(filepath.Join(dirs[i], "cgroup.procs")); err == nil {
+				for _, f := range strings.Fields(string(b)) {
+					if pid, err := strconv.Atoi(f); err == nil {
+						_ = syscall.Kill(pid, syscall.SIGKILL)
+						emutest.WaitGone(pid)
+					}
+				}
+			}
+			_ = os.Remove(dirs[i])
+		}
+	}
+}
+
+// launch prepares mps-launch against this mpsd.
+func (e *testEnv) launch(args ...string) *exec.Cmd {
+	cmd := exec.Command(filepath.Join(e.bin, "mps-launch"), args...)
+	cmd.Env = append(os.Environ(), api.EnvSocket+"="+e.socket)
+	return cmd
+}
+
+// asUID makes cmd run as uid (gid the same number, no supplementary
+// groups).
+func asUID(cmd *exec.Cmd, uid uint32) *exec.Cmd {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid, Groups: []uint32{}}}
+	return cmd
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+	took           time.Duration
+}
+
+// proc is a started command.
+type proc struct {
+	cmd       *exec.Cmd
+	out, errb bytes.Buffer
+	start     time.Time
+	done      chan error
+}
+
+// startProc starts cmd, capturing what it writes unless its Stdout or
+// Stderr are already set.
+func startProc(t *testing.T, cmd *exec.Cmd) *proc {
+	t.Helper()
+	p := &proc{cmd: cmd, done: make(chan error, 1)}
+	if cmd.Stdout == nil {
+		cmd.Stdout = &p.out
+	}
+	if cmd.Stderr == nil {
+		cmd.Stderr = &p.errb
+	}
+	p.start = time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %v: %v", cmd.Args, err)
+	}
+	go func() { p.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+	})
+	return p
+}
+
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+// wait waits for the end of the command, bounded by waitFor.
+func (p *proc) wait(t *testing.T) result {
+	t.Helper()
+	var err error
+	select {
+	case err = <-p.done:
+	case <-time.After(waitFor):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		t.Fatalf("%v did not end within %s; stderr: %s", p.cmd.Args, waitFor, p.errb.String())
+	}
+	r := result{stdout: p.out.String(), stderr: p.errb.String(), took: time.Since(p.start)}
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		r.code = ee.ExitCode()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			r.code = 128 + int(ws.Signal())
+		}
+	default:
+		t.Fatalf("%v: %v", p.cmd.Args, err)
+	}
+	return r
+}
+
+// run runs cmd to its end, bounded by waitFor.
+func run(t *testing.T, cmd *exec.Cmd) result {
+	t.Helper()
+	return startProc(t, cmd).wait(t)
+}
+
+// waitStatus polls mpsd's status until cond holds, failing the test at the
+// deadline with what it last saw.
+func (e *testEnv) waitStatus(what string, cond func(api.Status) bool) api.Status {
+	e.t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		st := e.d.Status()
+		if cond(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("waiting for %s: status is %+v", what, st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func countLeases(st api.Status, state string) int {
+	n := 0
+	for _, l := range st.Leases {
+		if l.State == state {
+			n++
+		}
+	}
+	return n
+}
+
+// gate is a workload that runs until the test opens its gate file.
+func (e *testEnv) gate(name string) (args []string, open func()) {
+	path := filepath.Join(e.dir, "gate-"+name)
+	script := fmt.Sprintf("while [ ! -e %s ]; do sleep 0.02; done", path)
+	return []string{"/bin/sh", "-c", script}, func() {
+		if err := os.WriteFile(path, nil, 0o644); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,333 @@
+package mpsd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/gpu"
+	"github.com/mpsd/mpsd/mps"
+	"github.com/mpsd/mpsd/policy"
+)
+
+// instance is one MPS control daemon for a GPU set and a group. Every
+// field is guarded by Daemon.mu; the mps.Daemon handle itself is safe to
+// use without it.
+type instance struct {
+	key     string
+	group   string
+	gpus    []gpu.Info
+	pipeDir string
+	logDir  string
+	log     *slog.Logger
+
+	p        policy.Instance
+	maxSM    int
+	maxMem   int64
+	daemon   *mps.Daemon
+	up       bool // the daemon answers; false while starting or recovering
+	servers  map[int]bool
+	restarts int
+	leases   map[string]*lease
+
+	drained   bool // mpsctl drain: no new leases until resume
+	retiring  bool // gone from the config: stop once empty
+	restartCh bool // a start option changed: restart once empty
+	starting  bool // a bringUp goroutine owns the instance
+	stopped   bool // retired and stopped; no longer in Daemon.instances
+
+	tried     chan struct{} // closed after the first start attempt
+	triedOnce sync.Once
+}
+
+func (in *instance) markTried() { in.triedOnce.Do(func() { close(in.tried) }) }
+
+func instanceKey(group string, idx []int) string {
+	s := make([]string, len(idx))
+	for i, x := range idx {
+		s[i] = strconv.Itoa(x)
+	}
+	return group + "/" + strings.Join(s, ",")
+}
+
+// refreshLocked derives the state placement sees from the flags.
+func (in *instance) refreshLocked() {
+	switch {
+	case in.drained || in.retiring || in.restartCh:
+		in.p.State = policy.InstanceDraining
+	case !in.up && in.restarts > 0:
+		in.p.State = policy.InstanceRecovering
+	case !in.up:
+		in.p.State = policy.InstanceStarting
+	default:
+		in.p.State = policy.InstanceReady
+	}
+}
+
+// status is the instance as mpsctl status shows it.
+func (in *instance) statusLocked() api.InstanceStatus {
+	st := api.InstanceStatus{
+		GPUUUID:           in.gpus[0].UUID,
+		GPUIndex:          in.gpus[0].Index,
+		Group:             in.group,
+		State:             in.p.State.String(),
+		ServerPIDs:        slices.Sorted(maps.Keys(in.servers)),
+		Clients:           len(in.leases),
+		Restarts:          in.restarts,
+		SMAllocated:       in.p.Alloc.SM,
+		SMBudget:          in.p.Budget.SM,
+		MemAllocatedBytes: in.p.Alloc.Mem,
+		MemBudgetBytes:    in.p.Budget.Mem,
+		MaxClients:        in.p.Budget.Clients,
+	}
+	if st.ServerPIDs == nil {
+		st.ServerPIDs = []int{}
+	}
+	for _, g := range in.gpus {
+		st.GPUIndexes = append(st.GPUIndexes, g.Index)
+		st.GPUUUIDs = append(st.GPUUUIDs, g.UUID)
+	}
+	if in.daemon != nil {
+		st.DaemonPID = in.daemon.PID()
+	}
+	return st
+}
+
+// reconcileLocked makes the instance set match cfg: new instances are
+// created (and started by the caller through bringUp), existing ones take
+// the new budgets without being touched, and instances cfg no longer has
+// retire once their leases are gone.
+func (d *Daemon) reconcileLocked(cfg *policy.Config) (added []*instance) {
+	inv := d.host.GPUs()
+	want := map[string]bool{}
+	for i := range cfg.Groups {
+		g := &cfg.Groups[i]
+		for _, set := range g.Instances {
+			key := instanceKey(g.Name, set)
+			want[key] = true
+			in, ok := d.instances[key]
+			if !ok {
+				in = &instance{
+					key:     key,
+					group:   g.Name,
+					servers: map[int]bool{},
+					leases:  map[string]*lease{},
+					tried:   make(chan struct{}),
+				}
+				for _, x := range set {
+					in.gpus = append(in.gpus, inv[x])
+				}
+				in.pipeDir = d.layout.PipeDir(g.Name, in.gpus[0].UUID)
+				in.logDir = d.layout.InstanceLogDir(g.Name, in.gpus[0].UUID)
+				in.log = d.log.With("group", g.Name, "gpu", in.gpus[0].UUID)
+				in.p = policy.Instance{Group: g.Name, GPUs: slices.Clone(set), Multiuser: g.Multiuser}
+				d.instances[key] = in
+				added = append(added, in)
+			} else if in.p.Multiuser != g.Multiuser {
+				// -multiuser-server is a start option: the daemon is
+				// restarted once its leases have ended.
+				in.restartCh = true
+			}
+			in.retiring = false
+			in.p.Budget = g.Budget()
+			in.maxSM, in.maxMem = g.MaxSM, g.MaxMem
+			in.refreshLocked()
+		}
+	}
+	for key, in := range d.instances {
+		if !want[key] && !in.retiring {
+			in.retiring = true
+			in.refreshLocked()
+			in.log.Info("instance retiring: no longer in the config; it stops when its leases end")
+		}
+	}
+	return added
+}
+
+func (d *Daemon) instanceList() []*instance {
+	return slices.SortedFunc(maps.Values(d.instances), func(a, b *instance) int { return strings.Compare(a.key, b.key) })
+}
+
+// mpsConfig is the mps.Config of an instance: its own pipe and log
+// directories, its GPUs, and defaults that cap what any client of the
+// group can take even if it drops the limits mps-launch gives it (MPS lets
+// a client only lower them).
+func (d *Daemon) mpsConfig(in *instance) mps.Config {
+	c := d.mpsBase
+	c.PipeDir, c.LogDir = in.pipeDir, in.logDir
+	c.ProcRoot = d.proc
+	c.Logger = in.log.With("component", "mps")
+	for _, g := range in.gpus {
+		c.VisibleDevices = append(c.VisibleDevices, g.UUID)
+	}
+	c.Multiuser = in.p.Multiuser
+	c.DefaultThreadPercentage = float64(in.maxSM)
+	c.DefaultPinnedMem = map[int]int64{}
+	for i := range in.gpus {
+		c.DefaultPinnedMem[i] = in.maxMem
+	}
+	return c
+}
+
+// bringUp adopts the instance's running daemon or starts one, retrying
+// with the watchdog's backoff until it answers or mpsd stops. It runs
+// without Daemon.mu: starting a daemon waits on processes.
+func (d *Daemon) bringUp(in *instance, adopt bool) {
+	defer in.markTried()
+	d.mu.Lock()
+	if in.starting || in.stopped {
+		d.mu.Unlock()
+		return
+	}
+	in.starting = true
+	cfg := d.mpsConfig(in)
+	wd := d.cfg.Watchdog
+	d.mu.Unlock()
+
+	backoff := wd.BackoffInitial
+	for attempt := 1; ; attempt++ {
+		dm, how, err := d.startDaemon(cfg, adopt)
+		in.markTried()
+		if err == nil {
+			d.mu.Lock()
+			if d.ctx.Err() != nil {
+				// Run is closing every handle; this one came too late.
+				in.starting = false
+				d.mu.Unlock()
+				_ = dm.Close()
+				return
+			}
+			in.starting = false
+			in.daemon = dm
+			in.up = true
+			in.refreshLocked()
+			d.scheduleLocked(in.group)
+			d.mu.Unlock()
+			in.log.Info("instance up", "how", how, "daemon_pid", dm.PID(), "multiuser", cfg.Multiuser)
+			d.spawn(func() { d.watchInstance(in, dm) })
+			return
+		}
+		in.log.Error("instance start failed", "attempt", attempt, "retry_in", backoff, "err", err)
+		select {
+		case <-d.ctx.Done():
+			d.mu.Lock()
+			in.starting = false
+			d.mu.Unlock()
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, wd.BackoffMax)
+		adopt = true
+	}
+}
+
+func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, error) {
+	ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
+	defer cancel()
+	if adopt {
+		dm, err := mps.Adopt(ctx, cfg)
+		if err == nil {
+			return dm, "adopted", nil
+		}
+		if !errors.Is(err, mps.ErrNoDaemon) {
+			return nil, "", fmt.Errorf("adopt control daemon on %s: %w", cfg.PipeDir, err)
+		}
+	}
+	dm, err := mps.Start(ctx, cfg)
+	if errors.Is(err, mps.ErrAlreadyRunning) {
+		dm, err = mps.Adopt(ctx, cfg)
+		return dm, "adopted", err
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("start control daemon on %s: %w", cfg.PipeDir, err)
+	}
+	return dm, "started", nil
+}
+
+// watchInstance follows one daemon's events until its handle closes.
+// It keeps the server pids for placement and status; a daemon that exits
+// is brought up again (the full watchdog is the fault-isolation work).
+func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
+	for ev := range dm.Events() {
+		d.mu.Lock()
+		switch ev.Kind {
+		case mps.ServerStarted:
+			in.servers[ev.PID] = true
+		case mps.ServerExited:
+			delete(in.servers, ev.PID)
+			if len(in.servers) == 0 {
+				in.p.ServerUp = false
+			}
+		}
+		d.mu.Unlock()
+		switch ev.Kind {
+		case mps.DaemonExited:
+			in.log.Error("control daemon exited", "event", ev.String())
+			d.mu.Lock()
+			stopped := in.stopped || in.daemon != dm
+			if !stopped {
+				in.up = false
+				in.daemon = nil
+				in.restarts++
+				clear(in.servers)
+				in.p.ServerUp = false
+				in.refreshLocked()
+			}
+			d.mu.Unlock()
+			_ = dm.Close()
+			if !stopped {
+				d.spawn(func() { d.bringUp(in, true) })
+			}
+		case mps.FatalException, mps.ServerStartFailed:
+			in.log.Warn("MPS server event", "event", ev.String())
+		default:
+			in.log.Debug("MPS event", "event", ev.String())
+		}
+	}
+}
+
+// retireIfEmptyLocked stops an instance that left the config (or needs a
+// restart for a changed start option) once its last lease has ended.
+func (d *Daemon) retireIfEmptyLocked(in *instance) {
+	if len(in.leases) > 0 || in.starting || (!in.retiring && !in.restartCh) {
+		return
+	}
+	dm := in.daemon
+	restart := in.restartCh && !in.retiring
+	if !restart {
+		in.stopped = true
+		delete(d.instances, in.key)
+	}
+	in.daemon, in.up = nil, false
+	in.restartCh = false
+	if restart {
+		in.starting = true // held until the stop below is done
+		if g, ok := d.cfg.Group(in.group); ok {
+			in.p.Multiuser = g.Multiuser
+		}
+	}
+	in.refreshLocked()
+	d.spawn(func() {
+		if dm != nil {
+			ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
+			rep, err := dm.Stop(ctx)
+			cancel()
+			_ = dm.Close()
+			in.log.Info("control daemon stopped", "graceful", rep.Graceful, "err", err)
+		}
+		if restart {
+			d.mu.Lock()
+			in.starting = false
+			d.mu.Unlock()
+			d.bringUp(in, false)
+		}
+	})
+}

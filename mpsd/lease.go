@@ -1,0 +1,398 @@
+package mpsd
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/cgroup"
+	"github.com/mpsd/mpsd/policy"
+)
+
+// lease is one client's claim, from its request to its end. Fields are
+// guarded by Daemon.mu except the mailbox, which has its own lock, and
+// cg, guarded by cgMu.
+type lease struct {
+	id      string
+	group   string
+	uid     uint32
+	req     policy.Request
+	command []string
+	// requeue is how many times a revoked lease may be requeued.
+	requeue  int
+	attempt  int
+	created  time.Time
+	queuedAt time.Time
+
+	inst     *instance // set while running
+	position int       // last position sent while queued
+	bound    bool      // a launcher's stream holds the lease
+	ending   bool      // release in progress
+	// durable is closed once the state file records the grant, so a
+	// launcher is never told of a lease a crash could lose.
+	durable <-chan struct{}
+	grace   *time.Timer // re-adopted and waiting for its launcher
+
+	box mailbox
+
+	cgMu sync.Mutex
+	cg   cgroup.Lease
+	pids []int
+}
+
+func (l *lease) running() bool { return l.inst != nil }
+
+// mailbox hands events from the admission core (under Daemon.mu) to the
+// lease's stream handler without blocking the core: queued positions
+// coalesce, nothing else is dropped.
+type mailbox struct {
+	mu  sync.Mutex
+	evs []api.Event
+	sig chan struct{}
+}
+
+func newMailbox() mailbox { return mailbox{sig: make(chan struct{}, 1)} }
+
+func (m *mailbox) push(ev api.Event) {
+	m.mu.Lock()
+	if n := len(m.evs); n > 0 && ev.Type == api.EventQueued && m.evs[n-1].Type == api.EventQueued {
+		m.evs[n-1] = ev
+	} else {
+		m.evs = append(m.evs, ev)
+	}
+	m.mu.Unlock()
+	select {
+	case m.sig <- struct{}{}:
+	default:
+	}
+}
+
+func (m *mailbox) take() []api.Event {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	evs := m.evs
+	m.evs = nil
+	return evs
+}
+
+func newLeaseID(group string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return group + "-" + hex.EncodeToString(b[:])
+}
+
+// apiLeaseLocked is the granted lease as its launcher sees it, with the
+// environment of DESIGN.md §5.
+func (l *lease) apiLeaseLocked() *api.Lease {
+	in := l.inst
+	al := &api.Lease{ID: l.id, Group: l.group, SM: l.req.SM, MemBytes: l.req.Mem, Attempt: l.attempt}
+	limits := make([]string, len(in.gpus))
+	for i, g := range in.gpus {
+		al.GPUIndexes = append(al.GPUIndexes, g.Index)
+		al.GPUUUIDs = append(al.GPUUUIDs, g.UUID)
+		// Whole MiB: what policy charged (mem is rounded down to MiB) is
+		// exactly what MPS enforces.
+		limits[i] = strconv.Itoa(i) + "=" + strconv.FormatInt(l.req.Mem>>20, 10) + "M"
+	}
+	al.Env = map[string]string{
+		api.EnvPipeDirectory:    in.pipeDir,
+		api.EnvThreadPercentage: strconv.Itoa(l.req.SM),
+		api.EnvPinnedMemLimit:   strings.Join(limits, ","),
+		api.EnvLeaseID:          l.id,
+		api.EnvGroup:            l.group,
+		api.EnvAttempt:          strconv.Itoa(l.attempt),
+	}
+	return al
+}
+
+// refusal is a request mpsd turns down before queueing it.
+type refusal struct {
+	status int
+	code   api.ErrorCode
+	msg    string
+}
+
+func (r *refusal) Error() string { return r.msg }
+
+// admit checks a new request against the config in force and queues it,
+// then runs the group's queue, all under one hold of Daemon.mu so the
+// decision and the queue never disagree. With NoWait a lease that is not
+// placed at once is withdrawn.
+func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	cfg := d.cfg
+	name, err := cfg.Access.Choose(c, req.Group)
+	if err != nil {
+		return nil, &refusal{403, api.CodeRefused, err.Error()}
+	}
+	g, _ := cfg.Group(name)
+	r, err := g.NewRequest(c.UID, policy.Demand{SM: req.SM, Mem: req.MemBytes, GPUs: req.GPUs})
+	if err != nil {
+		return nil, &refusal{422, api.CodeRefused, fmt.Sprintf("group %s: %s", name, strings.TrimPrefix(err.Error(), "policy: invalid request: "))}
+	}
+	insts := d.groupInstancesLocked(name)
+	if len(insts) > 0 && all(insts, func(in *instance) bool { return in.retiring }) {
+		return nil, &refusal{503, api.CodeUnavailable, fmt.Sprintf("group %s is being removed from the config", name)}
+	}
+	// Whether it could ever fit is judged against the group's instances
+	// as if they were empty and ready.
+	probe := make([]policy.Instance, len(insts))
+	for i, in := range insts {
+		probe[i] = in.p
+		probe[i].State = policy.InstanceReady
+		probe[i].Alloc = policy.Usage{}
+		probe[i].ServerUp = false
+	}
+	if _, err := policy.Place(&r, probe, cfg.Placement); errors.Is(err, policy.ErrNeverFits) {
+		return nil, &refusal{422, api.CodeRefused, fmt.Sprintf("group %s: sm %d%%, mem %s on %d GPU(s) can never fit: %s", name, r.SM, fmtSize(r.Mem), r.GPUs, budgetText(g))}
+	}
+	requeue := g.RequeueAttempts
+	if req.RequeueAttempts != nil {
+		requeue = min(requeue, *req.RequeueAttempts)
+	}
+	d.seq++
+	r.Seq = d.seq
+	now := time.Now()
+	l := &lease{
+		id: newLeaseID(name), group: name, uid: c.UID, req: r, command: req.Command,
+		requeue: requeue, attempt: 1, created: now, queuedAt: now, bound: true, box: newMailbox(),
+	}
+	d.leases[l.id] = l
+	d.queues[name] = append(d.queues[name], l)
+	d.scheduleLocked(name)
+	if !l.running() && req.NoWait {
+		d.dequeueLocked(l)
+		ahead := l.position - 1
+		return nil, &refusal{503, api.CodeWaitTimeout, fmt.Sprintf("no room now in group %s (%d queued ahead) and --no-wait was given", name, ahead)}
+	}
+	return l, nil
+}
+
+func all[T any](s []T, f func(T) bool) bool {
+	for _, x := range s {
+		if !f(x) {
+			return false
+		}
+	}
+	return true
+}
+
+func budgetText(g *policy.Group) string {
+	return fmt.Sprintf("each instance has %d GPU(s), sm budget %d%%, memory budget %s per GPU, max_sm %d, max_mem %s",
+		g.GPUsPerInstance, g.SMPercent, fmtSize(g.Memory), g.MaxSM, fmtSize(g.MaxMem))
+}
+
+// groupInstancesLocked returns a group's instances in key order, so
+// placement ties break the same way every time.
+func (d *Daemon) groupInstancesLocked(group string) []*instance {
+	var out []*instance
+	for _, in := range d.instanceList() {
+		if in.group == group {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+// scheduleLocked places the head of a group's queue while it fits, then
+// tells every waiting lease its position.
+func (d *Daemon) scheduleLocked(group string) {
+	q := d.queues[group]
+	if len(q) > 0 {
+		insts := d.groupInstancesLocked(group)
+		pis := make([]policy.Instance, len(insts))
+		reqs := make([]policy.Request, 0, len(q))
+		for len(q) > 0 {
+			for i, in := range insts {
+				pis[i] = in.p
+			}
+			reqs = reqs[:0]
+			for _, l := range q {
+				reqs = append(reqs, l.req)
+			}
+			qi, ii, err := policy.Next(reqs, pis, d.cfg.Placement)
+			if errors.Is(err, policy.ErrNeverFits) {
+				// A reload shrank the group under a waiting request.
+				l := q[qi]
+				q = slices.Delete(q, qi, qi+1)
+				d.queues[group] = q
+				d.failLocked(l, api.CodeRefused, fmt.Sprintf("group %s changed and the request (sm %d%%, mem %s) can no longer fit", group, l.req.SM, fmtSize(l.req.Mem)))
+				continue
+			}
+			if err != nil {
+				break
+			}
+			l := q[qi]
+			q = slices.Delete(q, qi, qi+1)
+			d.queues[group] = q
+			d.grantLocked(l, insts[ii])
+		}
+	}
+	d.positionsLocked(group)
+}
+
+func (d *Daemon) positionsLocked(group string) {
+	q := slices.Clone(d.queues[group])
+	slices.SortStableFunc(q, func(a, b *lease) int { return policy.QueueOrder(a.req, b.req) })
+	for i, l := range q {
+		if l.position != i+1 {
+			l.position = i + 1
+			l.box.push(api.Event{Type: api.EventQueued, Position: l.position, Group: group})
+		}
+	}
+}
+
+func (d *Daemon) grantLocked(l *lease, in *instance) {
+	in.p.Assign(&l.req)
+	in.leases[l.id] = l
+	l.inst = in
+	l.position = 0
+	l.durable = d.store.request()
+	l.box.push(api.Event{Type: api.EventGranted, Lease: l.apiLeaseLocked()})
+	in.log.Debug("lease granted", "lease", l.id, "uid", l.uid, "sm", l.req.SM, "mem", l.req.Mem, "waited", time.Since(l.queuedAt))
+}
+
+func (d *Daemon) dequeueLocked(l *lease) {
+	q := d.queues[l.group]
+	if i := slices.Index(q, l); i >= 0 {
+		d.queues[l.group] = slices.Delete(q, i, i+1)
+	}
+	delete(d.leases, l.id)
+	d.positionsLocked(l.group)
+}
+
+// failLocked ends a lease that is not running with an error event.
+func (d *Daemon) failLocked(l *lease, code api.ErrorCode, msg string) {
+	delete(d.leases, l.id)
+	l.box.push(api.Event{Type: api.EventError, Code: code, Message: msg})
+}
+
+// timeoutLocked withdraws a queued lease whose wait ran out; false when it
+// was placed meanwhile.
+func (d *Daemon) timeoutLocked(l *lease, wait time.Duration) bool {
+	if l.running() || d.leases[l.id] != l {
+		return false
+	}
+	pos := l.position
+	d.dequeueLocked(l)
+	l.box.push(api.Event{Type: api.EventError, Code: api.CodeWaitTimeout,
+		Message: fmt.Sprintf("waited %s in the queue of group %s (position %d); giving up as --wait says", wait, l.group, pos)})
+	return true
+}
+
+// release ends a lease whose launcher is gone: a queued one simply leaves
+// the queue; a running one has its processes killed (they may outlive the
+// launcher) before its capacity is handed back, so the next client never
+// shares the GPU with a leftover.
+func (d *Daemon) release(l *lease, why string) {
+	d.mu.Lock()
+	if d.leases[l.id] != l || l.ending {
+		d.mu.Unlock()
+		return
+	}
+	if !l.running() {
+		d.dequeueLocked(l)
+		d.mu.Unlock()
+		return
+	}
+	l.ending = true
+	if l.grace != nil {
+		l.grace.Stop()
+	}
+	d.mu.Unlock()
+
+	if err := d.killLease(l); err != nil {
+		// The lease stays accounted: capacity held by processes that would
+		// not die must not be handed out again.
+		d.log.Error("lease processes would not die; its capacity stays held", "lease", l.id, "err", err)
+		d.mu.Lock()
+		l.ending = false
+		d.mu.Unlock()
+		return
+	}
+	d.mu.Lock()
+	in := l.inst
+	in.p.Release(&l.req)
+	delete(in.leases, l.id)
+	delete(d.leases, l.id)
+	l.inst = nil
+	d.store.request()
+	in.log.Debug("lease released", "lease", l.id, "why", why)
+	d.retireIfEmptyLocked(in)
+	d.scheduleLocked(in.group)
+	d.mu.Unlock()
+}
+
+// killLease empties and removes the lease's cgroup.
+func (d *Daemon) killLease(l *lease) error {
+	l.cgMu.Lock()
+	defer l.cgMu.Unlock()
+	if l.cg == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
+	defer cancel()
+	if err := l.cg.Kill(ctx); err != nil {
+		return fmt.Errorf("kill lease %s: %w", l.id, err)
+	}
+	if err := l.cg.Delete(); err != nil {
+		return fmt.Errorf("delete cgroup of lease %s: %w", l.id, err)
+	}
+	l.cg = nil
+	return nil
+}
+
+// attach moves pid into the lease's cgroup, creating it on first use.
+func (d *Daemon) attach(l *lease, pid int) error {
+	l.cgMu.Lock()
+	defer l.cgMu.Unlock()
+	if l.cg == nil {
+		id := cgroup.LeaseID{Group: l.group, Lease: l.id}
+		cg, err := d.cg.Create(id, cgroup.Limits{})
+		if errors.Is(err, cgroup.ErrExist) {
+			cg, err = d.cg.Open(id)
+		}
+		if err != nil {
+			return fmt.Errorf("cgroup of lease %s: %w", l.id, err)
+		}
+		l.cg = cg
+	}
+	if err := l.cg.Attach(pid); err != nil {
+		return fmt.Errorf("attach pid %d to lease %s: %w", pid, l.id, err)
+	}
+	l.pids = append(l.pids, pid)
+	return nil
+}
+
+func (l *lease) statusLocked() api.LeaseStatus {
+	st := api.LeaseStatus{ID: l.id, Group: l.group, UID: l.uid, SM: l.req.SM, MemBytes: l.req.Mem,
+		Attempt: l.attempt, State: api.LeaseQueued, GPUIndexes: []int{}, PIDs: []int{}}
+	if l.inst != nil {
+		st.State = api.LeaseRunning
+		for _, g := range l.inst.gpus {
+			st.GPUIndexes = append(st.GPUIndexes, g.Index)
+		}
+	}
+	return st
+}
+
+// pids lists the lease's processes: the cgroup's when it has one.
+func (l *lease) livePids() []int {
+	l.cgMu.Lock()
+	defer l.cgMu.Unlock()
+	if l.cg != nil {
+		if p, err := l.cg.Pids(); err == nil {
+			return p
+		}
+	}
+	return slices.Clone(l.pids)
+}

@@ -1,0 +1,58 @@
+package mpsd
+
+import (
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/policy"
+)
+
+// onReload applies a config edit the Watcher accepted: only what the diff
+// names changes. Budgets apply to the next admissions (running leases keep
+// what they hold), new instances start, removed ones drain and stop when
+// empty, and every other instance (its daemon, its servers, its clients)
+// is left alone.
+func (d *Daemon) onReload(r policy.Reload) {
+	if r.Err != nil {
+		d.log.Error("config reload failed; the previous config stays in force", "err", r.Err)
+		return
+	}
+	if r.Changes.Empty() {
+		return
+	}
+	for _, k := range r.Changes.Global {
+		switch k {
+		case "socket", "run_dir", "state_dir", "log_dir", "cgroup.enabled", "cgroup.parent", "metrics.listen", "mps.control", "mps.path", "simulate.gpus", "simulate.model", "simulate.emulator_dir":
+			d.log.Warn("config key changed but applies only when mpsd restarts", "key", k)
+		}
+	}
+	for _, g := range r.Changes.Groups {
+		d.log.Info("config group changed", "group", g.Name, "change", g.Change.String(), "keys", g.Keys,
+			"instances_added", g.InstancesAdded, "instances_removed", g.InstancesRemoved)
+	}
+	if err := d.prepareGroupDirs(r.Config); err != nil {
+		d.log.Error("update group directory access", "err", err)
+	}
+	d.mu.Lock()
+	d.cfg = r.Config
+	added := d.reconcileLocked(r.Config)
+	// Queued requests of a group that is gone can never be placed.
+	for group, q := range d.queues {
+		if _, ok := r.Config.Group(group); ok {
+			continue
+		}
+		for _, l := range q {
+			d.failLocked(l, api.CodeUnavailable, "group "+group+" was removed from the config")
+		}
+		delete(d.queues, group)
+	}
+	for _, in := range d.instanceList() {
+		d.retireIfEmptyLocked(in)
+	}
+	for _, g := range r.Config.Groups {
+		d.scheduleLocked(g.Name)
+	}
+	d.mu.Unlock()
+	for _, in := range added {
+		d.spawn(func() { d.bringUp(in, true) })
+	}
+	d.log.Info("config reloaded")
+}

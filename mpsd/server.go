@@ -1,0 +1,464 @@
+package mpsd
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/gpu"
+	"github.com/mpsd/mpsd/internal/units"
+	"github.com/mpsd/mpsd/policy"
+)
+
+func fmtSize(b int64) string { return units.FormatSize(b) }
+
+type peerKey struct{}
+
+// peer is who is on the other end of a connection, from SO_PEERCRED.
+type peer struct {
+	pid int
+	uid uint32
+	gid uint32
+}
+
+func peerCred(c net.Conn) (peer, error) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return peer{}, errors.New("not a unix socket")
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return peer{}, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return peer{}, err
+	}
+	if cerr != nil {
+		return peer{}, cerr
+	}
+	return peer{pid: int(cred.Pid), uid: cred.Uid, gid: cred.Gid}, nil
+}
+
+func (d *Daemon) newHTTPServer() *http.Server {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+api.PathLeases, d.serveLease)
+	mux.HandleFunc("POST "+api.PathLeases+"/{id}/attach", d.serveAttach)
+	mux.HandleFunc("GET "+api.PathStatus, d.serveStatus)
+	mux.HandleFunc("POST "+api.PathDrain, func(w http.ResponseWriter, r *http.Request) { d.serveAdmin(w, r, true) })
+	mux.HandleFunc("POST "+api.PathResume, func(w http.ResponseWriter, r *http.Request) { d.serveAdmin(w, r, false) })
+	return &http.Server{
+		Handler:           d.track(mux),
+		ReadHeaderTimeout: d.opts.RequestTimeout,
+		IdleTimeout:       time.Minute,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelDebug),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			p, err := peerCred(c)
+			if err != nil {
+				return ctx
+			}
+			return context.WithValue(ctx, peerKey{}, p)
+		},
+	}
+}
+
+// track counts handlers in the daemon's goroutines, so Run waits for them.
+func (d *Daemon) track(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !d.enter() {
+			api.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "mpsd is stopping")
+			return
+		}
+		defer d.leave()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// credentials are the caller's uid and groups: the primary gid from the
+// socket and the supplementary ones from /proc, read per request so a
+// group change applies to the next request.
+func (d *Daemon) credentials(r *http.Request) (peer, policy.Credentials, bool) {
+	p, ok := r.Context().Value(peerKey{}).(peer)
+	if !ok {
+		return peer{}, policy.Credentials{}, false
+	}
+	c := policy.Credentials{UID: p.uid, GIDs: []uint32{p.gid}}
+	if st, err := readProcStatus(d.proc, p.pid); err == nil {
+		for _, g := range st.groups {
+			if !slices.Contains(c.GIDs, g) {
+				c.GIDs = append(c.GIDs, g)
+			}
+		}
+	}
+	return p, c, true
+}
+
+// readBody gives the client timeout to send its body, then lifts the
+// deadline again: a lease stream's connection lives long.
+func readBody[T any](w http.ResponseWriter, r *http.Request, timeout time.Duration, decode func(*http.Request) (T, error)) (T, bool) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(timeout))
+	v, err := decode(r)
+	_ = rc.SetReadDeadline(time.Time{})
+	if err != nil {
+		status, code := http.StatusBadRequest, api.CodeBadRequest
+		if errors.Is(err, api.ErrTooLarge) {
+			status, code = http.StatusRequestEntityTooLarge, api.CodeTooLarge
+		}
+		api.WriteError(w, status, code, err.Error())
+		return v, false
+	}
+	return v, true
+}
+
+func (d *Daemon) serveLease(w http.ResponseWriter, r *http.Request) {
+	p, c, ok := d.credentials(r)
+	if !ok {
+		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, "cannot identify the caller (no peer credentials)")
+		return
+	}
+	req, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.LeaseRequest, error) { return api.DecodeLeaseRequest(r.Body) })
+	if !ok {
+		return
+	}
+	var l *lease
+	if req.ResumeLeaseID != "" {
+		var err error
+		if l, err = d.resume(c, req); err != nil {
+			var rf *refusal
+			errors.As(err, &rf)
+			api.WriteError(w, rf.status, rf.code, rf.msg)
+			return
+		}
+	} else {
+		var err error
+		if l, err = d.admit(c, req); err != nil {
+			var rf *refusal
+			errors.As(err, &rf)
+			d.log.Info("lease refused", "uid", c.UID, "pid", p.pid, "group", req.Group, "reason", rf.msg)
+			api.WriteError(w, rf.status, rf.code, rf.msg)
+			return
+		}
+	}
+	d.streamLease(w, r, l, req)
+}
+
+// streamLease writes the lease's events until it ends with an error, its
+// launcher goes away (the lease is released) or mpsd stops (it is kept
+// for the launcher to resume).
+func (d *Daemon) streamLease(w http.ResponseWriter, r *http.Request, l *lease, req api.LeaseRequest) {
+	w.Header().Set("Content-Type", api.ContentTypeNDJSON)
+	w.WriteHeader(http.StatusOK)
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
+	var waitC <-chan time.Time
+	if req.WaitMillis > 0 {
+		t := time.NewTimer(time.Duration(req.WaitMillis) * time.Millisecond)
+		defer t.Stop()
+		waitC = t.C
+	}
+	ctx := r.Context()
+	for {
+		for _, ev := range l.box.take() {
+			if ev.Type == api.EventGranted {
+				d.mu.Lock()
+				durable := l.durable
+				d.mu.Unlock()
+				if durable != nil {
+					select {
+					case <-durable:
+					case <-ctx.Done():
+						d.endStream(l)
+						return
+					}
+				}
+				waitC = nil
+			}
+			if err := api.WriteEvent(w, ev); err != nil {
+				d.endStream(l)
+				return
+			}
+			if ev.Type == api.EventError {
+				return
+			}
+		}
+		select {
+		case <-l.box.sig:
+		case <-waitC:
+			d.mu.Lock()
+			d.timeoutLocked(l, time.Duration(req.WaitMillis)*time.Millisecond)
+			d.mu.Unlock()
+		case <-ctx.Done():
+			d.endStream(l)
+			return
+		}
+	}
+}
+
+// endStream: the stream is over without an error event. If mpsd is
+// stopping the lease stays for its launcher to resume; otherwise the
+// launcher went away and the lease is released.
+func (d *Daemon) endStream(l *lease) {
+	select {
+	case <-d.stopping:
+		d.mu.Lock()
+		l.bound = false
+		d.mu.Unlock()
+		return
+	default:
+	}
+	d.release(l, "launcher disconnected")
+}
+
+// resume re-binds a launcher to a lease re-adopted after mpsd restarted.
+func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l, ok := d.leases[req.ResumeLeaseID]
+	if !ok || !l.running() || l.ending {
+		return nil, &refusal{404, api.CodeNotFound, fmt.Sprintf("lease %s is not known to mpsd (it ended or was lost)", req.ResumeLeaseID)}
+	}
+	if l.uid != c.UID {
+		return nil, &refusal{403, api.CodeForbidden, fmt.Sprintf("lease %s belongs to another user", req.ResumeLeaseID)}
+	}
+	if l.bound {
+		return nil, &refusal{409, api.CodeConflict, fmt.Sprintf("lease %s is held by another connection", req.ResumeLeaseID)}
+	}
+	if req.Attempt != 0 && req.Attempt != l.attempt {
+		return nil, &refusal{404, api.CodeNotFound, fmt.Sprintf("lease %s is at attempt %d, not %d", l.id, l.attempt, req.Attempt)}
+	}
+	if l.grace != nil {
+		l.grace.Stop()
+		l.grace = nil
+	}
+	l.bound = true
+	l.box = newMailbox()
+	l.box.push(api.Event{Type: api.EventGranted, Lease: l.apiLeaseLocked()})
+	l.inst.log.Info("launcher resumed its lease", "lease", l.id)
+	return l, nil
+}
+
+func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
+	p, _, ok := d.credentials(r)
+	if !ok {
+		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, "cannot identify the caller (no peer credentials)")
+		return
+	}
+	id := r.PathValue("id")
+	req, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.AttachRequest, error) { return api.DecodeAttachRequest(r.Body) })
+	if !ok {
+		return
+	}
+	d.mu.Lock()
+	l, found := d.leases[id]
+	var running bool
+	if found {
+		running = l.running() && !l.ending
+	}
+	d.mu.Unlock()
+	switch {
+	case !found:
+		api.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no lease %s", id))
+		return
+	case l.uid != p.uid:
+		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("lease %s is not yours", id))
+		return
+	case !running:
+		api.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is not running", id))
+		return
+	}
+	// Only the caller's own child: a user must never move someone else's
+	// process (or its own unrelated one) into a lease.
+	st, err := readProcStatus(d.proc, req.PID)
+	if err != nil || st.ppid != p.pid || st.uid != p.uid {
+		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("pid %d is not a child of the calling process %d", req.PID, p.pid))
+		return
+	}
+	if err := d.attach(l, req.PID); err != nil {
+		d.log.Error("attach failed", "lease", id, "pid", req.PID, "err", err)
+		api.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", api.ContentTypeJSON)
+	_, _ = w.Write([]byte("{}\n"))
+}
+
+func (d *Daemon) serveStatus(w http.ResponseWriter, r *http.Request) {
+	st := d.Status()
+	writeJSON(w, st)
+}
+
+// Status is the document of GET /v1/status.
+func (d *Daemon) Status() api.Status {
+	d.mu.Lock()
+	st := api.Status{Instances: []api.InstanceStatus{}, Leases: []api.LeaseStatus{}, Queue: map[string]int{}}
+	for _, in := range d.instanceList() {
+		st.Instances = append(st.Instances, in.statusLocked())
+	}
+	var ls []*lease
+	for _, l := range d.leases {
+		ls = append(ls, l)
+		st.Leases = append(st.Leases, l.statusLocked())
+	}
+	for _, g := range d.cfg.Groups {
+		st.Queue[g.Name] = len(d.queues[g.Name])
+	}
+	d.mu.Unlock()
+	for i, l := range ls {
+		if st.Leases[i].State == api.LeaseRunning {
+			st.Leases[i].PIDs = l.livePids()
+		}
+	}
+	slices.SortFunc(st.Leases, func(a, b api.LeaseStatus) int { return strings.Compare(a.ID, b.ID) })
+	return st
+}
+
+func (d *Daemon) serveAdmin(w http.ResponseWriter, r *http.Request, drain bool) {
+	_, c, ok := d.credentials(r)
+	d.mu.Lock()
+	admin := ok && d.cfg.Access.Admin(c)
+	d.mu.Unlock()
+	if !admin {
+		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("uid %d is not an mpsd admin (admins in the config)", c.UID))
+		return
+	}
+	t, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.AdminTarget, error) { return api.DecodeAdminTarget(r.Body) })
+	if !ok {
+		return
+	}
+	res, err := d.setDrained(t, drain)
+	if err != nil {
+		status := http.StatusNotFound
+		code := api.CodeNotFound
+		if errors.Is(err, gpu.ErrBadSelector) || errors.Is(err, gpu.ErrAmbiguousSelector) {
+			status, code = http.StatusBadRequest, api.CodeBadRequest
+		}
+		api.WriteError(w, status, code, err.Error())
+		return
+	}
+	writeJSON(w, res)
+}
+
+// setDrained drains or resumes the instances t names.
+func (d *Daemon) setDrained(t api.AdminTarget, drain bool) (api.AdminResult, error) {
+	var idx []int
+	if t.GPU != "" {
+		sel, err := d.host.Select([]string{t.GPU})
+		if err != nil {
+			return api.AdminResult{}, fmt.Errorf("gpu %q: %w", t.GPU, err)
+		}
+		for _, g := range sel {
+			idx = append(idx, g.Index)
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.cfg.Group(t.Group); t.Group != "" && !ok {
+		return api.AdminResult{}, fmt.Errorf("unknown group %q", t.Group)
+	}
+	res := api.AdminResult{Instances: []api.InstanceStatus{}}
+	groups := map[string]bool{}
+	for _, in := range d.instanceList() {
+		if t.Group != "" && in.group != t.Group {
+			continue
+		}
+		if idx != nil && !slices.ContainsFunc(in.p.GPUs, func(x int) bool { return slices.Contains(idx, x) }) {
+			continue
+		}
+		in.drained = drain
+		in.refreshLocked()
+		groups[in.group] = true
+		res.Instances = append(res.Instances, in.statusLocked())
+		verb := "resumed"
+		if drain {
+			verb = "drained"
+		}
+		in.log.Info("instance "+verb+" by admin", "state", in.p.State.String())
+	}
+	if len(res.Instances) == 0 {
+		return res, fmt.Errorf("no instance matches gpu %q group %q", t.GPU, t.Group)
+	}
+	if !drain {
+		for g := range groups {
+			d.scheduleLocked(g)
+		}
+	}
+	return res, nil
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", api.ContentTypeJSON)
+	if err := jsonEncode(w, v); err != nil {
+		api.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
+	}
+}
+
+// procStatus is what mpsd reads of /proc/PID/status.
+type procStatus struct {
+	ppid   int
+	uid    uint32
+	groups []uint32
+}
+
+func readProcStatus(root string, pid int) (procStatus, error) {
+	f, err := os.Open(filepath.Join(root, strconv.Itoa(pid), "status"))
+	if err != nil {
+		return procStatus{}, err
+	}
+	defer func() { _ = f.Close() }()
+	var st procStatus
+	seen := 0
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		fields := strings.Fields(v)
+		switch k {
+		case "PPid":
+			if len(fields) > 0 {
+				st.ppid, _ = strconv.Atoi(fields[0])
+				seen++
+			}
+		case "Uid":
+			// Real, effective, saved, filesystem: the real uid owns it.
+			if len(fields) > 0 {
+				u, _ := strconv.ParseUint(fields[0], 10, 32)
+				st.uid = uint32(u)
+				seen++
+			}
+		case "Groups":
+			for _, g := range fields {
+				if n, err := strconv.ParseUint(g, 10, 32); err == nil {
+					st.groups = append(st.groups, uint32(n))
+				}
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return procStatus{}, err
+	}
+	if seen < 2 {
+		return procStatus{}, fmt.Errorf("%s/%d/status: no PPid or Uid line", root, pid)
+	}
+	return st, nil
+}

@@ -1,0 +1,277 @@
+package mpsd
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/cgroup"
+	"github.com/mpsd/mpsd/policy"
+)
+
+// stateVersion is the schema of the state file; a newer file is not read.
+const stateVersion = 1
+
+// savedState is the state file: the running leases, enough to re-adopt
+// them after a restart. Queued requests are not kept: their launchers
+// reconnect and queue again.
+type savedState struct {
+	Version int          `json:"version"`
+	Leases  []savedLease `json:"leases"`
+}
+
+type savedLease struct {
+	ID       string    `json:"id"`
+	Group    string    `json:"group"`
+	Instance string    `json:"instance"`
+	UID      uint32    `json:"uid"`
+	SM       int       `json:"sm"`
+	MemBytes int64     `json:"mem_bytes"`
+	GPUs     int       `json:"gpus"`
+	Priority int       `json:"priority"`
+	Seq      uint64    `json:"seq"`
+	Attempt  int       `json:"attempt"`
+	Requeue  int       `json:"requeue"`
+	Command  []string  `json:"command,omitempty"`
+	Created  time.Time `json:"created"`
+}
+
+// store writes the state file atomically (temp file, fsync, rename, fsync
+// of the directory) from a snapshot taken when a write is due. Writes are
+// batched: every change since the last write goes in the next one, so a
+// burst of grants costs one fsync, and each grant waits only for the write
+// that covers it.
+type store struct {
+	path     string
+	snapshot func() savedState
+	log      *slog.Logger
+
+	mu      sync.Mutex
+	pending chan struct{} // closed when the next write is done; nil if none is due
+	kick    chan struct{}
+}
+
+func newStore(path string, snapshot func() savedState, log *slog.Logger) *store {
+	return &store{path: path, snapshot: snapshot, log: log, kick: make(chan struct{}, 1)}
+}
+
+// request asks for a write of the state as it will be after the caller's
+// change, and returns a channel closed once it is on disk.
+func (s *store) request() <-chan struct{} {
+	s.mu.Lock()
+	if s.pending == nil {
+		s.pending = make(chan struct{})
+	}
+	ch := s.pending
+	s.mu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+	return ch
+}
+
+// run writes whenever asked until ctx ends.
+func (s *store) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.kick:
+		}
+		if err := s.flush(); err != nil {
+			s.log.Error("write state", "err", err)
+		}
+	}
+}
+
+// flush writes the state if a write is due. Waiters are released even
+// when the write fails (it is logged): refusing every grant because the
+// state disk is full would take the GPUs down with it.
+func (s *store) flush() error {
+	s.mu.Lock()
+	ch := s.pending
+	s.pending = nil
+	s.mu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	defer close(ch)
+	return s.write(s.snapshot())
+}
+
+func (s *store) write(st savedState) error {
+	var buf bytes.Buffer
+	if err := jsonEncode(&buf, st); err != nil {
+		return err
+	}
+	dir := filepath.Dir(s.path)
+	f, err := os.CreateTemp(dir, ".state-*.tmp")
+	if err != nil {
+		return fmt.Errorf("write state: %w", err)
+	}
+	tmp := f.Name()
+	_, err = f.Write(buf.Bytes())
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, s.path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("write state %s: %w", s.path, err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
+	}
+	return nil
+}
+
+// load reads the state file. A missing file is an empty state; an
+// unreadable one is moved aside (never deleted) and reported.
+func (s *store) load() (savedState, error) {
+	b, err := os.ReadFile(s.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return savedState{Version: stateVersion}, nil
+	}
+	if err != nil {
+		return savedState{Version: stateVersion}, fmt.Errorf("read state %s: %w", s.path, err)
+	}
+	var st savedState
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	err = dec.Decode(&st)
+	if err == nil && dec.Decode(&struct{}{}) != io.EOF {
+		err = errors.New("data after the document")
+	}
+	if err == nil && st.Version != stateVersion {
+		err = fmt.Errorf("version %d, this mpsd reads %d", st.Version, stateVersion)
+	}
+	if err != nil {
+		aside := s.path + ".bad-" + time.Now().UTC().Format("20060102T150405")
+		_ = os.Rename(s.path, aside)
+		return savedState{Version: stateVersion}, fmt.Errorf("state %s (moved to %s): %w", s.path, aside, err)
+	}
+	return st, nil
+}
+
+func jsonEncode(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// snapshot is the state to persist: every running lease.
+func (d *Daemon) snapshot() savedState {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := savedState{Version: stateVersion, Leases: []savedLease{}}
+	for _, l := range d.leases {
+		if !l.running() {
+			continue
+		}
+		st.Leases = append(st.Leases, savedLease{
+			ID: l.id, Group: l.group, Instance: l.inst.key, UID: l.uid,
+			SM: l.req.SM, MemBytes: l.req.Mem, GPUs: l.req.GPUs, Priority: l.req.Priority, Seq: l.req.Seq,
+			Attempt: l.attempt, Requeue: l.requeue, Command: l.command, Created: l.created,
+		})
+	}
+	slices.SortFunc(st.Leases, func(a, b savedLease) int { return strings.Compare(a.ID, b.ID) })
+	return st
+}
+
+// adoptLeases takes back the leases of the saved state after a restart:
+// each keeps its capacity on its instance and its cgroup, and waits for
+// its launcher to resume it. One whose launcher does not come back within
+// the grace is released like any abandoned lease. Lease cgroups that no
+// saved lease owns are leftovers of a crash and are emptied and removed.
+func (d *Daemon) adoptLeases(saved savedState) {
+	owned := map[cgroup.LeaseID]bool{}
+	d.mu.Lock()
+	var drop []*lease
+	for _, sl := range saved.Leases {
+		in, ok := d.instances[sl.Instance]
+		l := &lease{
+			id: sl.ID, group: sl.Group, uid: sl.UID, command: sl.Command,
+			req:     policy.Request{Group: sl.Group, UID: sl.UID, SM: sl.SM, Mem: sl.MemBytes, GPUs: sl.GPUs, Priority: sl.Priority, Seq: sl.Seq},
+			requeue: sl.Requeue, attempt: sl.Attempt, created: sl.Created, queuedAt: sl.Created, box: newMailbox(),
+		}
+		d.seq = max(d.seq, sl.Seq)
+		if api.ValidLeaseID(sl.ID) != nil {
+			d.log.Warn("saved lease with a bad id ignored", "lease", sl.ID)
+			continue
+		}
+		id := cgroup.LeaseID{Group: sl.Group, Lease: sl.ID}
+		owned[id] = true
+		if cg, err := d.cg.Open(id); err == nil {
+			l.cg = cg
+		}
+		if !ok {
+			// Its instance left the config while mpsd was down: the lease
+			// cannot be accounted anywhere, so it ends.
+			d.log.Warn("saved lease's instance is gone from the config; ending it", "lease", sl.ID, "instance", sl.Instance)
+			drop = append(drop, l)
+			continue
+		}
+		in.p.Assign(&l.req)
+		in.leases[l.id] = l
+		l.inst = in
+		d.leases[l.id] = l
+		l.grace = time.AfterFunc(d.opts.ReconnectGrace, func() { d.spawn(func() { d.graceOver(l) }) })
+	}
+	d.mu.Unlock()
+	for _, l := range drop {
+		if err := d.killLease(l); err != nil {
+			d.log.Error("end lease of a removed instance", "lease", l.id, "err", err)
+		}
+	}
+	ids, err := d.cg.List()
+	if err != nil {
+		d.log.Error("list lease cgroups", "err", err)
+	}
+	for _, id := range ids {
+		if owned[id] {
+			continue
+		}
+		cg, err := d.cg.Open(id)
+		if err != nil {
+			continue
+		}
+		stray := &lease{id: id.Lease, cg: cg}
+		if err := d.killLease(stray); err != nil {
+			d.log.Error("remove leftover lease cgroup", "cgroup", id.String(), "err", err)
+		} else {
+			d.log.Warn("removed leftover lease cgroup", "cgroup", id.String())
+		}
+	}
+	if len(saved.Leases) > 0 {
+		d.log.Info("leases re-adopted; waiting for their launchers", "leases", len(saved.Leases), "grace", d.opts.ReconnectGrace)
+	}
+}
+
+// graceOver releases a re-adopted lease whose launcher never came back.
+func (d *Daemon) graceOver(l *lease) {
+	d.mu.Lock()
+	bound := l.bound
+	d.mu.Unlock()
+	if !bound {
+		d.log.Warn("launcher did not resume its lease; releasing it", "lease", l.id)
+		d.release(l, "launcher did not reconnect")
+	}
+}
