@@ -1,0 +1,224 @@
+package mpsctl
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/gpu"
+	"github.com/mpsd/mpsd/policy"
+)
+
+// command is one mpsctl command. Adding one is adding an entry to
+// commands: its synopsis and summary feed the usage text, setup defines
+// its flags and returns what runs it.
+type command struct {
+	name string
+	// args is the synopsis after the name: "--gpu SEL | --group NAME".
+	args string
+	// summary is one line for the command list; long, when set, is the
+	// paragraph of `mpsctl help NAME`.
+	summary, long string
+	// daemon says the command talks to mpsd: it accepts --socket after
+	// its name too, and inv.client() reaches the socket chosen.
+	daemon bool
+	// setup defines the command's flags on fs (mpsctl parses them, and
+	// --socket for daemon commands, wherever they appear among the
+	// arguments) and returns the function that runs the command with the
+	// positional arguments left. A usage problem it finds is returned as
+	// usagef(...).
+	setup func(fs *flag.FlagSet) runFunc
+}
+
+type runFunc func(ctx context.Context, inv *invocation, args []string) error
+
+// commands is the command table, in the order of the usage text.
+// restart, requeue LEASE, inject-xid GPU XID [--pid PID] and shutdown
+// join it as mpsd gains their API paths: an admin command over an
+// AdminTarget is one adminCommand entry; one with positional arguments
+// parses them in its runFunc and calls inv.client().Post.
+var commands = []command{
+	{
+		name:    "status",
+		args:    "[--json]",
+		summary: "show instances, leases and queues",
+		long: "Shows mpsd's MPS instances, the leases running and queued, and the queue\n" +
+			"length of every group. --json prints the status document as mpsd sent it.",
+		daemon: true,
+		setup:  statusCommand,
+	},
+	adminCommand("drain", api.PathDrain, "drained",
+		"close instances to new leases; running ones go on",
+		"Closes the instances of a GPU (index, UUID or UUID prefix), of a group, or\n"+
+			"of that group on that GPU to new leases; running leases go on. Admins only."),
+	adminCommand("resume", api.PathResume, "resumed",
+		"reopen drained or quarantined instances",
+		"Reopens the drained or quarantined instances of a GPU, of a group, or of\n"+
+			"that group on that GPU. Admins only."),
+	{
+		name:    "check-config",
+		args:    "[--simulate] FILE",
+		summary: "check a config file (no mpsd needed)",
+		long: "Checks FILE as mpsd would load it on this host: every problem is printed on\n" +
+			"stderr, one per line with its key path. GPU selectors and memory budgets are\n" +
+			"checked against this host's GPUs (NVML); without NVML those checks are\n" +
+			"skipped, with a note. --simulate checks them against the GPUs of the\n" +
+			"config's simulate: section instead, as mpsd --simulate would.",
+		setup: checkConfigCommand,
+	},
+}
+
+func lookup(name string) *command {
+	for i := range commands {
+		if commands[i].name == name {
+			return &commands[i]
+		}
+	}
+	return nil
+}
+
+func statusCommand(fs *flag.FlagSet) runFunc {
+	asJSON := fs.Bool("json", false, "print the status document as mpsd sent it (indented JSON)")
+	return func(ctx context.Context, inv *invocation, args []string) error {
+		if len(args) > 0 {
+			return usagef("unexpected argument %q", args[0])
+		}
+		st, raw, err := inv.client().Status(ctx)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return WriteStatusJSON(inv.stdout, raw)
+		}
+		return WriteStatus(inv.stdout, st)
+	}
+}
+
+// adminCommand is a command that posts an api.AdminTarget (--gpu,
+// --group or both) to path and prints the instances changed, "<verb> gpu
+// ...".
+func adminCommand(name, path, verb, summary, long string) command {
+	return command{
+		name:    name,
+		args:    "--gpu SEL | --group NAME",
+		summary: summary,
+		long:    long,
+		daemon:  true,
+		setup: func(fs *flag.FlagSet) runFunc {
+			var t api.AdminTarget
+			fs.StringVar(&t.GPU, "gpu", "", "`SEL` names the GPU: an index, a UUID or a UUID prefix")
+			fs.StringVar(&t.Group, "group", "", "`NAME` names the tenant group")
+			return func(ctx context.Context, inv *invocation, args []string) error {
+				if len(args) > 0 {
+					return usagef("unexpected argument %q", args[0])
+				}
+				if t.GPU == "" && t.Group == "" {
+					return usagef("name --gpu, --group or both")
+				}
+				if err := t.Validate(); err != nil { // what mpsd would refuse
+					return usagef("%s", strings.TrimPrefix(err.Error(), api.ErrInvalid.Error()+": "))
+				}
+				res, err := inv.client().Admin(ctx, path, t)
+				if err != nil {
+					return err
+				}
+				return WriteAdminResult(inv.stdout, verb, res)
+			}
+		},
+	}
+}
+
+func checkConfigCommand(fs *flag.FlagSet) runFunc {
+	simulate := fs.Bool("simulate", false, "check against the GPUs of the config's simulate: section")
+	return func(_ context.Context, inv *invocation, args []string) error {
+		switch {
+		case len(args) == 0:
+			return usagef("missing FILE")
+		case len(args) > 1:
+			return usagef("unexpected argument %q", args[1])
+		}
+		return checkConfig(inv, args[0], *simulate)
+	}
+}
+
+// checkConfig checks the config file at path against the GPUs of this
+// host (or of its simulate section) and prints "FILE: ok" or its problems.
+func checkConfig(inv *invocation, path string, simulate bool) error {
+	var gpus []policy.GPU
+	if simulate {
+		cfg, err := policy.LoadFile(path, policy.Host{})
+		if err != nil {
+			return inv.configProblems(path, err)
+		}
+		sim, err := gpu.NewSim(gpu.SimSpec{GPUs: cfg.Simulate.GPUs, Model: cfg.Simulate.Model})
+		if err != nil {
+			fmt.Fprintf(inv.stderr, "%s: simulate: %v\n", path, err)
+			return errReported
+		}
+		if gpus, err = hostGPUs(sim.NVML()); err != nil {
+			return fmt.Errorf("simulated GPUs: %w", err)
+		}
+	} else {
+		var err error
+		gpus, err = hostGPUs(inv.nvml())
+		switch {
+		case errors.Is(err, gpu.ErrNVMLUnavailable):
+			fmt.Fprintf(inv.stderr, "mpsctl: note: GPU checks skipped (GPU selectors, memory budgets against the cards): %v\n", err)
+			gpus = nil
+		case err != nil:
+			return fmt.Errorf("read this host's GPUs: %w", err)
+		}
+	}
+	if err := policy.CheckFile(path, policy.Host{GPUs: gpus}); err != nil {
+		return inv.configProblems(path, err)
+	}
+	_, err := fmt.Fprintf(inv.stdout, "%s: ok\n", path)
+	return err
+}
+
+// configProblems prints every problem of a *policy.ConfigError on stderr,
+// "FILE: key: message", and returns errReported; other errors (the file
+// cannot be read) are returned as they are.
+func (inv *invocation) configProblems(path string, err error) error {
+	var ce *policy.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	for _, p := range ce.Problems {
+		fmt.Fprintf(inv.stderr, "%s: %s\n", path, p)
+	}
+	if len(ce.Problems) == 0 {
+		fmt.Fprintf(inv.stderr, "%s: invalid\n", path)
+	}
+	return errReported
+}
+
+// hostGPUs reads the GPU inventory through lib as policy needs it: a
+// non-nil slice, empty on a host without GPUs.
+func hostGPUs(lib nvml.Interface) (_ []policy.GPU, err error) {
+	h, err := gpu.New(lib, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if cerr := h.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	infos := h.GPUs()
+	out := make([]policy.GPU, 0, len(infos))
+	for _, in := range infos {
+		out = append(out, policy.GPU{
+			Index:  in.Index,
+			UUID:   in.UUID,
+			Memory: int64(min(in.MemoryTotalBytes, math.MaxInt64)),
+		})
+	}
+	return out, nil
+}

@@ -1,0 +1,24 @@
+// Package mpsctl is the library behind mpsctl, the operator's command line
+// for mpsd (DESIGN.md §1): cmd/mpsctl only calls Main.
+//
+// What it owns:
+//   - the command line: the global --socket flag (else $MPSD_SOCKET, else
+//     api.DefaultSocket), the command table (commands.go) and the usage
+//     text generated from it, and the exit statuses: 0 success, 1 mpsd
+//     refused or failed, could not be reached, or the config is invalid,
+//     2 usage error (ExitCode);
+//   - the client side of mpsd's admin and status requests (Client), one
+//     connection per request over the unix socket, with the error
+//     document of package api decoded into one line;
+//   - how those answers are shown: the status tables, the --json document
+//     as mpsd sent it (indented, unknown fields kept), one line per
+//     instance an admin command changed;
+//   - check-config: a config file checked by package policy against this
+//     host's GPUs (NVML), the config's simulated GPUs (--simulate), or no
+//     GPUs when NVML is unavailable, with a note saying so.
+//
+// It never runs programs, never touches MPS, cgroups or mpsd's files
+// (everything goes through the API, which authorizes by peer credentials),
+// never retries a request, and never logs: what it says is its output on
+// stdout and one line per failure on stderr.
+package mpsctl

@@ -1,0 +1,59 @@
+package mpsctl
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/units"
+)
+
+// statusFixture is a status document of a 4-GPU host, its lists in no
+// particular order (mpsctl sorts them).
+func statusFixture() api.Status {
+	return api.Status{
+		Instances: []api.InstanceStatus{
+			{
+				GPUUUID: "GPU-bbbbbbbb-1111-2222-3333-444444444444", GPUIndex: 1, Group: "inference",
+				State: api.InstanceDraining, DaemonPID: 2100, ServerPIDs: []int{2101}, Clients: 1, Restarts: 0,
+				GPUIndexes: []int{1}, GPUUUIDs: []string{"GPU-bbbbbbbb-1111-2222-3333-444444444444"},
+				SMAllocated: 25, SMBudget: 100, MemAllocatedBytes: 8 * units.GiB, MemBudgetBytes: 24 * units.GiB, MaxClients: 16,
+			},
+			{
+				GPUUUID: "GPU-cccccccc-1111-2222-3333-444444444444", GPUIndex: 2, Group: "batch",
+				State: api.InstanceRecovering, DaemonPID: 0, ServerPIDs: nil, Clients: 0, Restarts: 3,
+				GPUIndexes: []int{2, 3}, GPUUUIDs: []string{"GPU-cccccccc-1111-2222-3333-444444444444", "GPU-dddddddd-1111-2222-3333-444444444444"},
+				SMAllocated: 0, SMBudget: 100, MemAllocatedBytes: 0, MemBudgetBytes: 12 * units.GiB, MaxClients: 8,
+			},
+			{
+				GPUUUID: "GPU-aaaaaaaa-1111-2222-3333-444444444444", GPUIndex: 0, Group: "inference",
+				State: api.InstanceReady, DaemonPID: 1000, ServerPIDs: []int{1001, 1002}, Clients: 3, Restarts: 1,
+				GPUIndexes: []int{0}, GPUUUIDs: []string{"GPU-aaaaaaaa-1111-2222-3333-444444444444"},
+				SMAllocated: 75, SMBudget: 100, MemAllocatedBytes: 20*units.GiB + 512*units.MiB, MemBudgetBytes: 24 * units.GiB, MaxClients: 16,
+			},
+			{
+				GPUUUID: "GPU-aaaaaaaa-1111-2222-3333-444444444444", GPUIndex: 0, Group: "batch",
+				State: api.InstanceQuarantined, DaemonPID: 1500, ServerPIDs: []int{}, Clients: 0, Restarts: 5,
+				GPUIndexes: []int{0}, GPUUUIDs: []string{"GPU-aaaaaaaa-1111-2222-3333-444444444444"},
+				SMAllocated: 0, SMBudget: 50, MemAllocatedBytes: 0, MemBudgetBytes: 12 * units.GiB, MaxClients: 8,
+			},
+		},
+		Leases: []api.LeaseStatus{
+			{ID: "l-0003", Group: "inference", GPUIndexes: nil, UID: 1001, PIDs: nil, SM: 25, MemBytes: 8 * units.GiB, Attempt: 1, State: api.LeaseQueued},
+			{ID: "l-0001", Group: "inference", GPUIndexes: []int{0}, UID: 1001, PIDs: []int{3001, 3002}, SM: 50, MemBytes: 12 * units.GiB, Attempt: 2, State: api.LeaseRunning},
+			{ID: "l-0002", Group: "inference", GPUIndexes: []int{0}, UID: 0, PIDs: []int{3100}, SM: 25, MemBytes: 8*units.GiB + 512*units.MiB, Attempt: 1, State: api.LeaseRunning},
+			{ID: "b-0001", Group: "batch", GPUIndexes: []int{2, 3}, UID: 1002, PIDs: nil, SM: 50, MemBytes: 10 * units.GiB, Attempt: 1, State: api.LeaseQueued},
+		},
+		Queue: map[string]int{"inference": 1, "batch": 1, "idle": 0},
+	}
+}
+
+// withUnknownField adds a field a newer mpsd might send to a JSON object.
+func withUnknownField(t *testing.T, r reply) reply {
+	t.Helper()
+	if !strings.HasPrefix(r.body, "{") {
+		t.Fatalf("not an object: %s", r.body)
+	}
+	r.body = `{"future_field":{"since":"v1.1","n":[1,2]},` + r.body[1:]
+	return r
+}

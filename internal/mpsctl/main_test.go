@@ -1,0 +1,150 @@
+package mpsctl
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/mpsd/mpsd/api"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// golden compares got with testdata/name, or rewrites the file with -update.
+func golden(t *testing.T, name string, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("output differs from %s (go test -update rewrites it)\ngot:\n%s\nwant:\n%s", path, got, want)
+	}
+}
+
+// reply is one canned answer of the fake mpsd.
+type reply struct {
+	status int
+	// body is written as it is; contentType defaults to JSON.
+	body        string
+	contentType string
+}
+
+// request is what the fake mpsd received.
+type request struct {
+	method, path, contentType, body string
+}
+
+// fakeMPSD serves canned replies, keyed "METHOD PATH", on a unix socket in
+// a temporary directory, and records the requests.
+type fakeMPSD struct {
+	socket string
+	mu     sync.Mutex
+	reqs   []request
+}
+
+func newFake(t *testing.T, replies map[string]reply) *fakeMPSD {
+	t.Helper()
+	f := &fakeMPSD{socket: filepath.Join(t.TempDir(), "s.sock")}
+	ln, err := net.Listen("unix", f.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		f.mu.Lock()
+		f.reqs = append(f.reqs, request{r.Method, r.URL.Path, r.Header.Get("Content-Type"), string(b)})
+		f.mu.Unlock()
+		rep, ok := replies[r.Method+" "+r.URL.Path]
+		if !ok {
+			api.WriteError(w, http.StatusNotFound, api.CodeNotFound, "fake mpsd: no "+r.Method+" "+r.URL.Path)
+			return
+		}
+		ct := rep.contentType
+		if ct == "" {
+			ct = api.ContentTypeJSON
+		}
+		w.Header().Set("Content-Type", ct)
+		w.WriteHeader(rep.status)
+		_, _ = io.WriteString(w, rep.body)
+	}))
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return f
+}
+
+func (f *fakeMPSD) requests() []request {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]request(nil), f.reqs...)
+}
+
+// ok answers 200 with v as JSON.
+func ok(t *testing.T, v any) reply {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reply{status: http.StatusOK, body: string(b) + "\n"}
+}
+
+// fail answers status with an api.Error body.
+func fail(t *testing.T, status int, code api.ErrorCode, msg string) reply {
+	t.Helper()
+	return ok(t, api.Error{Code: code, Message: msg}).withStatus(status)
+}
+
+func (r reply) withStatus(s int) reply { r.status = s; return r }
+
+// result is one mpsctl run.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// mpsctl runs mpsctl with args and environ in process.
+func mpsctl(t *testing.T, cfg Config, environ []string, args ...string) result {
+	t.Helper()
+	var out, errb bytes.Buffer
+	cfg.Stdout, cfg.Stderr = &out, &errb
+	cfg.Getenv = func(k string) string {
+		for _, kv := range environ {
+			if name, v, ok := strings.Cut(kv, "="); ok && name == k {
+				return v
+			}
+		}
+		return ""
+	}
+	code := Run(context.Background(), cfg, args)
+	return result{code, out.String(), errb.String()}
+}
+
+// firstLine is s's first line.
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(s, "\n")
+	return l
+}

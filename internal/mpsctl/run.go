@@ -1,0 +1,348 @@
+package mpsctl
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/mpsd/mpsd/api"
+)
+
+// Exit statuses of mpsctl.
+const (
+	// ExitOK: the command did what it was asked.
+	ExitOK = 0
+	// ExitFailure: mpsd refused or failed, could not be reached, or the
+	// config is invalid.
+	ExitFailure = 1
+	// ExitUsage: unknown command or flag, missing or extra argument.
+	ExitUsage = 2
+)
+
+// ErrUsage is wrapped by every error about the command line.
+var ErrUsage = errors.New("usage error")
+
+// errReported: the command has already printed why it failed.
+var errReported = errors.New("mpsctl: failure already reported")
+
+// usageError is a problem with the command line of cmd (nil: before the
+// command was known).
+type usageError struct {
+	cmd *command
+	msg string
+}
+
+func (e *usageError) Error() string { return e.msg }
+func (e *usageError) Unwrap() error { return ErrUsage }
+
+// usagef reports a problem with a command's arguments; Run adds the
+// command and prints its usage.
+func usagef(format string, a ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, a...)}
+}
+
+// Config is what Run needs beyond the arguments; Main builds it from the
+// process.
+type Config struct {
+	// Stdout gets the commands' output; Stderr one line per failure, and
+	// notes. Nil discards.
+	Stdout, Stderr io.Writer
+	// Getenv supplies $MPSD_SOCKET; nil means an empty environment.
+	Getenv func(string) string
+	// Timeout bounds each request to mpsd; 0 means DefaultTimeout.
+	Timeout time.Duration
+	// NVML returns the library check-config reads this host's GPUs
+	// through; nil means nvml.New.
+	NVML func() nvml.Interface
+}
+
+// invocation is one run of one command.
+type invocation struct {
+	stdout, stderr io.Writer
+	cfg            Config
+	socket         string
+	c              *Client
+}
+
+// client connects to the socket chosen by --socket, $MPSD_SOCKET or
+// api.DefaultSocket.
+func (inv *invocation) client() *Client {
+	if inv.c == nil {
+		inv.c = NewClient(inv.socket, inv.cfg.Timeout)
+	}
+	return inv.c
+}
+
+func (inv *invocation) nvml() nvml.Interface {
+	if inv.cfg.NVML != nil {
+		return inv.cfg.NVML()
+	}
+	return nvml.New()
+}
+
+// Main is mpsctl: it runs the command args names (without the program
+// name) with the process's output and environment, and returns the exit
+// status.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer, environ []string) int {
+	return Run(ctx, Config{
+		Stdout: stdout,
+		Stderr: stderr,
+		Getenv: func(k string) string {
+			for _, kv := range environ {
+				if name, val, ok := strings.Cut(kv, "="); ok && name == k {
+					return val // the first one, as os.Getenv
+				}
+			}
+			return ""
+		},
+	}, args)
+}
+
+// Run parses args (global flags, the command, its flags and arguments),
+// runs the command and returns the exit status (ExitCode). Every failure
+// has printed one line on cfg.Stderr, usage errors the usage too; help
+// goes to cfg.Stdout.
+func Run(ctx context.Context, cfg Config, args []string) int {
+	if cfg.Stdout == nil {
+		cfg.Stdout = io.Discard
+	}
+	if cfg.Stderr == nil {
+		cfg.Stderr = io.Discard
+	}
+	if cfg.Getenv == nil {
+		cfg.Getenv = func(string) string { return "" }
+	}
+	err := run(ctx, cfg, args)
+	var ue *usageError
+	switch {
+	case err == nil:
+	case errors.As(err, &ue):
+		fmt.Fprintf(cfg.Stderr, "mpsctl: %s\n\n", oneLine(ue.msg))
+		if ue.cmd != nil {
+			fmt.Fprint(cfg.Stderr, commandUsage(ue.cmd))
+		} else {
+			fmt.Fprint(cfg.Stderr, Usage())
+		}
+	case errors.Is(err, errReported):
+	default:
+		fmt.Fprintf(cfg.Stderr, "mpsctl: %s\n", oneLine(err.Error()))
+	}
+	return ExitCode(err)
+}
+
+// ExitCode maps Run's errors to exit statuses: nil ExitOK, ErrUsage
+// ExitUsage, anything else ExitFailure.
+func ExitCode(err error) int {
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.Is(err, ErrUsage):
+		return ExitUsage
+	default:
+		return ExitFailure
+	}
+}
+
+func run(ctx context.Context, cfg Config, args []string) error {
+	global := newFlagSet("mpsctl")
+	var socket socketFlag
+	global.Var(&socket, "socket", "")
+	if err := global.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			_, err := fmt.Fprint(cfg.Stdout, Usage())
+			return err
+		}
+		return usagef("%s", flagError(err))
+	}
+	rest := global.Args()
+	if len(rest) == 0 {
+		return usagef("no command given")
+	}
+	name, rest := rest[0], rest[1:]
+	if name == "help" {
+		return help(cfg.Stdout, rest)
+	}
+	cmd := lookup(name)
+	if cmd == nil {
+		return usagef("unknown command %q", name)
+	}
+
+	fs := newFlagSet(name)
+	var cmdSocket socketFlag
+	if cmd.daemon {
+		fs.Var(&cmdSocket, "socket", "")
+	}
+	runCmd := cmd.setup(fs)
+	positional, err := parseInterspersed(fs, rest)
+	if errors.Is(err, flag.ErrHelp) {
+		_, err := fmt.Fprint(cfg.Stdout, commandUsage(cmd))
+		return err
+	}
+	if err != nil {
+		return &usageError{cmd: cmd, msg: name + ": " + flagError(err)}
+	}
+
+	inv := &invocation{stdout: cfg.Stdout, stderr: cfg.Stderr, cfg: cfg}
+	switch {
+	case cmdSocket.set:
+		inv.socket = cmdSocket.path
+	case socket.set:
+		inv.socket = socket.path
+	case cfg.Getenv(api.EnvSocket) != "":
+		inv.socket = cfg.Getenv(api.EnvSocket)
+	default:
+		inv.socket = api.DefaultSocket
+	}
+	err = runCmd(ctx, inv, positional)
+	if ue := (*usageError)(nil); errors.As(err, &ue) && ue.cmd == nil {
+		return &usageError{cmd: cmd, msg: name + ": " + ue.msg}
+	}
+	return err
+}
+
+// help is `mpsctl help [COMMAND]`.
+func help(stdout io.Writer, args []string) error {
+	switch {
+	case len(args) == 0:
+		_, err := fmt.Fprint(stdout, Usage())
+		return err
+	case len(args) > 1:
+		return usagef("help: unexpected argument %q", args[1])
+	}
+	cmd := lookup(args[0])
+	if cmd == nil {
+		return usagef("help: unknown command %q", args[0])
+	}
+	_, err := fmt.Fprint(stdout, commandUsage(cmd))
+	return err
+}
+
+func newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return fs
+}
+
+// parseInterspersed parses fs's flags wherever they appear in args and
+// returns the other arguments in order; everything after "--" is an
+// argument.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional, tail []string
+	for i, a := range args {
+		if a == "--" {
+			args, tail = args[:i], args[i+1:]
+			break
+		}
+	}
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return append(positional, tail...), nil
+		}
+		positional = append(positional, args[0])
+		args = args[1:]
+	}
+}
+
+// flagError rewords package flag's errors for mpsctl's double-dash flags.
+func flagError(err error) string {
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		return "unknown flag --" + name
+	}
+	if name, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
+		return "flag --" + name + " needs an argument"
+	}
+	if strings.Contains(msg, " for flag -") {
+		return strings.Replace(msg, " for flag -", " for flag --", 1)
+	}
+	return strings.Replace(msg, " for -", " for --", 1)
+}
+
+// socketFlag is --socket: a non-empty path, and whether it was given.
+type socketFlag struct {
+	path string
+	set  bool
+}
+
+func (s *socketFlag) String() string { return s.path }
+
+func (s *socketFlag) Set(v string) error {
+	if v == "" {
+		return errors.New("empty path")
+	}
+	s.path, s.set = v, true
+	return nil
+}
+
+// Usage is mpsctl's synopsis, generated from the command table.
+func Usage() string {
+	var b bytes.Buffer
+	b.WriteString("usage: mpsctl [--socket PATH] COMMAND [ARGS]\n\nCommands:\n")
+	tw := tabwriter.NewWriter(&b, 0, 8, 2, ' ', 0)
+	for _, c := range commands {
+		fmt.Fprintf(tw, "  %s\t%s\n", strings.TrimSpace(c.name+" "+c.args), c.summary)
+	}
+	fmt.Fprintf(tw, "  help [COMMAND]\tshow this help, or a command's\n")
+	_ = tw.Flush()
+	fmt.Fprintf(&b, `
+Options:
+  --socket PATH  mpsd's socket (default $%s, else %s);
+                 also accepted after the command's name
+Exit status: 0 success; 1 mpsd refused or failed, could not be reached, or
+the config is invalid; 2 usage error.
+`, api.EnvSocket, api.DefaultSocket)
+	return b.String()
+}
+
+// commandUsage is `mpsctl help NAME`.
+func commandUsage(cmd *command) string {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "usage: mpsctl [--socket PATH] %s\n", strings.TrimSpace(cmd.name+" "+cmd.args))
+	long := cmd.long
+	if long == "" {
+		long = cmd.summary
+	}
+	fmt.Fprintf(&b, "\n%s\n", long)
+	fs := newFlagSet(cmd.name)
+	if cmd.daemon {
+		fs.Var(&socketFlag{}, "socket", fmt.Sprintf("`PATH` is mpsd's socket (default $%s, else %s)", api.EnvSocket, api.DefaultSocket))
+	}
+	cmd.setup(fs)
+	var lines [][2]string
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(f)
+		if _, isBool := f.Value.(interface{ IsBoolFlag() bool }); isBool {
+			arg = ""
+		}
+		lines = append(lines, [2]string{strings.TrimSpace("--" + f.Name + " " + arg), usage})
+	})
+	if len(lines) > 0 {
+		b.WriteString("\nFlags:\n")
+		tw := tabwriter.NewWriter(&b, 0, 8, 2, ' ', 0)
+		for _, l := range lines {
+			fmt.Fprintf(tw, "  %s\t%s\n", l[0], l[1])
+		}
+		_ = tw.Flush()
+	}
+	return b.String()
+}
+
+// oneLine keeps a message to one line: mpsd's messages and file errors
+// are data, and mpsctl prints one line per failure.
+func oneLine(s string) string {
+	s = strings.TrimSpace(s)
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
+}

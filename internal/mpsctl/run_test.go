@@ -1,0 +1,436 @@
+package mpsctl
+
+import (
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+)
+
+func TestStatus(t *testing.T) {
+	empty := api.Status{Instances: []api.InstanceStatus{}, Leases: []api.LeaseStatus{}, Queue: map[string]int{}}
+	for _, tc := range []struct {
+		name   string
+		st     reply
+		args   []string
+		golden string
+	}{
+		{"table", ok(t, statusFixture()), []string{"status"}, "status.golden"},
+		{"json", withUnknownField(t, ok(t, statusFixture())), []string{"status", "--json"}, "status.json.golden"},
+		{"empty table", ok(t, empty), []string{"status"}, "status-empty.golden"},
+		{"empty json", ok(t, empty), []string{"status", "--json"}, "status-empty.json.golden"},
+		{"null lists", reply{status: 200, body: `{"instances":null,"leases":null,"queue":null}`}, []string{"status"}, "status-empty.golden"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := newFake(t, map[string]reply{"GET " + api.PathStatus: tc.st})
+			r := mpsctl(t, Config{}, nil, append([]string{"--socket", fake.socket}, tc.args...)...)
+			if r.code != ExitOK || r.stderr != "" {
+				t.Fatalf("exit %d, stderr %q; want 0 and nothing", r.code, r.stderr)
+			}
+			golden(t, tc.golden, r.stdout)
+			reqs := fake.requests()
+			if len(reqs) != 1 || reqs[0].method != http.MethodGet || reqs[0].body != "" {
+				t.Errorf("requests = %+v; want one GET without body", reqs)
+			}
+		})
+	}
+}
+
+// The JSON mpsctl prints is the document mpsd sent: it decodes to the same
+// Status, and keeps the fields this version does not know.
+func TestStatusJSONKeepsDocument(t *testing.T) {
+	fake := newFake(t, map[string]reply{"GET " + api.PathStatus: withUnknownField(t, ok(t, statusFixture()))})
+	r := mpsctl(t, Config{}, nil, "--socket", fake.socket, "status", "--json")
+	if r.code != ExitOK {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	var got api.Status
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := statusFixture()
+	wantJSON, _ := json.Marshal(want)
+	gotJSON, _ := json.Marshal(got)
+	if string(gotJSON) != string(wantJSON) {
+		t.Errorf("status --json decodes to\n%s\nwant\n%s", gotJSON, wantJSON)
+	}
+	if !strings.Contains(r.stdout, `"future_field"`) {
+		t.Errorf("status --json dropped an unknown field:\n%s", r.stdout)
+	}
+}
+
+func TestSocketChoice(t *testing.T) {
+	st := ok(t, statusFixture())
+	good := newFake(t, map[string]reply{"GET " + api.PathStatus: st})
+	missing := filepath.Join(t.TempDir(), "missing.sock")
+	for _, tc := range []struct {
+		name    string
+		environ []string
+		args    []string
+		// want is the socket that must be used; "" means good's.
+		want string
+	}{
+		{"global flag", nil, []string{"--socket", good.socket, "status"}, ""},
+		{"global flag with =", nil, []string{"--socket=" + good.socket, "status"}, ""},
+		{"flag after command", nil, []string{"status", "--socket", good.socket}, ""},
+		{"flag after command wins", nil, []string{"--socket", missing, "status", "--socket", good.socket}, ""},
+		{"environment", []string{api.EnvSocket + "=" + good.socket}, []string{"status"}, ""},
+		{"flag beats environment", []string{api.EnvSocket + "=" + missing}, []string{"--socket", good.socket, "status"}, ""},
+		{"empty environment is unset", []string{api.EnvSocket + "="}, []string{"status"}, api.DefaultSocket},
+		{"environment names the missing one", []string{api.EnvSocket + "=" + missing}, []string{"status"}, missing},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.want == api.DefaultSocket {
+				if _, err := os.Stat(api.DefaultSocket); err == nil {
+					t.Skipf("%s exists on this host", api.DefaultSocket)
+				}
+			}
+			r := mpsctl(t, Config{}, tc.environ, tc.args...)
+			if tc.want == "" {
+				if r.code != ExitOK {
+					t.Fatalf("exit %d: %s", r.code, r.stderr)
+				}
+				return
+			}
+			want := "mpsctl: cannot reach mpsd at " + tc.want + ": "
+			if r.code != ExitFailure || !strings.HasPrefix(r.stderr, want) {
+				t.Errorf("exit %d, stderr %q; want 1 and %q...", r.code, r.stderr, want)
+			}
+		})
+	}
+}
+
+func TestAdmin(t *testing.T) {
+	changed := api.AdminResult{Instances: []api.InstanceStatus{
+		{GPUUUID: "GPU-bbbbbbbb-1111-2222-3333-444444444444", GPUIndex: 1, Group: "inference", State: api.InstanceDraining},
+		{GPUUUID: "GPU-aaaaaaaa-1111-2222-3333-444444444444", GPUIndex: 0, Group: "inference", State: api.InstanceDraining},
+		{GPUUUID: "GPU-cccccccc-1111-2222-3333-444444444444", GPUIndex: 2, Group: "batch", State: api.InstanceDraining,
+			GPUIndexes: []int{2, 3}, GPUUUIDs: []string{"GPU-cccccccc-1111-2222-3333-444444444444", "GPU-dddddddd-1111-2222-3333-444444444444"}},
+	}}
+	resumed := api.AdminResult{Instances: []api.InstanceStatus{
+		{GPUUUID: "GPU-aaaaaaaa-1111-2222-3333-444444444444", GPUIndex: 0, Group: "batch", State: api.InstanceReady},
+	}}
+	replies := map[string]reply{
+		"POST " + api.PathDrain:  ok(t, changed),
+		"POST " + api.PathResume: ok(t, resumed),
+	}
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		path     string
+		body     api.AdminTarget
+		stdout   string
+		override map[string]reply
+	}{
+		{
+			name: "drain gpu", args: []string{"drain", "--gpu", "0"}, path: api.PathDrain, body: api.AdminTarget{GPU: "0"},
+			stdout: "drained gpu 0 (GPU-aaaaaaaa…) group inference: state draining\n" +
+				"drained gpu 1 (GPU-bbbbbbbb…) group inference: state draining\n" +
+				"drained gpu 2,3 (GPU-cccccccc…,GPU-dddddddd…) group batch: state draining\n",
+		},
+		{
+			name: "resume group on gpu", args: []string{"resume", "--group=batch", "--gpu", "GPU-aaaa"}, path: api.PathResume,
+			body:   api.AdminTarget{GPU: "GPU-aaaa", Group: "batch"},
+			stdout: "resumed gpu 0 (GPU-aaaaaaaa…) group batch: state ready\n",
+		},
+		{
+			name: "nothing changed", args: []string{"resume", "--group", "idle"}, path: api.PathResume, body: api.AdminTarget{Group: "idle"},
+			stdout:   "no instance resumed\n",
+			override: map[string]reply{"POST " + api.PathResume: ok(t, api.AdminResult{})},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := replies
+			if tc.override != nil {
+				rs = tc.override
+			}
+			fake := newFake(t, rs)
+			r := mpsctl(t, Config{}, []string{api.EnvSocket + "=" + fake.socket}, tc.args...)
+			if r.code != ExitOK || r.stderr != "" {
+				t.Fatalf("exit %d, stderr %q; want 0 and nothing", r.code, r.stderr)
+			}
+			if r.stdout != tc.stdout {
+				t.Errorf("stdout:\n%s\nwant:\n%s", r.stdout, tc.stdout)
+			}
+			reqs := fake.requests()
+			if len(reqs) != 1 {
+				t.Fatalf("requests = %+v; want one", reqs)
+			}
+			q := reqs[0]
+			if q.method != http.MethodPost || q.path != tc.path || q.contentType != api.ContentTypeJSON {
+				t.Errorf("request %s %s (%s); want POST %s (%s)", q.method, q.path, q.contentType, tc.path, api.ContentTypeJSON)
+			}
+			// mpsd decodes the body strictly; so does this test.
+			got, err := api.DecodeAdminTarget(strings.NewReader(q.body))
+			if err != nil || got != tc.body {
+				t.Errorf("body %s decodes to %+v, %v; want %+v", q.body, got, err, tc.body)
+			}
+		})
+	}
+}
+
+// Refusals and failures of mpsd are one line, "mpsctl: <message>", exit 1.
+func TestDaemonErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		rep    reply
+		args   []string
+		stderr string
+	}{
+		{
+			"forbidden", fail(t, http.StatusForbidden, api.CodeForbidden, "uid 1001 is not an mpsd admin"),
+			[]string{"drain", "--gpu", "0"}, "mpsctl: uid 1001 is not an mpsd admin\n",
+		},
+		{
+			"not found", fail(t, http.StatusNotFound, api.CodeNotFound, "no instance on gpu 9"),
+			[]string{"resume", "--gpu", "9"}, "mpsctl: no instance on gpu 9\n",
+		},
+		{
+			"multi-line message stays one line", fail(t, http.StatusInternalServerError, api.CodeInternal, "state\nwrite failed"),
+			[]string{"drain", "--group", "x"}, "mpsctl: state write failed\n",
+		},
+		{
+			"not an error document", reply{status: http.StatusBadGateway, body: "<html>bad gateway</html>", contentType: "text/html"},
+			[]string{"status"}, "",
+		},
+		{
+			"2xx but not a status", reply{status: http.StatusOK, body: "[1,2"},
+			[]string{"status"}, "",
+		},
+		{
+			"2xx but not json for --json", reply{status: http.StatusOK, body: "nope"},
+			[]string{"status", "--json"}, "",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := api.PathStatus
+			method := "GET "
+			switch tc.args[0] {
+			case "drain":
+				method, path = "POST ", api.PathDrain
+			case "resume":
+				method, path = "POST ", api.PathResume
+			}
+			fake := newFake(t, map[string]reply{method + path: tc.rep})
+			r := mpsctl(t, Config{}, nil, append([]string{"--socket", fake.socket}, tc.args...)...)
+			if r.code != ExitFailure || r.stdout != "" {
+				t.Errorf("exit %d, stdout %q; want 1 and nothing", r.code, r.stdout)
+			}
+			if strings.Count(r.stderr, "\n") != 1 || !strings.HasPrefix(r.stderr, "mpsctl: ") {
+				t.Errorf("stderr %q; want one line starting mpsctl: ", r.stderr)
+			}
+			if tc.stderr != "" && r.stderr != tc.stderr {
+				t.Errorf("stderr %q; want %q", r.stderr, tc.stderr)
+			}
+			if tc.rep.status == http.StatusBadGateway && !strings.Contains(r.stderr, "502") {
+				t.Errorf("stderr %q does not name the HTTP status", r.stderr)
+			}
+			if tc.rep.status == http.StatusOK && !strings.Contains(r.stderr, "bad answer from mpsd at "+fake.socket) {
+				t.Errorf("stderr %q does not say the answer was bad", r.stderr)
+			}
+		})
+	}
+}
+
+func TestUnreachable(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing.sock")
+	// A socket file nobody listens on any more: connection refused.
+	stale := filepath.Join(dir, "stale.sock")
+	ln, err := net.Listen("unix", stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	ln.Close()
+	for _, tc := range []struct {
+		socket, reason string
+		args           []string
+	}{
+		{missing, "no such file or directory", []string{"status"}},
+		{missing, "no such file or directory", []string{"drain", "--gpu", "0"}},
+		{stale, "connection refused", []string{"resume", "--group", "g"}},
+	} {
+		r := mpsctl(t, Config{}, nil, append([]string{"--socket", tc.socket}, tc.args...)...)
+		want := "mpsctl: cannot reach mpsd at " + tc.socket + ": " + tc.reason + "; is it running?\n"
+		if r.code != ExitFailure || r.stderr != want || r.stdout != "" {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want 1, nothing, %q", tc.args, r.code, r.stdout, r.stderr, want)
+		}
+	}
+}
+
+// A daemon that accepts and never answers is a failure after Timeout,
+// naming the socket, not a hang.
+func TestTimeout(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 4096)
+		for {
+			if _, err := c.Read(buf); err != nil {
+				return
+			}
+		}
+	}()
+	r := mpsctl(t, Config{Timeout: 100 * time.Millisecond}, nil, "--socket", socket, "status")
+	want := "mpsctl: GET " + api.PathStatus + " via " + socket + ": no answer within 100ms\n"
+	if r.code != ExitFailure || r.stderr != want {
+		t.Errorf("exit %d, stderr %q; want 1 and %q", r.code, r.stderr, want)
+	}
+	ln.Close()
+	<-done
+}
+
+func TestUsage(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		// line is the first line on stderr.
+		line string
+		// cmd is the command whose usage follows; "" for the global one.
+		cmd string
+	}{
+		{nil, "mpsctl: no command given", ""},
+		{[]string{"--socket", "/x"}, "mpsctl: no command given", ""},
+		{[]string{"frob"}, `mpsctl: unknown command "frob"`, ""},
+		{[]string{"--frob", "status"}, "mpsctl: unknown flag --frob", ""},
+		{[]string{"--socket"}, "mpsctl: flag --socket needs an argument", ""},
+		{[]string{"--socket=", "status"}, `mpsctl: invalid value "" for flag --socket: empty path`, ""},
+		{[]string{"status", "extra"}, `mpsctl: status: unexpected argument "extra"`, "status"},
+		{[]string{"status", "--frob"}, "mpsctl: status: unknown flag --frob", "status"},
+		{[]string{"status", "--json=maybe"}, `mpsctl: status: invalid boolean value "maybe" for --json: parse error`, "status"},
+		{[]string{"drain"}, "mpsctl: drain: name --gpu, --group or both", "drain"},
+		{[]string{"drain", "--gpu"}, "mpsctl: drain: flag --gpu needs an argument", "drain"},
+		{[]string{"drain", "--gpu", ""}, "mpsctl: drain: name --gpu, --group or both", "drain"},
+		{[]string{"drain", "--gpu", strings.Repeat("9", 129)}, "mpsctl: drain: gpu or group longer than 128 bytes", "drain"},
+		{[]string{"resume", "--group", "g", "now"}, `mpsctl: resume: unexpected argument "now"`, "resume"},
+		{[]string{"check-config"}, "mpsctl: check-config: missing FILE", "check-config"},
+		{[]string{"check-config", "a.yaml", "b.yaml"}, `mpsctl: check-config: unexpected argument "b.yaml"`, "check-config"},
+		{[]string{"check-config", "--socket", "/x", "a.yaml"}, "mpsctl: check-config: unknown flag --socket", "check-config"},
+		{[]string{"help", "frob"}, `mpsctl: help: unknown command "frob"`, ""},
+		{[]string{"help", "status", "drain"}, `mpsctl: help: unexpected argument "drain"`, ""},
+	} {
+		// No socket exists: a usage error must be found before connecting.
+		r := mpsctl(t, Config{}, []string{api.EnvSocket + "=/nonexistent/s.sock"}, tc.args...)
+		if r.code != ExitUsage || r.stdout != "" {
+			t.Errorf("%q: exit %d, stdout %q; want 2 and nothing", tc.args, r.code, r.stdout)
+		}
+		if got := firstLine(r.stderr); got != tc.line {
+			t.Errorf("%q: first line %q; want %q", tc.args, got, tc.line)
+		}
+		want := "usage: mpsctl [--socket PATH] COMMAND"
+		if tc.cmd != "" {
+			want = "usage: mpsctl [--socket PATH] " + tc.cmd + " "
+		}
+		if _, rest, _ := strings.Cut(r.stderr, "\n\n"); !strings.HasPrefix(rest, want) {
+			t.Errorf("%q: stderr after the first line:\n%s\nwant it to start %q", tc.args, rest, want)
+		}
+	}
+}
+
+func TestHelp(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"help"}, Usage()},
+		{[]string{"--help"}, Usage()},
+		{[]string{"-h"}, Usage()},
+		{[]string{"--socket", "/x", "--help", "status"}, Usage()},
+		{[]string{"help", "drain"}, commandUsage(lookup("drain"))},
+		{[]string{"drain", "--help"}, commandUsage(lookup("drain"))},
+		{[]string{"status", "-h"}, commandUsage(lookup("status"))},
+		{[]string{"check-config", "--help"}, commandUsage(lookup("check-config"))},
+	} {
+		r := mpsctl(t, Config{}, nil, tc.args...)
+		if r.code != ExitOK || r.stderr != "" || r.stdout != tc.want {
+			t.Errorf("%q: exit %d, stderr %q, stdout:\n%s\nwant 0, nothing and:\n%s", tc.args, r.code, r.stderr, r.stdout, tc.want)
+		}
+	}
+	golden(t, "usage.golden", Usage())
+	var all strings.Builder
+	for i := range commands {
+		all.WriteString(commandUsage(&commands[i]))
+		all.WriteString("----\n")
+	}
+	golden(t, "usage-commands.golden", all.String())
+	for _, c := range commands {
+		if !strings.Contains(Usage(), "  "+c.name+" ") {
+			t.Errorf("usage does not list %s", c.name)
+		}
+	}
+}
+
+func TestExitCode(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want int
+	}{
+		{nil, ExitOK},
+		{usagef("x"), ExitUsage},
+		{&usageError{cmd: lookup("status"), msg: "x"}, ExitUsage},
+		{errReported, ExitFailure},
+		{&api.Error{Code: api.CodeForbidden, Message: "no"}, ExitFailure},
+		{errors.New("anything"), ExitFailure},
+	} {
+		if got := ExitCode(tc.err); got != tc.want {
+			t.Errorf("ExitCode(%v) = %d; want %d", tc.err, got, tc.want)
+		}
+	}
+}
+
+func TestParseInterspersed(t *testing.T) {
+	for _, tc := range []struct {
+		args     []string
+		want     []string
+		simulate bool
+	}{
+		{nil, nil, false},
+		{[]string{"f.yaml"}, []string{"f.yaml"}, false},
+		{[]string{"--simulate", "f.yaml"}, []string{"f.yaml"}, true},
+		{[]string{"f.yaml", "--simulate"}, []string{"f.yaml"}, true},
+		{[]string{"a", "--simulate", "b"}, []string{"a", "b"}, true},
+		{[]string{"--", "--simulate"}, []string{"--simulate"}, false},
+		{[]string{"--simulate", "--", "-f.yaml", "--"}, []string{"-f.yaml", "--"}, true},
+		{[]string{"-"}, []string{"-"}, false},
+	} {
+		fs := newFlagSet("t")
+		sim := fs.Bool("simulate", false, "")
+		got, err := parseInterspersed(fs, tc.args)
+		if err != nil || strings.Join(got, "|") != strings.Join(tc.want, "|") || *sim != tc.simulate {
+			t.Errorf("parseInterspersed(%q) = %q, %v, simulate %v; want %q, simulate %v", tc.args, got, err, *sim, tc.want, tc.simulate)
+		}
+	}
+}
+
+func TestShortUUID(t *testing.T) {
+	for in, want := range map[string]string{
+		"GPU-1234abcd-1111-2222-3333-444444444444": "GPU-1234abcd…",
+		"GPU-1234abcd":  "GPU-1234abcd",
+		"GPU-12":        "GPU-12",
+		"":              "-",
+		"GPU-ééééééééé": "GPU-éééééééé…",
+		"GPU-a b\nc":    "GPU-a?b?c",
+	} {
+		if got := ShortUUID(in); got != want {
+			t.Errorf("ShortUUID(%q) = %q; want %q", in, got, want)
+		}
+	}
+}
