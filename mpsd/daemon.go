@@ -99,12 +99,13 @@ type Daemon struct {
 	// a launcher going away (release it).
 	stopping chan struct{}
 
-	mu        sync.Mutex
-	cfg       *policy.Config
-	instances map[string]*instance
-	queues    map[string][]*lease // queued leases per group, arrival order
-	leases    map[string]*lease   // every lease, queued or running
-	seq       uint64
+	mu         sync.Mutex
+	cfg        *policy.Config
+	gidsMatter bool // some member list of cfg names a unix group
+	instances  map[string]*instance
+	queues     map[string][]*lease // queued leases per group, arrival order
+	leases     map[string]*lease   // every lease, queued or running
+	seq        uint64
 }
 
 // New loads the config, takes the GPU inventory and prepares the cgroup
@@ -158,7 +159,7 @@ func New(opts Options) (*Daemon, error) {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	cfg := d.watcher.Config()
-	d.cfg = cfg
+	d.setConfigLocked(cfg)
 	d.layout = Layout{RunDir: cfg.RunDir, LogDir: cfg.LogDir, StateDir: cfg.StateDir}
 
 	d.mpsBase, err = mpsBase(cfg, opts.Simulate)
@@ -415,6 +416,17 @@ func listen(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("chmod %s: %w", path, err)
 	}
 	return ln, nil
+}
+
+// setConfigLocked puts cfg in force.
+func (d *Daemon) setConfigLocked(cfg *policy.Config) {
+	d.cfg = cfg
+	d.gidsMatter = len(cfg.Admins.UnixGroups) > 0
+	for _, g := range cfg.Groups {
+		if len(g.UnixGroups) > 0 {
+			d.gidsMatter = true
+		}
+	}
 }
 
 // prepareGroupDirs (re)writes every group's run directory ACL.

@@ -29,7 +29,7 @@ var envSeq atomic.Int64
 // emulator's real processes and real cgroups, in a temporary tree. The
 // commands (mps-launch, mpsctl) run as real processes against it.
 type testEnv struct {
-	t       *testing.T
+	t       testing.TB
 	dir     string
 	cfgPath string
 	socket  string
@@ -37,6 +37,7 @@ type testEnv struct {
 	emu     string
 	bin     string
 	opts    Options
+	gpus    int
 
 	d      *Daemon
 	cancel context.CancelFunc
@@ -46,7 +47,13 @@ type testEnv struct {
 
 // newEnv writes a config with the given groups section (indented as under
 // `groups:`) and extra top-level YAML, and starts mpsd on it.
-func newEnv(t *testing.T, groups, extra string) *testEnv {
+func newEnv(t testing.TB, groups, extra string) *testEnv {
+	t.Helper()
+	return newEnvGPUs(t, 2, groups, extra)
+}
+
+// newEnvGPUs is newEnv on a host of gpus simulated GPUs.
+func newEnvGPUs(t testing.TB, gpus int, groups, extra string) *testEnv {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("mpsd's end-to-end tests need root: real cgroups, pipe directory ownership and test uids")
@@ -68,6 +75,7 @@ func newEnv(t *testing.T, groups, extra string) *testEnv {
 		parent:  fmt.Sprintf("mpsd-test-e2e-%d-%d", os.Getpid(), envSeq.Add(1)),
 		emu:     emutest.BinDir(t),
 		bin:     emutest.CmdDir(t),
+		gpus:    gpus,
 	}
 	e.log, err = os.Create(filepath.Join(dir, "mpsd.log"))
 	if err != nil {
@@ -98,12 +106,12 @@ watchdog:
   backoff_initial: 50ms
   backoff_max: 1s
 simulate:
-  gpus: 2
+  gpus: %d
   model: a100-40g
   emulator_dir: %s
 %s
 groups:
-%s`, e.socket, e.dir, e.dir, e.dir, e.parent, e.emu, extra, groups)
+%s`, e.socket, e.dir, e.dir, e.dir, e.parent, e.gpus, e.emu, extra, groups)
 }
 
 // writeConfig replaces the config file atomically, as a deployment tool
@@ -241,7 +249,7 @@ type proc struct {
 
 // startProc starts cmd, capturing what it writes unless its Stdout or
 // Stderr are already set.
-func startProc(t *testing.T, cmd *exec.Cmd) *proc {
+func startProc(t testing.TB, cmd *exec.Cmd) *proc {
 	t.Helper()
 	p := &proc{cmd: cmd, done: make(chan error, 1)}
 	if cmd.Stdout == nil {
@@ -264,7 +272,7 @@ func startProc(t *testing.T, cmd *exec.Cmd) *proc {
 func (p *proc) pid() int { return p.cmd.Process.Pid }
 
 // wait waits for the end of the command, bounded by waitFor.
-func (p *proc) wait(t *testing.T) result {
+func (p *proc) wait(t testing.TB) result {
 	t.Helper()
 	var err error
 	select {
@@ -290,7 +298,7 @@ func (p *proc) wait(t *testing.T) result {
 }
 
 // run runs cmd to its end, bounded by waitFor.
-func run(t *testing.T, cmd *exec.Cmd) result {
+func run(t testing.TB, cmd *exec.Cmd) result {
 	t.Helper()
 	return startProc(t, cmd).wait(t)
 }

@@ -32,7 +32,7 @@ func (d *Daemon) onReload(r policy.Reload) {
 		d.log.Error("update group directory access", "err", err)
 	}
 	d.mu.Lock()
-	d.cfg = r.Config
+	d.setConfigLocked(r.Config)
 	added := d.reconcileLocked(r.Config)
 	// Queued requests of a group that is gone can never be placed.
 	for group, q := range d.queues {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -100,6 +101,14 @@ func (d *Daemon) credentials(r *http.Request) (peer, policy.Credentials, bool) {
 		return peer{}, policy.Credentials{}, false
 	}
 	c := policy.Credentials{UID: p.uid, GIDs: []uint32{p.gid}}
+	d.mu.Lock()
+	byGroup := d.gidsMatter
+	d.mu.Unlock()
+	if !byGroup {
+		// No member list names a unix group, so the supplementary groups
+		// cannot change any answer: skip reading /proc.
+		return p, c, true
+	}
 	if st, err := readProcStatus(d.proc, p.pid); err == nil {
 		for _, g := range st.groups {
 			if !slices.Contains(c.GIDs, g) {
@@ -424,9 +433,19 @@ func readProcStatus(root string, pid int) (procStatus, error) {
 		return procStatus{}, err
 	}
 	defer func() { _ = f.Close() }()
+	st, err := parseProcStatus(f)
+	if err != nil {
+		return procStatus{}, fmt.Errorf("%s/%d/status: %w", root, pid, err)
+	}
+	return st, nil
+}
+
+// parseProcStatus reads the PPid, Uid and Groups lines of a
+// /proc/PID/status file.
+func parseProcStatus(r io.Reader) (procStatus, error) {
 	var st procStatus
-	seen := 0
-	sc := bufio.NewScanner(f)
+	var havePPid, haveUID bool
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), ":")
 		if !ok {
@@ -436,15 +455,20 @@ func readProcStatus(root string, pid int) (procStatus, error) {
 		switch k {
 		case "PPid":
 			if len(fields) > 0 {
-				st.ppid, _ = strconv.Atoi(fields[0])
-				seen++
+				n, err := strconv.Atoi(fields[0])
+				if err != nil || n < 0 {
+					return procStatus{}, fmt.Errorf("bad PPid line %q", v)
+				}
+				st.ppid, havePPid = n, true
 			}
 		case "Uid":
 			// Real, effective, saved, filesystem: the real uid owns it.
 			if len(fields) > 0 {
-				u, _ := strconv.ParseUint(fields[0], 10, 32)
-				st.uid = uint32(u)
-				seen++
+				u, err := strconv.ParseUint(fields[0], 10, 32)
+				if err != nil {
+					return procStatus{}, fmt.Errorf("bad Uid line %q", v)
+				}
+				st.uid, haveUID = uint32(u), true
 			}
 		case "Groups":
 			for _, g := range fields {
@@ -457,8 +481,8 @@ func readProcStatus(root string, pid int) (procStatus, error) {
 	if err := sc.Err(); err != nil {
 		return procStatus{}, err
 	}
-	if seen < 2 {
-		return procStatus{}, fmt.Errorf("%s/%d/status: no PPid or Uid line", root, pid)
+	if !havePPid || !haveUID {
+		return procStatus{}, errors.New("no PPid or Uid line")
 	}
 	return st, nil
 }

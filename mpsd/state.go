@@ -112,8 +112,8 @@ func (s *store) flush() error {
 }
 
 func (s *store) write(st savedState) error {
-	var buf bytes.Buffer
-	if err := jsonEncode(&buf, st); err != nil {
+	b, err := json.Marshal(st)
+	if err != nil {
 		return err
 	}
 	dir := filepath.Dir(s.path)
@@ -122,7 +122,7 @@ func (s *store) write(st savedState) error {
 		return fmt.Errorf("write state: %w", err)
 	}
 	tmp := f.Name()
-	_, err = f.Write(buf.Bytes())
+	_, err = f.Write(append(b, '\n'))
 	if err == nil {
 		err = f.Sync()
 	}
@@ -153,20 +153,37 @@ func (s *store) load() (savedState, error) {
 	if err != nil {
 		return savedState{Version: stateVersion}, fmt.Errorf("read state %s: %w", s.path, err)
 	}
-	var st savedState
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	err = dec.Decode(&st)
-	if err == nil && dec.Decode(&struct{}{}) != io.EOF {
-		err = errors.New("data after the document")
-	}
-	if err == nil && st.Version != stateVersion {
-		err = fmt.Errorf("version %d, this mpsd reads %d", st.Version, stateVersion)
-	}
+	st, err := decodeState(b)
 	if err != nil {
 		aside := s.path + ".bad-" + time.Now().UTC().Format("20060102T150405")
 		_ = os.Rename(s.path, aside)
 		return savedState{Version: stateVersion}, fmt.Errorf("state %s (moved to %s): %w", s.path, aside, err)
+	}
+	return st, nil
+}
+
+// decodeState parses a state file strictly: one document of this
+// version, no unknown fields, nothing after it, valid lease ids.
+func decodeState(b []byte) (savedState, error) {
+	var st savedState
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&st); err != nil {
+		return savedState{}, err
+	}
+	if dec.Decode(&struct{}{}) != io.EOF {
+		return savedState{}, errors.New("data after the document")
+	}
+	if st.Version != stateVersion {
+		return savedState{}, fmt.Errorf("version %d, this mpsd reads %d", st.Version, stateVersion)
+	}
+	for _, l := range st.Leases {
+		if err := api.ValidLeaseID(l.ID); err != nil {
+			return savedState{}, fmt.Errorf("lease %q: %w", l.ID, err)
+		}
+		if l.Attempt < 1 || l.SM < 1 || l.SM > 100 || l.MemBytes < 0 || l.GPUs < 1 {
+			return savedState{}, fmt.Errorf("lease %s: values out of range", l.ID)
+		}
 	}
 	return st, nil
 }
@@ -213,10 +230,6 @@ func (d *Daemon) adoptLeases(saved savedState) {
 			requeue: sl.Requeue, attempt: sl.Attempt, created: sl.Created, queuedAt: sl.Created, box: newMailbox(),
 		}
 		d.seq = max(d.seq, sl.Seq)
-		if api.ValidLeaseID(sl.ID) != nil {
-			d.log.Warn("saved lease with a bad id ignored", "lease", sl.ID)
-			continue
-		}
 		id := cgroup.LeaseID{Group: sl.Group, Lease: sl.ID}
 		owned[id] = true
 		if cg, err := d.cg.Open(id); err == nil {

@@ -1,0 +1,325 @@
+package mpsd
+
+import (
+	"bytes"
+	"encoding/json"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/launcher/launchertest"
+)
+
+// ptyReader collects what mps-launch writes on a terminal.
+type ptyReader struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (p *ptyReader) String() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.buf.String()
+}
+
+func readPTY(master *os.File) *ptyReader {
+	r := &ptyReader{}
+	go func() {
+		b := make([]byte, 4096)
+		for {
+			n, err := master.Read(b)
+			r.mu.Lock()
+			r.buf.Write(b[:n])
+			r.mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return r
+}
+
+// Five --sm 40 launches on two GPUs with a 100% budget each: four run,
+// the fifth waits (its terminal shows its place in the queue) and starts
+// as soon as one of the four ends.
+func TestCapacityQueue(t *testing.T) {
+	e := newEnv(t, `  inference:
+    users: [root]
+    sm_percent: 100
+    memory: 20G
+`, "")
+	e.start()
+	var opens []func()
+	var procs []*proc
+	for i := range 4 {
+		args, open := e.gate(string(rune('a' + i)))
+		opens = append(opens, open)
+		procs = append(procs, startProc(t, e.launch(append([]string{"--sm", "40", "--mem", "1G", "--"}, args...)...)))
+	}
+	e.waitStatus("four running leases", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 4 })
+
+	master, slave := launchertest.OpenPTY(t)
+	term := readPTY(master)
+	args, openFifth := e.gate("e")
+	fifth := e.launch(append([]string{"--sm", "40", "--mem", "1G", "--"}, args...)...)
+	fifth.Stderr = slave
+	fp := startProc(t, fifth)
+	st := e.waitStatus("the fifth queued", func(st api.Status) bool { return st.Queue["inference"] == 1 })
+	if n := countLeases(st, api.LeaseRunning); n != 4 {
+		t.Fatalf("%d leases running with one queued, want 4", n)
+	}
+	for _, in := range st.Instances {
+		if in.SMAllocated != 80 || in.Clients != 2 {
+			t.Errorf("instance %d: sm %d%%, %d clients; want 80%% and 2", in.GPUIndex, in.SMAllocated, in.Clients)
+		}
+	}
+	deadline := time.Now().Add(waitFor)
+	for !strings.Contains(term.String(), "queued, position 1 in group inference") {
+		if time.Now().After(deadline) {
+			t.Fatalf("terminal shows %q, want the queue position", term.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	opens[0]()
+	if r := procs[0].wait(t); r.code != 0 {
+		t.Fatalf("first launch: exit %d, stderr %q", r.code, r.stderr)
+	}
+	e.waitStatus("the fifth running", func(st api.Status) bool {
+		return st.Queue["inference"] == 0 && countLeases(st, api.LeaseRunning) == 4
+	})
+	openFifth()
+	for _, open := range opens[1:] {
+		open()
+	}
+	for i, p := range append(procs[1:], fp) {
+		if r := p.wait(t); r.code != 0 {
+			t.Errorf("launch %d: exit %d, stderr %q", i+2, r.code, r.stderr)
+		}
+	}
+	e.waitStatus("no leases", func(st api.Status) bool { return len(st.Leases) == 0 })
+}
+
+// --no-wait gives up at once when the group is full, --wait after the
+// time it names; both exit 75 (EX_TEMPFAIL) and leave no lease behind.
+func TestNoWaitAndWaitTimeout(t *testing.T) {
+	e := newEnv(t, `  inference:
+    users: [root]
+    memory: 20G
+    gpus: ["0"]
+`, "")
+	e.start()
+	args, open := e.gate("full")
+	holder := startProc(t, e.launch(append([]string{"--sm", "100", "--mem", "1G", "--"}, args...)...))
+	e.waitStatus("the GPU full", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 1 })
+
+	r := run(t, e.launch("--sm", "10", "--mem", "1G", "--no-wait", "--", "/bin/true"))
+	if r.code != 75 {
+		t.Fatalf("--no-wait: exit %d, want 75; stderr %q", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stderr, "no room") {
+		t.Errorf("--no-wait: stderr %q does not say there is no room", r.stderr)
+	}
+	r = run(t, e.launch("--sm", "10", "--mem", "1G", "--wait", "1s", "--", "/bin/true"))
+	if r.code != 75 {
+		t.Fatalf("--wait 1s: exit %d, want 75; stderr %q", r.code, r.stderr)
+	}
+	if r.took < time.Second || r.took > 10*time.Second {
+		t.Errorf("--wait 1s gave up after %s", r.took)
+	}
+	st := e.d.Status()
+	if len(st.Leases) != 1 || st.Queue["inference"] != 0 {
+		t.Errorf("after the timeouts: %d leases, %d queued; want only the holder", len(st.Leases), st.Queue["inference"])
+	}
+	open()
+	if r := holder.wait(t); r.code != 0 {
+		t.Fatalf("holder: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+func daemonPIDs(st api.Status) map[string]int {
+	m := map[string]int{}
+	for _, in := range st.Instances {
+		m[in.Group+"/"+in.GPUUUID] = in.DaemonPID
+	}
+	return m
+}
+
+func leaseIDs(st api.Status) []string {
+	var ids []string
+	for _, l := range st.Leases {
+		ids = append(ids, l.ID)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// Stopping mpsd (SIGTERM) kills no workload; the next mpsd re-adopts the
+// MPS daemons and the leases, the launchers resume their leases, and
+// status shows the same leases, which end normally afterwards.
+func TestRestartKeepsLeases(t *testing.T) {
+	e := newEnv(t, oneGroup, "")
+	e.start()
+	var opens []func()
+	var procs []*proc
+	for _, name := range []string{"r1", "r2"} {
+		args, open := e.gate(name)
+		opens = append(opens, open)
+		procs = append(procs, startProc(t, e.launch(append([]string{"--sm", "20", "--mem", "2G", "--"}, args...)...)))
+	}
+	before := e.waitStatus("two running leases", func(st api.Status) bool {
+		if countLeases(st, api.LeaseRunning) != 2 {
+			return false
+		}
+		for _, l := range st.Leases {
+			if len(l.PIDs) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	var workload []int
+	for _, l := range before.Leases {
+		workload = append(workload, l.PIDs...)
+	}
+
+	e.stop()
+	for _, pid := range workload {
+		if err := syscall.Kill(pid, 0); err != nil {
+			t.Fatalf("workload pid %d gone after mpsd stopped: %v", pid, err)
+		}
+	}
+	e.start()
+	after := e.waitStatus("the leases re-adopted", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 2 })
+	if !slices.Equal(leaseIDs(after), leaseIDs(before)) {
+		t.Errorf("leases after restart %v, before %v", leaseIDs(after), leaseIDs(before))
+	}
+	if !maps.Equal(daemonPIDs(after), daemonPIDs(before)) {
+		t.Errorf("MPS daemons after restart %v, before %v: they were not adopted", daemonPIDs(after), daemonPIDs(before))
+	}
+	out, err := exec.Command(filepath.Join(e.bin, "mpsctl"), "--socket", e.socket, "status", "--json").Output()
+	if err != nil {
+		t.Fatalf("mpsctl status --json: %v", err)
+	}
+	var shown api.Status
+	if err := json.Unmarshal(out, &shown); err != nil {
+		t.Fatalf("mpsctl status --json: %v\n%s", err, out)
+	}
+	if !slices.Equal(leaseIDs(shown), leaseIDs(before)) {
+		t.Errorf("mpsctl status shows leases %v, want %v", leaseIDs(shown), leaseIDs(before))
+	}
+	// The launchers resumed their leases: when the workloads end, the
+	// leases end at once (an abandoned lease would wait out its grace).
+	for _, open := range opens {
+		open()
+	}
+	for i, p := range procs {
+		if r := p.wait(t); r.code != 0 {
+			t.Errorf("launch %d: exit %d, stderr %q", i+1, r.code, r.stderr)
+		}
+	}
+	e.waitStatus("no leases", func(st api.Status) bool { return len(st.Leases) == 0 })
+}
+
+func groupsAB(bMemory string) string {
+	return `  a:
+    users: [root]
+    memory: 10G
+  b:
+    users: [root]
+    memory: ` + bMemory + `
+`
+}
+
+// A config edit changes only what it names: group b's new budget applies
+// to its next admissions without restarting anything, group a's daemons
+// are untouched, a removed group's daemons stop and an added group's
+// start.
+func TestReloadTouchesOnlyWhatChanged(t *testing.T) {
+	e := newEnv(t, groupsAB("10G"), "")
+	e.start()
+	before := daemonPIDs(e.d.Status())
+	if len(before) != 4 {
+		t.Fatalf("instances %v, want 2 groups × 2 GPUs", before)
+	}
+
+	e.writeConfig(groupsAB("15G"), "")
+	st := e.waitStatus("group b's new budget", func(st api.Status) bool {
+		for _, in := range st.Instances {
+			if in.Group == "b" && in.MemBudgetBytes != 15<<30 {
+				return false
+			}
+		}
+		return true
+	})
+	if got := daemonPIDs(st); !maps.Equal(got, before) {
+		t.Errorf("daemons after a budget change %v, before %v", got, before)
+	}
+	for _, in := range st.Instances {
+		if in.Group == "a" && in.MemBudgetBytes != 10<<30 {
+			t.Errorf("group a's budget became %d", in.MemBudgetBytes)
+		}
+	}
+	// The new budget admits what the old one refused as never fitting.
+	if r := run(t, e.launch("--group", "b", "--sm", "10", "--mem", "12G", "--", "/bin/true")); r.code != 0 {
+		t.Errorf("--mem 12G in b after the raise: exit %d, stderr %q", r.code, r.stderr)
+	}
+
+	e.writeConfig(`  a:
+    users: [root]
+    memory: 10G
+  c:
+    users: [root]
+    memory: 5G
+`, "")
+	st = e.waitStatus("b gone and c ready", func(st api.Status) bool {
+		ready := 0
+		for _, in := range st.Instances {
+			if in.Group == "b" {
+				return false
+			}
+			if in.Group == "c" && in.State == api.InstanceReady {
+				ready++
+			}
+		}
+		return ready == 2
+	})
+	for key, pid := range daemonPIDs(st) {
+		if strings.HasPrefix(key, "a/") && pid != before[key] {
+			t.Errorf("group a's daemon %s changed from %d to %d", key, before[key], pid)
+		}
+	}
+	for key, pid := range before {
+		if strings.HasPrefix(key, "b/") {
+			emutestWaitGone(t, pid)
+		}
+	}
+	// A bad edit is refused and the config in force stays.
+	if err := os.WriteFile(e.cfgPath, []byte("version: 1\ngroups: {a: {memroy: 1G}}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, e.launch("--group", "c", "--sm", "10", "--mem", "1G", "--", "/bin/true")); r.code != 0 {
+		t.Errorf("launch in c after a bad edit: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+// emutestWaitGone waits until pid is gone, failing the test at the
+// deadline.
+func emutestWaitGone(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for syscall.Kill(pid, 0) == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d still alive", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,134 @@
+package mpsd
+
+import (
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func sampleState() savedState {
+	return savedState{Version: stateVersion, Leases: []savedLease{{
+		ID: "inference-0123456789ab", Group: "inference", Instance: "inference/0", UID: 1001,
+		SM: 30, MemBytes: 8 << 30, GPUs: 1, Seq: 7, Attempt: 2, Requeue: 3,
+		Command: []string{"./infer", "--model", "x"}, Created: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC),
+	}}}
+}
+
+func TestStoreRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	want := sampleState()
+	s := newStore(filepath.Join(dir, "state.json"), func() savedState { return want }, slog.New(slog.DiscardHandler))
+	done := s.request()
+	if err := s.flush(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	default:
+		t.Fatal("request's channel not closed by the flush that wrote it")
+	}
+	got, err := s.load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gb, _ := json.Marshal(got)
+	wb, _ := json.Marshal(want)
+	if string(gb) != string(wb) {
+		t.Errorf("loaded %s, want %s", gb, wb)
+	}
+	// No temporary file is left next to it.
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 1 {
+		t.Errorf("directory holds %d entries, want only the state file", len(ents))
+	}
+	// A flush with nothing requested writes nothing.
+	if err := os.Remove(s.path); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(s.path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("flush without a request wrote the file: %v", err)
+	}
+}
+
+func TestStoreLoad(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		content string // "" means no file
+		leases  int
+		err     string
+	}{
+		{"missing file is an empty state", "", 0, ""},
+		{"valid", `{"version":1,"leases":[{"id":"g-1","group":"g","instance":"g/0","uid":1,"sm":10,"mem_bytes":1048576,"gpus":1,"priority":0,"seq":1,"attempt":1,"requeue":3,"created":"2026-11-29T12:00:00Z"}]}`, 1, ""},
+		{"not JSON", `{"version":1,`, 0, "unexpected EOF"},
+		{"unknown field", `{"version":1,"leases":[],"extra":true}`, 0, "unknown field"},
+		{"newer version", `{"version":2,"leases":[]}`, 0, "version 2"},
+		{"trailing data", `{"version":1,"leases":[]} {}`, 0, "data after"},
+		{"bad lease id", `{"version":1,"leases":[{"id":"../x","group":"g","instance":"g/0","uid":1,"sm":10,"mem_bytes":1,"gpus":1,"attempt":1}]}`, 0, "lease"},
+		{"sm out of range", `{"version":1,"leases":[{"id":"g-1","group":"g","instance":"g/0","uid":1,"sm":0,"mem_bytes":1,"gpus":1,"attempt":1}]}`, 0, "out of range"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "state.json")
+			if tc.content != "" {
+				if err := os.WriteFile(path, []byte(tc.content), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s := newStore(path, nil, slog.New(slog.DiscardHandler))
+			st, err := s.load()
+			if tc.err == "" {
+				if err != nil || len(st.Leases) != tc.leases {
+					t.Fatalf("load = %d leases, %v; want %d, nil", len(st.Leases), err, tc.leases)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("load error %v, want one containing %q", err, tc.err)
+			}
+			if len(st.Leases) != 0 {
+				t.Errorf("a bad file gave %d leases", len(st.Leases))
+			}
+			// The bad file is kept aside for a person, never deleted.
+			aside, _ := filepath.Glob(path + ".bad-*")
+			if len(aside) != 1 {
+				t.Fatalf("bad state file not moved aside: %v", aside)
+			}
+			if b, _ := os.ReadFile(aside[0]); string(b) != tc.content {
+				t.Errorf("moved-aside file holds %q", b)
+			}
+		})
+	}
+}
+
+func FuzzDecodeState(f *testing.F) {
+	b, _ := json.Marshal(sampleState())
+	f.Add(b)
+	f.Add([]byte(`{"version":1,"leases":[]}`))
+	f.Add([]byte(`{"version":1,"leases":null}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		st, err := decodeState(data)
+		if err != nil {
+			return
+		}
+		// What it accepts re-encodes and decodes to the same.
+		again, err := json.Marshal(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st2, err := decodeState(again)
+		if err != nil {
+			t.Fatalf("re-encoded state refused: %v\n%s", err, again)
+		}
+		if len(st2.Leases) != len(st.Leases) {
+			t.Fatalf("round trip changed the leases")
+		}
+	})
+}
