@@ -429,12 +429,17 @@ func (d *Daemon) setConfigLocked(cfg *policy.Config) {
 	}
 }
 
-// prepareGroupDirs (re)writes every group's run directory ACL.
+// prepareGroupDirs (re)writes the ACLs of every group's run and log
+// directories.
 func (d *Daemon) prepareGroupDirs(cfg *policy.Config) error {
 	for _, g := range cfg.Groups {
 		uids, gids, _ := cfg.Access.Members(g.Name)
-		if err := prepareGroupDir(d.layout.GroupRunDir(g.Name), uids, gids); err != nil {
-			return fmt.Errorf("group %s: %w", g.Name, err)
+		// The log directories too: control.log names the group's users,
+		// pids and limits, which are none of another tenant's business.
+		for _, dir := range []string{d.layout.GroupRunDir(g.Name), d.layout.GroupLogDir(g.Name)} {
+			if err := prepareGroupDir(dir, uids, gids); err != nil {
+				return fmt.Errorf("group %s: %w", g.Name, err)
+			}
 		}
 	}
 	return nil

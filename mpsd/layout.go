@@ -29,6 +29,10 @@ func (l Layout) PipeDir(group, gpuUUID string) string {
 	return filepath.Join(l.RunDir, group, gpuUUID, "pipe")
 }
 
+// GroupLogDir gates a group's MPS log directories as GroupRunDir gates
+// its pipe directories.
+func (l Layout) GroupLogDir(group string) string { return filepath.Join(l.LogDir, group) }
+
 // InstanceLogDir is an instance's CUDA_MPS_LOG_DIRECTORY.
 func (l Layout) InstanceLogDir(group, gpuUUID string) string {
 	return filepath.Join(l.LogDir, group, gpuUUID)

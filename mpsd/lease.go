@@ -132,12 +132,18 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 	cfg := d.cfg
 	name, err := cfg.Access.Choose(c, req.Group)
 	if err != nil {
-		return nil, &refusal{403, api.CodeRefused, err.Error()}
+		msg := strings.TrimPrefix(err.Error(), "policy: ")
+		if errors.Is(err, policy.ErrUnknownGroup) {
+			msg = fmt.Sprintf("unknown group %q (groups you may use: %s)", req.Group, orNone(cfg.Access.Groups(c)))
+		}
+		return nil, &refusal{403, api.CodeRefused, msg}
 	}
 	g, _ := cfg.Group(name)
 	r, err := g.NewRequest(c.UID, policy.Demand{SM: req.SM, Mem: req.MemBytes, GPUs: req.GPUs})
 	if err != nil {
-		return nil, &refusal{422, api.CodeRefused, fmt.Sprintf("group %s: %s", name, strings.TrimPrefix(err.Error(), "policy: invalid request: "))}
+		// Beyond what the group lets one client have: no amount of waiting
+		// helps, so say so in the words the user looks for.
+		return nil, &refusal{422, api.CodeRefused, fmt.Sprintf("request can never fit in group %s: %s", name, strings.TrimPrefix(err.Error(), "policy: invalid request: "))}
 	}
 	insts := d.groupInstancesLocked(name)
 	if len(insts) > 0 && all(insts, func(in *instance) bool { return in.retiring }) {
@@ -175,6 +181,13 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 		return nil, &refusal{503, api.CodeWaitTimeout, fmt.Sprintf("no room now in group %s (%d queued ahead) and --no-wait was given", name, ahead)}
 	}
 	return l, nil
+}
+
+func orNone(groups []string) string {
+	if len(groups) == 0 {
+		return "none"
+	}
+	return strings.Join(groups, ", ")
 }
 
 func all[T any](s []T, f func(T) bool) bool {

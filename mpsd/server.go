@@ -125,15 +125,22 @@ func readBody[T any](w http.ResponseWriter, r *http.Request, timeout time.Durati
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(timeout))
 	v, err := decode(r)
-	_ = rc.SetReadDeadline(time.Time{})
 	if err != nil {
-		status, code := http.StatusBadRequest, api.CodeBadRequest
-		if errors.Is(err, api.ErrTooLarge) {
+		// The deadline stays: the server drains an unread body after the
+		// handler, and a client that never sends it must not hold the
+		// connection open.
+		w.Header().Set("Connection", "close")
+		status, code, msg := http.StatusBadRequest, api.CodeBadRequest, err.Error()
+		switch {
+		case errors.Is(err, api.ErrTooLarge):
 			status, code = http.StatusRequestEntityTooLarge, api.CodeTooLarge
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			status, msg = http.StatusRequestTimeout, fmt.Sprintf("request body not received within %s", timeout)
 		}
-		api.WriteError(w, status, code, err.Error())
+		api.WriteError(w, status, code, msg)
 		return v, false
 	}
+	_ = rc.SetReadDeadline(time.Time{})
 	return v, true
 }
 
