@@ -214,6 +214,7 @@ func measureRSS(b *testing.B, e *testEnv, n int) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	b.ReportMetric(float64(vmRSS(b, cmd.Process.Pid))/(1<<20), "MiB-rss-idle")
 	var held []interface{ Close() error }
 	defer func() {
 		for _, h := range held {

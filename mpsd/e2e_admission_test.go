@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -175,21 +176,23 @@ func TestRestartKeepsLeases(t *testing.T) {
 		opens = append(opens, open)
 		procs = append(procs, startProc(t, e.launch(append([]string{"--sm", "20", "--mem", "2G", "--"}, args...)...)))
 	}
-	before := e.waitStatus("two running leases", func(st api.Status) bool {
-		if countLeases(st, api.LeaseRunning) != 2 {
-			return false
-		}
+	// The gate's shell, not the short sleeps it runs (nor the trampoline
+	// it was a moment before), is the workload.
+	shells := func(st api.Status) []int {
+		var out []int
 		for _, l := range st.Leases {
-			if len(l.PIDs) == 0 {
-				return false
+			for _, pid := range l.PIDs {
+				if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); strings.TrimSpace(string(comm)) == "sh" {
+					out = append(out, pid)
+				}
 			}
 		}
-		return true
-	})
-	var workload []int
-	for _, l := range before.Leases {
-		workload = append(workload, l.PIDs...)
+		return out
 	}
+	before := e.waitStatus("two running workloads", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 2 && len(shells(st)) == 2
+	})
+	workload := shells(before)
 
 	e.stop()
 	for _, pid := range workload {
