@@ -176,23 +176,10 @@ func TestRestartKeepsLeases(t *testing.T) {
 		opens = append(opens, open)
 		procs = append(procs, startProc(t, e.launch(append([]string{"--sm", "20", "--mem", "2G", "--"}, args...)...)))
 	}
-	// The gate's shell, not the short sleeps it runs (nor the trampoline
-	// it was a moment before), is the workload.
-	shells := func(st api.Status) []int {
-		var out []int
-		for _, l := range st.Leases {
-			for _, pid := range l.PIDs {
-				if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); strings.TrimSpace(string(comm)) == "sh" {
-					out = append(out, pid)
-				}
-			}
-		}
-		return out
-	}
 	before := e.waitStatus("two running workloads", func(st api.Status) bool {
-		return countLeases(st, api.LeaseRunning) == 2 && len(shells(st)) == 2
+		return countLeases(st, api.LeaseRunning) == 2 && len(shellPIDs(st)) == 2
 	})
-	workload := shells(before)
+	workload := shellPIDs(before)
 
 	e.stop()
 	for _, pid := range workload {
@@ -314,15 +301,81 @@ func TestReloadTouchesOnlyWhatChanged(t *testing.T) {
 	}
 }
 
-// emutestWaitGone waits until pid is gone, failing the test at the
-// deadline.
+// emutestWaitGone waits until pid is gone (or a zombie: an orphan's
+// reaper here may be slow), failing the test at the deadline.
 func emutestWaitGone(t *testing.T, pid int) {
 	t.Helper()
 	deadline := time.Now().Add(waitFor)
-	for syscall.Kill(pid, 0) == nil {
+	alive := func() bool {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			return false
+		}
+		// The state follows the command name in parentheses.
+		i := bytes.LastIndexByte(b, ')')
+		return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
+	}
+	for alive() {
 		if time.Now().After(deadline) {
 			t.Fatalf("pid %d still alive", pid)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// A lease whose launcher died while mpsd was down is not kept for ever:
+// if its command has ended it is released at once; if the command still
+// runs, it is killed and released when the reconnect grace is over.
+func TestAdoptedLeaseWithoutLauncher(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		endFirst bool // the command ends while mpsd is down
+		grace    time.Duration
+	}{
+		{"command ended", true, time.Hour},
+		{"command still running", false, time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, oneGroup, "")
+			e.start()
+			args, open := e.gate("g")
+			p := startProc(t, e.launch(append([]string{"--sm", "10", "--mem", "1G", "--"}, args...)...))
+			// The shell itself: before it runs, the launcher's death would
+			// stop the trampoline from ever starting it.
+			st := e.waitStatus("a running workload", func(st api.Status) bool { return len(shellPIDs(st)) == 1 })
+			workload := shellPIDs(st)[0]
+			e.stop()
+			_ = p.cmd.Process.Kill()
+			p.wait(t)
+			if tc.endFirst {
+				open()
+				emutestWaitGone(t, workload)
+			}
+			e.opts.ReconnectGrace = tc.grace
+			e.start()
+			if st := e.d.Status(); len(st.Leases) != 1 {
+				t.Fatalf("after the restart: %d leases, want the one re-adopted", len(st.Leases))
+			}
+			start := time.Now()
+			e.waitStatus("the lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
+			if took := time.Since(start); !tc.endFirst && took < tc.grace/2 {
+				t.Errorf("lease of a running command released after %s, before the grace of %s", took, tc.grace)
+			}
+			emutestWaitGone(t, workload)
+		})
+	}
+}
+
+// shellPIDs are the gate shells of the running leases: the workload, not
+// the short sleeps it runs, nor the trampoline it was a moment before.
+func shellPIDs(st api.Status) []int {
+	var out []int
+	for _, l := range st.Leases {
+		for _, pid := range l.PIDs {
+			if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); strings.TrimSpace(string(comm)) == "sh" {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
 }

@@ -258,6 +258,9 @@ func startProc(t testing.TB, cmd *exec.Cmd) *proc {
 	if cmd.Stderr == nil {
 		cmd.Stderr = &p.errb
 	}
+	// A workload that outlives its launcher holds the output pipes open;
+	// Wait must not wait for it once the launcher itself has exited.
+	cmd.WaitDelay = 2 * time.Second
 	p.start = time.Now()
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %v: %v", cmd.Args, err)

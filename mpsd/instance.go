@@ -195,7 +195,6 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 	backoff := wd.BackoffInitial
 	for attempt := 1; ; attempt++ {
 		dm, how, err := d.startDaemon(cfg, adopt)
-		in.markTried()
 		if err == nil {
 			d.mu.Lock()
 			if d.ctx.Err() != nil {
@@ -216,6 +215,7 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 			return
 		}
 		in.log.Error("instance start failed", "attempt", attempt, "retry_in", backoff, "err", err)
+		in.markTried()
 		select {
 		case <-d.ctx.Done():
 			d.mu.Lock()

@@ -306,9 +306,13 @@ func (d *Daemon) timeoutLocked(l *lease, wait time.Duration) bool {
 // the queue; a running one has its processes killed (they may outlive the
 // launcher) before its capacity is handed back, so the next client never
 // shares the GPU with a leftover.
-func (d *Daemon) release(l *lease, why string) {
+func (d *Daemon) release(l *lease, why string) { d.releaseIf(l, why, false) }
+
+// releaseIf is release; with unboundOnly it does nothing to a lease a
+// launcher holds (one that resumed it after mpsd restarted).
+func (d *Daemon) releaseIf(l *lease, why string, unboundOnly bool) {
 	d.mu.Lock()
-	if d.leases[l.id] != l || l.ending {
+	if d.leases[l.id] != l || l.ending || (unboundOnly && l.bound) {
 		d.mu.Unlock()
 		return
 	}

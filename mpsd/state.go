@@ -275,6 +275,51 @@ func (d *Daemon) adoptLeases(saved savedState) {
 	}
 	if len(saved.Leases) > 0 {
 		d.log.Info("leases re-adopted; waiting for their launchers", "leases", len(saved.Leases), "grace", d.opts.ReconnectGrace)
+		d.spawn(d.reapAdopted)
+	}
+}
+
+// reapAdoptedEvery is how often re-adopted leases without a launcher are
+// checked for an empty cgroup.
+const reapAdoptedEvery = 250 * time.Millisecond
+
+// reapAdopted releases re-adopted leases whose launcher has not resumed
+// them and whose cgroup has emptied: the command ended while mpsd was
+// away (or while its launcher was still reconnecting), so nothing is left
+// to wait for. It returns once every re-adopted lease is resumed or gone.
+func (d *Daemon) reapAdopted() {
+	t := time.NewTicker(reapAdoptedEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-t.C:
+		}
+		d.mu.Lock()
+		var waiting []*lease
+		for _, l := range d.leases {
+			if l.grace != nil && !l.bound && !l.ending {
+				waiting = append(waiting, l)
+			}
+		}
+		d.mu.Unlock()
+		if len(waiting) == 0 {
+			return
+		}
+		for _, l := range waiting {
+			l.cgMu.Lock()
+			empty := false
+			if l.cg != nil {
+				pids, err := l.cg.Pids()
+				empty = err == nil && len(pids) == 0
+			}
+			l.cgMu.Unlock()
+			if empty {
+				d.log.Info("re-adopted lease's command has ended; releasing it", "lease", l.id)
+				d.releaseIf(l, "command ended while its launcher was away", true)
+			}
+		}
 	}
 }
 
@@ -285,6 +330,6 @@ func (d *Daemon) graceOver(l *lease) {
 	d.mu.Unlock()
 	if !bound {
 		d.log.Warn("launcher did not resume its lease; releasing it", "lease", l.id)
-		d.release(l, "launcher did not reconnect")
+		d.releaseIf(l, "launcher did not reconnect", true)
 	}
 }
