@@ -257,6 +257,21 @@ func attach(ctx context.Context, cfg Config, pid int, how string, logOff int64, 
 		d.Close()
 		return nil, err
 	}
+	// server.log tells of faults the server survives; only lines written
+	// from now on matter.
+	serverPath := filepath.Join(cfg.LogDir, serverLog)
+	var serverOff int64
+	if fi, err := os.Stat(serverPath); err == nil {
+		serverOff = fi.Size()
+	}
+	sready := make(chan error, 1)
+	sf := newLogFollower(serverPath, serverOff, log, d.onServerLogLine)
+	d.wg.Add(1)
+	go func() { defer d.wg.Done(); sf.run(d.stop, sready) }()
+	if err := <-sready; err != nil {
+		d.Close()
+		return nil, err
+	}
 
 	if err := d.probeUntilUp(ctx); err != nil {
 		d.Close()

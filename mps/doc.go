@@ -22,7 +22,9 @@
 //   - Events: a pidfd per daemon and server pid (exit seen at once, wait
 //     status read from the zombie when possible) plus a control.log follower
 //     on fsnotify that survives truncation and rename rotation. Each exit is
-//     reported once, by whichever source sees it first.
+//     reported once, by whichever source sees it first. A server.log follower
+//     reports the fatal GPU faults a server survives (ServerFault), whose
+//     clients all got a sticky error.
 //   - Stop: `quit -t N`, then SIGKILL of servers that ignore SIGINT, then of
 //     the daemon and its orphans, all through pidfds (no recycled pid is
 //     ever signalled), bounded in time, with a report of what was killed.

@@ -24,6 +24,10 @@ const (
 	// makes two (one per context; a pending client's first one says "Server
 	// is not ready"), so expect it twice per client (docs/gpu-probe).
 	ClientConnected
+	// ServerFault: a server hit a fatal GPU error that it contains (Volta
+	// and newer): it survives, but every one of its clients got a sticky
+	// error and must be restarted. From server.log; PID is the server's.
+	ServerFault
 )
 
 func (k EventKind) String() string {
@@ -42,6 +46,8 @@ func (k EventKind) String() string {
 		return "server failed to start"
 	case ClientConnected:
 		return "client connected"
+	case ServerFault:
+		return "server fault"
 	}
 	return fmt.Sprintf("EventKind(%d)", int(k))
 }
@@ -52,7 +58,7 @@ type EventSource int
 // Event sources.
 const (
 	SourcePidfd   EventSource = iota + 1 // process exit notification, immediate
-	SourceLog                            // a control.log line
+	SourceLog                            // a control.log or server.log line
 	SourceCommand                        // a command's answer (get_server_list)
 )
 

@@ -232,6 +232,17 @@ func logEvent(l LogLine) (Event, bool) {
 	return ev, true
 }
 
+// serverLogEvent maps a server.log line to an event. A server that
+// contains a fatal GPU error (Volta and newer) logs "Server is handling a
+// fatal GPU error." before it tears down every client's contexts; that
+// line alone is enough to act on, and comes before the clients exit.
+func serverLogEvent(l LogLine) (Event, bool) {
+	if l.Source != "Server" || l.Message != "Server is handling a fatal GPU error." || l.PID <= 0 {
+		return Event{}, false
+	}
+	return Event{Kind: ServerFault, Time: l.Time, PID: l.PID, UID: -1, ExitStatus: -1, Source: SourceLog, Message: l.Message}, true
+}
+
 // scan1 and scan2 match a whole message against a format with %d verbs;
 // the round trip through Sprintf rejects what Sscanf alone lets through
 // (trailing text, "+5", "05", loose spacing).

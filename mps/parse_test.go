@@ -145,6 +145,23 @@ func TestLogEvent(t *testing.T) {
 	}
 }
 
+func TestServerLogEvent(t *testing.T) {
+	for _, tc := range []struct {
+		l    LogLine
+		want bool
+	}{
+		{LogLine{PID: 77, Source: "Server", Message: "Server is handling a fatal GPU error."}, true},
+		{LogLine{PID: 77, Source: "Control", Message: "Server is handling a fatal GPU error."}, false},
+		{LogLine{PID: 77, Source: "Server", Message: "Client {PID: 5, Context: 1} encountered a fatal GPU error."}, false},
+		{LogLine{PID: 0, Source: "Server", Message: "Server is handling a fatal GPU error."}, false},
+	} {
+		ev, ok := serverLogEvent(tc.l)
+		if ok != tc.want || (ok && (ev.Kind != ServerFault || ev.PID != tc.l.PID)) {
+			t.Errorf("serverLogEvent(%+v) = %v, %v; want ok %v", tc.l, ev, ok, tc.want)
+		}
+	}
+}
+
 func TestDaemonPIDFromLog(t *testing.T) {
 	log := strings.Join([]string{
 		"[2026-11-29 19:34:29.391 Control  7994] Starting control daemon using socket /p/control",

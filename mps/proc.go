@@ -17,6 +17,7 @@ const (
 	pidFileName  = "nvidia-cuda-mps-control.pid" // 550+ only
 	lockFileName = "control_lock"
 	controlLog   = "control.log"
+	serverLog    = "server.log"
 )
 
 // staleFiles are removed by Start when no live daemon owns the pipe directory.

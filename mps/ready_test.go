@@ -3,6 +3,7 @@ package mps
 import (
 	"context"
 	"errors"
+	"golang.org/x/sys/unix"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -158,5 +159,27 @@ func TestReadyServerCommands(t *testing.T) {
 				t.Errorf("ServerList after shutdown = %v, %v", pids, err)
 			}
 		})
+	}
+}
+
+// TestServerFaultEvent: a client's fatal GPU fault, which a Volta+ server
+// contains, is reported as ServerFault from server.log, while the server
+// itself lives on.
+func TestServerFaultEvent(t *testing.T) {
+	in := start(t, newConfig(t, emuBackend(t, emutest.Generations[len(emutest.Generations)-1])))
+	bystander := runClient(t, in.d, "--duration", "1m")
+	server := in.waitEvent(t, "server ready", kind(ServerReady)).PID
+	runClient(t, in.d, "--fault-after", "10ms", "--duration", "1m")
+	ev := in.waitEvent(t, "server fault", kind(ServerFault))
+	if ev.PID != server || ev.Source != SourceLog {
+		t.Errorf("fault event %v; want server %d from the log", ev, server)
+	}
+	select {
+	case <-bystander.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the other client of the faulted server did not exit")
+	}
+	if err := unix.Kill(server, 0); err != nil {
+		t.Errorf("server %d gone after a contained fault: %v", server, err)
 	}
 }

@@ -129,6 +129,18 @@ func (d *Daemon) onLogLine(line string) {
 	d.events.push(ev)
 }
 
+// onServerLogLine handles one server.log line from its follower.
+func (d *Daemon) onServerLogLine(line string) {
+	l, ok := ParseLogLine(line)
+	if !ok {
+		return
+	}
+	if ev, ok := serverLogEvent(l); ok {
+		d.log.Debug("mps: server log event", "event", ev)
+		d.events.push(ev)
+	}
+}
+
 func scanExitStatus(m string) (int, bool) {
 	var n int
 	return n, scan1(m, "Exit with status %d", &n)
