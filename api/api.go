@@ -25,6 +25,16 @@ const (
 	PathDrain = "/v1/drain"
 	// PathResume reopens drained (or quarantined) instances. Admins only.
 	PathResume = "/v1/resume"
+	// PathRestart restarts the control daemons of the instances an
+	// AdminTarget names; their leases are revoked and requeued. Admins
+	// only.
+	PathRestart = "/v1/restart"
+	// PathRequeue revokes one running lease and puts it back at the head
+	// of its group's queue (RequeueRequest). Admins only.
+	PathRequeue = "/v1/requeue"
+	// PathInjectXid raises a simulated Xid (InjectXidRequest); only an
+	// mpsd running with --simulate accepts it. Admins only.
+	PathInjectXid = "/v1/inject-xid"
 
 	// ContentTypeJSON is the type of every request and non-stream body.
 	ContentTypeJSON = "application/json"
@@ -427,4 +437,46 @@ func (t AdminTarget) Validate() error {
 // with its state afterwards.
 type AdminResult struct {
 	Instances []InstanceStatus `json:"instances"`
+}
+
+// RequeueRequest is the body of PathRequeue.
+type RequeueRequest struct {
+	Lease string `json:"lease"`
+}
+
+// Validate checks the lease id.
+func (r RequeueRequest) Validate() error {
+	if err := ValidLeaseID(r.Lease); err != nil {
+		return fmt.Errorf("%w: lease: %w", ErrInvalid, err)
+	}
+	return nil
+}
+
+// InjectXidRequest is the body of PathInjectXid.
+type InjectXidRequest struct {
+	// GPU is the NVML index of the simulated GPU.
+	GPU int `json:"gpu"`
+	// Xid is the error number, e.g. 79 (fallen off the bus) or 13 (an
+	// application's illegal access).
+	Xid uint64 `json:"xid"`
+	// PID names the faulting process; 0 when unknown.
+	PID int `json:"pid,omitempty"`
+}
+
+// Validate checks the ranges.
+func (r InjectXidRequest) Validate() error {
+	var bad []string
+	if r.GPU < 0 || r.GPU > 1023 {
+		bad = append(bad, fmt.Sprintf("gpu %d is not a GPU index", r.GPU))
+	}
+	if r.Xid == 0 || r.Xid > 1<<16 {
+		bad = append(bad, fmt.Sprintf("xid %d is out of range 1-65536", r.Xid))
+	}
+	if r.PID < 0 {
+		bad = append(bad, fmt.Sprintf("pid %d is negative", r.PID))
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("%w: %s", ErrInvalid, strings.Join(bad, "; "))
+	}
+	return nil
 }

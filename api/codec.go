@@ -50,6 +50,32 @@ func DecodeAdminTarget(r io.Reader) (AdminTarget, error) {
 	return t, nil
 }
 
+// DecodeRequeueRequest reads one RequeueRequest from r as strictly as
+// DecodeLeaseRequest.
+func DecodeRequeueRequest(r io.Reader) (RequeueRequest, error) {
+	var q RequeueRequest
+	if err := decodeStrict(r, MaxRequestBytes, "requeue request", &q); err != nil {
+		return RequeueRequest{}, err
+	}
+	if err := q.Validate(); err != nil {
+		return RequeueRequest{}, err
+	}
+	return q, nil
+}
+
+// DecodeInjectXidRequest reads one InjectXidRequest from r as strictly as
+// DecodeLeaseRequest.
+func DecodeInjectXidRequest(r io.Reader) (InjectXidRequest, error) {
+	var q InjectXidRequest
+	if err := decodeStrict(r, MaxRequestBytes, "inject-xid request", &q); err != nil {
+		return InjectXidRequest{}, err
+	}
+	if err := q.Validate(); err != nil {
+		return InjectXidRequest{}, err
+	}
+	return q, nil
+}
+
 // DecodeError reads the Error body of a non-2xx response. A body that is
 // not an Error (a proxy's page, an empty body) still yields an Error, with
 // CodeInternal and the HTTP status in the message, because the caller

@@ -73,8 +73,13 @@
 // POST /v1/drain and POST /v1/resume (admins only, by peer credentials),
 // body AdminTarget, answer an AdminResult listing the instances changed.
 // Drain closes instances to new leases while running ones go on; resume
-// reopens drained or quarantined ones. 403 CodeForbidden for a caller who
-// is not an admin, 404 CodeNotFound when the target names no instance.
+// reopens drained or quarantined ones. POST /v1/restart (AdminTarget)
+// restarts the instances' control daemons, revoking and requeueing their
+// leases; POST /v1/requeue (RequeueRequest) does that to one lease; both
+// answer an AdminResult. POST /v1/inject-xid (InjectXidRequest) raises a
+// simulated Xid and answers {}; an mpsd on real GPUs refuses it with 409
+// CodeConflict. 403 CodeForbidden for a caller who is not an admin, 404
+// CodeNotFound when the target names no instance or lease.
 //
 // Error codes and what mps-launch makes of them: CodeWaitTimeout,
 // CodeAttemptsExhausted and CodeUnavailable are temporary (exit 75); every
