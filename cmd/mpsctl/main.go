@@ -1,5 +1,6 @@
 // Command mpsctl is the operator's command line for mpsd: `mpsctl status`,
-// `mpsctl drain --gpu 0`, `mpsctl check-config /etc/mpsd/mpsd.yaml`.
+// `mpsctl drain --gpu 0`, `mpsctl restart --group inference`,
+// `mpsctl check-config /etc/mpsd/mpsd.yaml`.
 // Everything is in package internal/mpsctl; see its documentation and
 // DESIGN.md §1 for the commands, and `mpsctl help` for their flags.
 package main

@@ -103,7 +103,8 @@ func serve(t *testing.T, h http.Handler) string {
 }
 
 // fakeMPSD answers status with a one-instance document, drain with a
-// refusal and resume with one changed instance.
+// refusal, resume and restart with one changed instance, requeue with
+// no such lease, and inject-xid as an mpsd on real GPUs does.
 func fakeMPSD(t *testing.T) string {
 	inst := api.InstanceStatus{
 		GPUUUID: "GPU-12345678-aaaa-bbbb-cccc-dddddddddddd", GPUIndex: 0, Group: "inference", State: api.InstanceReady,
@@ -125,6 +126,31 @@ func fakeMPSD(t *testing.T) string {
 		}
 		w.Header().Set("Content-Type", api.ContentTypeJSON)
 		_ = json.NewEncoder(w).Encode(api.AdminResult{Instances: []api.InstanceStatus{inst}})
+	})
+	mux.HandleFunc("POST "+api.PathRestart, func(w http.ResponseWriter, r *http.Request) {
+		if _, err := api.DecodeAdminTarget(r.Body); err != nil {
+			api.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+			return
+		}
+		restarted := inst
+		restarted.State = api.InstanceRecovering
+		w.Header().Set("Content-Type", api.ContentTypeJSON)
+		_ = json.NewEncoder(w).Encode(api.AdminResult{Instances: []api.InstanceStatus{restarted}})
+	})
+	mux.HandleFunc("POST "+api.PathRequeue, func(w http.ResponseWriter, r *http.Request) {
+		q, err := api.DecodeRequeueRequest(r.Body)
+		if err != nil {
+			api.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+			return
+		}
+		api.WriteError(w, http.StatusNotFound, api.CodeNotFound, "no lease "+q.Lease)
+	})
+	mux.HandleFunc("POST "+api.PathInjectXid, func(w http.ResponseWriter, r *http.Request) {
+		if _, err := api.DecodeInjectXidRequest(r.Body); err != nil {
+			api.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+			return
+		}
+		api.WriteError(w, http.StatusConflict, api.CodeConflict, "inject-xid needs mpsd --simulate")
 	})
 	return serve(t, mux)
 }
@@ -157,6 +183,13 @@ func TestExitStatus(t *testing.T) {
 		{"resume", socket, []string{"resume", "--gpu", "0"}, mpsctl.ExitOK,
 			"resumed gpu 0 (GPU-12345678…) group inference: state ready", ""},
 		{"refused", socket, []string{"drain", "--gpu", "0"}, mpsctl.ExitFailure, "", "mpsctl: uid 1000 is not an mpsd admin"},
+		{"restart", socket, []string{"restart", "--group", "inference"}, mpsctl.ExitOK,
+			"restarting gpu 0 (GPU-12345678…) group inference: state recovering", ""},
+		{"requeue of no lease", socket, []string{"requeue", "i-7"}, mpsctl.ExitFailure, "", "mpsctl: no lease i-7"},
+		{"bad lease id", socket, []string{"requeue", "a/b"}, mpsctl.ExitUsage, "", `mpsctl: requeue: lease id "a/b"`},
+		{"inject-xid without --simulate", socket, []string{"inject-xid", "0", "79", "--pid", "12"}, mpsctl.ExitFailure, "",
+			"mpsctl: inject-xid needs mpsd --simulate"},
+		{"bad xid", socket, []string{"inject-xid", "0", "x"}, mpsctl.ExitUsage, "", `mpsctl: inject-xid: XID "x"`},
 		{"unreachable", missing, []string{"status"}, mpsctl.ExitFailure, "",
 			"mpsctl: cannot reach mpsd at " + missing + ": no such file or directory; is it running?"},
 		{"no command", socket, nil, mpsctl.ExitUsage, "", "mpsctl: no command given"},

@@ -158,8 +158,8 @@ func (c *Client) Status(ctx context.Context) (st api.Status, raw []byte, err err
 	return st, raw, nil
 }
 
-// Admin posts target to an admin path (api.PathDrain, api.PathResume)
-// and returns the instances mpsd changed.
+// Admin posts target to an admin path (api.PathDrain, api.PathResume,
+// api.PathRestart) and returns the instances mpsd changed.
 func (c *Client) Admin(ctx context.Context, path string, target api.AdminTarget) (api.AdminResult, error) {
 	var res api.AdminResult
 	if _, err := c.Post(ctx, path, target, &res); err != nil {

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -39,8 +40,7 @@ type command struct {
 type runFunc func(ctx context.Context, inv *invocation, args []string) error
 
 // commands is the command table, in the order of the usage text.
-// restart, requeue LEASE, inject-xid GPU XID [--pid PID] and shutdown
-// join it as mpsd gains their API paths: an admin command over an
+// shutdown joins it as mpsd gains its API path: an admin command over an
 // AdminTarget is one adminCommand entry; one with positional arguments
 // parses them in its runFunc and calls inv.client().Post.
 var commands = []command{
@@ -61,6 +61,33 @@ var commands = []command{
 		"reopen drained or quarantined instances",
 		"Reopens the drained or quarantined instances of a GPU, of a group, or of\n"+
 			"that group on that GPU. Admins only."),
+	adminCommand("restart", api.PathRestart, "restarting",
+		"restart instances, requeueing their leases",
+		"Restarts the MPS control daemons of the instances of a GPU (index, UUID or\n"+
+			"UUID prefix), of a group, or of that group on that GPU. Their running leases\n"+
+			"are revoked and requeued, as after a fault. Admins only."),
+	{
+		name:    "requeue",
+		args:    "LEASE",
+		summary: "revoke a running lease and queue it again",
+		long: "Revokes the running lease LEASE (an ID as mpsctl status lists it) and puts\n" +
+			"it back at the head of its group's queue, as a fault on its instance would:\n" +
+			"its processes are stopped and its command runs again when it is granted.\n" +
+			"Admins only.",
+		daemon: true,
+		setup:  requeueCommand,
+	},
+	{
+		name:    "inject-xid",
+		args:    "GPU XID [--pid PID]",
+		summary: "raise a simulated Xid (mpsd --simulate only)",
+		long: "Raises Xid XID (1-65536) on GPU (an NVML index) as if the driver had\n" +
+			"reported it, to try mpsd's fault handling: e.g. 79 (fallen off the bus), or\n" +
+			"13 (an application's illegal access) with --pid naming the process. Works\n" +
+			"only against mpsd --simulate; an mpsd on real GPUs refuses it. Admins only.",
+		daemon: true,
+		setup:  injectXidCommand,
+	},
 	{
 		name:    "check-config",
 		args:    "[--simulate] FILE",
@@ -132,6 +159,89 @@ func adminCommand(name, path, verb, summary, long string) command {
 			}
 		},
 	}
+}
+
+func requeueCommand(*flag.FlagSet) runFunc {
+	return func(ctx context.Context, inv *invocation, args []string) error {
+		switch {
+		case len(args) == 0:
+			return usagef("missing LEASE")
+		case len(args) > 1:
+			return usagef("unexpected argument %q", args[1])
+		}
+		lease := args[0]
+		if err := api.ValidLeaseID(lease); err != nil {
+			return usagef("%s", strings.TrimPrefix(err.Error(), api.ErrInvalid.Error()+": "))
+		}
+		var res api.AdminResult
+		if _, err := inv.client().Post(ctx, api.PathRequeue, api.RequeueRequest{Lease: lease}, &res); err != nil {
+			return err
+		}
+		return WriteRequeueResult(inv.stdout, lease, res)
+	}
+}
+
+// Bounds of inject-xid's arguments, as api.InjectXidRequest.Validate
+// checks them.
+const (
+	maxGPUIndex = 1023
+	maxXid      = 1 << 16
+)
+
+func injectXidCommand(fs *flag.FlagSet) runFunc {
+	var pid pidFlag
+	fs.Var(&pid, "pid", "`PID` names the faulting process (default: none)")
+	return func(ctx context.Context, inv *invocation, args []string) error {
+		switch {
+		case len(args) == 0:
+			return usagef("missing GPU and XID")
+		case len(args) == 1:
+			return usagef("missing XID")
+		case len(args) > 2:
+			return usagef("unexpected argument %q", args[2])
+		}
+		gpuIdx, err := strconv.ParseUint(args[0], 10, 64)
+		if err != nil || gpuIdx > maxGPUIndex {
+			return usagef("GPU %q is not a GPU index (0-%d)", args[0], maxGPUIndex)
+		}
+		xid, err := strconv.ParseUint(args[1], 10, 64)
+		if err != nil || xid == 0 || xid > maxXid {
+			return usagef("XID %q is not an Xid (1-%d)", args[1], maxXid)
+		}
+		req := api.InjectXidRequest{GPU: int(gpuIdx), Xid: xid, PID: pid.pid}
+		if err := req.Validate(); err != nil { // what mpsd would refuse
+			return usagef("%s", strings.TrimPrefix(err.Error(), api.ErrInvalid.Error()+": "))
+		}
+		var answer struct{} // {}: any JSON object will do
+		if _, err := inv.client().Post(ctx, api.PathInjectXid, req, &answer); err != nil {
+			return err
+		}
+		msg := fmt.Sprintf("injected Xid %d on gpu %d", req.Xid, req.GPU)
+		if req.PID != 0 {
+			msg += fmt.Sprintf(" for pid %d", req.PID)
+		}
+		_, err = fmt.Fprintln(inv.stdout, msg)
+		return err
+	}
+}
+
+// pidFlag is inject-xid's --pid: a positive process id.
+type pidFlag struct{ pid int }
+
+func (p *pidFlag) String() string {
+	if p == nil || p.pid == 0 {
+		return ""
+	}
+	return strconv.Itoa(p.pid)
+}
+
+func (p *pidFlag) Set(v string) error {
+	n, err := strconv.ParseInt(v, 10, 32)
+	if err != nil || n <= 0 {
+		return errors.New("not a process id")
+	}
+	p.pid = int(n)
+	return nil
 }
 
 func checkConfigCommand(fs *flag.FlagSet) runFunc {

@@ -9,10 +9,13 @@
 //     2 usage error (ExitCode);
 //   - the client side of mpsd's admin and status requests (Client), one
 //     connection per request over the unix socket, with the error
-//     document of package api decoded into one line;
+//     document of package api decoded into one line: status, drain,
+//     resume, restart, requeue of one lease, and inject-xid (a simulated
+//     Xid, which only mpsd --simulate accepts);
 //   - how those answers are shown: the status tables, the --json document
 //     as mpsd sent it (indented, unknown fields kept), one line per
-//     instance an admin command changed;
+//     instance an admin command changed (requeue: the instance the lease
+//     was on);
 //   - check-config: a config file checked by package policy against this
 //     host's GPUs (NVML), the config's simulated GPUs (--simulate), or no
 //     GPUs when NVML is unavailable, with a note saying so.

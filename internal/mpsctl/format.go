@@ -126,6 +126,27 @@ func WriteAdminResult(w io.Writer, verb string, res api.AdminResult) error {
 	return err
 }
 
+// WriteRequeueResult writes the one line of requeue, "requeued lease ID
+// (was on gpu 0 group inference)", naming the instance the lease was on
+// (res, in the order of WriteStatus); an empty result leaves the
+// parenthesis out.
+func WriteRequeueResult(w io.Writer, lease string, res api.AdminResult) error {
+	if len(res.Instances) == 0 {
+		_, err := fmt.Fprintf(w, "requeued lease %s\n", cell(lease))
+		return err
+	}
+	inst := slices.Clone(res.Instances)
+	slices.SortStableFunc(inst, func(a, b api.InstanceStatus) int {
+		return cmp.Or(cmp.Compare(a.GPUIndex, b.GPUIndex), cmp.Compare(a.Group, b.Group))
+	})
+	on := make([]string, len(inst))
+	for i, in := range inst {
+		on[i] = fmt.Sprintf("gpu %s group %s", instanceGPUs(in), cell(in.Group))
+	}
+	_, err := fmt.Fprintf(w, "requeued lease %s (was on %s)\n", cell(lease), strings.Join(on, ", "))
+	return err
+}
+
 // ShortUUID shortens a GPU UUID to its first eight hex digits and an
 // ellipsis, "GPU-1234abcd…", enough to tell a host's GPUs apart and to be
 // given back as a UUID prefix; shorter strings are returned as they are.

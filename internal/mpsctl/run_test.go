@@ -197,6 +197,38 @@ func TestDaemonErrors(t *testing.T) {
 			[]string{"drain", "--group", "x"}, "mpsctl: state write failed\n",
 		},
 		{
+			"restart forbidden", fail(t, http.StatusForbidden, api.CodeForbidden, "uid 1001 is not an mpsd admin"),
+			[]string{"restart", "--group", "inference"}, "mpsctl: uid 1001 is not an mpsd admin\n",
+		},
+		{
+			"restart of no instance", fail(t, http.StatusNotFound, api.CodeNotFound, "no instance of group ghost"),
+			[]string{"restart", "--group", "ghost"}, "mpsctl: no instance of group ghost\n",
+		},
+		{
+			"requeue of no lease", fail(t, http.StatusNotFound, api.CodeNotFound, `no lease "i-0042"`),
+			[]string{"requeue", "i-0042"}, "mpsctl: no lease \"i-0042\"\n",
+		},
+		{
+			"requeue of a queued lease", fail(t, http.StatusConflict, api.CodeConflict, "lease i-0042 is not running"),
+			[]string{"requeue", "i-0042"}, "mpsctl: lease i-0042 is not running\n",
+		},
+		{
+			"requeue forbidden", fail(t, http.StatusForbidden, api.CodeForbidden, "uid 1001 is not an mpsd admin"),
+			[]string{"requeue", "i-0042"}, "mpsctl: uid 1001 is not an mpsd admin\n",
+		},
+		{
+			"inject-xid on real GPUs", fail(t, http.StatusConflict, api.CodeConflict, "inject-xid needs mpsd --simulate"),
+			[]string{"inject-xid", "0", "79"}, "mpsctl: inject-xid needs mpsd --simulate\n",
+		},
+		{
+			"inject-xid forbidden", fail(t, http.StatusForbidden, api.CodeForbidden, "uid 1001 is not an mpsd admin"),
+			[]string{"inject-xid", "0", "79", "--pid", "12"}, "mpsctl: uid 1001 is not an mpsd admin\n",
+		},
+		{
+			"inject-xid on a GPU mpsd does not have", fail(t, http.StatusBadRequest, api.CodeBadRequest, "no gpu 9"),
+			[]string{"inject-xid", "9", "79"}, "mpsctl: no gpu 9\n",
+		},
+		{
 			"not an error document", reply{status: http.StatusBadGateway, body: "<html>bad gateway</html>", contentType: "text/html"},
 			[]string{"status"}, "",
 		},
@@ -208,6 +240,18 @@ func TestDaemonErrors(t *testing.T) {
 			"2xx but not json for --json", reply{status: http.StatusOK, body: "nope"},
 			[]string{"status", "--json"}, "",
 		},
+		{
+			"2xx but not an admin result", reply{status: http.StatusOK, body: `{"instances":7}`},
+			[]string{"restart", "--gpu", "0"}, "",
+		},
+		{
+			"2xx but not an admin result for requeue", reply{status: http.StatusOK, body: `[]`},
+			[]string{"requeue", "a"}, "",
+		},
+		{
+			"2xx but no object for inject-xid", reply{status: http.StatusOK, body: ""},
+			[]string{"inject-xid", "0", "79"}, "",
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := api.PathStatus
@@ -217,6 +261,12 @@ func TestDaemonErrors(t *testing.T) {
 				method, path = "POST ", api.PathDrain
 			case "resume":
 				method, path = "POST ", api.PathResume
+			case "restart":
+				method, path = "POST ", api.PathRestart
+			case "requeue":
+				method, path = "POST ", api.PathRequeue
+			case "inject-xid":
+				method, path = "POST ", api.PathInjectXid
 			}
 			fake := newFake(t, map[string]reply{method + path: tc.rep})
 			r := mpsctl(t, Config{}, nil, append([]string{"--socket", fake.socket}, tc.args...)...)
@@ -257,6 +307,9 @@ func TestUnreachable(t *testing.T) {
 		{missing, "no such file or directory", []string{"status"}},
 		{missing, "no such file or directory", []string{"drain", "--gpu", "0"}},
 		{stale, "connection refused", []string{"resume", "--group", "g"}},
+		{stale, "connection refused", []string{"restart", "--gpu", "1"}},
+		{missing, "no such file or directory", []string{"requeue", "i-1"}},
+		{missing, "no such file or directory", []string{"inject-xid", "0", "79"}},
 	} {
 		r := mpsctl(t, Config{}, nil, append([]string{"--socket", tc.socket}, tc.args...)...)
 		want := "mpsctl: cannot reach mpsd at " + tc.socket + ": " + tc.reason + "; is it running?\n"
@@ -321,6 +374,39 @@ func TestUsage(t *testing.T) {
 		{[]string{"drain", "--gpu", ""}, "mpsctl: drain: name --gpu, --group or both", "drain"},
 		{[]string{"drain", "--gpu", strings.Repeat("9", 129)}, "mpsctl: drain: gpu or group longer than 128 bytes", "drain"},
 		{[]string{"resume", "--group", "g", "now"}, `mpsctl: resume: unexpected argument "now"`, "resume"},
+		{[]string{"restart"}, "mpsctl: restart: name --gpu, --group or both", "restart"},
+		{[]string{"restart", "--group"}, "mpsctl: restart: flag --group needs an argument", "restart"},
+		{[]string{"restart", "--group", strings.Repeat("g", 129)}, "mpsctl: restart: gpu or group longer than 128 bytes", "restart"},
+		{[]string{"restart", "--gpu", "0", "all"}, `mpsctl: restart: unexpected argument "all"`, "restart"},
+		{[]string{"restart", "--pid", "1"}, "mpsctl: restart: unknown flag --pid", "restart"},
+		{[]string{"requeue"}, "mpsctl: requeue: missing LEASE", "requeue"},
+		{[]string{"requeue", "a", "b"}, `mpsctl: requeue: unexpected argument "b"`, "requeue"},
+		{[]string{"requeue", ""}, `mpsctl: requeue: lease id "": want 1 to 128 characters`, "requeue"},
+		{[]string{"requeue", "a b"}, `mpsctl: requeue: lease id "a b": only letters, digits, '.', '_' and '-'`, "requeue"},
+		{[]string{"requeue", "../x"}, `mpsctl: requeue: lease id "../x" starts with '.'`, "requeue"},
+		{[]string{"requeue", "x/y"}, `mpsctl: requeue: lease id "x/y": only letters, digits, '.', '_' and '-'`, "requeue"},
+		{[]string{"requeue", strings.Repeat("a", 129)}, `mpsctl: requeue: lease id "` + strings.Repeat("a", 129) + `": want 1 to 128 characters`, "requeue"},
+		{[]string{"requeue", "-x1"}, "mpsctl: requeue: unknown flag --x1", "requeue"},
+		{[]string{"requeue", "--gpu", "0", "a"}, "mpsctl: requeue: unknown flag --gpu", "requeue"},
+		{[]string{"inject-xid"}, "mpsctl: inject-xid: missing GPU and XID", "inject-xid"},
+		{[]string{"inject-xid", "0"}, "mpsctl: inject-xid: missing XID", "inject-xid"},
+		{[]string{"inject-xid", "0", "79", "13"}, `mpsctl: inject-xid: unexpected argument "13"`, "inject-xid"},
+		{[]string{"inject-xid", "gpu0", "79"}, `mpsctl: inject-xid: GPU "gpu0" is not a GPU index (0-1023)`, "inject-xid"},
+		{[]string{"inject-xid", "GPU-aaaa", "79"}, `mpsctl: inject-xid: GPU "GPU-aaaa" is not a GPU index (0-1023)`, "inject-xid"},
+		{[]string{"inject-xid", "1024", "79"}, `mpsctl: inject-xid: GPU "1024" is not a GPU index (0-1023)`, "inject-xid"},
+		{[]string{"inject-xid", "+1", "79"}, `mpsctl: inject-xid: GPU "+1" is not a GPU index (0-1023)`, "inject-xid"},
+		{[]string{"inject-xid", "--", "-1", "79"}, `mpsctl: inject-xid: GPU "-1" is not a GPU index (0-1023)`, "inject-xid"},
+		{[]string{"inject-xid", "99999999999999999999", "79"}, `mpsctl: inject-xid: GPU "99999999999999999999" is not a GPU index (0-1023)`, "inject-xid"},
+		{[]string{"inject-xid", "0", "0"}, `mpsctl: inject-xid: XID "0" is not an Xid (1-65536)`, "inject-xid"},
+		{[]string{"inject-xid", "0", "65537"}, `mpsctl: inject-xid: XID "65537" is not an Xid (1-65536)`, "inject-xid"},
+		{[]string{"inject-xid", "0", "0x4f"}, `mpsctl: inject-xid: XID "0x4f" is not an Xid (1-65536)`, "inject-xid"},
+		{[]string{"inject-xid", "0", "xid79"}, `mpsctl: inject-xid: XID "xid79" is not an Xid (1-65536)`, "inject-xid"},
+		{[]string{"inject-xid", "0", "", "--pid", "1"}, `mpsctl: inject-xid: XID "" is not an Xid (1-65536)`, "inject-xid"},
+		{[]string{"inject-xid", "0", "79", "--pid"}, "mpsctl: inject-xid: flag --pid needs an argument", "inject-xid"},
+		{[]string{"inject-xid", "0", "79", "--pid", "0"}, `mpsctl: inject-xid: invalid value "0" for flag --pid: not a process id`, "inject-xid"},
+		{[]string{"inject-xid", "0", "79", "--pid=-5"}, `mpsctl: inject-xid: invalid value "-5" for flag --pid: not a process id`, "inject-xid"},
+		{[]string{"inject-xid", "0", "79", "--pid", "init"}, `mpsctl: inject-xid: invalid value "init" for flag --pid: not a process id`, "inject-xid"},
+		{[]string{"inject-xid", "0", "79", "--pid", "2147483648"}, `mpsctl: inject-xid: invalid value "2147483648" for flag --pid: not a process id`, "inject-xid"},
 		{[]string{"check-config"}, "mpsctl: check-config: missing FILE", "check-config"},
 		{[]string{"check-config", "a.yaml", "b.yaml"}, `mpsctl: check-config: unexpected argument "b.yaml"`, "check-config"},
 		{[]string{"check-config", "--socket", "/x", "a.yaml"}, "mpsctl: check-config: unknown flag --socket", "check-config"},
@@ -358,11 +444,17 @@ func TestHelp(t *testing.T) {
 		{[]string{"drain", "--help"}, commandUsage(lookup("drain"))},
 		{[]string{"status", "-h"}, commandUsage(lookup("status"))},
 		{[]string{"check-config", "--help"}, commandUsage(lookup("check-config"))},
+		{[]string{"help", "restart"}, commandUsage(lookup("restart"))},
+		{[]string{"requeue", "--help"}, commandUsage(lookup("requeue"))},
+		{[]string{"inject-xid", "0", "79", "-h"}, commandUsage(lookup("inject-xid"))},
 	} {
 		r := mpsctl(t, Config{}, nil, tc.args...)
 		if r.code != ExitOK || r.stderr != "" || r.stdout != tc.want {
 			t.Errorf("%q: exit %d, stderr %q, stdout:\n%s\nwant 0, nothing and:\n%s", tc.args, r.code, r.stderr, r.stdout, tc.want)
 		}
+	}
+	if u := commandUsage(lookup("inject-xid")); !strings.Contains(u, "only against mpsd --simulate") {
+		t.Errorf("inject-xid's help does not say it needs mpsd --simulate:\n%s", u)
 	}
 	golden(t, "usage.golden", Usage())
 	var all strings.Builder

@@ -1,0 +1,202 @@
+package mpsctl
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/mpsd/mpsd/api"
+)
+
+// postedOnce checks that fake received exactly one POST of JSON to path
+// and returns its body.
+func postedOnce(t *testing.T, fake *fakeMPSD, path string) string {
+	t.Helper()
+	reqs := fake.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("requests = %+v; want one", reqs)
+	}
+	q := reqs[0]
+	if q.method != http.MethodPost || q.path != path || q.contentType != api.ContentTypeJSON {
+		t.Errorf("request %s %s (%s); want POST %s (%s)", q.method, q.path, q.contentType, path, api.ContentTypeJSON)
+	}
+	return q.body
+}
+
+func TestRestart(t *testing.T) {
+	restarted := api.AdminResult{Instances: []api.InstanceStatus{
+		{GPUUUID: "GPU-bbbbbbbb-1111-2222-3333-444444444444", GPUIndex: 1, Group: "inference", State: api.InstanceRecovering},
+		{GPUUUID: "GPU-aaaaaaaa-1111-2222-3333-444444444444", GPUIndex: 0, Group: "inference", State: api.InstanceRecovering},
+		{GPUUUID: "GPU-cccccccc-1111-2222-3333-444444444444", GPUIndex: 2, Group: "batch", State: api.InstanceStarting,
+			GPUIndexes: []int{2, 3}, GPUUUIDs: []string{"GPU-cccccccc-1111-2222-3333-444444444444", "GPU-dddddddd-1111-2222-3333-444444444444"}},
+	}}
+	one := api.AdminResult{Instances: []api.InstanceStatus{
+		{GPUUUID: "GPU-aaaaaaaa-1111-2222-3333-444444444444", GPUIndex: 0, Group: "inference", State: api.InstanceRecovering},
+	}}
+	for _, tc := range []struct {
+		name string
+		args []string
+		// socketAfter passes --socket after the command's flags instead
+		// of $MPSD_SOCKET.
+		socketAfter bool
+		rep         reply
+		body        api.AdminTarget
+		stdout      string
+	}{
+		{
+			name: "group", args: []string{"restart", "--group", "inference"}, rep: ok(t, restarted),
+			body: api.AdminTarget{Group: "inference"},
+			stdout: "restarting gpu 0 (GPU-aaaaaaaa…) group inference: state recovering\n" +
+				"restarting gpu 1 (GPU-bbbbbbbb…) group inference: state recovering\n" +
+				"restarting gpu 2,3 (GPU-cccccccc…,GPU-dddddddd…) group batch: state starting\n",
+		},
+		{
+			name: "gpu", args: []string{"restart", "--gpu=0"}, rep: ok(t, one),
+			body:   api.AdminTarget{GPU: "0"},
+			stdout: "restarting gpu 0 (GPU-aaaaaaaa…) group inference: state recovering\n",
+		},
+		{
+			name: "group on gpu, socket after the command", args: []string{"restart", "--gpu", "GPU-aaaa", "--group", "inference"},
+			socketAfter: true, rep: ok(t, one),
+			body:   api.AdminTarget{GPU: "GPU-aaaa", Group: "inference"},
+			stdout: "restarting gpu 0 (GPU-aaaaaaaa…) group inference: state recovering\n",
+		},
+		{
+			name: "nothing restarted", args: []string{"restart", "--group", "idle"}, rep: ok(t, api.AdminResult{}),
+			body:   api.AdminTarget{Group: "idle"},
+			stdout: "no instance restarting\n",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := newFake(t, map[string]reply{"POST " + api.PathRestart: tc.rep})
+			environ, args := []string{api.EnvSocket + "=" + fake.socket}, tc.args
+			if tc.socketAfter {
+				environ, args = nil, append(args[:len(args):len(args)], "--socket", fake.socket)
+			}
+			r := mpsctl(t, Config{}, environ, args...)
+			if r.code != ExitOK || r.stderr != "" {
+				t.Fatalf("exit %d, stderr %q; want 0 and nothing", r.code, r.stderr)
+			}
+			if r.stdout != tc.stdout {
+				t.Errorf("stdout:\n%s\nwant:\n%s", r.stdout, tc.stdout)
+			}
+			body := postedOnce(t, fake, api.PathRestart)
+			got, err := api.DecodeAdminTarget(strings.NewReader(body)) // as strictly as mpsd
+			if err != nil || got != tc.body {
+				t.Errorf("body %s decodes to %+v, %v; want %+v", body, got, err, tc.body)
+			}
+		})
+	}
+}
+
+func TestRequeue(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		rep    reply
+		lease  string
+		stdout string
+	}{
+		{
+			name: "running lease", args: []string{"requeue", "i-0042"},
+			rep: ok(t, api.AdminResult{Instances: []api.InstanceStatus{
+				{GPUUUID: "GPU-aaaaaaaa-1111-2222-3333-444444444444", GPUIndex: 0, Group: "inference", State: api.InstanceReady},
+			}}),
+			lease: "i-0042", stdout: "requeued lease i-0042 (was on gpu 0 group inference)\n",
+		},
+		{
+			name: "lease on a multi-GPU instance", args: []string{"requeue", "b.7_x"},
+			rep: ok(t, api.AdminResult{Instances: []api.InstanceStatus{
+				{GPUUUID: "GPU-cccccccc", GPUIndex: 2, Group: "batch", State: api.InstanceReady,
+					GPUIndexes: []int{2, 3}, GPUUUIDs: []string{"GPU-cccccccc", "GPU-dddddddd"}},
+			}}),
+			lease: "b.7_x", stdout: "requeued lease b.7_x (was on gpu 2,3 group batch)\n",
+		},
+		{
+			name: "lease id starting with a dash, after --", args: []string{"requeue", "--", "-x1"},
+			rep:   ok(t, api.AdminResult{Instances: []api.InstanceStatus{{GPUIndex: 1, Group: "g"}}}),
+			lease: "-x1", stdout: "requeued lease -x1 (was on gpu 1 group g)\n",
+		},
+		{
+			name: "no instance named", args: []string{"requeue", "a"}, rep: ok(t, api.AdminResult{}),
+			lease: "a", stdout: "requeued lease a\n",
+		},
+		{
+			name: "group name is data", args: []string{"requeue", "a"},
+			rep:   ok(t, api.AdminResult{Instances: []api.InstanceStatus{{GPUIndex: 0, Group: "a b\nc"}}}),
+			lease: "a", stdout: "requeued lease a (was on gpu 0 group a?b?c)\n",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := newFake(t, map[string]reply{"POST " + api.PathRequeue: tc.rep})
+			r := mpsctl(t, Config{}, nil, append([]string{"--socket", fake.socket}, tc.args...)...)
+			if r.code != ExitOK || r.stderr != "" {
+				t.Fatalf("exit %d, stderr %q; want 0 and nothing", r.code, r.stderr)
+			}
+			if r.stdout != tc.stdout {
+				t.Errorf("stdout %q; want %q", r.stdout, tc.stdout)
+			}
+			body := postedOnce(t, fake, api.PathRequeue)
+			got, err := api.DecodeRequeueRequest(strings.NewReader(body))
+			if want := (api.RequeueRequest{Lease: tc.lease}); err != nil || got != want {
+				t.Errorf("body %s decodes to %+v, %v; want %+v", body, got, err, want)
+			}
+		})
+	}
+}
+
+func TestInjectXid(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		rep    reply
+		body   api.InjectXidRequest
+		stdout string
+	}{
+		{
+			name: "xid", args: []string{"inject-xid", "0", "79"}, rep: ok(t, struct{}{}),
+			body: api.InjectXidRequest{GPU: 0, Xid: 79}, stdout: "injected Xid 79 on gpu 0\n",
+		},
+		{
+			name: "with pid after", args: []string{"inject-xid", "3", "13", "--pid", "4242"}, rep: ok(t, struct{}{}),
+			body: api.InjectXidRequest{GPU: 3, Xid: 13, PID: 4242}, stdout: "injected Xid 13 on gpu 3 for pid 4242\n",
+		},
+		{
+			name: "with pid first", args: []string{"inject-xid", "--pid=7", "1", "31"}, rep: ok(t, struct{}{}),
+			body: api.InjectXidRequest{GPU: 1, Xid: 31, PID: 7}, stdout: "injected Xid 31 on gpu 1 for pid 7\n",
+		},
+		{
+			name: "largest values", args: []string{"inject-xid", "1023", "65536", "--pid", "2147483647"}, rep: ok(t, struct{}{}),
+			body:   api.InjectXidRequest{GPU: 1023, Xid: 65536, PID: 2147483647},
+			stdout: "injected Xid 65536 on gpu 1023 for pid 2147483647\n",
+		},
+		{
+			name: "leading zeros", args: []string{"inject-xid", "007", "0079"}, rep: ok(t, struct{}{}),
+			body: api.InjectXidRequest{GPU: 7, Xid: 79}, stdout: "injected Xid 79 on gpu 7\n",
+		},
+		{
+			name: "answer with fields this version does not know", args: []string{"inject-xid", "0", "48"},
+			rep:  reply{status: http.StatusOK, body: `{"future":1}`},
+			body: api.InjectXidRequest{GPU: 0, Xid: 48}, stdout: "injected Xid 48 on gpu 0\n",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := newFake(t, map[string]reply{"POST " + api.PathInjectXid: tc.rep})
+			r := mpsctl(t, Config{}, []string{api.EnvSocket + "=" + fake.socket}, tc.args...)
+			if r.code != ExitOK || r.stderr != "" {
+				t.Fatalf("exit %d, stderr %q; want 0 and nothing", r.code, r.stderr)
+			}
+			if r.stdout != tc.stdout {
+				t.Errorf("stdout %q; want %q", r.stdout, tc.stdout)
+			}
+			body := postedOnce(t, fake, api.PathInjectXid)
+			got, err := api.DecodeInjectXidRequest(strings.NewReader(body))
+			if err != nil || got != tc.body {
+				t.Errorf("body %s decodes to %+v, %v; want %+v", body, got, err, tc.body)
+			}
+			if tc.body.PID == 0 && strings.Contains(body, "pid") {
+				t.Errorf("body %s sends a pid nobody gave", body)
+			}
+		})
+	}
+}
