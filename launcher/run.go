@@ -42,7 +42,7 @@ type Config struct {
 	// ReconnectTimeout bounds reconnecting after mpsd closed the stream
 	// (restarted); 0 means DefaultReconnectTimeout.
 	ReconnectTimeout time.Duration
-	// RevokeGrace is how long a command killed by SIGKILL waits for a
+	// RevokeGrace is how long a command that failed waits for a
 	// revoked event that may be on its way, to tell mpsd's kill from
 	// another; 0 means DefaultRevokeGrace.
 	RevokeGrace time.Duration
@@ -159,7 +159,7 @@ type session struct {
 	pending *api.Lease
 	// final is an error that ends the session once the child is gone.
 	final error
-	// heldExit is the status of a SIGKILLed child waiting out RevokeGrace.
+	// heldExit is the status of a failed child waiting out RevokeGrace.
 	heldExit int
 	grace    *time.Timer
 }
@@ -436,11 +436,15 @@ func (s *session) onChildExit(ctx context.Context) *done {
 	s.child = nil
 	code := exitStatus(ws)
 	if s.revoked == "" {
-		if s.stream == nil || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		if s.stream == nil || code == 0 {
 			return &done{code: code}
 		}
-		// mpsd sends revoked before it kills, so if this SIGKILL was
-		// mpsd's the event is already on its way: give it a moment.
+		// A command that failed may have failed because its MPS server
+		// did (a CUDA client dies of the lost server as fast as mpsd sees
+		// the server go), or been killed by mpsd after a revocation whose
+		// event is on its way: give the event a moment before taking the
+		// failure as the command's own. A command that succeeded exits at
+		// once.
 		s.heldExit = code
 		s.grace = time.NewTimer(s.cfg.RevokeGrace)
 		return nil

@@ -651,6 +651,42 @@ func TestRunRevokeAfterKill(t *testing.T) {
 	}
 }
 
+// TestRunRevokeAfterFailure: a CUDA client dies of its lost MPS server
+// (exit status 86 here, 806 in CUDA) as fast as mpsd notices the server's
+// death; the revoked event that follows within the grace still makes it a
+// requeue, not the command's own failure.
+func TestRunRevokeAfterFailure(t *testing.T) {
+	h := newHarness(t, nil)
+	h.cfg.RevokeGrace = time.Hour // only the event may end the grace here
+	done := h.start(t.Context(), h.sh(`[ "$MPSD_ATTEMPT" = 2 ] && exit 0; exit 86`)...)
+	lc := h.fake.NextLease(t)
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	h.fake.NextAttach(t)
+	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "server died"})
+	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 2))
+	if code := h.wait(done); code != 0 {
+		t.Errorf("exit %d, want 0 from attempt 2; stderr: %s", code, h.read("stderr"))
+	}
+	if !strings.Contains(h.read("stderr"), "server died") {
+		t.Errorf("stderr lacks the revocation's reason: %s", h.read("stderr"))
+	}
+}
+
+// A command that fails on its own exits with its status once the grace is
+// over, without a revocation.
+func TestRunFailureWithoutRevoke(t *testing.T) {
+	h := newHarness(t, nil)
+	h.cfg.RevokeGrace = 20 * time.Millisecond
+	done := h.start(t.Context(), h.sh(`exit 3`)...)
+	lc := h.fake.NextLease(t)
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	h.fake.NextAttach(t)
+	if code := h.wait(done); code != 3 {
+		t.Errorf("exit %d, want the command's 3", code)
+	}
+}
+
 // TestRunKilledWhileStreamEnds: a command SIGKILLed by someone else while
 // mpsd goes away exits 137, whether the stream's end or the re-adopted
 // lease (then the grace) tells mps-launch that the kill was not a

@@ -315,6 +315,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 
 	d.spawn(func() { d.store.run(d.ctx) })
+	d.spawn(d.probeLoop)
+	d.spawn(func() {
+		// Xid events come from NVML's event set; a host whose GPUs cannot
+		// deliver them is told about once, and MPS's own signals remain.
+		if err := d.host.WatchXid(d.ctx, d.onXid); err != nil {
+			d.log.Warn("no Xid events; GPU faults are seen only through MPS", "err", err)
+		}
+	})
 	watchErr := make(chan error, 1)
 	d.spawn(func() { watchErr <- d.watcher.Run(d.ctx) })
 	d.srv = d.newHTTPServer()

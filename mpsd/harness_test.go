@@ -93,6 +93,11 @@ func newEnvGPUs(t testing.TB, gpus int, groups, extra string) *testEnv {
 }
 
 func (e *testEnv) config(groups, extra string) string {
+	// Fast restarts, unless the test brings its own watchdog section.
+	watchdog := "watchdog:\n  backoff_initial: 50ms\n  backoff_max: 1s"
+	if strings.Contains(extra, "watchdog:") {
+		watchdog = ""
+	}
 	return fmt.Sprintf(`version: 1
 socket: %s
 run_dir: %s/run
@@ -102,16 +107,14 @@ cgroup:
   parent: %s
 metrics:
   listen: ""
-watchdog:
-  backoff_initial: 50ms
-  backoff_max: 1s
+%s
 simulate:
   gpus: %d
   model: a100-40g
   emulator_dir: %s
 %s
 groups:
-%s`, e.socket, e.dir, e.dir, e.dir, e.parent, e.gpus, e.emu, extra, groups)
+%s`, e.socket, e.dir, e.dir, e.dir, e.parent, watchdog, e.gpus, e.emu, extra, groups)
 }
 
 // writeConfig replaces the config file atomically, as a deployment tool

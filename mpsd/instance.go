@@ -34,7 +34,7 @@ type instance struct {
 	maxMem   int64
 	daemon   *mps.Daemon
 	up       bool // the daemon answers; false while starting or recovering
-	servers  map[int]bool
+	servers  map[int]int // server pid → its uid (-1 unknown)
 	restarts int
 	leases   map[string]*lease
 
@@ -46,6 +46,14 @@ type instance struct {
 
 	tried     chan struct{} // closed after the first start attempt
 	triedOnce sync.Once
+
+	// The watchdog's state (watchdog.go).
+	recovering  bool        // a recovery goroutine owns the instance
+	pending     *fault      // a fault that arrived during recovery
+	quarantined bool        // failed too often: closed until mpsctl resume
+	failures    []time.Time // failures within the quarantine window
+	probeFails  int         // failed probes in a row
+	faults      map[string]int
 }
 
 func (in *instance) markTried() { in.triedOnce.Do(func() { close(in.tried) }) }
@@ -61,9 +69,11 @@ func instanceKey(group string, idx []int) string {
 // refreshLocked derives the state placement sees from the flags.
 func (in *instance) refreshLocked() {
 	switch {
+	case in.quarantined:
+		in.p.State = policy.InstanceQuarantined
 	case in.drained || in.retiring || in.restartCh:
 		in.p.State = policy.InstanceDraining
-	case !in.up && in.restarts > 0:
+	case in.recovering || (!in.up && in.restarts > 0):
 		in.p.State = policy.InstanceRecovering
 	case !in.up:
 		in.p.State = policy.InstanceStarting
@@ -118,9 +128,10 @@ func (d *Daemon) reconcileLocked(cfg *policy.Config) (added []*instance) {
 				in = &instance{
 					key:     key,
 					group:   g.Name,
-					servers: map[int]bool{},
+					servers: map[int]int{},
 					leases:  map[string]*lease{},
 					tried:   make(chan struct{}),
+					faults:  map[string]int{},
 				}
 				for _, x := range set {
 					in.gpus = append(in.gpus, inv[x])
@@ -252,52 +263,81 @@ func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, e
 	return dm, "started", nil
 }
 
-// watchInstance follows one daemon's events until its handle closes.
-// It keeps the server pids for placement and status; a daemon that exits
-// is brought up again (the full watchdog is the fault-isolation work).
+// watchInstance follows one daemon's events until its handle closes:
+// it keeps the server pids for placement and status, and hands every sign
+// of failure to the watchdog (watchdog.go).
 func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 	for ev := range dm.Events() {
 		d.mu.Lock()
+		current := in.daemon == dm
+		clients := 0
 		switch ev.Kind {
 		case mps.ServerStarted:
-			in.servers[ev.PID] = true
+			in.servers[ev.PID] = ev.UID
 		case mps.ServerExited:
+			uid, known := in.servers[ev.PID]
+			if !known {
+				uid = -1
+			}
 			delete(in.servers, ev.PID)
 			if len(in.servers) == 0 {
 				in.p.ServerUp = false
 			}
+			// The server's clients: leases of its uid (any uid when the
+			// server is shared or its uid is unknown). A lease of another
+			// uid waits for this server to go; its exit is no fault.
+			for _, l := range in.leases {
+				if in.p.Multiuser || uid < 0 || l.uid == uint32(uid) {
+					clients++
+				}
+			}
 		}
 		d.mu.Unlock()
+		if !current {
+			continue
+		}
 		switch ev.Kind {
 		case mps.DaemonExited:
-			in.log.Error("control daemon exited", "event", ev.String())
-			d.mu.Lock()
-			stopped := in.stopped || in.daemon != dm
-			if !stopped {
-				in.up = false
-				in.daemon = nil
-				in.restarts++
-				clear(in.servers)
-				in.p.ServerUp = false
-				in.refreshLocked()
+			d.reportFault(in, fault{kind: faultDaemonExit, restart: restartDaemon,
+				reason: fmt.Sprintf("MPS control daemon %d of group %s on GPU %d exited (%s)", ev.PID, in.group, in.gpus[0].Index, exitText(ev))})
+		case mps.ServerExited:
+			// MPS never ends a server that has clients; only mpsd's own
+			// recovery does, and it has taken the leases off first. So a
+			// server gone with clients on it crashed and took them down,
+			// whatever status it reports (MPS logs 0 for a SIGKILLed one).
+			if clients > 0 {
+				d.reportFault(in, fault{kind: faultServerExit, restart: restartNone,
+					reason: fmt.Sprintf("MPS server %d of group %s on GPU %d died (%s)", ev.PID, in.group, in.gpus[0].Index, exitText(ev))})
 			}
-			d.mu.Unlock()
-			_ = dm.Close()
-			if !stopped {
-				d.spawn(func() { d.bringUp(in, true) })
-			}
-		case mps.FatalException, mps.ServerStartFailed:
-			in.log.Warn("MPS server event", "event", ev.String())
+		case mps.FatalException:
+			d.reportFault(in, fault{kind: faultFatalException, restart: restartNone,
+				reason: fmt.Sprintf("MPS server of group %s on GPU %d hit a fatal exception", in.group, in.gpus[0].Index)})
+		case mps.ServerFault:
+			d.reportFault(in, fault{kind: faultServerFault, restart: restartNone,
+				reason: fmt.Sprintf("a client of group %s on GPU %d hit a fatal GPU error; MPS set a sticky error on every client of the server", in.group, in.gpus[0].Index)})
+		case mps.ServerStartFailed:
+			d.reportFault(in, fault{kind: faultStartFailed, restart: restartNone,
+				reason: fmt.Sprintf("MPS could not start a server for uid %d in group %s on GPU %d: %s", ev.UID, in.group, in.gpus[0].Index, ev.Message)})
 		default:
 			in.log.Debug("MPS event", "event", ev.String())
 		}
 	}
 }
 
+func exitText(ev mps.Event) string {
+	if ev.Signal != 0 {
+		return "killed by " + ev.Signal.String()
+	}
+	if ev.ExitStatus >= 0 {
+		return fmt.Sprintf("status %d", ev.ExitStatus)
+	}
+	return "status unknown"
+}
+
 // retireIfEmptyLocked stops an instance that left the config (or needs a
 // restart for a changed start option) once its last lease has ended.
 func (d *Daemon) retireIfEmptyLocked(in *instance) {
-	if len(in.leases) > 0 || in.starting || (!in.retiring && !in.restartCh) {
+	if len(in.leases) > 0 || in.starting || in.recovering || (!in.retiring && !in.restartCh) {
 		return
 	}
 	dm := in.daemon

@@ -35,7 +35,10 @@ type lease struct {
 	inst     *instance // set while running
 	position int       // last position sent while queued
 	bound    bool      // a launcher's stream holds the lease
-	ending   bool      // release in progress
+	ending   bool      // release or revocation in progress
+	// abandoned: the launcher left while the lease was being revoked; the
+	// revocation drops it instead of requeueing it.
+	abandoned bool
 	// durable is closed once the state file records the grant, so a
 	// launcher is never told of a lease a crash could lose.
 	durable <-chan struct{}
@@ -312,7 +315,12 @@ func (d *Daemon) release(l *lease, why string) { d.releaseIf(l, why, false) }
 // launcher holds (one that resumed it after mpsd restarted).
 func (d *Daemon) releaseIf(l *lease, why string, unboundOnly bool) {
 	d.mu.Lock()
-	if d.leases[l.id] != l || l.ending || (unboundOnly && l.bound) {
+	if d.leases[l.id] != l || (unboundOnly && l.bound) {
+		d.mu.Unlock()
+		return
+	}
+	if l.ending {
+		l.abandoned = true
 		d.mu.Unlock()
 		return
 	}

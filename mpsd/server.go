@@ -64,6 +64,9 @@ func (d *Daemon) newHTTPServer() *http.Server {
 	mux.HandleFunc("GET "+api.PathStatus, d.serveStatus)
 	mux.HandleFunc("POST "+api.PathDrain, func(w http.ResponseWriter, r *http.Request) { d.serveAdmin(w, r, true) })
 	mux.HandleFunc("POST "+api.PathResume, func(w http.ResponseWriter, r *http.Request) { d.serveAdmin(w, r, false) })
+	mux.HandleFunc("POST "+api.PathRestart, d.serveRestart)
+	mux.HandleFunc("POST "+api.PathRequeue, d.serveRequeue)
+	mux.HandleFunc("POST "+api.PathInjectXid, d.serveInjectXid)
 	return &http.Server{
 		Handler:           d.track(mux),
 		ReadHeaderTimeout: d.opts.RequestTimeout,
@@ -347,13 +350,21 @@ func (d *Daemon) Status() api.Status {
 	return st
 }
 
-func (d *Daemon) serveAdmin(w http.ResponseWriter, r *http.Request, drain bool) {
+// requireAdmin answers 403 unless the caller is an admin of the config in
+// force.
+func (d *Daemon) requireAdmin(w http.ResponseWriter, r *http.Request) bool {
 	_, c, ok := d.credentials(r)
 	d.mu.Lock()
 	admin := ok && d.cfg.Access.Admin(c)
 	d.mu.Unlock()
 	if !admin {
 		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("uid %d is not an mpsd admin (admins in the config)", c.UID))
+	}
+	return admin
+}
+
+func (d *Daemon) serveAdmin(w http.ResponseWriter, r *http.Request, drain bool) {
+	if !d.requireAdmin(w, r) {
 		return
 	}
 	t, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.AdminTarget, error) { return api.DecodeAdminTarget(r.Body) })
@@ -373,13 +384,13 @@ func (d *Daemon) serveAdmin(w http.ResponseWriter, r *http.Request, drain bool) 
 	writeJSON(w, res)
 }
 
-// setDrained drains or resumes the instances t names.
-func (d *Daemon) setDrained(t api.AdminTarget, drain bool) (api.AdminResult, error) {
+// matchInstances returns the instances t names, in key order.
+func (d *Daemon) matchInstances(t api.AdminTarget) ([]*instance, error) {
 	var idx []int
 	if t.GPU != "" {
 		sel, err := d.host.Select([]string{t.GPU})
 		if err != nil {
-			return api.AdminResult{}, fmt.Errorf("gpu %q: %w", t.GPU, err)
+			return nil, fmt.Errorf("gpu %q: %w", t.GPU, err)
 		}
 		for _, g := range sel {
 			idx = append(idx, g.Index)
@@ -388,10 +399,9 @@ func (d *Daemon) setDrained(t api.AdminTarget, drain bool) (api.AdminResult, err
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, ok := d.cfg.Group(t.Group); t.Group != "" && !ok {
-		return api.AdminResult{}, fmt.Errorf("unknown group %q", t.Group)
+		return nil, fmt.Errorf("unknown group %q", t.Group)
 	}
-	res := api.AdminResult{Instances: []api.InstanceStatus{}}
-	groups := map[string]bool{}
+	var out []*instance
 	for _, in := range d.instanceList() {
 		if t.Group != "" && in.group != t.Group {
 			continue
@@ -399,7 +409,32 @@ func (d *Daemon) setDrained(t api.AdminTarget, drain bool) (api.AdminResult, err
 		if idx != nil && !slices.ContainsFunc(in.p.GPUs, func(x int) bool { return slices.Contains(idx, x) }) {
 			continue
 		}
+		out = append(out, in)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no instance matches gpu %q group %q", t.GPU, t.Group)
+	}
+	return out, nil
+}
+
+// setDrained drains or resumes the instances t names. Resume also lifts a
+// quarantine.
+func (d *Daemon) setDrained(t api.AdminTarget, drain bool) (api.AdminResult, error) {
+	insts, err := d.matchInstances(t)
+	if err != nil {
+		return api.AdminResult{}, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	res := api.AdminResult{Instances: []api.InstanceStatus{}}
+	groups := map[string]bool{}
+	for _, in := range insts {
 		in.drained = drain
+		if !drain && in.quarantined {
+			in.quarantined = false
+			in.failures = nil
+			in.log.Info("quarantine lifted by admin")
+		}
 		in.refreshLocked()
 		groups[in.group] = true
 		res.Instances = append(res.Instances, in.statusLocked())
@@ -408,9 +443,6 @@ func (d *Daemon) setDrained(t api.AdminTarget, drain bool) (api.AdminResult, err
 			verb = "drained"
 		}
 		in.log.Info("instance "+verb+" by admin", "state", in.p.State.String())
-	}
-	if len(res.Instances) == 0 {
-		return res, fmt.Errorf("no instance matches gpu %q group %q", t.GPU, t.Group)
 	}
 	if !drain {
 		for g := range groups {

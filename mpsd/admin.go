@@ -1,0 +1,102 @@
+package mpsd
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/gpu"
+)
+
+func adminError(w http.ResponseWriter, err error) {
+	status, code := http.StatusNotFound, api.CodeNotFound
+	if errors.Is(err, gpu.ErrBadSelector) || errors.Is(err, gpu.ErrAmbiguousSelector) {
+		status, code = http.StatusBadRequest, api.CodeBadRequest
+	}
+	api.WriteError(w, status, code, err.Error())
+}
+
+// serveRestart restarts the control daemons of the instances named, as the
+// watchdog would after a daemon failure, without counting it towards
+// quarantine.
+func (d *Daemon) serveRestart(w http.ResponseWriter, r *http.Request) {
+	if !d.requireAdmin(w, r) {
+		return
+	}
+	t, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.AdminTarget, error) { return api.DecodeAdminTarget(r.Body) })
+	if !ok {
+		return
+	}
+	insts, err := d.matchInstances(t)
+	if err != nil {
+		adminError(w, err)
+		return
+	}
+	res := api.AdminResult{Instances: []api.InstanceStatus{}}
+	for _, in := range insts {
+		d.reportFault(in, fault{kind: faultAdmin, restart: restartDaemon, admin: true,
+			reason: fmt.Sprintf("an administrator restarted MPS for group %s on GPU %d", in.group, in.gpus[0].Index)})
+		d.mu.Lock()
+		res.Instances = append(res.Instances, in.statusLocked())
+		d.mu.Unlock()
+		in.log.Info("instance restart requested by admin")
+	}
+	writeJSON(w, res)
+}
+
+// serveRequeue revokes one running lease and requeues it at the head of
+// its group's queue; it does not use up one of the lease's attempts.
+func (d *Daemon) serveRequeue(w http.ResponseWriter, r *http.Request) {
+	if !d.requireAdmin(w, r) {
+		return
+	}
+	q, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.RequeueRequest, error) { return api.DecodeRequeueRequest(r.Body) })
+	if !ok {
+		return
+	}
+	d.mu.Lock()
+	l, found := d.leases[q.Lease]
+	if !found || !l.running() || l.ending {
+		d.mu.Unlock()
+		api.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no running lease %s", q.Lease))
+		return
+	}
+	in := l.inst
+	l.ending = true
+	dm := in.daemon
+	servers := make([]int, 0, len(in.servers))
+	for pid := range in.servers {
+		servers = append(servers, pid)
+	}
+	res := api.AdminResult{Instances: []api.InstanceStatus{in.statusLocked()}}
+	d.mu.Unlock()
+	reason := "an administrator requeued the lease"
+	in.log.Info("lease requeue requested by admin", "lease", l.id)
+	d.revoke(dm, servers, []*lease{l}, reason)
+	d.requeue([]*lease{l}, reason, true)
+	writeJSON(w, res)
+}
+
+// serveInjectXid raises a simulated Xid; on real GPUs there is nothing to
+// inject into.
+func (d *Daemon) serveInjectXid(w http.ResponseWriter, r *http.Request) {
+	if !d.requireAdmin(w, r) {
+		return
+	}
+	q, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.InjectXidRequest, error) { return api.DecodeInjectXidRequest(r.Body) })
+	if !ok {
+		return
+	}
+	if d.sim == nil {
+		api.WriteError(w, http.StatusConflict, api.CodeConflict, "inject-xid works only on simulated GPUs (mpsd --simulate); this mpsd runs on real ones")
+		return
+	}
+	if err := d.sim.InjectXid(q.GPU, q.Xid, q.PID); err != nil {
+		api.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("inject Xid %d on GPU %d: %v", q.Xid, q.GPU, err))
+		return
+	}
+	d.log.Info("simulated Xid injected by admin", "gpu", q.GPU, "xid", q.Xid, "pid", q.PID)
+	w.Header().Set("Content-Type", api.ContentTypeJSON)
+	_, _ = w.Write([]byte("{}\n"))
+}

@@ -1,0 +1,392 @@
+package mpsd
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+)
+
+// faultGroups: group a on both GPUs, group b on both but filled on GPU 0
+// (binpack). Fast probes so a hung daemon is found quickly.
+const faultGroups = `  a:
+    users: [root]
+    memory: 20G
+    requeue_attempts: 3
+  b:
+    users: [root]
+    memory: 10G
+`
+
+const faultWatchdog = `watchdog:
+  probe_interval: 250ms
+  probe_timeout: 200ms
+  probe_failures: 2
+  backoff_initial: 50ms
+  backoff_max: 1s
+  quarantine_after: 3
+  quarantine_window: 1m`
+
+// faultEnv is the scenario of the fault-isolation acceptance: on GPU 0,
+// group a with three clients (the victims) and group b with two; on GPU 1
+// group a with one. Every workload is an emulated CUDA client connected to
+// its instance's MPS server.
+type faultEnv struct {
+	*testEnv
+	victims    []*proc
+	bystanders []*proc
+	byLeases   map[string][]int // bystander lease → its pids when the fault came
+	a0, a1, b0 api.InstanceStatus
+}
+
+func newFaultEnv(t *testing.T, victimCmd func(i int, client string) []string, victimArgs ...string) *faultEnv {
+	t.Helper()
+	e := &faultEnv{testEnv: newEnv(t, faultGroups, faultWatchdog)}
+	// The watchdog section above replaces the harness's; keep its backoff.
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	launch := func(group string, args ...string) *proc {
+		p := startProc(t, e.launch(append([]string{"--group", group, "--sm", "30", "--mem", "1G"}, args...)...))
+		return p
+	}
+	running := 0
+	wait := func() {
+		running++
+		e.waitStatus(fmt.Sprintf("%d leases running", running), func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == running })
+	}
+	for i := range 3 {
+		cmd := []string{"--", client, "--duration", "3s"}
+		if victimCmd != nil {
+			cmd = append([]string{"--"}, victimCmd(i, client)...)
+		}
+		e.victims = append(e.victims, launch("a", append(victimArgs, cmd...)...))
+		wait()
+	}
+	for range 2 {
+		e.bystanders = append(e.bystanders, launch("b", "--", client, "--duration", "6s"))
+		wait()
+	}
+	e.bystanders = append(e.bystanders, launch("a", "--", client, "--duration", "6s"))
+	wait()
+	st := e.waitStatus("every client connected", func(st api.Status) bool {
+		for _, in := range st.Instances {
+			if in.Clients > 0 && (len(in.ServerPIDs) == 0 || e.mpsClients(in) < in.Clients) {
+				return false
+			}
+		}
+		return true
+	})
+	for _, in := range st.Instances {
+		switch {
+		case in.Group == "a" && in.GPUIndex == 0:
+			e.a0 = in
+		case in.Group == "a" && in.GPUIndex == 1:
+			e.a1 = in
+		case in.Group == "b" && in.GPUIndex == 0:
+			e.b0 = in
+		}
+	}
+	if e.a0.Clients != 3 || e.b0.Clients != 2 || e.a1.Clients != 1 {
+		t.Fatalf("placement: a/0 %d, b/0 %d, a/1 %d clients; want 3, 2, 1", e.a0.Clients, e.b0.Clients, e.a1.Clients)
+	}
+	e.byLeases = map[string][]int{}
+	for _, l := range st.Leases {
+		if l.Group == "b" || l.GPUIndexes[0] == 1 {
+			e.byLeases[l.ID] = l.PIDs
+		}
+	}
+	return e
+}
+
+// mpsClients asks the instance's control daemon how many clients its
+// server has, so a scenario starts only once every workload is an MPS
+// client.
+func (e *faultEnv) mpsClients(in api.InstanceStatus) int {
+	pipe := Layout{RunDir: filepath.Join(e.dir, "run")}.PipeDir(in.Group, in.GPUUUID)
+	n := 0
+	for _, server := range in.ServerPIDs {
+		cmd := exec.Command(filepath.Join(e.emu, "nvidia-cuda-mps-control"))
+		cmd.Env = append(os.Environ(), api.EnvPipeDirectory+"="+pipe)
+		cmd.Stdin = strings.NewReader("get_client_list " + strconv.Itoa(server) + "\n")
+		out, err := cmd.Output()
+		if err != nil {
+			continue
+		}
+		n += len(strings.Fields(string(out)))
+	}
+	return n
+}
+
+const requeueLine = "requeued, attempt"
+
+// check waits for every launch and checks the outcome: victims were
+// requeued (one line saying why) and completed; bystanders completed on
+// their first run with the same processes; nothing leaked.
+func (e *faultEnv) check(t *testing.T, victims, bystanders []*proc) {
+	t.Helper()
+	st := e.d.Status()
+	for id, pids := range e.byLeases {
+		i := slices.IndexFunc(st.Leases, func(l api.LeaseStatus) bool { return l.ID == id })
+		if i >= 0 && (st.Leases[i].Attempt != 1 || !slices.Equal(st.Leases[i].PIDs, pids) && len(st.Leases[i].PIDs) > 0 && !subset(pids, st.Leases[i].PIDs)) {
+			t.Errorf("bystander lease %s changed: %+v, pids before %v", id, st.Leases[i], pids)
+		}
+	}
+	for i, p := range victims {
+		r := p.wait(t)
+		if r.code != 0 {
+			t.Errorf("victim %d: exit %d, stderr %q", i, r.code, r.stderr)
+		}
+		if !strings.Contains(r.stderr, requeueLine) {
+			t.Errorf("victim %d was not requeued: stderr %q", i, r.stderr)
+		}
+	}
+	for i, p := range bystanders {
+		r := p.wait(t)
+		if r.code != 0 || strings.Contains(r.stderr, requeueLine) || strings.Contains(r.stdout+r.stderr, "error") {
+			t.Errorf("bystander %d disturbed: exit %d, stdout %q, stderr %q", i, r.code, r.stdout, r.stderr)
+		}
+	}
+	e.noLeaks(t)
+}
+
+func subset(a, b []int) bool {
+	for _, x := range a {
+		if !slices.Contains(b, x) {
+			return false
+		}
+	}
+	return true
+}
+
+// noLeaks: no lease, queued request, allocation or lease cgroup is left.
+func (e *testEnv) noLeaks(t *testing.T) {
+	t.Helper()
+	st := e.waitStatus("no leases", func(st api.Status) bool { return len(st.Leases) == 0 })
+	for _, in := range st.Instances {
+		if in.SMAllocated != 0 || in.MemAllocatedBytes != 0 || in.Clients != 0 {
+			t.Errorf("instance %s/%d holds sm %d, mem %d, %d clients with no lease", in.Group, in.GPUIndex, in.SMAllocated, in.MemAllocatedBytes, in.Clients)
+		}
+	}
+	for g, n := range st.Queue {
+		if n != 0 {
+			t.Errorf("group %s has %d queued", g, n)
+		}
+	}
+	for _, g := range []string{"a", "b"} {
+		ents, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup/unified", e.parent, g))
+		for _, ent := range ents {
+			if ent.IsDir() {
+				t.Errorf("lease cgroup %s/%s left behind", g, ent.Name())
+			}
+		}
+	}
+}
+
+func instanceOf(st api.Status, group string, gpu int) api.InstanceStatus {
+	for _, in := range st.Instances {
+		if in.Group == group && in.GPUIndex == gpu {
+			return in
+		}
+	}
+	return api.InstanceStatus{}
+}
+
+// Killing one instance's server or control daemon, or stopping the
+// daemon, affects that instance's clients only: they are requeued and
+// complete; every other client keeps running untouched.
+func TestFaultIsolation(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		inject func(t *testing.T, e *faultEnv)
+		after  func(t *testing.T, e *faultEnv, st api.Status)
+	}{
+		{"server SIGKILL", func(t *testing.T, e *faultEnv) {
+			if err := syscall.Kill(e.a0.ServerPIDs[0], syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}, nil},
+		{"control daemon SIGKILL", func(t *testing.T, e *faultEnv) {
+			if err := syscall.Kill(e.a0.DaemonPID, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}, func(t *testing.T, e *faultEnv, st api.Status) {
+			in := instanceOf(st, "a", 0)
+			if in.DaemonPID == 0 || in.DaemonPID == e.a0.DaemonPID || syscall.Kill(in.DaemonPID, 0) != nil {
+				t.Errorf("no new control daemon: %+v (old %d)", in, e.a0.DaemonPID)
+			}
+		}},
+		{"control daemon SIGSTOP", func(t *testing.T, e *faultEnv) {
+			if err := syscall.Kill(e.a0.DaemonPID, syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+		}, func(t *testing.T, e *faultEnv, st api.Status) {
+			if in := instanceOf(st, "a", 0); in.DaemonPID == e.a0.DaemonPID {
+				t.Errorf("hung daemon %d still in place", in.DaemonPID)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newFaultEnv(t, nil)
+			before := e.d.Status()
+			tc.inject(t, e)
+			st := e.waitStatus("a/0 recovered", func(st api.Status) bool {
+				in := instanceOf(st, "a", 0)
+				return in.Restarts == 1 && in.State == api.InstanceReady
+			})
+			for _, g := range []struct {
+				group string
+				gpu   int
+			}{{"b", 0}, {"a", 1}, {"b", 1}} {
+				was, now := instanceOf(before, g.group, g.gpu), instanceOf(st, g.group, g.gpu)
+				if now.Restarts != 0 || now.DaemonPID != was.DaemonPID || !slices.Equal(now.ServerPIDs, was.ServerPIDs) {
+					t.Errorf("bystander instance %s/%d touched: before %+v, after %+v", g.group, g.gpu, was, now)
+				}
+			}
+			if tc.after != nil {
+				tc.after(t, e, st)
+			}
+			e.check(t, e.victims, e.bystanders)
+		})
+	}
+}
+
+// A fault the server contains (Volta+): MPS gives every client of that
+// server a sticky error; all of them are requeued and complete, and
+// nobody else is touched.
+func TestContainedFaultRequeuesTheServersClients(t *testing.T) {
+	e := newFaultEnv(t, func(i int, client string) []string {
+		if i != 1 {
+			return []string{client, "--duration", "3s"}
+		}
+		// The faulting client faults on its first run only.
+		return []string{"/bin/sh", "-c", `if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" --fault-after 300ms --duration 1m; else exec "$0" --duration 1s; fi`, client}
+	})
+	st := e.waitStatus("a/0 recovered", func(st api.Status) bool {
+		in := instanceOf(st, "a", 0)
+		return in.Restarts >= 1 && in.State == api.InstanceReady
+	})
+	if in := instanceOf(st, "a", 0); in.DaemonPID != e.a0.DaemonPID {
+		t.Errorf("a contained fault restarted the control daemon: %d → %d", e.a0.DaemonPID, in.DaemonPID)
+	}
+	for _, g := range []string{"b/0", "a/1"} {
+		group, gpu, _ := strings.Cut(g, "/")
+		idx, _ := strconv.Atoi(gpu)
+		if in := instanceOf(st, group, idx); in.Restarts != 0 {
+			t.Errorf("instance %s touched: %+v", g, in)
+		}
+	}
+	e.check(t, e.victims, e.bystanders)
+}
+
+// Xids: a device-level one takes down every instance on its GPU and
+// nothing else; an application-level one only the faulting process's.
+func TestXidBlastRadius(t *testing.T) {
+	e := newFaultEnv(t, nil)
+	sim := e.d.Sim()
+	select {
+	case <-sim.XidWatched():
+	case <-time.After(waitFor):
+		t.Fatal("mpsd does not watch Xid events")
+	}
+	// Application-level Xid 13 from group a's client on GPU 1.
+	var pid int
+	for id, pids := range e.byLeases {
+		if strings.HasPrefix(id, "a-") {
+			pid = pids[0]
+		}
+	}
+	a1pid := pid
+	if err := sim.InjectXid(1, 13, a1pid); err != nil {
+		t.Fatal(err)
+	}
+	st := e.waitStatus("a/1 recovered", func(st api.Status) bool {
+		in := instanceOf(st, "a", 1)
+		return in.Restarts == 1 && in.State == api.InstanceReady
+	})
+	for _, g := range []struct {
+		group string
+		gpu   int
+	}{{"a", 0}, {"b", 0}, {"b", 1}} {
+		if in := instanceOf(st, g.group, g.gpu); in.Restarts != 0 {
+			t.Errorf("application Xid touched %s/%d: %+v", g.group, g.gpu, in)
+		}
+	}
+	// Device-level Xid 79 on GPU 1: both of its instances, not GPU 0's.
+	if err := sim.InjectXid(1, 79, 0); err != nil {
+		t.Fatal(err)
+	}
+	st = e.waitStatus("GPU 1 recovered", func(st api.Status) bool {
+		return instanceOf(st, "a", 1).Restarts == 2 && instanceOf(st, "b", 1).Restarts == 1 &&
+			instanceOf(st, "a", 1).State == api.InstanceReady && instanceOf(st, "b", 1).State == api.InstanceReady
+	})
+	for _, g := range []struct {
+		group string
+		gpu   int
+	}{{"a", 0}, {"b", 0}} {
+		if in := instanceOf(st, g.group, g.gpu); in.Restarts != 0 {
+			t.Errorf("device Xid on GPU 1 touched %s/%d: %+v", g.group, g.gpu, in)
+		}
+	}
+	// GPU 0's clients ran through undisturbed; a/1's client was requeued.
+	a1 := e.bystanders[2]
+	for id := range e.byLeases {
+		if strings.HasPrefix(id, "a-") {
+			delete(e.byLeases, id)
+		}
+	}
+	e.check(t, nil, append(e.victims, e.bystanders[:2]...))
+	r := a1.wait(t)
+	if r.code != 0 || !strings.Contains(r.stderr, requeueLine) || !strings.Contains(r.stderr, "Xid 13") {
+		t.Errorf("a/1's client: exit %d, stderr %q; want requeued for Xid 13, then done", r.code, r.stderr)
+	}
+}
+
+// With --requeue 1, the second fault ends the launch with 75 and the
+// reason.
+func TestRequeueBudget(t *testing.T) {
+	e := newEnv(t, `  a:
+    users: [root]
+    memory: 20G
+    gpus: ["0"]
+`, faultWatchdog)
+	e.start()
+	args, open := e.gate("r")
+	p := startProc(t, e.launch(append([]string{"--requeue", "1", "--sm", "10", "--mem", "1G", "--"}, args...)...))
+	restarted := 0
+	for range 2 {
+		e.waitStatus("the lease running", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 1 })
+		restarted++
+		res := e.admin(t, "restart", "--group", "a")
+		if !strings.Contains(res, "group a") {
+			t.Fatalf("mpsctl restart: %q", res)
+		}
+		e.waitStatus("a restarted", func(st api.Status) bool {
+			return st.Instances[0].Restarts == restarted && st.Instances[0].State == api.InstanceReady
+		})
+	}
+	r := p.wait(t)
+	open()
+	if r.code != 75 || !strings.Contains(r.stderr, "administrator restarted") {
+		t.Fatalf("exit %d, stderr %q; want 75 with the reason", r.code, r.stderr)
+	}
+	e.noLeaks(t)
+}
+
+// admin runs mpsctl against the env and returns its output, failing the
+// test if it fails.
+func (e *testEnv) admin(t *testing.T, args ...string) string {
+	t.Helper()
+	r := run(t, exec.Command(filepath.Join(e.bin, "mpsctl"), append([]string{"--socket", e.socket}, args...)...))
+	if r.code != 0 {
+		t.Fatalf("mpsctl %v: exit %d, stderr %q", args, r.code, r.stderr)
+	}
+	return r.stdout
+}

@@ -1,0 +1,429 @@
+package mpsd
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/gpu"
+	"github.com/mpsd/mpsd/mps"
+)
+
+// Fault kinds, as logs and metrics name them.
+const (
+	faultDaemonExit     = "daemon_exit"
+	faultServerExit     = "server_exit"
+	faultFatalException = "fatal_exception"
+	faultServerFault    = "server_fault"
+	faultStartFailed    = "start_failed"
+	faultHung           = "hung"
+	faultXid            = "xid"
+	faultAdmin          = "admin_restart"
+)
+
+// restartMode is how much of an instance a recovery restarts.
+type restartMode int
+
+const (
+	// restartNone: the MPS server is gone or survived; MPS starts a fresh
+	// server for the next client by itself.
+	restartNone restartMode = iota
+	// restartServer: the servers are stopped so the next client gets one
+	// with fresh GPU contexts.
+	restartServer
+	// restartDaemon: the control daemon (and with it every server) is
+	// stopped and started again.
+	restartDaemon
+)
+
+// fault is one failure of an instance, as the watchdog acts on it.
+type fault struct {
+	kind    string
+	reason  string // one line for the launchers and the log
+	restart restartMode
+	// admin: asked for by an operator, so it does not count towards
+	// quarantine.
+	admin bool
+}
+
+// reportFault starts the recovery of an instance, or, if one is under
+// way, leaves the fault for it to handle next. It never blocks: recovery
+// waits on processes, in its own goroutine, and holds Daemon.mu only
+// between those waits.
+func (d *Daemon) reportFault(in *instance, f fault) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if in.stopped {
+		return
+	}
+	if in.recovering {
+		if in.pending == nil || f.restart > in.pending.restart {
+			in.pending = &f
+		}
+		return
+	}
+	in.recovering = true
+	in.refreshLocked()
+	d.spawn(func() { d.recover(in, f) })
+}
+
+// recover handles f and every fault that arrives meanwhile, then reopens
+// the instance unless it was quarantined.
+func (d *Daemon) recover(in *instance, f fault) {
+	for {
+		d.recoverOnce(in, f)
+		d.mu.Lock()
+		next := in.pending
+		in.pending = nil
+		if next == nil || d.ctx.Err() != nil {
+			in.recovering = false
+			in.refreshLocked()
+			d.scheduleLocked(in.group)
+			d.mu.Unlock()
+			return
+		}
+		d.mu.Unlock()
+		f = *next
+	}
+}
+
+func (d *Daemon) recoverOnce(in *instance, f fault) {
+	start := time.Now()
+	d.mu.Lock()
+	wd := d.cfg.Watchdog
+	in.faults[f.kind]++
+	in.restarts++
+	if !f.admin {
+		keep := in.failures[:0]
+		for _, t := range in.failures {
+			if start.Sub(t) < wd.QuarantineWindow {
+				keep = append(keep, t)
+			}
+		}
+		in.failures = append(keep, start)
+		if len(in.failures) >= wd.QuarantineAfter && !in.quarantined {
+			in.quarantined = true
+			in.log.Error("instance quarantined: it failed too often; mpsctl resume reopens it",
+				"failures", len(in.failures), "window", wd.QuarantineWindow)
+		}
+	}
+	failures := len(in.failures)
+	victims := slices.SortedFunc(maps.Values(in.leases), func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
+	for _, l := range victims {
+		l.ending = true
+	}
+	dm := in.daemon
+	servers := slices.Sorted(maps.Keys(in.servers))
+	if f.restart == restartDaemon {
+		in.daemon, in.up = nil, false
+		clear(in.servers)
+		in.p.ServerUp = false
+	}
+	in.refreshLocked()
+	d.mu.Unlock()
+	in.log.Warn("instance failed; recovering", "fault", f.kind, "reason", f.reason, "leases", len(victims), "restart", f.restart)
+
+	d.revoke(dm, servers, victims, f.reason)
+	d.requeue(victims, f.reason, false)
+	in.log.Info("leases revoked and requeued", "leases", len(victims), "took", time.Since(start))
+
+	// The first failure in the window restarts at once; a crash loop
+	// backs off exponentially.
+	if failures > 1 {
+		delay := wd.BackoffInitial << min(failures-2, 20)
+		if delay > wd.BackoffMax || delay <= 0 {
+			delay = wd.BackoffMax
+		}
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+	}
+	switch f.restart {
+	case restartServer:
+		for _, pid := range servers {
+			ctx, cancel := context.WithTimeout(d.ctx, wd.ProbeTimeout)
+			if err := dm.ShutdownServer(ctx, pid, true); err != nil {
+				in.log.Debug("shutdown_server", "server", pid, "err", err)
+			}
+			cancel()
+		}
+	case restartDaemon:
+		d.restartDaemon(in, dm)
+		return
+	}
+	if dm == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(d.ctx, wd.ProbeTimeout)
+	err := dm.Probe(ctx)
+	cancel()
+	if err != nil && d.ctx.Err() == nil {
+		d.mu.Lock()
+		if in.pending == nil || in.pending.restart < restartDaemon {
+			in.pending = &fault{kind: faultHung, restart: restartDaemon, admin: true,
+				reason: fmt.Sprintf("MPS control daemon of group %s on GPU %d does not answer after a fault: %v", in.group, in.gpus[0].Index, err)}
+		}
+		d.mu.Unlock()
+	}
+}
+
+// restartDaemon stops what is left of the old control daemon (its servers
+// too) and starts a new one, retrying with the watchdog's backoff.
+func (d *Daemon) restartDaemon(in *instance, old *mps.Daemon) {
+	if old != nil {
+		ctx, cancel := context.WithTimeout(d.ctx, 15*time.Second)
+		rep, err := old.Stop(ctx)
+		cancel()
+		_ = old.Close()
+		in.log.Info("old control daemon stopped", "daemon_pid", rep.DaemonPID, "killed_servers", rep.KilledServers, "err", err)
+	}
+	d.mu.Lock()
+	cfg := d.mpsConfig(in)
+	wd := d.cfg.Watchdog
+	d.mu.Unlock()
+	backoff := wd.BackoffInitial
+	for {
+		dm, how, err := d.startDaemon(cfg, true)
+		if err == nil {
+			d.mu.Lock()
+			if d.ctx.Err() != nil || in.stopped {
+				d.mu.Unlock()
+				_ = dm.Close()
+				return
+			}
+			in.daemon, in.up = dm, true
+			in.probeFails = 0
+			d.mu.Unlock()
+			in.log.Info("control daemon restarted", "how", how, "daemon_pid", dm.PID())
+			d.spawn(func() { d.watchInstance(in, dm) })
+			return
+		}
+		in.log.Error("control daemon restart failed", "retry_in", backoff, "err", err)
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, wd.BackoffMax)
+	}
+}
+
+// revoke tells each victim's launcher why, then stops its processes in
+// the order MPS needs: terminate_client for those that are clients of a
+// live server, then the lease's cgroup is killed.
+func (d *Daemon) revoke(dm *mps.Daemon, servers []int, victims []*lease, reason string) {
+	if len(victims) == 0 {
+		return
+	}
+	for _, l := range victims {
+		l.box.push(api.Event{Type: api.EventRevoked, Reason: reason})
+	}
+	if dm != nil && !dm.Exited() {
+		mine := map[int]bool{}
+		for _, l := range victims {
+			for _, pid := range l.livePids() {
+				mine[pid] = true
+			}
+		}
+		for _, server := range servers {
+			ctx, cancel := context.WithTimeout(d.ctx, time.Second)
+			clients, err := dm.ClientList(ctx, server)
+			cancel()
+			if err != nil {
+				continue
+			}
+			for _, c := range clients {
+				if !mine[c] {
+					continue
+				}
+				ctx, cancel := context.WithTimeout(d.ctx, 2*time.Second)
+				_ = dm.TerminateClient(ctx, server, c)
+				cancel()
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for _, l := range victims {
+		wg.Go(func() {
+			if err := d.killLease(l); err != nil {
+				d.log.Error("revoke: lease processes would not die", "lease", l.id, "err", err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// requeue takes revoked leases off their instance and puts each back at
+// the head of its group's queue with the next attempt number, or ends it
+// when its requeue attempts are used up (force: an operator's requeue,
+// which does not count against them). A lease whose launcher left during
+// the revocation is dropped.
+func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
+	if len(victims) == 0 {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	groups := map[string]bool{}
+	for _, l := range victims {
+		if in := l.inst; in != nil {
+			in.p.Release(&l.req)
+			delete(in.leases, l.id)
+			l.inst = nil
+		}
+		l.ending = false
+		groups[l.group] = true
+		switch {
+		case l.abandoned:
+			delete(d.leases, l.id)
+		case !force && l.attempt-1 >= l.requeue:
+			d.failLocked(l, api.CodeAttemptsExhausted, fmt.Sprintf("lease revoked: %s; no requeue attempts left (%d used)", reason, l.attempt-1))
+		default:
+			l.attempt++
+			l.req.Requeued = true
+			l.queuedAt = time.Now()
+			l.position = 0
+			l.box.push(api.Event{Type: api.EventRequeued, Attempt: l.attempt})
+			d.queues[l.group] = append(d.queues[l.group], l)
+		}
+	}
+	d.store.request()
+	for g := range groups {
+		d.scheduleLocked(g)
+	}
+}
+
+// probeLoop probes every ready instance each probe interval; probe
+// failures in a row past the configured count mark the daemon hung.
+func (d *Daemon) probeLoop() {
+	d.mu.Lock()
+	interval := d.cfg.Watchdog.ProbeInterval
+	d.mu.Unlock()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	probing := map[*instance]bool{}
+	var pmu sync.Mutex
+	for {
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-t.C:
+		}
+		d.mu.Lock()
+		wd := d.cfg.Watchdog
+		if wd.ProbeInterval != interval {
+			interval = wd.ProbeInterval
+			t.Reset(interval)
+		}
+		var due []*instance
+		for _, in := range d.instances {
+			if in.up && !in.recovering && in.daemon != nil {
+				due = append(due, in)
+			}
+		}
+		d.mu.Unlock()
+		for _, in := range due {
+			pmu.Lock()
+			busy := probing[in]
+			probing[in] = true
+			pmu.Unlock()
+			if busy {
+				continue
+			}
+			d.spawn(func() {
+				defer func() { pmu.Lock(); delete(probing, in); pmu.Unlock() }()
+				d.probe(in, wd.ProbeTimeout, wd.ProbeFailures)
+			})
+		}
+	}
+}
+
+func (d *Daemon) probe(in *instance, timeout time.Duration, failures int) {
+	d.mu.Lock()
+	dm := in.daemon
+	d.mu.Unlock()
+	if dm == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(d.ctx, timeout)
+	err := dm.Probe(ctx)
+	cancel()
+	if d.ctx.Err() != nil {
+		return
+	}
+	d.mu.Lock()
+	if in.daemon != dm {
+		d.mu.Unlock()
+		return
+	}
+	if err == nil {
+		in.probeFails = 0
+		d.mu.Unlock()
+		return
+	}
+	in.probeFails++
+	n := in.probeFails
+	d.mu.Unlock()
+	in.log.Warn("probe failed", "failures_in_a_row", n, "err", err)
+	if n >= failures {
+		d.reportFault(in, fault{kind: faultHung, restart: restartDaemon,
+			reason: fmt.Sprintf("MPS control daemon of group %s on GPU %d stopped answering (%d probes failed)", in.group, in.gpus[0].Index, n)})
+	}
+}
+
+// onXid applies the blast radius of a GPU fault: a device-level Xid takes
+// down every instance on the GPU; an application-level one only the
+// instance of the faulting process (every instance on the GPU when the
+// process is not known, since each may hold it).
+func (d *Daemon) onXid(ev gpu.XidEvent) {
+	if ev.GPU < 0 {
+		d.log.Warn("Xid on a GPU this host does not know", "xid", ev.Xid)
+		return
+	}
+	d.mu.Lock()
+	var on []*instance
+	for _, in := range d.instances {
+		if slices.Contains(in.p.GPUs, ev.GPU) {
+			on = append(on, in)
+		}
+	}
+	var leases []*lease
+	for _, in := range on {
+		for _, l := range in.leases {
+			leases = append(leases, l)
+		}
+	}
+	d.mu.Unlock()
+	affected := on
+	if ev.Level == gpu.LevelApplication && ev.PID > 0 {
+		affected = nil
+		for _, l := range leases {
+			if slices.Contains(l.livePids(), ev.PID) {
+				d.mu.Lock()
+				if l.inst != nil {
+					affected = append(affected, l.inst)
+				}
+				d.mu.Unlock()
+				break
+			}
+		}
+		if len(affected) == 0 {
+			d.log.Warn("application Xid from a process of no lease; no instance affected", "gpu", ev.GPU, "xid", ev.Xid, "pid", ev.PID)
+		}
+	}
+	restart := restartNone
+	if ev.Level == gpu.LevelDevice {
+		restart = restartServer
+	}
+	d.log.Warn("GPU Xid", "gpu", ev.GPU, "uuid", ev.UUID, "xid", ev.Xid, "level", ev.Level.String(), "pid", ev.PID, "instances", len(affected))
+	for _, in := range affected {
+		d.reportFault(in, fault{kind: faultXid, restart: restart,
+			reason: fmt.Sprintf("Xid %d (%s-level) on GPU %d", ev.Xid, ev.Level, ev.GPU)})
+	}
+}
