@@ -33,7 +33,7 @@ type instance struct {
 	maxSM    int
 	maxMem   int64
 	daemon   *mps.Daemon
-	up       bool // the daemon answers; false while starting or recovering
+	up       bool        // the daemon answers; false while starting or recovering
 	servers  map[int]int // server pid → its uid (-1 unknown)
 	restarts int
 	leases   map[string]*lease
