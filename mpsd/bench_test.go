@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -248,4 +249,102 @@ func vmRSS(b *testing.B, pid int) int64 {
 	}
 	b.Fatal("no VmRSS")
 	return 0
+}
+
+// BenchmarkFailover: an MPS server with N clients is SIGKILLed; the time
+// until mpsd has seen it (detect) and until every client runs again as a
+// fresh process under a requeued lease (failover), over 20 kills.
+//
+//	go test -run '^$' -bench Failover -benchtime 1x ./mpsd
+func BenchmarkFailover(b *testing.B) {
+	for _, n := range []int{8, 48} {
+		b.Run(fmt.Sprintf("clients=%d", n), func(b *testing.B) {
+			for b.Loop() {
+				failover(b, n, 20)
+			}
+		})
+	}
+}
+
+func failover(b *testing.B, n, runs int) {
+	e := newEnv(b, `  a:
+    users: [root]
+    memory: 40G
+    gpus: ["0"]
+    requeue_attempts: 1000
+`, `watchdog:
+  backoff_initial: 1ms
+  backoff_max: 10ms
+  quarantine_after: 1000`)
+	e.opts.Logger = slog.New(slog.NewTextHandler(e.log, nil))
+	var killAt atomic.Int64
+	detected := make(chan time.Duration, 16)
+	var hookMu sync.Mutex
+	seen := true // nothing has failed yet
+	e.opts.faultHook = func(*instance, fault) {
+		hookMu.Lock()
+		defer hookMu.Unlock()
+		if !seen {
+			seen = true
+			detected <- time.Since(time.Unix(0, killAt.Load()))
+		}
+	}
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	for range n {
+		startProc(b, e.launch("--sm", "1", "--mem", "64M", "--", client, "--duration", "1h"))
+	}
+	clientsRunning := func(st api.Status, attempt int) bool {
+		if countLeases(st, api.LeaseRunning) != n {
+			return false
+		}
+		for _, l := range st.Leases {
+			if l.Attempt != attempt || !slices.ContainsFunc(l.PIDs, isClient) {
+				return false
+			}
+		}
+		return true
+	}
+	st := e.waitStatus("every client running", func(st api.Status) bool {
+		return clientsRunning(st, 1) && e.mpsClients(st.Instances[0]) == n
+	})
+	var fail, detect []time.Duration
+	for run := range runs {
+		server := st.Instances[0].ServerPIDs[0]
+		hookMu.Lock()
+		seen = false
+		hookMu.Unlock()
+		killAt.Store(time.Now().UnixNano())
+		if err := syscall.Kill(server, syscall.SIGKILL); err != nil {
+			b.Fatal(err)
+		}
+		deadline := time.Now().Add(waitFor)
+		for {
+			st = e.d.Status()
+			if clientsRunning(st, run+2) && len(st.Instances[0].ServerPIDs) > 0 && st.Instances[0].ServerPIDs[0] != server {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("run %d: clients not relaunched: %+v", run, st)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		fail = append(fail, time.Since(time.Unix(0, killAt.Load())))
+		detect = append(detect, <-detected)
+		// The next kill waits until every new client is an MPS client
+		// of the new server.
+		st = e.waitStatus("every client connected again", func(st api.Status) bool { return e.mpsClients(st.Instances[0]) == n })
+	}
+	slices.Sort(fail)
+	slices.Sort(detect)
+	p := func(d []time.Duration, q int) float64 { return float64(d[(len(d)-1)*q/100].Microseconds()) / 1000 }
+	b.ReportMetric(p(fail, 50), "p50-failover-ms")
+	b.ReportMetric(p(fail, 99), "p99-failover-ms")
+	b.ReportMetric(p(detect, 50), "p50-detect-ms")
+	b.ReportMetric(p(detect, 99), "p99-detect-ms")
+}
+
+func isClient(pid int) bool {
+	comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+	return strings.TrimSpace(string(comm)) == "mpsemu-client"
 }

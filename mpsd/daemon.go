@@ -68,6 +68,10 @@ type Options struct {
 	// Ready, if set, is called once the instances are up and the socket
 	// is served.
 	Ready func()
+
+	// faultHook, when set (tests, benchmarks), sees every fault as it is
+	// reported.
+	faultHook func(*instance, fault)
 }
 
 // Daemon is mpsd: one per host.

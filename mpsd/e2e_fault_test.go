@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/launcher/launchertest"
 )
 
 // faultGroups: group a on both GPUs, group b on both but filled on GPU 0
@@ -109,7 +110,7 @@ func newFaultEnv(t *testing.T, victimCmd func(i int, client string) []string, vi
 // mpsClients asks the instance's control daemon how many clients its
 // server has, so a scenario starts only once every workload is an MPS
 // client.
-func (e *faultEnv) mpsClients(in api.InstanceStatus) int {
+func (e *testEnv) mpsClients(in api.InstanceStatus) int {
 	pipe := Layout{RunDir: filepath.Join(e.dir, "run")}.PipeDir(in.Group, in.GPUUUID)
 	n := 0
 	for _, server := range in.ServerPIDs {
@@ -389,4 +390,100 @@ func (e *testEnv) admin(t *testing.T, args ...string) string {
 		t.Fatalf("mpsctl %v: exit %d, stderr %q", args, r.code, r.stderr)
 	}
 	return r.stdout
+}
+
+// crashingEmulator is an emulator directory whose MPS server exits at once
+// for the pipe directories containing $MPSEMU_TEST_CRASH_PIPE while the
+// file $MPSEMU_TEST_CRASH_FLAG exists (mpsd passes MPSEMU_* variables on
+// to the daemons, and servers inherit them).
+func crashingEmulator(t *testing.T, real string) string {
+	dir := filepath.Join(t.TempDir(), "emu")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"nvidia-cuda-mps-control", "mpsemu-client"} {
+		if err := os.Symlink(filepath.Join(real, name), filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	script := `#!/bin/sh
+case "$CUDA_MPS_PIPE_DIRECTORY" in
+*"$MPSEMU_TEST_CRASH_PIPE"*) [ -e "$MPSEMU_TEST_CRASH_FLAG" ] && exit 1 ;;
+esac
+exec ` + filepath.Join(real, "nvidia-cuda-mps-server") + ` "$@"
+`
+	if err := os.WriteFile(filepath.Join(dir, "nvidia-cuda-mps-server"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// A server that dies on every start puts its instance in a crash loop;
+// after quarantine_after failures the instance is quarantined, the waiting
+// lease stays queued (the group's other GPU is full) rather than being
+// sent back to it, and mpsctl resume brings it back.
+func TestCrashLoopQuarantine(t *testing.T) {
+	flag := filepath.Join(t.TempDir(), "crash")
+	if err := os.WriteFile(flag, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, `  a:
+    users: [root]
+    memory: 20G
+    requeue_attempts: 10
+`, faultWatchdog)
+	e.emu = crashingEmulator(t, e.emu)
+	e.writeConfig(`  a:
+    users: [root]
+    memory: 20G
+    requeue_attempts: 10
+`, faultWatchdog)
+	t.Setenv("MPSEMU_TEST_CRASH_FLAG", flag)
+	t.Setenv("MPSEMU_TEST_CRASH_PIPE", "/a/GPU-aa532ddb")
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	// The first lease lands on GPU 0, crashes, and is requeued onto GPU 1,
+	// where it runs; the second has only GPU 0 left and loops there.
+	first := startProc(t, e.launch("--sm", "60", "--mem", "1G", "--", client, "--duration", "1m"))
+	e.waitStatus("the first lease running on GPU 1", func(st api.Status) bool {
+		return len(st.Leases) == 1 && st.Leases[0].State == api.LeaseRunning && st.Leases[0].GPUIndexes[0] == 1
+	})
+	master, slave := launchertest.OpenPTY(t)
+	term := readPTY(master)
+	second := e.launch("--sm", "60", "--mem", "1G", "--", client, "--duration", "500ms")
+	second.Stderr = slave
+	sp := startProc(t, second)
+	st := e.waitStatus("GPU 0 quarantined", func(st api.Status) bool {
+		return instanceOf(st, "a", 0).State == api.InstanceQuarantined
+	})
+	if r := instanceOf(st, "a", 0).Restarts; r < 3 {
+		t.Errorf("quarantined after %d failures, want quarantine_after = 3", r)
+	}
+	e.waitStatus("the second lease waiting", func(st api.Status) bool { return st.Queue["a"] == 1 })
+	if in := instanceOf(e.d.Status(), "a", 1); in.Restarts != 0 || in.Clients != 1 {
+		t.Errorf("GPU 1's instance disturbed: %+v", in)
+	}
+	// Quarantined means no placements: the lease keeps waiting.
+	deadline := time.Now().Add(waitFor)
+	for !strings.Contains(term.String(), "queued, position 1") {
+		if time.Now().After(deadline) {
+			t.Fatalf("terminal shows %q", term.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := os.Remove(flag); err != nil {
+		t.Fatal(err)
+	}
+	out := e.admin(t, "resume", "--gpu", "0", "--group", "a")
+	if !strings.Contains(out, "resumed gpu 0") {
+		t.Errorf("mpsctl resume: %q", out)
+	}
+	if r := sp.wait(t); r.code != 0 {
+		t.Errorf("second launch after resume: exit %d", r.code)
+	}
+	_ = first.cmd.Process.Signal(syscall.SIGTERM)
+	if r := first.wait(t); r.code != 143 {
+		t.Errorf("first launch: exit %d, want 143 from the forwarded SIGTERM", r.code)
+	}
+	e.noLeaks(t)
 }

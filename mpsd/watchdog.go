@@ -55,6 +55,9 @@ type fault struct {
 // waits on processes, in its own goroutine, and holds Daemon.mu only
 // between those waits.
 func (d *Daemon) reportFault(in *instance, f fault) {
+	if d.opts.faultHook != nil {
+		d.opts.faultHook(in, f)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if in.stopped {
