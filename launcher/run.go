@@ -159,8 +159,10 @@ type session struct {
 	pending *api.Lease
 	// final is an error that ends the session once the child is gone.
 	final error
-	// heldExit is the status of a failed child waiting out RevokeGrace.
+	// heldExit is the status of a failed child waiting out RevokeGrace;
+	// heldErr, when set, the failed attach that waits out the grace.
 	heldExit int
+	heldErr  error
 	grace    *time.Timer
 }
 
@@ -321,9 +323,11 @@ func (s *session) onEvent(ctx context.Context, m streamMsg) *done {
 		}
 		s.revoked = ev.Reason
 		if s.grace != nil {
-			// The SIGKILL the command died of was mpsd's: not its end.
+			// The SIGKILL the command died of (or the attach's failure)
+			// was mpsd's revocation: not its end.
 			s.grace.Stop()
 			s.grace = nil
+			s.heldErr = nil
 		}
 	case api.EventRequeued:
 		if s.revoked == "" {
@@ -372,6 +376,10 @@ func (s *session) detach(err error) {
 func (s *session) endGrace() *done {
 	s.grace.Stop()
 	s.grace = nil
+	if err := s.heldErr; err != nil {
+		s.heldErr = nil
+		return &done{err: err}
+	}
 	return &done{code: s.heldExit}
 }
 
@@ -404,6 +412,16 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 		default:
 		}
 		c.kill()
+		var ae *api.Error
+		if errors.As(err, &ae) && (ae.Code == api.CodeConflict || ae.Code == api.CodeNotFound) && s.stream != nil {
+			// The lease ended between its grant and the attach: a fault
+			// revoked it, and the revoked event (or the error that ends
+			// the lease) is on its way. Wait for it like for a killed
+			// command's; if none comes, the attach's failure stands.
+			s.heldExit, s.heldErr = ExitFailure, err
+			s.grace = time.NewTimer(s.cfg.RevokeGrace)
+			return nil
+		}
 		if !died || retried {
 			return &done{err: err}
 		}

@@ -673,6 +673,27 @@ func TestRunRevokeAfterFailure(t *testing.T) {
 	}
 }
 
+// TestRunRevokedBeforeAttach: a fault can revoke a lease between its grant
+// and the attach, which mpsd then refuses (the lease is not running); the
+// revocation that follows requeues the launch instead of failing it.
+func TestRunRevokedBeforeAttach(t *testing.T) {
+	h := newHarness(t, nil)
+	h.cfg.RevokeGrace = time.Hour // only the event may end the grace here
+	done := h.start(t.Context(), h.sh(`exit 0`)...)
+	lc := h.fake.NextLease(t)
+	h.fake.RefuseAttach("lease-1", api.Error{Code: api.CodeConflict, Message: "lease lease-1 is not running"})
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	// The refused attach is not recorded; the revocation comes after it.
+	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "server died"})
+	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
+	// Another id, so this grant's attach is not refused whenever the
+	// first one happens.
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-2", 2))
+	if code := h.wait(done); code != 0 {
+		t.Errorf("exit %d, want 0 from attempt 2; stderr: %s", code, h.read("stderr"))
+	}
+}
+
 // A command that fails on its own exits with its status once the grace is
 // over, without a revocation.
 func TestRunFailureWithoutRevoke(t *testing.T) {

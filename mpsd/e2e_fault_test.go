@@ -363,7 +363,7 @@ func TestRequeueBudget(t *testing.T) {
 	p := startProc(t, e.launch(append([]string{"--requeue", "1", "--sm", "10", "--mem", "1G", "--"}, args...)...))
 	restarted := 0
 	for range 2 {
-		e.waitStatus("the lease running", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 1 })
+		e.waitStatus("the workload running", func(st api.Status) bool { return len(shellPIDs(st)) == 1 })
 		restarted++
 		res := e.admin(t, "restart", "--group", "a")
 		if !strings.Contains(res, "group a") {
