@@ -228,6 +228,11 @@ func TestFaultIsolation(t *testing.T) {
 			if err := syscall.Kill(e.a0.DaemonPID, syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
+			// A hung instance, and then its recovery, block nobody else:
+			// group b admits at once meanwhile.
+			if r := run(t, e.launch("--group", "b", "--no-wait", "--sm", "10", "--mem", "1G", "--", "/bin/true")); r.code != 0 {
+				t.Errorf("launch in b while a/0 hangs: exit %d, stderr %q", r.code, r.stderr)
+			}
 		}, func(t *testing.T, e *faultEnv, st api.Status) {
 			if in := instanceOf(st, "a", 0); in.DaemonPID == e.a0.DaemonPID {
 				t.Errorf("hung daemon %d still in place", in.DaemonPID)
@@ -484,6 +489,54 @@ func TestCrashLoopQuarantine(t *testing.T) {
 	_ = first.cmd.Process.Signal(syscall.SIGTERM)
 	if r := first.wait(t); r.code != 143 {
 		t.Errorf("first launch: exit %d, want 143 from the forwarded SIGTERM", r.code)
+	}
+	e.noLeaks(t)
+}
+
+// mpsctl requeue moves one lease, without using up its attempts; on real
+// GPUs inject-xid is refused with a clear error.
+func TestAdminRequeueAndInjectXidOnRealGPUs(t *testing.T) {
+	e := newEnv(t, `  a:
+    users: [root]
+    memory: 20G
+    requeue_attempts: 0
+`, "mps:\n  control: "+filepath.Join(emutestBinDir(t), "nvidia-cuda-mps-control")+"\n  path: "+emutestBinDir(t)+":/usr/bin:/bin")
+	// Real-GPU mode: NVML is given (here the simulated one, so no real
+	// GPU is needed), and nothing says "simulate".
+	sim, err := gpuNewSim()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.opts.Simulate = false
+	e.opts.NVML = sim.NVML()
+	e.start()
+	if e.d.Sim() != nil {
+		t.Fatal("Sim() is set without --simulate")
+	}
+	r := run(t, exec.Command(filepath.Join(e.bin, "mpsctl"), "--socket", e.socket, "inject-xid", "0", "79"))
+	if r.code != 1 || !strings.Contains(r.stderr, "mpsd --simulate") {
+		t.Errorf("inject-xid on real GPUs: exit %d, stderr %q", r.code, r.stderr)
+	}
+
+	args, open := e.gate("q")
+	p := startProc(t, e.launch(append([]string{"--sm", "10", "--mem", "1G", "--"}, args...)...))
+	st := e.waitStatus("the workload running", func(st api.Status) bool { return len(shellPIDs(st)) == 1 })
+	id := st.Leases[0].ID
+	out := e.admin(t, "requeue", id)
+	if !strings.Contains(out, id) {
+		t.Errorf("mpsctl requeue: %q", out)
+	}
+	// requeue_attempts is 0, yet an operator's requeue relaunches it.
+	e.waitStatus("attempt 2 running", func(st api.Status) bool {
+		return len(st.Leases) == 1 && st.Leases[0].Attempt == 2 && len(shellPIDs(st)) == 1
+	})
+	if r := run(t, exec.Command(filepath.Join(e.bin, "mpsctl"), "--socket", e.socket, "requeue", "a-000000000000")); r.code != 1 {
+		t.Errorf("requeue of no lease: exit %d", r.code)
+	}
+	open()
+	r = p.wait(t)
+	if r.code != 0 || !strings.Contains(r.stderr, "administrator requeued") {
+		t.Errorf("exit %d, stderr %q", r.code, r.stderr)
 	}
 	e.noLeaks(t)
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/gpu"
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
 )
 
@@ -346,3 +347,7 @@ func (e *testEnv) gate(name string) (args []string, open func()) {
 		}
 	}
 }
+
+func emutestBinDir(t testing.TB) string { return emutest.BinDir(t) }
+
+func gpuNewSim() (*gpu.Sim, error) { return gpu.NewSim(gpu.SimSpec{GPUs: 2}) }
