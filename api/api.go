@@ -264,7 +264,9 @@ type Event struct {
 	Group string `json:"group,omitempty"`
 	// Lease (granted).
 	Lease *Lease `json:"lease,omitempty"`
-	// Reason (revoked) says in one line why the lease was revoked.
+	// Reason (revoked) says in one line why the lease was revoked; on a
+	// queued event, optionally, what the request waits for (an instance
+	// quarantined or recovering, or simply room).
 	Reason string `json:"reason,omitempty"`
 	// Attempt (requeued) is the number of the next run, 2 or more.
 	Attempt int `json:"attempt,omitempty"`

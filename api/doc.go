@@ -32,8 +32,10 @@
 // open the lease (or its place in the queue) is held; when the client
 // closes it, mpsd releases the lease once the lease's processes are gone.
 //
-//   - queued{position, group}: waiting; position 1 is next in the group's
-//     queue. Sent again whenever the position changes.
+//   - queued{position, group, reason}: waiting; position 1 is next in the
+//     group's queue; reason, when set, says what it waits for (room, or an
+//     instance that is quarantined or recovering). Sent again whenever the
+//     position or the reason changes.
 //   - granted{lease}: the lease is placed. Lease.Env is the MPS environment
 //     of the workload (CUDA_MPS_PIPE_DIRECTORY,
 //     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,

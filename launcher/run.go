@@ -144,6 +144,7 @@ type session struct {
 	queuedSince time.Time
 	position    int
 	group       string
+	reason      string // what the queued lease waits for, when mpsd says
 
 	// lease is the last granted lease, kept after a revocation to resume
 	// with after a reconnect.
@@ -226,7 +227,7 @@ func (s *session) run(ctx context.Context) (int, error) {
 		case sig := <-s.cfg.Signals:
 			r = s.onSignal(sig)
 		case <-s.tickC():
-			s.status.update(s.position, s.group, time.Since(s.queuedSince))
+			s.status.update(s.position, s.group, s.reason, time.Since(s.queuedSince))
 		case <-s.graceC():
 			r = s.endGrace()
 		}
@@ -293,8 +294,8 @@ func (s *session) onEvent(ctx context.Context, m streamMsg) *done {
 		// While a revoked command is still dying its output may still
 		// come; the status line waits until it is gone.
 		if s.child == nil && s.grace == nil {
-			s.position, s.group = ev.Position, ev.Group
-			s.status.update(s.position, s.group, time.Since(s.queuedSince))
+			s.position, s.group, s.reason = ev.Position, ev.Group, ev.Reason
+			s.status.update(s.position, s.group, s.reason, time.Since(s.queuedSince))
 			if s.status.on && s.ticker == nil {
 				s.ticker = time.NewTicker(time.Second)
 			}

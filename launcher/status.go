@@ -28,14 +28,18 @@ type statusLine struct {
 	shown bool
 }
 
-// update shows the queue position, group and time waited.
-func (s *statusLine) update(position int, group string, waited time.Duration) {
+// update shows the queue position, group, what the lease waits for (when
+// mpsd says) and time waited.
+func (s *statusLine) update(position int, group, reason string, waited time.Duration) {
 	if !s.on {
 		return
 	}
 	in := ""
 	if group != "" {
 		in = " in group " + group
+	}
+	if reason != "" {
+		in += " (" + reason + ")"
 	}
 	fmt.Fprintf(s.w, "\rmps-launch: queued, position %d%s, waited %s\x1b[K", position, in, waited.Truncate(time.Second))
 	s.shown = true

@@ -39,19 +39,21 @@ func TestIsTerminal(t *testing.T) {
 func TestStatusLine(t *testing.T) {
 	var buf bytes.Buffer
 	s := statusLine{w: &buf, on: true}
-	s.update(3, "inference", 1500*time.Millisecond)
-	s.update(1, "", 62*time.Second)
+	s.update(3, "inference", "", 1500*time.Millisecond)
+	s.update(1, "", "", 62*time.Second)
+	s.update(2, "a", "GPU 0 quarantined", 3*time.Second)
 	s.clear()
 	s.clear() // nothing shown: nothing to clear
 	want := "\rmps-launch: queued, position 3 in group inference, waited 1s\x1b[K" +
 		"\rmps-launch: queued, position 1, waited 1m2s\x1b[K" +
+		"\rmps-launch: queued, position 2 in group a (GPU 0 quarantined), waited 3s\x1b[K" +
 		"\r\x1b[K"
 	if buf.String() != want {
 		t.Errorf("status output\n got %q\nwant %q", buf.String(), want)
 	}
 	buf.Reset()
 	off := statusLine{w: &buf}
-	off.update(1, "g", time.Second)
+	off.update(1, "g", "", time.Second)
 	off.clear()
 	if buf.Len() != 0 {
 		t.Errorf("an off status line wrote %q", buf.String())

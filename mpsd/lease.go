@@ -32,10 +32,11 @@ type lease struct {
 	created  time.Time
 	queuedAt time.Time
 
-	inst     *instance // set while running
-	position int       // last position sent while queued
-	bound    bool      // a launcher's stream holds the lease
-	ending   bool      // release or revocation in progress
+	inst       *instance // set while running
+	position   int       // last position sent while queued
+	waitReason string    // last wait reason sent while queued
+	bound      bool      // a launcher's stream holds the lease
+	ending     bool      // release or revocation in progress
 	// abandoned: the launcher left while the lease was being revoked; the
 	// revocation drops it instead of requeueing it.
 	abandoned bool
@@ -258,20 +259,47 @@ func (d *Daemon) scheduleLocked(group string) {
 
 func (d *Daemon) positionsLocked(group string) {
 	q := slices.Clone(d.queues[group])
+	if len(q) == 0 {
+		return
+	}
 	slices.SortStableFunc(q, func(a, b *lease) int { return policy.QueueOrder(a.req, b.req) })
+	reason := d.waitReasonLocked(group)
 	for i, l := range q {
-		if l.position != i+1 {
-			l.position = i + 1
-			l.box.push(api.Event{Type: api.EventQueued, Position: l.position, Group: group})
+		if l.position != i+1 || l.waitReason != reason {
+			l.position, l.waitReason = i+1, reason
+			l.box.push(api.Event{Type: api.EventQueued, Position: l.position, Group: group, Reason: reason})
 		}
 	}
+}
+
+// waitReasonLocked says in a few words what a group's queue waits for:
+// room, or instances that are closed and why.
+func (d *Daemon) waitReasonLocked(group string) string {
+	var closed []string
+	for _, in := range d.groupInstancesLocked(group) {
+		if in.p.State != policy.InstanceReady {
+			closed = append(closed, fmt.Sprintf("GPU %s %s", gpuList(in), in.p.State))
+		}
+	}
+	if len(closed) == 0 {
+		return "waiting for room"
+	}
+	return "waiting for room; " + strings.Join(closed, ", ")
+}
+
+func gpuList(in *instance) string {
+	s := make([]string, len(in.gpus))
+	for i, g := range in.gpus {
+		s[i] = strconv.Itoa(g.Index)
+	}
+	return strings.Join(s, ",")
 }
 
 func (d *Daemon) grantLocked(l *lease, in *instance) {
 	in.p.Assign(&l.req)
 	in.leases[l.id] = l
 	l.inst = in
-	l.position = 0
+	l.position, l.waitReason = 0, ""
 	l.durable = d.store.request()
 	l.box.push(api.Event{Type: api.EventGranted, Lease: l.apiLeaseLocked()})
 	in.log.Debug("lease granted", "lease", l.id, "uid", l.uid, "sm", l.req.SM, "mem", l.req.Mem, "waited", time.Since(l.queuedAt))

@@ -291,7 +291,7 @@ func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
 			l.attempt++
 			l.req.Requeued = true
 			l.queuedAt = time.Now()
-			l.position = 0
+			l.position, l.waitReason = 0, ""
 			l.box.push(api.Event{Type: api.EventRequeued, Attempt: l.attempt})
 			d.queues[l.group] = append(d.queues[l.group], l)
 		}
