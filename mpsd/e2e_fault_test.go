@@ -46,12 +46,30 @@ type faultEnv struct {
 	bystanders []*proc
 	byLeases   map[string][]int // bystander lease → its pids when the fault came
 	a0, a1, b0 api.InstanceStatus
+	faults     chan fault // as the watchdog saw them
+}
+
+// firstFault is the first fault the watchdog reported.
+func (e *faultEnv) firstFault(t *testing.T) fault {
+	t.Helper()
+	select {
+	case f := <-e.faults:
+		return f
+	case <-time.After(waitFor):
+		t.Fatal("no fault reported")
+		return fault{}
+	}
 }
 
 func newFaultEnv(t *testing.T, victimCmd func(i int, client string) []string, victimArgs ...string) *faultEnv {
 	t.Helper()
-	e := &faultEnv{testEnv: newEnv(t, faultGroups, faultWatchdog)}
-	// The watchdog section above replaces the harness's; keep its backoff.
+	e := &faultEnv{testEnv: newEnv(t, faultGroups, faultWatchdog), faults: make(chan fault, 64)}
+	e.opts.faultHook = func(in *instance, f fault) {
+		select {
+		case e.faults <- f:
+		default:
+		}
+	}
 	e.start()
 	client := filepath.Join(e.emu, "mpsemu-client")
 	launch := func(group string, args ...string) *proc {
@@ -206,15 +224,16 @@ func instanceOf(st api.Status, group string, gpu int) api.InstanceStatus {
 func TestFaultIsolation(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
+		kind   string // how the watchdog must have seen it
 		inject func(t *testing.T, e *faultEnv)
 		after  func(t *testing.T, e *faultEnv, st api.Status)
 	}{
-		{"server SIGKILL", func(t *testing.T, e *faultEnv) {
+		{"server SIGKILL", faultServerExit, func(t *testing.T, e *faultEnv) {
 			if err := syscall.Kill(e.a0.ServerPIDs[0], syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
 		}, nil},
-		{"control daemon SIGKILL", func(t *testing.T, e *faultEnv) {
+		{"control daemon SIGKILL", faultDaemonExit, func(t *testing.T, e *faultEnv) {
 			if err := syscall.Kill(e.a0.DaemonPID, syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
@@ -224,7 +243,7 @@ func TestFaultIsolation(t *testing.T) {
 				t.Errorf("no new control daemon: %+v (old %d)", in, e.a0.DaemonPID)
 			}
 		}},
-		{"control daemon SIGSTOP", func(t *testing.T, e *faultEnv) {
+		{"control daemon SIGSTOP", faultHung, func(t *testing.T, e *faultEnv) {
 			if err := syscall.Kill(e.a0.DaemonPID, syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
@@ -255,6 +274,9 @@ func TestFaultIsolation(t *testing.T) {
 				if now.Restarts != 0 || now.DaemonPID != was.DaemonPID || !slices.Equal(now.ServerPIDs, was.ServerPIDs) {
 					t.Errorf("bystander instance %s/%d touched: before %+v, after %+v", g.group, g.gpu, was, now)
 				}
+			}
+			if f := e.firstFault(t); f.kind != tc.kind {
+				t.Errorf("first fault %q (%s), want %q", f.kind, f.reason, tc.kind)
 			}
 			if tc.after != nil {
 				tc.after(t, e, st)
