@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -65,8 +66,8 @@ type Options struct {
 	RequestTimeout time.Duration
 	// Logger receives the daemon's log; nil discards it.
 	Logger *slog.Logger
-	// Ready, if set, is called once the instances are up and the socket
-	// is served.
+	// Ready, if set, is called once, when the socket is served and every
+	// instance is up (systemd's READY=1).
 	Ready func()
 
 	// faultHook, when set (tests, benchmarks), sees every fault as it is
@@ -102,6 +103,7 @@ type Daemon struct {
 	// close, so lease handlers tell mpsd's own stop (keep the lease) from
 	// a launcher going away (release it).
 	stopping chan struct{}
+	serving  atomic.Bool
 
 	mu         sync.Mutex
 	cfg        *policy.Config
@@ -332,10 +334,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.srv = d.newHTTPServer()
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- d.srv.Serve(ln) }()
-	d.log.Info("mpsd ready", "socket", ln.Addr().String(), "instances", len(insts), "leases", len(saved.Leases))
-	if d.opts.Ready != nil {
-		d.opts.Ready()
-	}
+	d.serving.Store(true)
+	d.log.Info("mpsd serving", "socket", ln.Addr().String(), "instances", len(insts), "leases", len(saved.Leases))
+	d.spawn(d.announceReady)
 
 	var runErr error
 	select {
@@ -344,6 +345,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		runErr = fmt.Errorf("serve API: %w", err)
 	}
 	d.log.Info("mpsd stopping; MPS daemons and workloads keep running")
+	d.serving.Store(false)
 	close(d.stopping)
 	_ = d.srv.Close()
 	if runErr == nil {
@@ -379,6 +381,89 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	d.log.Info("mpsd stopped")
 	return runErr
+}
+
+// announceReady calls Options.Ready once every instance is up.
+func (d *Daemon) announceReady() {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		d.mu.Lock()
+		up := true
+		for _, in := range d.instances {
+			up = up && in.up
+		}
+		d.mu.Unlock()
+		if up {
+			d.log.Info("mpsd ready: every instance is up")
+			if d.opts.Ready != nil {
+				d.opts.Ready()
+			}
+			return
+		}
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Summary is a one-line account of the daemon for systemd's STATUS= and
+// logs: instances by state, leases running and queued.
+func (d *Daemon) Summary() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	states := map[string]int{}
+	for _, in := range d.instances {
+		states[in.p.State.String()]++
+	}
+	var parts []string
+	for _, st := range []string{"ready", "starting", "recovering", "draining", "quarantined"} {
+		if n := states[st]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, st))
+		}
+	}
+	running, queued := 0, 0
+	for _, l := range d.leases {
+		if l.running() {
+			running++
+		} else {
+			queued++
+		}
+	}
+	inst := "no instances"
+	if len(parts) > 0 {
+		inst = "instances: " + strings.Join(parts, ", ")
+	}
+	return fmt.Sprintf("%s; leases: %d running, %d queued", inst, running, queued)
+}
+
+// Healthy reports whether the daemon's core works: its state lock can be
+// taken and it is serving, within ctx. systemd's watchdog pings only while
+// it holds, so a deadlocked daemon is restarted (and, with
+// KillMode=process, re-adopts everything).
+func (d *Daemon) Healthy(ctx context.Context) error {
+	ok := make(chan struct{})
+	go func() {
+		d.mu.Lock()
+		d.mu.Unlock()
+		close(ok)
+	}()
+	select {
+	case <-ok:
+	case <-ctx.Done():
+		return fmt.Errorf("mpsd: state lock not taken within the deadline: %w", ctx.Err())
+	}
+	select {
+	case <-d.stopping:
+		return errors.New("mpsd: stopping")
+	default:
+	}
+	if !d.serving.Load() {
+		return errors.New("mpsd: not serving")
+	}
+	return nil
 }
 
 // spawn runs f in a goroutine Run waits for; after Run has begun its final
