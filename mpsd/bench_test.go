@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,8 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/policy"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // leaseClient opens lease streams on its own connection each, as
@@ -347,4 +350,73 @@ func failover(b *testing.B, n, runs int) {
 func isClient(pid int) bool {
 	comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
 	return strings.TrimSpace(string(comm)) == "mpsemu-client"
+}
+
+// BenchmarkScrape: one /metrics scrape of a daemon with 64 instances and
+// 1,000 leases (the daemon's state is built in memory; no MPS runs).
+//
+//	go test -run '^$' -bench Scrape -benchmem ./mpsd
+func BenchmarkScrape(b *testing.B) {
+	e := newEnvGPUs(b, 64, `  inference:
+    users: [root]
+    memory: 20G
+`, "")
+	d, err := New(e.opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = d.host.Close() }()
+	d.mu.Lock()
+	d.instances, d.queues, d.leases = map[string]*instance{}, map[string][]*lease{}, map[string]*lease{}
+	d.reconcileLocked(d.cfg)
+	insts := d.instanceList()
+	for i := range 1000 {
+		in := insts[i%len(insts)]
+		l := &lease{id: fmt.Sprintf("inference-%012d", i), group: "inference", req: policyRequest(1, 64<<20), inst: in, box: newMailbox()}
+		in.p.Assign(&l.req)
+		in.leases[l.id] = l
+		d.leases[l.id] = l
+	}
+	for _, in := range insts {
+		in.up = true
+		in.refreshLocked()
+	}
+	d.mu.Unlock()
+	h := promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{})
+	req := httptest.NewRequest("GET", "/metrics", nil)
+	b.ReportAllocs()
+	b.ResetTimer()
+	w := &discardResponse{header: http.Header{}}
+	for b.Loop() {
+		clear(w.header)
+		w.code, w.n = 0, 0
+		h.ServeHTTP(w, req)
+		if w.code != 200 || w.n == 0 {
+			b.Fatalf("scrape: %d, %d bytes", w.code, w.n)
+		}
+	}
+	b.ReportMetric(float64(w.n), "bytes/scrape")
+}
+
+// discardResponse is a ResponseWriter that counts and drops the body, as
+// a socket would take it: a buffer growing to the whole body would be
+// the benchmark's own allocation, not the scrape's.
+type discardResponse struct {
+	header http.Header
+	code   int
+	n      int
+}
+
+func (w *discardResponse) Header() http.Header  { return w.header }
+func (w *discardResponse) WriteHeader(code int) { w.code = code }
+func (w *discardResponse) Write(p []byte) (int, error) {
+	if w.code == 0 {
+		w.code = 200
+	}
+	w.n += len(p)
+	return len(p), nil
+}
+
+func policyRequest(sm int, mem int64) policy.Request {
+	return policy.Request{Group: "inference", SM: sm, Mem: mem, GPUs: 1}
 }

@@ -48,12 +48,15 @@ type instance struct {
 	triedOnce sync.Once
 
 	// The watchdog's state (watchdog.go).
-	recovering  bool        // a recovery goroutine owns the instance
-	pending     *fault      // a fault that arrived during recovery
-	quarantined bool        // failed too often: closed until mpsctl resume
-	failures    []time.Time // failures within the quarantine window
-	probeFails  int         // failed probes in a row
-	faults      map[string]int
+	recovering  bool           // a recovery goroutine owns the instance
+	pending     *fault         // a fault that arrived during recovery
+	quarantined bool           // failed too often: closed until mpsctl resume
+	failures    []time.Time    // failures within the quarantine window
+	probeFails  int            // failed probes in a row
+	faults      map[string]int // faults reported, by kind
+	restartsBy  map[string]int // recoveries, by the kind of fault
+
+	metricLabels *instanceLabels // made at the first scrape
 }
 
 func (in *instance) markTried() { in.triedOnce.Do(func() { close(in.tried) }) }
@@ -126,12 +129,13 @@ func (d *Daemon) reconcileLocked(cfg *policy.Config) (added []*instance) {
 			in, ok := d.instances[key]
 			if !ok {
 				in = &instance{
-					key:     key,
-					group:   g.Name,
-					servers: map[int]int{},
-					leases:  map[string]*lease{},
-					tried:   make(chan struct{}),
-					faults:  map[string]int{},
+					key:        key,
+					group:      g.Name,
+					servers:    map[int]int{},
+					leases:     map[string]*lease{},
+					tried:      make(chan struct{}),
+					faults:     map[string]int{},
+					restartsBy: map[string]int{},
 				}
 				for _, x := range set {
 					in.gpus = append(in.gpus, inv[x])

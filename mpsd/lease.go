@@ -302,6 +302,7 @@ func (d *Daemon) grantLocked(l *lease, in *instance) {
 	l.position, l.waitReason = 0, ""
 	l.durable = d.store.request()
 	l.box.push(api.Event{Type: api.EventGranted, Lease: l.apiLeaseLocked()})
+	d.observeGrantLocked(l)
 	in.log.Debug("lease granted", "lease", l.id, "uid", l.uid, "sm", l.req.SM, "mem", l.req.Mem, "waited", time.Since(l.queuedAt))
 }
 

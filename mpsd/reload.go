@@ -1,6 +1,8 @@
 package mpsd
 
 import (
+	"time"
+
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/policy"
 )
@@ -11,6 +13,9 @@ import (
 // empty, and every other instance (its daemon, its servers, its clients)
 // is left alone.
 func (d *Daemon) onReload(r policy.Reload) {
+	d.mu.Lock()
+	d.metrics.reloadOK, d.metrics.reloadAt = r.Err == nil, time.Now()
+	d.mu.Unlock()
 	if r.Err != nil {
 		d.log.Error("config reload failed; the previous config stays in force", "err", r.Err)
 		return

@@ -63,6 +63,7 @@ func (d *Daemon) reportFault(in *instance, f fault) {
 	if in.stopped {
 		return
 	}
+	in.faults[f.kind]++
 	if in.recovering {
 		if in.pending == nil || f.restart > in.pending.restart {
 			in.pending = &f
@@ -98,7 +99,7 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 	start := time.Now()
 	d.mu.Lock()
 	wd := d.cfg.Watchdog
-	in.faults[f.kind]++
+	in.restartsBy[f.kind]++
 	in.restarts++
 	if !f.admin {
 		keep := in.failures[:0]
@@ -293,6 +294,7 @@ func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
 			l.queuedAt = time.Now()
 			l.position, l.waitReason = 0, ""
 			l.box.push(api.Event{Type: api.EventRequeued, Attempt: l.attempt})
+			d.metrics.requeues[l.group]++
 			d.queues[l.group] = append(d.queues[l.group], l)
 		}
 	}
@@ -424,6 +426,9 @@ func (d *Daemon) onXid(ev gpu.XidEvent) {
 	if ev.Level == gpu.LevelDevice {
 		restart = restartServer
 	}
+	d.mu.Lock()
+	d.metrics.xids[[2]uint64{uint64(ev.GPU), ev.Xid}]++
+	d.mu.Unlock()
 	d.log.Warn("GPU Xid", "gpu", ev.GPU, "uuid", ev.UUID, "xid", ev.Xid, "level", ev.Level.String(), "pid", ev.PID, "instances", len(affected))
 	for _, in := range affected {
 		d.reportFault(in, fault{kind: faultXid, restart: restart,

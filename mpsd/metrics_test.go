@@ -1,0 +1,192 @@
+package mpsd
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/mpsd/mpsd/api"
+)
+
+// designMetrics are the names DESIGN.md §7 promises.
+var designMetrics = []string{
+	"mpsd_instance_up", "mpsd_server_restarts_total", "mpsd_faults_total", "mpsd_quarantined",
+	"mpsd_clients", "mpsd_sm_allocated_percent", "mpsd_memory_allocated_bytes", "mpsd_queue_length",
+	"mpsd_requeues_total", "mpsd_admission_wait_seconds", "mpsd_gpu_xid_errors_total",
+	"mpsd_gpu_memory_used_bytes", "mpsd_gpu_utilization_ratio", "mpsd_config_last_reload_success", "mpsd_build_info",
+}
+
+func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, _ := io.ReadAll(resp.Body)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatalf("parse /metrics: %v\n%s", err, body)
+	}
+	return fams
+}
+
+// value returns the value of the series of name whose labels include all
+// of want; ok is false when there is none.
+func value(fams map[string]*dto.MetricFamily, name string, want map[string]string) (float64, bool) {
+	f, ok := fams[name]
+	if !ok {
+		return 0, false
+	}
+	for _, m := range f.GetMetric() {
+		match := true
+		for k, v := range want {
+			found := false
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == k && lp.GetValue() == v {
+					found = true
+				}
+			}
+			match = match && found
+		}
+		if !match {
+			continue
+		}
+		switch {
+		case m.GetGauge() != nil:
+			return m.GetGauge().GetValue(), true
+		case m.GetCounter() != nil:
+			return m.GetCounter().GetValue(), true
+		case m.GetHistogram() != nil:
+			return float64(m.GetHistogram().GetSampleCount()), true
+		}
+	}
+	return 0, false
+}
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// /metrics shows every metric of DESIGN.md §7 with values that match the
+// daemon's state; a server crash raises the restart and fault counters of
+// its instance only. /healthz and /readyz answer.
+func TestMetricsEndpoint(t *testing.T) {
+	e := newEnv(t, groupsAB("10G"), "")
+	mln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.opts.MetricsListener = mln
+	addr := mln.Addr().String()
+	e.start()
+	if code, body := httpGet(t, "http://"+addr+"/healthz"); code != 200 {
+		t.Errorf("/healthz: %d %s", code, body)
+	}
+	e.waitStatus("ready", func(api.Status) bool { return e.d.ready.Load() })
+	if code, body := httpGet(t, "http://"+addr+"/readyz"); code != 200 || !strings.Contains(body, "4 ready") {
+		t.Errorf("/readyz: %d %s", code, body)
+	}
+
+	client := e.emu + "/mpsemu-client"
+	p := startProc(t, e.launch("--group", "a", "--sm", "30", "--mem", "2G", "--", client, "--duration", "1m"))
+	st := e.waitStatus("a's client connected", func(st api.Status) bool {
+		in := instanceOf(st, "a", 0)
+		return in.Clients == 1 && len(in.ServerPIDs) == 1 && e.mpsClients(in) == 1
+	})
+	a0 := instanceOf(st, "a", 0)
+	sim := e.d.Sim()
+	<-sim.XidWatched()
+	if err := sim.InjectXid(1, 31, 0); err != nil { // an application Xid on GPU 1, nobody's
+		t.Fatal(err)
+	}
+	e.waitStatus("the Xid counted", func(api.Status) bool {
+		v, _ := value(scrape(t, addr), "mpsd_gpu_xid_errors_total", map[string]string{"gpu_index": "1", "xid": "31"})
+		return v == 1
+	})
+
+	fams := scrape(t, addr)
+	for _, name := range designMetrics {
+		if _, ok := fams[name]; !ok {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	inst := map[string]string{"group": "a", "gpu_index": "0", "gpu": a0.GPUUUID}
+	for name, want := range map[string]float64{
+		"mpsd_instance_up":            1,
+		"mpsd_clients":                1,
+		"mpsd_sm_allocated_percent":   30,
+		"mpsd_memory_allocated_bytes": 2 << 30,
+		"mpsd_quarantined":            0,
+	} {
+		if v, ok := value(fams, name, inst); !ok || v != want {
+			t.Errorf("%s%v = %v (found %v), want %v", name, inst, v, ok, want)
+		}
+	}
+	if v, _ := value(fams, "mpsd_leases_granted_total", map[string]string{"group": "a"}); v != 1 {
+		t.Errorf("granted in a = %v, want 1", v)
+	}
+	if v, _ := value(fams, "mpsd_admission_wait_seconds", map[string]string{"group": "a"}); v != 1 {
+		t.Errorf("admission waits observed in a = %v, want 1", v)
+	}
+	if v, _ := value(fams, "mpsd_config_last_reload_success", nil); v != 1 {
+		t.Errorf("config_last_reload_success = %v", v)
+	}
+	if problems, err := testutil.GatherAndLint(e.d.metrics.reg); err != nil || len(problems) > 0 {
+		t.Errorf("metric lint: %v %v", problems, err)
+	}
+
+	// A crash of a/0's server: its counters rise, nobody else's.
+	if err := syscall.Kill(a0.ServerPIDs[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	e.waitStatus("a/0 recovered", func(st api.Status) bool {
+		in := instanceOf(st, "a", 0)
+		return in.Restarts == 1 && in.State == api.InstanceReady
+	})
+	fams = scrape(t, addr)
+	for _, in := range e.d.Status().Instances {
+		l := map[string]string{"group": in.Group, "gpu_index": strconv.Itoa(in.GPUIndex), "reason": faultServerExit}
+		want := 0.0
+		if in.Group == "a" && in.GPUIndex == 0 {
+			want = 1
+		}
+		if v, _ := value(fams, "mpsd_server_restarts_total", l); v != want {
+			t.Errorf("restarts of %s/%d = %v, want %v", in.Group, in.GPUIndex, v, want)
+		}
+		delete(l, "reason")
+		l["kind"] = faultServerExit
+		if v, _ := value(fams, "mpsd_faults_total", l); v != want {
+			t.Errorf("faults of %s/%d = %v, want %v", in.Group, in.GPUIndex, v, want)
+		}
+	}
+	if v, _ := value(fams, "mpsd_requeues_total", map[string]string{"group": "a"}); v != 1 {
+		t.Errorf("requeues in a = %v, want 1", v)
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	p.wait(t)
+
+	// A bad config edit shows as a failed reload.
+	e.writeConfig("  a: {memroy: 1G}\n", "")
+	e.waitStatus("the failed reload", func(api.Status) bool {
+		v, _ := value(scrape(t, addr), "mpsd_config_last_reload_success", nil)
+		return v == 0
+	})
+}

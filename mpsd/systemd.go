@@ -1,0 +1,236 @@
+package mpsd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/activation"
+	"github.com/coreos/go-systemd/v22/daemon"
+)
+
+// systemd integration (DESIGN.md §7, examples/systemd/): Type=notify
+// (READY=1, STATUS=, STOPPING=1, WATCHDOG=1) and socket activation of the
+// API socket, both through go-systemd. Without NOTIFY_SOCKET and LISTEN_FDS
+// all of it is a no-op.
+
+const (
+	// defaultStatusInterval is how often STATUS= is refreshed (when the
+	// summary changed).
+	defaultStatusInterval = 5 * time.Second
+	// maxHealthTimeout bounds the health check before each watchdog ping.
+	maxHealthTimeout = 5 * time.Second
+)
+
+// activationListener returns the API socket systemd passed in (socket
+// activation with mpsd.socket), or nil when mpsd was not socket-activated.
+// mpsd takes exactly one socket, a listening unix stream socket; anything
+// else is an error that names what was passed. It unsets LISTEN_PID,
+// LISTEN_FDS and LISTEN_FDNAMES, and the fd is close-on-exec, so the MPS
+// daemons inherit neither.
+func activationListener(log *slog.Logger) (net.Listener, error) {
+	lns, err := activation.Listeners()
+	if err != nil {
+		return nil, fmt.Errorf("socket activation: %w", err)
+	}
+	closeAll := func() {
+		for _, ln := range lns {
+			if ln != nil {
+				_ = ln.Close()
+			}
+		}
+	}
+	switch {
+	case len(lns) == 0:
+		return nil, nil
+	case len(lns) > 1:
+		closeAll()
+		return nil, fmt.Errorf("socket activation: systemd passed %d sockets (LISTEN_FDS=%d); mpsd takes exactly one, its API socket: give mpsd.socket a single ListenStream=", len(lns), len(lns))
+	case lns[0] == nil:
+		// go-systemd leaves a nil for an fd net.FileListener refused: a
+		// datagram socket, a socket that does not listen, a file.
+		return nil, errors.New("socket activation: the fd systemd passed is not a listening stream socket; mpsd.socket needs ListenStream=/run/mpsd/mpsd.sock")
+	}
+	ln := lns[0]
+	if ln.Addr().Network() != "unix" {
+		closeAll()
+		return nil, fmt.Errorf("socket activation: systemd passed a %s socket (%s); mpsd's API needs a unix stream socket: ListenStream=/run/mpsd/mpsd.sock in mpsd.socket", ln.Addr().Network(), ln.Addr())
+	}
+	log.Info("API socket from systemd (socket activation)", "socket", ln.Addr().String())
+	return ln, nil
+}
+
+// notifyTarget is what the notifier reports on: *Daemon, or a fake.
+type notifyTarget interface {
+	// Summary is the one-line STATUS=.
+	Summary() string
+	// Healthy gates each watchdog ping.
+	Healthy(ctx context.Context) error
+}
+
+// sdNotifier speaks systemd's notify protocol for a Type=notify service.
+// A nil *sdNotifier (no NOTIFY_SOCKET) does nothing.
+type sdNotifier struct {
+	log *slog.Logger
+	// statusEvery is how often STATUS= is refreshed.
+	statusEvery time.Duration
+	// watchdog is WatchdogSec= (from WATCHDOG_USEC); 0 means no pings.
+	watchdog time.Duration
+	// failed: a message could not be sent (reported once).
+	failed bool
+	// skipping: the last watchdog ping was skipped.
+	skipping bool
+}
+
+// newSdNotifier returns a notifier when mpsd runs under systemd with
+// NOTIFY_SOCKET (Type=notify), else nil. statusEvery <= 0 means the
+// default.
+func newSdNotifier(log *slog.Logger, statusEvery time.Duration) *sdNotifier {
+	if os.Getenv("NOTIFY_SOCKET") == "" {
+		return nil
+	}
+	if statusEvery <= 0 {
+		statusEvery = defaultStatusInterval
+	}
+	n := &sdNotifier{log: log, statusEvery: statusEvery}
+	// WATCHDOG_PID names another process (the variables were inherited):
+	// 0, no pings.
+	wd, err := daemon.SdWatchdogEnabled(false)
+	if err != nil {
+		log.Warn("systemd watchdog settings unusable; not pinging", "err", err)
+	}
+	n.watchdog = wd
+	if wd > 0 {
+		log.Info("systemd watchdog enabled", "timeout", wd, "ping_every", wd/2)
+	}
+	return n
+}
+
+// notify sends one message (newline-separated assignments).
+func (n *sdNotifier) notify(state string) {
+	if n == nil {
+		return
+	}
+	ok, err := daemon.SdNotify(false, state)
+	if err == nil && ok {
+		if n.failed {
+			n.log.Info("systemd notifications delivered again")
+			n.failed = false
+		}
+		return
+	}
+	if !n.failed {
+		n.log.Warn("systemd notification not delivered", "socket", os.Getenv("NOTIFY_SOCKET"), "err", err)
+		n.failed = true
+	}
+}
+
+// statusLine is a STATUS= assignment; the value must stay on one line.
+func statusLine(s string) string {
+	return "STATUS=" + strings.ReplaceAll(s, "\n", " ")
+}
+
+// healthTimeout is how long Healthy may take before a ping is skipped: a
+// quarter of the watchdog interval (so a ping still lands well within it),
+// at most maxHealthTimeout.
+func (n *sdNotifier) healthTimeout() time.Duration {
+	return min(n.watchdog/4, maxHealthTimeout)
+}
+
+// run runs run (Daemon.Run) under systemd: STATUS= now and every
+// statusEvery, READY=1 when ready is closed, WATCHDOG=1 from then on while
+// t is healthy, and, when ctx ends, STOPPING=1 before it cancels run's
+// context, so systemd hears of the stop before mpsd begins (and long
+// before Run returns). Every goroutine it starts has ended when it
+// returns. A nil n just runs run.
+func (n *sdNotifier) run(ctx context.Context, t notifyTarget, ready <-chan struct{}, run func(context.Context) error) error {
+	if n == nil {
+		return run(ctx)
+	}
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop()
+	runDone := make(chan struct{})
+	loopDone := make(chan struct{})
+	go func() {
+		defer close(loopDone)
+		n.loop(ctx, t, ready, runDone)
+		stop()
+	}()
+	err := run(runCtx)
+	close(runDone)
+	<-loopDone
+	if err != nil {
+		n.notify(statusLine("mpsd failed: " + err.Error()))
+	}
+	return err
+}
+
+// loop is run's notifier; it returns when ctx ends (after STOPPING=1) or
+// when run returned on its own.
+func (n *sdNotifier) loop(ctx context.Context, t notifyTarget, ready <-chan struct{}, runDone <-chan struct{}) {
+	n.notify(statusLine("starting"))
+	status := time.NewTicker(n.statusEvery)
+	defer status.Stop()
+	var pinger *time.Ticker // every half watchdog interval, once ready
+	var pings <-chan time.Time
+	defer func() {
+		if pinger != nil {
+			pinger.Stop()
+		}
+	}()
+	last := ""
+	for {
+		select {
+		case <-ctx.Done():
+			n.notify(daemon.SdNotifyStopping + "\n" + statusLine("stopping; MPS daemons and workloads keep running"))
+			return
+		case <-runDone:
+			n.notify(daemon.SdNotifyStopping)
+			return
+		case <-ready:
+			ready = nil
+			last = t.Summary()
+			n.notify(daemon.SdNotifyReady + "\n" + statusLine(last))
+			if n.watchdog > 0 {
+				// systemd arms the watchdog once start-up is over (READY=1);
+				// before that Healthy would fail anyway (not serving yet).
+				pinger = time.NewTicker(n.watchdog / 2)
+				pings = pinger.C
+			}
+		case <-status.C:
+			if s := t.Summary(); s != last {
+				last = s
+				n.notify(statusLine(s))
+			}
+		case <-pings:
+			n.ping(ctx, t.Healthy)
+		}
+	}
+}
+
+// ping sends WATCHDOG=1 if healthy answers nil within healthTimeout, and
+// reports whether it did. A skipped ping is logged: enough of them in a
+// row and systemd kills and restarts mpsd (which, with KillMode=process,
+// re-adopts its instances and leases).
+func (n *sdNotifier) ping(ctx context.Context, healthy func(context.Context) error) bool {
+	hctx, cancel := context.WithTimeout(ctx, n.healthTimeout())
+	defer cancel()
+	if err := healthy(hctx); err != nil {
+		if ctx.Err() == nil {
+			n.log.Warn("systemd watchdog ping skipped: mpsd is not healthy", "err", err, "watchdog", n.watchdog)
+			n.skipping = true
+		}
+		return false
+	}
+	if n.skipping {
+		n.log.Info("systemd watchdog pings resumed: mpsd is healthy again")
+		n.skipping = false
+	}
+	n.notify(daemon.SdNotifyWatchdog)
+	return true
+}
