@@ -42,7 +42,7 @@ func (l Layout) InstanceLogDir(group, gpuUUID string) string {
 func (l Layout) StateFile() string { return filepath.Join(l.StateDir, "state.json") }
 
 // prepareGroupDir makes the group's run directory mode 0750 owned by
-// root, with a POSIX ACL granting its member uids and gids r-x and nobody
+// root (by mpsd's own user when it is not root), with a POSIX ACL granting its member uids and gids r-x and nobody
 // else anything: a tenant of another group cannot even look up the pipe
 // directories below it, let alone connect to the control socket. The ACL
 // is rewritten on every call, so a membership change in the config applies
@@ -51,8 +51,12 @@ func prepareGroupDir(dir string, uids, gids []uint32) error {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
-	if err := os.Chown(dir, 0, 0); err != nil {
-		return fmt.Errorf("chown %s: %w", dir, err)
+	// As root the directory belongs to root; an unprivileged mpsd (a
+	// simulation without cgroups) owns it itself, which the ACL allows.
+	if os.Geteuid() == 0 {
+		if err := os.Chown(dir, 0, 0); err != nil {
+			return fmt.Errorf("chown %s: %w", dir, err)
+		}
 	}
 	if err := os.Chmod(dir, 0o750); err != nil {
 		return fmt.Errorf("chmod %s: %w", dir, err)
