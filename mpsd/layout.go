@@ -42,11 +42,12 @@ func (l Layout) InstanceLogDir(group, gpuUUID string) string {
 func (l Layout) StateFile() string { return filepath.Join(l.StateDir, "state.json") }
 
 // prepareGroupDir makes the group's run directory mode 0750 owned by
-// root (by mpsd's own user when it is not root), with a POSIX ACL granting its member uids and gids r-x and nobody
-// else anything: a tenant of another group cannot even look up the pipe
-// directories below it, let alone connect to the control socket. The ACL
-// is rewritten on every call, so a membership change in the config applies
-// without restarting the group's daemons.
+// root (by mpsd's own user when it is not root), with a POSIX ACL granting
+// its member uids and gids r-x and nobody else anything: a tenant of
+// another group cannot even look up the pipe directories below it, let
+// alone connect to the control socket. The ACL is rewritten on every call,
+// so a membership change in the config applies without restarting the
+// group's daemons.
 func prepareGroupDir(dir string, uids, gids []uint32) error {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
+	"time"
 )
 
 // DefaultConfigPath is where mpsd reads its config without --config.
@@ -14,7 +16,23 @@ const DefaultConfigPath = "/etc/mpsd/mpsd.yaml"
 
 // Main is the mpsd command: flags, logger, New, Run. It returns the exit
 // status: 0 after a clean stop (ctx done), 2 for bad usage, 1 otherwise.
+//
+// Under systemd (examples/systemd/) it takes the API socket passed in by
+// mpsd.socket (LISTEN_FDS) and, with NOTIFY_SOCKET, reports READY=1 once
+// every instance is up, keeps STATUS= current, sends STOPPING=1 when ctx
+// ends and pings the watchdog (WatchdogSec=) while the daemon is healthy.
 func Main(ctx context.Context, args []string, stderr io.Writer) int {
+	return runMain(ctx, args, stderr, mainConfig{})
+}
+
+// mainConfig holds what tests change in Main.
+type mainConfig struct {
+	// statusEvery is how often STATUS= is refreshed; 0 means
+	// defaultStatusInterval.
+	statusEvery time.Duration
+}
+
+func runMain(ctx context.Context, args []string, stderr io.Writer, mc mainConfig) int {
 	fs := flag.NewFlagSet("mpsd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	configPath := fs.String("config", DefaultConfigPath, "config file (YAML, version 1)")
@@ -52,12 +70,30 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	log := slog.New(h)
-	d, err := New(Options{ConfigPath: *configPath, Simulate: *simulate, Logger: log})
+	ln, err := activationListener(log)
 	if err != nil {
 		log.Error("mpsd cannot start", "err", err)
 		return 1
 	}
-	if err := d.Run(ctx); err != nil {
+	sd := newSdNotifier(log, mc.statusEvery)
+	ready := make(chan struct{})
+	var readyOnce sync.Once
+	d, err := New(Options{
+		ConfigPath: *configPath,
+		Simulate:   *simulate,
+		Logger:     log,
+		Listener:   ln,
+		Ready:      func() { readyOnce.Do(func() { close(ready) }) },
+	})
+	if err != nil {
+		if ln != nil {
+			_ = ln.Close()
+		}
+		sd.notify(statusLine("mpsd cannot start: " + err.Error()))
+		log.Error("mpsd cannot start", "err", err)
+		return 1
+	}
+	if err := sd.run(ctx, d, ready, d.Run); err != nil {
 		log.Error("mpsd failed", "err", err)
 		return 1
 	}
