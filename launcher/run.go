@@ -16,7 +16,7 @@ import (
 // Defaults of the Config timeouts.
 const (
 	DefaultReconnectTimeout = 60 * time.Second
-	DefaultRevokeGrace      = 250 * time.Millisecond
+	DefaultRevokeGrace      = time.Second
 	DefaultAttachTimeout    = 30 * time.Second
 )
 
@@ -455,8 +455,16 @@ func (s *session) onChildExit(ctx context.Context) *done {
 	s.child = nil
 	code := exitStatus(ws)
 	if s.revoked == "" {
-		if s.stream == nil || code == 0 {
+		reconnecting := s.stream == nil && s.reconnected != nil
+		if code == 0 || (s.stream == nil && !reconnecting) {
 			return &done{code: code}
+		}
+		if reconnecting {
+			// mpsd is away (restarting): if a fault took the command's
+			// server while it was, the resumed lease says so.
+			s.heldExit = code
+			s.grace = time.NewTimer(s.cfg.ReconnectTimeout + s.cfg.RevokeGrace)
+			return nil
 		}
 		// A command that failed may have failed because its MPS server
 		// did (a CUDA client dies of the lost server as fast as mpsd sees
@@ -498,6 +506,12 @@ func (s *session) onSignal(sig os.Signal) *done {
 func (s *session) onReconnect(rc reconnectResult) *done {
 	s.reconnected, s.stopRc, s.rcDone = nil, nil, nil
 	if rc.err != nil {
+		if s.child == nil && s.grace != nil {
+			// The command failed while mpsd was away, and mpsd does not
+			// know the lease any more (or cannot be reached): no
+			// revocation will come, the failure was the command's own.
+			return s.endGrace()
+		}
 		return s.fail(rc.err)
 	}
 	s.open(rc.stream)

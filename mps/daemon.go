@@ -113,7 +113,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	d, err := attach(ctx, cfg, pid, how, logOff, false)
+	d, err := attach(ctx, cfg, pid, how, logOff, false, true)
 	if err != nil {
 		killPID(pid)
 		return nil, err
@@ -146,12 +146,38 @@ func Adopt(ctx context.Context, cfg Config) (*Daemon, error) {
 	if fi, err := os.Stat(filepath.Join(cfg.LogDir, controlLog)); err == nil {
 		logOff = fi.Size()
 	}
-	d, err := attach(ctx, cfg, pid, how, logOff, true)
+	d, err := attach(ctx, cfg, pid, how, logOff, true, true)
 	if err != nil {
 		return nil, err
 	}
 	d.log.Info("mps: control daemon adopted", "pid", pid, "found_by", how)
 	return d, nil
+}
+
+// Reclaim stops the control daemon on cfg.PipeDir that Adopt could not
+// take over because it does not answer (stopped, hung), with Stop's
+// escalation (its servers included), so a new one can be started there.
+// Returns ErrNoDaemon when none runs.
+func Reclaim(ctx context.Context, cfg Config) (StopReport, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return StopReport{}, err
+	}
+	pid, how := findDaemon(cfg.ProcRoot, cfg.PipeDir, cfg.LogDir, cfg.ControlPath)
+	if pid == 0 {
+		return StopReport{}, fmt.Errorf("mps: reclaim on %s: %w", cfg.PipeDir, ErrNoDaemon)
+	}
+	var logOff int64
+	if fi, err := os.Stat(filepath.Join(cfg.LogDir, controlLog)); err == nil {
+		logOff = fi.Size()
+	}
+	d, err := attach(ctx, cfg, pid, how, logOff, true, false)
+	if err != nil {
+		return StopReport{}, err
+	}
+	defer d.Close()
+	d.log.Warn("mps: reclaiming a control daemon that does not answer", "pid", pid, "found_by", how)
+	return d.Stop(ctx)
 }
 
 func daemonEnv(cfg Config) []string {
@@ -206,7 +232,7 @@ func killPID(pid int) {
 
 // attach builds the handle: watchers first (so nothing is missed), then a
 // probe and capability detection.
-func attach(ctx context.Context, cfg Config, pid int, how string, logOff int64, adopted bool) (*Daemon, error) {
+func attach(ctx context.Context, cfg Config, pid int, how string, logOff int64, adopted, probe bool) (*Daemon, error) {
 	stopFD, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		return nil, fmt.Errorf("mps: eventfd: %w", err)
@@ -273,6 +299,9 @@ func attach(ctx context.Context, cfg Config, pid int, how string, logOff int64, 
 		return nil, err
 	}
 
+	if !probe {
+		return d, nil
+	}
 	if err := d.probeUntilUp(ctx); err != nil {
 		d.Close()
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -169,7 +170,9 @@ func (e *testEnv) stop() {
 			e.t.Errorf("mpsd.Run: %v", err)
 		}
 	case <-time.After(waitFor):
-		e.t.Fatalf("mpsd did not stop within %s", waitFor)
+		var buf bytes.Buffer
+		_ = pprof.Lookup("goroutine").WriteTo(&buf, 1)
+		e.t.Fatalf("mpsd did not stop within %s; goroutines:\n%s", waitFor, buf.String())
 	}
 }
 
@@ -182,6 +185,14 @@ func (e *testEnv) cleanup() {
 	removeCgroupTree(e.parent)
 	_ = e.log.Close()
 	if e.t.Failed() {
+		if keep := os.Getenv("MPSD_TEST_KEEP_LOGS"); keep != "" {
+			if b, err := os.ReadFile(e.log.Name()); err == nil {
+				name := filepath.Join(keep, strings.ReplaceAll(e.t.Name(), "/", "_")+".log")
+				if os.WriteFile(name, b, 0o644) == nil {
+					e.t.Logf("mpsd log kept in %s", name)
+				}
+			}
+		}
 		if b, err := os.ReadFile(e.log.Name()); err == nil {
 			if len(b) > 20000 {
 				b = b[len(b)-20000:]
@@ -300,6 +311,31 @@ func (p *proc) wait(t testing.TB) result {
 		}
 	default:
 		t.Fatalf("%v: %v", p.cmd.Args, err)
+	}
+	return r
+}
+
+// waitQuiet is wait for goroutines other than the test's: it never fails
+// the test itself; a command still running after limit is killed and
+// reported with code -1.
+func (p *proc) waitQuiet(limit time.Duration) result {
+	var err error
+	select {
+	case err = <-p.done:
+	case <-time.After(limit):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		return result{code: -1, stdout: p.out.String(), stderr: p.errb.String() + "(killed: did not end in time)", took: time.Since(p.start)}
+	}
+	r := result{stdout: p.out.String(), stderr: p.errb.String(), took: time.Since(p.start)}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		r.code = ee.ExitCode()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			r.code = 128 + int(ws.Signal())
+		}
+	} else if err != nil {
+		r.code = -1
 	}
 	return r
 }

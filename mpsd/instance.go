@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/gpu"
 	"github.com/mpsd/mpsd/mps"
@@ -227,6 +229,16 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 			d.mu.Unlock()
 			in.log.Info("instance up", "how", how, "daemon_pid", dm.PID(), "multiuser", cfg.Multiuser)
 			d.spawn(func() { d.watchInstance(in, dm) })
+			d.mu.Lock()
+			orphaned := len(in.leases)
+			d.mu.Unlock()
+			if how != "adopted" && orphaned > 0 {
+				// Leases re-adopted from the state had their clients on a
+				// daemon that is gone (or was found hung and stopped):
+				// their MPS server went with it.
+				d.reportFault(in, fault{kind: faultDaemonExit, restart: restartNone,
+					reason: fmt.Sprintf("the MPS control daemon of group %s on GPU %d was gone or hung when mpsd started; a new one runs", in.group, in.gpus[0].Index)})
+			}
 			return
 		}
 		in.log.Error("instance start failed", "attempt", attempt, "retry_in", backoff, "err", err)
@@ -248,11 +260,24 @@ func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, e
 	ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
 	defer cancel()
 	if adopt {
-		dm, err := mps.Adopt(ctx, cfg)
+		// A daemon that is there answers within what the watchdog allows
+		// a probe, or counts as hung.
+		d.mu.Lock()
+		wd := d.cfg.Watchdog
+		d.mu.Unlock()
+		actx, acancel := context.WithTimeout(ctx, max(wd.ProbeTimeout*time.Duration(wd.ProbeFailures), time.Second))
+		dm, err := mps.Adopt(actx, cfg)
+		acancel()
 		if err == nil {
 			return dm, "adopted", nil
 		}
-		if !errors.Is(err, mps.ErrNoDaemon) {
+		if errors.Is(err, mps.ErrTimeout) || errors.Is(err, mps.ErrDaemonQuitting) {
+			// A daemon that is there but does not answer (stopped, hung)
+			// would block the instance for ever: stop it and start anew.
+			if _, rerr := mps.Reclaim(ctx, cfg); rerr != nil {
+				return nil, "", fmt.Errorf("adopt control daemon on %s: %w; reclaim it: %w", cfg.PipeDir, err, rerr)
+			}
+		} else if !errors.Is(err, mps.ErrNoDaemon) {
 			return nil, "", fmt.Errorf("adopt control daemon on %s: %w", cfg.PipeDir, err)
 		}
 	}
@@ -330,7 +355,10 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 
 func exitText(ev mps.Event) string {
 	if ev.Signal != 0 {
-		return "killed by " + ev.Signal.String()
+		if name := unix.SignalName(ev.Signal); name != "" {
+			return "killed by " + name
+		}
+		return fmt.Sprintf("killed by signal %d", int(ev.Signal))
 	}
 	if ev.ExitStatus >= 0 {
 		return fmt.Sprintf("status %d", ev.ExitStatus)

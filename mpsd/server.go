@@ -247,12 +247,16 @@ func (d *Daemon) endStream(l *lease) {
 	d.release(l, "launcher disconnected")
 }
 
-// resume re-binds a launcher to a lease re-adopted after mpsd restarted.
+// resume re-binds a launcher to its lease after mpsd restarted. A lease
+// still running is confirmed with granted; one a fault revoked and requeued
+// meanwhile keeps the events that say so (revoked, requeued, queued, and
+// granted once placed), so the launcher follows them as if it had never
+// been away.
 func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	l, ok := d.leases[req.ResumeLeaseID]
-	if !ok || !l.running() || l.ending {
+	if !ok {
 		return nil, &refusal{404, api.CodeNotFound, fmt.Sprintf("lease %s is not known to mpsd (it ended or was lost)", req.ResumeLeaseID)}
 	}
 	if l.uid != c.UID {
@@ -261,7 +265,7 @@ func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, err
 	if l.bound {
 		return nil, &refusal{409, api.CodeConflict, fmt.Sprintf("lease %s is held by another connection", req.ResumeLeaseID)}
 	}
-	if req.Attempt != 0 && req.Attempt != l.attempt {
+	if req.Attempt > l.attempt {
 		return nil, &refusal{404, api.CodeNotFound, fmt.Sprintf("lease %s is at attempt %d, not %d", l.id, l.attempt, req.Attempt)}
 	}
 	if l.grace != nil {
@@ -269,9 +273,10 @@ func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, err
 		l.grace = nil
 	}
 	l.bound = true
-	l.box = newMailbox()
-	l.box.push(api.Event{Type: api.EventGranted, Lease: l.apiLeaseLocked()})
-	l.inst.log.Info("launcher resumed its lease", "lease", l.id)
+	if l.running() && !l.ending && req.Attempt == l.attempt {
+		l.box.push(api.Event{Type: api.EventGranted, Lease: l.apiLeaseLocked()})
+	}
+	d.log.Info("launcher resumed its lease", "lease", l.id, "attempt", l.attempt, "running", l.running())
 	return l, nil
 }
 

@@ -144,6 +144,10 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 		}
 		select {
 		case <-d.ctx.Done():
+			if f.restart == restartDaemon && dm != nil {
+				// Taken out of the instance above: Run will not close it.
+				_ = dm.Close()
+			}
 			return
 		case <-time.After(delay):
 		}

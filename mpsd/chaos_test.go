@@ -1,0 +1,241 @@
+package mpsd
+
+import (
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+)
+
+// The chaos soak: many concurrent mps-launch jobs in two groups on three
+// simulated GPUs while faults of every kind are injected at random. It is
+// seeded (MPSD_CHAOS_SEED) so a failing run replays, short by default
+// (MPSD_CHAOS_DURATION, e.g. 10m for `make chaos`), and checks after each
+// injection that capacity accounting equals the live leases, and at the
+// end that every job completed or ended with a reported reason, and that
+// nothing leaked.
+
+const chaosGroups = `  a:
+    users: [root]
+    memory: 20G
+    requeue_attempts: 1000
+  b:
+    users: [root]
+    memory: 10G
+    requeue_attempts: 1000
+`
+
+const chaosWatchdog = `watchdog:
+  probe_interval: 250ms
+  probe_timeout: 200ms
+  probe_failures: 2
+  backoff_initial: 10ms
+  backoff_max: 200ms
+  quarantine_after: 1000
+  quarantine_window: 1m`
+
+type chaosJob struct {
+	id     int
+	group  string
+	killed bool // the soak killed its mps-launch on purpose
+	res    result
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if v := os.Getenv(name); v != "" {
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
+	}
+	return def
+}
+
+func TestChaosSoak(t *testing.T) {
+	duration := envDuration("MPSD_CHAOS_DURATION", 40*time.Second)
+	if testing.Short() {
+		duration = 10 * time.Second
+	}
+	seed := uint64(time.Now().UnixNano())
+	if v := os.Getenv("MPSD_CHAOS_SEED"); v != "" {
+		seed, _ = strconv.ParseUint(v, 10, 64)
+	}
+	t.Logf("chaos soak: seed %d (MPSD_CHAOS_SEED=%d replays it), %s", seed, seed, duration)
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	var rmu sync.Mutex
+	randN := func(n int) int { rmu.Lock(); defer rmu.Unlock(); return rng.IntN(n) }
+
+	e := newEnvGPUs(t, 3, chaosGroups, chaosWatchdog)
+	e.opts.ReconnectGrace = 30 * time.Second
+	e.start()
+	var emu sync.Mutex // e.d and e.start/stop
+	status := func() api.Status { emu.Lock(); defer emu.Unlock(); return e.d.Status() }
+	client := filepath.Join(e.emu, "mpsemu-client")
+
+	var (
+		jmu    sync.Mutex
+		jobs   []*chaosJob
+		live   = map[*proc]*chaosJob{}
+		wg     sync.WaitGroup
+		stop   = make(chan struct{})
+		counts = map[string]int{}
+	)
+	const workers = 8
+	for w := range workers {
+		wg.Go(func() {
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				group := []string{"a", "b"}[randN(2)]
+				dur := time.Duration(200+randN(1500)) * time.Millisecond
+				args := []string{"--group", group, "--sm", strconv.Itoa(5 + randN(30)), "--mem", strconv.Itoa(256+randN(1024)) + "M", "--"}
+				if randN(12) == 0 {
+					// A client that faults on its first run only.
+					args = append(args, "/bin/sh", "-c", `if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" --fault-after 100ms --duration 1m; else exec "$0" --duration 300ms; fi`, client)
+				} else {
+					args = append(args, client, "--duration", dur.String())
+				}
+				j := &chaosJob{id: w*100000 + n, group: group}
+				p := startProc(t, e.launch(args...))
+				jmu.Lock()
+				jobs = append(jobs, j)
+				live[p] = j
+				jmu.Unlock()
+				j.res = p.waitQuiet(2 * time.Minute)
+				jmu.Lock()
+				delete(live, p)
+				jmu.Unlock()
+			}
+		})
+	}
+
+	pickInstance := func(st api.Status, withServer bool) (api.InstanceStatus, bool) {
+		var c []api.InstanceStatus
+		for _, in := range st.Instances {
+			if in.State == api.InstanceReady && in.DaemonPID > 0 && (!withServer || len(in.ServerPIDs) > 0) {
+				c = append(c, in)
+			}
+		}
+		if len(c) == 0 {
+			return api.InstanceStatus{}, false
+		}
+		return c[randN(len(c))], true
+	}
+	checkAccounting := func(when string) {
+		st := status()
+		for _, in := range st.Instances {
+			sm, mem, n := 0, int64(0), 0
+			for _, l := range st.Leases {
+				if l.State == api.LeaseRunning && l.Group == in.Group && len(l.GPUIndexes) > 0 && l.GPUIndexes[0] == in.GPUIndex {
+					sm, mem, n = sm+l.SM, mem+l.MemBytes, n+1
+				}
+			}
+			if sm != in.SMAllocated || mem != in.MemAllocatedBytes || n != in.Clients {
+				t.Errorf("%s: instance %s/%d accounts sm %d mem %d clients %d; its leases hold sm %d mem %d clients %d",
+					when, in.Group, in.GPUIndex, in.SMAllocated, in.MemAllocatedBytes, in.Clients, sm, mem, n)
+			}
+		}
+	}
+
+	end := time.Now().Add(duration)
+	for time.Now().Before(end) && !t.Failed() {
+		time.Sleep(time.Duration(50+randN(200)) * time.Millisecond)
+		st := status()
+		kind := []string{"server_kill", "server_kill", "daemon_kill", "daemon_stop", "xid", "launcher_kill", "launcher_kill", "mpsd_restart", "config_garbage"}[randN(9)]
+		switch kind {
+		case "server_kill":
+			if in, ok := pickInstance(st, true); ok {
+				_ = syscall.Kill(in.ServerPIDs[0], syscall.SIGKILL)
+			} else {
+				continue
+			}
+		case "daemon_kill":
+			if in, ok := pickInstance(st, false); ok {
+				_ = syscall.Kill(in.DaemonPID, syscall.SIGKILL)
+			} else {
+				continue
+			}
+		case "daemon_stop":
+			if in, ok := pickInstance(st, false); ok {
+				_ = syscall.Kill(in.DaemonPID, syscall.SIGSTOP)
+			} else {
+				continue
+			}
+		case "xid":
+			emu.Lock()
+			err := e.d.Sim().InjectXid(randN(3), 79, 0)
+			emu.Unlock()
+			if err != nil {
+				continue
+			}
+		case "launcher_kill":
+			jmu.Lock()
+			var victim *proc
+			for p, j := range live {
+				victim = p
+				j.killed = true
+				break
+			}
+			jmu.Unlock()
+			if victim == nil {
+				continue
+			}
+			_ = victim.cmd.Process.Signal(syscall.SIGKILL)
+		case "mpsd_restart":
+			emu.Lock()
+			e.stop()
+			e.start()
+			emu.Unlock()
+		case "config_garbage":
+			if err := os.WriteFile(e.cfgPath, []byte("version: 1\ngroups: {a: {memroy: 1G}}\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(300 * time.Millisecond)
+			e.writeConfig(chaosGroups, chaosWatchdog)
+		}
+		counts[kind]++
+		checkAccounting("after " + kind)
+	}
+	close(stop)
+	wg.Wait()
+	total := 0
+	for _, n := range counts {
+		total += n
+	}
+	t.Logf("chaos soak: %d faults injected: %v; %d jobs", total, counts, len(jobs))
+
+	// Every job completed, or ended with a reason it reported; a job whose
+	// launcher the soak killed is exempt.
+	lost := 0
+	for _, j := range jobs {
+		switch {
+		case j.killed:
+		case j.res.code == 0:
+		case (j.res.code == 75 || j.res.code == 125) && strings.Contains(j.res.stderr, "mps-launch: "):
+			// Gave up with a reason: attempts used up, or mpsd was being
+			// restarted when it tried to connect.
+		default:
+			lost++
+			if lost <= 10 {
+				t.Errorf("job %d (group %s) ended with %d and no reason: stderr %q", j.id, j.group, j.res.code, j.res.stderr)
+			}
+		}
+	}
+	// Nothing leaked: the leases of killed launchers are released once
+	// their processes are gone.
+	e.waitStatus("no leases left", func(st api.Status) bool { return len(st.Leases) == 0 })
+	checkAccounting("at the end")
+	e.noLeaks(t)
+	if t.Failed() {
+		t.Logf("replay with MPSD_CHAOS_SEED=%d", seed)
+	}
+}
