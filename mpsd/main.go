@@ -70,12 +70,16 @@ func runMain(ctx context.Context, args []string, stderr io.Writer, mc mainConfig
 		return 2
 	}
 	log := slog.New(h)
-	ln, err := activationListener(log)
-	if err != nil {
+	sd := newSdNotifier(log, mc.statusEvery)
+	cannotStart := func(err error) int {
+		sd.notify(statusLine("mpsd cannot start: " + err.Error()))
 		log.Error("mpsd cannot start", "err", err)
 		return 1
 	}
-	sd := newSdNotifier(log, mc.statusEvery)
+	ln, err := activationListener(log)
+	if err != nil {
+		return cannotStart(err)
+	}
 	ready := make(chan struct{})
 	var readyOnce sync.Once
 	d, err := New(Options{
@@ -89,10 +93,9 @@ func runMain(ctx context.Context, args []string, stderr io.Writer, mc mainConfig
 		if ln != nil {
 			_ = ln.Close()
 		}
-		sd.notify(statusLine("mpsd cannot start: " + err.Error()))
-		log.Error("mpsd cannot start", "err", err)
-		return 1
+		return cannotStart(err)
 	}
+	warnSocketElsewhere(log, ln, d)
 	if err := sd.run(ctx, d, ready, d.Run); err != nil {
 		log.Error("mpsd failed", "err", err)
 		return 1

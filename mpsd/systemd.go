@@ -8,6 +8,8 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/activation"
@@ -53,7 +55,8 @@ func activationListener(log *slog.Logger) (net.Listener, error) {
 		return nil, fmt.Errorf("socket activation: systemd passed %d sockets (LISTEN_FDS=%d); mpsd takes exactly one, its API socket: give mpsd.socket a single ListenStream=", len(lns), len(lns))
 	case lns[0] == nil:
 		// go-systemd leaves a nil for an fd net.FileListener refused: a
-		// datagram socket, a socket that does not listen, a file.
+		// file, a pipe, a socket of a family Go does not know. (It takes
+		// datagram and non-listening sockets: see below.)
 		return nil, errors.New("socket activation: the fd systemd passed is not a listening stream socket; mpsd.socket needs ListenStream=/run/mpsd/mpsd.sock")
 	}
 	ln := lns[0]
@@ -61,8 +64,48 @@ func activationListener(log *slog.Logger) (net.Listener, error) {
 		closeAll()
 		return nil, fmt.Errorf("socket activation: systemd passed a %s socket (%s); mpsd's API needs a unix stream socket: ListenStream=/run/mpsd/mpsd.sock in mpsd.socket", ln.Addr().Network(), ln.Addr())
 	}
+	if !listening(ln) {
+		closeAll()
+		return nil, fmt.Errorf("socket activation: the unix socket systemd passed (%s) does not listen; mpsd.socket needs ListenStream= and Accept=no", ln.Addr())
+	}
 	log.Info("API socket from systemd (socket activation)", "socket", ln.Addr().String())
 	return ln, nil
+}
+
+// warnSocketElsewhere warns when the socket systemd passed is not the
+// config's socket: mps-launch and mpsctl look for mpsd there (or at
+// MPSD_SOCKET), so they would not reach it.
+func warnSocketElsewhere(log *slog.Logger, ln net.Listener, d *Daemon) {
+	if ln == nil {
+		return
+	}
+	d.mu.Lock()
+	want := d.cfg.Socket
+	d.mu.Unlock()
+	if got := ln.Addr().String(); got != want {
+		log.Warn("the socket systemd passed is not the config's socket; mps-launch and mpsctl look for mpsd at the config's (or MPSD_SOCKET): make ListenStream= in mpsd.socket and socket: in the config the same", "systemd", got, "config", want)
+	}
+}
+
+// listening reports whether ln's socket accepts connections
+// (SO_ACCEPTCONN); net.FileListener takes any stream socket.
+func listening(ln net.Listener) bool {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var v int
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		v, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_ACCEPTCONN)
+	}); err != nil || serr != nil {
+		return false
+	}
+	return v == 1
 }
 
 // notifyTarget is what the notifier reports on: *Daemon, or a fake.
@@ -81,6 +124,8 @@ type sdNotifier struct {
 	statusEvery time.Duration
 	// watchdog is WatchdogSec= (from WATCHDOG_USEC); 0 means no pings.
 	watchdog time.Duration
+	// mu orders messages from the loop and the stop, and guards failed.
+	mu sync.Mutex
 	// failed: a message could not be sent (reported once).
 	failed bool
 	// skipping: the last watchdog ping was skipped.
@@ -116,6 +161,8 @@ func (n *sdNotifier) notify(state string) {
 	if n == nil {
 		return
 	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	ok, err := daemon.SdNotify(false, state)
 	if err == nil && ok {
 		if n.failed {
@@ -145,24 +192,35 @@ func (n *sdNotifier) healthTimeout() time.Duration {
 // run runs run (Daemon.Run) under systemd: STATUS= now and every
 // statusEvery, READY=1 when ready is closed, WATCHDOG=1 from then on while
 // t is healthy, and, when ctx ends, STOPPING=1 before it cancels run's
-// context, so systemd hears of the stop before mpsd begins (and long
-// before Run returns). Every goroutine it starts has ended when it
-// returns. A nil n just runs run.
+// context, so systemd hears of the stop before mpsd begins it (and so
+// before Run returns). The stop does not wait for the notifier loop, which
+// may be stuck on a wedged daemon. Every goroutine it starts has ended
+// when it returns. A nil n just runs run.
 func (n *sdNotifier) run(ctx context.Context, t notifyTarget, ready <-chan struct{}, run func(context.Context) error) error {
 	if n == nil {
 		return run(ctx)
 	}
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
-	runDone := make(chan struct{})
+	stopped := make(chan struct{})
+	cancelStop := context.AfterFunc(ctx, func() {
+		defer close(stopped)
+		n.notify(daemon.SdNotifyStopping + "\n" + statusLine("stopping; MPS daemons and workloads keep running"))
+		stop()
+	})
 	loopDone := make(chan struct{})
 	go func() {
 		defer close(loopDone)
-		n.loop(ctx, t, ready, runDone)
-		stop()
+		n.loop(runCtx, t, ready)
 	}()
 	err := run(runCtx)
-	close(runDone)
+	if cancelStop() {
+		// Run returned on its own: mpsd is going away all the same.
+		n.notify(daemon.SdNotifyStopping)
+	} else {
+		<-stopped
+	}
+	stop()
 	<-loopDone
 	if err != nil {
 		n.notify(statusLine("mpsd failed: " + err.Error()))
@@ -170,9 +228,9 @@ func (n *sdNotifier) run(ctx context.Context, t notifyTarget, ready <-chan struc
 	return err
 }
 
-// loop is run's notifier; it returns when ctx ends (after STOPPING=1) or
-// when run returned on its own.
-func (n *sdNotifier) loop(ctx context.Context, t notifyTarget, ready <-chan struct{}, runDone <-chan struct{}) {
+// loop is run's notifier of status, readiness and health; it returns when
+// runCtx ends.
+func (n *sdNotifier) loop(runCtx context.Context, t notifyTarget, ready <-chan struct{}) {
 	n.notify(statusLine("starting"))
 	status := time.NewTicker(n.statusEvery)
 	defer status.Stop()
@@ -186,11 +244,7 @@ func (n *sdNotifier) loop(ctx context.Context, t notifyTarget, ready <-chan stru
 	last := ""
 	for {
 		select {
-		case <-ctx.Done():
-			n.notify(daemon.SdNotifyStopping + "\n" + statusLine("stopping; MPS daemons and workloads keep running"))
-			return
-		case <-runDone:
-			n.notify(daemon.SdNotifyStopping)
+		case <-runCtx.Done():
 			return
 		case <-ready:
 			ready = nil
@@ -208,7 +262,7 @@ func (n *sdNotifier) loop(ctx context.Context, t notifyTarget, ready <-chan stru
 				n.notify(statusLine(s))
 			}
 		case <-pings:
-			n.ping(ctx, t.Healthy)
+			n.ping(runCtx, t.Healthy)
 		}
 	}
 }
