@@ -5,6 +5,8 @@ export CGO_ENABLED := 1
 export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
 # Where hack/fetch-nvidia-mps.sh caches NVIDIA's real control daemons (outside the repo).
 export MPSD_NVIDIA_MPS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/nvidia-mps
+# Where hack/fetch-prometheus.sh caches promtool and prometheus (outside the repo).
+export MPSD_PROMETHEUS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/prometheus
 
 BIN := bin
 EMU := $(BIN)/emu
@@ -13,15 +15,16 @@ STATICCHECK ?= $(GOBIN_DIR)/staticcheck
 STATICCHECK_VERSION := v0.8.2
 TEST_TIMEOUT ?= 9m
 
-.PHONY: all build emu test test-go lint fmt vet staticcheck fetch-mps conformance clean help check-leftovers
+.PHONY: all build emu test test-go lint fmt vet staticcheck fetch-mps fetch-prometheus conformance clean help check-leftovers
 
 all: build
 
 help:
 	@echo "make build        build everything; binaries in $(BIN)/, MPS emulator in $(EMU)/"
-	@echo "make test         fetch NVIDIA's real MPS control daemons (if reachable), run go test -race ./..., check for leftovers"
+	@echo "make test         fetch NVIDIA's real MPS control daemons and promtool (if reachable), run go test -race ./..., check for leftovers"
 	@echo "make lint         gofmt, go vet, staticcheck (architecture rules run as tests)"
 	@echo "make fetch-mps    fetch NVIDIA's real nvidia-cuda-mps-control into $(MPSD_NVIDIA_MPS_CACHE)"
+	@echo "make fetch-prometheus  fetch promtool and prometheus (Debian package) into $(MPSD_PROMETHEUS_CACHE)"
 	@echo "make conformance  print the emulator-vs-real conformance table"
 	@echo "make clean        remove $(BIN)/"
 
@@ -37,7 +40,10 @@ emu:
 fetch-mps:
 	@hack/fetch-nvidia-mps.sh || echo "make: real MPS daemons unavailable; tests that need them will say so and skip"
 
-test: fetch-mps build
+fetch-prometheus:
+	@hack/fetch-prometheus.sh || echo "make: promtool unavailable; the alert rule tests will say so and skip"
+
+test: fetch-mps fetch-prometheus build
 	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) MPSD_BIN_DIR=$(CURDIR)/bin $(GO) test -race -timeout $(TEST_TIMEOUT) ./...
 	@$(MAKE) --no-print-directory check-leftovers
 
