@@ -15,12 +15,13 @@ STATICCHECK ?= $(GOBIN_DIR)/staticcheck
 STATICCHECK_VERSION := v0.8.2
 TEST_TIMEOUT ?= 9m
 
-.PHONY: all build emu test test-go lint fmt vet staticcheck fetch-mps fetch-prometheus conformance clean help check-leftovers
+.PHONY: all build emu demo test test-go lint fmt vet staticcheck fetch-mps fetch-prometheus conformance clean help check-leftovers
 
 all: build
 
 help:
 	@echo "make build        build everything; binaries in $(BIN)/, MPS emulator in $(EMU)/"
+	@echo "make demo         build, then show two tenant groups sharing simulated GPUs: a crash, an Xid, requeues (< 2 min; cgroups as root)"
 	@echo "make test         fetch NVIDIA's real MPS control daemons and promtool (if reachable), run go test -race ./..., check for leftovers"
 	@echo "make lint         gofmt, go vet, staticcheck (architecture rules run as tests)"
 	@echo "make fetch-mps    fetch NVIDIA's real nvidia-cuda-mps-control into $(MPSD_NVIDIA_MPS_CACHE)"
@@ -42,6 +43,9 @@ fetch-mps:
 
 fetch-prometheus:
 	@hack/fetch-prometheus.sh || echo "make: promtool unavailable; the alert rule tests will say so and skip"
+
+demo: build
+	bash hack/demo.sh
 
 test: fetch-mps fetch-prometheus build
 	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) MPSD_BIN_DIR=$(CURDIR)/bin $(GO) test -race -timeout $(TEST_TIMEOUT) ./...
