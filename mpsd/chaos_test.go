@@ -206,6 +206,15 @@ func TestChaosSoak(t *testing.T) {
 		checkAccounting("after " + kind)
 	}
 	close(stop)
+	// What is still waiting when the injections stop: a job that then
+	// never ends shows here.
+	st := status()
+	for _, in := range st.Instances {
+		t.Logf("at the end of the injections: instance %s/%d %s, %d clients, restarts %d", in.Group, in.GPUIndex, in.State, in.Clients, in.Restarts)
+	}
+	for _, l := range st.Leases {
+		t.Logf("at the end of the injections: lease %s %s attempt %d gpus %v", l.ID, l.State, l.Attempt, l.GPUIndexes)
+	}
 	wg.Wait()
 	total := 0
 	for _, n := range counts {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -309,6 +310,18 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := d.prepareGroupDirs(d.cfg); err != nil {
 		_ = ln.Close()
 		return err
+	}
+	if d.cfg.MPS.ComputeMode == policy.ComputeExclusiveProcess {
+		// Only the MPS server may then open a context: no CUDA program
+		// can bypass MPS and its limits. Host.Close puts the modes back.
+		var idx []int
+		for _, in := range insts {
+			idx = append(idx, in.p.GPUs...)
+		}
+		slices.Sort(idx)
+		if err := d.host.SetExclusive(slices.Compact(idx)); err != nil {
+			d.log.Error("set EXCLUSIVE_PROCESS compute mode", "err", err)
+		}
 	}
 	d.adoptLeases(saved)
 	// Instances come up (or are adopted) in parallel. The API is served

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/launcher/launchertest"
 )
@@ -378,4 +380,42 @@ func shellPIDs(st api.Status) []int {
 		}
 	}
 	return out
+}
+
+// mps.compute_mode: exclusive_process puts the instances' GPUs in
+// EXCLUSIVE_PROCESS while mpsd runs and restores them when it stops.
+func TestComputeModeExclusive(t *testing.T) {
+	e := newEnv(t, `  a:
+    users: [root]
+    memory: 10G
+    gpus: ["0"]
+`, "mps:\n  compute_mode: exclusive_process")
+	e.start()
+	sim := e.d.Sim()
+	mode := func(i int) nvml.ComputeMode {
+		dev, ret := sim.NVML().DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			t.Fatal(ret)
+		}
+		m, ret := dev.GetComputeMode()
+		if ret != nvml.SUCCESS {
+			t.Fatal(ret)
+		}
+		return m
+	}
+	if m := mode(0); m != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
+		t.Errorf("GPU 0 compute mode %v while mpsd runs, want EXCLUSIVE_PROCESS", m)
+	}
+	if m := mode(1); m != nvml.COMPUTEMODE_DEFAULT {
+		t.Errorf("GPU 1 (no instance) compute mode %v, want DEFAULT", m)
+	}
+	e.stop()
+	// mpsd shut NVML down; look again as another NVML user would.
+	if ret := sim.NVML().Init(); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	defer sim.NVML().Shutdown()
+	if m := mode(0); m != nvml.COMPUTEMODE_DEFAULT {
+		t.Errorf("GPU 0 compute mode %v after mpsd stopped, want DEFAULT again", m)
+	}
 }

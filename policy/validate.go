@@ -68,8 +68,23 @@ func (d *decoder) validate(c *Config) {
 
 	for i := range c.Groups {
 		d.validateGroup(&c.Groups[i])
+		// MPS puts sockets in the pipe directory
+		// <run_dir>/<group>/GPU-<uuid>/pipe; the longest,
+		// control_privileged, must fit a unix socket address (107 bytes),
+		// or the control daemon fails with nothing but "Internal error".
+		if g := &c.Groups[i]; d.ok("run_dir") && len(c.RunDir)+len(g.Name)+pipeSocketOverhead > maxSocketPath {
+			d.problem("run_dir", "%q is too long for group %s: its MPS sockets (%s/%s/GPU-<uuid>/pipe/control_privileged) would be %d bytes, more than the %d a unix socket path may have; use a shorter run_dir (or group name)",
+				c.RunDir, g.Name, c.RunDir, g.Name, len(c.RunDir)+len(g.Name)+pipeSocketOverhead, maxSocketPath)
+		}
 	}
 }
+
+// A unix socket path holds at most 107 bytes; the pipe directory adds
+// "/<group>/GPU-" + 36-byte UUID + "/pipe/control_privileged" to run_dir.
+const (
+	maxSocketPath      = 107
+	pipeSocketOverhead = len("/") + len("/GPU-") + 36 + len("/pipe/control_privileged")
+)
 
 func (d *decoder) validateGroup(g *Group) {
 	k := func(key string) string { return groupsKey + "." + g.Name + "." + key }
@@ -269,6 +284,22 @@ func (d *decoder) validateHost(c *Config, gpus []GPU) {
 		if d.ok(groupsKey + "." + g.Name + ".memory") {
 			for _, idx := range selected {
 				onGPU[idx] = append(onGPU[idx], g)
+			}
+		}
+	}
+
+	// EXCLUSIVE_PROCESS admits one process per GPU, and every group runs its
+	// own MPS server: groups sharing a GPU would lock each other out.
+	if c.MPS.ComputeMode == ComputeExclusiveProcess && d.ok("mps.compute_mode") {
+		for _, idx := range indexes {
+			if gs := onGPU[idx]; len(gs) > 1 {
+				names := make([]string, len(gs))
+				for i, g := range gs {
+					names[i] = g.Name
+				}
+				d.problem("mps.compute_mode", "exclusive_process lets one process (one MPS server) use a GPU, but GPU %d is shared by groups %s, each with its own server; use leave, or give each GPU to one group",
+					idx, strings.Join(names, ", "))
+				break
 			}
 		}
 	}
