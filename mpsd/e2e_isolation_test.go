@@ -215,6 +215,13 @@ func TestPipeDirClosedToOtherGroups(t *testing.T) {
 			} else if !strings.Contains(r.stderr, "Permission denied") {
 				t.Errorf("ls %s as uid %d: exit %d, want permission denied; stderr %q", pipe, uid, r.code, r.stderr)
 			}
+			// A CUDA client of a non-member pointed at the pipe
+			// directory cannot reach MPS (805, exit 85 in the emulator).
+			cl := asUID(exec.Command(filepath.Join(e.emu, "mpsemu-client"), "--duration", "10ms"), uid)
+			cl.Env = append(os.Environ(), api.EnvPipeDirectory+"="+pipe)
+			if r := run(t, cl); r.code != 85 {
+				t.Errorf("CUDA client of uid %d on %s: exit %d, want 85 (805); stderr %q", uid, pipe, r.code, r.stderr)
+			}
 			// The group's MPS logs name its users, pids and limits.
 			if r := readLog(uid); r.code == 0 {
 				t.Errorf("cat %s as uid %d (not a member of %s) succeeded", logFile, uid, tc.group)

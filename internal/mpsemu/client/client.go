@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mpsd/mpsd/internal/mpsemu/cstr"
 	"github.com/mpsd/mpsd/internal/mpsemu/emuwire"
 )
@@ -231,6 +233,16 @@ func recv(ctx context.Context, c *emuwire.Conn) (emuwire.Msg, error) {
 // that sends no credentials, then asks once per context (two): the daemon
 // logs "User did not send valid credentials" and two "NEW CLIENT" lines.
 func connect(ctx context.Context, opts Options) (*emuwire.Conn, emuwire.Msg, error) {
+	// The emulator's own sockets are abstract, which no file permission
+	// guards; a real client reaches MPS through the pipe directory's
+	// files. So the pipe directory's permissions are checked as the kernel
+	// would check them for a real client: a caller who may not enter it
+	// cannot connect.
+	if opts.PipeDir != "" {
+		if err := unix.Access(opts.PipeDir, unix.X_OK); errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+			return nil, emuwire.Msg{}, cudaErr(ErrConnectionFailed, "MPS control daemon: %s: %v", opts.PipeDir, err)
+		}
+	}
 	addr := emuwire.AnyServerSocket(opts.PipeDir)
 	if d, err := emuwire.Dial(emuwire.DaemonSocket(opts.PipeDir)); err == nil {
 		d.Close()
