@@ -3,14 +3,11 @@ package mps
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"syscall"
-
-	"github.com/fsnotify/fsnotify"
 )
 
 // logFollower follows control.log like `tail -F`: it notices truncation
@@ -40,16 +37,12 @@ func newLogFollower(path string, startOff int64, log *slog.Logger, onLine func(s
 // run watches the log's directory until stop is closed. Watching the
 // directory, not the file, is what survives the file being replaced.
 func (lf *logFollower) run(stop <-chan struct{}, ready chan<- error) {
-	w, err := fsnotify.NewWatcher()
+	sub, err := dirWatches.subscribe(filepath.Dir(lf.path))
 	if err != nil {
-		ready <- fmt.Errorf("mps: log follower: %w", err)
+		ready <- err
 		return
 	}
-	defer w.Close()
-	if err := w.Add(filepath.Dir(lf.path)); err != nil {
-		ready <- fmt.Errorf("mps: log follower: watch %s: %w", filepath.Dir(lf.path), err)
-		return
-	}
+	defer dirWatches.unsubscribe(sub)
 	defer lf.closeFiles()
 	lf.sync()
 	close(ready)
@@ -58,17 +51,11 @@ func (lf *logFollower) run(stop <-chan struct{}, ready chan<- error) {
 		case <-stop:
 			lf.sync()
 			return
-		case _, ok := <-w.Events:
-			if !ok {
-				return
-			}
+		case <-sub.changed:
 			// Any change in the directory may concern our file under its
 			// old or new name; a sync is a stat and a short read.
 			lf.sync()
-		case err, ok := <-w.Errors:
-			if !ok {
-				return
-			}
+		case err := <-sub.errs:
 			lf.log.Warn("mps: log follower", "path", lf.path, "err", err)
 			lf.sync()
 		}

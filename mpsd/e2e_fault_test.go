@@ -498,6 +498,12 @@ func TestCrashLoopQuarantine(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	// A quarantine outlives an mpsd restart.
+	e.stop()
+	e.start()
+	if in := instanceOf(e.d.Status(), "a", 0); in.State != api.InstanceQuarantined {
+		t.Errorf("after a restart GPU 0's instance is %s, want still quarantined", in.State)
+	}
 	if err := os.Remove(flag); err != nil {
 		t.Fatal(err)
 	}
@@ -506,7 +512,7 @@ func TestCrashLoopQuarantine(t *testing.T) {
 		t.Errorf("mpsctl resume: %q", out)
 	}
 	if r := sp.wait(t); r.code != 0 {
-		t.Errorf("second launch after resume: exit %d", r.code)
+		t.Errorf("second launch after resume: exit %d, terminal %q", r.code, term.String())
 	}
 	_ = first.cmd.Process.Signal(syscall.SIGTERM)
 	if r := first.wait(t); r.code != 143 {

@@ -438,6 +438,7 @@ func (d *Daemon) setDrained(t api.AdminTarget, drain bool) (api.AdminResult, err
 		if !drain && in.quarantined {
 			in.quarantined = false
 			in.failures = nil
+			d.store.request()
 			in.log.Info("quarantine lifted by admin")
 		}
 		in.refreshLocked()

@@ -24,11 +24,15 @@ import (
 const stateVersion = 1
 
 // savedState is the state file: the running leases, enough to re-adopt
-// them after a restart. Queued requests are not kept: their launchers
-// reconnect and queue again.
+// them after a restart, and the requeued ones waiting for their next run
+// (their launchers resume them by id). Fresh queued requests are not
+// kept: their launchers hold no lease id, reconnect and queue again.
 type savedState struct {
 	Version int          `json:"version"`
 	Leases  []savedLease `json:"leases"`
+	// Quarantined are the keys of quarantined instances: a quarantine
+	// holds until an operator lifts it, restarts included.
+	Quarantined []string `json:"quarantined,omitempty"`
 }
 
 type savedLease struct {
@@ -45,6 +49,9 @@ type savedLease struct {
 	Requeue  int       `json:"requeue"`
 	Command  []string  `json:"command,omitempty"`
 	Created  time.Time `json:"created"`
+	// Queued: revoked by a fault and waiting in the queue for its next
+	// run; Instance is then empty.
+	Queued bool `json:"queued,omitempty"`
 }
 
 // store writes the state file atomically (temp file, fsync, rename, fsync
@@ -202,16 +209,27 @@ func (d *Daemon) snapshot() savedState {
 	defer d.mu.Unlock()
 	st := savedState{Version: stateVersion, Leases: []savedLease{}}
 	for _, l := range d.leases {
-		if !l.running() {
+		queued := !l.running()
+		if queued && !l.req.Requeued {
 			continue
 		}
-		st.Leases = append(st.Leases, savedLease{
-			ID: l.id, Group: l.group, Instance: l.inst.key, UID: l.uid,
+		sl := savedLease{
+			ID: l.id, Group: l.group, UID: l.uid,
 			SM: l.req.SM, MemBytes: l.req.Mem, GPUs: l.req.GPUs, Priority: l.req.Priority, Seq: l.req.Seq,
-			Attempt: l.attempt, Requeue: l.requeue, Command: l.command, Created: l.created,
-		})
+			Attempt: l.attempt, Requeue: l.requeue, Command: l.command, Created: l.created, Queued: queued,
+		}
+		if !queued {
+			sl.Instance = l.inst.key
+		}
+		st.Leases = append(st.Leases, sl)
 	}
 	slices.SortFunc(st.Leases, func(a, b savedLease) int { return strings.Compare(a.ID, b.ID) })
+	for key, in := range d.instances {
+		if in.quarantined {
+			st.Quarantined = append(st.Quarantined, key)
+		}
+	}
+	slices.Sort(st.Quarantined)
 	return st
 }
 
@@ -223,6 +241,13 @@ func (d *Daemon) snapshot() savedState {
 func (d *Daemon) adoptLeases(saved savedState) {
 	owned := map[cgroup.LeaseID]bool{}
 	d.mu.Lock()
+	for _, key := range saved.Quarantined {
+		if in, ok := d.instances[key]; ok {
+			in.quarantined = true
+			in.refreshLocked()
+			in.log.Warn("instance still quarantined from before the restart; mpsctl resume lifts it")
+		}
+	}
 	var drop []*lease
 	for _, sl := range saved.Leases {
 		in, ok := d.instances[sl.Instance]
@@ -236,6 +261,17 @@ func (d *Daemon) adoptLeases(saved savedState) {
 		owned[id] = true
 		if cg, err := d.cg.Open(id); err == nil {
 			l.cg = cg
+		}
+		if sl.Queued {
+			if _, known := d.cfg.Group(sl.Group); !known {
+				d.log.Warn("saved requeued lease's group is gone from the config; dropping it", "lease", sl.ID)
+				continue
+			}
+			l.req.Requeued = true
+			d.leases[l.id] = l
+			d.queues[l.group] = append(d.queues[l.group], l)
+			l.grace = time.AfterFunc(d.opts.ReconnectGrace, func() { d.spawn(func() { d.graceOver(l) }) })
+			continue
 		}
 		if !ok {
 			// Its instance left the config while mpsd was down: the lease

@@ -111,6 +111,7 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 		in.failures = append(keep, start)
 		if len(in.failures) >= wd.QuarantineAfter && !in.quarantined {
 			in.quarantined = true
+			d.store.request()
 			in.log.Error("instance quarantined: it failed too often; mpsctl resume reopens it",
 				"failures", len(in.failures), "window", wd.QuarantineWindow)
 		}
