@@ -15,13 +15,15 @@ STATICCHECK ?= $(GOBIN_DIR)/staticcheck
 STATICCHECK_VERSION := v0.8.2
 TEST_TIMEOUT ?= 9m
 
-.PHONY: all build emu demo test test-go lint fmt vet staticcheck fetch-mps fetch-prometheus conformance clean help check-leftovers
+.PHONY: all build emu demo chaos test test-go lint fmt vet staticcheck fetch-mps fetch-prometheus conformance clean help check-leftovers
 
 all: build
 
 help:
 	@echo "make build        build everything; binaries in $(BIN)/, MPS emulator in $(EMU)/"
 	@echo "make demo         build, then show two tenant groups sharing simulated GPUs: a crash, an Xid, requeues (< 2 min; cgroups as root)"
+	@echo "make bench        build, run the benchmarks against their baselines (< 10 min; root), write bench/REPORT.md and bench/report.json"
+	@echo "make chaos        the chaos soak for CHAOS_DURATION (default 10m): random faults, invariants checked; CHAOS_SEED replays a run"
 	@echo "make test         fetch NVIDIA's real MPS control daemons and promtool (if reachable), run go test -race ./..., check for leftovers"
 	@echo "make lint         gofmt, go vet, staticcheck (architecture rules run as tests)"
 	@echo "make fetch-mps    fetch NVIDIA's real nvidia-cuda-mps-control into $(MPSD_NVIDIA_MPS_CACHE)"
@@ -46,6 +48,27 @@ fetch-prometheus:
 
 demo: build
 	bash hack/demo.sh
+
+CHAOS_DURATION ?= 10m
+chaos: build
+	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) MPSD_BIN_DIR=$(CURDIR)/bin MPSD_CHAOS_DURATION=$(CHAOS_DURATION) $(if $(CHAOS_SEED),MPSD_CHAOS_SEED=$(CHAOS_SEED)) \
+		$(GO) test -race -count=1 -timeout 60m -run '^TestChaosSoak$$' -v ./mpsd | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|chaos_test.go'
+	@$(MAKE) --no-print-directory check-leftovers
+
+# One go test per benchmark, each with its own -benchtime (its number of
+# samples); bench/report reads their output and writes the report. A
+# failed benchmark does not stop the others; the report says what is
+# missing and make fails.
+BENCH_RUNS ?= LaunchOverhead=500x MPSSetup=30x Failover=100x Admission=10000x Footprint=1x Scrape=500x
+
+.PHONY: bench
+bench: fetch-mps build
+	@$(GO) build -o $(BIN)/bench-report ./bench/report
+	@set -o pipefail; (rc=0; for r in $(BENCH_RUNS); do \
+		cmd="MPSEMU_BIN_DIR=\$$PWD/$(EMU) MPSD_BIN_DIR=\$$PWD/$(BIN) $(GO) test -run '^\$$' -bench '^Benchmark$${r%%=*}\$$' -benchtime $${r#*=} -benchmem ./mpsd"; \
+		echo "bench-command: $$cmd"; eval "$$cmd" || rc=1; \
+	done; exit $$rc) 2>&1 | $(BIN)/bench-report -tee -md bench/REPORT.md -json bench/report.json; rc=$$?; \
+	echo "make bench: report in bench/REPORT.md and bench/report.json"; exit $$rc
 
 test: fetch-mps fetch-prometheus build
 	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) MPSD_BIN_DIR=$(CURDIR)/bin $(GO) test -race -timeout $(TEST_TIMEOUT) ./...
