@@ -54,8 +54,8 @@ type savedLease struct {
 	Queued bool `json:"queued,omitempty"`
 }
 
-// store writes the state file atomically (temp file, fsync, rename, fsync
-// of the directory) from a snapshot taken when a write is due. Writes are
+// store writes the state file atomically (see write) from a snapshot
+// taken when a write is due. Writes are
 // batched: every change since the last write goes in the next one, so a
 // burst of grants costs one fsync, and each grant waits only for the write
 // that covers it.
@@ -67,6 +67,11 @@ type store struct {
 	mu      sync.Mutex
 	pending chan struct{} // closed when the next write is done; nil if none is due
 	kick    chan struct{}
+
+	// Touched by the writer only (flush is not concurrent with itself:
+	// run and Run's final flush never overlap).
+	written         bool
+	lastQuarantined []string
 }
 
 func newStore(path string, snapshot func() savedState, log *slog.Logger) *store {
@@ -118,11 +123,19 @@ func (s *store) flush() error {
 	return s.write(s.snapshot())
 }
 
+// write replaces the state file atomically (temp file and rename). It
+// syncs to disk only when the quarantines changed: a lease cannot outlive
+// the machine (its processes die with it), so its record need only survive
+// mpsd, which the page cache guarantees once the rename is done; a
+// quarantine is an operator's decision that must survive a reboot. Skipping
+// the two fsyncs per grant keeps them off every launch's critical path.
 func (s *store) write(st savedState) error {
 	b, err := json.Marshal(st)
 	if err != nil {
 		return err
 	}
+	sync := !slices.Equal(st.Quarantined, s.lastQuarantined) || !s.written
+	s.lastQuarantined, s.written = slices.Clone(st.Quarantined), true
 	dir := filepath.Dir(s.path)
 	f, err := os.CreateTemp(dir, ".state-*.tmp")
 	if err != nil {
@@ -130,7 +143,7 @@ func (s *store) write(st savedState) error {
 	}
 	tmp := f.Name()
 	_, err = f.Write(append(b, '\n'))
-	if err == nil {
+	if err == nil && sync {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
@@ -142,6 +155,9 @@ func (s *store) write(st savedState) error {
 	if err != nil {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("write state %s: %w", s.path, err)
+	}
+	if !sync {
+		return nil
 	}
 	if d, err := os.Open(dir); err == nil {
 		_ = d.Sync()
