@@ -215,13 +215,14 @@ func mpsBase(cfg *policy.Config, simulate bool) (mps.Config, error) {
 		path = dir + ":" + path
 	}
 	env := []string{"PATH=" + path}
-	// Locale, home and the emulator's knobs pass through; nothing else of
+	// Locale, home, the library path (a container may reach libcuda only
+	// through it) and the emulator's knobs pass through; nothing else of
 	// mpsd's environment reaches the daemons, so a server never depends on
 	// how mpsd itself was started.
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		switch {
-		case k == "HOME", k == "LANG", k == "TZ", strings.HasPrefix(k, "LC_"), strings.HasPrefix(k, "MPSEMU_"):
+		case k == "HOME", k == "LANG", k == "TZ", k == "LD_LIBRARY_PATH", strings.HasPrefix(k, "LC_"), strings.HasPrefix(k, "MPSEMU_"):
 			env = append(env, kv)
 		}
 	}

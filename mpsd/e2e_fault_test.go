@@ -347,6 +347,22 @@ func TestXidBlastRadius(t *testing.T) {
 			t.Errorf("application Xid touched %s/%d: %+v", g.group, g.gpu, in)
 		}
 	}
+	// An application-level Xid that names no process (what NVML gives on a
+	// real host) takes down nobody: MPS's own signals find the instance.
+	if err := sim.InjectXid(0, 13, 0); err != nil {
+		t.Fatal(err)
+	}
+	e.waitStatus("the anonymous Xid counted", func(api.Status) bool {
+		e.d.mu.Lock()
+		defer e.d.mu.Unlock()
+		return e.d.metrics.xids[[2]uint64{0, 13}] == 1
+	})
+	st = e.d.Status()
+	for _, g := range []string{"a", "b"} {
+		if in := instanceOf(st, g, 0); in.Restarts != 0 {
+			t.Errorf("an application Xid without a pid touched %s/0: %+v", g, in)
+		}
+	}
 	// Device-level Xid 79 on GPU 1: both of its instances, not GPU 0's.
 	if err := sim.InjectXid(1, 79, 0); err != nil {
 		t.Fatal(err)

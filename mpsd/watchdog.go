@@ -389,8 +389,11 @@ func (d *Daemon) probe(in *instance, timeout time.Duration, failures int) {
 
 // onXid applies the blast radius of a GPU fault: a device-level Xid takes
 // down every instance on the GPU; an application-level one only the
-// instance of the faulting process (every instance on the GPU when the
-// process is not known, since each may hold it).
+// instance of the faulting process. NVML's events carry no pid, so on a
+// real host an application Xid usually names nobody: it is counted and
+// logged, and the instance it hit is found by MPS itself (the server logs
+// the fault it contains, or dies), never by taking down every tenant of
+// the GPU for one client's bad kernel.
 func (d *Daemon) onXid(ev gpu.XidEvent) {
 	if ev.GPU < 0 {
 		d.log.Warn("Xid on a GPU this host does not know", "xid", ev.Xid)
@@ -411,7 +414,7 @@ func (d *Daemon) onXid(ev gpu.XidEvent) {
 	}
 	d.mu.Unlock()
 	affected := on
-	if ev.Level == gpu.LevelApplication && ev.PID > 0 {
+	if ev.Level == gpu.LevelApplication {
 		affected = nil
 		for _, l := range leases {
 			if slices.Contains(l.livePids(), ev.PID) {
@@ -424,7 +427,7 @@ func (d *Daemon) onXid(ev gpu.XidEvent) {
 			}
 		}
 		if len(affected) == 0 {
-			d.log.Warn("application Xid from a process of no lease; no instance affected", "gpu", ev.GPU, "xid", ev.Xid, "pid", ev.PID)
+			d.log.Warn("application Xid names no process of a lease; its instance is left to MPS's own fault signals", "gpu", ev.GPU, "xid", ev.Xid, "pid", ev.PID)
 		}
 	}
 	restart := restartNone
