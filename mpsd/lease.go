@@ -375,6 +375,11 @@ func (d *Daemon) releaseIf(l *lease, why string, unboundOnly bool) {
 	}
 	d.mu.Lock()
 	in := l.inst
+	if in == nil || d.leases[l.id] != l {
+		// A revocation took it over meanwhile and owns its end.
+		d.mu.Unlock()
+		return
+	}
 	in.p.Release(&l.req)
 	delete(in.leases, l.id)
 	delete(d.leases, l.id)

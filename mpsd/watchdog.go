@@ -117,10 +117,16 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 		}
 	}
 	failures := len(in.failures)
-	victims := slices.SortedFunc(maps.Values(in.leases), func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
-	for _, l := range victims {
-		l.ending = true
+	// A lease already ending (its launcher left, release is killing it)
+	// is release's to finish; every other lease of the instance is a victim.
+	var victims []*lease
+	for _, l := range in.leases {
+		if !l.ending {
+			l.ending = true
+			victims = append(victims, l)
+		}
 	}
+	slices.SortFunc(victims, func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
 	dm := in.daemon
 	servers := slices.Sorted(maps.Keys(in.servers))
 	if f.restart == restartDaemon {
@@ -281,6 +287,9 @@ func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
 	defer d.mu.Unlock()
 	groups := map[string]bool{}
 	for _, l := range victims {
+		if d.leases[l.id] != l {
+			continue // ended meanwhile
+		}
 		if in := l.inst; in != nil {
 			in.p.Release(&l.req)
 			delete(in.leases, l.id)
