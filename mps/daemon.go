@@ -289,6 +289,9 @@ func attach(ctx context.Context, cfg Config, pid int, how string, logOff int64, 
 	var serverOff int64
 	if fi, err := os.Stat(serverPath); err == nil {
 		serverOff = fi.Size()
+		if adopted && cfg.ServerLogOffset > 0 && cfg.ServerLogOffset <= serverOff {
+			serverOff = cfg.ServerLogOffset
+		}
 	}
 	sready := make(chan error, 1)
 	sf := newLogFollower(serverPath, serverOff, log, d.onServerLogLine)

@@ -114,10 +114,12 @@ type Daemon struct {
 	mu         sync.Mutex
 	cfg        *policy.Config
 	gidsMatter bool // some member list of cfg names a unix group
-	instances  map[string]*instance
-	queues     map[string][]*lease // queued leases per group, arrival order
-	leases     map[string]*lease   // every lease, queued or running
-	seq        uint64
+	// finalSnapshot: the snapshot is Run's last, on a clean stop.
+	finalSnapshot bool
+	instances     map[string]*instance
+	queues        map[string][]*lease // queued leases per group, arrival order
+	leases        map[string]*lease   // every lease, queued or running
+	seq           uint64
 }
 
 // New loads the config, takes the GPU inventory and prepares the cgroup
@@ -410,6 +412,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 	default:
 	}
+	d.mu.Lock()
+	d.finalSnapshot = true
+	d.mu.Unlock()
+	d.store.request()
 	if err := d.store.flush(); err != nil {
 		runErr = errors.Join(runErr, err)
 	}

@@ -584,3 +584,41 @@ func TestAdminRequeueAndInjectXidOnRealGPUs(t *testing.T) {
 	}
 	e.noLeaks(t)
 }
+
+// A fault the server contains while mpsd is stopped is not lost: the next
+// mpsd reads server.log on from where the last one stopped, revokes the
+// lease and the launcher's command runs again.
+func TestFaultWhileMpsdDown(t *testing.T) {
+	e := newEnv(t, `  a:
+    users: [root]
+    memory: 10G
+    gpus: ["0"]
+`, faultWatchdog)
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	p := startProc(t, e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c",
+		`if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" --fault-after 1s --duration 1m; else exec "$0" --duration 100ms; fi`, client))
+	st := e.waitStatus("the client connected", func(st api.Status) bool {
+		in := instanceOf(st, "a", 0)
+		return in.Clients == 1 && len(in.ServerPIDs) == 1 && e.mpsClients(in) == 1
+	})
+	e.stop()
+	serverLog := filepath.Join(e.dir, "log", "a", instanceOf(st, "a", 0).GPUUUID, "server.log")
+	deadline := time.Now().Add(waitFor)
+	for {
+		b, _ := os.ReadFile(serverLog)
+		if strings.Contains(string(b), "Server is handling a fatal GPU error.") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the client did not fault")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.start()
+	r := p.wait(t)
+	if r.code != 0 || !strings.Contains(r.stderr, requeueLine) {
+		t.Fatalf("exit %d, stderr %q; want the faulted run requeued and the next one done", r.code, r.stderr)
+	}
+	e.noLeaks(t)
+}

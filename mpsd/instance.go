@@ -59,6 +59,7 @@ type instance struct {
 	restartsBy  map[string]int // recoveries, by the kind of fault
 
 	metricLabels *instanceLabels // made at the first scrape
+	serverLogOff int64           // where the previous mpsd stopped reading server.log
 }
 
 func (in *instance) markTried() { in.triedOnce.Do(func() { close(in.tried) }) }
@@ -186,6 +187,7 @@ func (d *Daemon) mpsConfig(in *instance) mps.Config {
 		c.VisibleDevices = append(c.VisibleDevices, g.UUID)
 	}
 	c.Multiuser = in.p.Multiuser
+	c.ServerLogOffset, in.serverLogOff = in.serverLogOff, 0 // the first adoption only
 	c.DefaultThreadPercentage = float64(in.maxSM)
 	c.DefaultPinnedMem = map[int]int64{}
 	for i := range in.gpus {

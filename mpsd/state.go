@@ -33,6 +33,11 @@ type savedState struct {
 	// Quarantined are the keys of quarantined instances: a quarantine
 	// holds until an operator lifts it, restarts included.
 	Quarantined []string `json:"quarantined,omitempty"`
+	// ServerLogs is, per instance, how much of its server.log mpsd had
+	// read when it stopped cleanly; the next mpsd reads on from there, so
+	// a fault logged in between is not missed. Written only by a clean
+	// stop: an older offset would replay faults already handled.
+	ServerLogs map[string]int64 `json:"server_logs,omitempty"`
 }
 
 type savedLease struct {
@@ -244,6 +249,14 @@ func (d *Daemon) snapshot() savedState {
 		if in.quarantined {
 			st.Quarantined = append(st.Quarantined, key)
 		}
+		if d.finalSnapshot {
+			if fi, err := os.Stat(filepath.Join(in.logDir, "server.log")); err == nil {
+				if st.ServerLogs == nil {
+					st.ServerLogs = map[string]int64{}
+				}
+				st.ServerLogs[key] = fi.Size()
+			}
+		}
 	}
 	slices.Sort(st.Quarantined)
 	return st
@@ -257,6 +270,11 @@ func (d *Daemon) snapshot() savedState {
 func (d *Daemon) adoptLeases(saved savedState) {
 	owned := map[cgroup.LeaseID]bool{}
 	d.mu.Lock()
+	for key, off := range saved.ServerLogs {
+		if in, ok := d.instances[key]; ok {
+			in.serverLogOff = off
+		}
+	}
 	for _, key := range saved.Quarantined {
 		if in, ok := d.instances[key]; ok {
 			in.quarantined = true
