@@ -40,6 +40,8 @@ type lease struct {
 	// abandoned: the launcher left while the lease was being revoked; the
 	// revocation drops it instead of requeueing it.
 	abandoned bool
+	// releasing: release is ending it for good (a resume finds it gone).
+	releasing bool
 	// durable is closed once the state file records the grant, so a
 	// launcher is never told of a lease a crash could lose.
 	durable <-chan struct{}
@@ -358,7 +360,7 @@ func (d *Daemon) releaseIf(l *lease, why string, unboundOnly bool) {
 		d.mu.Unlock()
 		return
 	}
-	l.ending = true
+	l.ending, l.releasing = true, true
 	if l.grace != nil {
 		l.grace.Stop()
 	}
@@ -369,7 +371,7 @@ func (d *Daemon) releaseIf(l *lease, why string, unboundOnly bool) {
 		// not die must not be handed out again.
 		d.log.Error("lease processes would not die; its capacity stays held", "lease", l.id, "err", err)
 		d.mu.Lock()
-		l.ending = false
+		l.ending, l.releasing = false, false
 		d.mu.Unlock()
 		return
 	}

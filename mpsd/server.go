@@ -256,7 +256,7 @@ func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, err
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	l, ok := d.leases[req.ResumeLeaseID]
-	if !ok {
+	if !ok || l.releasing {
 		return nil, &refusal{404, api.CodeNotFound, fmt.Sprintf("lease %s is not known to mpsd (it ended or was lost)", req.ResumeLeaseID)}
 	}
 	if l.uid != c.UID {
