@@ -58,7 +58,7 @@ func envDuration(name string, def time.Duration) time.Duration {
 }
 
 func TestChaosSoak(t *testing.T) {
-	duration := envDuration("MPSD_CHAOS_DURATION", 40*time.Second)
+	duration := envDuration("MPSD_CHAOS_DURATION", 20*time.Second)
 	if testing.Short() {
 		duration = 10 * time.Second
 	}
