@@ -3,7 +3,9 @@ package mpsd
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/gpu"
@@ -65,10 +67,7 @@ func (d *Daemon) serveRequeue(w http.ResponseWriter, r *http.Request) {
 	in := l.inst
 	l.ending = true
 	dm := in.daemon
-	servers := make([]int, 0, len(in.servers))
-	for pid := range in.servers {
-		servers = append(servers, pid)
-	}
+	servers := slices.Sorted(maps.Keys(in.servers))
 	res := api.AdminResult{Instances: []api.InstanceStatus{in.statusLocked()}}
 	d.mu.Unlock()
 	reason := "an administrator requeued the lease"

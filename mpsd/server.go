@@ -19,7 +19,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpsd/mpsd/api"
-	"github.com/mpsd/mpsd/gpu"
 	"github.com/mpsd/mpsd/internal/units"
 	"github.com/mpsd/mpsd/policy"
 )
@@ -132,12 +131,13 @@ func readBody[T any](w http.ResponseWriter, r *http.Request, timeout time.Durati
 		// The deadline stays: the server drains an unread body after the
 		// handler, and a client that never sends it must not hold the
 		// connection open.
-		w.Header().Set("Connection", "close")
 		status, code, msg := http.StatusBadRequest, api.CodeBadRequest, err.Error()
 		switch {
 		case errors.Is(err, api.ErrTooLarge):
 			status, code = http.StatusRequestEntityTooLarge, api.CodeTooLarge
 		case errors.Is(err, os.ErrDeadlineExceeded):
+			// A client that stalls is not waited for again.
+			w.Header().Set("Connection", "close")
 			status, msg = http.StatusRequestTimeout, fmt.Sprintf("request body not received within %s", timeout)
 		}
 		api.WriteError(w, status, code, msg)
@@ -378,12 +378,7 @@ func (d *Daemon) serveAdmin(w http.ResponseWriter, r *http.Request, drain bool) 
 	}
 	res, err := d.setDrained(t, drain)
 	if err != nil {
-		status := http.StatusNotFound
-		code := api.CodeNotFound
-		if errors.Is(err, gpu.ErrBadSelector) || errors.Is(err, gpu.ErrAmbiguousSelector) {
-			status, code = http.StatusBadRequest, api.CodeBadRequest
-		}
-		api.WriteError(w, status, code, err.Error())
+		adminError(w, err)
 		return
 	}
 	writeJSON(w, res)

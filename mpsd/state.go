@@ -216,8 +216,6 @@ func decodeState(b []byte) (savedState, error) {
 	return st, nil
 }
 
-func jsonDecode(r io.Reader, v any) error { return json.NewDecoder(r).Decode(v) }
-
 func jsonEncode(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
