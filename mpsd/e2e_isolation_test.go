@@ -294,7 +294,10 @@ func TestAttachOtherUsersLeaseForbidden(t *testing.T) {
 	helper := e.isoBuildAPICall()
 	gateArgs, open := e.gate("attach")
 	p := startProc(t, asUID(e.launch(append([]string{"--sm", "10", "--mem", "1G", "--"}, gateArgs...)...), isoUIDA))
-	st := e.waitStatus("a running lease", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 1 })
+	// Granted first, attached a moment later: wait for the workload.
+	st := e.waitStatus("a running workload", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && len(st.Leases[0].PIDs) > 0
+	})
 	l := st.Leases[0]
 	if l.UID != isoUIDA || len(l.PIDs) == 0 {
 		t.Fatalf("lease %+v: want uid %d and its workload's pids", l, isoUIDA)

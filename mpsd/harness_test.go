@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
-	"github.com/mpsd/mpsd/gpu"
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
 )
 
@@ -300,6 +299,16 @@ func (p *proc) wait(t testing.TB) result {
 		<-p.done
 		t.Fatalf("%v did not end within %s; stderr: %s", p.cmd.Args, waitFor, p.errb.String())
 	}
+	r := p.result(err)
+	if r.code == -1 {
+		t.Fatalf("%v: %v", p.cmd.Args, err)
+	}
+	return r
+}
+
+// result is the command's outcome: its exit status, 128+N for signal N,
+// -1 when it could not be waited for.
+func (p *proc) result(err error) result {
 	r := result{stdout: p.out.String(), stderr: p.errb.String(), took: time.Since(p.start)}
 	var ee *exec.ExitError
 	switch {
@@ -310,7 +319,7 @@ func (p *proc) wait(t testing.TB) result {
 			r.code = 128 + int(ws.Signal())
 		}
 	default:
-		t.Fatalf("%v: %v", p.cmd.Args, err)
+		r.code = -1
 	}
 	return r
 }
@@ -327,17 +336,7 @@ func (p *proc) waitQuiet(limit time.Duration) result {
 		<-p.done
 		return result{code: -1, stdout: p.out.String(), stderr: p.errb.String() + "(killed: did not end in time)", took: time.Since(p.start)}
 	}
-	r := result{stdout: p.out.String(), stderr: p.errb.String(), took: time.Since(p.start)}
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		r.code = ee.ExitCode()
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			r.code = 128 + int(ws.Signal())
-		}
-	} else if err != nil {
-		r.code = -1
-	}
-	return r
+	return p.result(err)
 }
 
 // run runs cmd to its end, bounded by waitFor.
@@ -383,7 +382,3 @@ func (e *testEnv) gate(name string) (args []string, open func()) {
 		}
 	}
 }
-
-func emutestBinDir(t testing.TB) string { return emutest.BinDir(t) }
-
-func gpuNewSim() (*gpu.Sim, error) { return gpu.NewSim(gpu.SimSpec{GPUs: 2}) }

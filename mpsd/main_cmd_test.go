@@ -3,6 +3,8 @@ package mpsd
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +15,8 @@ import (
 
 	"github.com/mpsd/mpsd/api"
 )
+
+func jsonDecode(r io.Reader, v any) error { return json.NewDecoder(r).Decode(v) }
 
 func TestMainUsage(t *testing.T) {
 	dir := t.TempDir()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -293,10 +294,19 @@ func TestClientFailsAtOnceWhenServerDies(t *testing.T) {
 	cfg := testConfig(t)
 	s, stop := startServer(t, cfg)
 	errc := make(chan error, 1)
+	// The client prints its limits once its handshake is done; the server
+	// counts it a little earlier, when a death would still be a failed
+	// connection (805) rather than a lost server (806).
+	connected := &firstWrite{done: make(chan struct{})}
 	go func() {
-		errc <- client.Run(context.Background(), client.Options{PipeDir: cfg.PipeDir, PID: 800, Duration: time.Hour}, &strings.Builder{})
+		errc <- client.Run(context.Background(), client.Options{PipeDir: cfg.PipeDir, PID: 800, Duration: time.Hour}, connected)
 	}()
 	waitClients(t, s, 1)
+	select {
+	case <-connected.done:
+	case <-time.After(deadline):
+		t.Fatal("client did not finish connecting")
+	}
 	stop()
 	select {
 	case err := <-errc:
@@ -336,4 +346,15 @@ func TestClientStopsOnCancel(t *testing.T) {
 		t.Fatal("client ignores cancellation")
 	}
 	waitClients(t, s, 0)
+}
+
+// firstWrite closes done at its first Write.
+type firstWrite struct {
+	once sync.Once
+	done chan struct{}
+}
+
+func (w *firstWrite) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.done) })
+	return len(p), nil
 }
