@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"unicode/utf8"
 )
 
 // Where and how the API is reached.
@@ -143,7 +144,21 @@ type LeaseRequest struct {
 	// Attempt is the run in progress when resuming (1 for the first run);
 	// 0 otherwise.
 	Attempt int `json:"attempt,omitempty"`
+	// GPUSelect confines the lease to instances whose GPUs are all among
+	// these, each an NVML index, a GPU UUID or a UUID prefix: what a batch
+	// system handed the job (Slurm's CUDA_VISIBLE_DEVICES, the devices a
+	// kubelet allocated). Empty: any GPU of the group.
+	GPUSelect []string `json:"gpu_select,omitempty"`
+	// JobID names the batch job the lease belongs to (a Slurm job id, a
+	// pod), for status and logs; mpsd does not interpret it.
+	JobID string `json:"job_id,omitempty"`
 }
+
+// Bounds of the batch-system fields of a LeaseRequest.
+const (
+	MaxGPUSelect = 64
+	MaxJobIDLen  = 128
+)
 
 // Validate checks the ranges the protocol fixes; the group's own limits
 // are mpsd's policy, not checked here. The error wraps ErrInvalid and names
@@ -184,6 +199,20 @@ func (r LeaseRequest) Validate() error {
 		}
 	} else if r.Attempt != 0 {
 		why = append(why, "attempt is only sent with resume_lease_id")
+	}
+	if len(r.GPUSelect) > MaxGPUSelect {
+		why = append(why, fmt.Sprintf("gpu_select has %d entries, more than %d", len(r.GPUSelect), MaxGPUSelect))
+	}
+	for _, g := range r.GPUSelect {
+		if g == "" || len(g) > 128 {
+			why = append(why, fmt.Sprintf("gpu_select entry %q: want 1 to 128 bytes", g))
+			break
+		}
+	}
+	if len(r.JobID) > MaxJobIDLen {
+		why = append(why, fmt.Sprintf("job_id is %d bytes, more than %d", len(r.JobID), MaxJobIDLen))
+	} else if strings.IndexFunc(r.JobID, func(c rune) bool { return c < 0x20 || c == 0x7f || c == utf8.RuneError }) >= 0 {
+		why = append(why, fmt.Sprintf("job_id %q has control characters or is not UTF-8", r.JobID))
 	}
 	if len(why) > 0 {
 		return fmt.Errorf("%w: lease request: %s", ErrInvalid, strings.Join(why, "; "))
@@ -413,6 +442,8 @@ type LeaseStatus struct {
 	MemBytes   int64  `json:"mem_bytes"`
 	Attempt    int    `json:"attempt"`
 	State      string `json:"state"`
+	// JobID is the LeaseRequest's, when it gave one.
+	JobID string `json:"job_id,omitempty"`
 }
 
 // AdminTarget is the body of PathDrain and PathResume: the instances of

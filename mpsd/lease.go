@@ -14,6 +14,7 @@ import (
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/cgroup"
+	"github.com/mpsd/mpsd/internal/gpusel"
 	"github.com/mpsd/mpsd/policy"
 )
 
@@ -26,6 +27,7 @@ type lease struct {
 	uid     uint32
 	req     policy.Request
 	command []string
+	jobID   string
 	// requeue is how many times a revoked lease may be requeued.
 	requeue  int
 	attempt  int
@@ -151,6 +153,11 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 		// helps, so say so in the words the user looks for.
 		return nil, &refusal{422, api.CodeRefused, fmt.Sprintf("request can never fit in group %s: %s", name, strings.TrimPrefix(err.Error(), "policy: invalid request: "))}
 	}
+	if req.GPUSelect != nil {
+		if r.Only, err = d.resolveGPUSelect(req.GPUSelect); err != nil {
+			return nil, &refusal{422, api.CodeRefused, err.Error()}
+		}
+	}
 	insts := d.groupInstancesLocked(name)
 	if len(insts) > 0 && all(insts, func(in *instance) bool { return in.retiring }) {
 		return nil, &refusal{503, api.CodeUnavailable, fmt.Sprintf("group %s is being removed from the config", name)}
@@ -165,7 +172,11 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 		probe[i].ServerUp = false
 	}
 	if _, err := policy.Place(&r, probe, cfg.Placement); errors.Is(err, policy.ErrNeverFits) {
-		return nil, &refusal{422, api.CodeRefused, fmt.Sprintf("group %s: sm %d%%, mem %s on %d GPU(s) can never fit: %s", name, r.SM, fmtSize(r.Mem), r.GPUs, budgetText(g))}
+		where := ""
+		if r.Only != nil {
+			where = fmt.Sprintf(" within GPU(s) %s", strings.Join(req.GPUSelect, ","))
+		}
+		return nil, &refusal{422, api.CodeRefused, fmt.Sprintf("group %s: sm %d%%, mem %s on %d GPU(s)%s can never fit: %s", name, r.SM, fmtSize(r.Mem), r.GPUs, where, budgetText(g))}
 	}
 	requeue := g.RequeueAttempts
 	if req.RequeueAttempts != nil {
@@ -175,7 +186,7 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 	r.Seq = d.seq
 	now := time.Now()
 	l := &lease{
-		id: newLeaseID(name), group: name, uid: c.UID, req: r, command: req.Command,
+		id: newLeaseID(name), group: name, uid: c.UID, req: r, command: req.Command, jobID: req.JobID,
 		requeue: requeue, attempt: 1, created: now, queuedAt: now, bound: true, box: newMailbox(),
 	}
 	d.leases[l.id] = l
@@ -187,6 +198,29 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 		return nil, &refusal{503, api.CodeWaitTimeout, fmt.Sprintf("no room now in group %s (%d queued ahead) and --no-wait was given", name, ahead)}
 	}
 	return l, nil
+}
+
+// resolveGPUSelect turns a request's GPU selectors into NVML indexes of
+// this host, naming every selector that matches no GPU.
+func (d *Daemon) resolveGPUSelect(sel []string) ([]int, error) {
+	sels, err := gpusel.ParseList(sel)
+	if err != nil {
+		return nil, fmt.Errorf("gpu_select: %s", strings.ReplaceAll(err.Error(), "gpusel: ", ""))
+	}
+	host := d.host.GPUs()
+	inv := make([]gpusel.GPU, len(host))
+	for i, g := range host {
+		inv[i] = gpusel.GPU{Index: g.Index, UUID: g.UUID}
+	}
+	pos, err := gpusel.Resolve(inv, sels)
+	if err != nil {
+		return nil, fmt.Errorf("gpu_select: %s (this host has %d GPU(s), indexes 0 to %d)", strings.ReplaceAll(err.Error(), "gpusel: ", ""), len(inv), len(inv)-1)
+	}
+	only := make([]int, len(pos))
+	for i, p := range pos {
+		only[i] = inv[p].Index
+	}
+	return only, nil
 }
 
 func orNone(groups []string) string {
@@ -305,7 +339,7 @@ func (d *Daemon) grantLocked(l *lease, in *instance) {
 	l.durable = d.store.request()
 	l.box.push(api.Event{Type: api.EventGranted, Lease: l.apiLeaseLocked()})
 	d.observeGrantLocked(l)
-	in.log.Debug("lease granted", "lease", l.id, "uid", l.uid, "sm", l.req.SM, "mem", l.req.Mem, "waited", time.Since(l.queuedAt))
+	in.log.Debug("lease granted", "lease", l.id, "job", l.jobID, "uid", l.uid, "sm", l.req.SM, "mem", l.req.Mem, "waited", time.Since(l.queuedAt))
 }
 
 func (d *Daemon) dequeueLocked(l *lease) {
@@ -436,7 +470,7 @@ func (d *Daemon) attach(l *lease, pid int) error {
 
 func (l *lease) statusLocked() api.LeaseStatus {
 	st := api.LeaseStatus{ID: l.id, Group: l.group, UID: l.uid, SM: l.req.SM, MemBytes: l.req.Mem,
-		Attempt: l.attempt, State: api.LeaseQueued, GPUIndexes: []int{}, PIDs: []int{}}
+		Attempt: l.attempt, State: api.LeaseQueued, GPUIndexes: []int{}, PIDs: []int{}, JobID: l.jobID}
 	if l.inst != nil {
 		st.State = api.LeaseRunning
 		for _, g := range l.inst.gpus {

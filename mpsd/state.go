@@ -54,6 +54,10 @@ type savedLease struct {
 	Requeue  int       `json:"requeue"`
 	Command  []string  `json:"command,omitempty"`
 	Created  time.Time `json:"created"`
+	// Only: the GPUs the lease is confined to (LeaseRequest.GPUSelect,
+	// resolved); JobID its batch job.
+	Only  []int  `json:"only,omitempty"`
+	JobID string `json:"job_id,omitempty"`
 	// Queued: revoked by a fault and waiting in the queue for its next
 	// run; Instance is then empty.
 	Queued bool `json:"queued,omitempty"`
@@ -236,6 +240,7 @@ func (d *Daemon) snapshot() savedState {
 			ID: l.id, Group: l.group, UID: l.uid,
 			SM: l.req.SM, MemBytes: l.req.Mem, GPUs: l.req.GPUs, Priority: l.req.Priority, Seq: l.req.Seq,
 			Attempt: l.attempt, Requeue: l.requeue, Command: l.command, Created: l.created, Queued: queued,
+			Only: l.req.Only, JobID: l.jobID,
 		}
 		if !queued {
 			sl.Instance = l.inst.key
@@ -284,8 +289,8 @@ func (d *Daemon) adoptLeases(saved savedState) {
 	for _, sl := range saved.Leases {
 		in, ok := d.instances[sl.Instance]
 		l := &lease{
-			id: sl.ID, group: sl.Group, uid: sl.UID, command: sl.Command,
-			req:     policy.Request{Group: sl.Group, UID: sl.UID, SM: sl.SM, Mem: sl.MemBytes, GPUs: sl.GPUs, Priority: sl.Priority, Seq: sl.Seq},
+			id: sl.ID, group: sl.Group, uid: sl.UID, command: sl.Command, jobID: sl.JobID,
+			req:     policy.Request{Group: sl.Group, UID: sl.UID, SM: sl.SM, Mem: sl.MemBytes, GPUs: sl.GPUs, Priority: sl.Priority, Seq: sl.Seq, Only: sl.Only},
 			requeue: sl.Requeue, attempt: sl.Attempt, created: sl.Created, queuedAt: sl.Created, box: newMailbox(),
 		}
 		d.seq = max(d.seq, sl.Seq)

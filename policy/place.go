@@ -1,6 +1,9 @@
 package policy
 
-import "cmp"
+import (
+	"cmp"
+	"slices"
+)
 
 // Usage is an amount of an instance's capacity, per GPU: the sum of its
 // clients' sm and mem, and their number; or the budget of those.
@@ -72,6 +75,9 @@ type Request struct {
 	// GPUs is how many GPUs the client needs; an instance with fewer
 	// cannot hold it.
 	GPUs int
+	// Only, when not nil, confines the request to instances whose GPUs
+	// (NVML indexes) are all in it: the GPUs a batch system gave the job.
+	Only []int
 	// Priority orders the queue, higher first (the group's priority).
 	Priority int
 	// Requeued: a lease revoked by a fault, waiting again; it goes before
@@ -114,7 +120,8 @@ func Head(queue []Request) int {
 
 // Place chooses the instance for r and returns its index in instances.
 //
-// A candidate belongs to r's group, has at least r.GPUs GPUs, is ready,
+// A candidate belongs to r's group, has at least r.GPUs GPUs, all of them
+// in r.Only when that is set, is ready,
 // has room for r.SM, r.Mem and one more client within its budget, and runs
 // no server of another uid that still has clients (unless multiuser).
 // Among candidates, those needing no server change come first (an idle
@@ -135,7 +142,7 @@ func Place(r *Request, instances []Instance, mode Placement) (int, error) {
 	ever := false
 	for i := range instances {
 		in := &instances[i]
-		if in.Group != r.Group || len(in.GPUs) < r.GPUs ||
+		if in.Group != r.Group || len(in.GPUs) < r.GPUs || !r.allows(in.GPUs) ||
 			r.SM > in.Budget.SM || r.Mem > in.Budget.Mem || in.Budget.Clients < 1 {
 			continue
 		}
@@ -175,6 +182,19 @@ func Place(r *Request, instances []Instance, mode Placement) (int, error) {
 	default:
 		return -1, ErrNoRoomNow
 	}
+}
+
+// allows reports whether every GPU of an instance is one r may use.
+func (r *Request) allows(gpus []int) bool {
+	if r.Only == nil {
+		return true
+	}
+	for _, g := range gpus {
+		if !slices.Contains(r.Only, g) {
+			return false
+		}
+	}
+	return true
 }
 
 // Next is one admission decision for a group's queue: the head of queue

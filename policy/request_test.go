@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -35,7 +36,7 @@ func TestNewRequest(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := g.NewRequest(42, tc.d)
 			if tc.errs == nil {
-				if err != nil || got != tc.want {
+				if err != nil || !reflect.DeepEqual(got, tc.want) {
 					t.Fatalf("NewRequest(%+v) = %+v, %v; want %+v", tc.d, got, err, tc.want)
 				}
 				return
