@@ -44,11 +44,13 @@ type Daemon struct {
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 	events    *eventQueue
+	serverLog *logFollower // nil until Start has opened it
 	daemon    *proc
 	exitedCh  chan struct{} // closed when the daemon process is gone
 
 	mu             sync.Mutex
 	closed         bool
+	finished       bool          // Close has returned: the followers and the queue are done
 	servers        map[int]*proc // live servers; nil value: being registered
 	exited         map[int]time.Time
 	ready          map[int]bool
@@ -295,6 +297,7 @@ func attach(ctx context.Context, cfg Config, pid int, how string, logOff int64, 
 	}
 	sready := make(chan error, 1)
 	sf := newLogFollower(serverPath, serverOff, log, d.onServerLogLine)
+	d.serverLog = sf
 	d.wg.Add(1)
 	go func() { defer d.wg.Done(); sf.run(d.stop, sready) }()
 	if err := <-sready; err != nil {
@@ -423,6 +426,40 @@ func (d *Daemon) Probe(ctx context.Context) error {
 	return err
 }
 
+// Barrier queues a Barrier event behind every event found so far and
+// returns a channel closed when the reader Acks it, or when the handle is
+// closed before delivering it.
+func (d *Daemon) Barrier() <-chan struct{} {
+	ack := make(chan struct{})
+	d.mu.Lock()
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
+		close(ack)
+		return ack
+	}
+	d.events.push(Event{Kind: Barrier, Time: time.Now(), UID: -1, ExitStatus: -1, ack: &barrierAck{ch: ack}})
+	return ack
+}
+
+// ServerLogResume is, after Close, where a later handle (Config.
+// ServerLogOffset on Adopt) should start reading server.log so that no
+// line this one read but never delivered as an event is missed; -1 when
+// unknown (read from the end).
+func (d *Daemon) ServerLogResume() int64 {
+	d.mu.Lock()
+	finished := d.finished
+	d.mu.Unlock()
+	if !finished || d.serverLog == nil {
+		return -1
+	}
+	off := d.serverLog.stoppedAt
+	if u := d.events.undelivered; u >= 0 && (off < 0 || u < off) {
+		off = u
+	}
+	return off
+}
+
 // Close stops the handle's goroutines and closes the event stream. It does
 // not stop the daemon (a restarted mpsd adopts it). Idempotent.
 func (d *Daemon) Close() error {
@@ -436,6 +473,9 @@ func (d *Daemon) Close() error {
 		_, _ = unix.Write(d.stopFD, one[:])
 		d.wg.Wait()
 		unix.Close(d.stopFD)
+		d.mu.Lock()
+		d.finished = true
+		d.mu.Unlock()
 	})
 	return nil
 }

@@ -28,6 +28,9 @@ const (
 	// and newer): it survives, but every one of its clients got a sticky
 	// error and must be restarted. From server.log; PID is the server's.
 	ServerFault
+	// Barrier is no event of MPS: Daemon.Barrier queues it behind every
+	// event found so far; the reader calls Ack once it has handled those.
+	Barrier
 )
 
 func (k EventKind) String() string {
@@ -48,6 +51,8 @@ func (k EventKind) String() string {
 		return "client connected"
 	case ServerFault:
 		return "server fault"
+	case Barrier:
+		return "barrier"
 	}
 	return fmt.Sprintf("EventKind(%d)", int(k))
 }
@@ -91,6 +96,27 @@ type Event struct {
 	Signal     syscall.Signal // the killing signal, 0 when none or unknown
 	Message    string         // the log message for FatalException and ServerStartFailed
 	Source     EventSource
+	// InServerLog: the event is a server.log line, which starts at
+	// LogOffset in that file. A reader that cannot act on it (it is
+	// shutting down) hands the offset back through Config.ServerLogOffset
+	// next time, so the line is read again.
+	InServerLog bool
+	LogOffset   int64
+
+	ack *barrierAck // Barrier's
+}
+
+type barrierAck struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+// Ack tells Daemon.Barrier's caller that the events before this Barrier
+// are handled. It does nothing for other events and may be called twice.
+func (e Event) Ack() {
+	if e.ack != nil {
+		e.ack.once.Do(func() { close(e.ack.ch) })
+	}
 }
 
 func (e Event) String() string {
@@ -110,15 +136,19 @@ type eventQueue struct {
 	mu      sync.Mutex
 	pending []Event
 	dropped int
+	// undelivered is, once run has returned, where the first server.log
+	// event it never delivered starts; -1 when none.
+	undelivered int64
 }
 
 func newEventQueue(log *slog.Logger) *eventQueue {
-	return &eventQueue{log: log, out: make(chan Event), notify: make(chan struct{}, 1)}
+	return &eventQueue{log: log, out: make(chan Event), notify: make(chan struct{}, 1), undelivered: -1}
 }
 
 func (q *eventQueue) push(ev Event) {
 	q.mu.Lock()
 	if len(q.pending) >= maxQueuedEvents {
+		q.pending[0].Ack()
 		q.pending = q.pending[1:]
 		q.dropped++
 		q.log.Warn("mps: event reader too slow, dropped oldest event", "dropped_total", q.dropped)
@@ -132,13 +162,28 @@ func (q *eventQueue) push(ev Event) {
 }
 
 // run forwards queued events to out until stop is closed, then closes out.
+// What it leaves undelivered is recorded (server.log events) or released
+// (barriers).
 func (q *eventQueue) run(stop <-chan struct{}) {
 	defer close(q.out)
+	var next Event
+	defer func() {
+		q.mu.Lock()
+		left := append([]Event{next}, q.pending...)
+		q.pending = nil
+		q.mu.Unlock()
+		for _, ev := range left {
+			ev.Ack()
+			if ev.InServerLog && (q.undelivered < 0 || ev.LogOffset < q.undelivered) {
+				q.undelivered = ev.LogOffset
+			}
+		}
+	}()
 	for {
 		// Pop before sending so that overflow dropping in push never races
 		// with the event in flight.
 		q.mu.Lock()
-		var next Event
+		next = Event{}
 		have := len(q.pending) > 0
 		if have {
 			next = q.pending[0]
@@ -155,6 +200,7 @@ func (q *eventQueue) run(stop <-chan struct{}) {
 		}
 		select {
 		case q.out <- next:
+			next = Event{}
 		case <-stop:
 			return
 		}

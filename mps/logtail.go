@@ -17,10 +17,13 @@ import (
 type logFollower struct {
 	path    string
 	log     *slog.Logger
-	onLine  func(string)
+	onLine  func(line string, start int64)
 	cur     *tailFile
 	prev    *tailFile
 	initOff int64
+	// stoppedAt is, once run has returned, where the first line not
+	// handed to onLine starts in the file at path; -1 when none was open.
+	stoppedAt int64
 }
 
 type tailFile struct {
@@ -30,8 +33,8 @@ type tailFile struct {
 	partial []byte
 }
 
-func newLogFollower(path string, startOff int64, log *slog.Logger, onLine func(string)) *logFollower {
-	return &logFollower{path: path, log: log, onLine: onLine, initOff: startOff}
+func newLogFollower(path string, startOff int64, log *slog.Logger, onLine func(line string, start int64)) *logFollower {
+	return &logFollower{path: path, log: log, onLine: onLine, initOff: startOff, stoppedAt: -1}
 }
 
 // run watches the log's directory until stop is closed. Watching the
@@ -49,7 +52,13 @@ func (lf *logFollower) run(stop <-chan struct{}, ready chan<- error) {
 	for {
 		select {
 		case <-stop:
-			lf.sync()
+			// No last read: events found now would never be delivered,
+			// and what is not read stays for the next follower (Daemon.
+			// ServerLogResume).
+			lf.stoppedAt = -1
+			if lf.cur != nil {
+				lf.stoppedAt = lf.cur.off - int64(len(lf.cur.partial))
+			}
 			return
 		case <-sub.changed:
 			// Any change in the directory may concern our file under its
@@ -128,6 +137,9 @@ func (lf *logFollower) drain(t *tailFile) {
 }
 
 func (lf *logFollower) emit(t *tailFile, data []byte) {
+	// data was just read and ends at t.off: the pending partial line
+	// starts before it.
+	start := t.off - int64(len(data)) - int64(len(t.partial))
 	t.partial = append(t.partial, data...)
 	for {
 		i := bytes.IndexByte(t.partial, '\n')
@@ -138,8 +150,9 @@ func (lf *logFollower) emit(t *tailFile, data []byte) {
 		line := bytes.Trim(t.partial[:i], "\x00\r")
 		t.partial = t.partial[i+1:]
 		if len(line) > 0 {
-			lf.onLine(string(line))
+			lf.onLine(string(line), start)
 		}
+		start += int64(i) + 1
 	}
 	if len(t.partial) > 1<<20 {
 		t.partial = nil // not a log line; don't grow without bound

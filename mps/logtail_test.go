@@ -15,7 +15,7 @@ func followFile(t *testing.T, path string, off int64) (<-chan string, func()) {
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	ready := make(chan error, 1)
-	lf := newLogFollower(path, off, slog.New(slog.DiscardHandler), func(l string) { lines <- l })
+	lf := newLogFollower(path, off, slog.New(slog.DiscardHandler), func(l string, _ int64) { lines <- l })
 	go func() { defer close(done); lf.run(stop, ready) }()
 	if err := <-ready; err != nil {
 		t.Fatal(err)
@@ -144,5 +144,48 @@ func TestConfigValidation(t *testing.T) {
 				t.Fatalf("error %v does not wrap ErrConfig", err)
 			}
 		})
+	}
+}
+
+// Each line is handed over with where it starts, also when it arrives in
+// pieces; once stopped, the follower says where the first line it did not
+// hand over starts, so a later follower reads it again.
+func TestLogFollowerOffsets(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "server.log")
+	appendFile(t, path, "skipped\n")
+	type got struct {
+		line  string
+		start int64
+	}
+	lines := make(chan got, 10)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	ready := make(chan error, 1)
+	lf := newLogFollower(path, 8, slog.New(slog.DiscardHandler), func(l string, start int64) { lines <- got{l, start} })
+	go func() { defer close(done); lf.run(stop, ready) }()
+	if err := <-ready; err != nil {
+		t.Fatal(err)
+	}
+	want := func(line string, start int64) {
+		t.Helper()
+		select {
+		case g := <-lines:
+			if g.line != line || g.start != start {
+				t.Fatalf("line %q at %d, want %q at %d", g.line, g.start, line, start)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no line %q within 10s", line)
+		}
+	}
+	appendFile(t, path, "one\ntw")
+	want("one", 8)
+	appendFile(t, path, "o\nthree\n")
+	want("two", 12)
+	want("three", 16)
+	appendFile(t, path, "four, half writ")
+	close(stop)
+	<-done
+	if lf.stoppedAt != 22 {
+		t.Errorf("stoppedAt %d, want 22 (the start of the unfinished line)", lf.stoppedAt)
 	}
 }

@@ -98,7 +98,7 @@ func (d *Daemon) watch(pid int, onExit func(*proc)) *proc {
 }
 
 // onLogLine handles one control.log line from the follower.
-func (d *Daemon) onLogLine(line string) {
+func (d *Daemon) onLogLine(line string, _ int64) {
 	l, ok := ParseLogLine(line)
 	if !ok || l.Source != "Control" {
 		return
@@ -130,12 +130,13 @@ func (d *Daemon) onLogLine(line string) {
 }
 
 // onServerLogLine handles one server.log line from its follower.
-func (d *Daemon) onServerLogLine(line string) {
+func (d *Daemon) onServerLogLine(line string, start int64) {
 	l, ok := ParseLogLine(line)
 	if !ok {
 		return
 	}
 	if ev, ok := serverLogEvent(l); ok {
+		ev.InServerLog, ev.LogOffset = true, start
 		d.log.Debug("mps: server log event", "event", ev)
 		d.events.push(ev)
 	}
