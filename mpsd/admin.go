@@ -65,12 +65,12 @@ func (d *Daemon) serveRequeue(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	in := l.inst
-	l.ending = true
+	reason := "an administrator requeued the lease"
+	l.ending, l.revokedFor = true, reason
 	dm := in.daemon
 	servers := slices.Sorted(maps.Keys(in.servers))
 	res := api.AdminResult{Instances: []api.InstanceStatus{in.statusLocked()}}
 	d.mu.Unlock()
-	reason := "an administrator requeued the lease"
 	in.log.Info("lease requeue requested by admin", "lease", l.id)
 	d.revoke(dm, servers, []*lease{l}, reason)
 	d.requeue([]*lease{l}, reason, true)

@@ -393,6 +393,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	for _, in := range d.instances {
 		if in.daemon != nil {
 			_ = in.daemon.Close()
+			in.logResume = in.daemon.ServerLogResume()
 		}
 	}
 	for _, l := range d.leases {

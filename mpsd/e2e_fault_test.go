@@ -1,13 +1,16 @@
 package mpsd
 
 import (
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -622,6 +625,100 @@ func TestFaultWhileMpsdDown(t *testing.T) {
 	r := p.wait(t)
 	if r.code != 0 || !strings.Contains(r.stderr, requeueLine) {
 		t.Fatalf("exit %d, stderr %q; want the faulted run requeued and the next one done", r.code, r.stderr)
+	}
+	e.noLeaks(t)
+}
+
+// A contained fault that mpsd sees as it stops, too late to handle, is not
+// lost: the state file sends the next mpsd back to its server.log line,
+// and the job is requeued rather than ending with its client's error.
+func TestFaultSeenWhileStoppingIsReadAgain(t *testing.T) {
+	e := newEnv(t, `  a:
+    users: [root]
+    memory: 10G
+    gpus: ["0"]
+`, faultWatchdog)
+	hooked := make(chan struct{})
+	var once sync.Once
+	e.opts.faultHook = func(in *instance, f fault) {
+		if f.kind != faultServerFault {
+			return
+		}
+		once.Do(func() {
+			// Hold the fault until mpsd is stopping, as if it had come a
+			// moment before the stop.
+			ctx := e.d.ctx
+			close(hooked)
+			<-ctx.Done()
+		})
+	}
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	p := startProc(t, e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c",
+		`if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" --fault-after 500ms --duration 1m; else exec "$0" --duration 100ms; fi`, client))
+	select {
+	case <-hooked:
+	case <-time.After(waitFor):
+		t.Fatal("the client's fault was not reported")
+	}
+	e.stop()
+	e.opts.faultHook = nil
+	e.start()
+	r := p.wait(t)
+	if r.code != 0 || !strings.Contains(r.stderr, requeueLine) {
+		t.Fatalf("exit %d, stderr %q; want the faulted run requeued and the next one done", r.code, r.stderr)
+	}
+	e.noLeaks(t)
+}
+
+// A launcher that resumes after several revocations is told where its
+// lease stands now, not every event since it left: its command runs once,
+// under the current attempt, not once per grant it missed.
+func TestResumeAfterSeveralRequeues(t *testing.T) {
+	e := newEnv(t, `  a:
+    users: [root]
+    memory: 10G
+    gpus: ["0"]
+    requeue_attempts: 5
+`, faultWatchdog)
+	e.start()
+	runs := filepath.Join(e.dir, "runs")
+	client := filepath.Join(e.emu, "mpsemu-client")
+	p := startProc(t, e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c",
+		`echo "$MPSD_ATTEMPT" >> "$1"; if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" --duration 1m; else exec "$0" --duration 100ms; fi`, client, runs))
+	st := e.waitStatus("the client connected", func(st api.Status) bool {
+		in := instanceOf(st, "a", 0)
+		return in.Clients == 1 && len(in.ServerPIDs) == 1 && e.mpsClients(in) == 1
+	})
+	id := st.Leases[0].ID
+	// The launcher sleeps through an mpsd restart and two requeues.
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	e.stop()
+	e.start()
+	for attempt := 2; attempt <= 3; attempt++ {
+		body, _ := json.Marshal(api.RequeueRequest{Lease: id})
+		if status, _, b := inpPost(t, e.socket, api.PathRequeue, body); status != http.StatusOK {
+			t.Fatalf("requeue: %d %s", status, b)
+		}
+		e.waitStatus(fmt.Sprintf("attempt %d running", attempt), func(st api.Status) bool {
+			return len(st.Leases) == 1 && st.Leases[0].Attempt == attempt && st.Leases[0].State == api.LeaseRunning
+		})
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	r := p.wait(t)
+	if r.code != 0 {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	b, err := os.ReadFile(runs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Fields(string(b)); !slices.Equal(got, []string{"1", "3"}) {
+		t.Errorf("the command ran with MPSD_ATTEMPT %v, want [1 3]: once at first, once under the current attempt", got)
 	}
 	e.noLeaks(t)
 }

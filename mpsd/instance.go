@@ -60,6 +60,12 @@ type instance struct {
 
 	metricLabels *instanceLabels // made at the first scrape
 	serverLogOff int64           // where the previous mpsd stopped reading server.log
+	// replayFrom: where in server.log the first fault this mpsd was
+	// stopping too soon to handle starts (-1: none); logResume: where the
+	// closed daemon handle stopped reading it (-1: unknown). The state
+	// file keeps the lower for the next mpsd.
+	replayFrom int64
+	logResume  int64
 }
 
 func (in *instance) markTried() { in.triedOnce.Do(func() { close(in.tried) }) }
@@ -139,6 +145,8 @@ func (d *Daemon) reconcileLocked(cfg *policy.Config) (added []*instance) {
 					tried:      make(chan struct{}),
 					faults:     map[string]int{},
 					restartsBy: map[string]int{},
+					replayFrom: -1,
+					logResume:  -1,
 				}
 				for _, x := range set {
 					in.gpus = append(in.gpus, inv[x])
@@ -325,6 +333,7 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 		}
 		d.mu.Unlock()
 		if !current {
+			ev.Ack()
 			continue
 		}
 		switch ev.Kind {
@@ -344,8 +353,12 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 			d.reportFault(in, fault{kind: faultFatalException, restart: restartNone,
 				reason: fmt.Sprintf("MPS server of group %s on GPU %d hit a fatal exception", in.group, in.gpus[0].Index)})
 		case mps.ServerFault:
-			d.reportFault(in, fault{kind: faultServerFault, restart: restartNone,
+			d.reportFault(in, fault{kind: faultServerFault, restart: restartNone, fromServerLog: ev.InServerLog, logOffset: ev.LogOffset,
 				reason: fmt.Sprintf("a client of group %s on GPU %d hit a fatal GPU error; MPS set a sticky error on every client of the server", in.group, in.gpus[0].Index)})
+		case mps.Barrier:
+			// Every event before it is handled (a fault's recovery has
+			// begun): whoever waits may look at the instance now.
+			ev.Ack()
 		case mps.ServerStartFailed:
 			d.reportFault(in, fault{kind: faultStartFailed, restart: restartNone,
 				reason: fmt.Sprintf("MPS could not start a server for uid %d in group %s on GPU %d: %s", ev.UID, in.group, in.gpus[0].Index, ev.Message)})

@@ -28,6 +28,9 @@ type lease struct {
 	req     policy.Request
 	command []string
 	jobID   string
+	// revokedFor is why the lease was last revoked, for a launcher that
+	// resumes after it happened.
+	revokedFor string
 	// requeue is how many times a revoked lease may be requeued.
 	requeue  int
 	attempt  int

@@ -248,10 +248,10 @@ func (d *Daemon) endStream(l *lease) {
 }
 
 // resume re-binds a launcher to its lease after mpsd restarted. A lease
-// still running is confirmed with granted; one a fault revoked and requeued
-// meanwhile keeps the events that say so (revoked, requeued, queued, and
-// granted once placed), so the launcher follows them as if it had never
-// been away.
+// still running the launcher's attempt is confirmed with granted; one a
+// fault revoked meanwhile is told so (revoked, requeued to the current
+// attempt, then granted or its place in the queue), so the launcher
+// follows as if it had never been away.
 func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -273,8 +273,26 @@ func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, err
 		l.grace = nil
 	}
 	l.bound = true
-	if l.running() && !l.ending && req.Attempt == l.attempt {
+	// The launcher is told where the lease stands now, not every event
+	// since it left: a history replayed across restarts could grant it an
+	// attempt that was revoked long ago.
+	l.box.take()
+	revokedFor := l.revokedFor
+	if revokedFor == "" {
+		revokedFor = "a fault while mps-launch was reconnecting"
+	}
+	if req.Attempt < l.attempt || l.ending {
+		l.box.push(api.Event{Type: api.EventRevoked, Reason: revokedFor})
+	}
+	if req.Attempt < l.attempt {
+		l.box.push(api.Event{Type: api.EventRequeued, Attempt: l.attempt})
+	}
+	switch {
+	case l.running() && !l.ending:
 		l.box.push(api.Event{Type: api.EventGranted, Lease: l.apiLeaseLocked()})
+	case !l.running():
+		l.position, l.waitReason = 0, ""
+		d.positionsLocked(l.group)
 	}
 	d.log.Info("launcher resumed its lease", "lease", l.id, "attempt", l.attempt, "running", l.running())
 	return l, nil

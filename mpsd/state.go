@@ -17,6 +17,7 @@ import (
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/cgroup"
+	"github.com/mpsd/mpsd/mps"
 	"github.com/mpsd/mpsd/policy"
 )
 
@@ -58,6 +59,8 @@ type savedLease struct {
 	// resolved); JobID its batch job.
 	Only  []int  `json:"only,omitempty"`
 	JobID string `json:"job_id,omitempty"`
+	// RevokedFor: why it was last revoked, for a launcher that resumes.
+	RevokedFor string `json:"revoked_for,omitempty"`
 	// Queued: revoked by a fault and waiting in the queue for its next
 	// run; Instance is then empty.
 	Queued bool `json:"queued,omitempty"`
@@ -240,7 +243,7 @@ func (d *Daemon) snapshot() savedState {
 			ID: l.id, Group: l.group, UID: l.uid,
 			SM: l.req.SM, MemBytes: l.req.Mem, GPUs: l.req.GPUs, Priority: l.req.Priority, Seq: l.req.Seq,
 			Attempt: l.attempt, Requeue: l.requeue, Command: l.command, Created: l.created, Queued: queued,
-			Only: l.req.Only, JobID: l.jobID,
+			Only: l.req.Only, JobID: l.jobID, RevokedFor: l.revokedFor,
 		}
 		if !queued {
 			sl.Instance = l.inst.key
@@ -253,11 +256,17 @@ func (d *Daemon) snapshot() savedState {
 			st.Quarantined = append(st.Quarantined, key)
 		}
 		if d.finalSnapshot {
-			if fi, err := os.Stat(filepath.Join(in.logDir, "server.log")); err == nil {
+			// Where the next mpsd goes on reading: past every line this one
+			// handled, and no further.
+			off := in.logResume
+			if in.replayFrom >= 0 && (off < 0 || in.replayFrom < off) {
+				off = in.replayFrom
+			}
+			if off >= 0 {
 				if st.ServerLogs == nil {
 					st.ServerLogs = map[string]int64{}
 				}
-				st.ServerLogs[key] = fi.Size()
+				st.ServerLogs[key] = off
 			}
 		}
 	}
@@ -289,7 +298,7 @@ func (d *Daemon) adoptLeases(saved savedState) {
 	for _, sl := range saved.Leases {
 		in, ok := d.instances[sl.Instance]
 		l := &lease{
-			id: sl.ID, group: sl.Group, uid: sl.UID, command: sl.Command, jobID: sl.JobID,
+			id: sl.ID, group: sl.Group, uid: sl.UID, command: sl.Command, jobID: sl.JobID, revokedFor: sl.RevokedFor,
 			req:     policy.Request{Group: sl.Group, UID: sl.UID, SM: sl.SM, Mem: sl.MemBytes, GPUs: sl.GPUs, Priority: sl.Priority, Seq: sl.Seq, Only: sl.Only},
 			requeue: sl.Requeue, attempt: sl.Attempt, created: sl.Created, queuedAt: sl.Created, box: newMailbox(),
 		}
@@ -390,12 +399,38 @@ func (d *Daemon) reapAdopted() {
 				empty = err == nil && len(pids) == 0
 			}
 			l.cgMu.Unlock()
-			if empty {
+			if empty && d.settled(l) {
 				d.log.Info("re-adopted lease's command has ended; releasing it", "lease", l.id)
 				d.releaseIf(l, "command ended while its launcher was away", true)
 			}
 		}
 	}
+}
+
+// settled reports whether a re-adopted lease whose command has ended
+// ended on its own: its instance is up, every fault its MPS daemon has
+// logged so far (those of mpsd's downtime included) is handled, and none
+// is revoking the lease. A command killed by such a fault is the fault's
+// victim, to be requeued, not a job that finished.
+func (d *Daemon) settled(l *lease) bool {
+	d.mu.Lock()
+	in := l.inst
+	var dm *mps.Daemon
+	if in != nil && in.up && !in.recovering {
+		dm = in.daemon
+	}
+	d.mu.Unlock()
+	if dm == nil {
+		return false
+	}
+	select {
+	case <-dm.Barrier():
+	case <-d.ctx.Done():
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return l.inst == in && in.daemon == dm && !in.recovering && !l.ending && !l.bound
 }
 
 // graceOver releases a re-adopted lease whose launcher never came back.

@@ -48,6 +48,10 @@ type fault struct {
 	// admin: asked for by an operator, so it does not count towards
 	// quarantine.
 	admin bool
+	// fromServerLog: a server.log line at logOffset told of it; if mpsd
+	// stops before handling it, the next mpsd reads the line again.
+	fromServerLog bool
+	logOffset     int64
 }
 
 // reportFault starts the recovery of an instance, or, if one is under
@@ -63,6 +67,10 @@ func (d *Daemon) reportFault(in *instance, f fault) {
 	if in.stopped {
 		return
 	}
+	if d.ctx.Err() != nil {
+		in.unhandledLocked(f)
+		return
+	}
 	in.faults[f.kind]++
 	if in.recovering {
 		if in.pending == nil || f.restart > in.pending.restart {
@@ -75,6 +83,15 @@ func (d *Daemon) reportFault(in *instance, f fault) {
 	d.spawn(func() { d.recover(in, f) })
 }
 
+// unhandledLocked notes a fault mpsd is stopping too soon to handle: one
+// read from server.log is read again by the next mpsd.
+func (in *instance) unhandledLocked(f fault) {
+	if f.fromServerLog && (in.replayFrom < 0 || f.logOffset < in.replayFrom) {
+		in.replayFrom = f.logOffset
+	}
+	in.log.Warn("fault left for the next mpsd", "fault", f.kind, "reason", f.reason, "read_again", f.fromServerLog)
+}
+
 // recover handles f and every fault that arrives meanwhile, then reopens
 // the instance unless it was quarantined.
 func (d *Daemon) recover(in *instance, f fault) {
@@ -83,6 +100,9 @@ func (d *Daemon) recover(in *instance, f fault) {
 		d.mu.Lock()
 		next := in.pending
 		in.pending = nil
+		if next != nil && d.ctx.Err() != nil {
+			in.unhandledLocked(*next)
+		}
 		if next == nil || d.ctx.Err() != nil {
 			in.recovering = false
 			in.refreshLocked()
@@ -123,6 +143,7 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 	for _, l := range in.leases {
 		if !l.ending {
 			l.ending = true
+			l.revokedFor = f.reason
 			victims = append(victims, l)
 		}
 	}
