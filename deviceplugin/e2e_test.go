@@ -3,6 +3,7 @@ package deviceplugin
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
 )
 
 // Two groups on two simulated A100s: a on both GPUs with the whole SM
@@ -205,6 +207,21 @@ func TestAllocate(t *testing.T) {
 	}
 	if len(resp.Devices) != 0 {
 		t.Errorf("device nodes %v on simulated GPUs", resp.Devices)
+	}
+	// A CUDA client given the container's environment runs within the
+	// lease's limits: 5 GiB fits its 6 GiB, 7 GiB does not.
+	for _, tc := range []struct {
+		alloc string
+		ok    bool
+	}{{"5G", true}, {"7G", false}} {
+		cmd := exec.Command(filepath.Join(emutest.BinDir(t), emutest.ClientName), "--alloc", tc.alloc)
+		for k, v := range resp.Envs {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+		out, err := cmd.CombinedOutput()
+		if (err == nil) != tc.ok || !strings.Contains(string(out), "sm=30.0 devices=1 mem0=6144M") {
+			t.Errorf("client allocating %s in the container's environment: %v, want success %v with sm 30, 6144M\n%s", tc.alloc, err, tc.ok, out)
+		}
 	}
 
 	// A second container fits GPU 0 too (binpack); then GPU 0 has
