@@ -276,7 +276,8 @@ func TestAllocate(t *testing.T) {
 
 // A quarantine makes the instance's units unhealthy, and its lease is
 // revoked; a resume makes them healthy again and the running allocation
-// gets a lease back. The other GPU is untouched throughout.
+// gets a lease back. A drain makes them unhealthy too, but leaves the
+// lease. The other GPU is untouched throughout.
 func TestHealthQuarantineAndRecovery(t *testing.T) {
 	m := newMPSD(t, `  a:
     users: ["UID"]
@@ -312,6 +313,19 @@ func TestHealthQuarantineAndRecovery(t *testing.T) {
 	})
 	if l, _ := leaseByJob(st, "k8s:sm=0-9"); l.ID == before.ID || !slices.Equal(l.GPUIndexes, []int{1}) || l.SM != 10 {
 		t.Errorf("renewed lease %+v; want a new one of 10 SM on GPU 1", l)
+	}
+
+	// Draining closes an instance to new pods: its units are unhealthy
+	// until it is resumed, and the running allocation keeps its lease.
+	m.admin(api.PathDrain, api.AdminTarget{GPU: "1", Group: "a"})
+	pc.waitList(t, "GPU 1 draining", func(devs []*pluginapi.Device) bool {
+		return mapsEqual(health(devs), map[string]int{"gpu0 Healthy": 100, "gpu1 Unhealthy": 100})
+	})
+	m.admin(api.PathResume, api.AdminTarget{GPU: "1", Group: "a"})
+	pc.waitList(t, "every unit healthy after the drain", allHealthy)
+	renewed, _ := leaseByJob(st, "k8s:sm=0-9")
+	if st := m.waitStatus("status", func(api.Status) bool { return true }); !hasLease(st, renewed.ID) {
+		t.Errorf("the drain took the running allocation's lease: %+v", st.Leases)
 	}
 }
 
