@@ -1,6 +1,7 @@
 package deviceplugin
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -90,4 +91,31 @@ func FuzzParseGPUInformation(f *testing.F) {
 			t.Fatalf("parseGPUInformation = %q, %d", uuid, minor)
 		}
 	})
+}
+
+// On a host with NVIDIA's driver, every GPU it lists yields its device
+// node; elsewhere the test says why it skips.
+func TestDeviceNodesOnThisHost(t *testing.T) {
+	infos, _ := filepath.Glob("/proc/driver/nvidia/gpus/*/information")
+	if len(infos) == 0 {
+		t.Skip("no NVIDIA driver on this host (/proc/driver/nvidia/gpus is empty)")
+	}
+	for _, f := range infos {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		uuid, minor, ok := parseGPUInformation(b)
+		if !ok {
+			t.Errorf("%s: no GPU UUID and device minor in:\n%s", f, b)
+			continue
+		}
+		specs, err := deviceNodes("/proc", "/dev", []string{uuid})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(specs) == 0 || specs[0].HostPath != fmt.Sprintf("/dev/nvidia%d", minor) {
+			t.Errorf("GPU %s (minor %d): device nodes %v", uuid, minor, specs)
+		}
+	}
 }
