@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/mpsd/mpsd/deviceplugin"
 )
 
 // DefaultConfigPath is where mpsd reads its config without --config.
@@ -39,8 +41,12 @@ func runMain(ctx context.Context, args []string, stderr io.Writer, mc mainConfig
 	simulate := fs.Bool("simulate", false, "run on simulated GPUs with the MPS emulator (the config's simulate section)")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	format := fs.String("log-format", "text", "log format: text or json")
+	var kf kubeletFlags
+	fs.BoolVar(&kf.enabled, "kubelet-device-plugin", false, "also serve the kubelet as a device plugin: one resource mpsd.io/<group>-sm per group")
+	fs.StringVar(&kf.dir, "kubelet-dir", deviceplugin.DefaultKubeletDir, "the kubelet's device-plugin directory (kubelet.sock), with --kubelet-device-plugin")
+	fs.StringVar(&kf.groups, "kubelet-groups", "", "comma-separated groups to offer the kubelet; default every group, with --kubelet-device-plugin")
 	fs.Usage = func() {
-		_, _ = fmt.Fprintf(stderr, "usage: mpsd [--config FILE] [--simulate] [--log-level LEVEL] [--log-format text|json]\n")
+		_, _ = fmt.Fprintf(stderr, "usage: mpsd [--config FILE] [--simulate] [--log-level LEVEL] [--log-format text|json] [--kubelet-device-plugin [--kubelet-dir DIR] [--kubelet-groups G,...]]\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -67,6 +73,11 @@ func runMain(ctx context.Context, args []string, stderr io.Writer, mc mainConfig
 		h = slog.NewJSONHandler(stderr, hopts)
 	default:
 		_, _ = fmt.Fprintf(stderr, "mpsd: --log-format %q: want text or json\n", *format)
+		return 2
+	}
+	kgroups, err := deviceplugin.ParseGroups(kf.groups)
+	if err != nil {
+		_, _ = fmt.Fprintf(stderr, "mpsd: --kubelet-groups: %v\n", err)
 		return 2
 	}
 	log := slog.New(h)
@@ -96,7 +107,19 @@ func runMain(ctx context.Context, args []string, stderr io.Writer, mc mainConfig
 		return cannotStart(err)
 	}
 	warnSocketElsewhere(log, ln, d)
-	if err := sd.run(ctx, d, ready, d.Run); err != nil {
+	run := d.Run
+	if kf.enabled {
+		p, err := newDevicePlugin(d, kf, kgroups, log)
+		if err != nil {
+			_ = d.host.Close()
+			if ln != nil {
+				_ = ln.Close()
+			}
+			return cannotStart(err)
+		}
+		run = func(ctx context.Context) error { return runWithDevicePlugin(ctx, d, p, log) }
+	}
+	if err := sd.run(ctx, d, ready, run); err != nil {
 		log.Error("mpsd failed", "err", err)
 		return 1
 	}

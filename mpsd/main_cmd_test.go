@@ -37,6 +37,7 @@ func TestMainUsage(t *testing.T) {
 		{"missing config", []string{"--config", filepath.Join(dir, "none.yaml")}, 1, "none.yaml"},
 		{"invalid config", []string{"--config", bad, "--simulate"}, 1, "groups.a.memroy: unknown key"},
 		{"help", []string{"--help"}, 0, "usage: mpsd"},
+		{"bad kubelet group", []string{"--kubelet-device-plugin", "--kubelet-groups", "a, Bad"}, 2, `--kubelet-groups: deviceplugin: "Bad" is not a group name`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer

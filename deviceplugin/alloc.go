@@ -1,0 +1,475 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/mpsd/mpsd/api"
+)
+
+// EnvVisibleDevices tells the NVIDIA container toolkit which GPUs (UUIDs)
+// to give a container, with their device nodes and driver libraries.
+const EnvVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
+
+// shmDir is where MPS servers and clients share memory; a pod's own
+// /dev/shm is private, so the host's is mounted over it.
+const shmDir = "/dev/shm"
+
+// allocation is one container's units, as the kubelet allocated them, and
+// the lease on mpsd that backs them. The lease is held for as long as the
+// allocation lives: until the kubelet hands one of its units out again
+// (the pod has ended), or the plugin stops.
+type allocation struct {
+	group string
+	gpu   int   // the instance's first GPU
+	units []int // sorted
+
+	// Guarded by Plugin.mu.
+	leaseID string // "" when mpsd ended the lease
+	attempt int
+	// stream holds the lease; nil while no stream does (mpsd restarted,
+	// or ended the lease): reconcile resumes it or asks anew.
+	stream LeaseStream
+	ended  bool // released; no longer in Plugin.allocs
+	// retryAt and retries pace reconcile's attempts to get a lease back.
+	retryAt time.Time
+	retries int
+}
+
+// allocate leases one container's units: all on one instance of g, held
+// for the container by a new lease of that many SM percent on mpsd.
+func (p *Plugin) allocate(ctx context.Context, g *group, ids []string) (*pluginapi.ContainerAllocateResponse, *allocation, error) {
+	gpu, units, err := parseUnits(g.name, ids)
+	if err != nil {
+		return nil, nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	st, err := p.status(ctx)
+	if err != nil {
+		return nil, nil, status.Errorf(codes.Unavailable, "mpsd: %v", err)
+	}
+	in, ok := findInstance(st, g.name, gpu)
+	if !ok {
+		return nil, nil, status.Errorf(codes.FailedPrecondition, "mpsd runs no instance of group %s on GPU %d", g.name, gpu)
+	}
+	if last := units[len(units)-1]; last >= in.SMBudget {
+		return nil, nil, status.Errorf(codes.InvalidArgument, "unit %d of group %s on GPU %d is beyond its SM budget of %d", last, g.name, gpu, in.SMBudget)
+	}
+	// The kubelet hands a unit out again only once the pod that had it
+	// has ended: its lease goes first.
+	for _, old := range p.overlapping(g.name, gpu, units) {
+		p.release(ctx, old)
+	}
+	a := &allocation{group: g.name, gpu: gpu, units: units}
+	req := leaseRequest(in, units)
+	if p.releasePending(st, g.name) {
+		// mpsd may not have finished a release yet: wait for it in the
+		// queue, for a bounded time.
+		req.NoWait, req.WaitMillis = false, p.opts.ReleaseWait.Milliseconds()
+	}
+	wctx, cancel := context.WithTimeout(ctx, p.opts.ReleaseWait+grantTimeout)
+	defer cancel()
+	lease, err := p.open(wctx, a, req)
+	if err != nil {
+		return nil, nil, leaseError(err, g.name, gpu, len(units))
+	}
+	resp, err := p.containerResponse(lease)
+	if err != nil {
+		p.release(ctx, a)
+		return nil, nil, status.Error(codes.Internal, err.Error())
+	}
+	g.log.Info("allocated", "gpu", gpu, "units", len(units), "lease", lease.ID, "job_id", req.JobID)
+	return resp, a, nil
+}
+
+// leaseRequest asks for units SM percent of instance in, confined to its
+// GPUs, with memory in proportion: units/sm_budget of the group's memory
+// budget, so the units the kubelet counts are the only thing that can run
+// out. It is never requeued: a revoked lease ends, and reconcile asks for
+// a new one once the instance is ready (a requeued lease would wait at the
+// head of the group's queue and hold up every other allocation).
+func leaseRequest(in api.InstanceStatus, units []int) api.LeaseRequest {
+	zero := 0
+	gpus := max(len(in.GPUIndexes), 1)
+	sel := in.GPUUUIDs
+	if len(sel) == 0 {
+		sel = []string{in.GPUUUID}
+	}
+	return api.LeaseRequest{
+		Group: in.Group, SM: len(units), MemBytes: memFor(in, len(units)), GPUs: gpus,
+		GPUSelect: slices.Clone(sel), RequeueAttempts: &zero, NoWait: true, JobID: jobID(units),
+	}
+}
+
+// memFor is units/sm_budget of the instance's memory budget, in whole
+// MiB, at least 1 MiB; 0 (the group's default_mem) without a budget.
+func memFor(in api.InstanceStatus, units int) int64 {
+	if in.SMBudget <= 0 || in.MemBudgetBytes <= 0 {
+		return 0
+	}
+	mem := in.MemBudgetBytes * int64(units) / int64(in.SMBudget)
+	return max(mem&^(1<<20-1), 1<<20)
+}
+
+func findInstance(st api.Status, group string, gpu int) (api.InstanceStatus, bool) {
+	for _, in := range st.Instances {
+		if in.Group == group && in.GPUIndex == gpu {
+			return in, true
+		}
+	}
+	return api.InstanceStatus{}, false
+}
+
+// leaseError words mpsd's refusal for the kubelet (it shows in the pod's
+// events).
+func leaseError(err error, group string, gpu, units int) error {
+	var ae *api.Error
+	if !errors.As(err, &ae) {
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			return status.Errorf(codes.DeadlineExceeded, "mpsd did not grant %d SM units of group %s on GPU %d in time", units, group, gpu)
+		}
+		return status.Errorf(codes.Unavailable, "lease %d SM units of group %s on GPU %d: %v", units, group, gpu, err)
+	}
+	c := codes.Internal
+	switch ae.Code {
+	case api.CodeWaitTimeout:
+		c = codes.ResourceExhausted
+	case api.CodeRefused, api.CodeForbidden:
+		c = codes.FailedPrecondition
+	case api.CodeUnavailable:
+		c = codes.Unavailable
+	case api.CodeBadRequest:
+		c = codes.InvalidArgument
+	}
+	return status.Errorf(c, "mpsd refused %d SM units of group %s on GPU %d: %s", units, group, gpu, ae.Message)
+}
+
+// open asks mpsd for a's lease and waits, within ctx, for its grant; the
+// stream then holds the lease for a, followed by a holder goroutine. A
+// refusal is an *api.Error.
+func (p *Plugin) open(ctx context.Context, a *allocation, req api.LeaseRequest) (*api.Lease, error) {
+	s, err := p.opts.MPSD.Lease(p.leaseCtx, req)
+	if err != nil {
+		return nil, err
+	}
+	// A Next blocked past ctx's end is woken by closing the stream.
+	stop := context.AfterFunc(ctx, func() { _ = s.Close() })
+	fail := func(err error) (*api.Lease, error) {
+		stop()
+		_ = s.Close()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, err
+	}
+	for {
+		ev, err := s.Next()
+		if err != nil {
+			return fail(err)
+		}
+		switch ev.Type {
+		case api.EventGranted:
+			if !stop() {
+				return fail(ctx.Err())
+			}
+			if !p.hold(a, s, ev.Lease) {
+				_ = s.Close()
+				return nil, &api.Error{Code: api.CodeUnavailable, Message: "the device plugin is stopping"}
+			}
+			return ev.Lease, nil
+		case api.EventError:
+			return fail(&api.Error{Code: ev.Code, Message: ev.Message})
+		}
+	}
+}
+
+// resume rebinds a's lease, which mpsd kept when its stream ended (mpsd
+// restarted), to a new stream.
+func (p *Plugin) resume(a *allocation, id string, attempt int) error {
+	s, err := p.opts.MPSD.Lease(p.leaseCtx, api.LeaseRequest{Group: a.group, ResumeLeaseID: id, Attempt: attempt, JobID: jobID(a.units)})
+	if err != nil {
+		return err
+	}
+	if !p.hold(a, s, &api.Lease{ID: id, Attempt: attempt}) {
+		_ = s.Close()
+		return errors.New("the device plugin is stopping")
+	}
+	return nil
+}
+
+// hold records s as the stream of a's lease and follows it in a goroutine
+// of its own. A new allocation joins Plugin.allocs here. It reports false
+// once the plugin has stopped.
+func (p *Plugin) hold(a *allocation, s LeaseStream, l *api.Lease) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || a.ended {
+		return false
+	}
+	a.stream, a.leaseID, a.attempt = s, l.ID, l.Attempt
+	a.retries, a.retryAt = 0, time.Time{}
+	if !slices.Contains(p.allocs, a) {
+		p.allocs = append(p.allocs, a)
+	}
+	p.holders.Add(1)
+	go p.follow(a, s)
+	return true
+}
+
+// follow reads a lease's events until the stream ends. A stream the
+// plugin did not close itself leaves a without one: reconcile then resumes
+// the lease (mpsd restarted) or asks for a new one (mpsd ended it).
+func (p *Plugin) follow(a *allocation, s LeaseStream) {
+	defer p.holders.Done()
+	defer func() { _ = s.Close() }()
+	log := p.log.With("group", a.group, "gpu", a.gpu, "units", len(a.units))
+	for {
+		ev, err := s.Next()
+		if err != nil {
+			p.mu.Lock()
+			lost, id := a.stream == s, a.leaseID
+			if lost {
+				a.stream = nil
+			}
+			p.mu.Unlock()
+			if lost {
+				log.Info("lease stream ended (mpsd stopping?); the lease is resumed when mpsd answers", "lease", id, "err", err)
+				p.poke()
+			}
+			return
+		}
+		switch ev.Type {
+		case api.EventGranted:
+			p.mu.Lock()
+			a.leaseID, a.attempt = ev.Lease.ID, ev.Lease.Attempt
+			p.mu.Unlock()
+		case api.EventRevoked:
+			p.mu.Lock()
+			id := a.leaseID
+			p.mu.Unlock()
+			log.Warn("lease revoked: the container's CUDA clients died with their MPS server; the kubelet restarts the container", "lease", id, "reason", ev.Reason)
+			p.poke()
+		case api.EventError:
+			p.mu.Lock()
+			lost := a.stream == s
+			if lost {
+				a.stream, a.leaseID = nil, ""
+			}
+			p.mu.Unlock()
+			if lost {
+				log.Warn("mpsd ended the lease; a new one is asked for once the instance is ready", "code", ev.Code, "message", ev.Message)
+				p.poke()
+			}
+			return
+		}
+	}
+}
+
+// overlapping takes the allocations of group on gpu that share a unit
+// with units out of the table.
+func (p *Plugin) overlapping(group string, gpu int, units []int) []*allocation {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []*allocation
+	for _, a := range p.allocs {
+		if a.group == group && a.gpu == gpu && overlaps(a.units, units) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// releaseFree releases the allocations holding a unit the kubelet lists
+// as available: their pods have ended.
+func (p *Plugin) releaseFree(ctx context.Context, group string, available []string) {
+	free := map[int][]int{}
+	for _, id := range available {
+		if u, err := ParseUnit(id); err == nil && u.Group == group {
+			free[u.GPU] = append(free[u.GPU], u.N)
+		}
+	}
+	for gpu, ns := range free {
+		slices.Sort(ns)
+		for _, a := range p.overlapping(group, gpu, ns) {
+			p.release(ctx, a)
+		}
+	}
+}
+
+// release ends a's lease: closing its stream makes mpsd release it (it
+// kills nothing: the pod's processes are the kubelet's). A lease that no
+// stream holds (mpsd restarted meanwhile) is resumed and closed at once,
+// so mpsd does not keep it through its reconnect grace.
+func (p *Plugin) release(ctx context.Context, a *allocation) {
+	p.mu.Lock()
+	if a.ended {
+		p.mu.Unlock()
+		return
+	}
+	a.ended = true
+	p.allocs = slices.DeleteFunc(p.allocs, func(b *allocation) bool { return b == a })
+	s, id, attempt := a.stream, a.leaseID, a.attempt
+	a.stream = nil
+	if id != "" {
+		p.releasing[id] = a.group
+	}
+	p.mu.Unlock()
+	p.log.Info("releasing lease: its units were handed out again", "group", a.group, "gpu", a.gpu, "lease", id, "units", len(a.units))
+	if s != nil {
+		_ = s.Close()
+		return
+	}
+	if id == "" {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	if s, err := p.opts.MPSD.Lease(rctx, api.LeaseRequest{Group: a.group, ResumeLeaseID: id, Attempt: attempt}); err == nil {
+		_ = s.Close()
+	}
+}
+
+// releasePending reports whether a lease of group the plugin released
+// is still listed by mpsd.
+func (p *Plugin) releasePending(st api.Status, group string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range st.Leases {
+		if g, ok := p.releasing[l.ID]; ok && g == group {
+			return true
+		}
+	}
+	return false
+}
+
+// reconcile brings the allocations in line with mpsd's status: on the
+// first status it adopts the leases an earlier plugin left (their job id
+// names their units), it forgets released leases mpsd no longer lists,
+// and it gets a lease back for every allocation that lost its stream:
+// resuming the lease if mpsd still has it, else asking for a new one once
+// the instance is ready.
+func (p *Plugin) reconcile(ctx context.Context, st api.Status) {
+	known := map[string]api.LeaseStatus{}
+	for _, l := range st.Leases {
+		known[l.ID] = l
+	}
+	p.mu.Lock()
+	for id := range p.releasing {
+		if _, ok := known[id]; !ok {
+			delete(p.releasing, id)
+		}
+	}
+	if !p.adopted {
+		p.adopted = true
+		p.adoptLocked(st)
+	}
+	now := time.Now()
+	type todo struct {
+		a       *allocation
+		id      string
+		attempt int
+	}
+	var work []todo
+	for _, a := range p.allocs {
+		if a.stream != nil || a.ended || now.Before(a.retryAt) {
+			continue
+		}
+		if l, ok := known[a.leaseID]; a.leaseID != "" && (!ok || l.Group != a.group) {
+			a.leaseID = "" // mpsd lost it
+		}
+		work = append(work, todo{a, a.leaseID, a.attempt})
+	}
+	p.mu.Unlock()
+
+	for _, w := range work {
+		a := w.a
+		log := p.log.With("group", a.group, "gpu", a.gpu, "units", len(a.units))
+		var err error
+		if w.id != "" {
+			if err = p.resume(a, w.id, known[w.id].Attempt); err == nil {
+				log.Info("lease resumed", "lease", w.id)
+				continue
+			}
+		} else {
+			in, ok := findInstance(st, a.group, a.gpu)
+			if !ok || in.State != api.InstanceReady {
+				continue // its units are unhealthy; wait for the instance
+			}
+			ctx, cancel := context.WithTimeout(ctx, grantTimeout)
+			var l *api.Lease
+			l, err = p.open(ctx, a, leaseRequest(in, a.units))
+			cancel()
+			if err == nil {
+				log.Info("lease renewed for a running allocation", "lease", l.ID)
+				continue
+			}
+		}
+		p.mu.Lock()
+		if w.id != "" {
+			var ae *api.Error
+			if errors.As(err, &ae) && (ae.Code == api.CodeNotFound || ae.Code == api.CodeConflict || ae.Code == api.CodeForbidden) {
+				a.leaseID = ""
+			}
+		}
+		a.retries++
+		a.retryAt = time.Now().Add(min(time.Second<<min(a.retries, 6), maxLeaseRetry))
+		retries := a.retries
+		p.mu.Unlock()
+		if retries == 1 {
+			log.Warn("cannot get the lease of a running allocation back; retrying", "err", err)
+		}
+	}
+}
+
+// adoptLocked takes over the running leases of this uid whose job id the
+// plugin made: an earlier plugin's allocations, kept by mpsd across its
+// restart. They are resumed by the reconcile that follows.
+func (p *Plugin) adoptLocked(st api.Status) {
+	for _, l := range st.Leases {
+		units, ok := parseJobID(l.JobID)
+		if !ok || l.UID != p.uid || l.State != api.LeaseRunning || len(l.GPUIndexes) == 0 ||
+			len(p.opts.Groups) > 0 && !slices.Contains(p.opts.Groups, l.Group) {
+			continue
+		}
+		a := &allocation{group: l.Group, gpu: l.GPUIndexes[0], units: units, leaseID: l.ID, attempt: l.Attempt}
+		p.allocs = append(p.allocs, a)
+		p.log.Info("adopting the lease of an allocation made before a restart", "group", l.Group, "gpu", a.gpu, "lease", l.ID, "job_id", l.JobID)
+	}
+}
+
+// containerResponse is what the container gets for a lease: the MPS
+// environment of the lease, the GPUs for the NVIDIA container toolkit,
+// the instance's pipe directory and the host's /dev/shm, and on a host
+// with NVIDIA's driver the GPUs' device nodes.
+func (p *Plugin) containerResponse(l *api.Lease) (*pluginapi.ContainerAllocateResponse, error) {
+	envs := map[string]string{}
+	for _, k := range []string{api.EnvPipeDirectory, api.EnvThreadPercentage, api.EnvPinnedMemLimit, api.EnvLeaseID, api.EnvGroup} {
+		v, ok := l.Env[k]
+		if !ok {
+			return nil, fmt.Errorf("deviceplugin: lease %s has no %s", l.ID, k)
+		}
+		envs[k] = v
+	}
+	envs[EnvVisibleDevices] = strings.Join(l.GPUUUIDs, ",")
+	pipe := envs[api.EnvPipeDirectory]
+	resp := &pluginapi.ContainerAllocateResponse{
+		Envs: envs,
+		Mounts: []*pluginapi.Mount{
+			{ContainerPath: pipe, HostPath: pipe},
+			{ContainerPath: shmDir, HostPath: shmDir},
+		},
+	}
+	devs, err := deviceNodes(p.opts.ProcRoot, p.opts.DevRoot, l.GPUUUIDs)
+	if err != nil {
+		return nil, err
+	}
+	resp.Devices = devs
+	return resp, nil
+}

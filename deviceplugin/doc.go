@@ -1,0 +1,42 @@
+// Package deviceplugin is mpsd's Kubernetes device plugin (`mpsd
+// --kubelet-device-plugin`), built on the kubelet's device-plugin API
+// (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1).
+//
+// It owns the kubelet's side of a node: one extended resource per group,
+// mpsd.io/<group>-sm, counted in SM-percent units (a device per percent of
+// each instance's sm_percent budget, ID <group>-gpu<index>-sm<n>), served
+// by one DevicePlugin gRPC service per group on its own socket in the
+// kubelet's directory and registered through kubelet.sock, again whenever
+// the kubelet restarts (it deletes the plugins' sockets and creates
+// kubelet.sock anew; the directory is watched with fsnotify).
+//
+//   - ListAndWatch: a unit is Healthy while its instance is ready and
+//     Unhealthy while it is starting, recovering, quarantined or draining
+//     (the kubelet places no new pod on it; running pods go on). mpsd's
+//     status is polled (Options.PollInterval, and at once after a lease
+//     event) and a list is sent only when it changed.
+//   - GetPreferredAllocation packs a container's units onto one GPU.
+//   - Allocate creates a lease on mpsd for each container: SM = its number
+//     of units, memory in the same proportion of the group's budget, the
+//     instance's GPUs (gpu_select), no wait and no requeue, job id
+//     "k8s:sm=<units>". The container gets the lease's MPS environment,
+//     NVIDIA_VISIBLE_DEVICES, the instance's pipe directory and the host's
+//     /dev/shm, and on a host with NVIDIA's driver the device nodes. A
+//     request that does not fit fails with mpsd's reason.
+//
+// The lease's stream is held while the allocation lives. The kubelet does
+// not say when a pod ends; it hands a unit out again only after the pod
+// that had it has ended, so a lease is released when a later
+// GetPreferredAllocation lists one of its units as available or a later
+// Allocate asks for one. A lease mpsd revokes (the pod's CUDA clients died
+// with their server; the kubelet restarts the container) ends, and the
+// plugin asks for a new one for the same units once the instance is ready.
+// A plugin that restarts with mpsd adopts the leases mpsd kept, by their
+// job id, and resumes them.
+//
+// It is a client of mpsd's API over its unix socket (the MPSD interface):
+// it never touches the daemon's state, never runs programs, never kills a
+// process (the pods' processes are the kubelet's) and schedules nothing
+// across nodes: the kubelet places pods on the node; mpsd decides the
+// instance, the limits and what a fault touches.
+package deviceplugin

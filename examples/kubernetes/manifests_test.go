@@ -1,0 +1,376 @@
+// Package kubernetes holds the Kubernetes examples (a DaemonSet running
+// mpsd --kubelet-device-plugin and a pod using it) and their test: each
+// YAML document decodes strictly into the k8s.io/api types and passes the
+// checks `kubectl apply --dry-run=client` and the API server would make,
+// and the two files agree with each other and with mpsd's config schema.
+package kubernetes
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/yaml"
+
+	"github.com/mpsd/mpsd/deviceplugin"
+	"github.com/mpsd/mpsd/policy"
+)
+
+var files = []string{"mpsd-daemonset.yaml", "pod-example.yaml"}
+
+// objects are the decoded documents of the examples.
+type objects struct {
+	namespaces map[string]bool
+	configMaps map[string]*corev1.ConfigMap // by namespace/name
+	daemonSets []*appsv1.DaemonSet
+	pods       []*corev1.Pod
+}
+
+var docSep = regexp.MustCompile(`(?m)^---[ \t]*$`)
+
+// decode reads the YAML documents of each file strictly: a known
+// apiVersion and kind, no unknown or repeated fields. It returns the
+// problems found, each naming its file and document.
+func decode(srcs map[string][]byte) (*objects, []string) {
+	o := &objects{namespaces: map[string]bool{}, configMaps: map[string]*corev1.ConfigMap{}}
+	var problems []string
+	names := make([]string, 0, len(srcs))
+	for n := range srcs {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, file := range names {
+		for i, doc := range docSep.Split(string(srcs[file]), -1) {
+			where := fmt.Sprintf("%s document %d", file, i+1)
+			if strings.TrimSpace(stripComments(doc)) == "" {
+				continue
+			}
+			var tm metav1.TypeMeta
+			if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
+				problems = append(problems, fmt.Sprintf("%s: %v", where, err))
+				continue
+			}
+			var obj any
+			switch tm.APIVersion + " " + tm.Kind {
+			case "v1 Namespace":
+				obj = &corev1.Namespace{}
+			case "v1 ConfigMap":
+				obj = &corev1.ConfigMap{}
+			case "apps/v1 DaemonSet":
+				obj = &appsv1.DaemonSet{}
+			case "v1 Pod":
+				obj = &corev1.Pod{}
+			default:
+				problems = append(problems, fmt.Sprintf("%s: apiVersion %q kind %q: not a type these examples use (missing apiVersion or kind?)", where, tm.APIVersion, tm.Kind))
+				continue
+			}
+			if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+				problems = append(problems, fmt.Sprintf("%s: %v", where, err))
+				continue
+			}
+			meta := objectMeta(obj)
+			for _, msg := range validation.IsDNS1123Subdomain(meta.Name) {
+				problems = append(problems, fmt.Sprintf("%s: metadata.name %q: %s", where, meta.Name, msg))
+			}
+			if meta.Namespace != "" {
+				for _, msg := range validation.IsDNS1123Label(meta.Namespace) {
+					problems = append(problems, fmt.Sprintf("%s: metadata.namespace %q: %s", where, meta.Namespace, msg))
+				}
+			}
+			switch v := obj.(type) {
+			case *corev1.Namespace:
+				o.namespaces[v.Name] = true
+			case *corev1.ConfigMap:
+				o.configMaps[v.Namespace+"/"+v.Name] = v
+			case *appsv1.DaemonSet:
+				o.daemonSets = append(o.daemonSets, v)
+			case *corev1.Pod:
+				o.pods = append(o.pods, v)
+			}
+		}
+	}
+	return o, problems
+}
+
+func stripComments(doc string) string {
+	var b strings.Builder
+	for l := range strings.Lines(doc) {
+		if !strings.HasPrefix(strings.TrimSpace(l), "#") {
+			b.WriteString(l)
+		}
+	}
+	return b.String()
+}
+
+func objectMeta(obj any) metav1.ObjectMeta {
+	switch v := obj.(type) {
+	case *corev1.Namespace:
+		return v.ObjectMeta
+	case *corev1.ConfigMap:
+		return v.ObjectMeta
+	case *appsv1.DaemonSet:
+		return v.ObjectMeta
+	case *corev1.Pod:
+		return v.ObjectMeta
+	}
+	return metav1.ObjectMeta{}
+}
+
+// h100s is the host the example config is checked against: 8 H100 80GB as
+// NVML reports them.
+func h100s() []policy.GPU {
+	gpus := make([]policy.GPU, 8)
+	for i := range gpus {
+		gpus[i] = policy.GPU{Index: i, UUID: fmt.Sprintf("GPU-%08x-0000-4000-8000-000000000000", i), Memory: 85520809984}
+	}
+	return gpus
+}
+
+type users struct{}
+
+func (users) UserID(name string) (uint32, error) {
+	if name == "root" {
+		return 0, nil
+	}
+	return 0, fmt.Errorf("no user %q", name)
+}
+
+func (users) GroupID(name string) (uint32, error) { return 0, fmt.Errorf("no group %q", name) }
+
+// check finds what the API server would refuse and where the examples
+// disagree with each other or with mpsd: the DaemonSet's selector and
+// template, its containers, volumes and mounts, the config it mounts (valid
+// for mpsd, its directories mounted from the host at the same paths, the
+// device plugin on), and the pods' resources (groups the config has, as
+// Kubernetes wants extended resources).
+func (o *objects) check() []string {
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	var cfg *policy.Config
+	for _, ds := range o.daemonSets {
+		where := "DaemonSet " + ds.Namespace + "/" + ds.Name
+		if ds.Namespace != "" && !o.namespaces[ds.Namespace] {
+			bad("%s: namespace %s is not created by the examples", where, ds.Namespace)
+		}
+		sel, err := metav1.LabelSelectorAsSelector(ds.Spec.Selector)
+		switch {
+		case ds.Spec.Selector == nil || len(ds.Spec.Selector.MatchLabels)+len(ds.Spec.Selector.MatchExpressions) == 0:
+			bad("%s: spec.selector is required", where)
+		case err != nil:
+			bad("%s: spec.selector: %v", where, err)
+		case !sel.Matches(labels.Set(ds.Spec.Template.Labels)):
+			bad("%s: spec.selector does not match the template's labels %v", where, ds.Spec.Template.Labels)
+		}
+		spec := ds.Spec.Template.Spec
+		problems = append(problems, checkPodSpec(where, spec)...)
+		if !spec.HostPID {
+			bad("%s: hostPID is needed by NVIDIA's MPS server", where)
+		}
+		vols := map[string]corev1.Volume{}
+		for _, v := range spec.Volumes {
+			vols[v.Name] = v
+			if v.HostPath != nil && !path.IsAbs(v.HostPath.Path) {
+				bad("%s: volume %s: hostPath %q is not absolute", where, v.Name, v.HostPath.Path)
+			}
+			if v.ConfigMap != nil && o.configMaps[ds.Namespace+"/"+v.ConfigMap.Name] == nil {
+				bad("%s: volume %s: no ConfigMap %s in namespace %s", where, v.Name, v.ConfigMap.Name, ds.Namespace)
+			}
+		}
+		for _, c := range spec.Containers {
+			// hostMounts maps each container path mounted from the host to
+			// the host path.
+			hostMounts := map[string]string{}
+			var cfgPath, cfgMap string
+			for _, m := range c.VolumeMounts {
+				v, ok := vols[m.Name]
+				if !ok {
+					bad("%s: container %s mounts volume %s, which is not in spec.volumes", where, c.Name, m.Name)
+					continue
+				}
+				if v.HostPath != nil {
+					hostMounts[m.MountPath] = v.HostPath.Path
+				}
+				if v.ConfigMap != nil {
+					cfgPath, cfgMap = m.MountPath, v.ConfigMap.Name
+				}
+			}
+			args := slices.Concat(c.Command, c.Args)
+			if len(args) == 0 || path.Base(args[0]) != "mpsd" {
+				continue
+			}
+			if !slices.Contains(args, "--kubelet-device-plugin") {
+				bad("%s: container %s runs mpsd without --kubelet-device-plugin", where, c.Name)
+			}
+			if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
+				bad("%s: container %s: mpsd drives GPUs and MPS daemons: privileged", where, c.Name)
+			}
+			kdir := flagValue(args, "--kubelet-dir", deviceplugin.DefaultKubeletDir)
+			if hostMounts[kdir] != deviceplugin.DefaultKubeletDir {
+				bad("%s: container %s: --kubelet-dir %s is not the host's %s", where, c.Name, kdir, deviceplugin.DefaultKubeletDir)
+			}
+			if hostMounts["/dev/shm"] != "/dev/shm" {
+				bad("%s: container %s: MPS needs the host's /dev/shm at /dev/shm", where, c.Name)
+			}
+			cfgFile := flagValue(args, "--config", "/etc/mpsd/mpsd.yaml")
+			cm := o.configMaps[ds.Namespace+"/"+cfgMap]
+			if cm == nil || path.Dir(cfgFile) != cfgPath || cm.Data[path.Base(cfgFile)] == "" {
+				bad("%s: container %s: --config %s is not a key of a mounted ConfigMap", where, c.Name, cfgFile)
+				continue
+			}
+			cfg, err = policy.Parse(strings.NewReader(cm.Data[path.Base(cfgFile)]), policy.Host{GPUs: h100s(), Users: users{}})
+			if err != nil {
+				bad("%s: ConfigMap %s: %v", where, cm.Name, err)
+				continue
+			}
+			// The plugin hands pods host paths under run_dir; mpsd's state
+			// and logs must outlive the container.
+			for _, dir := range []string{cfg.RunDir, cfg.StateDir, cfg.LogDir, path.Dir(cfg.Socket)} {
+				if hostMounts[dir] != dir {
+					bad("%s: container %s: %s is not mounted from the host's %s", where, c.Name, dir, dir)
+				}
+			}
+			for _, g := range cfg.Groups {
+				uids, _, _ := cfg.Access.Members(g.Name)
+				if !g.Multiuser || !slices.Contains(uids, 0) {
+					bad("%s: group %s: groups offered to Kubernetes need multiuser: true (pods run as any uid) and root among their users (the plugin leases as root)", where, g.Name)
+				}
+			}
+		}
+	}
+	for _, p := range o.pods {
+		where := "Pod " + p.Name
+		problems = append(problems, checkPodSpec(where, p.Spec)...)
+		for _, c := range p.Spec.Containers {
+			for name, q := range c.Resources.Limits {
+				group, ok := strings.CutPrefix(string(name), deviceplugin.ResourceDomain+"/")
+				if !ok {
+					continue
+				}
+				group, _ = strings.CutSuffix(group, "-sm")
+				if cfg == nil || !slices.ContainsFunc(cfg.Groups, func(g policy.Group) bool { return g.Name == group }) {
+					bad("%s: container %s asks for %s, a group the example config does not have", where, c.Name, name)
+					continue
+				}
+				g, _ := cfg.Group(group)
+				if q.MilliValue()%1000 != 0 || q.Value() < 1 || q.Value() > int64(g.SMPercent) {
+					bad("%s: container %s: %s: %s; want a whole number of units, 1 to %d", where, c.Name, name, q.String(), g.SMPercent)
+				}
+				if r, ok := c.Resources.Requests[name]; ok && r.Cmp(q) != 0 {
+					bad("%s: container %s: %s: requests must equal limits for an extended resource", where, c.Name, name)
+				}
+			}
+			for name := range c.Resources.Requests {
+				if _, ok := c.Resources.Limits[name]; !ok && strings.HasPrefix(string(name), deviceplugin.ResourceDomain+"/") {
+					bad("%s: container %s: %s: an extended resource goes in limits", where, c.Name, name)
+				}
+			}
+		}
+	}
+	return problems
+}
+
+// checkPodSpec checks what every pod template needs: containers with names
+// and images, volume mounts of volumes it has.
+func checkPodSpec(where string, spec corev1.PodSpec) []string {
+	var problems []string
+	if len(spec.Containers) == 0 {
+		problems = append(problems, where+": no containers")
+	}
+	vols := map[string]bool{}
+	for _, v := range spec.Volumes {
+		vols[v.Name] = true
+	}
+	for _, c := range spec.Containers {
+		if len(validation.IsDNS1123Label(c.Name)) > 0 || c.Image == "" {
+			problems = append(problems, fmt.Sprintf("%s: container %q needs a DNS label name and an image", where, c.Name))
+		}
+		for _, m := range c.VolumeMounts {
+			if !vols[m.Name] {
+				problems = append(problems, fmt.Sprintf("%s: container %s mounts volume %s, which is not in spec.volumes", where, c.Name, m.Name))
+			}
+		}
+	}
+	return problems
+}
+
+// flagValue is the value of --name=v or --name v in args, else def.
+func flagValue(args []string, name, def string) string {
+	for i, a := range args {
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			return v
+		}
+		if a == name && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return def
+}
+
+func readExamples(t *testing.T) map[string][]byte {
+	t.Helper()
+	srcs := map[string][]byte{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srcs[f] = b
+	}
+	return srcs
+}
+
+func TestExamples(t *testing.T) {
+	o, problems := decode(readExamples(t))
+	problems = append(problems, o.check()...)
+	for _, p := range problems {
+		t.Error(p)
+	}
+	if len(o.daemonSets) != 1 || len(o.pods) != 1 || len(o.configMaps) != 1 {
+		t.Errorf("decoded %d DaemonSets, %d Pods, %d ConfigMaps; want one of each", len(o.daemonSets), len(o.pods), len(o.configMaps))
+	}
+}
+
+// The checks catch what they are there for: each broken variant of the
+// examples yields the problem named.
+func TestExamplesBroken(t *testing.T) {
+	for _, tc := range []struct {
+		name, file, old, new, want string
+	}{
+		{"unknown field", "pod-example.yaml", "  restartPolicy: OnFailure", "  restartPolicy: OnFailure\n  restartPolicyy: Never", `unknown field "restartPolicyy"`},
+		{"repeated field", "pod-example.yaml", "  restartPolicy: OnFailure", "  restartPolicy: OnFailure\n  restartPolicy: Never", `key "restartPolicy" already set`},
+		{"no apiVersion", "pod-example.yaml", "apiVersion: v1\n", "", `apiVersion "" kind "Pod"`},
+		{"wrong apiVersion", "mpsd-daemonset.yaml", "apiVersion: apps/v1", "apiVersion: extensions/v1beta1", `apiVersion "extensions/v1beta1" kind "DaemonSet"`},
+		{"bad name", "pod-example.yaml", "name: vectoradd-30sm", "name: VectorAdd", `metadata.name "VectorAdd"`},
+		{"selector misses the template", "mpsd-daemonset.yaml", "      app.kubernetes.io/name: mpsd\n  # A restart", "      app.kubernetes.io/name: mpsd-x\n  # A restart", "spec.selector does not match"},
+		{"mount of no volume", "mpsd-daemonset.yaml", "            - name: shm\n              mountPath: /dev/shm", "            - name: shmm\n              mountPath: /dev/shm", "mounts volume shmm"},
+		{"a group the config lacks", "pod-example.yaml", "mpsd.io/inference-sm: 30", "mpsd.io/training-sm: 30", "mpsd.io/training-sm, a group the example config does not have"},
+		{"fractional units", "pod-example.yaml", "mpsd.io/inference-sm: 30", "mpsd.io/inference-sm: 500m", "want a whole number of units"},
+		{"not multiuser", "mpsd-daemonset.yaml", "multiuser: true", "multiuser: false", "need multiuser: true"},
+		{"config mpsd refuses", "mpsd-daemonset.yaml", "memory: 32G", "memory: 32G\n        memroy: 1G", "memroy"},
+		{"run_dir not from the host", "mpsd-daemonset.yaml", "run_dir: /run/mpsd ", "run_dir: /run/mpsd2 ", "/run/mpsd2 is not mounted from the host"},
+		{"no device plugin", "mpsd-daemonset.yaml", "            - --kubelet-device-plugin\n", "", "without --kubelet-device-plugin"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srcs := readExamples(t)
+			if !bytes.Contains(srcs[tc.file], []byte(tc.old)) {
+				t.Fatalf("%s has no %q", tc.file, tc.old)
+			}
+			srcs[tc.file] = bytes.Replace(srcs[tc.file], []byte(tc.old), []byte(tc.new), 1)
+			o, problems := decode(srcs)
+			problems = append(problems, o.check()...)
+			if !slices.ContainsFunc(problems, func(p string) bool { return strings.Contains(p, tc.want) }) {
+				t.Errorf("problems %q; want one containing %q", problems, tc.want)
+			}
+		})
+	}
+}

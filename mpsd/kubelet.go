@@ -1,0 +1,66 @@
+package mpsd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/mpsd/mpsd/deviceplugin"
+)
+
+// SocketPath is the API socket mpsd serves: the one passed in (systemd
+// socket activation) or the config's.
+func (d *Daemon) SocketPath() string {
+	if ln := d.opts.Listener; ln != nil {
+		return ln.Addr().String()
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.cfg.Socket
+}
+
+// kubeletFlags are mpsd's device-plugin flags.
+type kubeletFlags struct {
+	enabled bool
+	dir     string
+	groups  string
+}
+
+// newDevicePlugin builds the kubelet device plugin of --kubelet-device-plugin,
+// a client of d's own API socket; groups come from deviceplugin.ParseGroups.
+func newDevicePlugin(d *Daemon, kf kubeletFlags, groups []string, log *slog.Logger) (*deviceplugin.Plugin, error) {
+	return deviceplugin.New(deviceplugin.Options{
+		MPSD:       deviceplugin.NewClient(d.SocketPath()),
+		KubeletDir: kf.dir,
+		Groups:     groups,
+		Logger:     log.With("component", "deviceplugin"),
+	})
+}
+
+// runWithDevicePlugin runs the daemon and the device plugin side by side.
+// The plugin stops only after the daemon has: mpsd's own stop keeps the
+// plugin's leases (closing their streams first would release them), so
+// the next mpsd's plugin resumes them. A plugin that cannot start stops
+// the daemon.
+func runWithDevicePlugin(ctx context.Context, d *Daemon, p *deviceplugin.Plugin, log *slog.Logger) error {
+	dctx, stopDaemon := context.WithCancel(ctx)
+	defer stopDaemon()
+	pctx, stopPlugin := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopPlugin()
+	pluginErr := make(chan error, 1)
+	go func() {
+		err := p.Run(pctx)
+		if err != nil {
+			log.Error("kubelet device plugin failed; stopping mpsd", "err", err)
+			stopDaemon()
+		}
+		pluginErr <- err
+	}()
+	err := d.Run(dctx)
+	stopPlugin()
+	if perr := <-pluginErr; perr != nil {
+		err = errors.Join(err, fmt.Errorf("kubelet device plugin: %w", perr))
+	}
+	return err
+}
