@@ -281,9 +281,13 @@ func (s *session) onEvent(ctx context.Context, m streamMsg) *done {
 			return s.fail(m.err)
 		}
 		if s.child == nil && s.grace != nil {
-			// The stream ended instead of revoking a killed command:
-			// it was not mpsd's kill.
-			return s.endGrace()
+			// The command failed and the stream ended before a
+			// revocation came: mpsd is stopping, perhaps in the middle
+			// of revoking the lease. The resumed lease says whether it
+			// was; if mpsd does not know it any more, the failure was the
+			// command's own (onReconnect).
+			s.grace.Stop()
+			s.grace = time.NewTimer(s.cfg.ReconnectTimeout + s.cfg.RevokeGrace)
 		}
 		s.startReconnect(ctx)
 		return nil

@@ -673,6 +673,41 @@ func TestRunRevokeAfterFailure(t *testing.T) {
 	}
 }
 
+// TestRunFailureThenMpsdStops: the command fails, and before the
+// revocation reaches mps-launch mpsd stops (it was revoking the lease as
+// it went). The stream's end is no verdict: the resumed lease says the run
+// was revoked, and the requeued attempt runs.
+func TestRunFailureThenMpsdStops(t *testing.T) {
+	h := newHarness(t, nil)
+	h.cfg.RevokeGrace = time.Hour // only mpsd's word may end the grace here
+	done := h.start(t.Context(), h.sh(`[ "$MPSD_ATTEMPT" = 2 ] && exit 0; exit 86`)...)
+	lc := h.fake.NextLease(t)
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	a := h.fake.NextAttach(t)
+	// mps-launch has reaped its failed command once its pid is gone.
+	deadline := time.Now().Add(launchertest.Wait)
+	for {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(a.PID)); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the command was not reaped")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	lc.End()
+	again := h.fake.NextLease(t)
+	if again.Request.ResumeLeaseID != "lease-1" || again.Request.Attempt != 1 {
+		t.Fatalf("reconnect request %+v, want resume of lease-1 attempt 1", again.Request)
+	}
+	again.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "server died"})
+	again.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
+	again.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 2))
+	if code := h.wait(done); code != 0 {
+		t.Errorf("exit %d, want 0 from attempt 2; stderr: %s", code, h.read("stderr"))
+	}
+}
+
 // TestRunRevokedBeforeAttach: a fault can revoke a lease between its grant
 // and the attach, which mpsd then refuses (the lease is not running); the
 // revocation that follows requeues the launch instead of failing it.
