@@ -419,3 +419,56 @@ func TestComputeModeExclusive(t *testing.T) {
 		t.Errorf("GPU 0 compute mode %v after mpsd stopped, want DEFAULT again", m)
 	}
 }
+
+// A lease whose launcher is gone is not kept alive by restarts: the time
+// it has waited for its launcher is in the state file and the grace runs
+// on from there, instead of starting again at every start of mpsd.
+func TestAwayLeaseGraceSurvivesRestarts(t *testing.T) {
+	e := newEnv(t, `  a:
+    users: [root]
+    memory: 10G
+`, "")
+	e.opts.ReconnectGrace = time.Hour
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	p := startProc(t, e.launch("--sm", "10", "--mem", "1G", "--", client, "--duration", "1m"))
+	e.waitStatus("the lease running with its client", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && len(st.Leases[0].PIDs) > 0
+	})
+	e.stop()
+	_ = p.cmd.Process.Signal(syscall.SIGKILL) // the launcher never comes back
+	p.waitQuiet(waitFor)
+	awaySince := func() time.Time {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(e.dir, "state", "state.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st savedState
+		if err := json.Unmarshal(b, &st); err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Leases) != 1 {
+			t.Fatalf("state has %d leases, want 1", len(st.Leases))
+		}
+		return st.Leases[0].AwaySince
+	}
+	if got := awaySince(); !got.IsZero() {
+		t.Fatalf("a lease whose launcher was connected at the stop is saved as away since %v", got)
+	}
+	e.start()
+	e.stop()
+	first := awaySince()
+	if first.IsZero() {
+		t.Fatal("a lease waiting for its launcher is saved without the time it began waiting")
+	}
+	e.start()
+	e.stop()
+	if again := awaySince(); !again.Equal(first) {
+		t.Errorf("a restart renewed the lease's grace: away since %v, then %v", first, again)
+	}
+	// With that time older than the grace, the next mpsd releases it.
+	e.opts.ReconnectGrace = time.Millisecond
+	e.start()
+	e.waitStatus("the abandoned lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
+}

@@ -51,6 +51,9 @@ type lease struct {
 	// launcher is never told of a lease a crash could lose.
 	durable <-chan struct{}
 	grace   *time.Timer // re-adopted and waiting for its launcher
+	// awaySince: when the launcher was last known gone (set while grace
+	// runs), kept across restarts so the grace is not renewed by each.
+	awaySince time.Time
 
 	box mailbox
 

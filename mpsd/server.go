@@ -272,7 +272,7 @@ func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, err
 		l.grace.Stop()
 		l.grace = nil
 	}
-	l.bound = true
+	l.bound, l.awaySince = true, time.Time{}
 	// The launcher is told where the lease stands now, not every event
 	// since it left: a history replayed across restarts could grant it an
 	// attempt that was revoked long ago.

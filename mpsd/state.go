@@ -61,6 +61,10 @@ type savedLease struct {
 	JobID string `json:"job_id,omitempty"`
 	// RevokedFor: why it was last revoked, for a launcher that resumes.
 	RevokedFor string `json:"revoked_for,omitempty"`
+	// AwaySince: the lease was already waiting for its launcher when
+	// mpsd stopped, since then; its grace runs on from there rather than
+	// starting again with every restart.
+	AwaySince time.Time `json:"away_since,omitzero"`
 	// Queued: revoked by a fault and waiting in the queue for its next
 	// run; Instance is then empty.
 	Queued bool `json:"queued,omitempty"`
@@ -245,6 +249,9 @@ func (d *Daemon) snapshot() savedState {
 			Attempt: l.attempt, Requeue: l.requeue, Command: l.command, Created: l.created, Queued: queued,
 			Only: l.req.Only, JobID: l.jobID, RevokedFor: l.revokedFor,
 		}
+		if l.grace != nil {
+			sl.AwaySince = l.awaySince
+		}
 		if !queued {
 			sl.Instance = l.inst.key
 		}
@@ -301,7 +308,12 @@ func (d *Daemon) adoptLeases(saved savedState) {
 			id: sl.ID, group: sl.Group, uid: sl.UID, command: sl.Command, jobID: sl.JobID, revokedFor: sl.RevokedFor,
 			req:     policy.Request{Group: sl.Group, UID: sl.UID, SM: sl.SM, Mem: sl.MemBytes, GPUs: sl.GPUs, Priority: sl.Priority, Seq: sl.Seq, Only: sl.Only},
 			requeue: sl.Requeue, attempt: sl.Attempt, created: sl.Created, queuedAt: sl.Created, box: newMailbox(),
+			awaySince: sl.AwaySince,
 		}
+		if l.awaySince.IsZero() {
+			l.awaySince = time.Now()
+		}
+		grace := max(0, d.opts.ReconnectGrace-time.Since(l.awaySince))
 		d.seq = max(d.seq, sl.Seq)
 		id := cgroup.LeaseID{Group: sl.Group, Lease: sl.ID}
 		owned[id] = true
@@ -316,7 +328,7 @@ func (d *Daemon) adoptLeases(saved savedState) {
 			l.req.Requeued = true
 			d.leases[l.id] = l
 			d.queues[l.group] = append(d.queues[l.group], l)
-			l.grace = time.AfterFunc(d.opts.ReconnectGrace, func() { d.spawn(func() { d.graceOver(l) }) })
+			l.grace = time.AfterFunc(grace, func() { d.spawn(func() { d.graceOver(l) }) })
 			continue
 		}
 		if !ok {
@@ -330,7 +342,7 @@ func (d *Daemon) adoptLeases(saved savedState) {
 		in.leases[l.id] = l
 		l.inst = in
 		d.leases[l.id] = l
-		l.grace = time.AfterFunc(d.opts.ReconnectGrace, func() { d.spawn(func() { d.graceOver(l) }) })
+		l.grace = time.AfterFunc(grace, func() { d.spawn(func() { d.graceOver(l) }) })
 	}
 	d.mu.Unlock()
 	for _, l := range drop {
