@@ -16,7 +16,8 @@ import (
 // Usage is the synopsis mps-launch prints for --help.
 const Usage = `usage: mps-launch [--sm PCT] [--mem SIZE] [--gpus N] [--gpu LIST] [--group NAME]
                   [--requeue N|--no-requeue] [--wait DURATION|--no-wait]
-                  [--job ID] [--no-slurm] [--socket PATH] [--quiet] -- COMMAND [ARG...]
+                  [--job ID] [--no-slurm] [--socket PATH] [--quiet]
+                  -- COMMAND [ARG...]
 
 Runs COMMAND on a GPU shared through CUDA MPS, under a lease from mpsd.
   --sm PCT        percent of each GPU's SMs, 1-100 (default: the group's)
