@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -326,29 +326,19 @@ func leaseOfJob(st api.Status, job string) (api.LeaseStatus, bool) {
 	return api.LeaseStatus{}, false
 }
 
-// killServers SIGKILLs the MPS servers of the instance lease runs on: a
-// crashed MPS server, as the watchdog sees one.
-func (e *mpsdEnv) killServers(lease api.LeaseStatus) {
-	e.t.Helper()
-	st, err := e.status()
-	if err != nil {
-		e.t.Fatal(err)
+// crashServer SIGKILLs the MPS server of the client whose limits line
+// ("mpsemu-client: pid=P server=S ...") is in out: a crashed MPS server,
+// as the watchdog sees one.
+func crashServer(t testing.TB, out string) {
+	t.Helper()
+	m := regexp.MustCompile(`mpsemu-client: pid=\d+ server=(\d+) `).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no client limits line in:\n%s", out)
 	}
-	for _, in := range st.Instances {
-		if in.Group != lease.Group || len(lease.GPUIndexes) == 0 || in.GPUIndex != lease.GPUIndexes[0] {
-			continue
-		}
-		if len(in.ServerPIDs) == 0 {
-			e.t.Fatalf("instance of lease %s has no server: %+v", lease.ID, in)
-		}
-		for _, pid := range in.ServerPIDs {
-			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-				e.t.Fatalf("kill server %d: %v", pid, err)
-			}
-		}
-		return
+	pid, _ := strconv.Atoi(m[1])
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill MPS server %d: %v", pid, err)
 	}
-	e.t.Fatalf("no instance for lease %+v in %+v", lease, st.Instances)
 }
 
 // waitFile polls path until it contains want, and returns its content.

@@ -496,11 +496,13 @@ func TestSlurm(t *testing.T) {
 `)
 	c := startCluster(t, dir, e)
 	t.Logf("Slurm and mpsd up in %s", time.Since(start).Round(time.Millisecond))
+	// gate is a shell loop that holds a job's lease until open is called
+	// (again is harmless).
 	gate := func(name string) (wait string, open func()) {
 		path := filepath.Join(dir, "gate-"+name)
 		return "while [ ! -e " + path + " ]; do sleep 0.02; done", func() {
 			if err := os.WriteFile(path, nil, 0o644); err != nil {
-				t.Fatal(err)
+				t.Errorf("open gate %s: %v", name, err)
 			}
 		}
 	}
@@ -582,16 +584,11 @@ func TestSlurm(t *testing.T) {
 		done := c.srun("relaunch", &code, "mps-launch", "--requeue", "1", "--", "sh", "-c",
 			`echo "attempt $MPSD_ATTEMPT"; if [ "$MPSD_ATTEMPT" = 1 ]; then exec mpsemu-client --duration 1h; fi; exec mpsemu-client`)
 		id := c.jobID("relaunch")
-		waitFile(t, filepath.Join(dir, "relaunch.out"), "mpsemu-client: pid=")
-		st, err := e.status()
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, ok := leaseOfJob(st, id+".0")
-		if !ok {
-			t.Fatalf("no lease of job %s.0 in %+v", id, st.Leases)
-		}
-		e.killServers(l)
+		e.waitStatus("job "+id+"'s lease running", func(st api.Status) bool {
+			l, ok := leaseOfJob(st, id+".0")
+			return ok && l.State == api.LeaseRunning
+		})
+		crashServer(t, waitFile(t, filepath.Join(dir, "relaunch.out"), "mpsemu-client: pid="))
 		if code := c.wait("relaunch", done, &code); code != 0 {
 			t.Fatalf("exit %d; stderr:\n%s", code, c.read("relaunch.err"))
 		}
@@ -624,13 +621,7 @@ exec mps-launch --no-requeue -- mpsemu-client
 			l, ok := leaseOfJob(st, id)
 			return ok && l.State == api.LeaseRunning
 		})
-		waitFile(t, out, "mpsemu-client: pid=")
-		st, err := e.status()
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, _ := leaseOfJob(st, id)
-		e.killServers(l)
+		crashServer(t, waitFile(t, out, "mpsemu-client: pid="))
 		c.waitJob(id, "requeued", func(j map[string]string) bool { return j["Restarts"] == "1" && j["JobState"] == "PENDING" })
 		log := waitFile(t, out, "no requeue attempts left")
 		if !regexp.MustCompile(`(?m)^mps-launch: job ` + id + `: lease revoked: .+; no requeue attempts left \(0 used\)$`).MatchString(log) {
