@@ -9,14 +9,23 @@ if [ -n "$procs" ]; then
 	echo "$procs" >&2
 	fail=1
 fi
+# internal/slurmtest runs Slurm and munge from /tmp/mpsd-slurm*, with that
+# directory on their command lines.
+slurm=$(pgrep -a -f '(munged|slurmctld|slurmd) .*mpsd-slurm' | grep -v -e pgrep -e check-leftovers || true)
+if [ -n "$slurm" ]; then
+	echo "check-leftovers: Slurm or munge daemons left running by the tests:" >&2
+	echo "$slurm" >&2
+	fail=1
+fi
 cgs=$(ls -d /sys/fs/cgroup/*/mpsd-test* /sys/fs/cgroup/mpsd-test* /sys/fs/cgroup/unified/mpsd-test* 2>/dev/null || true)
 if [ -n "$cgs" ]; then
 	echo "check-leftovers: cgroups left by the tests:" >&2
 	echo "$cgs" >&2
 	fail=1
 fi
-# mps/ tests keep pipe dirs short (unix socket paths are limited) in /tmp/mpst*.
-tmps=$(ls -d "${TMPDIR:-/tmp}"/mpst* 2>/dev/null || true)
+# mps/ tests keep pipe dirs short (unix socket paths are limited) in /tmp/mpst*,
+# internal/slurmtest in /tmp/mpsd-slurm*.
+tmps=$(ls -d "${TMPDIR:-/tmp}"/mpst* "${TMPDIR:-/tmp}"/mpsd-slurm* 2>/dev/null || true)
 if [ -n "$tmps" ]; then
 	echo "check-leftovers: temporary directories left by the tests:" >&2
 	echo "$tmps" >&2

@@ -76,10 +76,19 @@ func executable(p string) error {
 // caller's value of the same name, and MPSD_LEASE_ID, MPSD_GROUP and
 // MPSD_ATTEMPT taken from the lease itself so they always match the run.
 // The trampoline's own variable is dropped so a nested mps-launch behaves.
-func childEnv(caller []string, lease *api.Lease) []string {
-	set := make(map[string]string, len(lease.Env)+3)
+//
+// With pinGPUs (the request named its GPUs, as a Slurm job does) the
+// command's CUDA_VISIBLE_DEVICES becomes the lease's GPU UUIDs: the
+// caller's value names GPUs of the host (Slurm's indexes), but a client of
+// an MPS server enumerates only that server's GPUs, so an index such as 1
+// would select no device there. UUIDs mean the same GPU in both.
+func childEnv(caller []string, lease *api.Lease, pinGPUs bool) []string {
+	set := make(map[string]string, len(lease.Env)+4)
 	for k, v := range lease.Env {
 		set[k] = v
+	}
+	if pinGPUs && len(lease.GPUUUIDs) > 0 {
+		set[EnvVisibleDevices] = strings.Join(lease.GPUUUIDs, ",")
 	}
 	set[api.EnvLeaseID] = lease.ID
 	set[api.EnvGroup] = lease.Group

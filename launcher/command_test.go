@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -94,8 +95,42 @@ func TestChildEnv(t *testing.T) {
 		"MPSD_GROUP=inference",
 		"MPSD_LEASE_ID=l-9",
 	}
-	if got := childEnv(caller, lease); !slices.Equal(got, want) {
+	if got := childEnv(caller, lease, false); !slices.Equal(got, want) {
 		t.Errorf("childEnv\n got %q\nwant %q", got, want)
+	}
+}
+
+// TestChildEnvPinGPUs: a request confined to GPUs hands the command the
+// lease's GPUs by UUID in place of the caller's (Slurm's) host indexes;
+// without a GPU list, or without UUIDs in the lease, the caller's value
+// stays.
+func TestChildEnvPinGPUs(t *testing.T) {
+	caller := []string{"PATH=/usr/bin", "CUDA_VISIBLE_DEVICES=1,3"}
+	lease := func(uuids ...string) *api.Lease {
+		return &api.Lease{ID: "l-1", Group: "g", GPUUUIDs: uuids, Attempt: 1}
+	}
+	for _, tc := range []struct {
+		name  string
+		lease *api.Lease
+		pin   bool
+		want  string
+	}{
+		{"pinned", lease("GPU-b", "GPU-d"), true, "CUDA_VISIBLE_DEVICES=GPU-b,GPU-d"},
+		{"no GPU list", lease("GPU-b"), false, "CUDA_VISIBLE_DEVICES=1,3"},
+		{"lease without UUIDs", lease(), true, "CUDA_VISIBLE_DEVICES=1,3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := childEnv(caller, tc.lease, tc.pin)
+			var got []string
+			for _, kv := range env {
+				if strings.HasPrefix(kv, "CUDA_VISIBLE_DEVICES=") {
+					got = append(got, kv)
+				}
+			}
+			if len(got) != 1 || got[0] != tc.want {
+				t.Errorf("CUDA_VISIBLE_DEVICES entries %q, want exactly %q", got, tc.want)
+			}
+		})
 	}
 }
 

@@ -8,6 +8,10 @@
 //   - the command line of DESIGN.md §5 (ParseArgs, one line per bad input)
 //     and the exit statuses: the command's own, 128+N for signal N, 125,
 //     126, 127 and 75 (ExitCode maps errors to them);
+//   - the defaults a Slurm job's environment gives (job id, gres/mps SM
+//     share, the job's GPUs; see Usage) and the refusal to run as another
+//     uid than the job's (Options.CheckUID). examples/slurm/ has the
+//     slurm.conf side, RequeueExit=75 among it;
 //   - one lease stream per run, held open exactly as long as the lease is
 //     needed (closing it releases the lease), re-opened with the lease id
 //     when mpsd restarts;

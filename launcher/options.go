@@ -6,21 +6,26 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/gpusel"
 	"github.com/mpsd/mpsd/internal/units"
 )
 
 // Usage is the synopsis mps-launch prints for --help.
-const Usage = `usage: mps-launch [--sm PCT] [--mem SIZE] [--gpus N] [--group NAME]
+const Usage = `usage: mps-launch [--sm PCT] [--mem SIZE] [--gpus N] [--gpu LIST] [--group NAME]
                   [--requeue N|--no-requeue] [--wait DURATION|--no-wait]
-                  [--socket PATH] [--quiet] -- COMMAND [ARG...]
+                  [--job ID] [--no-slurm] [--socket PATH] [--quiet]
+                  -- COMMAND [ARG...]
 
 Runs COMMAND on a GPU shared through CUDA MPS, under a lease from mpsd.
   --sm PCT        percent of each GPU's SMs, 1-100 (default: the group's)
   --mem SIZE      pinned device memory per GPU: 8G, 8GiB, 512M, 1.5G, bytes;
                   units are binary (default: the group's)
   --gpus N        number of GPUs (default 1)
+  --gpu LIST      run only on these GPUs: NVML indexes, GPU UUIDs or UUID
+                  prefixes, comma-separated (default: any of the group's)
   --group NAME    tenant group (default: your only or first group)
   --requeue N     relaunch at most N times if a fault revokes the lease
                   (default: the group's requeue_attempts)
@@ -28,11 +33,19 @@ Runs COMMAND on a GPU shared through CUDA MPS, under a lease from mpsd.
   --wait DURATION give up after waiting this long in the queue (e.g. 90s, 5m;
                   default: wait for ever)
   --no-wait       give up at once if the GPU is full
+  --job ID        tag the lease with batch job ID (mpsctl status shows it)
+  --no-slurm      ignore the Slurm job's environment (see below)
   --socket PATH   mpsd's socket (default $MPSD_SOCKET, else /run/mpsd/mpsd.sock)
   --quiet         no status or requeue lines on stderr
+Inside a Slurm job ($SLURM_JOB_ID set) the job's allocation gives the
+defaults: --job $SLURM_JOB_ID.$SLURM_STEP_ID (.STEP only in a step), --sm
+$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (gres/mps), --gpu $SLURM_STEP_GPUS, else
+$SLURM_JOB_GPUS, else $CUDA_VISIBLE_DEVICES. Flags override them. With a
+GPU list, COMMAND's CUDA_VISIBLE_DEVICES names the lease's GPUs by UUID.
+mps-launch refuses to run as another user than $SLURM_JOB_UID.
 Exit status: COMMAND's; 128+N if it died by signal N; 125 launcher or mpsd
 error; 126 COMMAND not executable; 127 COMMAND not found; 75 wait timed out
-or requeue attempts used up.
+or requeue attempts used up (slurm.conf RequeueExit=75 requeues the job).
 `
 
 // Options are mps-launch's parsed command line. Zero values of SM, Mem,
@@ -50,20 +63,48 @@ type Options struct {
 	NoWait bool
 	Socket string
 	Quiet  bool
+	// GPUSelect is --gpu, or the Slurm job's GPUs: selectors of
+	// package gpusel (checked for syntax only; mpsd resolves them). nil:
+	// any GPU of the group.
+	GPUSelect []string
+	// JobID is --job, or the Slurm job (and step) id; "" for none.
+	JobID string
+	// NoSlurm is --no-slurm: the Slurm variables are not read.
+	NoSlurm bool
+	// SlurmJobUID is $SLURM_JOB_UID inside a Slurm job, the uid the job
+	// runs as; -1 outside one, with --no-slurm, or when it is not set.
+	// CheckUID compares it with the caller's.
+	SlurmJobUID int
 	// Command is the program and its arguments, never empty.
 	Command []string
 }
 
+// The Slurm variables mps-launch reads inside a job (ParseArgs).
+const (
+	EnvSlurmJobID     = "SLURM_JOB_ID"
+	EnvSlurmStepID    = "SLURM_STEP_ID"
+	EnvSlurmJobUID    = "SLURM_JOB_UID"
+	EnvSlurmStepGPUs  = "SLURM_STEP_GPUS"
+	EnvSlurmJobGPUs   = "SLURM_JOB_GPUS"
+	EnvVisibleDevices = "CUDA_VISIBLE_DEVICES"
+)
+
 // errHelp is returned by ParseArgs for --help.
 var errHelp = errors.New("launcher: help requested")
 
-// ParseArgs reads mps-launch's arguments. getenv supplies MPSD_SOCKET.
+// ParseArgs reads mps-launch's arguments. getenv supplies MPSD_SOCKET
+// and, inside a Slurm job (SLURM_JOB_ID set, no --no-slurm), the defaults
+// of --job, --sm and --gpu that Usage lists; a flag always wins over the
+// environment, and a variable a flag overrides is not read. An empty
+// variable counts as unset, and so does CUDA_VISIBLE_DEVICES=NoDevFiles
+// (Slurm's word for a GPU resource without device files).
 // Flags take `--name value` or `--name=value` (one dash works too); the
 // command starts after `--` or at the first argument that is not a flag.
-// Every error wraps ErrUsage and is one line naming the offending input.
+// Every error wraps ErrUsage and is one line naming the offending input,
+// flag or environment variable.
 func ParseArgs(args []string, getenv func(string) string) (Options, error) {
-	o := Options{Requeue: -1}
-	var requeueSet, noRequeue, waitSet bool
+	o := Options{Requeue: -1, SlurmJobUID: -1}
+	var requeueSet, noRequeue, waitSet, smSet, gpuSet, jobSet bool
 	usage := func(format string, a ...any) (Options, error) {
 		return Options{}, fmt.Errorf("%w: "+format, append([]any{ErrUsage}, a...)...)
 	}
@@ -113,7 +154,13 @@ func ParseArgs(args []string, getenv func(string) string) (Options, error) {
 			}
 			o.NoWait = true
 			continue
-		case "sm", "mem", "gpus", "group", "requeue", "wait", "socket":
+		case "no-slurm":
+			if !noValue() {
+				return usage("%s takes no value", flag)
+			}
+			o.NoSlurm = true
+			continue
+		case "sm", "mem", "gpus", "gpu", "group", "requeue", "wait", "socket", "job":
 		default:
 			return usage("unknown flag %s (mps-launch --help lists the flags)", strings.SplitN(arg, "=", 2)[0])
 		}
@@ -127,7 +174,7 @@ func ParseArgs(args []string, getenv func(string) string) (Options, error) {
 			if err != nil || n < 1 || n > 100 {
 				return usage("--sm %q: want a whole percentage from 1 to 100", v)
 			}
-			o.SM = n
+			o.SM, smSet = n, true
 		case "mem":
 			b, err := units.ParseSize(v)
 			if err != nil {
@@ -143,6 +190,17 @@ func ParseArgs(args []string, getenv func(string) string) (Options, error) {
 				return usage("--gpus %q: want a whole number of GPUs, 1 or more", v)
 			}
 			o.GPUs = n
+		case "gpu":
+			sel, reason := parseGPUList(v)
+			if reason != "" {
+				return usage("--gpu %q: %s", v, reason)
+			}
+			o.GPUSelect, gpuSet = sel, true
+		case "job":
+			if reason := badJobID(v); reason != "" {
+				return usage("--job %q: %s", v, reason)
+			}
+			o.JobID, jobSet = v, true
 		case "group":
 			if v == "" {
 				return usage("--group: empty group name")
@@ -191,7 +249,122 @@ func ParseArgs(args []string, getenv func(string) string) (Options, error) {
 	if o.Socket == "" {
 		o.Socket = api.DefaultSocket
 	}
+	if o.NoSlurm || getenv(EnvSlurmJobID) == "" {
+		return o, nil
+	}
+	if err := o.slurmDefaults(getenv, !jobSet, !smSet, !gpuSet); err != nil {
+		return Options{}, err
+	}
 	return o, nil
+}
+
+// slurmDefaults fills in what a Slurm job's environment says and the
+// flags left open: the job id, the SM share of a gres/mps allocation and
+// the job's GPUs, and records SLURM_JOB_UID for CheckUID. Slurm sets
+// these variables for every step (srun) and for the batch script, so
+// their values are Slurm's unless a user changed them: a bad one is
+// refused, naming it, rather than silently ignored.
+func (o *Options) slurmDefaults(getenv func(string) string, job, sm, gpu bool) error {
+	bad := func(name, v, reason, flag string) error {
+		return fmt.Errorf("%w: %s %q: %s (it is the default of --%s in a Slurm job; give --%s, or --no-slurm)",
+			ErrUsage, name, v, reason, flag, flag)
+	}
+	if job {
+		id := getenv(EnvSlurmJobID)
+		if step := getenv(EnvSlurmStepID); step != "" {
+			// A step of the job (srun); the batch script has no step id.
+			id += "." + step
+		}
+		if reason := badJobID(id); reason != "" {
+			return bad(EnvSlurmJobID, id, reason, "job")
+		}
+		o.JobID = id
+	}
+	if v := getenv(api.EnvThreadPercentage); sm && v != "" {
+		// Slurm's gres/mps sets it to the allocation's share of the GPU.
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100 {
+			return bad(api.EnvThreadPercentage, v, "want a whole percentage from 1 to 100", "sm")
+		}
+		o.SM = n
+	}
+	if gpu {
+		// SLURM_STEP_GPUS and SLURM_JOB_GPUS hold the node's GPU indexes;
+		// CUDA_VISIBLE_DEVICES holds the same, or with ConstrainDevices
+		// indexes counted within the job, which would name another job's
+		// GPUs to mpsd. So it only counts when Slurm set neither (gres
+		// types without them, a job that set its own).
+		for _, name := range []string{EnvSlurmStepGPUs, EnvSlurmJobGPUs, EnvVisibleDevices} {
+			v := getenv(name)
+			if v == "" || v == "NoDevFiles" {
+				continue
+			}
+			sel, reason := parseGPUList(v)
+			if reason != "" {
+				return bad(name, v, reason, "gpu")
+			}
+			o.GPUSelect = sel
+			break
+		}
+	}
+	if v := getenv(EnvSlurmJobUID); v != "" {
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil {
+			return fmt.Errorf("%w: %s %q: want a numeric uid (--no-slurm ignores it)", ErrUsage, EnvSlurmJobUID, v)
+		}
+		o.SlurmJobUID = int(n)
+	}
+	return nil
+}
+
+// CheckUID refuses to run inside a Slurm job as another user than the
+// job's (SlurmJobUID): mpsd would grant the lease to the caller, so the
+// job's work would run and be accounted under another uid, tagged with
+// the job's id. Root in a job's environment is the usual way there (sudo,
+// an admin's shell that inherited it). It returns nil outside a job.
+func (o Options) CheckUID(uid int) error {
+	if o.SlurmJobUID < 0 || o.SlurmJobUID == uid {
+		return nil
+	}
+	return fmt.Errorf("%w: %s is %d but mps-launch runs as uid %d: the lease would be uid %d's, not the job owner's; "+
+		"run it as uid %d, or give --no-slurm to ignore the Slurm job's environment",
+		ErrUsage, EnvSlurmJobUID, o.SlurmJobUID, uid, uid, o.SlurmJobUID)
+}
+
+// parseGPUList splits a comma-separated GPU list and checks each entry's
+// syntax with package gpusel, the grammar mpsd resolves them with. It
+// returns the entries, or why the list is refused ("" when it is not).
+func parseGPUList(v string) ([]string, string) {
+	entries := strings.Split(v, ",")
+	for i := range entries {
+		entries[i] = strings.TrimSpace(entries[i])
+	}
+	if len(entries) > api.MaxGPUSelect {
+		return nil, fmt.Sprintf("%d GPUs, more than %d", len(entries), api.MaxGPUSelect)
+	}
+	if _, err := gpusel.ParseList(entries); err != nil {
+		var es gpusel.Errors
+		if errors.As(err, &es) {
+			e := es[0]
+			return nil, fmt.Sprintf("entry %d %q: %s", e.Pos+1, e.Entry, e.Reason)
+		}
+		return nil, err.Error()
+	}
+	return entries, ""
+}
+
+// badJobID is why id cannot tag a lease (the bounds of api.LeaseRequest's
+// job_id), or "".
+func badJobID(id string) string {
+	switch {
+	case id == "":
+		return "empty job id"
+	case len(id) > api.MaxJobIDLen:
+		return fmt.Sprintf("longer than %d bytes", api.MaxJobIDLen)
+	case !utf8.ValidString(id) || strings.ContainsFunc(id, func(r rune) bool { return r < 0x20 || r == 0x7f || r == utf8.RuneError }):
+		return "control characters or not UTF-8"
+	}
+	return ""
 }
 
 // sizeReason is what ParseSize found wrong, without its own prefix and
@@ -209,12 +382,14 @@ func sizeReason(err error, in string) string {
 // LeaseRequest is the request these options make.
 func (o Options) LeaseRequest() api.LeaseRequest {
 	req := api.LeaseRequest{
-		SM:       o.SM,
-		MemBytes: o.Mem,
-		GPUs:     o.GPUs,
-		Group:    o.Group,
-		NoWait:   o.NoWait,
-		Command:  o.Command,
+		SM:        o.SM,
+		MemBytes:  o.Mem,
+		GPUs:      o.GPUs,
+		Group:     o.Group,
+		NoWait:    o.NoWait,
+		Command:   o.Command,
+		GPUSelect: o.GPUSelect,
+		JobID:     o.JobID,
 	}
 	if o.Requeue >= 0 {
 		n := o.Requeue

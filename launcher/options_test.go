@@ -15,7 +15,7 @@ func noEnv(string) string { return "" }
 
 func TestParseArgs(t *testing.T) {
 	def := func(mut func(*Options)) Options {
-		o := Options{Requeue: -1, Socket: api.DefaultSocket, Command: []string{"./infer"}}
+		o := Options{Requeue: -1, SlurmJobUID: -1, Socket: api.DefaultSocket, Command: []string{"./infer"}}
 		mut(&o)
 		return o
 	}
@@ -48,6 +48,44 @@ func TestParseArgs(t *testing.T) {
 		{"command arguments are not flags", []string{"--sm", "5", "./infer", "--sm", "7", "--"}, nil,
 			def(func(o *Options) { o.SM, o.Command = 5, []string{"./infer", "--sm", "7", "--"} })},
 		{"dash-led command after --", []string{"--", "-weird"}, nil, def(func(o *Options) { o.Command = []string{"-weird"} })},
+		{"gpu and job", []string{"--gpu", "0, GPU-1a2b ,3", "--job=run-7", "./infer"}, nil,
+			def(func(o *Options) { o.GPUSelect, o.JobID = []string{"0", "GPU-1a2b", "3"}, "run-7" })},
+		{"gpu all", []string{"--gpu=all", "./infer"}, nil, def(func(o *Options) { o.GPUSelect = []string{"all"} })},
+		{"no-slurm outside a job", []string{"--no-slurm", "./infer"}, nil, def(func(o *Options) { o.NoSlurm = true })},
+		{"Slurm variables outside a job are not read", []string{"./infer"},
+			map[string]string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50", "CUDA_VISIBLE_DEVICES": "1", "SLURM_JOB_UID": "1001", "SLURM_STEP_GPUS": "1"},
+			def(func(*Options) {})},
+		// Inside a Slurm job: what gres/mps, shard and gpu set.
+		{"batch script", []string{"./infer"}, map[string]string{"SLURM_JOB_ID": "42", "SLURM_JOB_UID": "1001"},
+			def(func(o *Options) { o.JobID, o.SlurmJobUID = "42", 1001 })},
+		{"step of gres/mps", []string{"./infer"},
+			map[string]string{"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_JOB_UID": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"},
+			def(func(o *Options) { o.JobID, o.SlurmJobUID, o.SM = "42.0", 0, 50 })},
+		{"step of gres/shard", []string{"./infer"},
+			map[string]string{"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "3", "SLURM_STEP_GPUS": "1", "CUDA_VISIBLE_DEVICES": "1"},
+			def(func(o *Options) { o.JobID, o.GPUSelect = "42.3", []string{"1"} })},
+		{"step GPUs beat the visible devices", []string{"./infer"},
+			map[string]string{"SLURM_JOB_ID": "42", "SLURM_STEP_GPUS": "2,3", "SLURM_JOB_GPUS": "1,2,3", "CUDA_VISIBLE_DEVICES": "0,1"},
+			def(func(o *Options) { o.JobID, o.GPUSelect = "42", []string{"2", "3"} })},
+		{"job GPUs in the batch script", []string{"./infer"},
+			map[string]string{"SLURM_JOB_ID": "42", "SLURM_JOB_GPUS": "1,2", "CUDA_VISIBLE_DEVICES": "0,1"},
+			def(func(o *Options) { o.JobID, o.GPUSelect = "42", []string{"1", "2"} })},
+		{"visible devices as UUIDs", []string{"./infer"},
+			map[string]string{"SLURM_JOB_ID": "42", "CUDA_VISIBLE_DEVICES": "GPU-1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d"},
+			def(func(o *Options) { o.JobID, o.GPUSelect = "42", []string{"GPU-1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d"} })},
+		{"NoDevFiles is no GPU list", []string{"./infer"}, map[string]string{"SLURM_JOB_ID": "42", "CUDA_VISIBLE_DEVICES": "NoDevFiles"},
+			def(func(o *Options) { o.JobID = "42" })},
+		{"flags beat the job's environment", []string{"--sm", "20", "--gpu", "GPU-aa", "--job", "mine", "./infer"},
+			map[string]string{"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50", "SLURM_STEP_GPUS": "1"},
+			def(func(o *Options) { o.SM, o.GPUSelect, o.JobID = 20, []string{"GPU-aa"}, "mine" })},
+		{"a flag hides a bad variable", []string{"--sm", "20", "--gpu", "0", "./infer"},
+			map[string]string{"SLURM_JOB_ID": "42", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "375", "SLURM_STEP_GPUS": "MIG-1"},
+			def(func(o *Options) { o.SM, o.GPUSelect, o.JobID = 20, []string{"0"}, "42" })},
+		{"no-slurm ignores the job", []string{"--no-slurm", "./infer"},
+			map[string]string{"SLURM_JOB_ID": "42", "SLURM_JOB_UID": "x", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "375", "SLURM_STEP_GPUS": "1"},
+			def(func(o *Options) { o.NoSlurm = true })},
+		{"no-slurm with an explicit job", []string{"--no-slurm", "--job", "42", "./infer"}, map[string]string{"SLURM_JOB_ID": "42"},
+			def(func(o *Options) { o.NoSlurm, o.JobID = true, "42" })},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseArgs(tc.args, func(k string) string { return tc.env[k] })
@@ -95,6 +133,16 @@ func TestParseArgsErrors(t *testing.T) {
 		{"quiet with a value", []string{"--quiet=yes", "x"}, `--quiet takes no value`},
 		{"empty group", []string{"--group=", "x"}, `--group: empty group name`},
 		{"empty socket", []string{"--socket", "", "x"}, `--socket: empty path`},
+		{"gpu empty", []string{"--gpu=", "x"}, `--gpu "": entry 1 "": empty`},
+		{"gpu empty entry", []string{"--gpu", "0,,1", "x"}, `--gpu "0,,1": entry 2 "": empty`},
+		{"gpu MIG", []string{"--gpu", "MIG-1", "x"}, `--gpu "MIG-1": entry 1 "MIG-1": MIG devices cannot be selected; select the whole GPU`},
+		{"gpu not a selector", []string{"--gpu", "0,gpu1", "x"}, `--gpu "0,gpu1": entry 2 "gpu1": want "all", an index, a GPU UUID or a UUID prefix`},
+		{"gpu too many", []string{"--gpu", strings.Repeat("0,", 64) + "0", "x"}, `--gpu "` + strings.Repeat("0,", 64) + `0": 65 GPUs, more than 64`},
+		{"job empty", []string{"--job", "", "x"}, `--job "": empty job id`},
+		{"job too long", []string{"--job", strings.Repeat("j", 129), "x"}, `--job "` + strings.Repeat("j", 129) + `": longer than 128 bytes`},
+		{"job control character", []string{"--job", "a\tb", "x"}, `--job "a\tb": control characters or not UTF-8`},
+		{"job not UTF-8", []string{"--job", "a\xffb", "x"}, `--job "a\xffb": control characters or not UTF-8`},
+		{"no-slurm with a value", []string{"--no-slurm=1", "x"}, `--no-slurm takes no value`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ParseArgs(tc.args, noEnv)
@@ -106,6 +154,77 @@ func TestParseArgsErrors(t *testing.T) {
 			}
 			if ExitCode(err) != ExitFailure {
 				t.Errorf("ExitCode = %d, want %d", ExitCode(err), ExitFailure)
+			}
+		})
+	}
+}
+
+// TestParseArgsSlurmErrors: a bad value in a Slurm job's environment is
+// refused with one line naming the variable, the flag it stands for and
+// the ways out.
+func TestParseArgsSlurmErrors(t *testing.T) {
+	job := func(kv ...string) map[string]string {
+		env := map[string]string{"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"}
+		for i := 0; i < len(kv); i += 2 {
+			env[kv[i]] = kv[i+1]
+		}
+		return env
+	}
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		// Slurm 22.05 computes this from the shard count when a node has
+		// both gres/mps and gres/shard; 375 is what it set.
+		{"thread percentage 375", job("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "375"),
+			`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "375": want a whole percentage from 1 to 100 (it is the default of --sm in a Slurm job; give --sm, or --no-slurm)`},
+		{"thread percentage 0", job("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "0"),
+			`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "0": want a whole percentage from 1 to 100 (it is the default of --sm in a Slurm job; give --sm, or --no-slurm)`},
+		{"thread percentage fraction", job("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "12.5"),
+			`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "12.5": want a whole percentage from 1 to 100 (it is the default of --sm in a Slurm job; give --sm, or --no-slurm)`},
+		{"step GPUs", job("SLURM_STEP_GPUS", "0,x"),
+			`SLURM_STEP_GPUS "0,x": entry 2 "x": want "all", an index, a GPU UUID or a UUID prefix (it is the default of --gpu in a Slurm job; give --gpu, or --no-slurm)`},
+		{"job GPUs", job("SLURM_JOB_GPUS", "-1"),
+			`SLURM_JOB_GPUS "-1": entry 1 "-1": want "all", an index, a GPU UUID or a UUID prefix (it is the default of --gpu in a Slurm job; give --gpu, or --no-slurm)`},
+		{"MIG visible", job("CUDA_VISIBLE_DEVICES", "MIG-4f0d"),
+			`CUDA_VISIBLE_DEVICES "MIG-4f0d": entry 1 "MIG-4f0d": MIG devices cannot be selected; select the whole GPU (it is the default of --gpu in a Slurm job; give --gpu, or --no-slurm)`},
+		{"job id", map[string]string{"SLURM_JOB_ID": "4\n2"},
+			`SLURM_JOB_ID "4\n2": control characters or not UTF-8 (it is the default of --job in a Slurm job; give --job, or --no-slurm)`},
+		{"job uid", job("SLURM_JOB_UID", "alice"), `SLURM_JOB_UID "alice": want a numeric uid (--no-slurm ignores it)`},
+		{"negative job uid", job("SLURM_JOB_UID", "-1"), `SLURM_JOB_UID "-1": want a numeric uid (--no-slurm ignores it)`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseArgs([]string{"x"}, func(k string) string { return tc.env[k] })
+			if !errors.Is(err, ErrUsage) {
+				t.Fatalf("ParseArgs = %v, want ErrUsage", err)
+			}
+			if got := message(err); got != tc.want {
+				t.Errorf("message\n got %s\nwant %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestCheckUID(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		jobUID   int
+		uid      int
+		refusedf string
+	}{
+		{"outside a job", -1, 1000, ""},
+		{"the job's user", 1001, 1001, ""},
+		{"root in a user's job", 1001, 0, "SLURM_JOB_UID is 1001 but mps-launch runs as uid 0: the lease would be uid 0's, not the job owner's; " +
+			"run it as uid 1001, or give --no-slurm to ignore the Slurm job's environment"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := Options{SlurmJobUID: tc.jobUID}.CheckUID(tc.uid)
+			switch {
+			case tc.refusedf == "" && err != nil:
+				t.Errorf("CheckUID = %v, want nil", err)
+			case tc.refusedf != "" && (!errors.Is(err, ErrUsage) || message(err) != tc.refusedf):
+				t.Errorf("CheckUID = %v\nwant %s", err, tc.refusedf)
 			}
 		})
 	}
@@ -134,6 +253,8 @@ func TestOptionsLeaseRequest(t *testing.T) {
 		{"sub-millisecond wait rounds up", Options{Requeue: -1, Wait: time.Microsecond, Command: []string{"a"}}, api.LeaseRequest{WaitMillis: 1, Command: []string{"a"}}},
 		{"1.5ms rounds up", Options{Requeue: -1, Wait: 1500 * time.Microsecond, Command: []string{"a"}}, api.LeaseRequest{WaitMillis: 2, Command: []string{"a"}}},
 		{"no-wait", Options{Requeue: -1, NoWait: true, Command: []string{"a"}}, api.LeaseRequest{NoWait: true, Command: []string{"a"}}},
+		{"GPUs and job", Options{Requeue: -1, GPUSelect: []string{"1", "GPU-ab"}, JobID: "42.0", Command: []string{"a"}},
+			api.LeaseRequest{GPUSelect: []string{"1", "GPU-ab"}, JobID: "42.0", Command: []string{"a"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := tc.o.LeaseRequest()
@@ -156,6 +277,7 @@ func FuzzParseArgs(f *testing.F) {
 		"--gpus\x000\x00x", "--bogus\x00x", "--sm\x0010", "--wait\x001s\x00--no-wait\x00x",
 		"--mem\x001.5G\x00--requeue\x003\x00--wait\x0090s\x00x", "--no-requeue\x00--quiet\x00--\x00-x",
 		"--wait\x000.0001ms\x00x", "--mem\x0018446744073709551616\x00x", "",
+		"--gpu\x000,GPU-1a\x00--job\x0042.0\x00x", "--gpu\x00,\x00x", "--job\x00\x00x", "--no-slurm\x00x",
 	} {
 		f.Add(seed)
 	}
@@ -182,6 +304,38 @@ func FuzzParseArgs(f *testing.F) {
 		}
 		if err := o.LeaseRequest().Validate(); err != nil {
 			t.Fatalf("ParseArgs(%q) makes an invalid request: %v", args, err)
+		}
+	})
+}
+
+// FuzzParseArgsSlurm: whatever a Slurm job's environment holds, ParseArgs
+// either makes options that make a valid request or fails with one line
+// wrapping ErrUsage.
+func FuzzParseArgsSlurm(f *testing.F) {
+	f.Add("42", "0", "0", "50", "1", "", "")
+	f.Add("42", "", "1001", "375", "", "0,1", "NoDevFiles")
+	f.Add("4\x002", "batch", "x", "0", "MIG-1", ",", "GPU-1a2b")
+	f.Fuzz(func(t *testing.T, job, step, uid, pct, stepGPUs, jobGPUs, visible string) {
+		env := map[string]string{
+			EnvSlurmJobID: job, EnvSlurmStepID: step, EnvSlurmJobUID: uid, api.EnvThreadPercentage: pct,
+			EnvSlurmStepGPUs: stepGPUs, EnvSlurmJobGPUs: jobGPUs, EnvVisibleDevices: visible,
+		}
+		o, err := ParseArgs([]string{"x"}, func(k string) string { return env[k] })
+		if err != nil {
+			if !errors.Is(err, ErrUsage) {
+				t.Fatalf("ParseArgs = %v, not a usage error", err)
+			}
+			all := job + step + uid + pct + stepGPUs + jobGPUs + visible
+			if strings.Contains(message(err), "\n") && !strings.Contains(all, "\n") {
+				t.Fatalf("message is more than one line: %q", message(err))
+			}
+			return
+		}
+		if job != "" && o.JobID == "" {
+			t.Fatalf("in job %q without a job id: %+v", job, o)
+		}
+		if err := o.LeaseRequest().Validate(); err != nil {
+			t.Fatalf("env %q makes an invalid request: %v", env, err)
 		}
 	})
 }

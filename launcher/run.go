@@ -64,6 +64,9 @@ func Main(ctx context.Context, args []string, stdin, stdout, stderr *os.File, en
 		fmt.Fprint(stdout, Usage)
 		return 0
 	}
+	if err == nil {
+		err = opts.CheckUID(os.Getuid())
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "mps-launch: %s\n", message(err))
 		return ExitFailure
@@ -85,7 +88,9 @@ func Main(ctx context.Context, args []string, stdin, stdout, stderr *os.File, en
 // Run resolves the command, asks mpsd for a lease, runs the command under
 // it (again after each requeue) and returns mps-launch's exit status: the
 // command's own, 128+N for signal N, or ExitFailure, ExitNotExecutable,
-// ExitNotFound or ExitTempFail with one line on Stderr saying why.
+// ExitNotFound or ExitTempFail with one line on Stderr saying why. With a
+// JobID, each line mps-launch prints names the job ("mps-launch: job 42:
+// ..."), so a batch job's log says which job a requeue or a failure hit.
 // Cancelling ctx kills the command and returns ExitFailure.
 func Run(ctx context.Context, cfg Config) int {
 	if cfg.Self == "" {
@@ -113,10 +118,19 @@ func Run(ctx context.Context, cfg Config) int {
 	}
 	code, err := s.run(ctx)
 	if err != nil {
-		fmt.Fprintf(errw, "mps-launch: %s\n", message(err))
+		fmt.Fprintf(errw, "%s%s\n", s.prefix(), message(err))
 		return ExitCode(err)
 	}
 	return code
+}
+
+// prefix starts every line mps-launch prints: "mps-launch: ", and the
+// batch job the lease is tagged with.
+func (s *session) prefix() string {
+	if s.cfg.JobID == "" {
+		return "mps-launch: "
+	}
+	return "mps-launch: job " + s.cfg.JobID + ": "
 }
 
 // session is one run of mps-launch. All its fields belong to the goroutine
@@ -339,7 +353,7 @@ func (s *session) onEvent(ctx context.Context, m streamMsg) *done {
 			return s.fail(fmt.Errorf("%w: requeued without a revocation", ErrProtocol))
 		}
 		if !s.cfg.Quiet {
-			fmt.Fprintf(s.errw, "mps-launch: lease %s revoked (%s); requeued, attempt %d\n", s.lease.ID, s.revoked, ev.Attempt)
+			fmt.Fprintf(s.errw, "%slease %s revoked (%s); requeued, attempt %d\n", s.prefix(), s.lease.ID, s.revoked, ev.Attempt)
 		}
 		s.queuedSince = time.Now()
 	case api.EventError:
@@ -375,7 +389,7 @@ func (s *session) fail(err error) *done {
 // detach lets the command run on without mpsd after err; the stream is
 // already closed, so its end is the session's end.
 func (s *session) detach(err error) {
-	fmt.Fprintf(s.errw, "mps-launch: %s; the command keeps running without a lease\n", message(err))
+	fmt.Fprintf(s.errw, "%s%s; the command keeps running without a lease\n", s.prefix(), message(err))
 }
 
 func (s *session) endGrace() *done {
@@ -404,7 +418,7 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 		cancel()
 		if err != nil {
 			err = fmt.Errorf("launcher: attach pid %d to lease %s: %w", c.pid, lease.ID, err)
-		} else if err = c.start(childEnv(s.cfg.Environ, lease)); err == nil {
+		} else if err = c.start(childEnv(s.cfg.Environ, lease, len(s.req.GPUSelect) > 0)); err == nil {
 			s.child = c
 			return nil
 		}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -374,6 +375,49 @@ func TestRunAttemptsExhausted(t *testing.T) {
 		t.Errorf("exit %d, want %d", code, ExitTempFail)
 	}
 	want := "mps-launch: lease lease-1 revoked after 1 attempt (requeue_attempts 0): MPS server crashed\n"
+	if got := h.read("stderr"); got != want {
+		t.Errorf("stderr\n got %q\nwant %q", got, want)
+	}
+}
+
+// TestRunSlurmJob: a lease for a batch job carries its GPU list and job
+// id; the command sees the lease's GPUs by UUID, not the host's indexes
+// it was given; and every line mps-launch prints names the job, down to
+// the exhausted requeue a Slurm RequeueExit=75 acts on.
+func TestRunSlurmJob(t *testing.T) {
+	h := newHarness(t, nil)
+	h.cfg.Requeue, h.cfg.GPUSelect, h.cfg.JobID = 1, []string{"1"}, "42.0"
+	h.cfg.Environ = append(h.cfg.Environ, "CUDA_VISIBLE_DEVICES=1")
+	ready := h.readyPipe()
+	done := h.start(t.Context(), h.sh(`echo "$MPSD_ATTEMPT $CUDA_VISIBLE_DEVICES" >> attempts; echo ready; exec sleep 1000`)...)
+	lc := h.fake.NextLease(t)
+	if !slices.Equal(lc.Request.GPUSelect, []string{"1"}) || lc.Request.JobID != "42.0" {
+		t.Errorf("request gpu_select %q job_id %q, want [1] and 42.0", lc.Request.GPUSelect, lc.Request.JobID)
+	}
+	for attempt := 1; attempt <= 2; attempt++ {
+		lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", attempt))
+		a := h.fake.NextAttach(t)
+		ready()
+		lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "MPS server on GPU 1 crashed"})
+		if attempt == 2 {
+			lc.MustSend(t, api.Event{Type: api.EventError, Code: api.CodeAttemptsExhausted,
+				Message: "lease revoked: MPS server on GPU 1 crashed; no requeue attempts left (1 used)"})
+		}
+		if err := syscall.Kill(a.PID, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if attempt == 1 {
+			lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
+		}
+	}
+	if code := h.wait(done); code != ExitTempFail {
+		t.Errorf("exit %d, want %d", code, ExitTempFail)
+	}
+	if got, want := h.read("attempts"), "1 GPU-fake-0\n2 GPU-fake-0\n"; got != want {
+		t.Errorf("attempts and CUDA_VISIBLE_DEVICES\n got %q\nwant %q", got, want)
+	}
+	want := "mps-launch: job 42.0: lease lease-1 revoked (MPS server on GPU 1 crashed); requeued, attempt 2\n" +
+		"mps-launch: job 42.0: lease revoked: MPS server on GPU 1 crashed; no requeue attempts left (1 used)\n"
 	if got := h.read("stderr"); got != want {
 		t.Errorf("stderr\n got %q\nwant %q", got, want)
 	}
@@ -784,18 +828,28 @@ func TestRunKilledWhileStreamEnds(t *testing.T) {
 
 func TestMainUsage(t *testing.T) {
 	dir := t.TempDir()
+	uid := os.Getuid()
+	otherUsersJob := []string{"SLURM_JOB_ID=42", "SLURM_JOB_UID=" + strconv.Itoa(uid+1)}
+	unreachable := "mps-launch: cannot reach mpsd at " + dir + "/none.sock: no such file or directory (is mpsd running? --socket or $MPSD_SOCKET names another socket)\n"
 	for _, tc := range []struct {
 		name   string
 		args   []string
+		env    []string // added to PATH and MPSD_SOCKET
 		code   int
 		stdout string
 		stderr string
 	}{
-		{"help", []string{"--help"}, 0, Usage, ""},
-		{"bad flag", []string{"--sm", "0", "--", "/bin/true"}, ExitFailure, "", "mps-launch: --sm \"0\": want a whole percentage from 1 to 100\n"},
-		{"missing command", []string{"--sm", "10"}, ExitFailure, "", "mps-launch: missing command: mps-launch [flags] -- COMMAND [ARG...]\n"},
-		{"socket from the environment", []string{"/bin/true"}, ExitFailure, "",
-			"mps-launch: cannot reach mpsd at " + dir + "/none.sock: no such file or directory (is mpsd running? --socket or $MPSD_SOCKET names another socket)\n"},
+		{"help", []string{"--help"}, nil, 0, Usage, ""},
+		{"bad flag", []string{"--sm", "0", "--", "/bin/true"}, nil, ExitFailure, "", "mps-launch: --sm \"0\": want a whole percentage from 1 to 100\n"},
+		{"missing command", []string{"--sm", "10"}, nil, ExitFailure, "", "mps-launch: missing command: mps-launch [flags] -- COMMAND [ARG...]\n"},
+		{"socket from the environment", []string{"/bin/true"}, nil, ExitFailure, "", unreachable},
+		{"another user's Slurm job", []string{"/bin/true"}, otherUsersJob, ExitFailure, "", fmt.Sprintf("mps-launch: SLURM_JOB_UID is %d but mps-launch runs as uid %d: "+
+			"the lease would be uid %d's, not the job owner's; run it as uid %d, or give --no-slurm to ignore the Slurm job's environment\n",
+			uid+1, uid, uid, uid+1)},
+		{"another user's Slurm job, --no-slurm", []string{"--no-slurm", "/bin/true"}, otherUsersJob, ExitFailure, "", unreachable},
+		{"a bad Slurm variable", []string{"/bin/true"}, []string{"SLURM_JOB_ID=42", "SLURM_STEP_GPUS=?"}, ExitFailure, "",
+			"mps-launch: SLURM_STEP_GPUS \"?\": entry 1 \"?\": want \"all\", an index, a GPU UUID or a UUID prefix " +
+				"(it is the default of --gpu in a Slurm job; give --gpu, or --no-slurm)\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := os.Create(filepath.Join(t.TempDir(), "out"))
@@ -808,7 +862,7 @@ func TestMainUsage(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer errf.Close()
-			env := []string{"PATH=/usr/bin:/bin", "MPSD_SOCKET=" + dir + "/none.sock"}
+			env := append([]string{"PATH=/usr/bin:/bin", "MPSD_SOCKET=" + dir + "/none.sock"}, tc.env...)
 			if code := Main(t.Context(), tc.args, nil, out, errf, env); code != tc.code {
 				t.Errorf("exit %d, want %d", code, tc.code)
 			}

@@ -57,10 +57,10 @@ func WriteStatus(w io.Writer, st api.Status) error {
 			return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(a.ID, b.ID))
 		})
 		tw := newTable(&b)
-		fmt.Fprintln(tw, "ID\tGROUP\tUID\tGPUS\tSM%\tMEM\tATTEMPT\tSTATE\tPIDS")
+		fmt.Fprintln(tw, "ID\tGROUP\tUID\tJOB\tGPUS\tSM%\tMEM\tATTEMPT\tSTATE\tPIDS")
 		for _, l := range leases {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%d\t%s\t%s\n",
-				cell(l.ID), cell(l.Group), l.UID, ints(l.GPUIndexes), l.SM,
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\t%d\t%s\t%s\n",
+				cell(l.ID), cell(l.Group), l.UID, cell(l.JobID), ints(l.GPUIndexes), l.SM,
 				units.FormatSize(l.MemBytes), l.Attempt, cell(l.State), pids(l.PIDs))
 		}
 		if err := tw.Flush(); err != nil {

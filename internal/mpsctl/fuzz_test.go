@@ -20,7 +20,7 @@ func FuzzStatus(f *testing.F) {
 		`{}`,
 		`{"instances":null,"leases":null,"queue":null}`,
 		`{"instances":[{"group":"a b","state":"\n","gpu_uuid":"GPU-\u2028x","gpu_uuids":["",""],"gpu_indexes":[-1,2]}],"queue":{"":3,"x y":-1}}`,
-		`{"leases":[{"id":"\t","pids":[0,-5],"mem_bytes":-9223372036854775808}],"future":[1]}`,
+		`{"leases":[{"id":"\t","pids":[0,-5],"mem_bytes":-9223372036854775808,"job_id":" \u0085 "}],"future":[1]}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -40,7 +40,7 @@ func FuzzStatus(f *testing.F) {
 			cols  int
 		}{
 			{"INSTANCES", len(st.Instances), 10},
-			{"LEASES", len(st.Leases), 9},
+			{"LEASES", len(st.Leases), 10},
 			{"QUEUE", len(st.Queue), 2},
 		}
 		i := 0
