@@ -121,3 +121,44 @@ func TestGPUSelectAndJobID(t *testing.T) {
 		t.Errorf("after a restart, lease %s is confined to %v, want [2]", onTwo.ID, only)
 	}
 }
+
+// A job confined to a drained GPU waits for it, keeping its place, without
+// holding back the group's other requests: they are placed on the open GPU.
+func TestConfinedToClosedGPUDoesNotBlockTheQueue(t *testing.T) {
+	e := newEnvGPUs(t, 2, `  a:
+    users: [root]
+    sm_percent: 100
+    memory: 20G
+    default_sm: 10
+    default_mem: 1G
+`, "")
+	e.start()
+	body, _ := json.Marshal(api.AdminTarget{GPU: "0", Group: "a"})
+	if status, _, b := inpPost(t, e.socket, api.PathDrain, body); status != http.StatusOK {
+		t.Fatalf("drain: %d %s", status, b)
+	}
+	// The confined request is queued first.
+	req, _ := json.Marshal(api.LeaseRequest{Group: "a", GPUSelect: []string{"0"}})
+	hreq, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://mpsd"+api.PathLeases, bytes.NewReader(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hreq.Header.Set("Content-Type", api.ContentTypeJSON)
+	resp, err := inpClient(e.socket).Do(hreq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	ev, err := api.NewEventDecoder(resp.Body).Next()
+	if err != nil || ev.Type != api.EventQueued || ev.Position != 1 {
+		t.Fatalf("confined to the drained GPU: first event %+v, %v; want queued at position 1", ev, err)
+	}
+	l, _ := batchLease(t, e.socket, api.LeaseRequest{Group: "a"})
+	if !slices.Equal(l.GPUIndexes, []int{1}) {
+		t.Errorf("the unconfined lease runs on %v, want [1]", l.GPUIndexes)
+	}
+	st := e.d.Status()
+	if countLeases(st, api.LeaseQueued) != 1 {
+		t.Errorf("want the confined lease still queued: %+v", st.Leases)
+	}
+}

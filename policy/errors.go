@@ -24,6 +24,10 @@ var (
 	// but none has room, is ready, or runs a compatible server now. Queue
 	// it.
 	ErrNoRoomNow = errors.New("policy: no room now")
+	// ErrOnlyClosed: the only instances that could ever hold the request
+	// are drained or quarantined, closed until an operator reopens them.
+	// Queue it, but let the requests behind it pass (see Next).
+	ErrOnlyClosed = errors.New("policy: only closed instances could hold it")
 	// ErrEmptyQueue: Next was given no request.
 	ErrEmptyQueue = errors.New("policy: queue is empty")
 

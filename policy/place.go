@@ -2,6 +2,7 @@ package policy
 
 import (
 	"cmp"
+	"errors"
 	"slices"
 )
 
@@ -131,7 +132,8 @@ func Head(queue []Request) int {
 //
 // When none is a candidate, the error is ErrNeverFits if no instance of
 // the group could hold r even empty and ready (no instance, too few GPUs,
-// budgets smaller than r, a zero client budget), else ErrNoRoomNow. The
+// budgets smaller than r, a zero client budget), ErrOnlyClosed if the
+// only ones that could are drained or quarantined, else ErrNoRoomNow. The
 // errors are the bare sentinels: Place allocates nothing.
 func Place(r *Request, instances []Instance, mode Placement) (int, error) {
 	spread := mode == Spread
@@ -140,6 +142,7 @@ func Place(r *Request, instances []Instance, mode Placement) (int, error) {
 	var bestMem int64
 	var bestSM int
 	ever := false
+	reopens := false // a candidate is open, or will reopen by itself
 	for i := range instances {
 		in := &instances[i]
 		if in.Group != r.Group || len(in.GPUs) < r.GPUs || !r.allows(in.GPUs) ||
@@ -147,6 +150,9 @@ func Place(r *Request, instances []Instance, mode Placement) (int, error) {
 			continue
 		}
 		ever = true
+		if in.State != InstanceDraining && in.State != InstanceQuarantined {
+			reopens = true
+		}
 		if in.State != InstanceReady || in.Alloc.Clients >= in.Budget.Clients {
 			continue
 		}
@@ -179,6 +185,8 @@ func Place(r *Request, instances []Instance, mode Placement) (int, error) {
 		return best, nil
 	case !ever:
 		return -1, ErrNeverFits
+	case !reopens:
+		return -1, ErrOnlyClosed
 	default:
 		return -1, ErrNoRoomNow
 	}
@@ -201,17 +209,51 @@ func (r *Request) allows(gpus []int) bool {
 // in queue order and the instance Place chooses for it. The queue is
 // strict: when the head does not fit now (ErrNoRoomNow) nothing behind it
 // is placed, so a large request or one waiting for another uid's server
-// to empty is never starved by a stream of smaller ones. With
-// ErrNeverFits (say a reload shrank the budgets) mpsd refuses the head
+// to empty is never starved by a stream of smaller ones. A request that
+// only drained or quarantined instances could hold (one confined to such a
+// GPU) waits for an operator, maybe for long: it keeps its place but does
+// not hold back the rest, and Next decides for the first request after it
+// in queue order instead (ErrOnlyClosed when every request is such). With
+// ErrNeverFits (say a reload shrank the budgets) mpsd refuses that request
 // and asks again. An empty queue gives ErrEmptyQueue. Next allocates
 // nothing.
 func Next(queue []Request, instances []Instance, mode Placement) (qi, ii int, err error) {
-	qi = Head(queue)
-	if qi < 0 {
+	head := Head(queue)
+	if head < 0 {
 		return -1, -1, ErrEmptyQueue
 	}
-	ii, err = Place(&queue[qi], instances, mode)
-	return qi, ii, err
+	for qi = head; qi >= 0; qi = after(queue, qi) {
+		ii, err = Place(&queue[qi], instances, mode)
+		if !errors.Is(err, ErrOnlyClosed) {
+			return qi, ii, err
+		}
+	}
+	return head, -1, ErrOnlyClosed
+}
+
+// after returns the index of the request that follows queue[prev] in
+// queue order (equal ones by index), or -1. Quadratic over a passage of
+// the queue, but only requests waiting for closed instances are passed,
+// and it allocates nothing.
+func after(queue []Request, prev int) int {
+	later := func(i int) bool {
+		c := queueOrder(&queue[i], &queue[prev])
+		return c > 0 || c == 0 && i > prev
+	}
+	next := -1
+	for i := range queue {
+		if !later(i) {
+			continue
+		}
+		if next < 0 {
+			next = i
+			continue
+		}
+		if c := queueOrder(&queue[i], &queue[next]); c < 0 || c == 0 && i < next {
+			next = i
+		}
+	}
+	return next
 }
 
 // Assign records r as placed on the instance: its usage grows, and the

@@ -61,10 +61,12 @@ func TestPlace(t *testing.T) {
 		{"too few GPUs", Request{Group: "a", UID: 1, SM: 10, Mem: gib, GPUs: 2}, []Instance{ready("a", 0, Usage{})}, Binpack, -1, ErrNeverFits},
 		{"multi-GPU instance", Request{Group: "a", UID: 1, SM: 10, Mem: gib, GPUs: 2},
 			[]Instance{{Group: "a", GPUs: []int{0, 1}, State: InstanceReady, Budget: budget40}}, Binpack, 0, nil},
-		{"drained GPU", req("a", 1, 10, gib), []Instance{inState(ready("a", 0, Usage{}), InstanceDraining)}, Binpack, -1, ErrNoRoomNow},
+		{"drained GPU", req("a", 1, 10, gib), []Instance{inState(ready("a", 0, Usage{}), InstanceDraining)}, Binpack, -1, ErrOnlyClosed},
+		{"drained GPU and a full one", req("a", 1, 10, gib), []Instance{inState(ready("a", 0, Usage{}), InstanceDraining), ready("a", 1, Usage{SM: 95, Mem: gib, Clients: 1})}, Binpack, -1, ErrNoRoomNow},
 		{"drained GPU skipped", req("a", 1, 10, gib),
 			[]Instance{inState(ready("a", 0, Usage{}), InstanceDraining), ready("a", 1, Usage{})}, Binpack, 1, nil},
-		{"quarantined", req("a", 1, 10, gib), []Instance{inState(ready("a", 0, Usage{}), InstanceQuarantined)}, Binpack, -1, ErrNoRoomNow},
+		{"quarantined", req("a", 1, 10, gib), []Instance{inState(ready("a", 0, Usage{}), InstanceQuarantined)}, Binpack, -1, ErrOnlyClosed},
+		{"quarantined and too small", req("a", 1, 10, 41*gib), []Instance{inState(ready("a", 0, Usage{}), InstanceQuarantined)}, Binpack, -1, ErrNeverFits},
 		{"recovering", req("a", 1, 10, gib), []Instance{inState(ready("a", 0, Usage{}), InstanceRecovering)}, Binpack, -1, ErrNoRoomNow},
 		{"starting", req("a", 1, 10, gib), []Instance{inState(ready("a", 0, Usage{}), InstanceStarting)}, Binpack, -1, ErrNoRoomNow},
 		{"uid mismatch with clients", req("a", 2, 10, gib),
@@ -173,6 +175,40 @@ func TestNext(t *testing.T) {
 	}
 }
 
+// A request only a quarantined (or drained) instance could hold waits for
+// an operator, perhaps for hours: the strict queue lets the requests
+// behind it pass, in queue order, and the waiting one keeps its place.
+func TestNextPassesRequestsForClosedInstances(t *testing.T) {
+	instances := []Instance{
+		inState(ready("a", 0, Usage{}), InstanceQuarantined),
+		ready("a", 1, Usage{SM: 50, Mem: gib, Clients: 1}),
+		inState(ready("a", 2, Usage{}), InstanceDraining),
+	}
+	on := func(seq uint64, sm int, gpus ...int) Request {
+		return Request{Group: "a", UID: 1, SM: sm, Mem: gib, GPUs: 1, Only: gpus, Seq: seq}
+	}
+	for _, tc := range []struct {
+		name   string
+		queue  []Request
+		qi, ii int
+		err    error
+	}{
+		{"confined to the quarantined GPU: the next one is placed", []Request{on(3, 10), on(1, 10, 0)}, 0, 1, nil},
+		{"passed in queue order", []Request{on(4, 10), on(2, 10, 2), on(3, 20), on(1, 10, 0)}, 2, 1, nil},
+		{"the next one waits for room: strict for it", []Request{on(2, 60), on(1, 10, 0), on(3, 10)}, 0, -1, ErrNoRoomNow},
+		{"every one waits for closed instances", []Request{on(2, 10, 2), on(1, 10, 0)}, 1, -1, ErrOnlyClosed},
+		{"recovering reopens by itself: strict", []Request{on(1, 10, 3), on(2, 10)}, 0, -1, ErrNoRoomNow},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			insts := append(slices.Clone(instances), inState(ready("a", 3, Usage{}), InstanceRecovering))
+			qi, ii, err := Next(tc.queue, insts, Binpack)
+			if qi != tc.qi || ii != tc.ii || !errors.Is(err, tc.err) || (tc.err == nil) != (err == nil) {
+				t.Errorf("Next = %d, %d, %v; want %d, %d, %v", qi, ii, err, tc.qi, tc.ii, tc.err)
+			}
+		})
+	}
+}
+
 func TestAssignRelease(t *testing.T) {
 	in := ready("a", 0, Usage{})
 	r1, r2 := req("a", 7, 30, 4*gib), req("a", 7, 20, 2*gib)
@@ -253,9 +289,9 @@ func TestPlaceNeverOvercommits(t *testing.T) {
 					}
 					instances[i].Assign(&r)
 					leases = append(leases, lease{r, i})
-				case errors.Is(err, ErrNoRoomNow):
+				case errors.Is(err, ErrNoRoomNow), errors.Is(err, ErrOnlyClosed):
 					if len(fits) > 0 || !ever {
-						t.Fatalf("seed %d step %d: ErrNoRoomNow for %+v but fits %v, ever %v", seed, step, r, fits, ever)
+						t.Fatalf("seed %d step %d: %v for %+v but fits %v, ever %v", seed, step, err, r, fits, ever)
 					}
 				case errors.Is(err, ErrNeverFits):
 					if ever {
