@@ -45,10 +45,12 @@ type Config struct {
 	// QuitTimeout is the -t of `quit -t` in Stop: how long servers get before
 	// the daemon SIGINTs them. Rounded up to whole seconds; default 5s.
 	QuitTimeout time.Duration
-	// ServerLogOffset, on Adopt, is where to start following server.log:
-	// the size it had when the previous owner stopped watching, so a fault
-	// the server logged meanwhile is still reported. Zero (or an offset the
-	// file no longer reaches, after a rotation) follows from its end.
+	// ResumeServerLog and ServerLogOffset, on Adopt: follow server.log
+	// from ServerLogOffset (the previous handle's ServerLogResume), so a
+	// fault the server logged meanwhile is still reported. An offset the
+	// file no longer reaches (it was rotated or truncated since) reads it
+	// from the start. Without ResumeServerLog it is followed from its end.
+	ResumeServerLog bool
 	ServerLogOffset int64
 	// Runner starts the control program; default ExecRunner.
 	Runner Runner

@@ -291,8 +291,11 @@ func attach(ctx context.Context, cfg Config, pid int, how string, logOff int64, 
 	var serverOff int64
 	if fi, err := os.Stat(serverPath); err == nil {
 		serverOff = fi.Size()
-		if adopted && cfg.ServerLogOffset > 0 && cfg.ServerLogOffset <= serverOff {
+		if adopted && cfg.ResumeServerLog {
 			serverOff = cfg.ServerLogOffset
+			if serverOff < 0 || serverOff > fi.Size() {
+				serverOff = 0
+			}
 		}
 	}
 	sready := make(chan error, 1)
@@ -431,21 +434,16 @@ func (d *Daemon) Probe(ctx context.Context) error {
 // closed before delivering it.
 func (d *Daemon) Barrier() <-chan struct{} {
 	ack := make(chan struct{})
-	d.mu.Lock()
-	closed := d.closed
-	d.mu.Unlock()
-	if closed {
-		close(ack)
-		return ack
-	}
+	// A push after finish releases the barrier at once, so a Close racing
+	// this call leaves nobody waiting.
 	d.events.push(Event{Kind: Barrier, Time: time.Now(), UID: -1, ExitStatus: -1, ack: &barrierAck{ch: ack}})
 	return ack
 }
 
 // ServerLogResume is, after Close, where a later handle (Config.
 // ServerLogOffset on Adopt) should start reading server.log so that no
-// line this one read but never delivered as an event is missed; -1 when
-// unknown (read from the end).
+// line this one read but never delivered as an event is missed; -1 before
+// Close has returned.
 func (d *Daemon) ServerLogResume() int64 {
 	d.mu.Lock()
 	finished := d.finished
@@ -454,7 +452,10 @@ func (d *Daemon) ServerLogResume() int64 {
 		return -1
 	}
 	off := d.serverLog.stoppedAt
-	if u := d.events.undelivered; u >= 0 && (off < 0 || u < off) {
+	if off < 0 {
+		off = 0 // no server.log yet: whatever it will hold is news
+	}
+	if u := d.events.undelivered; u >= 0 && u < off {
 		off = u
 	}
 	return off
@@ -472,6 +473,7 @@ func (d *Daemon) Close() error {
 		one[0] = 1 // little-endian uint64 1 for the eventfd
 		_, _ = unix.Write(d.stopFD, one[:])
 		d.wg.Wait()
+		d.events.finish()
 		unix.Close(d.stopFD)
 		d.mu.Lock()
 		d.finished = true

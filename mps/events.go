@@ -136,17 +136,40 @@ type eventQueue struct {
 	mu      sync.Mutex
 	pending []Event
 	dropped int
-	// undelivered is, once run has returned, where the first server.log
-	// event it never delivered starts; -1 when none.
+	// undelivered is, after finish, where the first server.log event
+	// never delivered starts; -1 when none.
 	undelivered int64
+	closed      bool // finish has run: a late push is dropped (its barrier released)
 }
 
 func newEventQueue(log *slog.Logger) *eventQueue {
 	return &eventQueue{log: log, out: make(chan Event), notify: make(chan struct{}, 1), undelivered: -1}
 }
 
+// finish deals with what was never delivered, once run and every producer
+// have returned: the first server.log event is recorded, barriers are
+// released.
+func (q *eventQueue) finish() {
+	q.mu.Lock()
+	left := q.pending
+	q.pending = nil
+	q.closed = true
+	q.mu.Unlock()
+	for _, ev := range left {
+		ev.Ack()
+		if ev.InServerLog && (q.undelivered < 0 || ev.LogOffset < q.undelivered) {
+			q.undelivered = ev.LogOffset
+		}
+	}
+}
+
 func (q *eventQueue) push(ev Event) {
 	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		ev.Ack()
+		return
+	}
 	if len(q.pending) >= maxQueuedEvents {
 		q.pending[0].Ack()
 		q.pending = q.pending[1:]
@@ -162,22 +185,16 @@ func (q *eventQueue) push(ev Event) {
 }
 
 // run forwards queued events to out until stop is closed, then closes out.
-// What it leaves undelivered is recorded (server.log events) or released
-// (barriers).
 func (q *eventQueue) run(stop <-chan struct{}) {
 	defer close(q.out)
 	var next Event
 	defer func() {
+		// The one in flight goes back at the head, for finish.
 		q.mu.Lock()
-		left := append([]Event{next}, q.pending...)
-		q.pending = nil
-		q.mu.Unlock()
-		for _, ev := range left {
-			ev.Ack()
-			if ev.InServerLog && (q.undelivered < 0 || ev.LogOffset < q.undelivered) {
-				q.undelivered = ev.LogOffset
-			}
+		if next.Kind != 0 {
+			q.pending = append([]Event{next}, q.pending...)
 		}
+		q.mu.Unlock()
 	}()
 	for {
 		// Pop before sending so that overflow dropping in push never races

@@ -43,6 +43,7 @@ func TestEventQueueLeftovers(t *testing.T) {
 			}
 			close(stop)
 			<-done
+			q.finish()
 			if q.undelivered != tc.wantUndel {
 				t.Errorf("undelivered %d, want %d", q.undelivered, tc.wantUndel)
 			}
@@ -68,4 +69,28 @@ func TestBarrierAck(t *testing.T) {
 		t.Fatal("Ack did not release the barrier")
 	}
 	Event{Kind: ServerFault}.Ack()
+}
+
+// An event pushed after the queue stopped, before the handle finished
+// closing (a follower's last read), is accounted for like the others; a
+// barrier pushed after that is released at once.
+func TestEventQueueLatePush(t *testing.T) {
+	q := newEventQueue(slog.New(slog.DiscardHandler))
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { defer close(done); q.run(stop) }()
+	close(stop)
+	<-done
+	q.push(Event{Kind: ServerFault, InServerLog: true, LogOffset: 77})
+	q.finish()
+	if q.undelivered != 77 {
+		t.Errorf("undelivered %d, want 77", q.undelivered)
+	}
+	ack := make(chan struct{})
+	q.push(Event{Kind: Barrier, ack: &barrierAck{ch: ack}})
+	select {
+	case <-ack:
+	default:
+		t.Error("a barrier pushed after finish was not released")
+	}
 }

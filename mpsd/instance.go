@@ -59,7 +59,7 @@ type instance struct {
 	restartsBy  map[string]int // recoveries, by the kind of fault
 
 	metricLabels *instanceLabels // made at the first scrape
-	serverLogOff int64           // where the previous mpsd stopped reading server.log
+	serverLogOff int64           // where the previous mpsd stopped reading server.log; -1: unknown
 	// replayFrom: where in server.log the first fault this mpsd was
 	// stopping too soon to handle starts (-1: none); logResume: where the
 	// closed daemon handle stopped reading it (-1: unknown). The state
@@ -138,15 +138,16 @@ func (d *Daemon) reconcileLocked(cfg *policy.Config) (added []*instance) {
 			in, ok := d.instances[key]
 			if !ok {
 				in = &instance{
-					key:        key,
-					group:      g.Name,
-					servers:    map[int]int{},
-					leases:     map[string]*lease{},
-					tried:      make(chan struct{}),
-					faults:     map[string]int{},
-					restartsBy: map[string]int{},
-					replayFrom: -1,
-					logResume:  -1,
+					key:          key,
+					group:        g.Name,
+					servers:      map[int]int{},
+					leases:       map[string]*lease{},
+					tried:        make(chan struct{}),
+					faults:       map[string]int{},
+					restartsBy:   map[string]int{},
+					replayFrom:   -1,
+					logResume:    -1,
+					serverLogOff: -1,
 				}
 				for _, x := range set {
 					in.gpus = append(in.gpus, inv[x])
@@ -195,7 +196,9 @@ func (d *Daemon) mpsConfig(in *instance) mps.Config {
 		c.VisibleDevices = append(c.VisibleDevices, g.UUID)
 	}
 	c.Multiuser = in.p.Multiuser
-	c.ServerLogOffset, in.serverLogOff = in.serverLogOff, 0 // the first adoption only
+	if in.serverLogOff >= 0 { // the first adoption after a restart only
+		c.ResumeServerLog, c.ServerLogOffset, in.serverLogOff = true, in.serverLogOff, -1
+	}
 	c.DefaultThreadPercentage = float64(in.maxSM)
 	c.DefaultPinnedMem = map[int]int64{}
 	for i := range in.gpus {
@@ -231,14 +234,25 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 				_ = dm.Close()
 				return
 			}
-			in.starting = false
 			in.daemon = dm
+			d.mu.Unlock()
+			d.spawn(func() { d.watchInstance(in, dm) })
+			if how == "adopted" {
+				// What MPS logged while mpsd was away is read again now:
+				// have its faults handled (their leases revoked) before
+				// the instance takes, or confirms to a launcher, any lease.
+				select {
+				case <-dm.Barrier():
+				case <-d.ctx.Done():
+				}
+			}
+			d.mu.Lock()
+			in.starting = false
 			in.up = true
 			in.refreshLocked()
 			d.scheduleLocked(in.group)
 			d.mu.Unlock()
 			in.log.Info("instance up", "how", how, "daemon_pid", dm.PID(), "multiuser", cfg.Multiuser)
-			d.spawn(func() { d.watchInstance(in, dm) })
 			d.mu.Lock()
 			orphaned := len(in.leases)
 			d.mu.Unlock()

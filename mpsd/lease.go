@@ -159,7 +159,7 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 		// helps, so say so in the words the user looks for.
 		return nil, &refusal{422, api.CodeRefused, fmt.Sprintf("request can never fit in group %s: %s", name, strings.TrimPrefix(err.Error(), "policy: invalid request: "))}
 	}
-	if req.GPUSelect != nil {
+	if len(req.GPUSelect) > 0 {
 		if r.Only, err = d.resolveGPUSelect(req.GPUSelect); err != nil {
 			return nil, &refusal{422, api.CodeRefused, err.Error()}
 		}
@@ -211,7 +211,7 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 func (d *Daemon) resolveGPUSelect(sel []string) ([]int, error) {
 	sels, err := gpusel.ParseList(sel)
 	if err != nil {
-		return nil, fmt.Errorf("gpu_select: %s", strings.ReplaceAll(err.Error(), "gpusel: ", ""))
+		return nil, fmt.Errorf("gpu_select: %s", oneLine(err))
 	}
 	host := d.host.GPUs()
 	inv := make([]gpusel.GPU, len(host))
@@ -220,13 +220,18 @@ func (d *Daemon) resolveGPUSelect(sel []string) ([]int, error) {
 	}
 	pos, err := gpusel.Resolve(inv, sels)
 	if err != nil {
-		return nil, fmt.Errorf("gpu_select: %s (this host has %d GPU(s), indexes 0 to %d)", strings.ReplaceAll(err.Error(), "gpusel: ", ""), len(inv), len(inv)-1)
+		return nil, fmt.Errorf("gpu_select: %s (this host has %d GPU(s))", oneLine(err), len(inv))
 	}
 	only := make([]int, len(pos))
 	for i, p := range pos {
 		only[i] = inv[p].Index
 	}
 	return only, nil
+}
+
+// oneLine is a selector error as one line of an API refusal.
+func oneLine(err error) string {
+	return strings.ReplaceAll(strings.ReplaceAll(err.Error(), "gpusel: ", ""), "\n", "; ")
 }
 
 func orNone(groups []string) string {

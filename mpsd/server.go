@@ -272,7 +272,9 @@ func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, err
 		l.grace.Stop()
 		l.grace = nil
 	}
-	l.bound, l.awaySince = true, time.Time{}
+	// A revocation under way may have marked it abandoned (the grace
+	// ran out first): its launcher is back, so it is requeued after all.
+	l.bound, l.awaySince, l.abandoned = true, time.Time{}, false
 	// The launcher is told where the lease stands now, not every event
 	// since it left: a history replayed across restarts could grant it an
 	// attempt that was revoked long ago.

@@ -313,7 +313,8 @@ func (d *Daemon) adoptLeases(saved savedState) {
 		if l.awaySince.IsZero() {
 			l.awaySince = time.Now()
 		}
-		grace := max(0, d.opts.ReconnectGrace-time.Since(l.awaySince))
+		// Clamped both ways: a clock stepped back must not lengthen it.
+		grace := min(d.opts.ReconnectGrace, max(0, d.opts.ReconnectGrace-time.Since(l.awaySince)))
 		d.seq = max(d.seq, sl.Seq)
 		id := cgroup.LeaseID{Group: sl.Group, Lease: sl.ID}
 		owned[id] = true
