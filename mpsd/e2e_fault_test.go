@@ -722,3 +722,44 @@ func TestResumeAfterSeveralRequeues(t *testing.T) {
 	}
 	e.noLeaks(t)
 }
+
+// An MPS server that dies while mpsd is stopped takes its clients with it;
+// the next mpsd finds it missing from the adopted daemon and requeues its
+// leases, instead of taking their commands' failures as their own.
+func TestServerDiesWhileMpsdDown(t *testing.T) {
+	e := newEnv(t, `  a:
+    users: [root]
+    memory: 10G
+    gpus: ["0"]
+`, faultWatchdog)
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	p := startProc(t, e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c",
+		`if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" --duration 1m; else exec "$0" --duration 100ms; fi`, client))
+	st := e.waitStatus("the client connected", func(st api.Status) bool {
+		in := instanceOf(st, "a", 0)
+		return in.Clients == 1 && len(in.ServerPIDs) == 1 && e.mpsClients(in) == 1
+	})
+	server := instanceOf(st, "a", 0).ServerPIDs[0]
+	clientPIDs := st.Leases[0].PIDs
+	e.stop()
+	if err := syscall.Kill(server, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// The client dies of the lost server before mpsd comes back.
+	deadline := time.Now().Add(waitFor)
+	for _, pid := range clientPIDs {
+		for inpAlive(pid) {
+			if time.Now().After(deadline) {
+				t.Fatalf("client %d outlived its server", pid)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	e.start()
+	r := p.wait(t)
+	if r.code != 0 || !strings.Contains(r.stderr, "exited while mpsd was away") {
+		t.Fatalf("exit %d, stderr %q; want the run requeued for the lost server and the next one done", r.code, r.stderr)
+	}
+	e.noLeaks(t)
+}

@@ -66,6 +66,9 @@ type instance struct {
 	// file keeps the lower for the next mpsd.
 	replayFrom int64
 	logResume  int64
+	// savedServers: the servers (pid: uid) the previous mpsd left running,
+	// checked once at the first adoption.
+	savedServers map[int]int
 }
 
 func (in *instance) markTried() { in.triedOnce.Do(func() { close(in.tried) }) }
@@ -245,6 +248,7 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 				case <-dm.Barrier():
 				case <-d.ctx.Done():
 				}
+				d.serversLostWhileAway(in)
 			}
 			d.mu.Lock()
 			in.starting = false
@@ -379,6 +383,33 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 		default:
 			in.log.Debug("MPS event", "event", ev.String())
 		}
+	}
+}
+
+// serversLostWhileAway reports as a fault a server the previous mpsd left
+// running that the adopted daemon no longer has, if leases of its uid are
+// on the instance: it died while mpsd was away, and its clients with it.
+func (d *Daemon) serversLostWhileAway(in *instance) {
+	d.mu.Lock()
+	saved := in.savedServers
+	in.savedServers = nil
+	var lost []int
+	for pid, uid := range saved {
+		if _, live := in.servers[pid]; live {
+			continue
+		}
+		for _, l := range in.leases {
+			if in.p.Multiuser || uid < 0 || l.uid == uint32(uid) {
+				lost = append(lost, pid)
+				break
+			}
+		}
+	}
+	d.mu.Unlock()
+	if len(lost) > 0 {
+		slices.Sort(lost)
+		d.reportFault(in, fault{kind: faultServerExit, restart: restartNone,
+			reason: fmt.Sprintf("MPS server %d of group %s on GPU %d exited while mpsd was away", lost[0], in.group, in.gpus[0].Index)})
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -39,6 +40,11 @@ type savedState struct {
 	// a fault logged in between is not missed. Written only by a clean
 	// stop: an older offset would replay faults already handled.
 	ServerLogs map[string]int64 `json:"server_logs,omitempty"`
+	// Servers is, per instance, the MPS servers (pid: uid) running when
+	// mpsd stopped cleanly. MPS never shuts an idle server down, so one
+	// missing when the next mpsd adopts the daemon died meanwhile, and its
+	// clients with it.
+	Servers map[string]map[int]int `json:"servers,omitempty"`
 }
 
 type savedLease struct {
@@ -275,6 +281,12 @@ func (d *Daemon) snapshot() savedState {
 				}
 				st.ServerLogs[key] = off
 			}
+			if len(in.servers) > 0 {
+				if st.Servers == nil {
+					st.Servers = map[string]map[int]int{}
+				}
+				st.Servers[key] = maps.Clone(in.servers)
+			}
 		}
 	}
 	slices.Sort(st.Quarantined)
@@ -292,6 +304,11 @@ func (d *Daemon) adoptLeases(saved savedState) {
 	for key, off := range saved.ServerLogs {
 		if in, ok := d.instances[key]; ok {
 			in.serverLogOff = off
+		}
+	}
+	for key, servers := range saved.Servers {
+		if in, ok := d.instances[key]; ok {
+			in.savedServers = servers
 		}
 	}
 	for _, key := range saved.Quarantined {
