@@ -45,8 +45,10 @@ type Daemon struct {
 	wg        sync.WaitGroup
 	events    *eventQueue
 	serverLog *logFollower // nil until Start has opened it
-	daemon    *proc
-	exitedCh  chan struct{} // closed when the daemon process is gone
+	// serverLogStart is where the follower began reading server.log.
+	serverLogStart int64
+	daemon         *proc
+	exitedCh       chan struct{} // closed when the daemon process is gone
 
 	mu             sync.Mutex
 	closed         bool
@@ -300,7 +302,7 @@ func attach(ctx context.Context, cfg Config, pid int, how string, logOff int64, 
 	}
 	sready := make(chan error, 1)
 	sf := newLogFollower(serverPath, serverOff, log, d.onServerLogLine)
-	d.serverLog = sf
+	d.serverLog, d.serverLogStart = sf, serverOff
 	d.wg.Add(1)
 	go func() { defer d.wg.Done(); sf.run(d.stop, sready) }()
 	if err := <-sready; err != nil {
@@ -460,6 +462,10 @@ func (d *Daemon) ServerLogResume() int64 {
 	}
 	return off
 }
+
+// ServerLogStart is where this handle began reading server.log: before it,
+// every line was someone else's to handle.
+func (d *Daemon) ServerLogStart() int64 { return d.serverLogStart }
 
 // Close stops the handle's goroutines and closes the event stream. It does
 // not stop the daemon (a restarted mpsd adopts it). Idempotent.

@@ -108,8 +108,11 @@ type Daemon struct {
 	// a launcher going away (release it).
 	stopping chan struct{}
 	serving  atomic.Bool
-	ready    atomic.Bool // every instance was up once (READY=1, /readyz)
-	metrics  *metrics
+	// crashStop (tests): stop as a SIGKILL would leave things: no state
+	// write once asked to stop, no final snapshot.
+	crashStop atomic.Bool
+	ready     atomic.Bool // every instance was up once (READY=1, /readyz)
+	metrics   *metrics
 
 	mu         sync.Mutex
 	cfg        *policy.Config
@@ -377,7 +380,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	case err := <-serveErr:
 		runErr = fmt.Errorf("serve API: %w", err)
 	}
-	d.log.Info("mpsd stopping; MPS daemons and workloads keep running")
+	crash := d.crashStop.Load()
+	if crash {
+		d.store.freeze()
+	}
+	d.log.Info("mpsd stopping; MPS daemons and workloads keep running", "as_if_killed", crash)
 	d.serving.Store(false)
 	close(d.stopping)
 	_ = d.srv.Close()
@@ -413,12 +420,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 	default:
 	}
-	d.mu.Lock()
-	d.finalSnapshot = true
-	d.mu.Unlock()
-	d.store.request()
-	if err := d.store.flush(); err != nil {
-		runErr = errors.Join(runErr, err)
+	if !crash {
+		d.mu.Lock()
+		d.finalSnapshot = true
+		d.mu.Unlock()
+		d.store.request()
+		if err := d.store.flush(); err != nil {
+			runErr = errors.Join(runErr, err)
+		}
 	}
 	d.log.Info("mpsd stopped")
 	return runErr

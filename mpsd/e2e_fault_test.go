@@ -595,38 +595,44 @@ func TestAdminRequeueAndInjectXidOnRealGPUs(t *testing.T) {
 // mpsd reads server.log on from where the last one stopped, revokes the
 // lease and the launcher's command runs again.
 func TestFaultWhileMpsdDown(t *testing.T) {
-	e := newEnv(t, `  a:
+	for _, crash := range []bool{false, true} {
+		t.Run(map[bool]string{false: "stopped", true: "killed"}[crash], func(t *testing.T) {
+			e := newEnv(t, `  a:
     users: [root]
     memory: 10G
     gpus: ["0"]
 `, faultWatchdog)
-	e.start()
-	client := filepath.Join(e.emu, "mpsemu-client")
-	p := startProc(t, e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c",
-		`if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" --fault-after 1s --duration 1m; else exec "$0" --duration 100ms; fi`, client))
-	st := e.waitStatus("the client connected", func(st api.Status) bool {
-		in := instanceOf(st, "a", 0)
-		return in.Clients == 1 && len(in.ServerPIDs) == 1 && e.mpsClients(in) == 1
-	})
-	e.stop()
-	serverLog := filepath.Join(e.dir, "log", "a", instanceOf(st, "a", 0).GPUUUID, "server.log")
-	deadline := time.Now().Add(waitFor)
-	for {
-		b, _ := os.ReadFile(serverLog)
-		if strings.Contains(string(b), "Server is handling a fatal GPU error.") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the client did not fault")
-		}
-		time.Sleep(20 * time.Millisecond)
+			e.start()
+			client := filepath.Join(e.emu, "mpsemu-client")
+			p := startProc(t, e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c",
+				`if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" --fault-after 1s --duration 1m; else exec "$0" --duration 100ms; fi`, client))
+			st := e.waitStatus("the client connected", func(st api.Status) bool {
+				in := instanceOf(st, "a", 0)
+				return in.Clients == 1 && len(in.ServerPIDs) == 1 && e.mpsClients(in) == 1
+			})
+			// Killed: what a SIGKILL leaves, the state as last written.
+			e.d.crashStop.Store(crash)
+			e.stop()
+			serverLog := filepath.Join(e.dir, "log", "a", instanceOf(st, "a", 0).GPUUUID, "server.log")
+			deadline := time.Now().Add(waitFor)
+			for {
+				b, _ := os.ReadFile(serverLog)
+				if strings.Contains(string(b), "Server is handling a fatal GPU error.") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the client did not fault")
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			e.start()
+			r := p.wait(t)
+			if r.code != 0 || !strings.Contains(r.stderr, requeueLine) {
+				t.Fatalf("exit %d, stderr %q; want the faulted run requeued and the next one done", r.code, r.stderr)
+			}
+			e.noLeaks(t)
+		})
 	}
-	e.start()
-	r := p.wait(t)
-	if r.code != 0 || !strings.Contains(r.stderr, requeueLine) {
-		t.Fatalf("exit %d, stderr %q; want the faulted run requeued and the next one done", r.code, r.stderr)
-	}
-	e.noLeaks(t)
 }
 
 // A contained fault that mpsd sees as it stops, too late to handle, is not
@@ -727,6 +733,12 @@ func TestResumeAfterSeveralRequeues(t *testing.T) {
 // the next mpsd finds it missing from the adopted daemon and requeues its
 // leases, instead of taking their commands' failures as their own.
 func TestServerDiesWhileMpsdDown(t *testing.T) {
+	for _, crash := range []bool{false, true} {
+		t.Run(map[bool]string{false: "stopped", true: "killed"}[crash], func(t *testing.T) { serverDiesWhileMpsdDown(t, crash) })
+	}
+}
+
+func serverDiesWhileMpsdDown(t *testing.T, crash bool) {
 	e := newEnv(t, `  a:
     users: [root]
     memory: 10G
@@ -742,6 +754,25 @@ func TestServerDiesWhileMpsdDown(t *testing.T) {
 	})
 	server := instanceOf(st, "a", 0).ServerPIDs[0]
 	clientPIDs := st.Leases[0].PIDs
+	if crash {
+		// What a crash leaves is the state as last written: wait until
+		// that has the server.
+		deadline := time.Now().Add(waitFor)
+		for {
+			b, _ := os.ReadFile(filepath.Join(e.dir, "state", "state.json"))
+			var saved savedState
+			if json.Unmarshal(b, &saved) == nil {
+				if _, ok := saved.Servers[instanceKey("a", []int{0})][server]; ok {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the state file never recorded server %d", server)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	e.d.crashStop.Store(crash)
 	e.stop()
 	if err := syscall.Kill(server, syscall.SIGKILL); err != nil {
 		t.Fatal(err)

@@ -66,6 +66,11 @@ type instance struct {
 	// file keeps the lower for the next mpsd.
 	replayFrom int64
 	logResume  int64
+	// logHandled: server.log holds no fault before this offset that is
+	// not handled (recovery begun); -1 without a daemon. Saved with every
+	// state write, so after a crash of mpsd the next one reads on from
+	// there (a fault may be handled twice, none is lost).
+	logHandled int64
 	// savedServers: the servers (pid: uid) the previous mpsd left running,
 	// checked once at the first adoption.
 	savedServers map[int]int
@@ -151,6 +156,7 @@ func (d *Daemon) reconcileLocked(cfg *policy.Config) (added []*instance) {
 					replayFrom:   -1,
 					logResume:    -1,
 					serverLogOff: -1,
+					logHandled:   -1,
 				}
 				for _, x := range set {
 					in.gpus = append(in.gpus, inv[x])
@@ -237,7 +243,7 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 				_ = dm.Close()
 				return
 			}
-			in.daemon = dm
+			in.daemon, in.logHandled = dm, dm.ServerLogStart()
 			d.mu.Unlock()
 			d.spawn(func() { d.watchInstance(in, dm) })
 			if how == "adopted" {
@@ -331,6 +337,8 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 		switch ev.Kind {
 		case mps.ServerStarted:
 			in.servers[ev.PID] = ev.UID
+			// Recorded, so that a crash of mpsd does not hide its death.
+			d.store.request()
 		case mps.ServerExited:
 			uid, known := in.servers[ev.PID]
 			if !known {

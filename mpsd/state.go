@@ -35,13 +35,14 @@ type savedState struct {
 	// Quarantined are the keys of quarantined instances: a quarantine
 	// holds until an operator lifts it, restarts included.
 	Quarantined []string `json:"quarantined,omitempty"`
-	// ServerLogs is, per instance, how much of its server.log mpsd had
-	// read when it stopped cleanly; the next mpsd reads on from there, so
-	// a fault logged in between is not missed. Written only by a clean
-	// stop: an older offset would replay faults already handled.
+	// ServerLogs is, per instance, where in its server.log the next mpsd
+	// reads on, so a fault logged while none watched is not missed: on a
+	// clean stop, just past every line this mpsd handled; in every other
+	// write (what a crash leaves), past the last fault whose recovery had
+	// begun, so a crash may replay a fault but never lose one.
 	ServerLogs map[string]int64 `json:"server_logs,omitempty"`
 	// Servers is, per instance, the MPS servers (pid: uid) running when
-	// mpsd stopped cleanly. MPS never shuts an idle server down, so one
+	// mpsd last wrote its state. MPS never shuts an idle server down, so one
 	// missing when the next mpsd adopts the daemon died meanwhile, and its
 	// clients with it.
 	Servers map[string]map[int]int `json:"servers,omitempty"`
@@ -90,6 +91,8 @@ type store struct {
 	pending chan struct{} // closed when the next write is done; nil if none is due
 	kick    chan struct{}
 
+	frozen bool // freeze was called: nothing more is written
+
 	// Touched by the writer only (flush is not concurrent with itself:
 	// run and Run's final flush never overlap).
 	written         bool
@@ -137,12 +140,24 @@ func (s *store) flush() error {
 	s.mu.Lock()
 	ch := s.pending
 	s.pending = nil
+	frozen := s.frozen
 	s.mu.Unlock()
 	if ch == nil {
 		return nil
 	}
 	defer close(ch)
+	if frozen {
+		return nil
+	}
 	return s.write(s.snapshot())
+}
+
+// freeze stops all writing, as the death of mpsd would (tests of a
+// crash); waiters are still released.
+func (s *store) freeze() {
+	s.mu.Lock()
+	s.frozen = true
+	s.mu.Unlock()
 }
 
 // write replaces the state file atomically (temp file and rename). It
@@ -268,6 +283,18 @@ func (d *Daemon) snapshot() savedState {
 		if in.quarantined {
 			st.Quarantined = append(st.Quarantined, key)
 		}
+		if len(in.servers) > 0 {
+			if st.Servers == nil {
+				st.Servers = map[string]map[int]int{}
+			}
+			st.Servers[key] = maps.Clone(in.servers)
+		}
+		if !d.finalSnapshot && in.daemon != nil && in.logHandled >= 0 {
+			if st.ServerLogs == nil {
+				st.ServerLogs = map[string]int64{}
+			}
+			st.ServerLogs[key] = in.logHandled
+		}
 		if d.finalSnapshot {
 			// Where the next mpsd goes on reading: past every line this one
 			// handled, and no further.
@@ -280,12 +307,6 @@ func (d *Daemon) snapshot() savedState {
 					st.ServerLogs = map[string]int64{}
 				}
 				st.ServerLogs[key] = off
-			}
-			if len(in.servers) > 0 {
-				if st.Servers == nil {
-					st.Servers = map[string]map[int]int{}
-				}
-				st.Servers[key] = maps.Clone(in.servers)
 			}
 		}
 	}

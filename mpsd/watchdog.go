@@ -71,6 +71,11 @@ func (d *Daemon) reportFault(in *instance, f fault) {
 		in.unhandledLocked(f)
 		return
 	}
+	if f.fromServerLog && in.logHandled >= 0 {
+		// Handled from here on (its recovery begins now or next): a
+		// crash of mpsd need not read its line again.
+		in.logHandled = max(in.logHandled, f.logOffset+1)
+	}
 	in.faults[f.kind]++
 	if in.recovering {
 		if in.pending == nil || f.restart > in.pending.restart {
@@ -151,7 +156,7 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 	dm := in.daemon
 	servers := slices.Sorted(maps.Keys(in.servers))
 	if f.restart == restartDaemon {
-		in.daemon, in.up = nil, false
+		in.daemon, in.up, in.logHandled = nil, false, -1
 		clear(in.servers)
 		in.p.ServerUp = false
 	}
@@ -233,7 +238,7 @@ func (d *Daemon) restartDaemon(in *instance, old *mps.Daemon) {
 				_ = dm.Close()
 				return
 			}
-			in.daemon, in.up = dm, true
+			in.daemon, in.up, in.logHandled = dm, true, dm.ServerLogStart()
 			in.probeFails = 0
 			d.mu.Unlock()
 			in.log.Info("control daemon restarted", "how", how, "daemon_pid", dm.PID())
