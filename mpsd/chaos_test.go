@@ -1,6 +1,7 @@
 package mpsd
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -74,6 +75,38 @@ func TestChaosSoak(t *testing.T) {
 
 	e := newEnvGPUs(t, 3, chaosGroups, chaosWatchdog)
 	e.opts.ReconnectGrace = 30 * time.Second
+	// No collateral damage: every fault the watchdog handles is on an
+	// instance the soak hit (or on the GPU it raised an Xid on) shortly
+	// before, or is a client's own fault, which MPS contains to its server.
+	var (
+		fmu        sync.Mutex
+		touched    = map[string]time.Time{} // instance key → last injection on it
+		touchedGPU = map[int]time.Time{}
+		collateral []string
+	)
+	const touchWindow = 30 * time.Second // detection, backoff, restart
+	touch := func(group string, gpu int) {
+		fmu.Lock()
+		touched[instanceKey(group, []int{gpu})] = time.Now()
+		fmu.Unlock()
+	}
+	e.opts.faultHook = func(in *instance, f fault) {
+		fmu.Lock()
+		defer fmu.Unlock()
+		now := time.Now()
+		ok := f.kind == faultServerFault
+		if at, hit := touched[in.key]; hit && now.Sub(at) < touchWindow {
+			ok = true
+		}
+		for _, g := range in.gpus {
+			if at, hit := touchedGPU[g.Index]; hit && now.Sub(at) < touchWindow {
+				ok = true
+			}
+		}
+		if !ok {
+			collateral = append(collateral, fmt.Sprintf("%s: %s (%s)", in.key, f.kind, f.reason))
+		}
+	}
 	e.start()
 	var emu sync.Mutex // e.d and e.start/stop
 	status := func() api.Status { emu.Lock(); defer emu.Unlock(); return e.d.Status() }
@@ -153,29 +186,36 @@ func TestChaosSoak(t *testing.T) {
 	for time.Now().Before(end) && !t.Failed() {
 		time.Sleep(time.Duration(50+randN(200)) * time.Millisecond)
 		st := status()
-		kind := []string{"server_kill", "server_kill", "daemon_kill", "daemon_stop", "xid", "launcher_kill", "launcher_kill", "mpsd_restart", "config_garbage"}[randN(9)]
+		kind := []string{"server_kill", "server_kill", "daemon_kill", "daemon_stop", "xid", "launcher_kill", "launcher_kill", "mpsd_restart", "mpsd_kill", "config_garbage", "server_kill_mpsd_down"}[randN(11)]
 		switch kind {
 		case "server_kill":
 			if in, ok := pickInstance(st, true); ok {
+				touch(in.Group, in.GPUIndex)
 				_ = syscall.Kill(in.ServerPIDs[0], syscall.SIGKILL)
 			} else {
 				continue
 			}
 		case "daemon_kill":
 			if in, ok := pickInstance(st, false); ok {
+				touch(in.Group, in.GPUIndex)
 				_ = syscall.Kill(in.DaemonPID, syscall.SIGKILL)
 			} else {
 				continue
 			}
 		case "daemon_stop":
 			if in, ok := pickInstance(st, false); ok {
+				touch(in.Group, in.GPUIndex)
 				_ = syscall.Kill(in.DaemonPID, syscall.SIGSTOP)
 			} else {
 				continue
 			}
 		case "xid":
+			gpu := randN(3)
+			fmu.Lock()
+			touchedGPU[gpu] = time.Now()
+			fmu.Unlock()
 			emu.Lock()
-			err := e.d.Sim().InjectXid(randN(3), 79, 0)
+			err := e.d.Sim().InjectXid(gpu, 79, 0)
 			emu.Unlock()
 			if err != nil {
 				continue
@@ -196,6 +236,26 @@ func TestChaosSoak(t *testing.T) {
 		case "mpsd_restart":
 			emu.Lock()
 			e.stop()
+			e.start()
+			emu.Unlock()
+		case "mpsd_kill":
+			// As a SIGKILL leaves it: the state as last written, nothing
+			// saved on the way out. (mpsd runs in this process, so it is
+			// told to stop without its last write rather than killed.)
+			emu.Lock()
+			e.d.crashStop.Store(true)
+			e.stop()
+			e.start()
+			emu.Unlock()
+		case "server_kill_mpsd_down":
+			in, ok := pickInstance(st, true)
+			if !ok {
+				continue
+			}
+			touch(in.Group, in.GPUIndex)
+			emu.Lock()
+			e.stop()
+			_ = syscall.Kill(in.ServerPIDs[0], syscall.SIGKILL)
 			e.start()
 			emu.Unlock()
 		case "config_garbage":
@@ -243,6 +303,13 @@ func TestChaosSoak(t *testing.T) {
 			}
 		}
 	}
+	fmu.Lock()
+	if len(collateral) > 0 {
+		t.Errorf("%d faults on instances the soak did not touch (collateral damage), first: %s", len(collateral), strings.Join(collateral[:min(5, len(collateral))], "; "))
+	} else {
+		t.Logf("no collateral damage: every fault was on an instance or GPU the soak hit, or a client's own")
+	}
+	fmu.Unlock()
 	// Nothing leaked: the leases of killed launchers are released once
 	// their processes are gone.
 	e.waitStatus("no leases left", func(st api.Status) bool { return len(st.Leases) == 0 })
