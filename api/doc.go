@@ -54,10 +54,18 @@
 //
 // Reconnecting: if the stream ends without an error event (mpsd restarted),
 // the client sends the same request again with ResumeLeaseID set to its
-// lease and Attempt to the run in progress; mpsd answers granted with the
-// same lease if it re-adopted it (the command keeps running), or an error
-// with CodeNotFound. A client that held no lease sends the request again
-// without ResumeLeaseID and joins the queue afresh.
+// lease and Attempt to the run in progress; mpsd answers where the lease
+// stands now: granted with the same lease if it still runs that attempt
+// (the command keeps running); revoked{reason} if a fault revoked it
+// meanwhile (or is revoking it), then requeued{attempt} with the current
+// attempt and granted or queued as for any requeued lease; or an error
+// with CodeNotFound if mpsd does not know the lease. A client that held no
+// lease sends the request again without ResumeLeaseID and joins the queue
+// afresh.
+//
+// Batch systems: LeaseRequest.GPUSelect confines a lease to the GPUs a job
+// was given (NVML indexes, UUIDs or prefixes; unknown ones are refused with
+// CodeRefused); LeaseRequest.JobID tags it with the job, shown in status.
 //
 // POST /v1/leases/{id}/attach (AttachPath), body AttachRequest, sent on a
 // second connection while the lease stream is open. mpsd checks that the
