@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"maps"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -471,4 +472,51 @@ func TestAwayLeaseGraceSurvivesRestarts(t *testing.T) {
 	e.opts.ReconnectGrace = time.Millisecond
 	e.start()
 	e.waitStatus("the abandoned lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
+}
+
+// A re-adopted lease counts as ended when its cgroup empties only if its
+// current attempt ran: one granted again while its launcher was away has
+// run nothing yet (an empty or leftover cgroup says nothing), and waits
+// for its launcher.
+func TestSettledOnlyForAttemptsThatRan(t *testing.T) {
+	e := newEnv(t, `  a:
+    users: [root]
+    memory: 10G
+    requeue_attempts: 3
+`, "")
+	e.opts.ReconnectGrace = time.Hour
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	p := startProc(t, e.launch("--sm", "10", "--mem", "1G", "--", client, "--duration", "1m"))
+	st := e.waitStatus("the lease running with its client", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && len(st.Leases[0].PIDs) > 0
+	})
+	id := st.Leases[0].ID
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = p.cmd.Process.Signal(syscall.SIGCONT) }()
+	e.stop()
+	e.start()
+	lease := func() *lease {
+		e.d.mu.Lock()
+		defer e.d.mu.Unlock()
+		return e.d.leases[id]
+	}
+	e.waitStatus("the instances up", func(st api.Status) bool {
+		return all(st.Instances, func(in api.InstanceStatus) bool { return in.State == api.InstanceReady })
+	})
+	if !e.d.settled(lease()) {
+		t.Error("the re-adopted attempt that ran is not settled")
+	}
+	body, _ := json.Marshal(api.RequeueRequest{Lease: id})
+	if status, _, b := inpPost(t, e.socket, api.PathRequeue, body); status != http.StatusOK {
+		t.Fatalf("requeue: %d %s", status, b)
+	}
+	e.waitStatus("attempt 2 running", func(st api.Status) bool {
+		return len(st.Leases) == 1 && st.Leases[0].Attempt == 2 && st.Leases[0].State == api.LeaseRunning
+	})
+	if e.d.settled(lease()) {
+		t.Error("attempt 2, granted while the launcher was away and never run, counts as ended")
+	}
 }

@@ -31,6 +31,9 @@ type lease struct {
 	// revokedFor is why the lease was last revoked, for a launcher that
 	// resumes after it happened.
 	revokedFor string
+	// ranAttempt is the last attempt whose command was attached: only
+	// then does an empty cgroup mean that the command has ended.
+	ranAttempt int
 	// requeue is how many times a revoked lease may be requeued.
 	requeue  int
 	attempt  int

@@ -314,8 +314,10 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 	d.mu.Lock()
 	l, found := d.leases[id]
 	var running bool
+	var attempt int
 	if found {
 		running = l.running() && !l.ending
+		attempt = l.attempt
 	}
 	d.mu.Unlock()
 	switch {
@@ -341,6 +343,9 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 		api.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
 		return
 	}
+	d.mu.Lock()
+	l.ranAttempt = attempt
+	d.mu.Unlock()
 	w.Header().Set("Content-Type", api.ContentTypeJSON)
 	_, _ = w.Write([]byte("{}\n"))
 }

@@ -72,6 +72,8 @@ type savedLease struct {
 	// mpsd stopped, since then; its grace runs on from there rather than
 	// starting again with every restart.
 	AwaySince time.Time `json:"away_since,omitzero"`
+	// Ran: the last attempt whose command was attached.
+	Ran int `json:"ran,omitempty"`
 	// Queued: revoked by a fault and waiting in the queue for its next
 	// run; Instance is then empty.
 	Queued bool `json:"queued,omitempty"`
@@ -268,7 +270,7 @@ func (d *Daemon) snapshot() savedState {
 			ID: l.id, Group: l.group, UID: l.uid,
 			SM: l.req.SM, MemBytes: l.req.Mem, GPUs: l.req.GPUs, Priority: l.req.Priority, Seq: l.req.Seq,
 			Attempt: l.attempt, Requeue: l.requeue, Command: l.command, Created: l.created, Queued: queued,
-			Only: l.req.Only, JobID: l.jobID, RevokedFor: l.revokedFor,
+			Only: l.req.Only, JobID: l.jobID, RevokedFor: l.revokedFor, Ran: l.ranAttempt,
 		}
 		if l.grace != nil {
 			sl.AwaySince = l.awaySince
@@ -346,7 +348,7 @@ func (d *Daemon) adoptLeases(saved savedState) {
 			id: sl.ID, group: sl.Group, uid: sl.UID, command: sl.Command, jobID: sl.JobID, revokedFor: sl.RevokedFor,
 			req:     policy.Request{Group: sl.Group, UID: sl.UID, SM: sl.SM, Mem: sl.MemBytes, GPUs: sl.GPUs, Priority: sl.Priority, Seq: sl.Seq, Only: sl.Only},
 			requeue: sl.Requeue, attempt: sl.Attempt, created: sl.Created, queuedAt: sl.Created, box: newMailbox(),
-			awaySince: sl.AwaySince,
+			awaySince: sl.AwaySince, ranAttempt: sl.Ran,
 		}
 		if l.awaySince.IsZero() {
 			l.awaySince = time.Now()
@@ -458,8 +460,10 @@ func (d *Daemon) reapAdopted() {
 	}
 }
 
-// settled reports whether a re-adopted lease whose command has ended
-// ended on its own: its instance is up, every fault its MPS daemon has
+// settled reports whether a re-adopted lease whose cgroup has emptied
+// ended on its own: its current attempt ran (a lease granted again while
+// its launcher was away has an empty cgroup but ran nothing yet), its
+// instance is up, every fault its MPS daemon has
 // logged so far (those of mpsd's downtime included) is handled, and none
 // is revoking the lease. A command killed by such a fault is the fault's
 // victim, to be requeued, not a job that finished.
@@ -467,7 +471,7 @@ func (d *Daemon) settled(l *lease) bool {
 	d.mu.Lock()
 	in := l.inst
 	var dm *mps.Daemon
-	if in != nil && in.up && !in.recovering {
+	if in != nil && in.up && !in.recovering && l.ranAttempt == l.attempt {
 		dm = in.daemon
 	}
 	d.mu.Unlock()
@@ -481,7 +485,7 @@ func (d *Daemon) settled(l *lease) bool {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return l.inst == in && in.daemon == dm && !in.recovering && !l.ending && !l.bound
+	return l.inst == in && in.daemon == dm && !in.recovering && !l.ending && !l.bound && l.ranAttempt == l.attempt
 }
 
 // graceOver releases a re-adopted lease whose launcher never came back.
