@@ -594,18 +594,38 @@ func TestAdminRequeueAndInjectXidOnRealGPUs(t *testing.T) {
 // A fault the server contains while mpsd is stopped is not lost: the next
 // mpsd reads server.log on from where the last one stopped, revokes the
 // lease and the launcher's command runs again.
-func TestFaultWhileMpsdDown(t *testing.T) {
-	for _, crash := range []bool{false, true} {
-		t.Run(map[bool]string{false: "stopped", true: "killed"}[crash], func(t *testing.T) {
-			e := newEnv(t, `  a:
+// oneGPUGroup is group a on GPU 0 only.
+const oneGPUGroup = `  a:
     users: [root]
     memory: 10G
     gpus: ["0"]
-`, faultWatchdog)
+`
+
+// firstRunFails is mps-launch's arguments for an emulated client that runs
+// with firstRun (say, faulting) on its first attempt and ends well, soon,
+// on the next.
+func firstRunFails(client, firstRun string) []string {
+	return []string{"--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c",
+		`if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" ` + firstRun + `; else exec "$0" --duration 100ms; fi`, client}
+}
+
+// wantRequeuedAndDone waits for a launch whose first run a fault took:
+// requeued (its stderr says so, with want) and done on a later attempt.
+func wantRequeuedAndDone(t *testing.T, p *proc, want string) {
+	t.Helper()
+	r := p.wait(t)
+	if r.code != 0 || !strings.Contains(r.stderr, requeueLine) || !strings.Contains(r.stderr, want) {
+		t.Fatalf("exit %d, stderr %q; want the faulted run requeued (%q) and the next one done", r.code, r.stderr, want)
+	}
+}
+
+func TestFaultWhileMpsdDown(t *testing.T) {
+	for _, crash := range []bool{false, true} {
+		t.Run(map[bool]string{false: "stopped", true: "killed"}[crash], func(t *testing.T) {
+			e := newEnv(t, oneGPUGroup, faultWatchdog)
 			e.start()
 			client := filepath.Join(e.emu, "mpsemu-client")
-			p := startProc(t, e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c",
-				`if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" --fault-after 1s --duration 1m; else exec "$0" --duration 100ms; fi`, client))
+			p := startProc(t, e.launch(firstRunFails(client, "--fault-after 1s --duration 1m")...))
 			st := e.waitStatus("the client connected", func(st api.Status) bool {
 				in := instanceOf(st, "a", 0)
 				return in.Clients == 1 && len(in.ServerPIDs) == 1 && e.mpsClients(in) == 1
@@ -626,10 +646,7 @@ func TestFaultWhileMpsdDown(t *testing.T) {
 				time.Sleep(20 * time.Millisecond)
 			}
 			e.start()
-			r := p.wait(t)
-			if r.code != 0 || !strings.Contains(r.stderr, requeueLine) {
-				t.Fatalf("exit %d, stderr %q; want the faulted run requeued and the next one done", r.code, r.stderr)
-			}
+			wantRequeuedAndDone(t, p, requeueLine)
 			e.noLeaks(t)
 		})
 	}
@@ -639,11 +656,7 @@ func TestFaultWhileMpsdDown(t *testing.T) {
 // lost: the state file sends the next mpsd back to its server.log line,
 // and the job is requeued rather than ending with its client's error.
 func TestFaultSeenWhileStoppingIsReadAgain(t *testing.T) {
-	e := newEnv(t, `  a:
-    users: [root]
-    memory: 10G
-    gpus: ["0"]
-`, faultWatchdog)
+	e := newEnv(t, oneGPUGroup, faultWatchdog)
 	hooked := make(chan struct{})
 	var once sync.Once
 	e.opts.faultHook = func(in *instance, f fault) {
@@ -660,8 +673,7 @@ func TestFaultSeenWhileStoppingIsReadAgain(t *testing.T) {
 	}
 	e.start()
 	client := filepath.Join(e.emu, "mpsemu-client")
-	p := startProc(t, e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c",
-		`if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" --fault-after 500ms --duration 1m; else exec "$0" --duration 100ms; fi`, client))
+	p := startProc(t, e.launch(firstRunFails(client, "--fault-after 500ms --duration 1m")...))
 	select {
 	case <-hooked:
 	case <-time.After(waitFor):
@@ -670,10 +682,7 @@ func TestFaultSeenWhileStoppingIsReadAgain(t *testing.T) {
 	e.stop()
 	e.opts.faultHook = nil
 	e.start()
-	r := p.wait(t)
-	if r.code != 0 || !strings.Contains(r.stderr, requeueLine) {
-		t.Fatalf("exit %d, stderr %q; want the faulted run requeued and the next one done", r.code, r.stderr)
-	}
+	wantRequeuedAndDone(t, p, requeueLine)
 	e.noLeaks(t)
 }
 
@@ -739,15 +748,10 @@ func TestServerDiesWhileMpsdDown(t *testing.T) {
 }
 
 func serverDiesWhileMpsdDown(t *testing.T, crash bool) {
-	e := newEnv(t, `  a:
-    users: [root]
-    memory: 10G
-    gpus: ["0"]
-`, faultWatchdog)
+	e := newEnv(t, oneGPUGroup, faultWatchdog)
 	e.start()
 	client := filepath.Join(e.emu, "mpsemu-client")
-	p := startProc(t, e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c",
-		`if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" --duration 1m; else exec "$0" --duration 100ms; fi`, client))
+	p := startProc(t, e.launch(firstRunFails(client, "--duration 1m")...))
 	st := e.waitStatus("the client connected", func(st api.Status) bool {
 		in := instanceOf(st, "a", 0)
 		return in.Clients == 1 && len(in.ServerPIDs) == 1 && e.mpsClients(in) == 1
@@ -788,9 +792,6 @@ func serverDiesWhileMpsdDown(t *testing.T, crash bool) {
 		}
 	}
 	e.start()
-	r := p.wait(t)
-	if r.code != 0 || !strings.Contains(r.stderr, "exited while mpsd was away") {
-		t.Fatalf("exit %d, stderr %q; want the run requeued for the lost server and the next one done", r.code, r.stderr)
-	}
+	wantRequeuedAndDone(t, p, "exited while mpsd was away")
 	e.noLeaks(t)
 }
