@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -181,7 +180,7 @@ func (e *testEnv) cleanup() {
 	for _, p := range pipes {
 		emutest.KillByPipeDir(p)
 	}
-	removeCgroupTree(e.parent)
+	emutest.RemoveCgroupTree(e.parent)
 	_ = e.log.Close()
 	if e.t.Failed() {
 		if keep := os.Getenv("MPSD_TEST_KEEP_LOGS"); keep != "" {
@@ -200,37 +199,6 @@ func (e *testEnv) cleanup() {
 		}
 	}
 	_ = os.RemoveAll(e.dir)
-}
-
-// removeCgroupTree kills what is left in a test's cgroup parent and
-// removes it from every hierarchy.
-func removeCgroupTree(parent string) {
-	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
-	roots = append(roots, "/sys/fs/cgroup")
-	for _, root := range roots {
-		top := filepath.Join(root, parent)
-		if _, err := os.Stat(top); err != nil {
-			continue
-		}
-		var dirs []string
-		_ = filepath.WalkDir(top, func(p string, de os.DirEntry, err error) error {
-			if err == nil && de.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		for i := len(dirs) - 1; i >= 0; i-- {
-			if b, err := os.ReadFile(filepath.Join(dirs[i], "cgroup.procs")); err == nil {
-				for _, f := range strings.Fields(string(b)) {
-					if pid, err := strconv.Atoi(f); err == nil {
-						_ = syscall.Kill(pid, syscall.SIGKILL)
-						emutest.WaitGone(pid)
-					}
-				}
-			}
-			_ = os.Remove(dirs[i])
-		}
-	}
 }
 
 // launch prepares mps-launch against this mpsd.

@@ -239,7 +239,7 @@ func (e *mpsdEnv) doStop() {
 		emutest.KillByPipeDir(p)
 	}
 	if e.cgParent != "" {
-		removeCgroupTree(e.cgParent)
+		emutest.RemoveCgroupTree(e.cgParent)
 	}
 	if e.t.Failed() {
 		b, _ := os.ReadFile(e.logPath)
@@ -247,37 +247,6 @@ func (e *mpsdEnv) doStop() {
 			b = b[len(b)-20000:]
 		}
 		e.t.Logf("mpsd log (tail):\n%s", b)
-	}
-}
-
-// removeCgroupTree kills what is left in the cgroup parent of the test's
-// mpsd and removes it from every hierarchy.
-func removeCgroupTree(parent string) {
-	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
-	roots = append(roots, "/sys/fs/cgroup")
-	for _, root := range roots {
-		top := filepath.Join(root, parent)
-		if _, err := os.Stat(top); err != nil {
-			continue
-		}
-		var dirs []string
-		_ = filepath.WalkDir(top, func(p string, de os.DirEntry, err error) error {
-			if err == nil && de.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		for i := len(dirs) - 1; i >= 0; i-- {
-			if b, err := os.ReadFile(filepath.Join(dirs[i], "cgroup.procs")); err == nil {
-				for _, f := range strings.Fields(string(b)) {
-					if pid, err := strconv.Atoi(f); err == nil {
-						_ = syscall.Kill(pid, syscall.SIGKILL)
-						emutest.WaitGone(pid)
-					}
-				}
-			}
-			_ = os.Remove(dirs[i])
-		}
 	}
 }
 

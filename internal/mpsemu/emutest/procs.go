@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -59,5 +60,37 @@ func KillByPipeDir(pipe string) {
 	}
 	for _, pid := range pids {
 		WaitGone(pid)
+	}
+}
+
+// RemoveCgroupTree kills what is left in a test's cgroup parent (a name
+// under every hierarchy's root) and removes it, deepest first, from every
+// hierarchy.
+func RemoveCgroupTree(parent string) {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
+	roots = append(roots, "/sys/fs/cgroup")
+	for _, root := range roots {
+		top := filepath.Join(root, parent)
+		if _, err := os.Stat(top); err != nil {
+			continue
+		}
+		var dirs []string
+		_ = filepath.WalkDir(top, func(p string, de os.DirEntry, err error) error {
+			if err == nil && de.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if b, err := os.ReadFile(filepath.Join(dirs[i], "cgroup.procs")); err == nil {
+				for _, f := range strings.Fields(string(b)) {
+					if pid, err := strconv.Atoi(f); err == nil {
+						_ = syscall.Kill(pid, syscall.SIGKILL)
+						WaitGone(pid)
+					}
+				}
+			}
+			_ = os.Remove(dirs[i])
+		}
 	}
 }
