@@ -288,20 +288,26 @@ func TestChaosSoak(t *testing.T) {
 
 	// Every job completed, or ended with a reason it reported; a job whose
 	// launcher the soak killed is exempt.
-	lost := 0
+	lost, done, gaveUp, killed := 0, 0, 0, 0
 	for _, j := range jobs {
 		switch {
 		case j.killed:
+			killed++
 		case j.res.code == 0:
+			done++
 		case (j.res.code == 75 || j.res.code == 125) && strings.Contains(j.res.stderr, "mps-launch: "):
 			// Gave up with a reason: attempts used up, or mpsd was being
 			// restarted when it tried to connect.
+			gaveUp++
 		default:
 			lost++
 			if lost <= 10 {
 				t.Errorf("job %d (group %s) ended with %d and no reason: stderr %q", j.id, j.group, j.res.code, j.res.stderr)
 			}
 		}
+	}
+	if lost == 0 {
+		t.Logf("none lost: %d jobs completed, %d gave up with a reason, %d had their mps-launch killed by the soak", done, gaveUp, killed)
 	}
 	fmu.Lock()
 	if len(collateral) > 0 {
@@ -315,6 +321,9 @@ func TestChaosSoak(t *testing.T) {
 	e.waitStatus("no leases left", func(st api.Status) bool { return len(st.Leases) == 0 })
 	checkAccounting("at the end")
 	e.noLeaks(t)
+	if !t.Failed() {
+		t.Logf("capacity accounting equalled the live leases after each of the %d injections and at the end; no leases, processes or cgroups left", total-counts["client_fault"])
+	}
 	if t.Failed() {
 		t.Logf("replay with MPSD_CHAOS_SEED=%d", seed)
 	}
