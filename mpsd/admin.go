@@ -66,7 +66,7 @@ func (d *Daemon) serveRequeue(w http.ResponseWriter, r *http.Request) {
 	}
 	in := l.inst
 	reason := "an administrator requeued the lease"
-	l.ending, l.revokedFor = true, reason
+	l.ending, l.revoking, l.revokedFor = true, true, reason
 	dm := in.daemon
 	servers := slices.Sorted(maps.Keys(in.servers))
 	res := api.AdminResult{Instances: []api.InstanceStatus{in.statusLocked()}}

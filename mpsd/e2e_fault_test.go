@@ -795,3 +795,41 @@ func serverDiesWhileMpsdDown(t *testing.T, crash bool) {
 	wantRequeuedAndDone(t, p, "exited while mpsd was away")
 	e.noLeaks(t)
 }
+
+// mpsd killed in the middle of a revocation: the state file says the
+// lease was being revoked, and the next mpsd finishes the job (its command
+// killed, the lease requeued, the launcher told why) instead of taking the
+// victim's dead command for a job that ended.
+func TestRevocationFinishedAfterCrash(t *testing.T) {
+	e := newEnv(t, oneGPUGroup, faultWatchdog)
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	p := startProc(t, e.launch(firstRunFails(client, "--duration 1m")...))
+	e.waitStatus("the client connected", func(st api.Status) bool {
+		in := instanceOf(st, "a", 0)
+		return in.Clients == 1 && len(in.ServerPIDs) == 1 && e.mpsClients(in) == 1
+	})
+	e.d.crashStop.Store(true)
+	e.stop()
+	// As the dead mpsd would have left it, had it died just after taking
+	// the lease for a fault.
+	path := filepath.Join(e.dir, "state", "state.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st savedState
+	if err := json.Unmarshal(b, &st); err != nil || len(st.Leases) != 1 {
+		t.Fatalf("state %s: %v", b, err)
+	}
+	st.Leases[0].Revoking, st.Leases[0].RevokedFor = true, "MPS server 1 of group a on GPU 0 died (test)"
+	if b, err = json.Marshal(st); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	wantRequeuedAndDone(t, p, "died (test)")
+	e.noLeaks(t)
+}

@@ -31,6 +31,9 @@ type lease struct {
 	// revokedFor is why the lease was last revoked, for a launcher that
 	// resumes after it happened.
 	revokedFor string
+	// revoking: a revocation (fault or operator) has taken it and not yet
+	// requeued it; saved, so that a restart finishes it.
+	revoking bool
 	// ranAttempt is the last attempt whose command was attached: only
 	// then does an empty cgroup mean that the command has ended.
 	ranAttempt int

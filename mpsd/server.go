@@ -290,6 +290,10 @@ func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, err
 		l.box.push(api.Event{Type: api.EventRequeued, Attempt: l.attempt})
 	}
 	switch {
+	case l.running() && !l.ending && l.inst.recovering:
+		// A fault was found on its instance (one logged while mpsd was
+		// away, say) and its recovery has yet to take the lease: the
+		// revocation is on its way, a confirmation now would be false.
 	case l.running() && !l.ending:
 		l.box.push(api.Event{Type: api.EventGranted, Lease: l.apiLeaseLocked()})
 	case !l.running():

@@ -74,6 +74,9 @@ type savedLease struct {
 	AwaySince time.Time `json:"away_since,omitzero"`
 	// Ran: the last attempt whose command was attached.
 	Ran int `json:"ran,omitempty"`
+	// Revoking: a revocation had taken the lease (RevokedFor says why)
+	// and not yet requeued it; the next mpsd finishes it.
+	Revoking bool `json:"revoking,omitempty"`
 	// Queued: revoked by a fault and waiting in the queue for its next
 	// run; Instance is then empty.
 	Queued bool `json:"queued,omitempty"`
@@ -271,6 +274,7 @@ func (d *Daemon) snapshot() savedState {
 			SM: l.req.SM, MemBytes: l.req.Mem, GPUs: l.req.GPUs, Priority: l.req.Priority, Seq: l.req.Seq,
 			Attempt: l.attempt, Requeue: l.requeue, Command: l.command, Created: l.created, Queued: queued,
 			Only: l.req.Only, JobID: l.jobID, RevokedFor: l.revokedFor, Ran: l.ranAttempt,
+			Revoking: l.revoking && !queued,
 		}
 		if l.grace != nil {
 			sl.AwaySince = l.awaySince
@@ -341,7 +345,7 @@ func (d *Daemon) adoptLeases(saved savedState) {
 			in.log.Warn("instance still quarantined from before the restart; mpsctl resume lifts it")
 		}
 	}
-	var drop []*lease
+	var drop, revoking []*lease
 	for _, sl := range saved.Leases {
 		in, ok := d.instances[sl.Instance]
 		l := &lease{
@@ -384,12 +388,22 @@ func (d *Daemon) adoptLeases(saved savedState) {
 		l.inst = in
 		d.leases[l.id] = l
 		l.grace = time.AfterFunc(grace, func() { d.spawn(func() { d.graceOver(l) }) })
+		if sl.Revoking {
+			// The previous mpsd died in the middle of revoking it.
+			l.ending, l.revoking = true, true
+			revoking = append(revoking, l)
+		}
 	}
 	d.mu.Unlock()
 	for _, l := range drop {
 		if err := d.killLease(l); err != nil {
 			d.log.Error("end lease of a removed instance", "lease", l.id, "err", err)
 		}
+	}
+	for _, l := range revoking {
+		d.log.Warn("finishing the revocation the previous mpsd began", "lease", l.id, "reason", l.revokedFor)
+		d.revoke(nil, nil, []*lease{l}, l.revokedFor)
+		d.requeue([]*lease{l}, l.revokedFor, false)
 	}
 	ids, err := d.cg.List()
 	if err != nil {

@@ -147,10 +147,16 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 	var victims []*lease
 	for _, l := range in.leases {
 		if !l.ending {
-			l.ending = true
+			l.ending, l.revoking = true, true
 			l.revokedFor = f.reason
 			victims = append(victims, l)
 		}
+	}
+	if len(victims) > 0 {
+		// Recorded at once: if mpsd dies before the requeue is, the next
+		// one finishes the revocation instead of taking a victim whose
+		// command died with its server for a job that ended.
+		d.store.request()
 	}
 	slices.SortFunc(victims, func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
 	dm := in.daemon
@@ -321,7 +327,7 @@ func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
 			delete(in.leases, l.id)
 			l.inst = nil
 		}
-		l.ending = false
+		l.ending, l.revoking = false, false
 		groups[l.group] = true
 		switch {
 		case l.abandoned:
