@@ -289,6 +289,7 @@ func TestChaosSoak(t *testing.T) {
 	// Every job completed, or ended with a reason it reported; a job whose
 	// launcher the soak killed is exempt.
 	lost, done, gaveUp, killed := 0, 0, 0, 0
+	reasons := map[string]int{}
 	for _, j := range jobs {
 		switch {
 		case j.killed:
@@ -299,6 +300,10 @@ func TestChaosSoak(t *testing.T) {
 			// Gave up with a reason: attempts used up, or mpsd was being
 			// restarted when it tried to connect.
 			gaveUp++
+			reason := j.res.stderr[strings.LastIndex(j.res.stderr, "mps-launch: "):]
+			reason, _, _ = strings.Cut(reason, "\n")
+			reason = reason[:min(len(reason), 60)]
+			reasons[fmt.Sprintf("%d %s", j.res.code, reason)]++
 		default:
 			lost++
 			if lost <= 10 {
@@ -308,6 +313,9 @@ func TestChaosSoak(t *testing.T) {
 	}
 	if lost == 0 {
 		t.Logf("none lost: %d jobs completed, %d gave up with a reason, %d had their mps-launch killed by the soak", done, gaveUp, killed)
+	}
+	for r, n := range reasons {
+		t.Logf("gave up: %d× exit %s", n, r)
 	}
 	fmu.Lock()
 	if len(collateral) > 0 {
