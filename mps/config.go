@@ -46,7 +46,7 @@ type Config struct {
 	// the daemon SIGINTs them. Rounded up to whole seconds; default 5s.
 	QuitTimeout time.Duration
 	// ResumeServerLog and ServerLogOffset, on Adopt: follow server.log
-	// from ServerLogOffset (the previous handle's ServerLogResume), so a
+	// from ServerLogOffset (where the previous owner had handled it to), so a
 	// fault the server logged meanwhile is still reported. An offset the
 	// file no longer reaches (it was rotated or truncated since) reads it
 	// from the start. Without ResumeServerLog it is followed from its end.

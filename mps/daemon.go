@@ -44,7 +44,6 @@ type Daemon struct {
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 	events    *eventQueue
-	serverLog *logFollower // nil until Start has opened it
 	// serverLogStart is where the follower began reading server.log.
 	serverLogStart int64
 	daemon         *proc
@@ -52,7 +51,6 @@ type Daemon struct {
 
 	mu             sync.Mutex
 	closed         bool
-	finished       bool          // Close has returned: the followers and the queue are done
 	servers        map[int]*proc // live servers; nil value: being registered
 	exited         map[int]time.Time
 	ready          map[int]bool
@@ -302,7 +300,7 @@ func attach(ctx context.Context, cfg Config, pid int, how string, logOff int64, 
 	}
 	sready := make(chan error, 1)
 	sf := newLogFollower(serverPath, serverOff, log, d.onServerLogLine)
-	d.serverLog, d.serverLogStart = sf, serverOff
+	d.serverLogStart = serverOff
 	d.wg.Add(1)
 	go func() { defer d.wg.Done(); sf.run(d.stop, sready) }()
 	if err := <-sready; err != nil {
@@ -442,27 +440,6 @@ func (d *Daemon) Barrier() <-chan struct{} {
 	return ack
 }
 
-// ServerLogResume is, after Close, where a later handle (Config.
-// ServerLogOffset on Adopt) should start reading server.log so that no
-// line this one read but never delivered as an event is missed; -1 before
-// Close has returned.
-func (d *Daemon) ServerLogResume() int64 {
-	d.mu.Lock()
-	finished := d.finished
-	d.mu.Unlock()
-	if !finished || d.serverLog == nil {
-		return -1
-	}
-	off := d.serverLog.stoppedAt
-	if off < 0 {
-		off = 0 // no server.log yet: whatever it will hold is news
-	}
-	if u := d.events.undelivered; u >= 0 && u < off {
-		off = u
-	}
-	return off
-}
-
 // ServerLogStart is where this handle began reading server.log: before it,
 // every line was someone else's to handle.
 func (d *Daemon) ServerLogStart() int64 { return d.serverLogStart }
@@ -481,9 +458,6 @@ func (d *Daemon) Close() error {
 		d.wg.Wait()
 		d.events.finish()
 		unix.Close(d.stopFD)
-		d.mu.Lock()
-		d.finished = true
-		d.mu.Unlock()
 	})
 	return nil
 }

@@ -97,9 +97,9 @@ type Event struct {
 	Message    string         // the log message for FatalException and ServerStartFailed
 	Source     EventSource
 	// InServerLog: the event is a server.log line, which starts at
-	// LogOffset in that file. A reader that cannot act on it (it is
-	// shutting down) hands the offset back through Config.ServerLogOffset
-	// next time, so the line is read again.
+	// LogOffset in that file. A reader keeps how far it has handled such
+	// events and passes that as Config.ServerLogOffset to the next handle,
+	// so a line it never handled is read again.
 	InServerLog bool
 	LogOffset   int64
 
@@ -136,19 +136,17 @@ type eventQueue struct {
 	mu      sync.Mutex
 	pending []Event
 	dropped int
-	// undelivered is, after finish, where the first server.log event
-	// never delivered starts; -1 when none.
-	undelivered int64
-	closed      bool // finish has run: a late push is dropped (its barrier released)
+	closed  bool // finish has run: a late push is dropped (its barrier released)
 }
 
 func newEventQueue(log *slog.Logger) *eventQueue {
-	return &eventQueue{log: log, out: make(chan Event), notify: make(chan struct{}, 1), undelivered: -1}
+	return &eventQueue{log: log, out: make(chan Event), notify: make(chan struct{}, 1)}
 }
 
-// finish deals with what was never delivered, once run and every producer
-// have returned: the first server.log event is recorded, barriers are
-// released.
+// finish releases the barriers never delivered, once run and every
+// producer have returned; a later push is dropped (its barrier released).
+// A server.log event never delivered is read again by the next handle, from
+// the offset its reader last handled (Event.LogOffset).
 func (q *eventQueue) finish() {
 	q.mu.Lock()
 	left := q.pending
@@ -157,9 +155,6 @@ func (q *eventQueue) finish() {
 	q.mu.Unlock()
 	for _, ev := range left {
 		ev.Ack()
-		if ev.InServerLog && (q.undelivered < 0 || ev.LogOffset < q.undelivered) {
-			q.undelivered = ev.LogOffset
-		}
 	}
 }
 

@@ -21,9 +21,6 @@ type logFollower struct {
 	cur     *tailFile
 	prev    *tailFile
 	initOff int64
-	// stoppedAt is, once run has returned, where the first line not
-	// handed to onLine starts in the file at path; -1 when none was open.
-	stoppedAt int64
 }
 
 type tailFile struct {
@@ -34,7 +31,7 @@ type tailFile struct {
 }
 
 func newLogFollower(path string, startOff int64, log *slog.Logger, onLine func(line string, start int64)) *logFollower {
-	return &logFollower{path: path, log: log, onLine: onLine, initOff: startOff, stoppedAt: -1}
+	return &logFollower{path: path, log: log, onLine: onLine, initOff: startOff}
 }
 
 // run watches the log's directory until stop is closed. Watching the
@@ -52,13 +49,6 @@ func (lf *logFollower) run(stop <-chan struct{}, ready chan<- error) {
 	for {
 		select {
 		case <-stop:
-			// No last read: events found now would never be delivered,
-			// and what is not read stays for the next follower (Daemon.
-			// ServerLogResume).
-			lf.stoppedAt = -1
-			if lf.cur != nil {
-				lf.stoppedAt = lf.cur.off - int64(len(lf.cur.partial))
-			}
 			return
 		case <-sub.changed:
 			// Any change in the directory may concern our file under its

@@ -117,12 +117,10 @@ type Daemon struct {
 	mu         sync.Mutex
 	cfg        *policy.Config
 	gidsMatter bool // some member list of cfg names a unix group
-	// finalSnapshot: the snapshot is Run's last, on a clean stop.
-	finalSnapshot bool
-	instances     map[string]*instance
-	queues        map[string][]*lease // queued leases per group, arrival order
-	leases        map[string]*lease   // every lease, queued or running
-	seq           uint64
+	instances  map[string]*instance
+	queues     map[string][]*lease // queued leases per group, arrival order
+	leases     map[string]*lease   // every lease, queued or running
+	seq        uint64
 }
 
 // New loads the config, takes the GPU inventory and prepares the cgroup
@@ -400,7 +398,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	for _, in := range d.instances {
 		if in.daemon != nil {
 			_ = in.daemon.Close()
-			in.logResume = in.daemon.ServerLogResume()
 		}
 	}
 	for _, l := range d.leases {
@@ -421,9 +418,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	default:
 	}
 	if !crash {
-		d.mu.Lock()
-		d.finalSnapshot = true
-		d.mu.Unlock()
 		d.store.request()
 		if err := d.store.flush(); err != nil {
 			runErr = errors.Join(runErr, err)

@@ -60,16 +60,11 @@ type instance struct {
 
 	metricLabels *instanceLabels // made at the first scrape
 	serverLogOff int64           // where the previous mpsd stopped reading server.log; -1: unknown
-	// replayFrom: where in server.log the first fault this mpsd was
-	// stopping too soon to handle starts (-1: none); logResume: where the
-	// closed daemon handle stopped reading it (-1: unknown). The state
-	// file keeps the lower for the next mpsd.
-	replayFrom int64
-	logResume  int64
 	// logHandled: server.log holds no fault before this offset that is
 	// not handled (recovery begun); -1 without a daemon. Saved with every
-	// state write, so after a crash of mpsd the next one reads on from
-	// there (a fault may be handled twice, none is lost).
+	// state write, the last at a clean stop, so the next mpsd reads on
+	// from there: a fault read too late to handle (mpsd was stopping) is
+	// read again, and after a crash one may be handled twice; none is lost.
 	logHandled int64
 	// savedServers: the servers (pid: uid) the previous mpsd left running,
 	// checked once at the first adoption.
@@ -153,8 +148,6 @@ func (d *Daemon) reconcileLocked(cfg *policy.Config) (added []*instance) {
 					tried:        make(chan struct{}),
 					faults:       map[string]int{},
 					restartsBy:   map[string]int{},
-					replayFrom:   -1,
-					logResume:    -1,
 					serverLogOff: -1,
 					logHandled:   -1,
 				}

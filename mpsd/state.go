@@ -36,10 +36,9 @@ type savedState struct {
 	// holds until an operator lifts it, restarts included.
 	Quarantined []string `json:"quarantined,omitempty"`
 	// ServerLogs is, per instance, where in its server.log the next mpsd
-	// reads on, so a fault logged while none watched is not missed: on a
-	// clean stop, just past every line this mpsd handled; in every other
-	// write (what a crash leaves), past the last fault whose recovery had
-	// begun, so a crash may replay a fault but never lose one.
+	// reads on, so a fault logged while none watched (or read too late to
+	// handle) is not missed: just past the last fault whose recovery had
+	// begun. A crash may replay a fault; none is lost.
 	ServerLogs map[string]int64 `json:"server_logs,omitempty"`
 	// Servers is, per instance, the MPS servers (pid: uid) running when
 	// mpsd last wrote its state. MPS never shuts an idle server down, so one
@@ -295,25 +294,11 @@ func (d *Daemon) snapshot() savedState {
 			}
 			st.Servers[key] = maps.Clone(in.servers)
 		}
-		if !d.finalSnapshot && in.daemon != nil && in.logHandled >= 0 {
+		if in.daemon != nil && in.logHandled >= 0 {
 			if st.ServerLogs == nil {
 				st.ServerLogs = map[string]int64{}
 			}
 			st.ServerLogs[key] = in.logHandled
-		}
-		if d.finalSnapshot {
-			// Where the next mpsd goes on reading: past every line this one
-			// handled, and no further.
-			off := in.logResume
-			if in.replayFrom >= 0 && (off < 0 || in.replayFrom < off) {
-				off = in.replayFrom
-			}
-			if off >= 0 {
-				if st.ServerLogs == nil {
-					st.ServerLogs = map[string]int64{}
-				}
-				st.ServerLogs[key] = off
-			}
 		}
 	}
 	slices.Sort(st.Quarantined)

@@ -88,12 +88,11 @@ func (d *Daemon) reportFault(in *instance, f fault) {
 	d.spawn(func() { d.recover(in, f) })
 }
 
-// unhandledLocked notes a fault mpsd is stopping too soon to handle: one
-// read from server.log is read again by the next mpsd.
+// unhandledLocked notes a fault mpsd is stopping too soon to handle. One
+// from server.log is read again by the next mpsd (logHandled stays before
+// it); one left pending behind a recovery needs nothing more, since that
+// recovery took every lease of the instance, the only ones it concerns.
 func (in *instance) unhandledLocked(f fault) {
-	if f.fromServerLog && (in.replayFrom < 0 || f.logOffset < in.replayFrom) {
-		in.replayFrom = f.logOffset
-	}
 	in.log.Warn("fault left for the next mpsd", "fault", f.kind, "reason", f.reason, "read_again", f.fromServerLog)
 }
 
