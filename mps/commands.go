@@ -42,14 +42,16 @@ func parsed[T any](ctx context.Context, d *Daemon, line string, parse func(strin
 }
 
 // ServerList returns the pids of the daemon's servers (get_server_list).
-// Servers not seen before are watched (and reported as ServerStarted).
+// Servers not seen before are watched (and reported as ServerStarted)
+// once verified through a pidfd (child of the daemon running
+// nvidia-cuda-mps-server); a pid that is not is reported as UnverifiedRecord.
 func (d *Daemon) ServerList(ctx context.Context) ([]int, error) {
 	pids, err := parsed(ctx, d, "get_server_list", parsePIDList)
 	if err != nil {
 		return nil, err
 	}
 	for _, pid := range pids {
-		d.serverSeen(pid, -1, time.Now(), SourceCommand)
+		d.serverSeen(pid, time.Now(), SourceCommand, "get_server_list: "+strconv.Itoa(pid))
 	}
 	return pids, nil
 }

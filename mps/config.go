@@ -52,6 +52,12 @@ type Config struct {
 	// from the start. Without ResumeServerLog it is followed from its end.
 	ResumeServerLog bool
 	ServerLogOffset int64
+	// Expect, on Adopt and Reclaim: accept only this daemon (the one a
+	// previous owner recorded with Daemon.Identity), that pid with that
+	// start time; any other holder of control_lock is refused with an
+	// error wrapping ErrNoDaemon and ErrUnverifiedDaemon. Nil accepts the
+	// verified holder of control_lock. Start ignores it.
+	Expect *DaemonIdentity
 	// Runner starts the control program; default ExecRunner.
 	Runner Runner
 	// ProcRoot is where /proc is mounted; default /proc.

@@ -49,9 +49,14 @@ type Daemon struct {
 	daemon         *proc
 	exitedCh       chan struct{} // closed when the daemon process is gone
 
-	mu             sync.Mutex
-	closed         bool
-	servers        map[int]*proc // live servers; nil value: being registered
+	// id is the daemon's identity, verified at start or adoption.
+	id DaemonIdentity
+
+	mu        sync.Mutex
+	closed    bool
+	servers   map[int]*proc // verified servers, watched through their pidfds
+	verifying map[int]chan struct{}
+	// exited: when each verified server's pidfd told of its exit.
 	exited         map[int]time.Time
 	ready          map[int]bool
 	lastExitStatus int
@@ -64,8 +69,12 @@ const startWaitDelay = 200 * time.Millisecond
 // Start starts a control daemon (`-d`) for cfg and returns once it answers a
 // probe and cfg's defaults are applied. ctx bounds the start only; the handle
 // lives until Close. Stale pipe-directory files are removed first, but only
-// when no live daemon owns them: if one does, Start returns ErrAlreadyRunning
-// (use Adopt). If applying defaults fails the new daemon is killed.
+// when no verified daemon owns them: if one does, Start returns
+// ErrAlreadyRunning (use Adopt). A lock on control_lock held by any other
+// process (a local user can take it on a dead daemon's file) does not stop
+// it: the files are taken as stale, that process is logged and left alone.
+// If applying defaults fails the new daemon is killed. The new daemon's
+// identity is Daemon.Identity.
 func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -76,8 +85,16 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 			return nil, fmt.Errorf("mps: start: create %s: %w", dir, err)
 		}
 	}
-	if pid, how := findDaemon(cfg.ProcRoot, cfg.PipeDir, cfg.LogDir, cfg.ControlPath); pid > 0 {
-		return nil, fmt.Errorf("%w: pid %d (found by %s) on %s", ErrAlreadyRunning, pid, how, cfg.PipeDir)
+	fd, id, holder, err := lockedDaemon(cfg, nil)
+	switch {
+	case err == nil:
+		unix.Close(fd)
+		return nil, fmt.Errorf("%w: pid %d (holds %s) on %s", ErrAlreadyRunning, id.PID, lockFileName, cfg.PipeDir)
+	case errors.Is(err, ErrUnverifiedDaemon):
+		cfg.Logger.Warn("mps: control_lock is held by a process that is no verified control daemon; taking the pipe directory's files as stale (that process is not touched)",
+			"pipe_dir", cfg.PipeDir, "pid", holder, "reason", err)
+	case !errors.Is(err, ErrNoDaemon):
+		return nil, fmt.Errorf("mps: start: %w", err)
 	}
 	if err := removeStale(cfg.PipeDir); err != nil {
 		return nil, err
@@ -97,7 +114,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.WaitDelay = startWaitDelay
 	if err := cfg.Runner.Start(cmd); err != nil {
-		return nil, fmt.Errorf("mps: start %s on %s: %w", cfg.ControlPath, cfg.PipeDir, err)
+		return nil, localResources(fmt.Errorf("mps: start %s on %s: %w", cfg.ControlPath, cfg.PipeDir, err))
 	}
 	if err := cmd.Wait(); err != nil && !errors.Is(err, exec.ErrWaitDelay) {
 		if ctx.Err() != nil {
@@ -109,15 +126,14 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("mps: start %s -d on %s: %w (output %q)", cfg.ControlPath, cfg.PipeDir, err, strings.TrimSpace(out.String()))
 	}
 
-	// The parent exits once the daemon listens; the pid file (550+) or the
-	// lock may lag a moment behind.
-	pid, how, err := waitDaemonPID(ctx, cfg)
+	// The parent exits once the daemon listens; the lock may lag a moment
+	// behind.
+	fd, id, err = waitDaemon(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	d, err := attach(ctx, cfg, pid, how, logOff, false, true)
+	d, err := attach(ctx, cfg, fd, id, lockFileName, logOff, false, true, true)
 	if err != nil {
-		killPID(pid)
 		return nil, err
 	}
 	if err := d.applyDefaults(ctx); err != nil {
@@ -125,60 +141,67 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		d.Close()
 		return nil, err
 	}
-	d.log.Info("mps: control daemon started", "pid", pid, "found_by", how, "pid_file", d.caps.PIDFile, "server_status", d.caps.ServerStatus)
+	d.log.Info("mps: control daemon started", "pid", id.PID, "start_time", id.StartTime, "pid_file", d.caps.PIDFile, "server_status", d.caps.ServerStatus)
 	return d, nil
 }
 
-// Adopt attaches to a daemon already running on cfg.PipeDir (found by pid
-// file, lock or control.log, then probed), e.g. after mpsd restarted. It
-// disturbs no server or client. Returns ErrNoDaemon when none runs.
+// Adopt attaches to a daemon already running on cfg.PipeDir, e.g. after
+// mpsd restarted: the holder of the lock on control_lock, verified through
+// a pidfd (it runs cfg.ControlPath, as root or this process's uid), and
+// exactly cfg.Expect when that is set; then probed. It disturbs no server
+// or client. Returns an error wrapping ErrNoDaemon when none runs, with
+// ErrUnverifiedDaemon too when the lock holder is not such a daemon (or
+// not the expected one).
 func Adopt(ctx context.Context, cfg Config) (*Daemon, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	pid, how := findDaemon(cfg.ProcRoot, cfg.PipeDir, cfg.LogDir, cfg.ControlPath)
-	if pid == 0 {
-		return nil, fmt.Errorf("mps: adopt on %s: %w", cfg.PipeDir, ErrNoDaemon)
+	fd, id, _, err := lockedDaemon(cfg, cfg.Expect)
+	if err != nil {
+		return nil, fmt.Errorf("mps: adopt: %w", err)
 	}
 	if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
+		unix.Close(fd)
 		return nil, fmt.Errorf("mps: adopt: create %s: %w", cfg.LogDir, err)
 	}
 	var logOff int64
 	if fi, err := os.Stat(filepath.Join(cfg.LogDir, controlLog)); err == nil {
 		logOff = fi.Size()
 	}
-	d, err := attach(ctx, cfg, pid, how, logOff, true, true)
+	d, err := attach(ctx, cfg, fd, id, lockFileName, logOff, true, true, false)
 	if err != nil {
 		return nil, err
 	}
-	d.log.Info("mps: control daemon adopted", "pid", pid, "found_by", how)
+	d.log.Info("mps: control daemon adopted", "pid", id.PID, "start_time", id.StartTime, "expected", cfg.Expect != nil)
 	return d, nil
 }
 
 // Reclaim stops the control daemon on cfg.PipeDir that Adopt could not
 // take over because it does not answer (stopped, hung), with Stop's
-// escalation (its servers included), so a new one can be started there.
-// Returns ErrNoDaemon when none runs.
+// escalation (its verified servers included), so a new one can be started
+// there. It finds and verifies the daemon as Adopt does (cfg.Expect
+// included) and signals nothing else. Returns an error wrapping
+// ErrNoDaemon when no verified daemon runs.
 func Reclaim(ctx context.Context, cfg Config) (StopReport, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return StopReport{}, err
 	}
-	pid, how := findDaemon(cfg.ProcRoot, cfg.PipeDir, cfg.LogDir, cfg.ControlPath)
-	if pid == 0 {
-		return StopReport{}, fmt.Errorf("mps: reclaim on %s: %w", cfg.PipeDir, ErrNoDaemon)
+	fd, id, _, err := lockedDaemon(cfg, cfg.Expect)
+	if err != nil {
+		return StopReport{}, fmt.Errorf("mps: reclaim: %w", err)
 	}
 	var logOff int64
 	if fi, err := os.Stat(filepath.Join(cfg.LogDir, controlLog)); err == nil {
 		logOff = fi.Size()
 	}
-	d, err := attach(ctx, cfg, pid, how, logOff, true, false)
+	d, err := attach(ctx, cfg, fd, id, lockFileName, logOff, true, false, false)
 	if err != nil {
 		return StopReport{}, err
 	}
 	defer d.Close()
-	d.log.Warn("mps: reclaiming a control daemon that does not answer", "pid", pid, "found_by", how)
+	d.log.Warn("mps: reclaiming a control daemon that does not answer", "pid", id.PID, "start_time", id.StartTime)
 	return d.Stop(ctx)
 }
 
@@ -191,16 +214,9 @@ func daemonEnv(cfg Config) []string {
 	return env
 }
 
-// removeStale deletes a dead daemon's pipe-directory files. The lock check
-// makes sure no live daemon (of any generation) owns them.
+// removeStale deletes a dead daemon's pipe-directory files; the caller
+// made sure no verified daemon owns them.
 func removeStale(pipeDir string) error {
-	holder, err := lockHolder(pipeDir)
-	if err != nil {
-		return fmt.Errorf("mps: start: check %s: %w", pipeDir, err)
-	}
-	if holder > 0 {
-		return fmt.Errorf("%w: pid %d holds %s", ErrAlreadyRunning, holder, filepath.Join(pipeDir, lockFileName))
-	}
 	for _, name := range staleFiles {
 		p := filepath.Join(pipeDir, name)
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -210,16 +226,24 @@ func removeStale(pipeDir string) error {
 	return nil
 }
 
-func waitDaemonPID(ctx context.Context, cfg Config) (int, string, error) {
+// waitDaemon waits for the daemon just started to take control_lock and
+// returns its verified pidfd and identity.
+func waitDaemon(ctx context.Context, cfg Config) (int, DaemonIdentity, error) {
 	t := time.NewTicker(2 * time.Millisecond)
 	defer t.Stop()
+	var last error
 	for {
-		if pid, how := findDaemon(cfg.ProcRoot, cfg.PipeDir, cfg.LogDir, cfg.ControlPath); pid > 0 {
-			return pid, how, nil
+		fd, id, _, err := lockedDaemon(cfg, nil)
+		if err == nil {
+			return fd, id, nil
 		}
+		if errors.Is(err, ErrLocalResources) {
+			return -1, DaemonIdentity{}, err
+		}
+		last = err
 		select {
 		case <-ctx.Done():
-			return 0, "", fmt.Errorf("mps: start on %s: daemon pid not found (no pid file, lock or log line): %w: %w", cfg.PipeDir, ErrTimeout, ctx.Err())
+			return -1, DaemonIdentity{}, fmt.Errorf("mps: start on %s: no verified daemon holds %s (%v): %w: %w", cfg.PipeDir, lockFileName, last, ErrTimeout, ctx.Err())
 		case <-t.C:
 		}
 	}
@@ -232,18 +256,25 @@ func killPID(pid int) {
 	}
 }
 
-// attach builds the handle: watchers first (so nothing is missed), then a
-// probe and capability detection.
-func attach(ctx context.Context, cfg Config, pid int, how string, logOff int64, adopted, probe bool) (*Daemon, error) {
+// attach builds the handle on the verified daemon behind pidfd fd (owned
+// from now on): watchers first (so nothing is missed), then a probe and
+// capability detection. killOnFail: a failure kills the daemon (Start's).
+func attach(ctx context.Context, cfg Config, fd int, id DaemonIdentity, how string, logOff int64, adopted, probe, killOnFail bool) (*Daemon, error) {
 	stopFD, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
-		return nil, fmt.Errorf("mps: eventfd: %w", err)
+		if killOnFail {
+			_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		}
+		unix.Close(fd)
+		return nil, localResources(fmt.Errorf("mps: eventfd: %w", err))
 	}
 	log := cfg.Logger.With("pipe_dir", cfg.PipeDir)
+	pid := id.PID
 	d := &Daemon{
 		cfg:            cfg,
 		log:            log,
 		pid:            pid,
+		id:             id,
 		foundBy:        how,
 		clientEnv:      setEnv(cfg.Env, "CUDA_MPS_PIPE_DIRECTORY", cfg.PipeDir),
 		stopFD:         stopFD,
@@ -251,6 +282,7 @@ func attach(ctx context.Context, cfg Config, pid int, how string, logOff int64, 
 		events:         newEventQueue(log),
 		exitedCh:       make(chan struct{}),
 		servers:        map[int]*proc{},
+		verifying:      map[int]chan struct{}{},
 		exited:         map[int]time.Time{},
 		ready:          map[int]bool{},
 		lastExitStatus: -1,
@@ -258,7 +290,7 @@ func attach(ctx context.Context, cfg Config, pid int, how string, logOff int64, 
 	d.wg.Add(1)
 	go func() { defer d.wg.Done(); d.events.run(d.stop) }()
 
-	d.daemon = d.watch(pid, func(p *proc) {
+	d.daemon = d.watchFD(pid, fd, nil, func(p *proc) {
 		d.mu.Lock()
 		status := p.status
 		if status < 0 && p.sig == 0 {
@@ -268,9 +300,12 @@ func attach(ctx context.Context, cfg Config, pid int, how string, logOff int64, 
 		close(d.exitedCh)
 		d.events.push(Event{Kind: DaemonExited, Time: time.Now(), PID: p.pid, UID: -1, ExitStatus: status, Signal: p.sig, Source: SourcePidfd})
 	})
-	if d.daemon == nil {
+	fail := func(err error) (*Daemon, error) {
+		if killOnFail {
+			d.daemon.signal(unix.SIGKILL)
+		}
 		d.Close()
-		return nil, fmt.Errorf("mps: daemon pid %d on %s exited: %w", pid, cfg.PipeDir, ErrNoDaemon)
+		return nil, err
 	}
 
 	logPath := filepath.Join(cfg.LogDir, controlLog)
@@ -282,11 +317,13 @@ func attach(ctx context.Context, cfg Config, pid int, how string, logOff int64, 
 	d.wg.Add(1)
 	go func() { defer d.wg.Done(); lf.run(d.stop, ready) }()
 	if err := <-ready; err != nil {
-		d.Close()
-		return nil, err
+		return fail(localResources(err))
 	}
 	// server.log tells of faults the server survives; only lines written
-	// from now on matter.
+	// from now on matter (from the offset given, on adoption). Its
+	// follower starts after the probe has learned the running servers, so
+	// that a fault read again names a server already verified; nothing is
+	// missed, the offset is fixed now.
 	serverPath := filepath.Join(cfg.LogDir, serverLog)
 	var serverOff int64
 	if fi, err := os.Stat(serverPath); err == nil {
@@ -298,22 +335,26 @@ func attach(ctx context.Context, cfg Config, pid int, how string, logOff int64, 
 			}
 		}
 	}
-	sready := make(chan error, 1)
-	sf := newLogFollower(serverPath, serverOff, log, d.onServerLogLine)
 	d.serverLogStart = serverOff
-	d.wg.Add(1)
-	go func() { defer d.wg.Done(); sf.run(d.stop, sready) }()
-	if err := <-sready; err != nil {
-		d.Close()
-		return nil, err
+	startServerLog := func() error {
+		sready := make(chan error, 1)
+		sf := newLogFollower(serverPath, serverOff, log, d.onServerLogLine)
+		d.wg.Add(1)
+		go func() { defer d.wg.Done(); sf.run(d.stop, sready) }()
+		return localResources(<-sready)
 	}
 
 	if !probe {
+		if err := startServerLog(); err != nil {
+			return fail(err)
+		}
 		return d, nil
 	}
 	if err := d.probeUntilUp(ctx); err != nil {
-		d.Close()
-		return nil, err
+		return fail(err)
+	}
+	if err := startServerLog(); err != nil {
+		return fail(err)
 	}
 	d.caps.PIDFile = fileExists(filepath.Join(cfg.PipeDir, pidFileName))
 	if _, err := d.Command(ctx, "get_server_status"); errors.Is(err, ErrUnknownCommand) {
@@ -321,8 +362,7 @@ func attach(ctx context.Context, cfg Config, pid int, how string, logOff int64, 
 	} else if errors.Is(err, ErrInvalidValue) || err == nil {
 		d.caps.ServerStatus = true // "A server PID is required"
 	} else {
-		d.Close()
-		return nil, err
+		return fail(err)
 	}
 	return d, nil
 }
@@ -394,6 +434,11 @@ func (d *Daemon) applyDefaults(ctx context.Context) error {
 // PID is the control daemon's pid.
 func (d *Daemon) PID() int { return d.pid }
 
+// Identity is the daemon's pid and start time, verified through a pidfd
+// when it was started or adopted. Keep it to pass as Config.Expect to the
+// next Adopt (after a restart), so that only this daemon is taken over.
+func (d *Daemon) Identity() DaemonIdentity { return d.id }
+
 // PipeDir is the daemon's CUDA_MPS_PIPE_DIRECTORY.
 func (d *Daemon) PipeDir() string { return d.cfg.PipeDir }
 
@@ -420,7 +465,9 @@ func (d *Daemon) Done() <-chan struct{} { return d.exitedCh }
 
 // Probe checks that the daemon is alive and answers a command before ctx
 // ends: nil, or an error wrapping ErrNoDaemon, ErrDaemonQuitting or
-// ErrTimeout (a hung daemon). It also learns servers it had not seen yet.
+// ErrTimeout (a hung daemon), or ErrLocalResources (this process could not
+// start the control client; the daemon's health is unknown, not bad). It
+// also learns servers it had not seen yet (verified, see ServerList).
 func (d *Daemon) Probe(ctx context.Context) error {
 	if d.Exited() {
 		return fmt.Errorf("mps: probe %s: daemon pid %d exited: %w", d.cfg.PipeDir, d.pid, ErrNoDaemon)
@@ -466,7 +513,10 @@ func (d *Daemon) Close() error {
 // error is a *CommandError wrapping ErrNoDaemon, ErrDaemonQuitting,
 // ErrUnknownCommand, ErrServerNotFound, ErrInvalidValue, ErrPermission or
 // ErrTimeout (ctx ended: the client process is killed, so a hung daemon
-// never blocks the caller). Prefer the typed methods.
+// never blocks the caller), or ErrLocalResources when this process could
+// not start the client at all (out of file descriptors, processes or
+// memory: EMFILE, ENFILE, EAGAIN, ENOMEM), which says nothing about the
+// daemon and never wraps the others. Prefer the typed methods.
 func (d *Daemon) Command(ctx context.Context, line string) (string, error) {
 	if strings.ContainsAny(line, "\n\r") {
 		return "", &CommandError{Command: line, PipeDir: d.cfg.PipeDir, Err: fmt.Errorf("%w: command contains a newline", ErrInvalidValue)}
@@ -487,6 +537,11 @@ func (d *Daemon) Command(ctx context.Context, line string) (string, error) {
 		return &CommandError{Command: line, PipeDir: d.cfg.PipeDir, Output: strings.TrimSpace(stdout.String() + stderr.String()), Err: err}
 	}
 	if err := d.cfg.Runner.Start(cmd); err != nil {
+		if lerr := localResources(err); errors.Is(lerr, ErrLocalResources) {
+			// mpsd's own exhaustion (no fd for a pipe, no process): the
+			// daemon was never asked, so this is no timeout of it.
+			return "", cerr(fmt.Errorf("run %s: %w", d.cfg.ControlPath, lerr))
+		}
 		if ctx.Err() != nil {
 			return "", cerr(fmt.Errorf("%w: %w", ErrTimeout, ctx.Err()))
 		}

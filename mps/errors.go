@@ -38,6 +38,17 @@ var (
 	ErrUnexpectedOutput = errors.New("mps: unexpected output")
 	// ErrClosed: the Daemon handle was closed.
 	ErrClosed = errors.New("mps: daemon handle closed")
+	// ErrUnverifiedDaemon: the process holding the pipe directory's
+	// control_lock is not a control daemon this package may own (another
+	// executable or uid, gone), or not the one Config.Expect names. Adopt
+	// and Reclaim errors wrap it together with ErrNoDaemon.
+	ErrUnverifiedDaemon = errors.New("mps: lock holder is not a verified control daemon")
+	// ErrLocalResources: this process (mpsd) could not start the control
+	// program or open a pidfd or eventfd because it is out of file
+	// descriptors, processes or memory itself (EMFILE, ENFILE, EAGAIN,
+	// ENOMEM). It says nothing about the daemon: such an error never wraps
+	// ErrTimeout, ErrNoDaemon or ErrDaemonQuitting.
+	ErrLocalResources = errors.New("mps: mpsd is out of local resources")
 )
 
 // CommandError is a failed control command: which command, against which

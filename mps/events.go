@@ -31,6 +31,14 @@ const (
 	// Barrier is no event of MPS: Daemon.Barrier queues it behind every
 	// event found so far; the reader calls Ack once it has handled those.
 	Barrier
+	// UnverifiedRecord: a log record (or a get_server_list answer) named
+	// a pid that is not a verified server of this daemon, so it was
+	// dropped: a server start, ready, exit or fault line for a process
+	// that is no child of the daemon running nvidia-cuda-mps-server (any
+	// local user can write such lines into the daemon's log FIFO), or one
+	// for a server gone before it could be checked. Message is the record,
+	// PID the pid it named. Nothing is done about it but counting.
+	UnverifiedRecord
 )
 
 func (k EventKind) String() string {
@@ -53,6 +61,8 @@ func (k EventKind) String() string {
 		return "server fault"
 	case Barrier:
 		return "barrier"
+	case UnverifiedRecord:
+		return "unverified record"
 	}
 	return fmt.Sprintf("EventKind(%d)", int(k))
 }
@@ -102,6 +112,14 @@ type Event struct {
 	// so a line it never handled is read again.
 	InServerLog bool
 	LogOffset   int64
+	// KnownServer, on ServerFault, FatalException and ServerStartFailed:
+	// the record's pid is a server of this daemon verified through a pidfd
+	// (child of the daemon, running nvidia-cuda-mps-server), live or gone
+	// for at most a few seconds. The record itself is still only a claim
+	// (its text is anyone's): confirm a fault (get_server_status FAULT, an
+	// Xid) before acting on it. A ServerFault is only ever reported with
+	// KnownServer true; one naming another pid is an UnverifiedRecord.
+	KnownServer bool
 
 	ack *barrierAck // Barrier's
 }
@@ -120,7 +138,7 @@ func (e Event) Ack() {
 }
 
 func (e Event) String() string {
-	return fmt.Sprintf("%s pid=%d uid=%d status=%d signal=%d source=%s %s", e.Kind, e.PID, e.UID, e.ExitStatus, int(e.Signal), e.Source, e.Message)
+	return fmt.Sprintf("%s pid=%d uid=%d status=%d signal=%d source=%s known_server=%v %s", e.Kind, e.PID, e.UID, e.ExitStatus, int(e.Signal), e.Source, e.KnownServer, e.Message)
 }
 
 // maxQueuedEvents bounds the events waiting for a slow reader; beyond it the

@@ -24,6 +24,12 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(helperMain())
 	}
+	if os.Getenv(attackEnv) != "" {
+		os.Exit(attackMain())
+	}
+	if os.Getenv(emfileEnv) != "" {
+		os.Exit(emfileMain())
+	}
 	goleak.VerifyTestMain(m)
 }
 

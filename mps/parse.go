@@ -255,15 +255,3 @@ func scan2(m, format string, a, b *int) bool {
 	n, err := fmt.Sscanf(m, format, a, b)
 	return err == nil && n == 2 && fmt.Sprintf(format, *a, *b) == m
 }
-
-// daemonPIDFromLog returns the pid of the last "Starting control daemon" line
-// of a control.log, the only place a 535 daemon writes its pid.
-func daemonPIDFromLog(content string) int {
-	pid := 0
-	for _, line := range strings.Split(content, "\n") {
-		if l, ok := ParseLogLine(line); ok && l.Source == "Control" && strings.HasPrefix(l.Message, "Starting control daemon") {
-			pid = l.PID
-		}
-	}
-	return pid
-}

@@ -2,6 +2,8 @@ package mps
 
 import (
 	"errors"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -162,18 +164,6 @@ func TestServerLogEvent(t *testing.T) {
 	}
 }
 
-func TestDaemonPIDFromLog(t *testing.T) {
-	log := strings.Join([]string{
-		"[2026-11-29 19:34:29.391 Control  7994] Starting control daemon using socket /p/control",
-		"[2026-11-29 19:34:29.400 Control  8004] Starting new server 8004 for user 0",
-		"[2026-11-29 19:35:29.391 Control  9001] Starting control daemon using socket /p/control",
-		"garbage",
-	}, "\n")
-	if got := daemonPIDFromLog(log); got != 9001 {
-		t.Fatalf("daemonPIDFromLog = %d, want the last daemon 9001", got)
-	}
-}
-
 func TestParseProcStat(t *testing.T) {
 	rest := strings.Repeat(" 0", 47)
 	for _, tc := range []struct {
@@ -181,10 +171,18 @@ func TestParseProcStat(t *testing.T) {
 		ok       bool
 		want     procStat
 	}{
-		{"zombie killed", "42 (nvidia-cuda-mps) Z 1" + rest + " 9", true, procStat{comm: "nvidia-cuda-mps", state: 'Z', ppid: 1, exitCode: 9}},
+		{"zombie killed", "42 (nvidia-cuda-mps) Z 1" + rest + " 9", true, procStat{comm: "nvidia-cuda-mps", state: 'Z', ppid: 1, exitCode: 9, hasStart: true}},
 		{"comm with parens", "42 (a) b (c)) S 7", true, procStat{comm: "a) b (c)", state: 'S', ppid: 7, exitCode: -1}},
 		{"short", "42 (x)", false, procStat{}},
 		{"no comm", "42 x S 1", false, procStat{}},
+		// A real line (Linux 6.x, 52 fields): starttime is field 22.
+		{"start time", "4242 (nvidia-cuda-mps) S 4200 4200 4200 0 -1 4194624 139 0 0 0 0 0 0 0 20 0 2 0 987654321 12345678 900 18446744073709551615 1 1 0 0 0 0 0 4096 0 0 0 17 3 0 0 0 0 0 0 0 0 0 0 0 0 0",
+			true, procStat{comm: "nvidia-cuda-mps", state: 'S', ppid: 4200, exitCode: -1, startTime: 987654321, hasStart: true}},
+		// A comm that fakes fields: counting starts after the last ')'.
+		{"start time after fake comm", "7 (x) S 1 1 1 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 5 ) S 9" + strings.Repeat(" 0", 17) + " 777",
+			true, procStat{comm: "x) S 1 1 1 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 5 ", state: 'S', ppid: 9, exitCode: -1, startTime: 777, hasStart: true}},
+		{"start time too big", "1 (x) S 1" + strings.Repeat(" 0", 17) + " 18446744073709551616", false, procStat{}},
+		{"start time negative", "1 (x) S 1" + strings.Repeat(" 0", 17) + " -5", false, procStat{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := parseProcStat(tc.in)
@@ -193,6 +191,45 @@ func TestParseProcStat(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestProcStatStartTimeOfSelf: the start time read for this process is
+// the one the kernel reports, stable, and earlier than a child's.
+func TestProcStatStartTimeOfSelf(t *testing.T) {
+	me, err := readProcStat("/proc", os.Getpid())
+	if err != nil || !me.hasStart || me.startTime == 0 {
+		t.Fatalf("own stat: %+v, %v", me, err)
+	}
+	cmd := exec.Command("sleep", "5")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	child, err := readProcStat("/proc", cmd.Process.Pid)
+	if err != nil || child.startTime < me.startTime || child.ppid != os.Getpid() {
+		t.Fatalf("child stat %+v, %v; own start %d", child, err, me.startTime)
+	}
+}
+
+func FuzzParseProcStat(f *testing.F) {
+	for _, s := range []string{
+		"4242 (nvidia-cuda-mps) S 4200 4200 4200 0 -1 4194624 139 0 0 0 0 0 0 0 20 0 2 0 987654321 12345678 900",
+		"42 (a) b (c)) S 7", "1 ()) Z 0", "(", ")", "",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		st, err := parseProcStat(s)
+		if err != nil {
+			return
+		}
+		if strings.LastIndexByte(s, ')') < 0 || st.state == ' ' {
+			t.Fatalf("parseProcStat(%q) = %+v", s, st)
+		}
+		if !st.hasStart && st.startTime != 0 {
+			t.Fatalf("parseProcStat(%q): start time %d without a field", s, st.startTime)
+		}
+	})
 }
 
 func FuzzParseLogLine(f *testing.F) {
@@ -214,7 +251,7 @@ func FuzzParseLogLine(f *testing.F) {
 		if l.PID <= 0 || strings.ContainsAny(l.Source, " \t") {
 			t.Fatalf("ParseLogLine(%q) = %+v", line, l)
 		}
-		if ev, ok := logEvent(l); ok && (ev.PID < 0 || ev.UID < -1 || ev.Kind < DaemonExited || ev.Kind > ClientConnected) {
+		if ev, ok := logEvent(l); ok && (ev.PID < 0 || ev.UID < -1 || ev.Kind < DaemonExited || ev.Kind > ClientConnected || ev.KnownServer) {
 			t.Fatalf("logEvent(%+v) = %+v", l, ev)
 		}
 	})

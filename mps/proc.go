@@ -20,8 +20,11 @@ const (
 	serverLog    = "server.log"
 )
 
-// staleFiles are removed by Start when no live daemon owns the pipe directory.
-var staleFiles = []string{pidFileName, "control", "control_privileged", "log"}
+// staleFiles are removed by Start when no verified daemon owns the pipe
+// directory. control_lock goes too: a process that took its lock on a dead
+// daemon's file (any local user can open it) then holds a lock on a file
+// the new daemon no longer uses.
+var staleFiles = []string{pidFileName, "control", "control_privileged", "log", lockFileName}
 
 // procStat is the part of /proc/<pid>/stat this package reads.
 type procStat struct {
@@ -29,6 +32,10 @@ type procStat struct {
 	state    byte
 	ppid     int
 	exitCode int // raw wait status; meaningful only for a zombie
+	// startTime is field 22: when the process started, in clock ticks
+	// since boot; hasStart is false for a line too short to carry it.
+	startTime uint64
+	hasStart  bool
 }
 
 // readProcStat reads /proc/<pid>/stat under procRoot.
@@ -57,6 +64,13 @@ func parseProcStat(s string) (procStat, error) {
 	if st.ppid, err = strconv.Atoi(f[1]); err != nil {
 		return procStat{}, fmt.Errorf("proc stat ppid %q: %w", f[1], err)
 	}
+	// starttime is field 22, f[19].
+	if len(f) >= 20 {
+		if st.startTime, err = strconv.ParseUint(f[19], 10, 64); err != nil {
+			return procStat{}, fmt.Errorf("proc stat starttime %q: %w", f[19], err)
+		}
+		st.hasStart = true
+	}
 	if len(f) >= 50 {
 		if n, err := strconv.Atoi(f[49]); err == nil {
 			st.exitCode = n
@@ -75,36 +89,17 @@ func running(procRoot string, pid int) bool {
 	return err == nil && st.state != 'Z' && st.state != 'X'
 }
 
-// isControl reports whether pid runs the control program at controlPath:
-// same executable file, or the same (15-byte truncated) command name, which
-// also holds for an emulator installed under the real name.
-func isControl(procRoot string, pid int, controlPath string) bool {
-	st, err := readProcStat(procRoot, pid)
-	if err != nil || st.state == 'Z' || st.state == 'X' {
-		return false
-	}
-	if exe, err := os.Stat(filepath.Join(procRoot, strconv.Itoa(pid), "exe")); err == nil {
-		if want, err := os.Stat(controlPath); err == nil && os.SameFile(exe, want) {
-			return true
-		}
-	}
-	base := filepath.Base(controlPath)
-	if len(base) > 15 {
-		base = base[:15]
-	}
-	return st.comm == base
-}
-
-// lockHolder returns the pid holding the daemon's POSIX lock on control_lock,
-// 0 when nobody holds it. Every generation takes that lock, so it finds a 535
-// daemon (no pid file) and proves a pid file is not stale.
+// lockHolder returns the pid holding a POSIX write-conflicting lock on
+// control_lock, 0 when nobody holds one (or the file is missing). Every
+// generation and the emulator take a whole-file write lock on it for the
+// daemon's life; who holds it is only a candidate, checked by the caller.
 func lockHolder(pipeDir string) (int, error) {
-	f, err := os.OpenFile(filepath.Join(pipeDir, lockFileName), os.O_RDWR, 0)
+	f, err := os.OpenFile(filepath.Join(pipeDir, lockFileName), os.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("open lock file: %w", err)
+		return 0, localResources(fmt.Errorf("open lock file: %w", err))
 	}
 	defer f.Close()
 	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: 0, Len: 0}
@@ -115,27 +110,6 @@ func lockHolder(pipeDir string) (int, error) {
 		return 0, nil
 	}
 	return int(lk.Pid), nil
-}
-
-// findDaemon returns the pid of the live daemon owning pipeDir and how it was
-// found, or 0. Order: pid file (550+), lock holder (all), control.log's
-// "Starting control daemon" line (last resort, e.g. lock files on a
-// filesystem without POSIX locks).
-func findDaemon(procRoot, pipeDir, logDir, controlPath string) (int, string) {
-	if b, err := os.ReadFile(filepath.Join(pipeDir, pidFileName)); err == nil {
-		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && isControl(procRoot, pid, controlPath) {
-			return pid, "pid file"
-		}
-	}
-	if pid, err := lockHolder(pipeDir); err == nil && pid > 0 && running(procRoot, pid) {
-		return pid, "control_lock"
-	}
-	if b, err := os.ReadFile(filepath.Join(logDir, controlLog)); err == nil {
-		if pid := daemonPIDFromLog(string(b)); pid > 0 && isControl(procRoot, pid, controlPath) {
-			return pid, "control.log"
-		}
-	}
-	return 0, ""
 }
 
 // exitFromWaitStatus decodes a raw wait status (from /proc/<pid>/stat).

@@ -45,22 +45,21 @@ func (p *proc) exited() bool {
 	}
 }
 
-// watch starts watching pid. It returns nil when the process is already
-// gone; onExit runs once, on the watcher goroutine, when it exits.
-func (d *Daemon) watch(pid int, onExit func(*proc)) *proc {
-	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
-	if err != nil {
-		if !errors.Is(err, unix.ESRCH) {
-			d.log.Warn("mps: pidfd_open", "pid", pid, "err", err)
-		}
-		return nil
-	}
+// watchFD watches the process behind pidfd fd (owned from now on; the
+// caller verified it). It returns nil, closing fd, when the handle is
+// closed. register runs under d.mu before the watcher starts, so the
+// process is recorded before its exit can be seen; onExit runs once, on
+// the watcher goroutine, when it exits.
+func (d *Daemon) watchFD(pid, fd int, register, onExit func(*proc)) *proc {
 	p := &proc{pid: pid, fd: fd, done: make(chan struct{}), status: -1}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
 		unix.Close(fd)
 		return nil
+	}
+	if register != nil {
+		register(p)
 	}
 	d.wg.Add(1) // under mu, so Close's Wait never races an Add
 	d.mu.Unlock()
@@ -97,34 +96,55 @@ func (d *Daemon) watch(pid int, onExit func(*proc)) *proc {
 	return p
 }
 
-// onLogLine handles one control.log line from the follower.
+// knownGrace is how long after its exit a server still counts as known:
+// its last records may be read after the pidfd told of its end.
+const knownGrace = 5 * time.Second
+
+// onLogLine handles one control.log line from the follower. Every line
+// is a claim anyone could have written into the log FIFO: it names a
+// process that is checked through a pidfd before anything is done for it,
+// and a server's exit is taken only from its pidfd.
 func (d *Daemon) onLogLine(line string, _ int64) {
 	l, ok := ParseLogLine(line)
 	if !ok || l.Source != "Control" {
 		return
 	}
-	if pid, ok := scanExitStatus(l.Message); ok {
-		d.mu.Lock()
-		d.lastExitStatus = pid
-		d.mu.Unlock()
+	if status, ok := scanExitStatus(l.Message); ok {
+		// Only a hint for the daemon's own exit status, when the pidfd
+		// could not read it; still, only in the daemon's name.
+		if l.PID == d.pid {
+			d.mu.Lock()
+			d.lastExitStatus = status
+			d.mu.Unlock()
+		}
 		return
 	}
 	ev, ok := logEvent(l)
 	if !ok {
 		return
 	}
+	record := strings.TrimRight(line, "\r\n")
 	d.log.Debug("mps: log event", "event", ev)
 	switch ev.Kind {
 	case ServerStarted:
-		d.serverSeen(ev.PID, ev.UID, l.Time, SourceLog)
+		d.serverSeen(ev.PID, l.Time, SourceLog, record)
 		return
 	case ServerReady:
+		if !d.knownServer(ev.PID, record) {
+			return
+		}
 		d.mu.Lock()
 		d.ready[ev.PID] = true
 		d.mu.Unlock()
 	case ServerExited:
-		d.serverGone(ev)
+		// The pidfd reports a verified server's exit; a line about any
+		// other pid is a forgery or a server never verified.
+		if !d.recentServer(ev.PID) {
+			d.unverified(ev.PID, record, SourceLog, errors.New("no verified server of this daemon"))
+		}
 		return
+	case FatalException, ServerStartFailed:
+		ev.KnownServer = ev.PID > 0 && d.recentServer(ev.PID)
 	}
 	d.events.push(ev)
 }
@@ -137,6 +157,10 @@ func (d *Daemon) onServerLogLine(line string, start int64) {
 	}
 	if ev, ok := serverLogEvent(l); ok {
 		ev.InServerLog, ev.LogOffset = true, start
+		if !d.knownServer(ev.PID, strings.TrimRight(line, "\r\n")) {
+			return
+		}
+		ev.KnownServer = true
 		d.log.Debug("mps: server log event", "event", ev)
 		d.events.push(ev)
 	}
@@ -147,69 +171,119 @@ func scanExitStatus(m string) (int, bool) {
 	return n, scan1(m, "Exit with status %d", &n)
 }
 
-// serverSeen registers a server pid learned from the log or a command:
-// emits ServerStarted once per incarnation and watches it.
-func (d *Daemon) serverSeen(pid, uid int, at time.Time, src EventSource) {
+// recentServer reports whether pid is a verified server of this daemon,
+// live or gone within knownGrace.
+func (d *Daemon) recentServer(pid int) bool {
 	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
-		return
+	defer d.mu.Unlock()
+	if p := d.servers[pid]; p != nil {
+		return true
 	}
-	if _, live := d.servers[pid]; live {
-		d.mu.Unlock()
-		return
+	at, gone := d.exited[pid]
+	return gone && time.Since(at) < knownGrace
+}
+
+// knownServer reports whether a record naming pid concerns a verified
+// server of this daemon: known already, or verified now (a record may be
+// read before the server's start line). Otherwise the record is reported
+// as UnverifiedRecord and false returned.
+func (d *Daemon) knownServer(pid int, record string) bool {
+	if d.recentServer(pid) {
+		return true
 	}
-	if exitAt, gone := d.exited[pid]; gone {
-		// The start line of a server already reported gone (it died before
-		// the line was read), unless the pid was recycled since.
-		if src != SourceLog || !at.After(exitAt.Add(time.Second)) {
+	return d.serverSeen(pid, time.Now(), SourceLog, record)
+}
+
+// unverified drops a record naming pid: logged and reported, never acted on.
+func (d *Daemon) unverified(pid int, record string, src EventSource, why error) {
+	d.log.Warn("mps: record names no verified server of this daemon; ignored", "pid", pid, "record", record, "reason", why)
+	d.events.push(Event{Kind: UnverifiedRecord, Time: time.Now(), PID: pid, UID: -1, ExitStatus: -1, Source: src, Message: record})
+}
+
+// serverSeen registers a server pid learned from the log or a command,
+// once verified through a pidfd (verifyServer): it is watched, reported
+// as ServerStarted once per incarnation, and only then ever signalled. A
+// pid that fails the check is reported as UnverifiedRecord (record says
+// what named it). It reports whether pid is a verified live server.
+func (d *Daemon) serverSeen(pid int, at time.Time, src EventSource, record string) bool {
+	var mine chan struct{}
+	for mine == nil {
+		d.mu.Lock()
+		if d.closed {
 			d.mu.Unlock()
-			d.log.Debug("mps: server start line after its exit", "pid", pid, "source", src)
-			return
+			return false
 		}
-		delete(d.exited, pid)
+		if p := d.servers[pid]; p != nil && !p.exited() {
+			d.mu.Unlock()
+			return true
+		}
+		if ch, busy := d.verifying[pid]; busy {
+			// Another source names it at the same time: its check decides.
+			d.mu.Unlock()
+			<-ch
+			continue
+		}
+		mine = make(chan struct{})
+		d.verifying[pid] = mine
+		d.mu.Unlock()
 	}
-	if uid < 0 {
-		uid = procUID(d.cfg.ProcRoot, pid)
+	defer func() {
+		d.mu.Lock()
+		delete(d.verifying, pid)
+		d.mu.Unlock()
+		close(mine)
+	}()
+
+	fd, uid, err := d.verifyServer(pid)
+	if err != nil {
+		d.mu.Lock()
+		exitAt, gone := d.exited[pid]
+		d.mu.Unlock()
+		if gone && errors.Is(err, errProcGone) && time.Since(exitAt) < knownGrace {
+			// The start line of a server already reported gone (it died
+			// before the line was read).
+			d.log.Debug("mps: server start line after its exit", "pid", pid, "source", src)
+			return false
+		}
+		if errors.Is(err, ErrLocalResources) {
+			d.log.Error("mps: cannot verify a server: out of local resources", "pid", pid, "record", record, "err", err)
+			return false
+		}
+		d.unverified(pid, record, src, err)
+		return false
 	}
-	d.servers[pid] = nil // reserve: a concurrent serverSeen must not double-emit
-	d.mu.Unlock()
 
 	// Watch before announcing, so whoever reacts to ServerStarted (by killing
 	// the server, say) is sure to get its exit from the pidfd.
 	started := Event{Kind: ServerStarted, Time: at, PID: pid, UID: uid, ExitStatus: -1, Source: src}
 	var announce sync.Once
 	announceStart := func() { announce.Do(func() { d.events.push(started) }) }
-	p := d.watch(pid, func(p *proc) {
-		announceStart()
-		d.serverGone(Event{Kind: ServerExited, Time: time.Now(), PID: p.pid, UID: -1, ExitStatus: p.status, Signal: p.sig, Source: SourcePidfd})
-	})
-	announceStart()
-	d.mu.Lock()
-	if p == nil {
-		d.mu.Unlock()
-		d.serverGone(Event{Kind: ServerExited, Time: time.Now(), PID: pid, UID: -1, ExitStatus: -1, Source: SourcePidfd})
-		return
-	}
-	if cur, ok := d.servers[pid]; ok && cur == nil {
+	p := d.watchFD(pid, fd, func(p *proc) {
+		// A new incarnation on a pid once used by another server.
+		delete(d.exited, pid)
 		d.servers[pid] = p
+	}, func(p *proc) {
+		announceStart()
+		d.serverGone(p, Event{Kind: ServerExited, Time: time.Now(), PID: p.pid, UID: -1, ExitStatus: p.status, Signal: p.sig, Source: SourcePidfd})
+	})
+	if p == nil {
+		return false
 	}
-	d.mu.Unlock()
+	announceStart()
+	return true
 }
 
-// serverGone reports a server's exit once, whichever source sees it first.
-func (d *Daemon) serverGone(ev Event) {
+// serverGone reports a verified server's exit (from its pidfd) once.
+func (d *Daemon) serverGone(p *proc, ev Event) {
 	d.mu.Lock()
-	if _, done := d.exited[ev.PID]; done {
-		d.mu.Unlock()
-		return
-	}
 	if len(d.exited) > 4096 {
-		clear(d.exited) // bounded memory; only dedup of very old pids is lost
+		clear(d.exited) // bounded memory; only the grace of very old pids is lost
 	}
-	d.exited[ev.PID] = time.Now()
-	delete(d.servers, ev.PID)
-	delete(d.ready, ev.PID)
+	if d.servers[ev.PID] == p {
+		d.exited[ev.PID] = time.Now()
+		delete(d.servers, ev.PID)
+		delete(d.ready, ev.PID)
+	}
 	d.mu.Unlock()
 	d.events.push(ev)
 }
