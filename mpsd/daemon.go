@@ -79,6 +79,8 @@ type Options struct {
 	faultHook func(*instance, fault)
 	// wrapCgroups, when set (tests), wraps the cgroup manager Run makes.
 	wrapCgroups func(cgroup.Manager) cgroup.Manager
+	// killRetryInitial, when set (tests), replaces killRetryInitial.
+	killRetryInitial time.Duration
 }
 
 // Daemon is mpsd: one per host.
