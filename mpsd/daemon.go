@@ -185,6 +185,11 @@ func New(opts Options) (*Daemon, error) {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	cfg := d.watcher.Config()
+	// mpsd writes these directories as root: refuse ones that anyone else
+	// could change (or replace) before a byte is written.
+	if err := policy.CheckDirs(cfg, os.Geteuid()); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	d.setConfigLocked(cfg)
 	d.layout = Layout{RunDir: cfg.RunDir, LogDir: cfg.LogDir, StateDir: cfg.StateDir}
 
@@ -289,13 +294,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer d.cancel()
 	defer func() { _ = d.host.Close() }()
 
-	for _, dir := range []string{d.layout.RunDir, d.layout.LogDir, d.layout.StateDir} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("create %s: %w", dir, err)
-		}
+	if err := d.layout.makeDirs(); err != nil {
+		return err
 	}
-	if err := os.Chmod(d.layout.StateDir, 0o700); err != nil {
-		return fmt.Errorf("chmod %s: %w", d.layout.StateDir, err)
+	// Checked again now that they exist: one made by someone else between
+	// New's check and here is refused, not adopted.
+	if err := policy.CheckDirs(d.cfg, os.Geteuid()); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if err := d.openCgroups(); err != nil {
 		return err
