@@ -3,6 +3,9 @@ package mpsd
 import (
 	"context"
 	"errors"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -170,4 +173,53 @@ func TestRevokeKillFailureHoldsCapacity(t *testing.T) {
 	for _, b := range bad {
 		t.Error(b)
 	}
+}
+
+// A lease whose launcher is gone and whose kill fails keeps its capacity
+// (the next lease waits) until a retried kill succeeds; then it is
+// released and the next lease runs.
+func TestReleaseKillFailureRetried(t *testing.T) {
+	e := newEnvGPUs(t, 1, oneGroup, "")
+	s := &stuckKills{check: func(bool) {}}
+	s.target.Store("")
+	e.opts.wrapCgroups = func(m cgroup.Manager) cgroup.Manager { s.Manager = m; return s }
+	e.opts.killRetryInitial = 100e6 // 100ms
+	e.start()
+
+	gateA, _ := e.gate("a")
+	pa := startProc(t, e.launch(append([]string{"--sm", "10", "--mem", "12G", "--"}, gateA...)...))
+	st := e.waitStatus("lease a running", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && len(st.Leases[0].PIDs) > 0
+	})
+	a := st.Leases[0]
+	s.target.Store(a.ID)
+	s.fail.Store(true)
+	_ = pa.cmd.Process.Kill() // the launcher goes; mpsd releases the lease
+	e.waitStatus("the release's kill failed and was retried", func(api.Status) bool { return s.failed.Load() >= 3 })
+
+	pb := startProc(t, e.launch("--sm", "10", "--mem", "12G", "--", "/bin/true"))
+	st = e.waitStatus("lease b queued", func(st api.Status) bool { return countLeases(st, api.LeaseQueued) == 1 })
+	if got := st.Instances[0].MemAllocatedBytes; got != 12<<30 {
+		t.Fatalf("instance holds %d bytes while lease a's kill fails, want lease a's 12G", got)
+	}
+	for _, pid := range a.PIDs {
+		if err := syscall.Kill(pid, 0); err != nil {
+			t.Fatalf("lease a's pid %d: %v; the test's kill failure should have left it running", pid, err)
+		}
+	}
+	if v, _ := value(gather(t, e), "mpsd_leases_kill_stuck", nil); v != 1 {
+		t.Errorf("mpsd_leases_kill_stuck = %v, want 1", v)
+	}
+
+	s.fail.Store(false)
+	if r := pb.wait(t); r.code != 0 {
+		t.Fatalf("lease b's launcher: exit %d, stderr %q", r.code, r.stderr)
+	}
+	for _, pid := range a.PIDs {
+		// Its parent, the launcher, is gone: it may linger as a zombie.
+		if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil && !strings.Contains(string(b), ") Z ") {
+			t.Errorf("lease a's pid %d still runs after the release: %s", pid, b)
+		}
+	}
+	e.waitStatus("every lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
 }
