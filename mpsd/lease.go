@@ -54,7 +54,7 @@ type lease struct {
 	// releasing: release is ending it for good (a resume finds it gone).
 	releasing bool
 	// killStuck: its processes would not die; it keeps its capacity while
-	// a goroutine of the daemon retries the kill (see retryKill) and only
+	// a goroutine of the daemon retries the kill (see retryKillLocked) and only
 	// then finishes the release or requeue.
 	killStuck bool
 	// durable is closed once the state file records the grant, so a
