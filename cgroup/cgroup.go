@@ -12,15 +12,19 @@ import (
 // Manager creates, finds and lists lease cgroups. Both *Cgroups (real
 // cgroupfs) and *Disabled (no isolation) implement it.
 type Manager interface {
-	// Create makes the lease cgroup <parent>/<group>/<lease> with limits
-	// applied. It fails with ErrExist when it is already there.
+	// Create makes the lease cgroup <parent>/<owner>/<group>/<lease> with
+	// limits applied. It fails with ErrExist when it is already there.
 	Create(id LeaseID, lim Limits) (Lease, error)
 	// Open returns an existing lease cgroup (re-adoption after an mpsd
 	// restart), or ErrNotExist.
 	Open(id LeaseID) (Lease, error)
-	// List returns every lease cgroup under the parent, sorted, so mpsd can
-	// re-adopt or reap them after a restart.
+	// List returns every lease cgroup of this manager's owner, sorted, so
+	// mpsd can re-adopt or reap them after a restart.
 	List() ([]LeaseID, error)
+	// Unowned names (relative to the mounts) the cgroups directly under the
+	// parent that are not this owner's: another owner's leases, leases made
+	// before owners, anything else. They are reported, never touched.
+	Unowned() ([]string, error)
 }
 
 // Lease is one lease's cgroup: the workload and all its descendants.
@@ -28,6 +32,9 @@ type Manager interface {
 // Lease value are serialized.
 type Lease interface {
 	ID() LeaseID
+	// Path is where the lease cgroup is, relative to the cgroup mounts,
+	// for logs.
+	Path() string
 	// Attach moves a running process (and, on v1, only that process; its
 	// existing children stay where they are) into the lease.
 	Attach(pid int) error
@@ -51,7 +58,7 @@ type Lease interface {
 	Limits() (Limits, error)
 }
 
-// LeaseID names a lease cgroup: <parent>/<Group>/<Lease>.
+// LeaseID names a lease cgroup: <parent>/<owner>/<Group>/<Lease>.
 type LeaseID struct {
 	Group string
 	Lease string

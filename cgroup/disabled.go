@@ -70,6 +70,9 @@ func (d *Disabled) Open(id LeaseID) (Lease, error) {
 	return l, nil
 }
 
+// Unowned implements Manager: without cgroups nothing is shared.
+func (d *Disabled) Unowned() ([]string, error) { return nil, nil }
+
 // List implements Manager.
 func (d *Disabled) List() ([]LeaseID, error) {
 	d.mu.Lock()
@@ -106,6 +109,9 @@ type disabledLease struct {
 var _ Lease = (*disabledLease)(nil)
 
 func (l *disabledLease) ID() LeaseID { return l.id }
+
+// Path implements Lease: there is no cgroup, only the lease's name.
+func (l *disabledLease) Path() string { return l.id.String() + " (no cgroup)" }
 
 func (l *disabledLease) track(pid int, group bool) error {
 	fd, err := unix.PidfdOpen(pid, 0)

@@ -1,13 +1,20 @@
-// Package cgroup gives every lease its own cgroup (mpsd/<group>/<lease>) on
+// Package cgroup gives every lease its own cgroup (mpsd/<owner>/<group>/<lease>) on
 // cgroup v2, hybrid and v1 hosts, over github.com/containerd/cgroups/v3:
 // create with limits, attach, list, kill until empty, delete, stats and
 // re-listing for adoption after an mpsd restart.
 //
 // # What it owns
 //
-// The lease cgroups under one configured parent (Config.Parent, "mpsd" by
-// default or a delegated systemd subtree) and the group directories between
-// them, in every hierarchy the backend uses:
+// The lease cgroups in its owner's directory under one configured parent
+// (Config.Parent, "mpsd" by default or a delegated systemd subtree;
+// Config.Owner, mpsd's instance id) and the group directories between
+// them, in every hierarchy the backend uses. List, Open, Kill and Delete
+// reach nothing else: another owner's directory under the same parent is
+// only named by Unowned, never listed, opened or signalled, so two mpsds
+// with their own state directories can share a parent. The one exception
+// is Open of a lease made before owners existed (straight under the
+// parent), which the caller asks for by name because its own records say
+// it is its lease. The backends:
 //
 //   - ModeV2: the unified tree does limits (cpu.weight, cpu.max, memory.max
 //     with memory.oom.group, pids.max), membership, cgroup.kill and
@@ -31,7 +38,8 @@
 //
 // # What it never does
 //
-// It never touches cgroups outside its parent, never removes the parent
+// It never touches cgroups outside its owner's directory (but for the
+// Open by name above), never removes the parent
 // itself (it may be a delegated subtree), never moves mpsd itself into a
 // lease, never attaches or signals its own pid, and never decides anything:
 // which limits a lease gets and when to kill it is mpsd's business. It

@@ -26,6 +26,8 @@ var _ Lease = (*lease)(nil)
 
 func (l *lease) ID() LeaseID { return l.id }
 
+func (l *lease) Path() string { return l.rel }
+
 func checkPid(pid int) error {
 	if pid <= 0 || pid == os.Getpid() {
 		return fmt.Errorf("%w: %d", ErrInvalidPid, pid)

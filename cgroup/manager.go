@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"sync"
@@ -64,12 +65,19 @@ type Config struct {
 	// Unified is the cgroup2 mount; default Root in ModeV2 and Root/unified
 	// in ModeHybrid. Unused in ModeV1.
 	Unified string
-	// Parent is the cgroup path, relative to every mount, under which lease
-	// cgroups are made: DefaultParent, or a delegated subtree such as
+	// Parent is the cgroup path, relative to every mount, under whose
+	// Owner directory lease cgroups are made: DefaultParent, or a delegated subtree such as
 	// system.slice/mpsd.service/leases. On v2 with limits, no ancestor of
 	// the lease cgroups may hold processes (the kernel's no-internal-process
 	// rule), so mpsd itself must not live in Parent or its group cgroups.
 	Parent string
+	// Owner names the manager's own directory under Parent: lease cgroups
+	// are Parent/Owner/<group>/<lease>, and List, Open and Delete look
+	// nowhere else, so managers of different owners sharing one Parent
+	// never see (let alone kill) each other's leases. It must be one safe
+	// path element. Empty puts leases straight under Parent
+	// (Parent/<group>/<lease>), for a single user of Parent.
+	Owner string
 	// Logger receives debug lines; nil discards them (the package never
 	// falls back to the global logger).
 	Logger *slog.Logger
@@ -78,7 +86,9 @@ type Config struct {
 // Cgroups is the Manager over real cgroupfs.
 type Cgroups struct {
 	mode   Mode
-	parent string
+	parent string  // the configured parent
+	owner  string  // Config.Owner; "" when leases sit straight under parent
+	base   string  // parent/owner: where this manager's leases live
 	v1     *v1Tree // nil in ModeV2
 	v2     *v2Tree // nil in ModeV1
 	log    *slog.Logger
@@ -109,6 +119,9 @@ func New(cfg Config) (*Cgroups, error) {
 	if err := validParent(cfg.Parent); err != nil {
 		return nil, err
 	}
+	if cfg.Owner != "" && !validName(cfg.Owner) {
+		return nil, fmt.Errorf("%w: owner %q", ErrInvalidName, cfg.Owner)
+	}
 	mode := cfg.Mode
 	if mode == ModeAuto {
 		switch cgroups.Mode() {
@@ -128,7 +141,7 @@ func New(cfg Config) (*Cgroups, error) {
 			cfg.Unified = filepath.Join(cfg.Root, "unified")
 		}
 	}
-	m := &Cgroups{mode: mode, parent: cfg.Parent}
+	m := &Cgroups{mode: mode, parent: cfg.Parent, owner: cfg.Owner, base: path.Join(cfg.Parent, cfg.Owner)}
 	switch mode {
 	case ModeV2:
 		m.v2 = &v2Tree{mount: cfg.Unified}
@@ -153,7 +166,7 @@ func New(cfg Config) (*Cgroups, error) {
 	if m.v2 != nil {
 		m.cloneInto = kernelHasCloneIntoCgroup()
 	}
-	m.log = cfg.Logger.With("cgroup_mode", mode.String(), "cgroup_parent", cfg.Parent)
+	m.log = cfg.Logger.With("cgroup_mode", mode.String(), "cgroup_parent", cfg.Parent, "cgroup_owner", cfg.Owner)
 	return m, nil
 }
 
@@ -161,7 +174,7 @@ func New(cfg Config) (*Cgroups, error) {
 func (m *Cgroups) Mode() Mode { return m.mode }
 
 func (m *Cgroups) rel(id LeaseID) string {
-	return filepath.Join(m.parent, id.Group, id.Lease)
+	return filepath.Join(m.base, id.Group, id.Lease)
 }
 
 // memberDir is the directory whose cgroup.procs says which processes belong
@@ -248,7 +261,17 @@ func (m *Cgroups) Open(id LeaseID) (Lease, error) {
 	}
 	rel := m.rel(id)
 	member := m.memberDir(rel)
-	if _, err := os.Lstat(member); err != nil {
+	_, err := os.Lstat(member)
+	if errors.Is(err, fs.ErrNotExist) && m.owner != "" {
+		// A lease made before owners existed sits straight under the
+		// parent. The caller opens only leases it has recorded as its
+		// own, so that one is too.
+		legacy := filepath.Join(m.parent, id.Group, id.Lease)
+		if _, lerr := os.Lstat(m.memberDir(legacy)); lerr == nil {
+			return &lease{m: m, id: id, rel: legacy}, nil
+		}
+	}
+	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("cgroup: open %s: %w", member, ErrNotExist)
 		}
@@ -260,9 +283,10 @@ func (m *Cgroups) Open(id LeaseID) (Lease, error) {
 // List implements Manager. It reads the membership hierarchy only: a lease
 // that exists there is listed even if a v1 limit directory is missing, so
 // it can still be killed and deleted. Directories whose names this package
-// would not have made are skipped.
+// would not have made are skipped, and so is everything outside the
+// owner's directory.
 func (m *Cgroups) List() ([]LeaseID, error) {
-	root := m.memberDir(m.parent)
+	root := m.memberDir(m.base)
 	groups, err := subdirs(root)
 	if err != nil {
 		return nil, fmt.Errorf("cgroup: list %s: %w", root, err)
@@ -284,6 +308,29 @@ func (m *Cgroups) List() ([]LeaseID, error) {
 		return ids[i].Lease < ids[j].Lease
 	})
 	return ids, nil
+}
+
+// Unowned implements Manager: with an Owner, every cgroup directly under
+// the parent but the owner's own directory; without one, nothing.
+func (m *Cgroups) Unowned() ([]string, error) {
+	if m.owner == "" {
+		return nil, nil
+	}
+	root := m.memberDir(m.parent)
+	ents, err := os.ReadDir(root)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cgroup: list %s: %w", root, err)
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() && e.Name() != m.owner {
+			out = append(out, path.Join(m.parent, e.Name()))
+		}
+	}
+	return out, nil
 }
 
 // subdirs lists the valid-named subdirectories of dir; a missing dir has

@@ -77,6 +77,10 @@ type Options struct {
 	// faultHook, when set (tests, benchmarks), sees every fault as it is
 	// reported.
 	faultHook func(*instance, fault)
+	// wrapCgroups, when set (tests), wraps the cgroup manager Run makes.
+	wrapCgroups func(cgroup.Manager) cgroup.Manager
+	// killRetryInitial, when set (tests), replaces killRetryInitial.
+	killRetryInitial time.Duration
 }
 
 // Daemon is mpsd: one per host.
@@ -88,11 +92,17 @@ type Daemon struct {
 	watcher *policy.Watcher
 	layout  Layout
 	cg      cgroup.Manager
-	mpsBase mps.Config // control path and environment shared by every instance
-	proc    string
-	store   *store
-	ln      net.Listener
-	srv     *http.Server
+	// cgCfg is the cgroup backend New checked; Run makes the manager
+	// once it knows the instance id (nil: cgroups are disabled).
+	cgCfg *cgroup.Config
+	// instanceID names this mpsd (its state directory) among the users
+	// of one cgroup parent: its lease cgroups are <parent>/<id>/...
+	instanceID string
+	mpsBase    mps.Config // control path and environment shared by every instance
+	proc       string
+	store      *store
+	ln         net.Listener
+	srv        *http.Server
 
 	// ctx is the daemon's life. Every goroutine started on its behalf
 	// (instance starts, lease releases, event readers, API handlers) goes
@@ -175,6 +185,11 @@ func New(opts Options) (*Daemon, error) {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	cfg := d.watcher.Config()
+	// mpsd writes these directories as root: refuse ones that anyone else
+	// could change (or replace) before a byte is written.
+	if err := policy.CheckDirs(cfg, os.Geteuid()); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	d.setConfigLocked(cfg)
 	d.layout = Layout{RunDir: cfg.RunDir, LogDir: cfg.LogDir, StateDir: cfg.StateDir}
 
@@ -186,11 +201,11 @@ func New(opts Options) (*Daemon, error) {
 		cc := opts.Cgroup
 		cc.Parent = cfg.Cgroup.Parent
 		cc.Logger = log.With("component", "cgroup")
-		m, err := cgroup.New(cc)
-		if err != nil {
+		// Checked now, made by Run under this mpsd's instance id.
+		if _, err := cgroup.New(cc); err != nil {
 			return nil, fmt.Errorf("cgroups (set cgroup.enabled: false to run without isolation): %w", err)
 		}
-		d.cg = m
+		d.cgCfg = &cc
 	} else {
 		d.cg = cgroup.NewDisabled(log)
 	}
@@ -279,15 +294,22 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer d.cancel()
 	defer func() { _ = d.host.Close() }()
 
-	for _, dir := range []string{d.layout.RunDir, d.layout.LogDir, d.layout.StateDir} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("create %s: %w", dir, err)
-		}
+	if err := d.layout.makeDirs(); err != nil {
+		return err
 	}
-	if err := os.Chmod(d.layout.StateDir, 0o700); err != nil {
-		return fmt.Errorf("chmod %s: %w", d.layout.StateDir, err)
+	// Checked again now that they exist: one made by someone else between
+	// New's check and here is refused, not adopted.
+	if err := policy.CheckDirs(d.cfg, os.Geteuid()); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	if err := d.openCgroups(); err != nil {
+		return err
+	}
+	_, statErr := os.Lstat(d.layout.StateFile())
 	saved, err := d.store.load()
+	// Only a state file that is there and read proves which of the lease
+	// cgroups under this mpsd's id are leftovers.
+	stateKnown := statErr == nil && err == nil
 	if err != nil {
 		// A state file that cannot be read must not stop the host's GPUs
 		// from being served; it is kept aside for a person to look at.
@@ -327,7 +349,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			d.log.Error("set EXCLUSIVE_PROCESS compute mode", "err", err)
 		}
 	}
-	d.adoptLeases(saved)
+	d.adoptLeases(saved, stateKnown)
 	// Instances come up (or are adopted) in parallel. The API is served
 	// once each has had its first try: one that fails keeps retrying in
 	// the background while the others take clients.

@@ -206,7 +206,7 @@ func (e *testEnv) noLeaks(t *testing.T) {
 		}
 	}
 	for _, g := range []string{"a", "b"} {
-		ents, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup/unified", e.parent, g))
+		ents, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup/unified", e.leaseCgroup(g, "")))
 		for _, ent := range ents {
 			if ent.IsDir() {
 				t.Errorf("lease cgroup %s/%s left behind", g, ent.Name())

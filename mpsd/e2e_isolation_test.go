@@ -302,7 +302,7 @@ func TestAttachOtherUsersLeaseForbidden(t *testing.T) {
 	if l.UID != isoUIDA || len(l.PIDs) == 0 {
 		t.Fatalf("lease %+v: want uid %d and its workload's pids", l, isoUIDA)
 	}
-	leaseCgroup := "/" + e.parent + "/a/" + l.ID
+	leaseCgroup := e.leaseCgroup("a", l.ID)
 	if got := cgroupOf(t, l.PIDs[0]); got != leaseCgroup {
 		t.Fatalf("workload pid %d is in %s, want %s", l.PIDs[0], got, leaseCgroup)
 	}

@@ -84,7 +84,7 @@ func TestWorkloadInLeaseCgroup(t *testing.T) {
 		fields = strings.Fields(string(b))
 		time.Sleep(10 * time.Millisecond)
 	}
-	want := "/" + e.parent + "/inference/" + leaseID
+	want := e.leaseCgroup("inference", leaseID)
 	for _, f := range fields {
 		pid, _ := strconv.Atoi(f)
 		if got := cgroupOf(t, pid); got != want {
@@ -106,7 +106,7 @@ func TestWorkloadInLeaseCgroup(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
 	}
 	e.waitStatus("the lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
-	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/unified", e.parent, "inference", leaseID)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/unified", e.leaseCgroup("inference", leaseID))); !os.IsNotExist(err) {
 		t.Errorf("lease cgroup still there after the lease ended: %v", err)
 	}
 }

@@ -4,9 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -41,26 +43,129 @@ func (l Layout) InstanceLogDir(group, gpuUUID string) string {
 // StateFile holds the persisted leases.
 func (l Layout) StateFile() string { return filepath.Join(l.StateDir, "state.json") }
 
+// errForeignDir: a directory mpsd would use is there already and not
+// its own (another owner, writable by others, a symlink).
+var errForeignDir = errors.New("mpsd: directory not mpsd's own")
+
+// makeDirs makes run_dir, log_dir and state_dir where they are missing:
+// state_dir 0700, the others 0755, missing parents 0755. A directory that
+// exists is left exactly as it is (policy.CheckDirs has judged it): mpsd
+// never changes the mode or owner of a directory it did not make.
+func (l Layout) makeDirs() error {
+	for _, d := range []struct {
+		dir  string
+		mode os.FileMode
+	}{{l.RunDir, 0o755}, {l.LogDir, 0o755}, {l.StateDir, 0o700}} {
+		if _, err := os.Lstat(d.dir); err == nil {
+			continue
+		}
+		if err := os.MkdirAll(filepath.Dir(d.dir), 0o755); err != nil {
+			return fmt.Errorf("create %s: %w", filepath.Dir(d.dir), err)
+		}
+		if err := os.Mkdir(d.dir, d.mode); err != nil {
+			if errors.Is(err, fs.ErrExist) {
+				continue // someone was quicker: checked again by the caller
+			}
+			return fmt.Errorf("create %s: %w", d.dir, err)
+		}
+		// Made here: the umask is mpsd's business no more than the mode.
+		if err := os.Chmod(d.dir, d.mode); err != nil {
+			return fmt.Errorf("chmod %s: %w", d.dir, err)
+		}
+	}
+	return nil
+}
+
+// ownDir checks that a directory mpsd found already there is one it
+// could have made: a real directory (not a symlink), owned by mpsd's
+// user, writable by neither group nor others.
+func ownDir(dir string, fi fs.FileInfo) error {
+	euid := os.Geteuid()
+	fix := fmt.Sprintf("mpsd does not adopt a directory it did not make; remove it (rm -r %s) and start mpsd again", dir)
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		return fmt.Errorf("%w: %s is a symlink; %s", errForeignDir, dir, fix)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%w: %s is not a directory; %s", errForeignDir, dir, fix)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("%w: cannot tell who owns %s", errForeignDir, dir)
+	}
+	if int(st.Uid) != euid {
+		return fmt.Errorf("%w: %s is owned by uid %d, not mpsd's %d; %s", errForeignDir, dir, st.Uid, euid, fix)
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("%w: %s is writable by its group or others (mode %04o); %s", errForeignDir, dir, fi.Mode().Perm(), fix)
+	}
+	return nil
+}
+
+// checkBelow applies ownDir to every directory (and refuses every
+// symlink) up to depth levels below dir: the GPU and pipe directories MPS
+// uses, which a tenant must never have made for mpsd.
+func checkBelow(dir string, depth int) error {
+	if depth == 0 {
+		return nil
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", dir, err)
+	}
+	for _, e := range ents {
+		if !e.IsDir() && e.Type()&fs.ModeSymlink == 0 {
+			continue // MPS's own sockets, FIFO and files
+		}
+		p := filepath.Join(dir, e.Name())
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return fmt.Errorf("check %s: %w", p, err)
+		}
+		if err := ownDir(p, fi); err != nil {
+			return err
+		}
+		if err := checkBelow(p, depth-1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // prepareGroupDir makes the group's run directory mode 0750 owned by
 // root (by mpsd's own user when it is not root), with a POSIX ACL granting
 // its member uids and gids r-x and nobody else anything: a tenant of
 // another group cannot even look up the pipe directories below it, let
 // alone connect to the control socket. The ACL is rewritten on every call,
 // so a membership change in the config applies without restarting the
-// group's daemons.
+// group's daemons. A directory already there is used only if it is
+// mpsd's own (see ownDir), and so are the GPU and pipe directories below
+// it; anything else is refused, never repaired.
 func prepareGroupDir(dir string, uids, gids []uint32) error {
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return fmt.Errorf("create %s: %w", dir, err)
-	}
-	// As root the directory belongs to root; an unprivileged mpsd (a
-	// simulation without cgroups) owns it itself, which the ACL allows.
-	if os.Geteuid() == 0 {
-		if err := os.Chown(dir, 0, 0); err != nil {
-			return fmt.Errorf("chown %s: %w", dir, err)
+	switch err := os.Mkdir(dir, 0o750); {
+	case err == nil:
+		// As root the directory belongs to root; an unprivileged mpsd (a
+		// simulation without cgroups) owns it itself, which the ACL allows.
+		if os.Geteuid() == 0 {
+			if err := os.Chown(dir, 0, 0); err != nil {
+				return fmt.Errorf("chown %s: %w", dir, err)
+			}
 		}
-	}
-	if err := os.Chmod(dir, 0o750); err != nil {
-		return fmt.Errorf("chmod %s: %w", dir, err)
+		if err := os.Chmod(dir, 0o750); err != nil {
+			return fmt.Errorf("chmod %s: %w", dir, err)
+		}
+	case errors.Is(err, fs.ErrExist):
+		fi, err := os.Lstat(dir)
+		if err != nil {
+			return fmt.Errorf("check %s: %w", dir, err)
+		}
+		if err := ownDir(dir, fi); err != nil {
+			return err
+		}
+		if err := checkBelow(dir, 2); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("create %s: %w", dir, err)
 	}
 	if err := unix.Setxattr(dir, "system.posix_acl_access", encodeACL(uids, gids), 0); err != nil {
 		if errors.Is(err, unix.EOPNOTSUPP) {

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -187,32 +188,85 @@ func TestPrepareGroupDir(t *testing.T) {
 	}
 }
 
-// A directory that exists with another owner and open mode (a leftover,
-// or made by someone else) is taken back: root-owned 0750 and the ACL.
-func TestPrepareGroupDirRepairsExisting(t *testing.T) {
-	dir := filepath.Join(ltDir(t), "g")
-	if err := os.Mkdir(dir, 0o777); err != nil {
+// A group directory, or a GPU or pipe directory below it, that exists
+// with another owner, an open mode or as a symlink (made by someone else)
+// is refused and left exactly as it was: never chmodded, chowned or given
+// the ACL. One of mpsd's own from an earlier run is reused.
+func TestPrepareGroupDirRefusesForeign(t *testing.T) {
+	type node struct {
+		rel  string
+		mode os.FileMode
+		uid  int
+	}
+	for _, tc := range []struct {
+		name  string
+		nodes []node
+		want  string // "" = accepted
+	}{
+		{"own from an earlier run", []node{{"g", 0o750, 0}, {"g/GPU-1", 0o755, 0}, {"g/GPU-1/pipe", 0o755, 0}}, ""},
+		{"group dir of another uid", []node{{"g", 0o777, 64210}}, "is owned by uid 64210"},
+		{"group-writable group dir", []node{{"g", 0o770, 0}}, "writable by its group or others"},
+		{"pipe dir of another uid", []node{{"g", 0o750, 0}, {"g/GPU-1", 0o755, 0}, {"g/GPU-1/pipe", 0o755, 64211}}, "pipe is owned by uid 64211"},
+		{"world-writable GPU dir", []node{{"g", 0o750, 0}, {"g/GPU-1", 0o777, 0}}, "GPU-1 is writable by its group or others"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := ltDir(t)
+			for _, n := range tc.nodes {
+				p := filepath.Join(base, n.rel)
+				if err := os.Mkdir(p, n.mode); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chmod(p, n.mode); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chown(p, n.uid, n.uid); err != nil {
+					t.Fatal(err)
+				}
+			}
+			dir := filepath.Join(base, "g")
+			before, _ := os.Lstat(dir)
+			err := prepareGroupDir(dir, []uint32{64212}, nil)
+			if errors.Is(err, unix.EOPNOTSUPP) {
+				t.Skipf("no POSIX ACLs: %v", err)
+			}
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("prepareGroupDir: %v", err)
+				}
+				ltCheckModeOwner(t, dir)
+				return
+			}
+			if !errors.Is(err, errForeignDir) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "rm -r") {
+				t.Fatalf("prepareGroupDir = %v; want errForeignDir with %q and the fix", err, tc.want)
+			}
+			after, _ := os.Lstat(dir)
+			if after.Mode() != before.Mode() || after.Sys().(*syscall.Stat_t).Uid != before.Sys().(*syscall.Stat_t).Uid {
+				t.Errorf("refused directory changed: mode %v uid %d, was %v uid %d", after.Mode(), after.Sys().(*syscall.Stat_t).Uid, before.Mode(), before.Sys().(*syscall.Stat_t).Uid)
+			}
+			if b, _ := unix.Getxattr(dir, "system.posix_acl_access", make([]byte, 256)); b > 0 {
+				t.Errorf("refused directory got an ACL")
+			}
+		})
+	}
+}
+
+// A symlink where the group directory goes is refused, and its target
+// left alone.
+func TestPrepareGroupDirRefusesSymlink(t *testing.T) {
+	base := ltDir(t)
+	target := filepath.Join(base, "elsewhere")
+	if err := os.Mkdir(target, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chmod(dir, 0o777); err != nil {
+	dir := filepath.Join(base, "g")
+	if err := os.Symlink(target, dir); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chown(dir, 64005, 64005); err != nil {
-		t.Fatal(err)
+	if err := prepareGroupDir(dir, []uint32{64212}, nil); !errors.Is(err, errForeignDir) || !strings.Contains(err.Error(), "is a symlink") {
+		t.Fatalf("prepareGroupDir on a symlink = %v; want errForeignDir", err)
 	}
-	ltPrepare(t, dir, []uint32{64004}, nil)
-	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	ltCheckModeOwner(t, dir)
-	if got, want := ltReadACL(t, dir), encodeACL([]uint32{64004}, nil); !bytes.Equal(got, want) {
-		t.Errorf("ACL\n%v\nwant\n%v", ltDecodeACL(t, got), ltDecodeACL(t, want))
-	}
-	if !ltCanEnter(t, dir, 64004) {
-		t.Error("member 64004 cannot enter")
-	}
-	if ltCanEnter(t, dir, 64005) {
-		t.Error("the former owner 64005, not a member, can still enter")
+	if fi, _ := os.Stat(target); fi.Mode().Perm() != 0o755 {
+		t.Errorf("symlink target's mode changed to %v", fi.Mode())
 	}
 }
 

@@ -53,6 +53,10 @@ type lease struct {
 	abandoned bool
 	// releasing: release is ending it for good (a resume finds it gone).
 	releasing bool
+	// killStuck: its processes would not die; it keeps its capacity while
+	// a goroutine of the daemon retries the kill (see retryKillLocked) and only
+	// then finishes the release or requeue.
+	killStuck bool
 	// durable is closed once the state file records the grant, so a
 	// launcher is never told of a lease a crash could lose.
 	durable <-chan struct{}
@@ -419,13 +423,20 @@ func (d *Daemon) releaseIf(l *lease, why string, unboundOnly bool) {
 
 	if err := d.killLease(l); err != nil {
 		// The lease stays accounted: capacity held by processes that would
-		// not die must not be handed out again.
-		d.log.Error("lease processes would not die; its capacity stays held", "lease", l.id, "err", err)
+		// not die must not be handed out again. The kill is retried and
+		// the release finished once it succeeds.
+		d.killFailed(l, "release", err)
 		d.mu.Lock()
-		l.ending, l.releasing = false, false
+		d.retryKillLocked(l, func() { d.finishRelease(l, why) })
 		d.mu.Unlock()
 		return
 	}
+	d.finishRelease(l, why)
+}
+
+// finishRelease hands back the capacity of a released lease whose
+// processes are gone.
+func (d *Daemon) finishRelease(l *lease, why string) {
 	d.mu.Lock()
 	in := l.inst
 	if in == nil || d.leases[l.id] != l {
@@ -442,6 +453,79 @@ func (d *Daemon) releaseIf(l *lease, why string, unboundOnly bool) {
 	d.retireIfEmptyLocked(in)
 	d.scheduleLocked(in.group)
 	d.mu.Unlock()
+}
+
+// Bounds of the backoff between retries of a kill that failed.
+const (
+	killRetryInitial = time.Second
+	killRetryMax     = time.Minute
+)
+
+// killFailed reports a kill that failed: an error line naming the lease,
+// its group, GPUs and cgroup, and the failure counter.
+func (d *Daemon) killFailed(l *lease, during string, err error) {
+	d.mu.Lock()
+	d.metrics.killFailures[l.group]++
+	gpus := ""
+	if l.inst != nil {
+		gpus = gpuList(l.inst)
+	}
+	d.mu.Unlock()
+	cg := ""
+	l.cgMu.Lock()
+	if l.cg != nil {
+		cg = l.cg.Path()
+	}
+	l.cgMu.Unlock()
+	d.log.Error("lease processes would not die; its capacity stays held and the kill is retried",
+		"lease", l.id, "group", l.group, "gpu", gpus, "cgroup", cg, "during", during, "err", err)
+}
+
+// retryKillLocked marks l stuck in a failed kill and starts the daemon's
+// goroutine that retries it, backing off from killRetryInitial to
+// killRetryMax, and calls then once the lease's processes are gone. l
+// keeps its place on its instance (and so its capacity) meanwhile. At
+// mpsd's stop the goroutine ends; the lease is saved as it stands and the
+// next mpsd takes it up again.
+func (d *Daemon) retryKillLocked(l *lease, then func()) {
+	if l.killStuck {
+		return
+	}
+	l.killStuck = true
+	retry := func() {
+		backoff := killRetryInitial
+		if d.opts.killRetryInitial > 0 {
+			backoff = d.opts.killRetryInitial
+		}
+		t := time.NewTimer(backoff)
+		defer t.Stop()
+		for {
+			select {
+			case <-d.ctx.Done():
+				return
+			case <-t.C:
+			}
+			err := d.killLease(l)
+			if err == nil {
+				break
+			}
+			if d.ctx.Err() != nil {
+				return
+			}
+			d.killFailed(l, "retry", err)
+			backoff = min(2*backoff, killRetryMax)
+			t.Reset(backoff)
+		}
+		d.mu.Lock()
+		l.killStuck = false
+		d.mu.Unlock()
+		d.log.Warn("lease processes are gone after a failed kill; finishing its end", "lease", l.id, "group", l.group)
+		then()
+	}
+	if !d.spawn(retry) {
+		// mpsd is stopping: the saved state keeps the lease for the next.
+		l.killStuck = false
+	}
 }
 
 // killLease empties and removes the lease's cgroup.

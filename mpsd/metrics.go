@@ -35,6 +35,8 @@ var (
 	descQueue         = prometheus.NewDesc("mpsd_queue_length", "Requests waiting in the group's queue.", []string{"group"}, nil)
 	descGranted       = prometheus.NewDesc("mpsd_leases_granted_total", "Leases granted in the group, requeued runs included.", []string{"group"}, nil)
 	descRequeues      = prometheus.NewDesc("mpsd_requeues_total", "Leases revoked by a fault and put back in the group's queue.", []string{"group"}, nil)
+	descKillFailures  = prometheus.NewDesc("mpsd_cgroup_kill_failures_total", "Kills of a lease's cgroup that failed (its processes would not die); the kill is retried.", []string{"group"}, nil)
+	descKillStuck     = prometheus.NewDesc("mpsd_leases_kill_stuck", "Leases whose processes would not die, holding their capacity while mpsd retries the kill.", nil, nil)
 	descXid           = prometheus.NewDesc("mpsd_gpu_xid_errors_total", "Xid errors NVML reported for the GPU.", append(gpuLabels[:2:2], "xid"), nil)
 	descGPUMem        = prometheus.NewDesc("mpsd_gpu_memory_used_bytes", "GPU memory in use, as NVML reports it.", gpuLabels, nil)
 	descGPUUtil       = prometheus.NewDesc("mpsd_gpu_utilization_ratio", "Share of the last sample period a kernel ran on the GPU (0-1).", gpuLabels, nil)
@@ -49,15 +51,17 @@ var instanceStates = []policy.InstanceState{policy.InstanceStarting, policy.Inst
 // metrics is the daemon's counters that live outside instances, and its
 // registry. Guarded by Daemon.mu except the histogram, which locks itself.
 type metrics struct {
-	reg         *prometheus.Registry
-	wait        *prometheus.HistogramVec
-	granted     map[string]uint64
-	requeues    map[string]uint64
-	xids        map[[2]uint64]uint64 // (gpu index, xid) → count
-	reloadOK    bool
-	reloadAt    time.Time
-	gpuUUIDs    []string
-	gpuIndexStr []string
+	reg      *prometheus.Registry
+	wait     *prometheus.HistogramVec
+	granted  map[string]uint64
+	requeues map[string]uint64
+	// killFailures counts failed kills of lease cgroups per group.
+	killFailures map[string]uint64
+	xids         map[[2]uint64]uint64 // (gpu index, xid) → count
+	reloadOK     bool
+	reloadAt     time.Time
+	gpuUUIDs     []string
+	gpuIndexStr  []string
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -68,11 +72,12 @@ func newMetrics(d *Daemon) *metrics {
 			Help:    "Time a lease waited in its group's queue before its grant.",
 			Buckets: []float64{0.001, 0.005, 0.025, 0.1, 0.5, 2.5, 10, 60, 300, 1800, 7200},
 		}, []string{"group"}),
-		granted:  map[string]uint64{},
-		requeues: map[string]uint64{},
-		xids:     map[[2]uint64]uint64{},
-		reloadOK: true,
-		reloadAt: time.Now(),
+		granted:      map[string]uint64{},
+		requeues:     map[string]uint64{},
+		killFailures: map[string]uint64{},
+		xids:         map[[2]uint64]uint64{},
+		reloadOK:     true,
+		reloadAt:     time.Now(),
 	}
 	for _, g := range d.host.GPUs() {
 		m.gpuUUIDs = append(m.gpuUUIDs, g.UUID)
@@ -104,7 +109,7 @@ type daemonCollector Daemon
 
 func (c *daemonCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInstanceUp, descInstanceState, descRestarts, descFaults, descQuarantined,
-		descClients, descSM, descMem, descQueue, descGranted, descRequeues, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime} {
+		descClients, descSM, descMem, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime} {
 		ch <- d
 	}
 }
@@ -200,7 +205,15 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descQueue, float64(len(d.queues[g.Name])), g.Name)
 		counter(descGranted, float64(m.granted[g.Name]), g.Name)
 		counter(descRequeues, float64(m.requeues[g.Name]), g.Name)
+		counter(descKillFailures, float64(m.killFailures[g.Name]), g.Name)
 	}
+	stuck := 0
+	for _, l := range d.leases {
+		if l.killStuck {
+			stuck++
+		}
+	}
+	gauge(descKillStuck, float64(stuck))
 	for k, n := range m.xids {
 		counter(descXid, float64(n), m.gpuUUIDs[k[0]], m.gpuIndexStr[k[0]], strconv.FormatUint(k[1], 10))
 	}

@@ -3,6 +3,8 @@ package mpsd
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/mpsd/mpsd/api"
@@ -305,12 +308,128 @@ func (d *Daemon) snapshot() savedState {
 	return st
 }
 
+// instanceIDFile holds the instance id in the state directory.
+const instanceIDFile = "instance-id"
+
+// errInstanceID: the instance id file is there but unusable.
+var errInstanceID = errors.New("mpsd: instance id unusable")
+
+// loadInstanceID reads this mpsd's instance id from the state directory,
+// creating it (random, root-only) the first time. The id names the
+// directory under the cgroup parent that holds this mpsd's lease cgroups,
+// so two mpsds with their own state directories never take each other's
+// leases for leftovers even when they share the parent; the same state
+// directory is the same id, so a restart re-adopts its leases. A file
+// that is there but unreadable is an error: a new id would orphan every
+// running lease.
+func loadInstanceID(stateDir string) (string, error) {
+	path := filepath.Join(stateDir, instanceIDFile)
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		id := strings.TrimSuffix(string(b), "\n")
+		if !validInstanceID(id) {
+			return "", fmt.Errorf("%w: %s holds %q, not 16 hex digits; restore it, or remove it to start under a new id (the lease cgroups of the old one are then left alone)", errInstanceID, path, truncate(string(b), 40))
+		}
+		return id, nil
+	case !errors.Is(err, os.ErrNotExist):
+		return "", fmt.Errorf("%w: read %s: %w", errInstanceID, path, err)
+	}
+	var raw [8]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", fmt.Errorf("make instance id: %w", err)
+	}
+	id := hex.EncodeToString(raw[:])
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return "", fmt.Errorf("create %s: %w", path, err)
+	}
+	_, err = f.WriteString(id + "\n")
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(path)
+		return "", fmt.Errorf("write %s: %w", path, err)
+	}
+	if dir, err := os.Open(stateDir); err == nil {
+		_ = dir.Sync()
+		_ = dir.Close()
+	}
+	return id, nil
+}
+
+func validInstanceID(id string) bool {
+	if len(id) != 16 {
+		return false
+	}
+	for _, c := range id {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}
+
+// leftoverCgroups sorts the lease cgroups listed under this mpsd's id
+// that no saved lease owns: leftovers of a crash to remove when the state
+// file was read (stateKnown), else unproven ones to leave alone.
+func leftoverCgroups(listed []cgroup.LeaseID, owned map[cgroup.LeaseID]bool, stateKnown bool) (remove, unproven []cgroup.LeaseID) {
+	for _, id := range listed {
+		switch {
+		case owned[id]:
+		case stateKnown:
+			remove = append(remove, id)
+		default:
+			unproven = append(unproven, id)
+		}
+	}
+	return remove, unproven
+}
+
+// openCgroups reads (or makes) the instance id and makes the cgroup
+// manager under it.
+func (d *Daemon) openCgroups() error {
+	id, err := loadInstanceID(d.layout.StateDir)
+	if err != nil {
+		return err
+	}
+	d.instanceID = id
+	if d.cgCfg != nil {
+		cc := *d.cgCfg
+		cc.Owner = id
+		m, err := cgroup.New(cc)
+		if err != nil {
+			return fmt.Errorf("cgroups (set cgroup.enabled: false to run without isolation): %w", err)
+		}
+		d.cg = m
+	}
+	if d.opts.wrapCgroups != nil {
+		d.cg = d.opts.wrapCgroups(d.cg)
+	}
+	d.log.Info("instance id", "instance_id", id, "state_dir", d.layout.StateDir)
+	return nil
+}
+
 // adoptLeases takes back the leases of the saved state after a restart:
 // each keeps its capacity on its instance and its cgroup, and waits for
 // its launcher to resume it. One whose launcher does not come back within
-// the grace is released like any abandoned lease. Lease cgroups that no
-// saved lease owns are leftovers of a crash and are emptied and removed.
-func (d *Daemon) adoptLeases(saved savedState) {
+// the grace is released like any abandoned lease. Lease cgroups under this
+// mpsd's id that no saved lease owns are leftovers of a crash and are
+// emptied and removed, but only when stateKnown (the state file was there
+// and read): without it nothing proves them leftovers, and they are left
+// alone. Cgroups of other ids under the parent are never touched.
+func (d *Daemon) adoptLeases(saved savedState, stateKnown bool) {
 	owned := map[cgroup.LeaseID]bool{}
 	d.mu.Lock()
 	for key, off := range saved.ServerLogs {
@@ -394,20 +513,30 @@ func (d *Daemon) adoptLeases(saved savedState) {
 	if err != nil {
 		d.log.Error("list lease cgroups", "err", err)
 	}
-	for _, id := range ids {
-		if owned[id] {
-			continue
-		}
+	remove, unproven := leftoverCgroups(ids, owned, stateKnown)
+	for _, id := range unproven {
+		d.log.Warn("lease cgroup under this mpsd's id is not in a state file (missing or unreadable); left alone",
+			"cgroup", id.String(), "instance_id", d.instanceID)
+	}
+	for _, id := range remove {
 		cg, err := d.cg.Open(id)
 		if err != nil {
 			continue
 		}
 		stray := &lease{id: id.Lease, cg: cg}
+		path := cg.Path()
 		if err := d.killLease(stray); err != nil {
-			d.log.Error("remove leftover lease cgroup", "cgroup", id.String(), "err", err)
+			d.log.Error("remove leftover lease cgroup", "cgroup", path, "err", err)
 		} else {
-			d.log.Warn("removed leftover lease cgroup", "cgroup", id.String())
+			d.log.Warn("removed leftover lease cgroup", "cgroup", path)
 		}
+	}
+	others, err := d.cg.Unowned()
+	if err != nil {
+		d.log.Error("list cgroups under the parent", "err", err)
+	}
+	for _, c := range others {
+		d.log.Warn("cgroup under parent is not ours; left alone", "cgroup", c, "instance_id", d.instanceID)
 	}
 	if len(saved.Leases) > 0 {
 		d.log.Info("leases re-adopted; waiting for their launchers", "leases", len(saved.Leases), "grace", d.opts.ReconnectGrace)

@@ -298,7 +298,12 @@ func (d *Daemon) revoke(dm *mps.Daemon, servers []int, victims []*lease, reason 
 	for _, l := range victims {
 		wg.Go(func() {
 			if err := d.killLease(l); err != nil {
-				d.log.Error("revoke: lease processes would not die", "lease", l.id, "err", err)
+				// requeue leaves it on its instance, capacity and all,
+				// until a retry of the kill succeeds.
+				d.killFailed(l, "revoke", err)
+				d.mu.Lock()
+				l.killStuck = true
+				d.mu.Unlock()
 			}
 		})
 	}
@@ -309,7 +314,9 @@ func (d *Daemon) revoke(dm *mps.Daemon, servers []int, victims []*lease, reason 
 // the head of its group's queue with the next attempt number, or ends it
 // when its requeue attempts are used up (force: an operator's requeue,
 // which does not count against them). A lease whose launcher left during
-// the revocation is dropped.
+// the revocation is dropped. One whose kill failed in revoke stays on its
+// instance, holding its capacity, until a retry of the kill succeeds;
+// only then is it requeued.
 func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
 	if len(victims) == 0 {
 		return
@@ -320,6 +327,11 @@ func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
 	for _, l := range victims {
 		if d.leases[l.id] != l {
 			continue // ended meanwhile
+		}
+		if l.killStuck {
+			l.killStuck = false // retryKillLocked's to set while it runs
+			d.retryKillLocked(l, func() { d.requeue([]*lease{l}, reason, force) })
+			continue
 		}
 		if in := l.inst; in != nil {
 			in.p.Release(&l.req)

@@ -57,8 +57,9 @@ type CgroupConfig struct {
 	// Enabled puts every lease in its own cgroup; false means no isolation
 	// (non-root simulation). Default: true.
 	Enabled bool
-	// Parent is the cgroup under which mpsd/<group>/<lease> are made, a
-	// relative path. Default: mpsd.
+	// Parent is the cgroup under which <instance-id>/<group>/<lease> are
+	// made (the id is mpsd's, from state_dir/instance-id), a relative
+	// path. Default: mpsd.
 	Parent string
 }
 

@@ -28,6 +28,7 @@ func (d *decoder) validate(c *Config) {
 	}{{"socket", c.Socket}, {"run_dir", c.RunDir}, {"state_dir", c.StateDir}, {"log_dir", c.LogDir}} {
 		d.absPath(p.key, p.val)
 	}
+	d.overlappingDirs(c)
 	d.cgroupParent(c.Cgroup.Parent)
 	d.listen("metrics.listen", c.Metrics.Listen)
 

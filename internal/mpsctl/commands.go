@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"os"
 	"strconv"
 	"strings"
 
@@ -285,10 +286,16 @@ func checkConfig(inv *invocation, path string, simulate bool) error {
 			return fmt.Errorf("read this host's GPUs: %w", err)
 		}
 	}
-	if err := policy.CheckFile(path, policy.Host{GPUs: gpus}); err != nil {
+	cfg, err := policy.LoadFile(path, policy.Host{GPUs: gpus})
+	if err != nil {
 		return inv.configProblems(path, err)
 	}
-	_, err := fmt.Fprintf(inv.stdout, "%s: ok\n", path)
+	// The directories as they are on this host: mpsd refuses to start on
+	// ones that someone but root could change.
+	if err := policy.CheckDirs(cfg, os.Geteuid()); err != nil {
+		return inv.configProblems(path, err)
+	}
+	_, err = fmt.Fprintf(inv.stdout, "%s: ok\n", path)
 	return err
 }
 

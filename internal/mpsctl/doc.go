@@ -18,7 +18,10 @@
 //     was on);
 //   - check-config: a config file checked by package policy against this
 //     host's GPUs (NVML), the config's simulated GPUs (--simulate), or no
-//     GPUs when NVML is unavailable, with a note saying so.
+//     GPUs when NVML is unavailable, with a note saying so; and its
+//     run_dir, state_dir and log_dir as they are on this host (only root
+//     may be able to change them or their ancestors), as mpsd checks
+//     them at start.
 //
 // It never runs programs, never touches MPS, cgroups or mpsd's files
 // (everything goes through the API, which authorizes by peer credentials),
