@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -98,7 +99,7 @@ func (p *Plugin) allocate(ctx context.Context, g *group, ids []string) (*plugina
 	if err != nil {
 		return nil, nil, leaseError(err, g.name, gpu, len(units))
 	}
-	resp, err := p.containerResponse(lease)
+	resp, err := p.containerResponse(lease, in.DaemonPID)
 	if err != nil {
 		p.release(ctx, a)
 		if _, ok := status.FromError(err); ok {
@@ -470,7 +471,7 @@ func (p *Plugin) adoptLocked(st api.Status) {
 // the instance's pipe directory with its log FIFO and pid file masked
 // (podMounts), the instance's private shared-memory directory as
 // /dev/shm, and on a host with NVIDIA's driver the GPUs' device nodes.
-func (p *Plugin) containerResponse(l *api.Lease) (*pluginapi.ContainerAllocateResponse, error) {
+func (p *Plugin) containerResponse(l *api.Lease, daemonPID int) (*pluginapi.ContainerAllocateResponse, error) {
 	envs := map[string]string{}
 	for _, k := range []string{api.EnvPipeDirectory, api.EnvThreadPercentage, api.EnvPinnedMemLimit, api.EnvLeaseID, api.EnvGroup} {
 		v, ok := l.Env[k]
@@ -480,7 +481,7 @@ func (p *Plugin) containerResponse(l *api.Lease) (*pluginapi.ContainerAllocateRe
 		envs[k] = v
 	}
 	envs[EnvVisibleDevices] = strings.Join(l.GPUUUIDs, ",")
-	mounts, err := podMounts(envs[api.EnvPipeDirectory])
+	mounts, err := podMounts(envs[api.EnvPipeDirectory], p.opts.ProcRoot, daemonPID)
 	if err != nil {
 		return nil, err
 	}
@@ -504,6 +505,12 @@ func (p *Plugin) containerResponse(l *api.Lease) (*pluginapi.ContainerAllocateRe
 // mask inside the pipe directory always lands after the pipe directory,
 // and only those two orders matter.
 //
+// The instance's control daemon (daemonPID, as mpsd reports it) must have
+// that directory as its /dev/shm, or the pod's clients would not share
+// memory with its servers: a daemon adopted from an mpsd that did not
+// serve the group to the kubelet has the host's, and is refused until it
+// is restarted.
+//
 // An entry that does not exist is not masked: the runtime would create
 // it, as root, in the host's pipe directory (a pid file where 535 writes
 // none). A daemon that runs makes its FIFO before it answers, so an
@@ -513,7 +520,7 @@ func (p *Plugin) containerResponse(l *api.Lease) (*pluginapi.ContainerAllocateRe
 // FIFO is not masked in that pod. mpsd takes no log line for a fact
 // (every line is a hint it checks), so a forged line gains nothing either
 // way; the mask keeps pods from filling the logs.
-func podMounts(pipe string) ([]*pluginapi.Mount, error) {
+func podMounts(pipe, procRoot string, daemonPID int) ([]*pluginapi.Mount, error) {
 	if pipe == "" || !filepath.IsAbs(pipe) {
 		return nil, fmt.Errorf("deviceplugin: pipe directory %q is not an absolute path", pipe)
 	}
@@ -521,6 +528,13 @@ func podMounts(pipe string) ([]*pluginapi.Mount, error) {
 	fi, err := os.Lstat(shm)
 	if err != nil || !fi.IsDir() || fi.Mode()&os.ModeSticky == 0 {
 		return nil, status.Errorf(codes.FailedPrecondition, "the instance of pipe directory %s has no private /dev/shm at %s (mpsd makes one for the groups it serves with --kubelet-device-plugin, at the daemon's start; a daemon started without it must be restarted): %v", pipe, shm, err)
+	}
+	var daemonShm os.FileInfo
+	if daemonPID > 0 {
+		daemonShm, err = os.Stat(filepath.Join(procRoot, strconv.Itoa(daemonPID), "root", shmDir))
+	}
+	if daemonShm == nil || !os.SameFile(daemonShm, fi) {
+		return nil, status.Errorf(codes.FailedPrecondition, "the MPS control daemon (pid %d) of pipe directory %s does not have %s as its /dev/shm (started before mpsd served its group to the kubelet?); restart the instance: %v", daemonPID, pipe, shm, err)
 	}
 	mounts := []*pluginapi.Mount{{ContainerPath: pipe, HostPath: pipe}}
 	for _, name := range maskedEntries {

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/mpsd/mpsd/api"
@@ -283,5 +285,45 @@ func TestPodViewIsolatesShmAndLogFIFO(t *testing.T) {
 	})
 	if !waitFile(t, controlLog, open) {
 		t.Errorf("without the masks the pod's record did not reach control.log either: the test does not play the attack")
+	}
+}
+
+// An instance whose daemon does not have its private /dev/shm (a group
+// mpsd does not serve to the kubelet, or a daemon adopted from an mpsd
+// that did not) is refused, never given the host's /dev/shm: without
+// the directory, and with a directory its daemon does not use.
+func TestAllocateRefusesInstanceWithoutPrivateShm(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the daemons' private /dev/shm")
+	}
+	m := newMPSD(t, twoGroups, "--kubelet-groups", "a")
+	dir := t.TempDir()
+	k := newFakeKubelet(t, dir)
+	runPlugin(t, m, dir)
+	pcs := k.waitRegistered("mpsd.io/a-sm", "mpsd.io/b-sm")
+	pcs["mpsd.io/b-sm"].waitList(t, "b healthy", allHealthy)
+	st := m.waitStatus("status", func(api.Status) bool { return true })
+	inB, _ := findInstance(st, "b", 1)
+	shmB := filepath.Join(m.dir, "run", "b", inB.GPUUUID, "shm")
+
+	_, _, err := allocate(t, pcs["mpsd.io/b-sm"], ids("b", 1, seq(0, 49)...), 10)
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "has no private /dev/shm") {
+		t.Errorf("Allocate on an instance without its shm dir: %v, want FailedPrecondition", err)
+	}
+	if err := os.Mkdir(shmB, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(shmB, os.ModeSticky|0o777); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = allocate(t, pcs["mpsd.io/b-sm"], ids("b", 1, seq(0, 49)...), 10)
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "does not have") {
+		t.Errorf("Allocate on an instance whose daemon has the host's /dev/shm: %v, want FailedPrecondition", err)
+	}
+	if st := m.waitStatus("status", func(api.Status) bool { return true }); len(st.Leases) != 0 {
+		t.Errorf("a refused Allocate left leases: %+v", st.Leases)
+	}
+	if _, _, err := allocate(t, pcs["mpsd.io/a-sm"], ids("a", 1, seq(0, 99)...), 10); err != nil {
+		t.Errorf("Allocate on a served group: %v", err)
 	}
 }

@@ -248,7 +248,7 @@ func TestPrepareShmDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	other := filepath.Join(base, "d", "shm")
-	if err := os.MkdirAll(other, 0o1777); err != nil {
+	if err := os.MkdirAll(other, 0o777); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Chown(other, 64250, 64250); err != nil {
