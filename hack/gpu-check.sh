@@ -683,6 +683,12 @@ if ! start_mpsd; then
 	wait "$MPSD_PID" 2>/dev/null
 	if grep -q 'POSIX ACLs' "$D/mpsd.log" && [[ -d /dev/shm ]]; then
 		note "$(stat -fc %T "$D") under $D has no POSIX ACLs; run_dir and log_dir move to /dev/shm"
+		if ((K8S)); then
+			# A daemon's private /dev/shm would hide its own directories.
+			note "step 6 skipped: with run_dir under /dev/shm, mpsd refuses a private /dev/shm"
+			K8S=0
+			KFLAGS=()
+		fi
 		ALT_BASE=$(mktemp -d /dev/shm/gck.XXXXXX) || die "mktemp in /dev/shm"
 		chmod 755 "$ALT_BASE"
 		BASE=$ALT_BASE

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -114,6 +115,13 @@ type privateShm struct {
 func (r privateShm) Start(cmd *exec.Cmd) error {
 	if !slices.Contains(cmd.Args[1:], "-d") {
 		return r.inner.Start(cmd)
+	}
+	// Whatever lies under /dev/shm is out of the daemon's sight once its
+	// own is mounted there: its pipe and log directories must not.
+	for what, p := range map[string]string{"private /dev/shm": r.dir, "pipe directory": envValue(cmd.Env, "CUDA_MPS_PIPE_DIRECTORY"), "log directory": envValue(cmd.Env, "CUDA_MPS_LOG_DIRECTORY")} {
+		if rel, err := filepath.Rel(DevShm, filepath.Clean(p)); p != "" && err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+			return fmt.Errorf("%w: the daemon's %s %s is under %s, which its private %s hides: put run_dir and log_dir elsewhere", ErrShmDir, what, p, DevShm, DevShm)
+		}
 	}
 	if err := PrepareShmDir(r.dir); err != nil {
 		return err

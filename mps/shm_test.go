@@ -267,6 +267,25 @@ func TestPrepareShmDir(t *testing.T) {
 			}
 		}
 	}
+	// Nothing the daemon needs may lie under /dev/shm, which its own
+	// hides; nothing is made there.
+	for _, tc := range []struct{ dir, env string }{
+		{filepath.Join(DevShm, "mpsd-test-none", "shm"), ""},
+		{dir, "CUDA_MPS_PIPE_DIRECTORY=" + DevShm + "/mpsd-test-none/pipe"},
+		{dir, "CUDA_MPS_LOG_DIRECTORY=" + DevShm},
+	} {
+		cmd := exec.Command("/bin/sh", "-c", "exit 0", "sh", "-d")
+		cmd.Env = []string{tc.env}
+		if err := PrivateShm(nil, tc.dir).Start(cmd); !errors.Is(err, ErrShmDir) || !strings.Contains(err.Error(), "hides") {
+			t.Errorf("PrivateShm(%s) with %q: %v, want ErrShmDir", tc.dir, tc.env, err)
+			if err == nil {
+				_ = cmd.Wait()
+			}
+		}
+	}
+	if _, err := os.Stat(filepath.Join(DevShm, "mpsd-test-none")); err == nil {
+		t.Errorf("PrivateShm made a directory under %s", DevShm)
+	}
 	if got := ShmDirFor("/run/mpsd/a/GPU-1/pipe/"); got != "/run/mpsd/a/GPU-1/shm" {
 		t.Errorf("ShmDirFor = %s", got)
 	}
