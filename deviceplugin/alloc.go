@@ -517,9 +517,9 @@ func (p *Plugin) containerResponse(l *api.Lease, daemonPID int) (*pluginapi.Cont
 // instance that is ready has it. A mask covers the entry the pod found
 // at its start: should the daemon be restarted while the pod runs (its
 // servers, and so the pod's CUDA contexts, die with it), the new daemon's
-// FIFO is not masked in that pod. mpsd takes no log line for a fact
-// (every line is a hint it checks), so a forged line gains nothing either
-// way; the mask keeps pods from filling the logs.
+// FIFO is not masked in that pod until its container restarts; there,
+// only mpsd's rule to take a log line for a hint it checks, never for a
+// fact, keeps a forged record harmless.
 func podMounts(pipe, procRoot string, daemonPID int) ([]*pluginapi.Mount, error) {
 	if pipe == "" || !filepath.IsAbs(pipe) {
 		return nil, fmt.Errorf("deviceplugin: pipe directory %q is not an absolute path", pipe)
