@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -13,15 +16,31 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/mps"
 )
 
 // EnvVisibleDevices tells the NVIDIA container toolkit which GPUs (UUIDs)
 // to give a container, with their device nodes and driver libraries.
 const EnvVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
 
-// shmDir is where MPS servers and clients share memory; a pod's own
-// /dev/shm is private, so the host's is mounted over it.
-const shmDir = "/dev/shm"
+// shmDir is where MPS servers and clients share memory. A pod gets its
+// instance's private shared-memory directory there (mps.ShmDirFor the
+// pipe directory), which mpsd made the /dev/shm of that instance's control
+// daemon and servers (mps.PrivateShm): never the host's /dev/shm, which
+// holds every other tenant's and the host's shared memory.
+const shmDir = mps.DevShm
+
+// maskedEntries are the pipe directory's entries that a pod must not
+// reach: NVIDIA's daemon makes the log FIFO world-writable and copies every
+// record written into it, with the kind and pid the writer chose, into
+// control.log or server.log, which mpsd reads; and the pid file 0666. A
+// CUDA client needs neither (it talks to the daemon through the control
+// socket). They are mounted over with /dev/null, read-only, as runc masks
+// paths: a write there goes nowhere, a read finds nothing.
+var maskedEntries = []string{"log", "nvidia-cuda-mps-control.pid"}
+
+// maskSource is what a masked entry is mounted from.
+const maskSource = "/dev/null"
 
 // allocation is one container's units, as the kubelet allocated them, and
 // the lease on mpsd that backs them. The lease is held for as long as the
@@ -80,9 +99,12 @@ func (p *Plugin) allocate(ctx context.Context, g *group, ids []string) (*plugina
 	if err != nil {
 		return nil, nil, leaseError(err, g.name, gpu, len(units))
 	}
-	resp, err := p.containerResponse(lease)
+	resp, err := p.containerResponse(lease, in.DaemonPID)
 	if err != nil {
 		p.release(ctx, a)
+		if _, ok := status.FromError(err); ok {
+			return nil, nil, err
+		}
 		return nil, nil, status.Error(codes.Internal, err.Error())
 	}
 	g.log.Info("allocated", "gpu", gpu, "units", len(units), "lease", lease.ID, "job_id", req.JobID)
@@ -446,9 +468,10 @@ func (p *Plugin) adoptLocked(st api.Status) {
 
 // containerResponse is what the container gets for a lease: the MPS
 // environment of the lease, the GPUs for the NVIDIA container toolkit,
-// the instance's pipe directory and the host's /dev/shm, and on a host
-// with NVIDIA's driver the GPUs' device nodes.
-func (p *Plugin) containerResponse(l *api.Lease) (*pluginapi.ContainerAllocateResponse, error) {
+// the instance's pipe directory with its log FIFO and pid file masked
+// (podMounts), the instance's private shared-memory directory as
+// /dev/shm, and on a host with NVIDIA's driver the GPUs' device nodes.
+func (p *Plugin) containerResponse(l *api.Lease, daemonPID int) (*pluginapi.ContainerAllocateResponse, error) {
 	envs := map[string]string{}
 	for _, k := range []string{api.EnvPipeDirectory, api.EnvThreadPercentage, api.EnvPinnedMemLimit, api.EnvLeaseID, api.EnvGroup} {
 		v, ok := l.Env[k]
@@ -458,18 +481,67 @@ func (p *Plugin) containerResponse(l *api.Lease) (*pluginapi.ContainerAllocateRe
 		envs[k] = v
 	}
 	envs[EnvVisibleDevices] = strings.Join(l.GPUUUIDs, ",")
-	pipe := envs[api.EnvPipeDirectory]
-	resp := &pluginapi.ContainerAllocateResponse{
-		Envs: envs,
-		Mounts: []*pluginapi.Mount{
-			{ContainerPath: pipe, HostPath: pipe},
-			{ContainerPath: shmDir, HostPath: shmDir},
-		},
+	mounts, err := podMounts(envs[api.EnvPipeDirectory], p.opts.ProcRoot, daemonPID)
+	if err != nil {
+		return nil, err
 	}
+	resp := &pluginapi.ContainerAllocateResponse{Envs: envs, Mounts: mounts}
 	devs, err := deviceNodes(p.opts.ProcRoot, p.opts.DevRoot, l.GPUUUIDs)
 	if err != nil {
 		return nil, err
 	}
 	resp.Devices = devs
 	return resp, nil
+}
+
+// podMounts are the mounts of a container of the instance whose pipe
+// directory is pipe, in the order runc must apply them: the pipe
+// directory (the control socket, and whatever the daemon and its servers
+// create there later), then over it each masked entry the daemon made,
+// then the instance's shared-memory directory at /dev/shm. runc mounts in
+// the order of the OCI spec; the kubelet keeps the plugin's order and the
+// CRI runtimes sort the container's mounts by the depth of their
+// destination only, stably (containerd and CRI-O, as Docker did), so a
+// mask inside the pipe directory always lands after the pipe directory,
+// and only those two orders matter.
+//
+// The instance's control daemon (daemonPID, as mpsd reports it) must have
+// that directory as its /dev/shm, or the pod's clients would not share
+// memory with its servers: a daemon adopted from an mpsd that did not
+// serve the group to the kubelet has the host's, and is refused until it
+// is restarted.
+//
+// An entry that does not exist is not masked: the runtime would create
+// it, as root, in the host's pipe directory (a pid file where 535 writes
+// none). A daemon that runs makes its FIFO before it answers, so an
+// instance that is ready has it. A mask covers the entry the pod found
+// at its start: should the daemon be restarted while the pod runs (its
+// servers, and so the pod's CUDA contexts, die with it), the new daemon's
+// FIFO is not masked in that pod until its container restarts; there,
+// only mpsd's rule to take a log line for a hint it checks, never for a
+// fact, keeps a forged record harmless.
+func podMounts(pipe, procRoot string, daemonPID int) ([]*pluginapi.Mount, error) {
+	if pipe == "" || !filepath.IsAbs(pipe) {
+		return nil, fmt.Errorf("deviceplugin: pipe directory %q is not an absolute path", pipe)
+	}
+	shm := mps.ShmDirFor(pipe)
+	fi, err := os.Lstat(shm)
+	if err != nil || !fi.IsDir() || fi.Mode()&os.ModeSticky == 0 {
+		return nil, status.Errorf(codes.FailedPrecondition, "the instance of pipe directory %s has no private /dev/shm at %s (mpsd makes one for the groups it serves with --kubelet-device-plugin, at the daemon's start; a daemon started without it must be restarted): %v", pipe, shm, err)
+	}
+	var daemonShm os.FileInfo
+	if daemonPID > 0 {
+		daemonShm, err = os.Stat(filepath.Join(procRoot, strconv.Itoa(daemonPID), "root", shmDir))
+	}
+	if daemonShm == nil || !os.SameFile(daemonShm, fi) {
+		return nil, status.Errorf(codes.FailedPrecondition, "the MPS control daemon (pid %d) of pipe directory %s does not have %s as its /dev/shm (started before mpsd served its group to the kubelet?); restart the instance: %v", daemonPID, pipe, shm, err)
+	}
+	mounts := []*pluginapi.Mount{{ContainerPath: pipe, HostPath: pipe}}
+	for _, name := range maskedEntries {
+		p := filepath.Join(pipe, name)
+		if _, err := os.Lstat(p); err == nil {
+			mounts = append(mounts, &pluginapi.Mount{ContainerPath: p, HostPath: maskSource, ReadOnly: true})
+		}
+	}
+	return append(mounts, &pluginapi.Mount{ContainerPath: shmDir, HostPath: shm}), nil
 }

@@ -20,9 +20,12 @@
 //     of units, memory in the same proportion of the group's budget, the
 //     instance's GPUs (gpu_select), no wait and no requeue, job id
 //     "k8s:sm=<units>". The container gets the lease's MPS environment,
-//     NVIDIA_VISIBLE_DEVICES, the instance's pipe directory and the host's
-//     /dev/shm, and on a host with NVIDIA's driver the device nodes. A
-//     request that does not fit fails with mpsd's reason.
+//     NVIDIA_VISIBLE_DEVICES, the instance's pipe directory with its log
+//     FIFO and pid file masked by /dev/null, the instance's private
+//     shared-memory directory (mps.ShmDirFor; mpsd runs the daemons of the
+//     groups it serves to the kubelet with it as /dev/shm, mps.PrivateShm)
+//     as /dev/shm, never the host's, and on a host with NVIDIA's driver the
+//     device nodes. A request that does not fit fails with mpsd's reason.
 //
 // The lease's stream is held while the allocation lives. The kubelet does
 // not say when a pod ends; it hands a unit out again only after the pod

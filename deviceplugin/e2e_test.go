@@ -2,6 +2,7 @@ package deviceplugin
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -198,13 +199,7 @@ func TestAllocate(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(pipe, "control")); err != nil {
 		t.Errorf("the pipe directory handed out has no control socket: %v", err)
 	}
-	var mounts []string
-	for _, mt := range resp.Mounts {
-		mounts = append(mounts, mt.HostPath+":"+mt.ContainerPath)
-	}
-	if want := []string{pipe + ":" + pipe, "/dev/shm:/dev/shm"}; !slices.Equal(mounts, want) {
-		t.Errorf("mounts %v, want %v", mounts, want)
-	}
+	checkPodMounts(t, resp, pipe, filepath.Join(m.dir, "run", "a", uuid[0], "shm"))
 	if len(resp.Devices) != 0 {
 		t.Errorf("device nodes %v on simulated GPUs", resp.Devices)
 	}
@@ -386,6 +381,19 @@ func TestMPSDFlag(t *testing.T) {
 	}
 	st := m.waitStatus("the lease", func(st api.Status) bool { _, ok := leaseByJob(st, "k8s:sm=0-39"); return ok })
 	held, _ := leaseByJob(st, "k8s:sm=0-39")
+	// Only the daemons of the groups the plugin serves have a private
+	// /dev/shm: b's clients may be on the host.
+	mpsdNS, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", m.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range st.Instances {
+		ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", in.DaemonPID))
+		_, serr := os.Stat(filepath.Join(m.dir, "run", in.Group, in.GPUUUID, "shm"))
+		if private := in.Group == "a"; err != nil || (ns != mpsdNS) != private || (serr == nil) != private {
+			t.Errorf("group %s's daemon on GPU %d: mount namespace %s (mpsd's %s, %v), shm dir: %v; want a private one only for group a", in.Group, in.GPUIndex, ns, mpsdNS, err, serr)
+		}
+	}
 
 	m.stop()
 	m.start("--kubelet-device-plugin", "--kubelet-dir", dir, "--kubelet-groups", "a")

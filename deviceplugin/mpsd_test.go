@@ -87,10 +87,21 @@ groups:
 	return m
 }
 
-// start runs mpsd and waits until every instance is ready.
+// start runs mpsd and waits until every instance is ready. It runs with
+// --kubelet-device-plugin, as on a node whose pods use it, so every
+// instance has the private /dev/shm Allocate mounts into pods; its own
+// plugin's kubelet directory has no kubelet.sock (it never registers)
+// unless args name another. start also waits for that plugin's first
+// look at mpsd's status, when it adopts the leases of an earlier plugin:
+// after it, the leases of the plugin a test runs are that plugin's alone.
 func (m *mpsdProc) start(args ...string) {
 	m.t.Helper()
-	m.cmd = exec.Command(filepath.Join(m.bin, "mpsd"), append([]string{"--config", m.cfg, "--simulate", "--log-level", "debug"}, args...)...)
+	var logOff int64
+	if fi, err := m.log.Stat(); err == nil {
+		logOff = fi.Size()
+	}
+	m.cmd = exec.Command(filepath.Join(m.bin, "mpsd"), append([]string{"--config", m.cfg, "--simulate", "--log-level", "debug",
+		"--kubelet-device-plugin", "--kubelet-dir", filepath.Join(m.dir, "kubelet-unused")}, args...)...)
 	m.cmd.Stdout, m.cmd.Stderr = m.log, m.log
 	if err := m.cmd.Start(); err != nil {
 		m.t.Fatal(err)
@@ -108,6 +119,17 @@ func (m *mpsdProc) start(args ...string) {
 		}
 		return true
 	})
+	deadline := time.Now().Add(waitFor)
+	for {
+		b, _ := os.ReadFile(m.log.Name())
+		if int64(len(b)) > logOff && strings.Contains(string(b[logOff:]), `msg="offering group to the kubelet" component=deviceplugin`) {
+			return
+		}
+		if time.Now().After(deadline) {
+			m.t.Fatalf("mpsd's own device plugin did not read mpsd's status within %s", waitFor)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // stop stops mpsd with SIGTERM, as systemd or the kubelet's pod stop

@@ -13,7 +13,20 @@
 #      clients must run on with the same pids and finish, alpha's must be
 #      requeued ("requeued, attempt 2") and finish;
 #   4. prints the metrics, mpsd's account of the fault, and a summary with
-#      PASS/FAIL lines and timings.
+#      PASS/FAIL lines and timings;
+#   5. as root, the Kubernetes mode's private /dev/shm (step 6 in the
+#      output): a third group, gamma, is served by mpsd's kubelet device
+#      plugin (--kubelet-device-plugin --kubelet-groups gamma, no kubelet on
+#      the host), so mpsd runs gamma's MPS daemon in a mount namespace whose
+#      /dev/shm is the instance's <run_dir>/gamma/<uuid>/shm. It checks that
+#      the daemon's and the server's /dev/shm is that directory, that a
+#      client given exactly a pod's mounts (built with unshare: the pipe
+#      directory, /dev/null read-only over its log FIFO and pid file, the
+#      instance's shm directory at /dev/shm) reaches the server and runs
+#      within its limits, and records what a client on the host, with the
+#      host's /dev/shm, gets from the same server (expected: it cannot share
+#      memory with it and fails or hangs; whichever happens is recorded as
+#      RECORD, not judged).
 #
 # Usage, on the GPU host, from a checkout where `make build` has made bin/
 # (the host needs no Go):
@@ -334,9 +347,11 @@ s == "l" && $2 == g && $8 == "running" && $9 != "-" { n = split($9, a, ","); for
 	esac
 }
 
-# st_ready: mpsd answers and both instances are ready.
+# st_ready: mpsd answers and both instances (gamma's too, with K8S) are
+# ready.
 st_ready() {
-	[[ $(st_inst alpha state 2>/dev/null) == ready && $(st_inst beta state 2>/dev/null) == ready ]]
+	[[ $(st_inst alpha state 2>/dev/null) == ready && $(st_inst beta state 2>/dev/null) == ready ]] &&
+		{ ((K8S == 0)) || [[ $(st_inst gamma state 2>/dev/null) == ready ]]; }
 }
 
 # http_get URL-PATH: GET from mpsd's metrics listener.
@@ -567,6 +582,17 @@ say "GPU 0 has $FULL_SM SMs."
 
 # ================================================================ mpsd ==
 heading "2. mpsd with two groups on GPU 0"
+# K8S=1: root, with unshare and mount: gamma, served to a (missing) kubelet,
+# for step 6. Its daemon needs root to get its private /dev/shm.
+K8S=0
+KFLAGS=()
+if ((UID_NOW == 0)) && command -v unshare >/dev/null 2>&1 && command -v mount >/dev/null 2>&1; then
+	K8S=1
+	KFLAGS=(--kubelet-device-plugin --kubelet-dir "$D/kubelet" --kubelet-groups gamma)
+	say "and gamma, served to the kubelet device plugin (private /dev/shm; step 6)"
+else
+	note "step 6 (the Kubernetes mode's private /dev/shm) needs root, unshare and mount: skipped"
+fi
 write_config() {
 	{
 		cat <<EOF
@@ -597,6 +623,16 @@ groups:
     max_mem: 8G
     requeue_attempts: 2
 EOF
+		if ((K8S)); then
+			cat <<EOF
+  gamma:
+    users: ["$UID_NOW"]
+    gpus: ["0"]
+    sm_percent: 100
+    memory: 16G
+    max_mem: 8G
+EOF
+		fi
 		if [[ $DRY == 1 ]]; then
 			cat <<EOF
 mps:
@@ -627,7 +663,7 @@ start_mpsd() {
 	((${#BASE} + 70 <= 107)) || die "$BASE is too long for MPS's socket paths"
 	write_config
 	t=$(now)
-	"$BIN/mpsd" --config "$D/mpsd.yaml" "${SIMFLAG[@]}" >"$D/mpsd.log" 2>&1 &
+	"$BIN/mpsd" --config "$D/mpsd.yaml" "${SIMFLAG[@]}" "${KFLAGS[@]}" >"$D/mpsd.log" 2>&1 &
 	MPSD_PID=$!
 	local until=$((SECONDS + 60))
 	until st_ready; do
@@ -642,11 +678,17 @@ show "mpsctl check-config ${SIMFLAG[*]:+${SIMFLAG[*]} }mpsd.yaml"
 write_config
 "$BIN/mpsctl" check-config "${SIMFLAG[@]}" "$D/mpsd.yaml"
 sed -n '/^groups:/,$p' "$D/mpsd.yaml" | sed 's/^/  /'
-show "mpsd --config mpsd.yaml ${SIMFLAG[*]:+${SIMFLAG[*]} }&"
+show "mpsd --config mpsd.yaml ${SIMFLAG[*]:+${SIMFLAG[*]} }${KFLAGS[*]:+${KFLAGS[*]} }&"
 if ! start_mpsd; then
 	wait "$MPSD_PID" 2>/dev/null
 	if grep -q 'POSIX ACLs' "$D/mpsd.log" && [[ -d /dev/shm ]]; then
 		note "$(stat -fc %T "$D") under $D has no POSIX ACLs; run_dir and log_dir move to /dev/shm"
+		if ((K8S)); then
+			# A daemon's private /dev/shm would hide its own directories.
+			note "step 6 skipped: with run_dir under /dev/shm, mpsd refuses a private /dev/shm"
+			K8S=0
+			KFLAGS=()
+		fi
 		ALT_BASE=$(mktemp -d /dev/shm/gck.XXXXXX) || die "mktemp in /dev/shm"
 		chmod 755 "$ALT_BASE"
 		BASE=$ALT_BASE
@@ -886,6 +928,81 @@ if [[ $DRY == 0 ]]; then
 	else
 		fail "GPU 0's compute mode changed: $CMODE_BEFORE -> $CMODE_AFTER"
 	fi
+fi
+
+# ========================================================== kubernetes ==
+# podview SHM PIPE COMMAND...: run COMMAND in a mount namespace of its own
+# with a pod's mounts as the device plugin's Allocate gives them (the pipe
+# directory at its own path, so only the masks and /dev/shm change).
+podview() {
+	local shm=$1 pipe=$2
+	shift 2
+	# shellcheck disable=SC2016 # expanded by the inner shell
+	unshare --mount --propagation slave sh -c '
+		set -e
+		shm=$1 pipe=$2
+		shift 2
+		mount --bind "$shm" /dev/shm
+		for f in "$pipe/log" "$pipe/nvidia-cuda-mps-control.pid"; do
+			[ -e "$f" ] || continue
+			mount --bind /dev/null "$f"
+			mount -o remount,bind,ro "$f"
+		done
+		exec "$@"' sh "$shm" "$pipe" "$@"
+}
+if ((K8S)); then
+	heading "6. Kubernetes mode: gamma's private /dev/shm"
+	need_mpsd
+	G_DIR=$(find "$BASE/run/gamma" -mindepth 1 -maxdepth 1 -name 'GPU-*' 2>/dev/null | head -n 1)
+	G_PIPE=$G_DIR/pipe
+	G_SHM=$G_DIR/shm
+	G_DAEMON=$(st_inst gamma daemon_pid)
+	say "gamma: pipe $G_PIPE, shm $G_SHM, daemon $G_DAEMON"
+	if [[ -n $G_DIR && -d $G_SHM && $(stat -c '%a %u' "$G_SHM") == "1777 0" && -n $G_DAEMON &&
+		$(stat -Lc '%d:%i' "/proc/$G_DAEMON/root/dev/shm" 2>/dev/null) == "$(stat -c '%d:%i' "$G_SHM")" &&
+		$(readlink "/proc/$G_DAEMON/ns/mnt") != "$(readlink /proc/$$/ns/mnt)" ]]; then
+		pass "gamma's MPS daemon $G_DAEMON runs in its own mount namespace with $G_SHM (root, 1777) as /dev/shm"
+	else
+		fail "gamma's MPS daemon ${G_DAEMON:-?}: /dev/shm is not ${G_SHM:-?} in a namespace of its own"
+	fi
+	grep -E ' /dev/shm ' "/proc/$G_DAEMON/mountinfo" 2>/dev/null | sed 's/^/  daemon mountinfo: /'
+	if [[ $(stat -c '%d:%i' /dev/shm) == "$(stat -c '%d:%i' "$G_SHM" 2>/dev/null)" ]]; then
+		fail "this shell's /dev/shm is gamma's: the private mount leaked"
+	fi
+
+	# A pod's client: its Allocate mounts, its environment from mps-launch.
+	t=$(now)
+	show "unshare --mount (a pod's mounts) mps-launch --group gamma --sm 25 --mem 2G -- gpu_check_client --duration 2   # k8s-pod"
+	rc=0
+	podview "$G_SHM" "$G_PIPE" timeout -k 5 90 "$BIN/mps-launch" --group gamma --sm 25 --mem 2G --wait 60s -- \
+		"$CLIENT" --duration 2 </dev/null >"$D/clients/k8s-pod.log" 2>&1 || rc=$?
+	print_log k8s-pod
+	timing "k8s-pod: launch to exit (2 s of kernels)" "$(dt "$t")"
+	G_SERVER=$(st_inst gamma server_pids)
+	sms=$(field k8s-pod sm_count ' ready ')
+	if ((rc == 0)) && [[ $sms =~ ^[0-9]+$ ]] && ((sms < FULL_SM)); then
+		pass "a client with only a pod's mounts reached gamma's MPS server ${G_SERVER:-?} and ran with $sms of $FULL_SM SMs"
+	else
+		fail "a client with only a pod's mounts: exit status $rc, SMs ${sms:-none}: the pod's mounts do not reach the server"
+	fi
+	for p in $G_SERVER; do
+		if [[ $(stat -Lc '%d:%i' "/proc/$p/root/dev/shm" 2>/dev/null) == "$(stat -c '%d:%i' "$G_SHM")" ]]; then
+			pass "gamma's MPS server $p has $G_SHM as /dev/shm"
+		else
+			fail "gamma's MPS server $p: /dev/shm is not $G_SHM"
+		fi
+	done
+	say "  gamma's shm directory after the pod's client: $(find "$G_SHM" -mindepth 1 2>/dev/null | wc -l) entries"
+
+	# A client on the host, with the host's /dev/shm: recorded, not judged.
+	t=$(now)
+	show "mps-launch --group gamma --sm 25 --mem 2G -- gpu_check_client --duration 2   # k8s-host (the host's /dev/shm)"
+	rc=0
+	timeout -k 5 45 "$BIN/mps-launch" --group gamma --sm 25 --mem 2G --wait 30s -- \
+		"$CLIENT" --duration 2 </dev/null >"$D/clients/k8s-host.log" 2>&1 || rc=$?
+	print_log k8s-host
+	if has k8s-host ' ready t='; then how="reached the server and ran"; else how="did not get to run"; fi
+	note "RECORD: a host client (the host's /dev/shm) of gamma's private-/dev/shm server: exit status $rc, $how, after $(dt "$t") s"
 fi
 
 # ============================================================= summary ==

@@ -58,6 +58,12 @@ type Options struct {
 	// Listener is the API socket when it is passed in (systemd socket
 	// activation, tests); nil means listen on the config's socket.
 	Listener net.Listener
+	// PrivateShm, when set, reports whether a group's control daemons
+	// run with a private /dev/shm (Layout.ShmDir, mps.PrivateShm): the
+	// groups the kubelet device plugin serves, whose pods get that
+	// directory as their /dev/shm. Clients on the host outside those pods
+	// would no longer share memory with such a server.
+	PrivateShm func(group string) bool
 	// MetricsListener serves /metrics, /healthz and /readyz when given
 	// (tests); nil means listen on metrics.listen, if it is set.
 	MetricsListener net.Listener

@@ -198,6 +198,9 @@ func (d *Daemon) mpsConfig(in *instance) mps.Config {
 		c.VisibleDevices = append(c.VisibleDevices, g.UUID)
 	}
 	c.Multiuser = in.p.Multiuser
+	if d.opts.PrivateShm != nil && d.opts.PrivateShm(in.group) {
+		c.Runner = mps.PrivateShm(c.Runner, d.layout.ShmDir(in.group, in.gpus[0].UUID))
+	}
 	if in.serverLogOff >= 0 { // the first adoption after a restart only
 		c.ResumeServerLog, c.ServerLogOffset, in.serverLogOff = true, in.serverLogOff, -1
 	}

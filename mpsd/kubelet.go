@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 
 	"github.com/mpsd/mpsd/deviceplugin"
 )
@@ -25,6 +26,16 @@ type kubeletFlags struct {
 	enabled bool
 	dir     string
 	groups  string
+}
+
+// privateShm is Options.PrivateShm: with the device plugin on, the groups
+// it serves (every group without --kubelet-groups) run their daemons with
+// a private /dev/shm, which Allocate mounts into their pods.
+func (kf kubeletFlags) privateShm(groups []string) func(string) bool {
+	if !kf.enabled {
+		return nil
+	}
+	return func(group string) bool { return len(groups) == 0 || slices.Contains(groups, group) }
 }
 
 // newDevicePlugin builds the kubelet device plugin of --kubelet-device-plugin,

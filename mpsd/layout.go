@@ -11,6 +11,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mpsd/mpsd/mps"
 )
 
 // Layout owns the directories of DESIGN.md §3 under the configured roots,
@@ -29,6 +31,13 @@ func (l Layout) GroupRunDir(group string) string { return filepath.Join(l.RunDir
 // by the UUID of the first GPU of its set.
 func (l Layout) PipeDir(group, gpuUUID string) string {
 	return filepath.Join(l.RunDir, group, gpuUUID, "pipe")
+}
+
+// ShmDir is the private /dev/shm of an instance whose group the kubelet
+// device plugin serves: next to its pipe directory (mps.ShmDirFor, which
+// the plugin uses to find it from the pipe directory alone).
+func (l Layout) ShmDir(group, gpuUUID string) string {
+	return mps.ShmDirFor(l.PipeDir(group, gpuUUID))
 }
 
 // GroupLogDir gates a group's MPS log directories as GroupRunDir gates

@@ -98,6 +98,7 @@ func runMain(ctx context.Context, args []string, stderr io.Writer, mc mainConfig
 		Simulate:   *simulate,
 		Logger:     log,
 		Listener:   ln,
+		PrivateShm: kf.privateShm(kgroups),
 		Ready:      func() { readyOnce.Do(func() { close(ready) }) },
 	})
 	if err != nil {

@@ -218,8 +218,14 @@ func (o *objects) check() []string {
 			if hostMounts[kdir] != deviceplugin.DefaultKubeletDir {
 				bad("%s: container %s: --kubelet-dir %s is not the host's %s", where, c.Name, kdir, deviceplugin.DefaultKubeletDir)
 			}
-			if hostMounts["/dev/shm"] != "/dev/shm" {
-				bad("%s: container %s: MPS needs the host's /dev/shm at /dev/shm", where, c.Name)
+			// The groups the plugin serves run their daemons with a
+			// private /dev/shm under run_dir, which their pods get; only
+			// groups left out of --kubelet-groups (clients on the host)
+			// use the host's.
+			if served := flagValue(args, "--kubelet-groups", ""); served == "" && hostMounts["/dev/shm"] != "" {
+				bad("%s: container %s: mounts the host's /dev/shm, which no MPS daemon uses when the plugin serves every group (each has a private one under run_dir)", where, c.Name)
+			} else if served != "" && hostMounts["/dev/shm"] != "/dev/shm" {
+				bad("%s: container %s: groups outside --kubelet-groups share memory with host clients through the host's /dev/shm: mount it at /dev/shm", where, c.Name)
 			}
 			cfgFile := flagValue(args, "--config", "/etc/mpsd/mpsd.yaml")
 			cm := o.configMaps[ds.Namespace+"/"+cfgMap]
@@ -352,7 +358,9 @@ func TestExamplesBroken(t *testing.T) {
 		{"wrong apiVersion", "mpsd-daemonset.yaml", "apiVersion: apps/v1", "apiVersion: extensions/v1beta1", `apiVersion "extensions/v1beta1" kind "DaemonSet"`},
 		{"bad name", "pod-example.yaml", "name: vectoradd-30sm", "name: VectorAdd", `metadata.name "VectorAdd"`},
 		{"selector misses the template", "mpsd-daemonset.yaml", "      app.kubernetes.io/name: mpsd\n  # A restart", "      app.kubernetes.io/name: mpsd-x\n  # A restart", "spec.selector does not match"},
-		{"mount of no volume", "mpsd-daemonset.yaml", "            - name: shm\n              mountPath: /dev/shm", "            - name: shmm\n              mountPath: /dev/shm", "mounts volume shmm"},
+		{"mount of no volume", "mpsd-daemonset.yaml", "            - name: logs\n              mountPath: /var/log/mpsd", "            - name: logss\n              mountPath: /var/log/mpsd", "mounts volume logss"},
+		{"the host's /dev/shm", "mpsd-daemonset.yaml", "            - name: config\n              mountPath: /etc/mpsd", "            - name: hostshm\n              mountPath: /dev/shm\n            - name: config\n              mountPath: /etc/mpsd", "mounts the host's /dev/shm"},
+		{"some groups without the host's /dev/shm", "mpsd-daemonset.yaml", "            - --kubelet-device-plugin\n", "            - --kubelet-device-plugin\n            - --kubelet-groups=inference\n", "through the host's /dev/shm"},
 		{"a group the config lacks", "pod-example.yaml", "mpsd.io/inference-sm: 30", "mpsd.io/training-sm: 30", "mpsd.io/training-sm, a group the example config does not have"},
 		{"fractional units", "pod-example.yaml", "mpsd.io/inference-sm: 30", "mpsd.io/inference-sm: 500m", "want a whole number of units"},
 		{"not multiuser", "mpsd-daemonset.yaml", "multiuser: true", "multiuser: false", "need multiuser: true"},
