@@ -38,6 +38,10 @@ var (
 	ErrUnexpectedOutput = errors.New("mps: unexpected output")
 	// ErrClosed: the Daemon handle was closed.
 	ErrClosed = errors.New("mps: daemon handle closed")
+	// ErrLocalResources: mpsd itself is out of local resources (file
+	// descriptors, processes: EMFILE, ENFILE, EAGAIN) and could not run a
+	// command; the control daemon is not to blame.
+	ErrLocalResources = errors.New("mps: mpsd is out of local resources")
 )
 
 // CommandError is a failed control command: which command, against which
