@@ -40,7 +40,7 @@ func TestParseDesignExample(t *testing.T) {
 			BackoffInitial: 200 * time.Millisecond, BackoffMax: 30 * time.Second,
 			QuarantineAfter: 5, QuarantineWindow: 10 * time.Minute,
 		},
-		Limits: LimitsConfig{Connections: 1024, ConnectionsPerUser: 128, QueuedPerUser: 64, MetricsConnections: 32},
+		Limits:    LimitsConfig{Connections: 1024, ConnectionsPerUser: 128, QueuedPerUser: 64, MetricsConnections: 32},
 		Placement: Binpack,
 		Admins:    Members{Users: []string{"root"}, UnixGroups: []string{}},
 		Groups: []Group{{
