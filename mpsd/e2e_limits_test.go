@@ -450,3 +450,41 @@ func TestMemberByUnixGroupFromSocket(t *testing.T) {
 	}
 	e.waitStatus("the lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
 }
+
+// When local users together fill limits.connections, the next user is
+// refused naming that key, and root still gets in (it has room of its
+// own above the cap), so an operator can always look.
+func TestConnectionTotalCapLeavesRootRoom(t *testing.T) {
+	const second = 64153
+	e := newEnv(t, `  a:
+    users: ["`+strconv.Itoa(limUIDBystander)+`"]
+    memory: 10G
+`, "limits:\n  connections: 10\n  connections_per_user: 8\n")
+	e.opts.RequestTimeout = waitFor
+	e.start()
+	e.waitStatus("every instance ready", isoAllReady)
+	helper := e.limBuild("connflood")
+	f1 := limStartFlood(t, helper, limUIDFlood, "-socket", e.socket, "-n", "8")
+	f2 := limStartFlood(t, helper, second, "-socket", e.socket, "-n", "8")
+	if f1.held != 8 || f2.held != 2 || f2.refused != 6 {
+		t.Errorf("floods of 8 and 8 under a total of 10: held %d and %d, refused %d of the second; want 8, 2, 6", f1.held, f2.held, f2.refused)
+	}
+	if ae := api.DecodeError(503, strings.NewReader(f2.answer)); ae.Code != api.CodeOverLimit || !strings.Contains(ae.Message, "limits.connections (10)") {
+		t.Errorf("refused by the total cap: %q %q; want over_limit naming limits.connections (10)", f2.status, f2.answer)
+	}
+	r := run(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", "/bin/true"), limUIDBystander))
+	if r.code != 75 || !strings.Contains(r.stderr, "limits.connections (10)") {
+		t.Errorf("lease of a third uid with the total cap full: exit %d, stderr %q; want 75 naming limits.connections", r.code, r.stderr)
+	}
+	r = run(t, exec.Command(filepath.Join(e.bin, "mpsctl"), "--socket", e.socket, "status"))
+	if r.code != 0 {
+		t.Errorf("mpsctl status as root with the total cap full: exit %d, stderr %q", r.code, r.stderr)
+	}
+	f1.stop(t)
+	f2.stop(t)
+	if r := run(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", "/bin/true"), limUIDBystander)); r.code != 0 {
+		t.Errorf("lease once the floods ended: exit %d, stderr %q", r.code, r.stderr)
+	}
+	e.waitStatus("every lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
+	e.limNoFaults()
+}

@@ -354,6 +354,10 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 // limits.queued_per_user, or refuses it; unreserveQueued ends the
 // reservation once the request is queued (or refused).
 func (d *Daemon) reserveQueued(uid uint32) *refusal {
+	if uid == 0 {
+		// Root is trusted with mpsd itself; the cap is for local users.
+		return nil
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	n := d.res.admitting[uid]
@@ -372,6 +376,9 @@ func (d *Daemon) reserveQueued(uid uint32) *refusal {
 }
 
 func (d *Daemon) unreserveQueued(uid uint32) {
+	if uid == 0 {
+		return
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.res.admitting[uid]--; d.res.admitting[uid] <= 0 {

@@ -114,8 +114,8 @@ type LimitsConfig struct {
 	// ConnectionsPerUser caps one uid's open API connections (uid 0 is
 	// exempt); at most Connections. Default: 128.
 	ConnectionsPerUser int
-	// QueuedPerUser caps one uid's lease requests waiting in queues.
-	// Default: 64.
+	// QueuedPerUser caps one uid's lease requests waiting in queues (uid 0
+	// is exempt). Default: 64.
 	QueuedPerUser int
 	// MetricsConnections caps the open connections of the metrics
 	// listener. Default: 32.

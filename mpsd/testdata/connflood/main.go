@@ -3,8 +3,8 @@
 //
 //	connflood (-socket S | -tcp ADDR) -n N
 //
-// It opens N connections one after the other, sends nothing, and half a
-// second after the last one sorts them: a connection mpsd answered (and
+// It opens N connections one after the other, sends nothing, and 1.5s
+// after the last one sorts them: a connection mpsd answered (and
 // closed) is refused, one that stays silent is held. It prints
 // "held H refused R", then the first answer's status line and body on
 // one line each, then holds the held connections until its stdin ends.
@@ -61,7 +61,7 @@ func flood(network, addr string, n int) int {
 		}
 		conns = append(conns, c)
 	}
-	deadline := time.Now().Add(500 * time.Millisecond)
+	deadline := time.Now().Add(1500 * time.Millisecond)
 	answers := make([][]byte, n)
 	var wg sync.WaitGroup
 	for i, c := range conns {
