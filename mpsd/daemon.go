@@ -121,13 +121,12 @@ type Daemon struct {
 	metrics   *metrics
 	res       *resources // connection caps, mpsd's own exhaustion
 
-	mu         sync.Mutex
-	cfg        *policy.Config
-	gidsMatter bool // some member list of cfg names a unix group
-	instances  map[string]*instance
-	queues     map[string][]*lease // queued leases per group, arrival order
-	leases     map[string]*lease   // every lease, queued or running
-	seq        uint64
+	mu        sync.Mutex
+	cfg       *policy.Config
+	instances map[string]*instance
+	queues    map[string][]*lease // queued leases per group, arrival order
+	leases    map[string]*lease   // every lease, queued or running
+	seq       uint64
 }
 
 // New loads the config, takes the GPU inventory and prepares the cgroup
@@ -577,12 +576,6 @@ func (d *Daemon) setConfigLocked(cfg *policy.Config) {
 	d.cfg = cfg
 	d.res.apply(cfg.Limits)
 	d.metrics.groupsChangedLocked(cfg)
-	d.gidsMatter = len(cfg.Admins.UnixGroups) > 0
-	for _, g := range cfg.Groups {
-		if len(g.UnixGroups) > 0 {
-			d.gidsMatter = true
-		}
-	}
 }
 
 // prepareGroupDirs (re)writes the ACLs of every group's run and log
