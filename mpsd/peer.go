@@ -47,6 +47,11 @@ func unixPeer(c net.Conn) (peer, error) {
 		}
 		p = peer{pid: int(cred.Pid), uid: cred.Uid, gid: cred.Gid}
 		p.groups, cerr = peerGroups(int(fd))
+		if errors.Is(cerr, unix.ENOPROTOOPT) {
+			// A kernel before 4.13: no groups, so unix-group membership
+			// is not granted (never guessed from /proc).
+			p.groups, cerr = nil, nil
+		}
 	}); err != nil {
 		return peer{}, err
 	}

@@ -1,6 +1,8 @@
 package mpsd
 
 import (
+	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -11,6 +13,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mpsd/mpsd/policy"
 )
 
 // unixPeer reads uid, gid and the supplementary groups from the socket
@@ -148,4 +152,51 @@ func TestCgroupMounts(t *testing.T) {
 	if unescapeMount(`/a\040b`) != "/a b" {
 		t.Errorf("unescapeMount = %q", unescapeMount(`/a\040b`))
 	}
+}
+
+// The connection caps are fitted below the open-file limit, leaving the
+// reserve and root's room, and never above what the config says.
+func TestConnCapsFitOpenFiles(t *testing.T) {
+	lim := policy.LimitsConfig{Connections: 1024, ConnectionsPerUser: 128, QueuedPerUser: 64, MetricsConnections: 32}
+	for _, tc := range []struct {
+		nofile int
+		want   connCaps
+	}{
+		{1 << 20, connCaps{total: 1024, perUser: 128, metrics: 32}},
+		{4096, connCaps{total: 1024, perUser: 128, metrics: 32}},
+		// 1024 files: 256 reserved, metrics 768/8 = 96 stays 32, the rest
+		// less root's 16 is 720.
+		{1024, connCaps{total: 720, perUser: 128, metrics: 32}},
+		// 300 files: 44 left; metrics 5, total 23, per user at most that.
+		{300, connCaps{total: 23, perUser: 23, metrics: 5}},
+	} {
+		r := &resources{log: slog.New(slog.DiscardHandler), nofile: tc.nofile}
+		r.apply(lim)
+		got := *r.caps.Load()
+		if got != tc.want {
+			t.Errorf("open files %d: caps %+v, want %+v", tc.nofile, got, tc.want)
+		}
+		if got.total+got.metrics+rootExtraConnections > tc.nofile-fdReserve(tc.nofile) {
+			t.Errorf("open files %d: caps %+v leave less than the reserve", tc.nofile, got)
+		}
+	}
+}
+
+// FuzzParseStatStart: the command name in /proc/PID/stat is the process's
+// to choose (prctl PR_SET_NAME, up to 15 bytes, parentheses and spaces
+// included); whatever it is, the start time read is the kernel's.
+func FuzzParseStatStart(f *testing.F) {
+	for _, seed := range []string{"sleep", "a) S 1 2 3", ") ) )", "x\ny", ""} {
+		f.Add(seed, uint64(987654))
+	}
+	f.Fuzz(func(t *testing.T, comm string, start uint64) {
+		if len(comm) > 15 {
+			comm = comm[:15]
+		}
+		line := fmt.Sprintf("4242 (%s) S 1 4242 4242 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 %d 1000 10 18446744073709551615\n", comm, start)
+		got, err := parseStatStart([]byte(line))
+		if err != nil || got != start {
+			t.Fatalf("comm %q: start %d, %v; want %d", comm, got, err, start)
+		}
+	})
 }

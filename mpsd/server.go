@@ -18,6 +18,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/cgroup"
 	"github.com/mpsd/mpsd/internal/units"
@@ -316,8 +318,13 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 	// that process is still alive after the reading.
 	notChild := fmt.Sprintf("pid %d is not a child of the calling process %d", req.PID, p.pid)
 	h, err := openPid(d.proc, req.PID)
-	if err != nil {
+	switch {
+	case errors.Is(err, unix.ESRCH) || errors.Is(err, os.ErrNotExist):
 		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, notChild)
+		return
+	case err != nil:
+		d.log.Error("attach: cannot hold the pid", "lease", id, "pid", req.PID, "err", err)
+		api.WriteError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("pid %d: %v", req.PID, err))
 		return
 	}
 	defer h.close()
@@ -580,8 +587,9 @@ func (d *Daemon) attachedSame(l *lease, h *pidHandle, pid, caller int) error {
 	// h's process has exited. If pid names another process now (another
 	// start time) and that process is in the lease's cgroup, it was moved
 	// there in h's place.
+	_, realCgroups := d.cg.(*cgroup.Cgroups)
 	start, err := procStartTime(d.proc, pid)
-	if err == nil && (start != h.start || pid != h.pid) {
+	if err == nil && realCgroups && (start != h.start || pid != h.pid) {
 		in := want == ""
 		if !in {
 			got, _ := unifiedCgroup(d.proc, pid)
