@@ -198,13 +198,16 @@ type limitListener struct {
 	open  int
 	byUID map[uint32]int
 
-	refusing chan struct{} // one token per refused connection being answered
+	refusing chan struct{}         // one token per refused connection being answered
+	answer   map[net.Conn]struct{} // those connections; guarded by mu
+	closed   bool                  // guarded by mu
 	wg       sync.WaitGroup
 	lastWarn time.Time
 }
 
 func (d *Daemon) limitListener(ln net.Listener, name string) *limitListener {
-	l := &limitListener{Listener: ln, d: d, name: name, byUID: map[uint32]int{}, refusing: make(chan struct{}, maxRefusing)}
+	l := &limitListener{Listener: ln, d: d, name: name, byUID: map[uint32]int{},
+		refusing: make(chan struct{}, maxRefusing), answer: map[net.Conn]struct{}{}}
 	l.key, l.wa = "limits.connections", whereAPIAccept
 	if name == listenerMetrics {
 		l.key, l.wa = "limits.metrics_connections", whereMetricsAccept
@@ -299,11 +302,25 @@ func (l *limitListener) refuse(c net.Conn, msg string) {
 		_ = c.Close()
 		return
 	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		<-l.refusing
+		_ = c.Close()
+		return
+	}
+	l.answer[c] = struct{}{}
 	l.wg.Add(1)
+	l.mu.Unlock()
 	go func() {
 		defer l.wg.Done()
 		defer func() { <-l.refusing }()
-		defer func() { _ = c.Close() }()
+		defer func() {
+			l.mu.Lock()
+			delete(l.answer, c)
+			l.mu.Unlock()
+			_ = c.Close()
+		}()
 		_ = c.SetDeadline(time.Now().Add(refuseWithin))
 		body, _ := json.Marshal(api.Error{Code: api.CodeOverLimit, Message: msg})
 		body = append(body, '\n')
@@ -324,10 +341,16 @@ func (l *limitListener) refuse(c net.Conn, msg string) {
 	}()
 }
 
-// Close closes the listener and waits for the refusals being answered
-// (each ends within refuseWithin).
+// Close closes the listener and the refused connections still being
+// answered, and waits for their goroutines.
 func (l *limitListener) Close() error {
 	err := l.Listener.Close()
+	l.mu.Lock()
+	l.closed = true
+	for c := range l.answer {
+		_ = c.Close()
+	}
+	l.mu.Unlock()
 	l.wg.Wait()
 	return err
 }

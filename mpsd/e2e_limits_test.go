@@ -488,3 +488,27 @@ func TestConnectionTotalCapLeavesRootRoom(t *testing.T) {
 	e.waitStatus("every lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
 	e.limNoFaults()
 }
+
+// A lease request whose body is JSON but not an object (null, an array,
+// a number, a string) is refused with 400 naming the problem; it is not
+// granted as an empty request.
+func TestNonObjectLeaseRequestRefused(t *testing.T) {
+	const member = 64164
+	e := newEnv(t, `  a:
+    users: ["`+strconv.Itoa(member)+`"]
+    memory: 10G
+`, "")
+	e.start()
+	e.waitStatus("every instance ready", isoAllReady)
+	helper := e.isoBuildAPICall()
+	for _, tc := range []struct{ body, kind string }{{"null", "null"}, {"[]", "an array"}, {"1", "a number"}, {`"x"`, "a string"}} {
+		code, body, _ := e.isoAPICall(helper, member, api.PathLeases, tc.body, false)
+		ae := api.DecodeError(code, strings.NewReader(string(body)))
+		if code != 400 || ae.Code != api.CodeBadRequest || !strings.Contains(ae.Message, "must be a JSON object, got "+tc.kind) {
+			t.Errorf("lease request %s: %d %s; want 400 bad_request saying it must be a JSON object, got %s", tc.body, code, body, tc.kind)
+		}
+	}
+	if st := e.d.Status(); len(st.Leases) != 0 {
+		t.Errorf("leases after the refused requests: %+v", st.Leases)
+	}
+}

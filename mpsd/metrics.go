@@ -96,34 +96,7 @@ func newMetrics(d *Daemon) *metrics {
 		ConstLabels: prometheus.Labels{"version": version, "goversion": runtime.Version()},
 	})
 	buildInfo.Set(1)
-	m.connOpen = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "mpsd_connections_open",
-		Help: "Open connections of the listener (api: the socket, metrics: this one).",
-	}, []string{"listener"})
-	m.connRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "mpsd_connections_refused_total",
-		Help: "Connections refused at a cap (reason total: limits.connections or limits.metrics_connections; per_user: limits.connections_per_user).",
-	}, []string{"listener", "reason"})
-	m.queueRefused = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "mpsd_lease_requests_over_limit_total",
-		Help: "Lease requests refused because their uid had limits.queued_per_user requests queued.",
-	})
-	m.localErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "mpsd_local_resource_errors_total",
-		Help: "Times mpsd itself ran out of file descriptors or processes, by where (never counted as an MPS fault).",
-	}, []string{"where"})
-	for _, ln := range []string{listenerAPI, listenerMetrics} {
-		m.connOpen.WithLabelValues(ln)
-		for _, reason := range []string{"total", "per_user"} {
-			if ln == listenerMetrics && reason == "per_user" {
-				continue
-			}
-			m.connRefused.WithLabelValues(ln, reason)
-		}
-	}
-	for _, w := range localResourceWheres {
-		m.localErrors.WithLabelValues(w)
-	}
+	m.newResourceMetrics()
 	m.reg.MustRegister(
 		buildInfo,
 		m.connOpen,
@@ -302,6 +275,39 @@ func (d *Daemon) serveMetrics(ln net.Listener) *http.Server {
 type slogPromLogger struct{ d *Daemon }
 
 func (l slogPromLogger) Println(v ...any) { l.d.log.Warn("metrics", "err", v) }
+
+// newResourceMetrics makes the metrics of what outsiders make mpsd hold
+// and of its own exhaustion, every series at zero.
+func (m *metrics) newResourceMetrics() {
+	m.connOpen = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "mpsd_connections_open",
+		Help: "Open connections of the listener (api: the socket, metrics: this one).",
+	}, []string{"listener"})
+	m.connRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mpsd_connections_refused_total",
+		Help: "Connections refused at a cap (reason total: limits.connections or limits.metrics_connections; per_user: limits.connections_per_user).",
+	}, []string{"listener", "reason"})
+	m.queueRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "mpsd_lease_requests_over_limit_total",
+		Help: "Lease requests refused because their uid had limits.queued_per_user requests queued.",
+	})
+	m.localErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mpsd_local_resource_errors_total",
+		Help: "Times mpsd itself ran out of file descriptors or processes, by where (never counted as an MPS fault).",
+	}, []string{"where"})
+	for _, ln := range []string{listenerAPI, listenerMetrics} {
+		m.connOpen.WithLabelValues(ln)
+		for _, reason := range []string{"total", "per_user"} {
+			if ln == listenerMetrics && reason == "per_user" {
+				continue
+			}
+			m.connRefused.WithLabelValues(ln, reason)
+		}
+	}
+	for _, w := range localResourceWheres {
+		m.localErrors.WithLabelValues(w)
+	}
+}
 
 // groupsChangedLocked starts the admission-wait histogram of every group
 // at zero, so a group's series exist before its first grant.
