@@ -202,7 +202,8 @@ type limitListener struct {
 	answer   map[net.Conn]struct{} // those connections; guarded by mu
 	closed   bool                  // guarded by mu
 	wg       sync.WaitGroup
-	lastWarn time.Time
+	// Used by the Accept goroutine only.
+	lastWarn, lastRefuse time.Time
 }
 
 func (d *Daemon) limitListener(ln net.Listener, name string) *limitListener {
@@ -244,7 +245,18 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		}
 		if reason, msg := l.take(p, hasPeer); reason != "" {
 			l.d.metrics.connRefused.WithLabelValues(l.name, reason).Inc()
-			l.d.log.Debug("connection refused", "listener", l.name, "uid", p.uid, "pid", p.pid, "reason", reason)
+			lv := slog.LevelDebug
+			if now := time.Now(); now.Sub(l.lastRefuse) >= 10*time.Second {
+				// Someone is at a cap: worth a line, not one per connection.
+				l.lastRefuse, lv = now, slog.LevelWarn
+			}
+			attrs := []any{"listener", l.name, "reason", reason, "message", msg}
+			if hasPeer {
+				attrs = append(attrs, "uid", p.uid, "pid", p.pid)
+			} else {
+				attrs = append(attrs, "remote", c.RemoteAddr().String())
+			}
+			l.d.log.Log(context.Background(), lv, "connection refused at a cap (mpsd_connections_refused_total counts them all)", attrs...)
 			l.refuse(c, msg)
 			continue
 		}
