@@ -361,13 +361,18 @@ const (
 	CodeUnavailable ErrorCode = "unavailable"
 	// CodeInternal: mpsd failed.
 	CodeInternal ErrorCode = "internal"
+	// CodeOverLimit: the caller is at one of mpsd's resource caps (its
+	// connections, everyone's connections, its queued requests); the
+	// message names the cap and its config key. Temporary: the caller's
+	// own connections and requests ending frees it.
+	CodeOverLimit ErrorCode = "over_limit"
 )
 
 // Temporary reports whether trying again later may succeed: the codes
 // mps-launch maps to exit status 75 (EX_TEMPFAIL).
 func (c ErrorCode) Temporary() bool {
 	switch c {
-	case CodeWaitTimeout, CodeAttemptsExhausted, CodeUnavailable:
+	case CodeWaitTimeout, CodeAttemptsExhausted, CodeUnavailable, CodeOverLimit:
 		return true
 	}
 	return false
@@ -387,8 +392,14 @@ func (e *Error) Error() string { return e.Message }
 type Status struct {
 	Instances []InstanceStatus `json:"instances"`
 	Leases    []LeaseStatus    `json:"leases"`
-	// Queue is the number of queued requests per group.
+	// Queue is the number of queued requests per group, everyone's.
 	Queue map[string]int `json:"queue"`
+	// Running is the number of running leases per group, everyone's; set
+	// when OwnOnly is.
+	Running map[string]int `json:"running,omitempty"`
+	// OwnOnly: the caller is not an admin, so Leases lists only its own
+	// leases, and instances carry no pids (DaemonPID 0, ServerPIDs empty).
+	OwnOnly bool `json:"own_only,omitempty"`
 }
 
 // Instance states.

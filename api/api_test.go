@@ -31,7 +31,9 @@ func TestDecodeLeaseRequest(t *testing.T) {
 		{"unknown field", `{"sm":30,"smm":1}`, LeaseRequest{}, ErrInvalid, `unknown field "smm"`},
 		{"trailing data", `{"sm":30} {}`, LeaseRequest{}, ErrInvalid, "data after the JSON object"},
 		{"not JSON", `sm=30`, LeaseRequest{}, ErrInvalid, "lease request"},
-		{"empty body", ``, LeaseRequest{}, ErrInvalid, "EOF"},
+		{"empty body", ``, LeaseRequest{}, ErrInvalid, "got an empty body"},
+		{"null", `null`, LeaseRequest{}, ErrInvalid, "lease request must be a JSON object, got null"},
+		{"array", ` [] `, LeaseRequest{}, ErrInvalid, "must be a JSON object, got an array"},
 		{"wrong type", `{"sm":"30"}`, LeaseRequest{}, ErrInvalid, "sm"},
 		{"sm over 100", `{"sm":101}`, LeaseRequest{}, ErrInvalid, "sm 101"},
 		{"negative everything", `{"sm":-1,"mem_bytes":-1,"gpus":-1,"requeue_attempts":-1,"wait_ms":-1}`, LeaseRequest{}, ErrInvalid,
@@ -60,6 +62,40 @@ func TestDecodeLeaseRequest(t *testing.T) {
 				t.Errorf("got %s, want %s", a, b)
 			}
 		})
+	}
+}
+
+// Every request decoder refuses a body that is not a JSON object, saying
+// what it got: json.Decoder alone would take null as an empty request.
+func TestDecodersRefuseNonObjects(t *testing.T) {
+	decoders := map[string]func(io.Reader) error{
+		"lease request":      func(r io.Reader) error { _, err := DecodeLeaseRequest(r); return err },
+		"attach request":     func(r io.Reader) error { _, err := DecodeAttachRequest(r); return err },
+		"admin request":      func(r io.Reader) error { _, err := DecodeAdminTarget(r); return err },
+		"requeue request":    func(r io.Reader) error { _, err := DecodeRequeueRequest(r); return err },
+		"inject-xid request": func(r io.Reader) error { _, err := DecodeInjectXidRequest(r); return err },
+	}
+	for what, decode := range decoders {
+		for _, tc := range []struct{ body, kind string }{
+			{"null", "null"},
+			{" null\n", "null"},
+			{"[]", "an array"},
+			{`[{"pid":12}]`, "an array"},
+			{"1", "a number"},
+			{"-1", "a number"},
+			{`"x"`, "a string"},
+			{"true", "a boolean"},
+			{"", "an empty body"},
+			{"\n\t ", "an empty body"},
+			{"nul", "null"},
+			{"=", "something that is not JSON"},
+		} {
+			err := decode(strings.NewReader(tc.body))
+			want := what + " must be a JSON object, got " + tc.kind
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s of %q: err = %v, want ErrInvalid saying %q", what, tc.body, err, want)
+			}
+		}
 	}
 }
 
@@ -344,7 +380,7 @@ func TestErrorCodeTemporary(t *testing.T) {
 		code ErrorCode
 		want bool
 	}{
-		{CodeWaitTimeout, true}, {CodeAttemptsExhausted, true}, {CodeUnavailable, true},
+		{CodeWaitTimeout, true}, {CodeAttemptsExhausted, true}, {CodeUnavailable, true}, {CodeOverLimit, true},
 		{CodeBadRequest, false}, {CodeTooLarge, false}, {CodeRefused, false}, {CodeForbidden, false},
 		{CodeNotFound, false}, {CodeConflict, false}, {CodeInternal, false}, {"from-the-future", false},
 	} {

@@ -100,6 +100,11 @@ func decodeStrict(r io.Reader, limit int64, what string, v any) error {
 	if int64(len(body)) > limit {
 		return fmt.Errorf("%w: %s is more than %d bytes", ErrTooLarge, what, limit)
 	}
+	if kind := jsonKind(body); kind != "an object" {
+		// json.Decoder takes null for an object and leaves v at its zero
+		// value: an empty request that was never sent as one.
+		return fmt.Errorf("%w: %s must be a JSON object, got %s", ErrInvalid, what, kind)
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -109,6 +114,30 @@ func decodeStrict(r io.Reader, limit int64, what string, v any) error {
 		return fmt.Errorf("%w: %s: data after the JSON object", ErrInvalid, what)
 	}
 	return nil
+}
+
+// jsonKind names the kind of JSON value body starts with, for the
+// message that refuses anything but an object.
+func jsonKind(body []byte) string {
+	b := bytes.TrimLeft(body, " \t\r\n")
+	if len(b) == 0 {
+		return "an empty body"
+	}
+	switch c := b[0]; {
+	case c == '{':
+		return "an object"
+	case c == '[':
+		return "an array"
+	case c == '"':
+		return "a string"
+	case c == 'n':
+		return "null"
+	case c == 't' || c == 'f':
+		return "a boolean"
+	case c == '-' || (c >= '0' && c <= '9'):
+		return "a number"
+	}
+	return "something that is not JSON"
 }
 
 // EventDecoder reads the NDJSON lease stream.

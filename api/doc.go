@@ -70,7 +70,10 @@
 // POST /v1/leases/{id}/attach (AttachPath), body AttachRequest, sent on a
 // second connection while the lease stream is open. mpsd checks that the
 // caller's uid owns the lease and that the pid is a child of the caller's
-// process, moves it into the lease's cgroup and answers 200 (body {}). The
+// process, moves it into the lease's cgroup and answers 200 (body {}). mpsd
+// holds a pidfd on the pid from before its checks to after the move, so a
+// pid that exits (or is reused) meanwhile is refused with 409
+// CodeConflict and nothing else is left in the lease's cgroup. The
 // client runs the user's program in that process only after the 200, so the
 // program starts inside the cgroup; the client itself stays outside, so a
 // cgroup kill never takes it down. Failures answer an Error body: 400
@@ -78,7 +81,27 @@
 // child), 404 CodeNotFound (no such lease), 409 CodeConflict (the lease is
 // not running).
 //
-// GET /v1/status returns a Status document (mpsctl status --json).
+// GET /v1/status returns a Status document (mpsctl status --json). What it
+// shows depends on who asks: an admin (admins in the config) sees every
+// lease with its uid, pids and job id, and every instance with its daemon
+// and server pids. Anyone else sees only its own leases (in full), the
+// per-group counts of running (Status.Running) and queued (Status.Queue)
+// leases of everyone, and the instances' states and allocations without
+// any pid; Status.OwnOnly says the document is so restricted. Other
+// tenants' uids, pids and job ids are never shown to a non-admin.
+//
+// Every request body is one JSON object: null, an array, a number or a
+// string is refused with 400 CodeBadRequest, never taken as an empty
+// request.
+//
+// Limits (config section limits): mpsd caps the connections on its socket
+// in all and per uid (SO_PEERCRED, taken when the connection is
+// accepted). A connection over a cap is answered 503 with CodeOverLimit
+// and a message naming the cap and its config key, then closed, before
+// any request on it is read. A new lease request of a uid that already
+// has limits.queued_per_user requests queued is refused with 429
+// CodeOverLimit. CodeOverLimit is temporary (mps-launch exits 75): the
+// caller's own connections and queued requests ending frees the cap.
 //
 // POST /v1/drain and POST /v1/resume (admins only, by peer credentials),
 // body AdminTarget, answer an AdminResult listing the instances changed.
@@ -92,7 +115,8 @@
 // CodeNotFound when the target names no instance or lease.
 //
 // Error codes and what mps-launch makes of them: CodeWaitTimeout,
-// CodeAttemptsExhausted and CodeUnavailable are temporary (exit 75); every
+// CodeAttemptsExhausted, CodeUnavailable and CodeOverLimit are temporary
+// (exit 75); every
 // other code, including ones this version does not know, is a refusal or
 // failure (exit 125).
 package api

@@ -75,6 +75,10 @@ func FuzzDecodeLeaseRequest(f *testing.F) {
 		`{"SM":30}`,
 		`{"requeue_attempts":null}`,
 		`[`,
+		`null`,
+		`[]`,
+		`1`,
+		`"x"`,
 		strings.Repeat(" ", 100) + `{}`,
 	} {
 		f.Add([]byte(seed))
@@ -89,6 +93,9 @@ func FuzzDecodeLeaseRequest(f *testing.F) {
 		}
 		if err := req.Validate(); err != nil {
 			t.Fatalf("accepted an invalid request: %v", err)
+		}
+		if k := jsonKind(body); k != "an object" {
+			t.Fatalf("accepted %s as a request: %q", k, body)
 		}
 		enc, err := json.Marshal(req)
 		if err != nil {

@@ -87,6 +87,12 @@ type Options struct {
 	wrapCgroups func(cgroup.Manager) cgroup.Manager
 	// killRetryInitial, when set (tests), replaces killRetryInitial.
 	killRetryInitial time.Duration
+	// mpsRunner, when set (tests), starts every MPS control command.
+	mpsRunner mps.Runner
+	// attachSwap, when set (tests), is called in an attach after the pid's
+	// checks and before the move, and returns the pid the move then
+	// names: a stand-in for the pid being reused in between.
+	attachSwap func(pid int) int
 }
 
 // Daemon is mpsd: one per host.
@@ -129,14 +135,14 @@ type Daemon struct {
 	crashStop atomic.Bool
 	ready     atomic.Bool // every instance was up once (READY=1, /readyz)
 	metrics   *metrics
+	res       *resources // connection caps, mpsd's own exhaustion
 
-	mu         sync.Mutex
-	cfg        *policy.Config
-	gidsMatter bool // some member list of cfg names a unix group
-	instances  map[string]*instance
-	queues     map[string][]*lease // queued leases per group, arrival order
-	leases     map[string]*lease   // every lease, queued or running
-	seq        uint64
+	mu        sync.Mutex
+	cfg       *policy.Config
+	instances map[string]*instance
+	queues    map[string][]*lease // queued leases per group, arrival order
+	leases    map[string]*lease   // every lease, queued or running
+	seq       uint64
 }
 
 // New loads the config, takes the GPU inventory and prepares the cgroup
@@ -155,7 +161,7 @@ func New(opts Options) (*Daemon, error) {
 	if opts.ReconnectGrace <= 0 {
 		opts.ReconnectGrace = DefaultReconnectGrace
 	}
-	d := &Daemon{opts: opts, log: log, proc: opts.ProcRoot, stopping: make(chan struct{})}
+	d := &Daemon{opts: opts, log: log, proc: opts.ProcRoot, stopping: make(chan struct{}), res: newResources(log)}
 
 	// The simulate section decides the GPUs, which the full check needs:
 	// read the file once without them first.
@@ -203,6 +209,7 @@ func New(opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
+	d.mpsBase.Runner = opts.mpsRunner
 	if cfg.Cgroup.Enabled {
 		cc := opts.Cgroup
 		cc.Parent = cfg.Cgroup.Parent
@@ -395,7 +402,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	d.srv = d.newHTTPServer()
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- d.srv.Serve(ln) }()
+	lln := d.limitListener(ln, listenerAPI)
+	go func() { serveErr <- d.srv.Serve(lln) }()
 	d.serving.Store(true)
 	d.log.Info("mpsd serving", "socket", ln.Addr().String(), "instances", len(insts), "leases", len(saved.Leases))
 	d.spawn(d.announceReady)
@@ -594,13 +602,8 @@ func listen(path string) (net.Listener, error) {
 // setConfigLocked puts cfg in force.
 func (d *Daemon) setConfigLocked(cfg *policy.Config) {
 	d.cfg = cfg
+	d.res.apply(cfg.Limits)
 	d.metrics.groupsChangedLocked(cfg)
-	d.gidsMatter = len(cfg.Admins.UnixGroups) > 0
-	for _, g := range cfg.Groups {
-		if len(g.UnixGroups) > 0 {
-			d.gidsMatter = true
-		}
-	}
 }
 
 // prepareGroupDirs (re)writes the ACLs of every group's run and log

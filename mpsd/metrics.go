@@ -1,6 +1,7 @@
 package mpsd
 
 import (
+	"log/slog"
 	"net"
 	"net/http"
 	"runtime"
@@ -62,6 +63,13 @@ type metrics struct {
 	reloadAt     time.Time
 	gpuUUIDs     []string
 	gpuIndexStr  []string
+
+	// What outsiders make mpsd hold and mpsd's own exhaustion; these lock
+	// themselves.
+	connOpen     *prometheus.GaugeVec
+	connRefused  *prometheus.CounterVec
+	queueRefused prometheus.Counter
+	localErrors  *prometheus.CounterVec
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -93,8 +101,13 @@ func newMetrics(d *Daemon) *metrics {
 		ConstLabels: prometheus.Labels{"version": version, "goversion": runtime.Version()},
 	})
 	buildInfo.Set(1)
+	m.newResourceMetrics()
 	m.reg.MustRegister(
 		buildInfo,
+		m.connOpen,
+		m.connRefused,
+		m.queueRefused,
+		m.localErrors,
 		m.wait,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -252,20 +265,62 @@ func (d *Daemon) serveMetrics(ln net.Listener) *http.Server {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if trouble := d.res.localTrouble(); trouble != "" {
+			http.Error(w, "not ready: mpsd is out of local resources ("+trouble+"); "+d.Summary(), http.StatusServiceUnavailable)
+			return
+		}
 		if !d.ready.Load() {
 			http.Error(w, "not ready: "+d.Summary(), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ready: " + d.Summary() + "\n"))
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	d.spawn(func() { _ = srv.Serve(ln) })
+	// A scraper gets 10s for a request and 30s between them; the listener
+	// caps how many connections there are at once.
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: 30 * time.Second,
+		ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelDebug)}
+	lln := d.limitListener(ln, listenerMetrics)
+	d.spawn(func() { _ = srv.Serve(lln) })
 	return srv
 }
 
 type slogPromLogger struct{ d *Daemon }
 
 func (l slogPromLogger) Println(v ...any) { l.d.log.Warn("metrics", "err", v) }
+
+// newResourceMetrics makes the metrics of what outsiders make mpsd hold
+// and of its own exhaustion, every series at zero.
+func (m *metrics) newResourceMetrics() {
+	m.connOpen = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "mpsd_connections_open",
+		Help: "Open connections of the listener (api: the socket, metrics: this one).",
+	}, []string{"listener"})
+	m.connRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mpsd_connections_refused_total",
+		Help: "Connections refused at a cap (reason total: limits.connections or limits.metrics_connections; per_user: limits.connections_per_user).",
+	}, []string{"listener", "reason"})
+	m.queueRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "mpsd_lease_requests_over_limit_total",
+		Help: "Lease requests refused because their uid had limits.queued_per_user requests queued.",
+	})
+	m.localErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mpsd_local_resource_errors_total",
+		Help: "Times mpsd itself ran out of file descriptors or processes, by where (never counted as an MPS fault).",
+	}, []string{"where"})
+	for _, ln := range []string{listenerAPI, listenerMetrics} {
+		m.connOpen.WithLabelValues(ln)
+		for _, reason := range []string{"total", "per_user"} {
+			if ln == listenerMetrics && reason == "per_user" {
+				continue
+			}
+			m.connRefused.WithLabelValues(ln, reason)
+		}
+	}
+	for _, w := range localResourceWheres {
+		m.localErrors.WithLabelValues(w)
+	}
+}
 
 // groupsChangedLocked starts the admission-wait histogram of every group
 // at zero, so a group's series exist before its first grant.

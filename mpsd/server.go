@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -19,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/cgroup"
 	"github.com/mpsd/mpsd/internal/units"
 	"github.com/mpsd/mpsd/policy"
 )
@@ -26,35 +29,6 @@ import (
 func fmtSize(b int64) string { return units.FormatSize(b) }
 
 type peerKey struct{}
-
-// peer is who is on the other end of a connection, from SO_PEERCRED.
-type peer struct {
-	pid int
-	uid uint32
-	gid uint32
-}
-
-func peerCred(c net.Conn) (peer, error) {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return peer{}, errors.New("not a unix socket")
-	}
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		return peer{}, err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return peer{}, err
-	}
-	if cerr != nil {
-		return peer{}, cerr
-	}
-	return peer{pid: int(cred.Pid), uid: cred.Uid, gid: cred.Gid}, nil
-}
 
 func (d *Daemon) newHTTPServer() *http.Server {
 	mux := http.NewServeMux()
@@ -73,8 +47,8 @@ func (d *Daemon) newHTTPServer() *http.Server {
 		MaxHeaderBytes:    16 << 10,
 		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelDebug),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			p, err := peerCred(c)
-			if err != nil {
+			p, ok := peerOf(c)
+			if !ok {
 				return ctx
 			}
 			return context.WithValue(ctx, peerKey{}, p)
@@ -94,31 +68,27 @@ func (d *Daemon) track(h http.Handler) http.Handler {
 	})
 }
 
-// credentials are the caller's uid and groups: the primary gid from the
-// socket and the supplementary ones from /proc, read per request so a
-// group change applies to the next request.
+// credentials are the caller's uid and groups, all from the socket as the
+// kernel recorded them when the caller connected (SO_PEERCRED,
+// SO_PEERGROUPS): never from /proc, whose pid may since name another
+// process. A group change applies to the next connection.
 func (d *Daemon) credentials(r *http.Request) (peer, policy.Credentials, bool) {
 	p, ok := r.Context().Value(peerKey{}).(peer)
 	if !ok {
 		return peer{}, policy.Credentials{}, false
 	}
+	return p, credentialsOf(p), true
+}
+
+// credentialsOf is p's uid with its primary and supplementary groups.
+func credentialsOf(p peer) policy.Credentials {
 	c := policy.Credentials{UID: p.uid, GIDs: []uint32{p.gid}}
-	d.mu.Lock()
-	byGroup := d.gidsMatter
-	d.mu.Unlock()
-	if !byGroup {
-		// No member list names a unix group, so the supplementary groups
-		// cannot change any answer: skip reading /proc.
-		return p, c, true
-	}
-	if st, err := readProcStatus(d.proc, p.pid); err == nil {
-		for _, g := range st.groups {
-			if !slices.Contains(c.GIDs, g) {
-				c.GIDs = append(c.GIDs, g)
-			}
+	for _, g := range p.groups {
+		if !slices.Contains(c.GIDs, g) {
+			c.GIDs = append(c.GIDs, g)
 		}
 	}
-	return p, c, true
+	return c
 }
 
 // readBody gives the client timeout to send its body, then lifts the
@@ -167,8 +137,15 @@ func (d *Daemon) serveLease(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	} else {
+		if rf := d.reserveQueued(c.UID); rf != nil {
+			d.log.Info("lease refused", "uid", c.UID, "pid", p.pid, "group", req.Group, "reason", rf.msg)
+			api.WriteError(w, rf.status, rf.code, rf.msg)
+			return
+		}
 		var err error
-		if l, err = d.admit(c, req); err != nil {
+		l, err = d.admit(c, req)
+		d.unreserveQueued(c.UID)
+		if err != nil {
 			var rf *refusal
 			errors.As(err, &rf)
 			d.log.Info("lease refused", "uid", c.UID, "pid", p.pid, "group", req.Group, "reason", rf.msg)
@@ -336,15 +313,41 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Only the caller's own child: a user must never move someone else's
-	// process (or its own unrelated one) into a lease.
-	st, err := readProcStatus(d.proc, req.PID)
-	if err != nil || st.ppid != p.pid || st.uid != p.uid {
-		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("pid %d is not a child of the calling process %d", req.PID, p.pid))
+	// process (or its own unrelated one) into a lease. The pidfd comes
+	// first: what /proc says of the pid is the pidfd's process's only if
+	// that process is still alive after the reading.
+	notChild := fmt.Sprintf("pid %d is not a child of the calling process %d", req.PID, p.pid)
+	h, err := openPid(d.proc, req.PID)
+	switch {
+	case errors.Is(err, unix.ESRCH) || errors.Is(err, os.ErrNotExist):
+		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, notChild)
+		return
+	case err != nil:
+		d.log.Error("attach: cannot hold the pid", "lease", id, "pid", req.PID, "err", err)
+		api.WriteError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("pid %d: %v", req.PID, err))
 		return
 	}
-	if err := d.attach(l, req.PID); err != nil {
-		d.log.Error("attach failed", "lease", id, "pid", req.PID, "err", err)
+	defer h.close()
+	st, err := readProcStatus(d.proc, req.PID)
+	if err != nil || st.ppid != p.pid || st.uid != p.uid {
+		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, notChild)
+		return
+	}
+	if !h.alive() {
+		api.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("pid %d has exited; nothing was attached", req.PID))
+		return
+	}
+	pid := req.PID
+	if d.opts.attachSwap != nil {
+		pid = d.opts.attachSwap(pid)
+	}
+	if err := d.attach(l, pid); err != nil {
+		d.log.Error("attach failed", "lease", id, "pid", pid, "err", err)
 		api.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
+		return
+	}
+	if err := d.attachedSame(l, h, pid, p.pid); err != nil {
+		api.WriteError(w, http.StatusConflict, api.CodeConflict, err.Error())
 		return
 	}
 	d.mu.Lock()
@@ -354,9 +357,81 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte("{}\n"))
 }
 
+// reserveQueued admits one more request of uid towards its
+// limits.queued_per_user, or refuses it; unreserveQueued ends the
+// reservation once the request is queued (or refused).
+func (d *Daemon) reserveQueued(uid uint32) *refusal {
+	if uid == 0 {
+		// Root is trusted with mpsd itself; the cap is for local users.
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := d.res.admitting[uid]
+	for _, l := range d.leases {
+		if l.uid == uid && !l.running() {
+			n++
+		}
+	}
+	if most := d.cfg.Limits.QueuedPerUser; n >= most {
+		d.metrics.queueRefused.Inc()
+		return &refusal{http.StatusTooManyRequests, api.CodeOverLimit,
+			fmt.Sprintf("uid %d has %d lease requests queued, the most limits.queued_per_user (%d) allows; try again once some are granted or withdrawn", uid, n, most)}
+	}
+	d.res.admitting[uid]++
+	return nil
+}
+
+func (d *Daemon) unreserveQueued(uid uint32) {
+	if uid == 0 {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.res.admitting[uid]--; d.res.admitting[uid] <= 0 {
+		delete(d.res.admitting, uid)
+	}
+}
+
+// serveStatus answers the whole status to admins and the caller's own
+// view to everyone else (api/doc.go has the rule).
 func (d *Daemon) serveStatus(w http.ResponseWriter, r *http.Request) {
+	_, c, ok := d.credentials(r)
+	d.mu.Lock()
+	admin := ok && d.cfg.Access.Admin(c)
+	d.mu.Unlock()
 	st := d.Status()
+	if !admin {
+		uid := c.UID
+		if !ok {
+			uid = math.MaxUint32 // nobody's leases
+		}
+		st = ownView(st, uid)
+	}
 	writeJSON(w, st)
+}
+
+// ownView is st as a non-admin uid may see it: its own leases in full,
+// every group's running and queued counts, the instances without pids.
+func ownView(st api.Status, uid uint32) api.Status {
+	out := api.Status{Instances: make([]api.InstanceStatus, 0, len(st.Instances)), Leases: []api.LeaseStatus{},
+		Queue: st.Queue, Running: map[string]int{}, OwnOnly: true}
+	for g := range st.Queue {
+		out.Running[g] = 0
+	}
+	for _, l := range st.Leases {
+		if l.State == api.LeaseRunning {
+			out.Running[l.Group]++
+		}
+		if l.UID == uid {
+			out.Leases = append(out.Leases, l)
+		}
+	}
+	for _, in := range st.Instances {
+		in.DaemonPID, in.ServerPIDs = 0, []int{}
+		out.Instances = append(out.Instances, in)
+	}
+	return out
 }
 
 // Status is the document of GET /v1/status.
@@ -487,6 +562,66 @@ func writeJSON(w http.ResponseWriter, v any) {
 	if err := jsonEncode(w, v); err != nil {
 		api.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
 	}
+}
+
+// attachedSame checks, after pid was written into l's cgroup, that the
+// process moved is h's: h has not exited, so pid still names it, and it is
+// in the lease's cgroup. If h exited meanwhile, pid may have been reused:
+// whatever process pid names now is moved back to where its parent is,
+// and the attach is refused.
+func (d *Daemon) attachedSame(l *lease, h *pidHandle, pid, caller int) error {
+	want := d.leaseUnifiedCgroup(l)
+	if h.alive() && pid == h.pid {
+		if want == "" {
+			return nil
+		}
+		got, err := unifiedCgroup(d.proc, pid)
+		if err == nil && got == want {
+			return nil
+		}
+		if h.alive() {
+			d.log.Error("attached process is not in its lease cgroup", "lease", l.id, "pid", pid, "cgroup", got, "want", want, "err", err)
+			return fmt.Errorf("pid %d did not arrive in the cgroup of lease %s", pid, l.id)
+		}
+	}
+	// h's process has exited. If pid names another process now (another
+	// start time) and that process is in the lease's cgroup, it was moved
+	// there in h's place.
+	_, realCgroups := d.cg.(*cgroup.Cgroups)
+	start, err := procStartTime(d.proc, pid)
+	if err == nil && realCgroups && (start != h.start || pid != h.pid) {
+		in := want == ""
+		if !in {
+			got, _ := unifiedCgroup(d.proc, pid)
+			in = got == want
+		}
+		if in {
+			parent := 1
+			if st, err := readProcStatus(d.proc, pid); err == nil && st.ppid > 0 {
+				parent = st.ppid
+			}
+			rerr := restoreCgroups(d.proc, pid, parent)
+			d.log.Error("attach moved a process that was not the checked one (its pid was reused); moved it back",
+				"lease", l.id, "pid", pid, "caller", caller, "parent", parent, "err", rerr)
+		}
+	}
+	l.cgMu.Lock()
+	l.pids = slices.DeleteFunc(l.pids, func(x int) bool { return x == pid })
+	l.cgMu.Unlock()
+	return fmt.Errorf("pid %d exited while it was attached to lease %s; nothing was attached", h.pid, l.id)
+}
+
+// leaseUnifiedCgroup is the cgroup v2 path /proc/PID/cgroup shows for a
+// process of l; "" without a unified hierarchy (pure v1, no cgroups).
+func (d *Daemon) leaseUnifiedCgroup(l *lease) string {
+	m, ok := d.cg.(*cgroup.Cgroups)
+	if !ok || m.Mode() == cgroup.ModeV1 {
+		return ""
+	}
+	d.mu.Lock()
+	parent := d.cfg.Cgroup.Parent
+	d.mu.Unlock()
+	return "/" + path.Join(parent, l.group, l.id)
 }
 
 // procStatus is what mpsd reads of /proc/PID/status.

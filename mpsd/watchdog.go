@@ -427,6 +427,16 @@ func (d *Daemon) probe(in *instance, timeout time.Duration, failures int) {
 	if err == nil {
 		in.probeFails = 0
 		d.mu.Unlock()
+		d.localResourceOK(whereProbe)
+		return
+	}
+	if isLocalResource(err) {
+		// mpsd could not run the probe at all (out of descriptors or
+		// processes): that is mpsd's failure and says nothing of the
+		// daemon, so it does not count towards a hung-daemon restart.
+		d.mu.Unlock()
+		d.localResourceError(whereProbe, err)
+		in.log.Warn("probe not run: mpsd is out of local resources; not counted against the daemon", "err", err)
 		return
 	}
 	in.probeFails++

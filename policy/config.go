@@ -34,6 +34,7 @@ type Config struct {
 	Metrics  MetricsConfig
 	MPS      MPSConfig
 	Watchdog WatchdogConfig
+	Limits   LimitsConfig
 
 	// Placement chooses among instances with room. Default: binpack.
 	Placement Placement
@@ -103,6 +104,23 @@ type WatchdogConfig struct {
 	QuarantineAfter int
 	// QuarantineWindow: see QuarantineAfter. Default: 10m.
 	QuarantineWindow time.Duration
+}
+
+// LimitsConfig is the `limits` section: caps on what local users can make
+// mpsd hold, so no one of them can exhaust its file descriptors or memory.
+type LimitsConfig struct {
+	// Connections caps the open connections on the API socket, everyone's;
+	// mpsd lowers it to fit its file descriptor limit. Default: 1024.
+	Connections int
+	// ConnectionsPerUser caps one uid's open API connections (uid 0 is
+	// exempt); at most Connections. Default: 128.
+	ConnectionsPerUser int
+	// QueuedPerUser caps one uid's lease requests waiting in queues (uid 0
+	// is exempt). Default: 64.
+	QueuedPerUser int
+	// MetricsConnections caps the open connections of the metrics
+	// listener. Default: 32.
+	MetricsConnections int
 }
 
 // SimulateConfig is the `simulate` section, read only by mpsd --simulate.

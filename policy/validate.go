@@ -59,6 +59,16 @@ func (d *decoder) validate(c *Config) {
 	d.check("watchdog.quarantine_after", w.QuarantineAfter >= 1, "%d: want at least 1", w.QuarantineAfter)
 	d.positive("watchdog.quarantine_window", w.QuarantineWindow)
 
+	lim := c.Limits
+	d.check("limits.connections", lim.Connections >= 1, "%d: want at least 1", lim.Connections)
+	d.check("limits.connections_per_user", lim.ConnectionsPerUser >= 1, "%d: want at least 1", lim.ConnectionsPerUser)
+	if d.ok("limits.connections") && lim.Connections >= 1 {
+		d.check("limits.connections_per_user", lim.ConnectionsPerUser <= lim.Connections,
+			"%d is more than limits.connections (%d)", lim.ConnectionsPerUser, lim.Connections)
+	}
+	d.check("limits.queued_per_user", lim.QueuedPerUser >= 1, "%d: want at least 1", lim.QueuedPerUser)
+	d.check("limits.metrics_connections", lim.MetricsConnections >= 1, "%d: want at least 1", lim.MetricsConnections)
+
 	d.check("placement", c.Placement == Binpack || c.Placement == Spread, "%q: want %s or %s", c.Placement, Binpack, Spread)
 	d.members("admins.users", c.Admins.Users)
 	d.members("admins.unix_groups", c.Admins.UnixGroups)

@@ -50,7 +50,9 @@ var commands = []command{
 		args:    "[--json]",
 		summary: "show instances, leases and queues",
 		long: "Shows mpsd's MPS instances, the leases running and queued, and the queue\n" +
-			"length of every group. --json prints the status document as mpsd sent it.",
+			"length of every group. Admins see every lease; anyone else sees their own\n" +
+			"leases, the leases running and queued per group, and no pids. --json prints\n" +
+			"the status document as mpsd sent it.",
 		daemon: true,
 		setup:  statusCommand,
 	},

@@ -57,3 +57,24 @@ func withUnknownField(t *testing.T, r reply) reply {
 	r.body = `{"future_field":{"since":"v1.1","n":[1,2]},` + r.body[1:]
 	return r
 }
+
+// ownViewFixture is statusFixture as mpsd shows it to a non-admin: its own
+// lease only, counts per group, no pids on the instances.
+func ownViewFixture() api.Status {
+	st := statusFixture()
+	st.OwnOnly = true
+	st.Running = map[string]int{}
+	for g := range st.Queue {
+		st.Running[g] = 0
+	}
+	for _, l := range st.Leases {
+		if l.State == api.LeaseRunning {
+			st.Running[l.Group]++
+		}
+	}
+	st.Leases = st.Leases[:1]
+	for i := range st.Instances {
+		st.Instances[i].DaemonPID, st.Instances[i].ServerPIDs = 0, []int{}
+	}
+	return st
+}

@@ -49,6 +49,9 @@ func WriteStatus(w io.Writer, st api.Status) error {
 	}
 
 	b.WriteString("\nLEASES\n")
+	if st.OwnOnly {
+		b.WriteString("  (yours only: mpsd shows other users' leases to admins)\n")
+	}
 	if len(st.Leases) == 0 {
 		b.WriteString("  (none)\n")
 	} else {
@@ -73,14 +76,22 @@ func WriteStatus(w io.Writer, st api.Status) error {
 		b.WriteString("  (none)\n")
 	} else {
 		tw := newTable(&b)
-		fmt.Fprintln(tw, "GROUP\tQUEUED")
 		groups := make([]string, 0, len(st.Queue))
 		for g := range st.Queue {
 			groups = append(groups, g)
 		}
 		slices.Sort(groups)
-		for _, g := range groups {
-			fmt.Fprintf(tw, "%s\t%d\n", cell(g), st.Queue[g])
+		if st.Running != nil {
+			// A non-admin's view: everyone's counts per group.
+			fmt.Fprintln(tw, "GROUP\tQUEUED\tRUNNING")
+			for _, g := range groups {
+				fmt.Fprintf(tw, "%s\t%d\t%d\n", cell(g), st.Queue[g], st.Running[g])
+			}
+		} else {
+			fmt.Fprintln(tw, "GROUP\tQUEUED")
+			for _, g := range groups {
+				fmt.Fprintf(tw, "%s\t%d\n", cell(g), st.Queue[g])
+			}
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -24,6 +24,7 @@ func TestStatus(t *testing.T) {
 	}{
 		{"table", ok(t, statusFixture()), []string{"status"}, "status.golden"},
 		{"json", withUnknownField(t, ok(t, statusFixture())), []string{"status", "--json"}, "status.json.golden"},
+		{"non-admin view", ok(t, ownViewFixture()), []string{"status"}, "status-own.golden"},
 		{"empty table", ok(t, empty), []string{"status"}, "status-empty.golden"},
 		{"empty json", ok(t, empty), []string{"status", "--json"}, "status-empty.json.golden"},
 		{"null lists", reply{status: 200, body: `{"instances":null,"leases":null,"queue":null}`}, []string{"status"}, "status-empty.golden"},

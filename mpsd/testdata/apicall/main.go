@@ -9,7 +9,9 @@
 // {child} in the body with that pid (printed on stderr as "child PID"),
 // so the request can name a pid the caller is entitled to. After the
 // answer it prints "cgroup PATH" on stderr, the child's cgroup v2 path
-// then, and kills the child before it exits.
+// then, and kills the child before it exits. -child-state zombie makes
+// the child one that has exited but is not reaped yet when the request is
+// sent; -child-state reaped one that is gone.
 package main
 
 import (
@@ -33,26 +35,42 @@ func main() {
 	path := flag.String("path", "", "request path, e.g. /v1/drain")
 	body := flag.String("body", "", "JSON body")
 	child := flag.Bool("child", false, "start a child and substitute its pid for {child} in the body")
+	childState := flag.String("child-state", "", "with -child: zombie or reaped instead of running")
 	flag.Parse()
 	if *socket == "" || *path == "" {
 		fmt.Fprintln(os.Stderr, "apicall: -socket and -path are required")
 		os.Exit(2)
 	}
-	os.Exit(call(*socket, *method, *path, *body, *child))
+	os.Exit(call(*socket, *method, *path, *body, *child, *childState))
 }
 
-func call(socket, method, path, body string, child bool) int {
+func call(socket, method, path, body string, child bool, childState string) int {
 	if child {
-		cmd := exec.Command("/bin/sleep", "60")
+		prog := "/bin/sleep"
+		if childState != "" {
+			prog = "/bin/true"
+		}
+		cmd := exec.Command(prog, "60")
 		if err := cmd.Start(); err != nil {
 			fmt.Fprintln(os.Stderr, "apicall:", err)
 			return 1
 		}
 		pid := cmd.Process.Pid
+		switch childState {
+		case "zombie":
+			if !waitZombie(pid) {
+				fmt.Fprintln(os.Stderr, "apicall: child did not exit")
+				return 1
+			}
+		case "reaped":
+			_ = cmd.Wait()
+		}
 		defer func() {
 			fmt.Fprintf(os.Stderr, "cgroup %s\n", cgroupOf(pid))
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
+			if childState != "reaped" {
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+			}
 		}()
 		fmt.Fprintf(os.Stderr, "child %d\n", pid)
 		body = strings.ReplaceAll(body, "{child}", strconv.Itoa(pid))
@@ -101,6 +119,23 @@ func call(socket, method, path, body string, child bool) int {
 	}
 	fmt.Printf("%d\n%s", resp.StatusCode, b)
 	return 0
+}
+
+// waitZombie waits until pid has exited (state Z): it stays a zombie
+// until it is waited for.
+func waitZombie(pid int) bool {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return false
+		}
+		if i := strings.LastIndexByte(string(b), ')'); i > 0 && strings.HasPrefix(string(b[i+1:]), " Z") {
+			return true
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return false
 }
 
 // cgroupOf is pid's cgroup v2 path, or "?" if it cannot be read.

@@ -1,0 +1,147 @@
+package mpsd
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mpsd/mpsd/api"
+)
+
+// attachLease starts a gated workload as uid and returns its running
+// lease, the lease cgroup's v2 path and the gate's opener.
+func (e *testEnv) attachLease(uid uint32) (*proc, api.LeaseStatus, string, func()) {
+	e.t.Helper()
+	gateArgs, open := e.gate("attach")
+	p := startProc(e.t, asUID(e.launch(append([]string{"--sm", "10", "--mem", "1G", "--"}, gateArgs...)...), uid))
+	st := e.waitStatus("a running workload", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && len(st.Leases[0].PIDs) > 0
+	})
+	l := st.Leases[0]
+	return p, l, "/" + e.parent + "/a/" + l.ID, open
+}
+
+// An attach naming a child that has exited is refused, whether it is
+// still a zombie (its /proc entry still names the caller as parent) or
+// already reaped; nothing lands in the lease.
+func TestAttachExitedPidRefused(t *testing.T) {
+	const owner = 64161
+	e := newEnv(t, `  a:
+    users: ["`+strconv.Itoa(owner)+`"]
+    memory: 10G
+`, "")
+	e.start()
+	helper := e.isoBuildAPICall()
+	p, l, leaseCgroup, open := e.attachLease(owner)
+	attach := api.AttachPath(l.ID)
+	for _, tc := range []struct {
+		state string
+		code  int
+		ecode api.ErrorCode
+	}{{"zombie", 409, api.CodeConflict}, {"reaped", 403, api.CodeForbidden}} {
+		args := []string{"-socket", e.socket, "-path", attach, "-body", `{"pid":{child}}`, "-child", "-child-state", tc.state}
+		r := run(t, asUID(exec.Command(helper, args...), owner))
+		code, body, _ := strings.Cut(r.stdout, "\n")
+		if r.code != 0 || code != strconv.Itoa(tc.code) {
+			t.Errorf("attach of a %s child: exit %d, %q; want %d", tc.state, r.code, r.stdout, tc.code)
+			continue
+		}
+		if ae := api.DecodeError(tc.code, strings.NewReader(body)); ae.Code != tc.ecode {
+			t.Errorf("attach of a %s child: code %q (%s), want %q", tc.state, ae.Code, ae.Message, tc.ecode)
+		}
+		if strings.Contains(r.stderr, "cgroup "+leaseCgroup+"\n") {
+			t.Errorf("the %s child ended up in the lease cgroup %s", tc.state, leaseCgroup)
+		}
+	}
+	open()
+	if r := p.wait(t); r.code != 0 {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	e.waitStatus("the lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
+}
+
+// waitExited waits until pid has exited (its pidfd polls readable).
+func waitExited(t *testing.T, pid int) {
+	t.Helper()
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return // gone already
+	}
+	defer unix.Close(fd)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	if n, err := unix.Poll(fds, int(waitFor/time.Millisecond)); err != nil || n != 1 {
+		t.Fatalf("pid %d did not exit: %v", pid, err)
+	}
+}
+
+// The pid an attach names can be reused between mpsd's checks and its
+// move into the cgroup. Here the checked child is killed at that moment
+// and the move names a root process instead (what a reused pid would make
+// it name): the attach is refused, the root process is put back where it
+// was, and releasing the lease does not kill it.
+func TestAttachPidReusedBetweenCheckAndMove(t *testing.T) {
+	const owner = 64162
+	e := newEnv(t, `  a:
+    users: ["`+strconv.Itoa(owner)+`"]
+    memory: 10G
+`, "")
+	bystander := exec.Command("/bin/sleep", "600")
+	if err := bystander.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bystander.Process.Kill(); _ = bystander.Wait() })
+	home := cgroupOf(t, bystander.Process.Pid)
+	var armed, swapped atomic.Bool
+	e.opts.attachSwap = func(pid int) int {
+		// Only the test's own attach: mps-launch attaches its workload too.
+		if !armed.Load() {
+			return pid
+		}
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		waitExited(t, pid)
+		swapped.Store(true)
+		return bystander.Process.Pid
+	}
+	e.start()
+	helper := e.isoBuildAPICall()
+	p, l, leaseCgroup, open := e.attachLease(owner)
+
+	armed.Store(true)
+	code, body, _ := e.isoAPICall(helper, owner, api.AttachPath(l.ID), `{"pid":{child}}`, true)
+	armed.Store(false)
+	if !swapped.Load() {
+		t.Fatal("the attach never reached the move")
+	}
+	if code != 409 {
+		t.Errorf("attach whose pid was reused: status %d %s, want 409", code, body)
+	} else if ae := api.DecodeError(code, bytes.NewReader(body)); ae.Code != api.CodeConflict || !strings.Contains(ae.Message, "exited") {
+		t.Errorf("attach whose pid was reused: %q %q, want conflict saying the pid exited", ae.Code, ae.Message)
+	}
+	e.isoWaitLog("its pid was reused")
+	if got := cgroupOf(t, bystander.Process.Pid); got != home {
+		t.Errorf("root process is in %s after the refused attach, want it back in %s (lease cgroup %s)", got, home, leaseCgroup)
+	}
+	if slices.Contains(e.d.Status().Leases[0].PIDs, bystander.Process.Pid) {
+		t.Errorf("lease %s lists the root process %d", l.ID, bystander.Process.Pid)
+	}
+	open()
+	if r := p.wait(t); r.code != 0 {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	e.waitStatus("the lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
+	if err := syscall.Kill(bystander.Process.Pid, 0); err != nil {
+		t.Errorf("root process %d after the lease's release: %v", bystander.Process.Pid, err)
+	}
+	if b, _ := os.ReadFile("/proc/" + strconv.Itoa(bystander.Process.Pid) + "/stat"); bytes.Contains(b, []byte(") Z")) {
+		t.Errorf("root process %d was killed with the lease", bystander.Process.Pid)
+	}
+}

@@ -1,0 +1,261 @@
+package mpsd
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// peer is who is on the other end of a connection, from SO_PEERCRED and
+// SO_PEERGROUPS, both taken when the connection was accepted: the
+// kernel's record of the connecting process, not anything a later look
+// at /proc (whose pid may have been reused) would say.
+type peer struct {
+	pid    int
+	uid    uint32
+	gid    uint32
+	groups []uint32 // supplementary groups; nil when they could not be read
+}
+
+// unixPeer reads the peer credentials of a unix socket connection.
+func unixPeer(c net.Conn) (peer, error) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return peer{}, errors.New("not a unix socket")
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return peer{}, err
+	}
+	var p peer
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		var cred *unix.Ucred
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		if cerr != nil {
+			return
+		}
+		p = peer{pid: int(cred.Pid), uid: cred.Uid, gid: cred.Gid}
+		p.groups, cerr = peerGroups(int(fd))
+		if errors.Is(cerr, unix.ENOPROTOOPT) {
+			// A kernel before 4.13: no groups, so unix-group membership
+			// is not granted (never guessed from /proc).
+			p.groups, cerr = nil, nil
+		}
+	}); err != nil {
+		return peer{}, err
+	}
+	if cerr != nil {
+		return peer{}, cerr
+	}
+	return p, nil
+}
+
+// peerGroups reads SO_PEERGROUPS: the supplementary groups the peer had
+// when it connected (Linux 4.13 and later). golang.org/x/sys has no
+// wrapper for it, so this is getsockopt(2) itself.
+func peerGroups(fd int) ([]uint32, error) {
+	n := 64
+	for {
+		buf := make([]uint32, n)
+		size := uint32(len(buf) * 4)
+		_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_PEERGROUPS,
+			uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&size)), 0)
+		switch {
+		case e == 0:
+			return buf[:size/4], nil
+		case e == unix.ERANGE && int(size/4) > n && size/4 <= 1<<16:
+			// The kernel says how much room the groups need.
+			n = int(size / 4)
+		default:
+			return nil, fmt.Errorf("getsockopt SO_PEERGROUPS: %w", e)
+		}
+	}
+}
+
+// pidHandle is a process mpsd holds a pidfd on: what /proc says of its
+// pid is that process's only while the pidfd shows it has not exited.
+type pidHandle struct {
+	pid   int
+	fd    int
+	start uint64 // start time, clock ticks after boot (/proc/PID/stat field 22)
+}
+
+// openPid opens a pidfd on pid, then reads its start time.
+func openPid(proc string, pid int) (*pidHandle, error) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("pidfd_open %d: %w", pid, err)
+	}
+	h := &pidHandle{pid: pid, fd: fd}
+	if h.start, err = procStartTime(proc, pid); err != nil {
+		h.close()
+		return nil, err
+	}
+	return h, nil
+}
+
+// alive reports whether the process has not exited: a pidfd polls
+// readable once it has (a zombie has exited).
+func (h *pidHandle) alive() bool {
+	fds := []unix.PollFd{{Fd: int32(h.fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return err == nil && n == 0
+	}
+}
+
+func (h *pidHandle) close() { _ = unix.Close(h.fd) }
+
+// procStartTime reads field 22 (starttime) of /proc/PID/stat. The command
+// name (field 2) may hold spaces and parentheses: fields are counted after
+// its last ')'.
+func procStartTime(proc string, pid int) (uint64, error) {
+	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, err
+	}
+	return parseStatStart(b)
+}
+
+func parseStatStart(b []byte) (uint64, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, errors.New("stat: no command name")
+	}
+	// After ") ": field 3 (state) is the first.
+	f := strings.Fields(string(b[i+1:]))
+	const startField = 22 - 3
+	if len(f) <= startField {
+		return 0, errors.New("stat: too few fields")
+	}
+	v, err := strconv.ParseUint(f[startField], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("stat: start time %q: %w", f[startField], err)
+	}
+	return v, nil
+}
+
+// unifiedCgroup is pid's cgroup v2 path ("0::" line of /proc/PID/cgroup),
+// or "" when it has none.
+func unifiedCgroup(proc string, pid int) (string, error) {
+	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if p, ok := strings.CutPrefix(line, "0::"); ok {
+			return p, nil
+		}
+	}
+	return "", nil
+}
+
+// restoreCgroups moves pid into the cgroups process from is in, in every
+// hierarchy /proc/FROM/cgroup lists: where a child forked by from would
+// be. It undoes mpsd's move of a process that was not the one it checked.
+func restoreCgroups(proc string, pid, from int) error {
+	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(from), "cgroup"))
+	if err != nil {
+		return err
+	}
+	mounts, err := cgroupMounts(filepath.Join(proc, "self", "mountinfo"))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		key := parts[1] // controller list; "" for v2, name=... for named v1
+		dir, ok := mounts[key]
+		if !ok {
+			continue
+		}
+		target := filepath.Join(dir, filepath.Clean("/"+parts[2]), "cgroup.procs")
+		if err := os.WriteFile(target, []byte(strconv.Itoa(pid)), 0); err != nil && !errors.Is(err, syscall.ESRCH) {
+			errs = append(errs, fmt.Errorf("move pid %d to %s: %w", pid, target, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// cgroupMounts maps each mounted cgroup hierarchy, by the controller list
+// /proc/PID/cgroup names it with ("" for cgroup2), to a mount point of its
+// root.
+func cgroupMounts(mountinfo string) (map[string]string, error) {
+	f, err := os.Open(mountinfo)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }()
+	out := map[string]string{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		// id parent major:minor root mountpoint opts [optional...] - fstype source superopts
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok {
+			continue
+		}
+		pf, sf := strings.Fields(pre), strings.Fields(post)
+		if len(pf) < 5 || len(sf) < 3 || pf[3] != "/" {
+			continue
+		}
+		mp := unescapeMount(pf[4])
+		switch sf[0] {
+		case "cgroup2":
+			if _, seen := out[""]; !seen {
+				out[""] = mp
+			}
+		case "cgroup":
+			var ctrls []string
+			for o := range strings.SplitSeq(sf[2], ",") {
+				switch {
+				case o == "rw" || o == "ro" || strings.HasPrefix(o, "release_agent=") || o == "clone_children" || o == "noprefix" || o == "xattr" || o == "cpuset_v2_mode" || o == "favordynmods":
+				default:
+					ctrls = append(ctrls, o)
+				}
+			}
+			key := strings.Join(ctrls, ",")
+			if _, seen := out[key]; !seen {
+				out[key] = mp
+			}
+		}
+	}
+	return out, sc.Err()
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
