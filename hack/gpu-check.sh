@@ -749,7 +749,7 @@ fi
 # have them.
 T_FAULT='' T_ERR='' T_REVOKED='' T_REQ1='' T_REQF='' T_RUN1='' T_RUNF=''
 # How long alpha's server stays FAULT (get_server_status, polled with the
-# timeline): the emulator's MPSEMU_FAULT_RESET (default 1 s) stands for it.
+# timeline): the emulator's MPSEMU_FAULT_RESET (default 0) stands for it.
 A_PIPE=$(find "$BASE/run" -type d -name pipe -path '*alpha*' 2>/dev/null | head -n 1)
 T_SFAULT='' T_SEND='' S_END=''
 until=$((SECONDS + 60))

@@ -39,9 +39,10 @@
 //	                               server.log lines (for conformance runs)
 //	MPSEMU_FAULT_RESET=DURATION    how long a server stays FAULT after the last client
 //	                               a fault affected has gone, the device reset a real
-//	                               server does (default 1s; 0 recovers at once). An
-//	                               emulator choice, not yet measured on a GPU
-//	                               (hack/gpu-check.sh measures it when it runs on one)
+//	                               server does (default 0: at once). An emulator
+//	                               choice, not measured precisely on a GPU (an H200's
+//	                               FAULT window was shorter than a 100 ms poll, see
+//	                               docs/gpu-probe; hack/gpu-check.sh measures it)
 //
 // Two more are internal and never need setting: MPSEMU_DAEMON_CHILD marks
 // the re-executed daemon, MPSEMU_EXEC_FAILED the child that stands for a
