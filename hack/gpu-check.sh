@@ -790,9 +790,21 @@ fi
 # The timeline, polled every 50 ms; the clients' own t= stamps where they
 # have them.
 T_FAULT='' T_ERR='' T_REVOKED='' T_REQ1='' T_REQF='' T_RUN1='' T_RUNF=''
+# How long alpha's server stays FAULT (get_server_status, polled with the
+# timeline): the emulator's MPSEMU_FAULT_RESET (default 0) stands for it.
+A_PIPE=$(find "$BASE/run" -type d -name pipe -path '*alpha*' 2>/dev/null | head -n 1)
+T_SFAULT='' T_SEND='' S_END=''
 until=$((SECONDS + 60))
 while ((SECONDS < until)); do
 	tn=$(now)
+	if [[ -n $A_PIPE && -n $A_SERVER && -z $T_SEND ]]; then
+		s=$(echo "get_server_status ${A_SERVER%% *}" | CUDA_MPS_PIPE_DIRECTORY=$A_PIPE timeout 2 "$CTL" 2>/dev/null)
+		if [[ $s == FAULT ]]; then
+			[[ -n $T_SFAULT ]] || T_SFAULT=$tn
+		elif [[ -n $T_SFAULT ]]; then
+			T_SEND=$tn S_END=${s:-no answer}
+		fi
+	fi
 	if [[ -z $T_FAULT ]] && has alpha-fault 'faulting now'; then
 		T_FAULT=$(field alpha-fault t 'faulting now')
 		[[ -n $T_FAULT ]] || T_FAULT=$tn
@@ -831,6 +843,11 @@ else
 	say "the fault program never reported its fault"
 fi
 [[ -n $T_FAULT && -n $T_ERR ]] && timing "fault -> alpha-1 sees its CUDA error" "$(dt "$T_FAULT" "$T_ERR")"
+if [[ -n $T_SEND ]]; then
+	timing "alpha's server FAULT -> '$S_END' (get_server_status, polled; mpsd's recovery may end it first)" "$(dt "$T_SFAULT" "$T_SEND")"
+else
+	say "alpha's server FAULT duration: not measured (seen FAULT: ${T_SFAULT:-never}; pipe ${A_PIPE:-not found}, server ${A_SERVER:-unknown})"
+fi
 if [[ -n $T_FAULT ]]; then
 	T_DETECT=$(mpsd_log_time 'msg="instance failed; recovering" group=alpha')
 	[[ -n $T_DETECT ]] && timing "fault -> mpsd starts alpha's recovery (mpsd.log)" "$(dt "$T_FAULT" "$T_DETECT")"

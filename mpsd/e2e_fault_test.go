@@ -441,8 +441,10 @@ func (e *testEnv) admin(t *testing.T, args ...string) string {
 	return r.stdout
 }
 
-// crashingEmulator is an emulator directory whose MPS server exits at once
-// for the pipe directories containing $MPSEMU_TEST_CRASH_PIPE while the
+// crashingEmulator is an emulator directory whose MPS server fails its
+// initialisation (MPSEMU_SERVER_FAIL_INIT: it runs the server program, as
+// a real crashing server does, and exits 1 shortly after) for the pipe
+// directories containing $MPSEMU_TEST_CRASH_PIPE while the
 // file $MPSEMU_TEST_CRASH_FLAG exists (mpsd passes MPSEMU_* variables on
 // to the daemons, and servers inherit them).
 func crashingEmulator(t *testing.T, real string) string {
@@ -457,7 +459,7 @@ func crashingEmulator(t *testing.T, real string) string {
 	}
 	script := `#!/bin/sh
 case "$CUDA_MPS_PIPE_DIRECTORY" in
-*"$MPSEMU_TEST_CRASH_PIPE"*) [ -e "$MPSEMU_TEST_CRASH_FLAG" ] && exit 1 ;;
+*"$MPSEMU_TEST_CRASH_PIPE"*) [ -e "$MPSEMU_TEST_CRASH_FLAG" ] && export MPSEMU_SERVER_FAIL_INIT=300ms ;;
 esac
 exec ` + filepath.Join(real, "nvidia-cuda-mps-server") + ` "$@"
 `

@@ -69,6 +69,12 @@ type instance struct {
 	// savedServers: the servers (pid: uid) the previous mpsd left running,
 	// checked once at the first adoption.
 	savedServers map[int]int
+	// savedDaemon: the daemon the previous mpsd ran (pid and start time);
+	// the first adoption takes that one only. Nil: none saved.
+	savedDaemon *mps.DaemonIdentity
+	// unverified counts MPS records naming no verified server of the
+	// daemon (mpsd_unverified_mps_records_total).
+	unverified uint64
 }
 
 func (in *instance) markTried() { in.triedOnce.Do(func() { close(in.tried) }) }
@@ -204,6 +210,9 @@ func (d *Daemon) mpsConfig(in *instance) mps.Config {
 	if in.serverLogOff >= 0 { // the first adoption after a restart only
 		c.ResumeServerLog, c.ServerLogOffset, in.serverLogOff = true, in.serverLogOff, -1
 	}
+	if in.savedDaemon != nil { // the first adoption after a restart only
+		c.Expect, in.savedDaemon = in.savedDaemon, nil
+	}
 	c.DefaultThreadPercentage = float64(in.maxSM)
 	c.DefaultPinnedMem = map[int]int64{}
 	for i := range in.gpus {
@@ -230,6 +239,7 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 	backoff := wd.BackoffInitial
 	for attempt := 1; ; attempt++ {
 		dm, how, err := d.startDaemon(cfg, adopt)
+		cfg.Expect = nil // the saved daemon is looked for once
 		if err == nil {
 			d.mu.Lock()
 			if d.ctx.Err() != nil {
@@ -301,7 +311,18 @@ func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, e
 		if err == nil {
 			return dm, "adopted", nil
 		}
-		if errors.Is(err, mps.ErrTimeout) || errors.Is(err, mps.ErrDaemonQuitting) {
+		if cfg.Expect != nil && errors.Is(err, mps.ErrUnverifiedDaemon) {
+			// The daemon the previous mpsd ran is gone; whatever holds the
+			// pipe directory now is no daemon of those leases: a verified
+			// control daemon is stopped (and only such a one), then a new
+			// one starts and the leases are revoked as after a daemon exit.
+			d.log.Warn("the MPS control daemon the previous mpsd ran is gone; stopping what holds its pipe directory and starting anew",
+				"pipe_dir", cfg.PipeDir, "expected_pid", cfg.Expect.PID, "expected_start_time", cfg.Expect.StartTime, "err", err)
+			cfg.Expect = nil
+			if _, rerr := mps.Reclaim(ctx, cfg); rerr != nil && !errors.Is(rerr, mps.ErrNoDaemon) {
+				return nil, "", fmt.Errorf("adopt control daemon on %s: %w; reclaim the daemon there: %w", cfg.PipeDir, err, rerr)
+			}
+		} else if errors.Is(err, mps.ErrTimeout) || errors.Is(err, mps.ErrDaemonQuitting) {
 			// A daemon that is there but does not answer (stopped, hung)
 			// would block the instance for ever: stop it and start anew.
 			if _, rerr := mps.Reclaim(ctx, cfg); rerr != nil {
@@ -381,6 +402,13 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 			// Every event before it is handled (a fault's recovery has
 			// begun): whoever waits may look at the instance now.
 			ev.Ack()
+		case mps.UnverifiedRecord:
+			// Anyone who can reach the pipe directory can write MPS log
+			// records; mps acted on none of this one.
+			d.mu.Lock()
+			in.unverified++
+			d.mu.Unlock()
+			in.log.Warn("MPS record names no verified server of this daemon; ignored", "pid", ev.PID, "record", ev.Message)
 		case mps.ServerStartFailed:
 			d.reportFault(in, fault{kind: faultStartFailed, restart: restartNone,
 				reason: fmt.Sprintf("MPS could not start a server for uid %d in group %s on GPU %d: %s", ev.UID, in.group, in.gpus[0].Index, ev.Message)})

@@ -41,6 +41,7 @@ var (
 	descXid           = prometheus.NewDesc("mpsd_gpu_xid_errors_total", "Xid errors NVML reported for the GPU.", append(gpuLabels[:2:2], "xid"), nil)
 	descGPUMem        = prometheus.NewDesc("mpsd_gpu_memory_used_bytes", "GPU memory in use, as NVML reports it.", gpuLabels, nil)
 	descGPUUtil       = prometheus.NewDesc("mpsd_gpu_utilization_ratio", "Share of the last sample period a kernel ran on the GPU (0-1).", gpuLabels, nil)
+	descUnverified    = prometheus.NewDesc("mpsd_unverified_mps_records_total", "MPS log records (or server list entries) that named a process which is no verified server of the instance's daemon, and were ignored: forged by a local user who can reach the pipe directory, or about a server gone before it could be checked.", instLabels, nil)
 	descReloadOK      = prometheus.NewDesc("mpsd_config_last_reload_success", "1 if the last config reload (or the initial load) succeeded.", nil, nil)
 	descReloadTime    = prometheus.NewDesc("mpsd_config_last_reload_timestamp_seconds", "When the config was last loaded or reload attempted.", nil, nil)
 )
@@ -122,7 +123,7 @@ type daemonCollector Daemon
 
 func (c *daemonCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInstanceUp, descInstanceState, descRestarts, descFaults, descQuarantined,
-		descClients, descSM, descMem, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime} {
+		descClients, descSM, descMem, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime, descUnverified} {
 		ch <- d
 	}
 }
@@ -190,7 +191,7 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 	m := d.metrics
 	d.mu.Lock()
 	// One allocation for all of the instance series of this scrape.
-	per := 6 + len(instanceStates) + 2*len(faultKinds)
+	per := 7 + len(instanceStates) + 2*len(faultKinds)
 	fm := make([]fastMetric, 0, per*len(d.instances))
 	emit := func(desc *prometheus.Desc, labels []*dto.LabelPair, v float64, isCounter bool) {
 		fm = append(fm, fastMetric{desc: desc, labels: labels, value: v, counter: isCounter})
@@ -213,6 +214,7 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 		emit(descClients, il.base, float64(len(in.leases)), false)
 		emit(descSM, il.base, float64(in.p.Alloc.SM), false)
 		emit(descMem, il.base, float64(in.p.Alloc.Mem), false)
+		emit(descUnverified, il.base, float64(in.unverified), true)
 	}
 	for _, g := range d.cfg.Groups {
 		gauge(descQueue, float64(len(d.queues[g.Name])), g.Name)

@@ -48,6 +48,15 @@ type savedState struct {
 	// missing when the next mpsd adopts the daemon died meanwhile, and its
 	// clients with it.
 	Servers map[string]map[int]int `json:"servers,omitempty"`
+	// Daemons is, per instance, the MPS control daemon mpsd ran (pid and
+	// start time): the next mpsd adopts that process only. A state file
+	// without it (an older mpsd's) adopts the verified lock holder.
+	Daemons map[string]savedDaemon `json:"daemons,omitempty"`
+}
+
+type savedDaemon struct {
+	PID       int    `json:"pid"`
+	StartTime uint64 `json:"start_time"`
 }
 
 type savedLease struct {
@@ -297,6 +306,13 @@ func (d *Daemon) snapshot() savedState {
 			}
 			st.Servers[key] = maps.Clone(in.servers)
 		}
+		if in.daemon != nil {
+			if st.Daemons == nil {
+				st.Daemons = map[string]savedDaemon{}
+			}
+			id := in.daemon.Identity()
+			st.Daemons[key] = savedDaemon{PID: id.PID, StartTime: id.StartTime}
+		}
 		if in.daemon != nil && in.logHandled >= 0 {
 			if st.ServerLogs == nil {
 				st.ServerLogs = map[string]int64{}
@@ -441,6 +457,14 @@ func (d *Daemon) adoptLeases(saved savedState, stateKnown bool) {
 		if in, ok := d.instances[key]; ok {
 			in.savedServers = servers
 		}
+	}
+	for key, sd := range saved.Daemons {
+		if in, ok := d.instances[key]; ok && sd.PID > 0 {
+			in.savedDaemon = &mps.DaemonIdentity{PID: sd.PID, StartTime: sd.StartTime}
+		}
+	}
+	if saved.Daemons == nil && (len(saved.ServerLogs) > 0 || len(saved.Servers) > 0 || len(saved.Leases) > 0) {
+		d.log.Info("state file has no MPS daemon identities (written by an older mpsd); each instance adopts the verified holder of its control_lock")
 	}
 	for _, key := range saved.Quarantined {
 		if in, ok := d.instances[key]; ok {

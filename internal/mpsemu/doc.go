@@ -37,6 +37,15 @@
 //	                               daemon, which then sees it as NVIDIA's daemon sees a
 //	                               stand-in: INITIALIZING for ever; it also writes no
 //	                               server.log lines (for conformance runs)
+//	MPSEMU_SERVER_FAIL_INIT=DURATION  the server exits 1 after DURATION without serving,
+//	                               like one whose GPU initialisation fails (a crash loop
+//	                               while clients wait)
+//	MPSEMU_FAULT_RESET=DURATION    how long a server stays FAULT after the last client
+//	                               a fault affected has gone, the device reset a real
+//	                               server does (default 0: at once). An emulator
+//	                               choice, not measured precisely on a GPU (an H200's
+//	                               FAULT window was shorter than a 100 ms poll, see
+//	                               docs/gpu-probe; hack/gpu-check.sh measures it)
 //
 // Two more are internal and never need setting: MPSEMU_DAEMON_CHILD marks
 // the re-executed daemon, MPSEMU_EXEC_FAILED the child that stands for a

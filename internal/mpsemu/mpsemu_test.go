@@ -228,9 +228,10 @@ func TestNoServerNoDaemon(t *testing.T) {
 }
 
 // TestFaultContainmentProcesses: three client processes, one faults; all
-// three fail with the fault and the server recovers once they are gone.
+// three fail with the fault and the server recovers once they are gone
+// and its devices are reset (MPSEMU_FAULT_RESET): FAULT until then.
 func TestFaultContainmentProcesses(t *testing.T) {
-	m := newMPS(t, "550", "")
+	m := newMPS(t, "550", "", "MPSEMU_FAULT_RESET=2s")
 	m.startDaemon()
 	a := m.start(-1, emutest.ClientName, "--duration", "1m")
 	a.line(t)
@@ -244,8 +245,19 @@ func TestFaultContainmentProcesses(t *testing.T) {
 		}
 	}
 	server := strconv.Itoa(m.serverPID())
-	if got := m.cmd("get_server_status " + server); got != "ACTIVE\n" {
-		t.Errorf("after all affected clients left: %q; want ACTIVE", got)
+	if got := m.cmd("get_server_status " + server); got != "FAULT\n" {
+		t.Errorf("right after all affected clients left: %q; want FAULT while the devices reset", got)
+	}
+	until := time.Now().Add(deadline)
+	for {
+		got := m.cmd("get_server_status " + server)
+		if got == "ACTIVE\n" {
+			break
+		}
+		if got != "FAULT\n" || time.Now().After(until) {
+			t.Fatalf("after the reset: %q; want ACTIVE within %v", got, deadline)
+		}
+		time.Sleep(20 * time.Millisecond) // a command-line interface: nothing to wait on
 	}
 }
 

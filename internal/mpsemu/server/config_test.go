@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mpsd/mpsd/internal/mpsemu/cstr"
 )
@@ -44,6 +45,31 @@ func TestConfigFromEnv(t *testing.T) {
 				t.Errorf("got %d devices, %d bytes, %d clients, sm %v", len(cfg.Devices), cfg.DeviceMemory, cfg.MaxClients, cfg.SM)
 			}
 		})
+	}
+}
+
+func TestConfigFaultReset(t *testing.T) {
+	for _, tc := range []struct {
+		env  string
+		want time.Duration
+		bad  bool
+	}{
+		{"", DefaultFaultReset, false},
+		{"0", 0, false},
+		{"250ms", 250 * time.Millisecond, false},
+		{"-1s", 0, true},
+		{"soon", 0, true},
+		{"2h", 0, true},
+	} {
+		cfg, err := ConfigFromEnv(func(k string) string {
+			if k == "MPSEMU_FAULT_RESET" {
+				return tc.env
+			}
+			return ""
+		})
+		if tc.bad != errors.Is(err, ErrBadConfig) || (!tc.bad && cfg.FaultReset != tc.want) {
+			t.Errorf("MPSEMU_FAULT_RESET=%q: %v, %v; want %v (bad %v)", tc.env, cfg.FaultReset, err, tc.want, tc.bad)
+		}
 	}
 }
 

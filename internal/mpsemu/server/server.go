@@ -66,16 +66,19 @@ type Server struct {
 	// contextsGone: the contexts were destroyed after a fault and are
 	// created again for the next client.
 	contextsGone bool
-	clients      map[int]*client
-	affected     map[int]bool
-	seq          int
-	shutdown     bool
-	used         []uint64
-	done         chan struct{} // closed when a requested shutdown completes
-	doneOnce     sync.Once
-	changed      chan struct{} // closed and replaced on every state change (tests)
-	daemon       *emuwire.Conn
-	conns        map[*emuwire.Conn]bool
+	// resetGen counts faults, so a device-reset timer of an older one
+	// changes nothing.
+	resetGen int
+	clients  map[int]*client
+	affected map[int]bool
+	seq      int
+	shutdown bool
+	used     []uint64
+	done     chan struct{} // closed when a requested shutdown completes
+	doneOnce sync.Once
+	changed  chan struct{} // closed and replaced on every state change (tests)
+	daemon   *emuwire.Conn
+	conns    map[*emuwire.Conn]bool
 }
 
 // New returns a server for cfg; Run starts it.
@@ -540,6 +543,18 @@ func (s *Server) disconnect(c *client) {
 	s.dropLocked(c)
 }
 
+// resetDone ends the device reset of fault number gen: the server is
+// ACTIVE again.
+func (s *Server) resetDone(gen int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.resetGen != gen || s.state != Fault || len(s.affected) > 0 {
+		return
+	}
+	s.state = Active
+	s.notifyLocked()
+}
+
 func (s *Server) dropLocked(c *client) {
 	delete(s.clients, c.pid)
 	for i, u := range c.used {
@@ -554,10 +569,18 @@ func (s *Server) dropLocked(c *client) {
 	if s.affected[c.pid] {
 		delete(s.affected, c.pid)
 		if s.state == Fault && len(s.affected) == 0 {
-			// The faulted contexts are torn down; the next client gets new ones.
-			s.state = Active
+			// The faulted contexts are torn down; the next client gets new
+			// ones once the devices are reset: until then the server stays
+			// FAULT and refuses clients, as a real one does while it resets.
 			s.logContextsLocked("Destroy")
 			s.contextsGone = true
+			s.resetGen++
+			if s.cfg.FaultReset <= 0 {
+				s.state = Active
+			} else {
+				gen := s.resetGen
+				time.AfterFunc(s.cfg.FaultReset, func() { s.resetDone(gen) })
+			}
 		}
 	}
 	s.notifyLocked()

@@ -154,6 +154,41 @@ func TestFaultContainment(t *testing.T) {
 	}
 }
 
+// TestFaultStaysForDeviceReset: after the last affected client has gone
+// the server stays FAULT (refusing clients) for FaultReset, the time a
+// real server takes to reset its devices, then is ACTIVE again.
+func TestFaultStaysForDeviceReset(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.FaultReset = 300 * time.Millisecond
+	s, _ := startServer(t, cfg)
+	c, m := rawClient(t, cfg, 101, "", "")
+	if m.Op != emuwire.OpWelcome {
+		t.Fatalf("client: %+v", m)
+	}
+	changed := s.Changed()
+	if err := c.Send(emuwire.Msg{Op: emuwire.OpFault}); err != nil {
+		t.Fatal(err)
+	}
+	recvOp(t, c, emuwire.OpFault)
+	waitState(t, s, changed, server.Fault)
+	c.Close()
+	left := time.Now()
+	waitClients(t, s, 0)
+	if st := s.State(); st != server.Fault {
+		t.Fatalf("state %v right after the last affected client left; want FAULT during the reset", st)
+	}
+	if _, m := rawClient(t, cfg, 200, "", ""); m.Op != emuwire.OpError || m.Err != server.ErrServerNotReady {
+		t.Fatalf("new client during the reset got %+v; want error 807", m)
+	}
+	waitState(t, s, s.Changed(), server.Active)
+	if el := time.Since(left); el < cfg.FaultReset {
+		t.Errorf("ACTIVE again %v after the last client left; the reset takes %v", el, cfg.FaultReset)
+	}
+	if _, m := rawClient(t, cfg, 300, "", ""); m.Op != emuwire.OpWelcome {
+		t.Fatalf("after the reset: %+v; want welcome", m)
+	}
+}
+
 // TestFaultReachesRunningClients runs three emulated CUDA clients; one
 // raises the fault, and all three fail with the fault's error.
 func TestFaultReachesRunningClients(t *testing.T) {
