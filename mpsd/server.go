@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -618,10 +617,14 @@ func (d *Daemon) leaseUnifiedCgroup(l *lease) string {
 	if !ok || m.Mode() == cgroup.ModeV1 {
 		return ""
 	}
-	d.mu.Lock()
-	parent := d.cfg.Cgroup.Parent
-	d.mu.Unlock()
-	return "/" + path.Join(parent, l.group, l.id)
+	l.cgMu.Lock()
+	defer l.cgMu.Unlock()
+	if l.cg == nil {
+		return ""
+	}
+	// The lease's own cgroup, wherever the manager put it (under this
+	// mpsd's instance id).
+	return "/" + strings.TrimPrefix(l.cg.Path(), "/")
 }
 
 // procStatus is what mpsd reads of /proc/PID/status.
