@@ -110,6 +110,22 @@ func ownDir(dir string, fi fs.FileInfo) error {
 	return nil
 }
 
+// ownShmDir is ownDir for an instance's private /dev/shm: mpsd's own,
+// a real directory, mode exactly 1777.
+func ownShmDir(dir string, fi fs.FileInfo) error {
+	if fi.Mode()&fs.ModeSymlink != 0 || !fi.IsDir() {
+		return fmt.Errorf("%w: %s is not a directory; remove it (rm -r %s) and start mpsd again", errForeignDir, dir, dir)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("%w: %s is not owned by mpsd's uid %d; remove it (rm -r %s) and start mpsd again", errForeignDir, dir, os.Geteuid(), dir)
+	}
+	if want := fs.ModePerm | fs.ModeSticky; fi.Mode()&(fs.ModePerm|fs.ModeSticky|fs.ModeSetuid|fs.ModeSetgid) != want {
+		return fmt.Errorf("%w: %s has mode %v, want %v (a private /dev/shm); remove it (rm -r %s) and start mpsd again", errForeignDir, dir, fi.Mode().Perm(), want, dir)
+	}
+	return nil
+}
+
 // checkBelow applies ownDir to every directory (and refuses every
 // symlink) up to depth levels below dir: the GPU and pipe directories MPS
 // uses, which a tenant must never have made for mpsd.
@@ -129,6 +145,15 @@ func checkBelow(dir string, depth int) error {
 		fi, err := os.Lstat(p)
 		if err != nil {
 			return fmt.Errorf("check %s: %w", p, err)
+		}
+		if depth == 1 && e.Name() == mps.ShmDirName {
+			// An instance's private /dev/shm (mps.PrepareShmDir) is
+			// sticky and world-writable like /dev/shm itself, and what
+			// is in it is the tenants'.
+			if err := ownShmDir(p, fi); err != nil {
+				return err
+			}
+			continue
 		}
 		if err := ownDir(p, fi); err != nil {
 			return err
