@@ -140,6 +140,7 @@ type Daemon struct {
 	mu        sync.Mutex
 	cfg       *policy.Config
 	instances map[string]*instance
+	xidAt     map[int]time.Time   // GPU index → its last Xid (verify.go)
 	queues    map[string][]*lease // queued leases per group, arrival order
 	leases    map[string]*lease   // every lease, queued or running
 	seq       uint64
@@ -210,6 +211,9 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.mpsBase.Runner = opts.mpsRunner
+	if d.sim != nil {
+		d.mpsBase.Env = append(d.mpsBase.Env, gpu.EnvXidSocket+"="+d.simXidSocket())
+	}
 	if cfg.Cgroup.Enabled {
 		cc := opts.Cgroup
 		cc.Parent = cfg.Cgroup.Parent
@@ -226,6 +230,10 @@ func New(opts Options) (*Daemon, error) {
 	ok = true
 	return d, nil
 }
+
+// simXidSocket is where the simulated GPUs hear the emulated daemons'
+// Xid reports.
+func (d *Daemon) simXidSocket() string { return filepath.Join(d.layout.StateDir, "sim-xid.sock") }
 
 // Sim returns the simulated GPUs when the daemon runs with Simulate, else
 // nil: tests and `mpsctl inject-xid` raise faults through it.
@@ -317,6 +325,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	if err := d.openCgroups(); err != nil {
 		return err
+	}
+	if d.sim != nil {
+		// The emulated daemons report their clients' faults as the
+		// driver reports Xids; mpsd's root-only state directory keeps
+		// the socket from tenants (ServeXidReports also checks the uid).
+		stop, err := d.sim.ServeXidReports(d.simXidSocket(), d.log.With("component", "sim"))
+		if err != nil {
+			return fmt.Errorf("simulate: %w", err)
+		}
+		defer stop()
 	}
 	_, statErr := os.Lstat(d.layout.StateFile())
 	saved, err := d.store.load()

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -246,6 +247,11 @@ func (d *Daemon) registerServer(c *emuwire.Conn, pid int) {
 			sv = s
 		}
 	}
+	// Only the server process itself: the socket is abstract, so anyone
+	// could connect and claim a server's pid.
+	if peer, err := c.PeerPID(); err != nil || peer != pid {
+		sv = nil
+	}
 	if sv == nil {
 		d.logf("NEW SERVER %d: Ignoring old connection request", pid)
 		c.Close()
@@ -264,6 +270,10 @@ func (d *Daemon) registerServer(c *emuwire.Conn, pid int) {
 			r, err := c.Recv()
 			if err != nil {
 				return
+			}
+			if r.Op == emuwire.OpXid {
+				d.reportXid(r)
+				continue
 			}
 			select {
 			case sv.replies <- r:
@@ -347,4 +357,36 @@ func (d *Daemon) clientRequest(c *emuwire.Conn, pid int) {
 		pc.done = true
 		d.mu.Unlock()
 	}()
+}
+
+// reportXid passes a fault a server of this daemon reports on to the
+// simulated GPUs, as the driver reports an Xid to NVML: one line
+// "<GPU UUID> <Xid>" to the unix socket MPSEMU_XID_SOCKET names (mpsd
+// --simulate listens there, for root only). Only the daemon's own GPUs,
+// and nothing when the variable is unset.
+func (d *Daemon) reportXid(m emuwire.Msg) {
+	path := envValue(d.env, "MPSEMU_XID_SOCKET")
+	if path == "" || len(m.UUIDs) != 1 || m.Err <= 0 {
+		return
+	}
+	if !slices.Contains(strings.Split(envValue(d.env, "CUDA_VISIBLE_DEVICES"), ","), m.UUIDs[0]) {
+		return
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	_, _ = fmt.Fprintf(c, "%s %d\n", m.UUIDs[0], m.Err)
+}
+
+// envValue is the value of key in env, "" when unset.
+func envValue(env []string, key string) string {
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, key+"="); ok {
+			return v
+		}
+	}
+	return ""
 }

@@ -51,6 +51,10 @@ const (
 	OpOK          = "ok"           // reply
 	OpFault       = "fault"        // client → server: fatal fault; server → clients: notification
 	OpTerminated  = "terminated"   // server → client: terminate_client
+	// OpXid, server → daemon: a client's fault on device UUIDs[0] that
+	// the driver would report as Xid Err (the emulated daemon passes it to
+	// the simulated GPUs, see MPSEMU_XID_SOCKET).
+	OpXid = "xid"
 	// Daemon → server requests, answered with OpOK or OpError.
 	OpStatus     = "status"
 	OpClients    = "clients"
@@ -149,19 +153,36 @@ func (c *Conn) Close() error { return c.c.Close() }
 // PeerUID returns the uid of the process at the other end, from the kernel
 // (SO_PEERCRED), not from anything the peer claims.
 func (c *Conn) PeerUID() (uint32, error) {
+	cred, err := c.peer()
+	if err != nil {
+		return 0, err
+	}
+	return cred.Uid, nil
+}
+
+// PeerPID returns the pid of the process at the other end (SO_PEERCRED).
+func (c *Conn) PeerPID() (int, error) {
+	cred, err := c.peer()
+	if err != nil {
+		return 0, err
+	}
+	return int(cred.Pid), nil
+}
+
+func (c *Conn) peer() (*unix.Ucred, error) {
 	rc, err := c.c.SyscallConn()
 	if err != nil {
-		return 0, fmt.Errorf("emuwire: peer credentials: %w", err)
+		return nil, fmt.Errorf("emuwire: peer credentials: %w", err)
 	}
 	var cred *unix.Ucred
 	var cerr error
 	if err := rc.Control(func(fd uintptr) {
 		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	}); err != nil {
-		return 0, fmt.Errorf("emuwire: peer credentials: %w", err)
+		return nil, fmt.Errorf("emuwire: peer credentials: %w", err)
 	}
 	if cerr != nil {
-		return 0, fmt.Errorf("emuwire: peer credentials: %w", cerr)
+		return nil, fmt.Errorf("emuwire: peer credentials: %w", cerr)
 	}
-	return cred.Uid, nil
+	return cred, nil
 }

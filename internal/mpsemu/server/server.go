@@ -531,8 +531,18 @@ func (s *Server) fault(c *client) {
 		s.affected[pid] = true
 		_ = other.conn.Send(emuwire.Msg{Op: emuwire.OpFault, Err: ErrIllegalAddress})
 	}
+	// The driver reports the fault as an Xid (31, an MMU fault, for an
+	// illegal address) on the device it happened on; the emulated daemon
+	// passes it on to the simulated GPUs.
+	if s.daemon != nil && len(s.cfg.Devices) > 0 {
+		_ = s.daemon.Send(emuwire.Msg{Op: emuwire.OpXid, UUIDs: s.cfg.Devices[:1], Err: XidMMUFault})
+	}
 	s.notifyLocked()
 }
+
+// XidMMUFault is the Xid the driver reports for a client's illegal
+// memory access (NVIDIA's Xid catalogue: 31, GPU memory page fault).
+const XidMMUFault = 31
 
 func (s *Server) disconnect(c *client) {
 	s.mu.Lock()

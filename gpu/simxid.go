@@ -1,0 +1,132 @@
+package gpu
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// EnvXidSocket names, in the MPS emulator's control daemons' environment,
+// the socket of ServeXidReports: a daemon passes the faults its servers
+// report there, as a GPU's driver reports them to NVML as Xids.
+const EnvXidSocket = "MPSEMU_XID_SOCKET"
+
+// xidReportMax bounds one report line.
+const xidReportMax = 256
+
+// ServeXidReports listens on a unix socket at path for the Xids the MPS
+// emulator's control daemons report for the faults of their servers'
+// clients (one line "<GPU UUID> <Xid>" a connection), and raises each on
+// the simulated GPU of that UUID with no pid, as NVML reports a client's
+// fault on real hardware. Only peers of this process's uid are heard (the
+// emulated daemons run as root, as mpsd does; their servers and clients,
+// which run as the tenants, cannot report): a tenant cannot forge an Xid
+// on a simulated GPU any more than on a real one. path's directory must
+// be writable by this process only. stop closes the socket and waits for
+// the goroutines.
+func (s *Sim) ServeXidReports(path string, log *slog.Logger) (stop func(), err error) {
+	_ = os.Remove(path)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("gpu: sim: listen for Xid reports: %w", err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.AcceptUnix()
+			if err != nil {
+				if errors.Is(err, net.ErrClosed) {
+					return
+				}
+				log.Warn("sim: accept an Xid report", "err", err)
+				time.Sleep(10 * time.Millisecond) // EMFILE: do not spin
+				continue
+			}
+			s.xidReport(c, log)
+		}
+	})
+	return func() {
+		_ = ln.Close()
+		wg.Wait()
+		_ = os.Remove(path)
+	}, nil
+}
+
+// xidReport reads one report from c and raises it.
+func (s *Sim) xidReport(c *net.UnixConn, log *slog.Logger) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if uid, err := peerUID(c); err != nil || uid != uint32(os.Geteuid()) {
+		log.Warn("sim: Xid report from a stranger ignored", "uid", uid, "err", err)
+		return
+	}
+	line, err := bufio.NewReader(io.LimitReader(c, xidReportMax)).ReadString('\n')
+	if err != nil {
+		return
+	}
+	uuid, xid, err := ParseXidReport(line)
+	if err != nil {
+		log.Warn("sim: bad Xid report", "err", err)
+		return
+	}
+	idx := -1
+	s.mu.Lock()
+	for _, d := range s.devs {
+		if d.uuid == uuid {
+			idx = d.index
+		}
+	}
+	s.mu.Unlock()
+	if idx < 0 {
+		log.Warn("sim: Xid report for a GPU this host does not have", "uuid", uuid)
+		return
+	}
+	if err := s.InjectXid(idx, xid, 0); err != nil {
+		log.Warn("sim: raise a reported Xid", "gpu", idx, "xid", xid, "err", err)
+	}
+}
+
+// ParseXidReport parses one line "<GPU UUID> <Xid>\n" of the emulator's
+// Xid reports.
+func ParseXidReport(line string) (uuid string, xid uint64, err error) {
+	f := strings.Fields(line)
+	if len(f) != 2 || !strings.HasSuffix(line, "\n") {
+		return "", 0, fmt.Errorf("gpu: sim: Xid report %q: want \"<GPU UUID> <Xid>\"", line)
+	}
+	if !strings.HasPrefix(f[0], "GPU-") {
+		return "", 0, fmt.Errorf("gpu: sim: Xid report %q: %q is no GPU UUID", line, f[0])
+	}
+	xid, err = strconv.ParseUint(f[1], 10, 32)
+	if err != nil || xid == 0 {
+		return "", 0, fmt.Errorf("gpu: sim: Xid report %q: bad Xid %q", line, f[1])
+	}
+	return f[0], xid, nil
+}
+
+func peerUID(c *net.UnixConn) (uint32, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return 0, err
+	}
+	if cerr != nil {
+		return 0, cerr
+	}
+	return cred.Uid, nil
+}
