@@ -44,8 +44,11 @@ type Daemon struct {
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 	events    *eventQueue
-	// serverLogStart is where the follower began reading server.log.
+	// serverLogStart is where the follower began reading server.log;
+	// serverLogEnd its size then: lines before it were written while no
+	// handle watched (see WrittenUnwatched).
 	serverLogStart int64
+	serverLogEnd   int64
 	daemon         *proc
 	exitedCh       chan struct{} // closed when the daemon process is gone
 
@@ -328,6 +331,7 @@ func attach(ctx context.Context, cfg Config, fd int, id DaemonIdentity, how stri
 	var serverOff int64
 	if fi, err := os.Stat(serverPath); err == nil {
 		serverOff = fi.Size()
+		d.serverLogEnd = fi.Size()
 		if adopted && cfg.ResumeServerLog {
 			serverOff = cfg.ServerLogOffset
 			if serverOff < 0 || serverOff > fi.Size() {
@@ -490,6 +494,12 @@ func (d *Daemon) Barrier() <-chan struct{} {
 // ServerLogStart is where this handle began reading server.log: before it,
 // every line was someone else's to handle.
 func (d *Daemon) ServerLogStart() int64 { return d.serverLogStart }
+
+// WrittenUnwatched reports whether the server.log line at offset was in
+// the file before this handle began following it: written while nobody
+// watched the daemon (mpsd was down), so nothing seen live (an Xid, a
+// process) can be matched with it any more.
+func (d *Daemon) WrittenUnwatched(offset int64) bool { return offset < d.serverLogEnd }
 
 // Close stops the handle's goroutines and closes the event stream. It does
 // not stop the daemon (a restarted mpsd adopts it). Idempotent.

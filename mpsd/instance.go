@@ -73,8 +73,15 @@ type instance struct {
 	// the first adoption takes that one only. Nil: none saved.
 	savedDaemon *mps.DaemonIdentity
 	// unverified counts MPS records naming no verified server of the
-	// daemon (mpsd_unverified_mps_records_total).
+	// daemon, or that nothing confirmed (mpsd_unverified_mps_records_total).
 	unverified uint64
+	// claims are fault records of verified servers waiting for an Xid to
+	// confirm them (verify.go); xidUsed is the time of the last Xid that
+	// confirmed one: each Xid confirms one record.
+	claims  []*faultClaim
+	xidUsed time.Time
+	// unverifiedLogAt: when an unverified record was last logged.
+	unverifiedLogAt time.Time
 }
 
 func (in *instance) markTried() { in.triedOnce.Do(func() { close(in.tried) }) }
@@ -350,7 +357,7 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 	for ev := range dm.Events() {
 		d.mu.Lock()
 		current := in.daemon == dm
-		clients := 0
+		clients, exitUID := 0, -1
 		switch ev.Kind {
 		case mps.ServerStarted:
 			in.servers[ev.PID] = ev.UID
@@ -368,6 +375,9 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 			// The server's clients: leases of its uid (any uid when the
 			// server is shared or its uid is unknown). A lease of another
 			// uid waits for this server to go; its exit is no fault.
+			if !in.p.Multiuser {
+				exitUID = uid
+			}
 			for _, l := range in.leases {
 				if in.p.Multiuser || uid < 0 || l.uid == uint32(uid) {
 					clients++
@@ -389,28 +399,67 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 			// server gone with clients on it crashed and took them down,
 			// whatever status it reports (MPS logs 0 for a SIGKILLed one).
 			if clients > 0 {
-				d.reportFault(in, fault{kind: faultServerExit, restart: restartNone,
-					reason: fmt.Sprintf("MPS server %d of group %s on GPU %d died (%s)", ev.PID, in.group, in.gpus[0].Index, exitText(ev))})
+				f := fault{kind: faultServerExit, restart: restartNone,
+					reason: fmt.Sprintf("MPS server %d of group %s on GPU %d died (%s)", ev.PID, in.group, in.gpus[0].Index, exitText(ev))}
+				if exitUID >= 0 {
+					// Only its own clients: leases of other uids wait
+					// for the next server (one server per uid at a time).
+					f.uids = []uint32{uint32(exitUID)}
+				}
+				d.reportFault(in, f)
 			}
 		case mps.FatalException:
-			d.reportFault(in, fault{kind: faultFatalException, restart: restartNone,
-				reason: fmt.Sprintf("MPS server of group %s on GPU %d hit a fatal exception", in.group, in.gpus[0].Index)})
+			// A log line (anyone's, verify.go): the server's end, if it
+			// ends, comes from its pidfd.
+			in.log.Info("MPS logged a fatal exception of a server; its exit, if any, is seen through its pidfd", "pid", ev.PID, "known_server", ev.KnownServer)
 		case mps.ServerFault:
-			d.reportFault(in, fault{kind: faultServerFault, restart: restartNone, fromServerLog: ev.InServerLog, logOffset: ev.LogOffset,
-				reason: fmt.Sprintf("a client of group %s on GPU %d hit a fatal GPU error; MPS set a sticky error on every client of the server", in.group, in.gpus[0].Index)})
+			if !ev.KnownServer {
+				d.unverifiedRecord(in, ev, "it names no verified server of the daemon")
+				break
+			}
+			f := fault{kind: faultServerFault, restart: restartNone, fromServerLog: ev.InServerLog, logOffset: ev.LogOffset,
+				reason: fmt.Sprintf("a client of group %s on GPU %d hit a fatal GPU error; MPS set a sticky error on every client of the server", in.group, in.gpus[0].Index)}
+			if ev.InServerLog && dm.WrittenUnwatched(ev.LogOffset) {
+				// Read again after mpsd was away: its Xid, if any, came
+				// and went unseen. Only leases whose processes are all
+				// gone are taken (a real fault ended them); a lease that
+				// still runs was not hit, whatever the record says.
+				if ended := d.endedLeases(in); len(ended) > 0 {
+					f.leases = ended
+					d.reportFault(in, f)
+				} else {
+					d.unverifiedRecord(in, ev, "written while mpsd was away, and every lease of the instance still runs")
+				}
+				break
+			}
+			d.mu.Lock()
+			confirmed := d.claimServerFaultLocked(in, ev, f, time.Now())
+			d.mu.Unlock()
+			if confirmed != nil {
+				d.reportFault(in, *confirmed)
+			} else {
+				in.log.Info("MPS fault record waits for an Xid to confirm it", "server", ev.PID, "wait", faultClaimWait)
+			}
 		case mps.Barrier:
 			// Every event before it is handled (a fault's recovery has
-			// begun): whoever waits may look at the instance now.
-			ev.Ack()
+			// begun, or its record was found false): whoever waits may
+			// look at the instance now.
+			d.mu.Lock()
+			held := in.holdBarrierLocked(ev)
+			d.mu.Unlock()
+			if !held {
+				ev.Ack()
+			}
 		case mps.UnverifiedRecord:
 			// Anyone who can reach the pipe directory can write MPS log
 			// records; mps acted on none of this one.
-			d.mu.Lock()
-			in.unverified++
-			d.mu.Unlock()
-			in.log.Warn("MPS record names no verified server of this daemon; ignored", "pid", ev.PID, "record", ev.Message)
+			d.unverifiedRecord(in, ev, "it names no verified server of the daemon")
 		case mps.ServerStartFailed:
-			d.reportFault(in, fault{kind: faultStartFailed, restart: restartNone,
+			if !d.startFailureConfirmed(in, ev.UID) {
+				d.unverifiedRecord(in, ev, "a verified server serves that uid, or no lease of it is on the instance")
+				break
+			}
+			d.reportFault(in, fault{kind: faultStartFailed, restart: restartNone, uids: []uint32{uint32(ev.UID)},
 				reason: fmt.Sprintf("MPS could not start a server for uid %d in group %s on GPU %d: %s", ev.UID, in.group, in.gpus[0].Index, ev.Message)})
 		default:
 			in.log.Debug("MPS event", "event", ev.String())

@@ -52,6 +52,12 @@ type fault struct {
 	// stops before handling it, the next mpsd reads the line again.
 	fromServerLog bool
 	logOffset     int64
+	// uids, when set, limits the victims to the leases of these users:
+	// the fault took only their MPS server (an instance without
+	// multiuser runs one server per uid).
+	uids []uint32
+	// leases, when set, limits the victims to these leases.
+	leases []string
 }
 
 // reportFault starts the recovery of an instance, or, if one is under
@@ -145,7 +151,7 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 	// is release's to finish; every other lease of the instance is a victim.
 	var victims []*lease
 	for _, l := range in.leases {
-		if !l.ending {
+		if !l.ending && (f.uids == nil || slices.Contains(f.uids, l.uid)) && (f.leases == nil || slices.Contains(f.leases, l.id)) {
 			l.ending, l.revoking = true, true
 			l.revokedFor = f.reason
 			victims = append(victims, l)
@@ -500,8 +506,14 @@ func (d *Daemon) onXid(ev gpu.XidEvent) {
 	d.metrics.xids[[2]uint64{uint64(ev.GPU), ev.Xid}]++
 	d.mu.Unlock()
 	d.log.Warn("GPU Xid", "gpu", ev.GPU, "uuid", ev.UUID, "xid", ev.Xid, "level", ev.Level.String(), "pid", ev.PID, "instances", len(affected))
+	reported := map[*instance]bool{}
 	for _, in := range affected {
+		reported[in] = true
 		d.reportFault(in, fault{kind: faultXid, restart: restart,
 			reason: fmt.Sprintf("Xid %d (%s-level) on GPU %d", ev.Xid, ev.Level, ev.GPU)})
 	}
+	// An Xid is what confirms an MPS fault record of an instance on the
+	// GPU (verify.go); one the Xid itself took down needs no second
+	// recovery for it.
+	d.xidConfirms(ev, reported)
 }

@@ -1,0 +1,152 @@
+package mpsd
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+)
+
+// Attacker tests of the trust boundary (docs/security.md): tenants write
+// into what NVIDIA's daemon leaves world-writable, and mpsd must not turn
+// it against anyone. Uids 64300-64349 are this file's.
+const (
+	trustVictimUID   = 64301 // a member of group a who holds a lease
+	trustAttackerUID = 64302 // a member of group a with no lease
+)
+
+// buildTestProgram builds ./testdata/<name> into the test's directory.
+func (e *testEnv) buildTestProgram(name string) string {
+	e.t.Helper()
+	out := filepath.Join(e.dir, name)
+	cmd := exec.Command("go", "build", "-o", out, "./testdata/"+name)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		e.t.Fatalf("go build ./testdata/%s: %v\n%s", name, err, b)
+	}
+	return out
+}
+
+// forge writes records into an instance's log FIFO as uid.
+func (e *testEnv) forge(prog string, uid uint32, fifo, kind string, pid int, msgs ...string) {
+	e.t.Helper()
+	args := []string{"-fifo", fifo, "-kind", kind, "-pid", fmt.Sprint(pid)}
+	for _, m := range msgs {
+		args = append(args, "-msg", m)
+	}
+	if r := run(e.t, asUID(exec.Command(prog, args...), uid)); r.code != 0 {
+		e.t.Fatalf("mpsforge as uid %d: exit %d, stderr %q", uid, r.code, r.stderr)
+	}
+}
+
+// waitLogAny waits until mpsd's log holds one of ss.
+func (e *testEnv) waitLogAny(ss ...string) {
+	e.t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		b, _ := os.ReadFile(e.log.Name())
+		for _, s := range ss {
+			if bytes.Contains(b, []byte(s)) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("mpsd logged none of %q within %s", ss, waitFor)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func alive(pid int) bool {
+	return syscall.Kill(pid, 0) == nil
+}
+
+// A group member with no lease writes fault, exit, start-failure and
+// new-server records into the log FIFO of the instance another member
+// runs on. NVIDIA's daemon copies them into control.log and server.log
+// as if MPS had written them. mpsd acts on none of them: the running
+// lease is not revoked, the instance neither restarts nor counts a
+// failure, and the root process a forged "new server" record named is
+// not killed when an admin restarts the instance afterwards.
+func TestForgedMPSRecordsRevokeNothing(t *testing.T) {
+	e := newEnv(t, fmt.Sprintf(`  a:
+    users: ["%d", "%d"]
+    memory: 10G
+    gpus: ["0"]
+`, trustVictimUID, trustAttackerUID), "")
+	e.start()
+	forge := e.buildTestProgram("mpsforge")
+	client := filepath.Join(e.emu, "mpsemu-client")
+	gateArgs, open := e.gate("forged")
+	// The client stays connected until the test opens the gate.
+	script := `echo "attempt $MPSD_ATTEMPT"; "$0" --duration 1m & c=$!; ` + gateArgs[2] + `; kill -INT $c; wait $c; s=$?; [ $s = 130 ] && exit 0; exit $s`
+	p := startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c", script, client), trustVictimUID))
+	st := e.waitStatus("the victim's client on a live MPS server", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && len(st.Instances) == 1 && len(st.Instances[0].ServerPIDs) > 0
+	})
+	inst := st.Instances[0]
+	server, daemon := inst.ServerPIDs[0], inst.DaemonPID
+	fifo := filepath.Join(e.dir, "run", "a", inst.GPUUUID, "pipe", "log")
+
+	// A root process the forged "new server" record names.
+	bystander := exec.Command("sleep", "300")
+	if err := bystander.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bystander.Process.Kill(); _, _ = bystander.Process.Wait() })
+
+	e.forge(forge, trustAttackerUID, fifo, "server", server, "Server is handling a fatal GPU error.")
+	e.forge(forge, trustAttackerUID, fifo, "server", bystander.Process.Pid, "Server is handling a fatal GPU error.")
+	e.forge(forge, trustAttackerUID, fifo, "control", daemon,
+		fmt.Sprintf("Starting new server %d for user %d", bystander.Process.Pid, trustAttackerUID),
+		fmt.Sprintf("Server %d exited with status 1", server),
+		"Server encountered a fatal exception. Shutting down",
+		fmt.Sprintf("Failed to start server using uid %d, error: forged", trustVictimUID))
+
+	// Either mpsd declines the records (and says so) or it acts on them
+	// (recovers the instance, as it did before the trust boundary).
+	e.waitLogAny("MPS log record not acted on", "instance failed; recovering")
+	open()
+	r := p.wait(t)
+	if r.code != 0 || strings.Contains(r.stdout, "attempt 2") || strings.Contains(r.stderr, "revoked") {
+		t.Fatalf("the victim's launch: exit %d, stdout %q, stderr %q; want one attempt, exit 0", r.code, r.stdout, r.stderr)
+	}
+	st = e.d.Status()
+	if got := st.Instances[0]; got.Restarts != 0 || got.State != "ready" {
+		t.Errorf("instance after forged records: state %s, %d restarts; want ready, 0", got.State, got.Restarts)
+	}
+	e.d.mu.Lock()
+	var faults int
+	for _, in := range e.d.instances {
+		for _, n := range in.faults {
+			faults += n
+		}
+	}
+	e.d.mu.Unlock()
+	if faults != 0 {
+		t.Errorf("%d faults counted for forged records, want 0", faults)
+	}
+
+	// An admin restart stops the daemon and every server mpsd knows of:
+	// the bystander must not be among them.
+	cmd := exec.Command(filepath.Join(e.bin, "mpsctl"), "--socket", e.socket, "restart", "--group", "a")
+	if r := run(t, cmd); r.code != 0 {
+		t.Fatalf("mpsctl restart: exit %d, stderr %q", r.code, r.stderr)
+	}
+	e.waitStatus("a new control daemon", func(st api.Status) bool {
+		return len(st.Instances) == 1 && st.Instances[0].State == "ready" && st.Instances[0].DaemonPID != daemon
+	})
+	if !alive(bystander.Process.Pid) {
+		t.Fatalf("the root process %d a forged record named as a server was killed", bystander.Process.Pid)
+	}
+	if b, err := os.ReadFile(e.log.Name()); err == nil && strings.Contains(string(b), fmt.Sprintf("%d", bystander.Process.Pid)) &&
+		strings.Contains(string(b), "killed_servers=["+fmt.Sprint(bystander.Process.Pid)) {
+		t.Errorf("mpsd's log says it killed the bystander %d", bystander.Process.Pid)
+	}
+}

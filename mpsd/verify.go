@@ -1,0 +1,237 @@
+package mpsd
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/mpsd/mpsd/gpu"
+	"github.com/mpsd/mpsd/mps"
+)
+
+// MPS's log records are hints, never facts: NVIDIA's control daemon makes
+// the log FIFO of every pipe directory world-writable and copies each
+// record written into it to control.log or server.log verbatim, with the
+// kind and pid its writer chose (docs/security.md). So a record that would
+// revoke leases is first confirmed by something a tenant cannot write:
+//
+//   - a server's exit is taken from its pidfd alone (package mps), never
+//     from a log line;
+//   - a fault a server contains ("Server is handling a fatal GPU error.")
+//     must name a server of the daemon verified through its pidfd (mps:
+//     Event.KnownServer) and be matched by an NVML Xid on one of the
+//     instance's GPUs: the driver reports a client's fatal fault (an MMU
+//     fault, Xid 31, for an illegal address) as it happens. The record and
+//     the Xid travel separately, so whichever comes second completes the
+//     match; a record waits faultClaimWait for its Xid, and an Xid
+//     confirms a record that follows within xidEvidenceWindow. Each Xid
+//     confirms at most one record per instance. A server's FAULT state
+//     cannot serve: a real H200 left it in less than 100 ms
+//     (docs/gpu-probe);
+//   - a start failure names a uid no verified server serves, and revokes
+//     only that uid's leases;
+//   - a fault record written while mpsd was away (read again from where
+//     the last mpsd left server.log) cannot be matched with an Xid any
+//     more: it takes only the leases whose processes are all gone, never
+//     one that still runs;
+//   - "fatal exception" lines announce a server's end, which its pidfd
+//     reports: they are only logged.
+//
+// A record nothing confirms revokes nothing and counts for no quarantine:
+// it is logged and counted (mpsd_unverified_mps_records_total).
+
+const (
+	// faultClaimWait is how long a fault record waits for its Xid.
+	faultClaimWait = 2 * time.Second
+	// xidEvidenceWindow is how long an Xid confirms a fault record that
+	// comes after it.
+	xidEvidenceWindow = 5 * time.Second
+)
+
+// faultClaim is a fault record of the instance waiting for an Xid, with
+// the barriers that wait behind it (a barrier means every earlier record
+// is handled, so it is acked only once the claim is settled).
+type faultClaim struct {
+	f        fault
+	ev       mps.Event
+	at       time.Time
+	barriers []mps.Event
+	settled  bool
+}
+
+// claimServerFaultLocked takes a ServerFault record of a verified server:
+// it is confirmed now by an Xid already seen on the instance's GPUs (the
+// fault to report is returned), or waits for one as a claim (nil).
+func (d *Daemon) claimServerFaultLocked(in *instance, ev mps.Event, f fault, now time.Time) *fault {
+	if d.takeXidLocked(in, now) {
+		return &f
+	}
+	c := &faultClaim{f: f, ev: ev, at: now}
+	in.claims = append(in.claims, c)
+	started := d.spawn(func() {
+		t := time.NewTimer(faultClaimWait)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-d.ctx.Done():
+		}
+		d.mu.Lock()
+		if c.settled {
+			d.mu.Unlock()
+			return
+		}
+		expired := d.settleClaimLocked(in, c)
+		d.mu.Unlock()
+		if d.ctx.Err() == nil {
+			d.unverifiedRecord(in, c.ev, fmt.Sprintf("no Xid on the instance's GPUs within %s", faultClaimWait))
+		}
+		for _, b := range expired {
+			b.Ack()
+		}
+	})
+	if !started { // mpsd is stopping: the next one reads the record again
+		d.settleClaimLocked(in, c)
+	}
+	return nil
+}
+
+// takeXidLocked reports whether an Xid on one of in's GPUs newer than the
+// last one in used, and at most xidEvidenceWindow old, confirms a record
+// now; it uses that Xid up for in.
+func (d *Daemon) takeXidLocked(in *instance, now time.Time) bool {
+	var newest time.Time
+	for _, g := range in.p.GPUs {
+		if t, ok := d.xidAt[g]; ok && t.After(newest) {
+			newest = t
+		}
+	}
+	if newest.IsZero() || !newest.After(in.xidUsed) || now.Sub(newest) > xidEvidenceWindow {
+		return false
+	}
+	in.xidUsed = newest
+	return true
+}
+
+// settleClaimLocked takes c off in's claims and returns its barriers for
+// the caller to ack once it has acted on the claim.
+func (d *Daemon) settleClaimLocked(in *instance, c *faultClaim) []mps.Event {
+	c.settled = true
+	in.claims = slices.DeleteFunc(in.claims, func(x *faultClaim) bool { return x == c })
+	b := c.barriers
+	c.barriers = nil
+	return b
+}
+
+// holdBarrierLocked keeps a barrier behind in's pending claims; false
+// when there are none (ack it now).
+func (in *instance) holdBarrierLocked(b mps.Event) bool {
+	if len(in.claims) == 0 {
+		return false
+	}
+	c := in.claims[len(in.claims)-1]
+	c.barriers = append(c.barriers, b)
+	return true
+}
+
+// xidConfirms notes an Xid on a GPU and settles the oldest fault claim of
+// each instance on it: the Xid confirms it, and its fault is reported
+// unless alsoReported (the Xid itself takes that instance down).
+func (d *Daemon) xidConfirms(ev gpu.XidEvent, alsoReported map[*instance]bool) {
+	type confirmed struct {
+		in       *instance
+		f        fault
+		barriers []mps.Event
+	}
+	var done []confirmed
+	d.mu.Lock()
+	if d.xidAt == nil {
+		d.xidAt = map[int]time.Time{}
+	}
+	d.xidAt[ev.GPU] = ev.Time
+	for _, in := range d.instances {
+		if !slices.Contains(in.p.GPUs, ev.GPU) || len(in.claims) == 0 {
+			continue
+		}
+		if !d.takeXidLocked(in, ev.Time) {
+			continue
+		}
+		c := in.claims[0]
+		done = append(done, confirmed{in, c.f, d.settleClaimLocked(in, c)})
+	}
+	d.mu.Unlock()
+	for _, c := range done {
+		if !alsoReported[c.in] {
+			c.in.log.Info("MPS fault record confirmed by an Xid", "gpu", ev.GPU, "xid", ev.Xid)
+			d.reportFault(c.in, c.f)
+		}
+		for _, b := range c.barriers {
+			b.Ack()
+		}
+	}
+}
+
+// endedLeases are the running leases of in whose processes are all gone.
+func (d *Daemon) endedLeases(in *instance) []string {
+	d.mu.Lock()
+	var ls []*lease
+	for _, l := range in.leases {
+		if l.running() && !l.ending {
+			ls = append(ls, l)
+		}
+	}
+	d.mu.Unlock()
+	var ended []string
+	for _, l := range ls {
+		if len(l.livePids()) == 0 {
+			ended = append(ended, l.id)
+		}
+	}
+	return ended
+}
+
+// startFailureConfirmed reports whether a control.log record that MPS
+// could not start a server for uid is plausible: no live server verified
+// through its pidfd serves that uid (a shared server serves every uid).
+func (d *Daemon) startFailureConfirmed(in *instance, uid int) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if uid < 0 {
+		return false
+	}
+	for _, u := range in.servers {
+		if u == uid || in.p.Multiuser {
+			return false
+		}
+	}
+	for _, l := range in.leases {
+		if l.uid == uint32(uid) {
+			return true
+		}
+	}
+	return false
+}
+
+// unverifiedRecord notes an MPS log record mpsd did not act on: logged,
+// counted, and marked handled so the next mpsd does not read it again.
+// At most one warning a second per instance: a tenant writing records
+// in a loop must not flood mpsd's log (the counter counts them all).
+func (d *Daemon) unverifiedRecord(in *instance, ev mps.Event, why string) {
+	now := time.Now()
+	d.mu.Lock()
+	in.unverified++
+	if ev.InServerLog && in.logHandled >= 0 {
+		in.logHandled = max(in.logHandled, ev.LogOffset+1)
+		d.store.request()
+	}
+	quiet := now.Sub(in.unverifiedLogAt) < time.Second
+	if !quiet {
+		in.unverifiedLogAt = now
+	}
+	total := in.unverified
+	d.mu.Unlock()
+	if quiet {
+		return
+	}
+	in.log.Warn("MPS log record not acted on: nothing confirms it (anyone who can reach the pipe directory can write MPS log records)",
+		"record", ev.Kind.String(), "pid", ev.PID, "uid", ev.UID, "message", ev.Message, "why", why, "unverified_total", total)
+}
