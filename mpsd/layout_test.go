@@ -208,6 +208,10 @@ func TestPrepareGroupDirRefusesForeign(t *testing.T) {
 		{"group-writable group dir", []node{{"g", 0o770, 0}}, "writable by its group or others"},
 		{"pipe dir of another uid", []node{{"g", 0o750, 0}, {"g/GPU-1", 0o755, 0}, {"g/GPU-1/pipe", 0o755, 64211}}, "pipe is owned by uid 64211"},
 		{"world-writable GPU dir", []node{{"g", 0o750, 0}, {"g/GPU-1", 0o777, 0}}, "GPU-1 is writable by its group or others"},
+		{"an instance's private /dev/shm", []node{{"g", 0o750, 0}, {"g/GPU-1", 0o755, 0}, {"g/GPU-1/pipe", 0o755, 0}, {"g/GPU-1/shm", 0o777 | os.ModeSticky, 0}}, ""},
+		{"shm dir without the sticky bit", []node{{"g", 0o750, 0}, {"g/GPU-1", 0o755, 0}, {"g/GPU-1/shm", 0o777, 0}}, "want trwxrwxrwx"},
+		{"shm dir of another uid", []node{{"g", 0o750, 0}, {"g/GPU-1", 0o755, 0}, {"g/GPU-1/shm", 0o777 | os.ModeSticky, 64212}}, "is not owned by mpsd's uid"},
+		{"world-writable dir named shm one level up", []node{{"g", 0o750, 0}, {"g/shm", 0o777 | os.ModeSticky, 0}}, "shm is writable by its group or others"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			base := ltDir(t)
