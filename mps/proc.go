@@ -79,16 +79,6 @@ func parseProcStat(s string) (procStat, error) {
 	return st, nil
 }
 
-// running reports whether pid is a live, not yet exited process. A zombie
-// counts as gone: our container's init may never reap the daemon.
-func running(procRoot string, pid int) bool {
-	if pid <= 0 {
-		return false
-	}
-	st, err := readProcStat(procRoot, pid)
-	return err == nil && st.state != 'Z' && st.state != 'X'
-}
-
 // lockHolder returns the pid holding a POSIX write-conflicting lock on
 // control_lock, 0 when nobody holds one (or the file is missing). Every
 // generation and the emulator take a whole-file write lock on it for the

@@ -207,8 +207,9 @@ func (in *instance) noEvent(t *testing.T, what string, pred func(Event) bool) {
 // TestForgedServerRecordsSignalNothing: a local user writes "Starting new
 // server" records naming a root process and another group's daemon into
 // the log FIFO, and a "Server exited" record for a real server. Neither
-// is ever watched or signalled (Stop leaves them alive), the forged exit
-// is no ServerExited, and each is reported as UnverifiedRecord.
+// is ever watched or signalled (Stop, killing the dead daemon's orphans,
+// leaves them alive), the forged exit is no ServerExited, and each is
+// reported as UnverifiedRecord.
 func TestForgedServerRecordsSignalNothing(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		bin := attackerBinary(t)
@@ -216,7 +217,7 @@ func TestForgedServerRecordsSignalNothing(t *testing.T) {
 		openPipeDir(t, cfg)
 		in := start(t, cfg)
 		other := start(t, newConfig(t, b))
-		v := victim(t)
+		v, marker := victim(t), victim(t)
 		server := in.startServer(t)
 
 		forge(t, bin, uidForger, cfg,
@@ -226,7 +227,7 @@ func TestForgedServerRecordsSignalNothing(t *testing.T) {
 			controlRec(fmt.Sprintf("Server %d exited with status 1", server), in.d.PID()),
 			// A marker after the exit line: once it is reported, the exit
 			// line before it has been read.
-			controlRec(fmt.Sprintf("Server %d exited with status 0", v.Process.Pid), in.d.PID()),
+			controlRec(fmt.Sprintf("Server %d exited with status 0", marker.Process.Pid), in.d.PID()),
 		)
 		if !logHas(t, cfg, controlLog, fmt.Sprintf("Starting new server %d for user 0", v.Process.Pid)) {
 			t.Fatalf("%s: the forged record never reached control.log", b.name)
@@ -234,7 +235,7 @@ func TestForgedServerRecordsSignalNothing(t *testing.T) {
 		in.waitEvent(t, "unverified start of the victim", kindPID(UnverifiedRecord, v.Process.Pid))
 		in.waitEvent(t, "unverified start of another daemon", kindPID(UnverifiedRecord, other.d.PID()))
 		in.waitEvent(t, "unverified ready of the victim", kindPID(UnverifiedRecord, v.Process.Pid))
-		in.waitEvent(t, "unverified exit marker", kindPID(UnverifiedRecord, v.Process.Pid))
+		in.waitEvent(t, "unverified exit marker", kindPID(UnverifiedRecord, marker.Process.Pid))
 		in.noEvent(t, "forged exit of a live server", kindPID(ServerExited, server))
 		in.noEvent(t, "forged start", func(e Event) bool {
 			return e.Kind == ServerStarted && (e.PID == v.Process.Pid || e.PID == other.d.PID())
@@ -243,12 +244,19 @@ func TestForgedServerRecordsSignalNothing(t *testing.T) {
 			t.Fatalf("server %d gone after a forged exit record", server)
 		}
 
+		// The daemon dies: Stop then SIGKILLs the servers it left (its
+		// orphans), the verified one only.
+		sigkill(t, in.d.PID())
+		in.waitEvent(t, "daemon exited", kind(DaemonExited))
 		rep, err := in.d.Stop(testCtx(t, 20*time.Second))
 		if err != nil {
 			t.Fatalf("Stop: %v", err)
 		}
 		if slices.Contains(rep.KilledServers, v.Process.Pid) || slices.Contains(rep.KilledServers, other.d.PID()) {
 			t.Errorf("Stop killed a process named only by a forged record: %+v", rep)
+		}
+		if !slices.Contains(rep.KilledServers, server) {
+			t.Errorf("Stop after the daemon died = %+v; want its orphaned server %d killed", rep, server)
 		}
 		if !alive(t, v.Process.Pid) {
 			t.Errorf("victim %d was killed", v.Process.Pid)

@@ -1,0 +1,135 @@
+package mpsd
+
+import (
+	"encoding/json"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/mpsd/mpsd/api"
+)
+
+// readState and writeState edit the state file between mpsd runs, as a
+// previous mpsd (or an older one) would have left it.
+func readState(t *testing.T, e *testEnv) savedState {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(e.dir, "state", "state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st savedState
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatalf("state %s: %v", b, err)
+	}
+	return st
+}
+
+func writeState(t *testing.T, e *testEnv, st savedState) {
+	t.Helper()
+	b, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(e.dir, "state", "state.json"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// procStartTime is field 22 of /proc/<pid>/stat.
+func procStartTime(t *testing.T, pid int) uint64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	v, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestRestartAdoptsTheRecordedDaemon: mpsd records each instance's MPS
+// control daemon (pid and start time) in its state; the next mpsd adopts
+// that daemon only. A state naming another process (the daemon it ran is
+// gone; here, a start time that differs) makes it stop the daemon found
+// there and start a new one; a state from an older mpsd, without
+// identities, adopts the verified holder of control_lock.
+func TestRestartAdoptsTheRecordedDaemon(t *testing.T) {
+	e := newEnv(t, oneGroup, "")
+	allReady := func(st api.Status) bool {
+		for _, in := range st.Instances {
+			if in.DaemonPID <= 0 || in.State != api.InstanceReady {
+				return false
+			}
+		}
+		return len(st.Instances) > 0
+	}
+	e.start()
+	first := daemonPIDs(e.waitStatus("the daemons up", allReady))
+	e.stop()
+	st := readState(t, e)
+	if len(st.Daemons) != len(first) {
+		t.Fatalf("state records daemons %v, want one per instance %v", st.Daemons, first)
+	}
+	for _, sd := range st.Daemons {
+		if !slices.Contains(slices.Collect(maps.Values(first)), sd.PID) {
+			t.Fatalf("state records daemon %d, status showed %v", sd.PID, first)
+		}
+		if want := procStartTime(t, sd.PID); sd.StartTime != want {
+			t.Errorf("recorded start time %d of daemon %d, /proc says %d", sd.StartTime, sd.PID, want)
+		}
+	}
+
+	// An older mpsd's state: the daemons are adopted by their locks.
+	st.Daemons = nil
+	writeState(t, e, st)
+	e.start()
+	again := daemonPIDs(e.waitStatus("the daemons adopted", allReady))
+	if !maps.Equal(again, first) {
+		t.Fatalf("daemons after a restart from an old state %v, before %v: not adopted", again, first)
+	}
+	e.stop()
+	if b, _ := os.ReadFile(e.log.Name()); !strings.Contains(string(b), "state file has no MPS daemon identities") {
+		t.Errorf("mpsd did not log that the state had no daemon identities")
+	}
+
+	// One recorded daemon is not the one there: that one is stopped and
+	// replaced; the other instance's is adopted.
+	st = readState(t, e)
+	keys := slices.Sorted(maps.Keys(st.Daemons))
+	if len(keys) < 2 {
+		t.Fatalf("want two instances, state has %v", st.Daemons)
+	}
+	tampered, kept := st.Daemons[keys[0]], st.Daemons[keys[1]]
+	bad := tampered
+	bad.StartTime++
+	st.Daemons[keys[0]] = bad
+	writeState(t, e, st)
+	e.start()
+	after := daemonPIDs(e.waitStatus("a new daemon for the tampered instance", func(st api.Status) bool {
+		if !allReady(st) {
+			return false
+		}
+		for _, in := range st.Instances {
+			if in.DaemonPID == tampered.PID {
+				return false
+			}
+		}
+		return true
+	}))
+	if !slices.Contains(slices.Collect(maps.Values(after)), kept.PID) {
+		t.Errorf("daemons after restart %v: the recorded daemon %d was not adopted", after, kept.PID)
+	}
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(tampered.PID) + "/stat"); err == nil {
+		rest := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if rest[0] != "Z" && procStartTime(t, tampered.PID) == tampered.StartTime {
+			t.Errorf("daemon %d, not the recorded one, still runs beside its replacement (%v)", tampered.PID, after)
+		}
+	}
+}
