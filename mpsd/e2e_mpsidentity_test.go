@@ -39,15 +39,10 @@ func writeState(t *testing.T, e *testEnv, st savedState) {
 	}
 }
 
-// procStartTime is field 22 of /proc/<pid>/stat.
-func procStartTime(t *testing.T, pid int) uint64 {
+// startTimeOf is field 22 of /proc/<pid>/stat.
+func startTimeOf(t *testing.T, pid int) uint64 {
 	t.Helper()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-	v, err := strconv.ParseUint(f[19], 10, 64)
+	v, err := procStartTime("/proc", pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +76,7 @@ func TestRestartAdoptsTheRecordedDaemon(t *testing.T) {
 		if !slices.Contains(slices.Collect(maps.Values(first)), sd.PID) {
 			t.Fatalf("state records daemon %d, status showed %v", sd.PID, first)
 		}
-		if want := procStartTime(t, sd.PID); sd.StartTime != want {
+		if want := startTimeOf(t, sd.PID); sd.StartTime != want {
 			t.Errorf("recorded start time %d of daemon %d, /proc says %d", sd.StartTime, sd.PID, want)
 		}
 	}
@@ -128,7 +123,7 @@ func TestRestartAdoptsTheRecordedDaemon(t *testing.T) {
 	}
 	if b, err := os.ReadFile("/proc/" + strconv.Itoa(tampered.PID) + "/stat"); err == nil {
 		rest := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-		if rest[0] != "Z" && procStartTime(t, tampered.PID) == tampered.StartTime {
+		if rest[0] != "Z" && startTimeOf(t, tampered.PID) == tampered.StartTime {
 			t.Errorf("daemon %d, not the recorded one, still runs beside its replacement (%v)", tampered.PID, after)
 		}
 	}
