@@ -150,3 +150,4 @@ func TestForgedMPSRecordsRevokeNothing(t *testing.T) {
 		t.Errorf("mpsd's log says it killed the bystander %d", bystander.Process.Pid)
 	}
 }
+

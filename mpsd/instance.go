@@ -357,7 +357,7 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 	for ev := range dm.Events() {
 		d.mu.Lock()
 		current := in.daemon == dm
-		clients, exitUID := 0, -1
+		clients := 0
 		switch ev.Kind {
 		case mps.ServerStarted:
 			in.servers[ev.PID] = ev.UID
@@ -375,9 +375,6 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 			// The server's clients: leases of its uid (any uid when the
 			// server is shared or its uid is unknown). A lease of another
 			// uid waits for this server to go; its exit is no fault.
-			if !in.p.Multiuser {
-				exitUID = uid
-			}
 			for _, l := range in.leases {
 				if in.p.Multiuser || uid < 0 || l.uid == uint32(uid) {
 					clients++
@@ -399,14 +396,8 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 			// server gone with clients on it crashed and took them down,
 			// whatever status it reports (MPS logs 0 for a SIGKILLed one).
 			if clients > 0 {
-				f := fault{kind: faultServerExit, restart: restartNone,
-					reason: fmt.Sprintf("MPS server %d of group %s on GPU %d died (%s)", ev.PID, in.group, in.gpus[0].Index, exitText(ev))}
-				if exitUID >= 0 {
-					// Only its own clients: leases of other uids wait
-					// for the next server (one server per uid at a time).
-					f.uids = []uint32{uint32(exitUID)}
-				}
-				d.reportFault(in, f)
+				d.reportFault(in, fault{kind: faultServerExit, restart: restartNone,
+					reason: fmt.Sprintf("MPS server %d of group %s on GPU %d died (%s)", ev.PID, in.group, in.gpus[0].Index, exitText(ev))})
 			}
 		case mps.FatalException:
 			// A log line (anyone's, verify.go): the server's end, if it
