@@ -150,4 +150,3 @@ func TestForgedMPSRecordsRevokeNothing(t *testing.T) {
 		t.Errorf("mpsd's log says it killed the bystander %d", bystander.Process.Pid)
 	}
 }
-
