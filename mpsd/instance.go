@@ -403,9 +403,9 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 			// Anyone who can reach the pipe directory can write MPS log
 			// records; mps acted on none of this one.
 			d.mu.Lock()
-			in.unverified++
+			in.unverified += 1 + uint64(max(ev.Suppressed, 0))
 			d.mu.Unlock()
-			in.log.Warn("MPS record names no verified server of this daemon; ignored", "pid", ev.PID, "record", ev.Message)
+			in.log.Warn("MPS record names no verified server of this daemon; ignored", "pid", ev.PID, "record", ev.Message, "suppressed_before", ev.Suppressed)
 		case mps.ServerStartFailed:
 			d.reportFault(in, fault{kind: faultStartFailed, restart: restartNone,
 				reason: fmt.Sprintf("MPS could not start a server for uid %d in group %s on GPU %d: %s", ev.UID, in.group, in.gpus[0].Index, ev.Message)})
