@@ -59,6 +59,10 @@ type Daemon struct {
 	closed    bool
 	servers   map[int]*proc // verified servers, watched through their pidfds
 	verifying map[int]chan struct{}
+	// The rate limit of UnverifiedRecord events (watch.go).
+	unverifiedTokens     float64
+	unverifiedAt         time.Time
+	unverifiedSuppressed int
 	// exited: when each verified server's pidfd told of its exit.
 	exited         map[int]time.Time
 	ready          map[int]bool
@@ -274,21 +278,23 @@ func attach(ctx context.Context, cfg Config, fd int, id DaemonIdentity, how stri
 	log := cfg.Logger.With("pipe_dir", cfg.PipeDir)
 	pid := id.PID
 	d := &Daemon{
-		cfg:            cfg,
-		log:            log,
-		pid:            pid,
-		id:             id,
-		foundBy:        how,
-		clientEnv:      setEnv(cfg.Env, "CUDA_MPS_PIPE_DIRECTORY", cfg.PipeDir),
-		stopFD:         stopFD,
-		stop:           make(chan struct{}),
-		events:         newEventQueue(log),
-		exitedCh:       make(chan struct{}),
-		servers:        map[int]*proc{},
-		verifying:      map[int]chan struct{}{},
-		exited:         map[int]time.Time{},
-		ready:          map[int]bool{},
-		lastExitStatus: -1,
+		cfg:              cfg,
+		log:              log,
+		pid:              pid,
+		id:               id,
+		foundBy:          how,
+		clientEnv:        setEnv(cfg.Env, "CUDA_MPS_PIPE_DIRECTORY", cfg.PipeDir),
+		stopFD:           stopFD,
+		stop:             make(chan struct{}),
+		events:           newEventQueue(log),
+		exitedCh:         make(chan struct{}),
+		servers:          map[int]*proc{},
+		verifying:        map[int]chan struct{}{},
+		exited:           map[int]time.Time{},
+		ready:            map[int]bool{},
+		lastExitStatus:   -1,
+		unverifiedTokens: unverifiedBurst,
+		unverifiedAt:     time.Now(),
 	}
 	d.wg.Add(1)
 	go func() { defer d.wg.Done(); d.events.run(d.stop) }()

@@ -37,7 +37,9 @@ const (
 	// that is no child of the daemon running nvidia-cuda-mps-server (any
 	// local user can write such lines into the daemon's log FIFO), or one
 	// for a server gone before it could be checked. Message is the record,
-	// PID the pid it named. Nothing is done about it but counting.
+	// PID the pid it named, Suppressed how many more were dropped before
+	// it unreported (over the rate limit of 20 a second). Nothing is done
+	// about it but counting.
 	UnverifiedRecord
 )
 
@@ -112,14 +114,19 @@ type Event struct {
 	// so a line it never handled is read again.
 	InServerLog bool
 	LogOffset   int64
-	// KnownServer, on ServerFault, FatalException and ServerStartFailed:
-	// the record's pid is a server of this daemon verified through a pidfd
-	// (child of the daemon, running nvidia-cuda-mps-server), live or gone
-	// for at most a few seconds. The record itself is still only a claim
-	// (its text is anyone's): confirm a fault (get_server_status FAULT, an
-	// Xid) before acting on it. A ServerFault is only ever reported with
-	// KnownServer true; one naming another pid is an UnverifiedRecord.
+	// KnownServer, on ServerFault and FatalException: the record's pid is
+	// a server of this daemon verified through a pidfd (child of the
+	// daemon, running nvidia-cuda-mps-server), live or gone for at most a
+	// few seconds. The record itself is still only a claim (its text is
+	// anyone's): confirm a fault (get_server_status FAULT, an Xid) before
+	// acting on it. A ServerFault is only ever reported with KnownServer
+	// true; one naming another pid is an UnverifiedRecord. A
+	// ServerStartFailed names no server (PID is 0), so KnownServer is
+	// false for it: like every control.log line, anyone may have written it.
 	KnownServer bool
+	// Suppressed, on UnverifiedRecord: records of that kind dropped
+	// without an event of their own since the previous one (rate limit).
+	Suppressed int
 
 	ack *barrierAck // Barrier's
 }

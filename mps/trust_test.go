@@ -525,3 +525,71 @@ func TestLocalResourceErrors(t *testing.T) {
 		t.Errorf("EPERM taken for a local resource shortage: %v", err)
 	}
 }
+
+// TestUnverifiedRecordFloodIsRateLimited: a local user floods the FIFO
+// with forged records. They are reported at a bounded rate, every one is
+// still counted (Suppressed), and a real server's start and exit are
+// reported all the same.
+func TestUnverifiedRecordFloodIsRateLimited(t *testing.T) {
+	b := emuBackend(t, "550")
+	bin := attackerBinary(t)
+	cfg := newConfig(t, b)
+	openPipeDir(t, cfg)
+	in := start(t, cfg)
+	v, marker := victim(t), victim(t)
+	begin := time.Now()
+	const writes, perWrite = 10, 40 // each write below PIPE_BUF
+	for range writes {
+		var recs []mpslog.Record
+		for range perWrite {
+			recs = append(recs, controlRec(fmt.Sprintf("Starting new server %d for user 0", v.Process.Pid), v.Process.Pid))
+		}
+		forge(t, bin, uidForger, cfg, recs...)
+	}
+	// A real server amid the flood is reported as ever.
+	server := in.startServer(t)
+	sigkill(t, server)
+	in.waitEvent(t, "real server exited", kindPID(ServerExited, server))
+
+	// Then one more record now and then, until it is reported (a token
+	// is back) and carries the count of the ones dropped before it.
+	sent := writes * perWrite
+	deadline := time.Now().Add(10 * time.Second)
+	var last Event
+	for {
+		forge(t, bin, uidForger, cfg, controlRec(fmt.Sprintf("Server %d exited with status 0", marker.Process.Pid), in.d.PID()))
+		sent++
+		ev, ok := in.waitEventFor(t, 100*time.Millisecond, kindPID(UnverifiedRecord, marker.Process.Pid))
+		if ok {
+			last = ev
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the marker record was never reported")
+		}
+	}
+	elapsed := time.Since(begin)
+	events, counted := 1, 1+last.Suppressed
+	for len(in.events) > 0 {
+		in.backlog = append(in.backlog, <-in.events)
+	}
+	for _, ev := range in.backlog {
+		if ev.Kind == UnverifiedRecord {
+			events++
+			counted += 1 + ev.Suppressed
+		}
+	}
+	if max := unverifiedBurst + int(elapsed.Seconds()*unverifiedRate) + 2; events > max {
+		t.Errorf("%d UnverifiedRecord events in %v; the rate allows %d", events, elapsed, max)
+	}
+	t.Logf("%d records sent, %d events in %v", sent, events, elapsed)
+	if counted != sent {
+		t.Errorf("records counted %d (events plus Suppressed), sent %d", counted, sent)
+	}
+	if last.Suppressed == 0 && events <= unverifiedBurst {
+		t.Errorf("%d records in %d events, none suppressed: the flood was not limited", sent, events)
+	}
+	if !alive(t, v.Process.Pid) {
+		t.Errorf("victim %d was killed", v.Process.Pid)
+	}
+}

@@ -143,7 +143,7 @@ func (d *Daemon) onLogLine(line string, _ int64) {
 			d.unverified(ev.PID, record, SourceLog, errors.New("no verified server of this daemon"))
 		}
 		return
-	case FatalException, ServerStartFailed:
+	case FatalException:
 		ev.KnownServer = ev.PID > 0 && d.recentServer(ev.PID)
 	}
 	d.events.push(ev)
@@ -194,10 +194,34 @@ func (d *Daemon) knownServer(pid int, record string) bool {
 	return d.serverSeen(pid, time.Now(), SourceLog, record)
 }
 
-// unverified drops a record naming pid: logged and reported, never acted on.
+// Unverified records are reported at most unverifiedRate a second (bursts
+// of unverifiedBurst): anyone can write them as fast as the FIFO takes
+// them, and a flood must neither fill the log nor push real events out of
+// the bounded queue. The ones over the rate are counted in the next
+// reported one's Suppressed.
+const (
+	unverifiedRate  = 20
+	unverifiedBurst = 100
+)
+
+// unverified drops a record naming pid: logged and reported (rate
+// limited), never acted on.
 func (d *Daemon) unverified(pid int, record string, src EventSource, why error) {
-	d.log.Warn("mps: record names no verified server of this daemon; ignored", "pid", pid, "record", record, "reason", why)
-	d.events.push(Event{Kind: UnverifiedRecord, Time: time.Now(), PID: pid, UID: -1, ExitStatus: -1, Source: src, Message: record})
+	now := time.Now()
+	d.mu.Lock()
+	d.unverifiedTokens = min(unverifiedBurst, d.unverifiedTokens+now.Sub(d.unverifiedAt).Seconds()*unverifiedRate)
+	d.unverifiedAt = now
+	if d.unverifiedTokens < 1 {
+		d.unverifiedSuppressed++
+		d.mu.Unlock()
+		return
+	}
+	d.unverifiedTokens--
+	suppressed := d.unverifiedSuppressed
+	d.unverifiedSuppressed = 0
+	d.mu.Unlock()
+	d.log.Warn("mps: record names no verified server of this daemon; ignored", "pid", pid, "record", record, "reason", why, "suppressed_before", suppressed)
+	d.events.push(Event{Kind: UnverifiedRecord, Time: now, PID: pid, UID: -1, ExitStatus: -1, Source: src, Message: record, Suppressed: suppressed})
 }
 
 // serverSeen registers a server pid learned from the log or a command,

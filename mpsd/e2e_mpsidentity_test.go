@@ -2,15 +2,20 @@ package mpsd
 
 import (
 	"encoding/json"
+	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/mpsemu/mpslog"
 )
 
 // readState and writeState edit the state file between mpsd runs, as a
@@ -127,4 +132,95 @@ func TestRestartAdoptsTheRecordedDaemon(t *testing.T) {
 			t.Errorf("daemon %d, not the recorded one, still runs beside its replacement (%v)", tampered.PID, after)
 		}
 	}
+}
+
+// uidRecordForger is a tenant of the group in TestForgedMPSRecordsAreCounted.
+const uidRecordForger = 64103
+
+// TestForgedMPSRecordsAreCounted: a tenant of the group writes forged
+// records into its MPS daemon's log FIFO (anyone who reaches the pipe
+// directory can): a server start naming a root process, and fatal GPU
+// faults naming that process and the daemon. Nothing is signalled, no
+// lease is revoked, no fault is counted; each record is counted in
+// mpsd_unverified_mps_records_total.
+func TestForgedMPSRecordsAreCounted(t *testing.T) {
+	groups := `  a:
+    users: ["root", "` + strconv.Itoa(uidRecordForger) + `"]
+    memory: 20G
+`
+	e := newEnv(t, groups, "")
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	lease := startProc(t, e.launch("--sm", "20", "--mem", "1G", "--", client, "--duration", "1m"))
+	st := e.waitStatus("the lease running", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && len(instanceOf(st, "a", st.Leases[0].GPUIndexes[0]).ServerPIDs) == 1
+	})
+	gpu := st.Leases[0].GPUIndexes[0]
+	in := instanceOf(st, "a", gpu)
+	victim := exec.Command("sleep", "600")
+	if err := victim.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = victim.Process.Kill(); _ = victim.Wait() })
+
+	pipe := filepath.Join(e.dir, "run", "a", in.GPUUUID, "pipe")
+	now := time.Now()
+	var recs []byte
+	for _, r := range []mpslog.Record{
+		{Kind: mpslog.Control, PID: victim.Process.Pid, Time: now, Msg: fmt.Sprintf("Starting new server %d for user 0", victim.Process.Pid)},
+		{Kind: mpslog.Server, PID: victim.Process.Pid, Time: now, Msg: "Server is handling a fatal GPU error."},
+		{Kind: mpslog.Server, PID: in.DaemonPID, Time: now, Msg: "Server is handling a fatal GPU error."},
+	} {
+		recs = append(recs, r.Encode()...)
+	}
+	recFile := filepath.Join(e.dir, "records")
+	if err := os.WriteFile(recFile, recs, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dd := asUID(exec.Command("dd", "if="+recFile, "of="+filepath.Join(pipe, "log"), "oflag=nonblock", "conv=notrunc", "bs=4096", "status=none"), uidRecordForger)
+	if out, err := dd.CombinedOutput(); err != nil {
+		t.Fatalf("tenant %d writing into %s/log: %v: %s", uidRecordForger, pipe, err, out)
+	}
+
+	counted := func() float64 {
+		fams, err := e.d.metrics.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			if f.GetName() != "mpsd_unverified_mps_records_total" {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "gpu" && l.GetValue() == in.GPUUUID {
+						return m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		return -1
+	}
+	deadline := time.Now().Add(waitFor)
+	for counted() < 3 { // a metric offers nothing to wait on
+		if time.Now().After(deadline) {
+			t.Fatalf("mpsd_unverified_mps_records_total = %v, want 3", counted())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	after := e.d.Status()
+	if n := countLeases(after, api.LeaseRunning); n != 1 || after.Leases[0].Attempt != 1 {
+		t.Errorf("leases after forged faults: %+v; want the one lease running, attempt 1", after.Leases)
+	}
+	if got := instanceOf(after, "a", gpu); got.Restarts != 0 || got.DaemonPID != in.DaemonPID {
+		t.Errorf("instance after forged records: %+v; want untouched", got)
+	}
+	if err := victim.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Errorf("victim: %v", err)
+	}
+	if b, _ := os.ReadFile(e.log.Name()); !strings.Contains(string(b), "MPS record names no verified server") {
+		t.Errorf("mpsd logged no warning for the forged records")
+	}
+	_ = lease.cmd.Process.Signal(syscall.SIGTERM)
+	lease.wait(t)
 }

@@ -218,7 +218,9 @@ func (d *Daemon) startFailureConfirmed(in *instance, uid int) bool {
 func (d *Daemon) unverifiedRecord(in *instance, ev mps.Event, why string) {
 	now := time.Now()
 	d.mu.Lock()
-	in.unverified++
+	// Suppressed: records mps dropped unreported before this one (its
+	// own bound on a flood).
+	in.unverified += 1 + uint64(max(ev.Suppressed, 0))
 	if ev.InServerLog && in.logHandled >= 0 {
 		in.logHandled = max(in.logHandled, ev.LogOffset+1)
 		d.store.request()
