@@ -43,6 +43,11 @@ var (
 	// executable or uid, gone), or not the one Config.Expect names. Adopt
 	// and Reclaim errors wrap it together with ErrNoDaemon.
 	ErrUnverifiedDaemon = errors.New("mps: lock holder is not a verified control daemon")
+	// ErrForeignLockHolder: a process of the daemons' own uid (root) that
+	// does not run the control program holds control_lock. Nothing of the
+	// pipe directory is touched; an operator must look. Start and Adopt
+	// errors wrap it.
+	ErrForeignLockHolder = errors.New("mps: control_lock is held by another program of the daemons' uid")
 	// ErrLocalResources: this process (mpsd) could not start the control
 	// program or open a pidfd or eventfd because it is out of file
 	// descriptors, processes or memory itself (EMFILE, ENFILE, EAGAIN,

@@ -423,6 +423,58 @@ func TestStartOverTenantHeldLock(t *testing.T) {
 	})
 }
 
+// TestStartRefusesForeignRootLockHolder: a process of the daemons' own uid
+// (root) that is not the control program holds control_lock. mpsd cannot
+// know why, so Start refuses with ErrForeignLockHolder, touches none of
+// the pipe directory's files and signals nothing; Adopt refuses too.
+func TestStartRefusesForeignRootLockHolder(t *testing.T) {
+	b := emuBackend(t, "550")
+	bin := attackerBinary(t)
+	cfg := newConfig(t, b)
+	openPipeDir(t, cfg)
+	first := start(t, cfg)
+	sigkill(t, first.d.PID())
+	first.waitEvent(t, "daemon exited", kind(DaemonExited))
+
+	locker := attacker(bin, 0, "lock:"+filepath.Join(cfg.PipeDir, lockFileName))
+	stdin, err := locker.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := locker.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	locker.Stderr = os.Stderr
+	if err := locker.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); _ = locker.Process.Kill(); _ = locker.Wait() })
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "locked\n" {
+		t.Fatalf("locker: %q, %v", line, err)
+	}
+	before, err := os.ReadDir(cfg.PipeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Start(testCtx(t, 5*time.Second), cfg); !errors.Is(err, ErrForeignLockHolder) {
+		t.Fatalf("Start with root's foreign process holding the lock: %v; want ErrForeignLockHolder", err)
+	}
+	if _, err := Adopt(testCtx(t, 5*time.Second), cfg); !errors.Is(err, ErrForeignLockHolder) || errors.Is(err, ErrNoDaemon) {
+		t.Fatalf("Adopt: %v; want ErrForeignLockHolder, not ErrNoDaemon", err)
+	}
+	after, err := os.ReadDir(cfg.PipeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != len(before) {
+		t.Errorf("pipe directory changed: %d entries, had %d", len(after), len(before))
+	}
+	if !alive(t, locker.Process.Pid) {
+		t.Errorf("the lock holder was killed")
+	}
+}
+
 // emfileEnv runs the test binary as a process that adopts a daemon and
 // then runs out of file descriptors (see emfileMain).
 const emfileEnv = "MPS_TEST_EMFILE"

@@ -142,21 +142,29 @@ func verifyDaemon(cfg Config, pid int) (int, DaemonIdentity, error) {
 	return fd, DaemonIdentity{PID: pid, StartTime: info.stat.startTime}, nil
 }
 
+// checkDaemon: the uid decides whether the holder is a daemon at all (a
+// tenant can take the lock of a dead daemon's file, never run a process
+// as root). A process of daemonUID is a control daemon if it runs the
+// control program: the configured file, or one of its name, which covers
+// a wrapper that execs the binary and a daemon still running a binary
+// replaced by an upgrade ("(deleted)"). A process of daemonUID running
+// anything else holds the lock for a reason mpsd cannot know: that is
+// ErrForeignLockHolder (Start refuses, rather than take its files as stale).
 func checkDaemon(cfg Config, pid int, info procInfo) error {
-	want, err := os.Stat(cfg.ControlPath)
-	if err != nil {
-		return fmt.Errorf("%w: control program: %w", ErrUnverifiedDaemon, err)
-	}
-	if info.file == nil || !os.SameFile(info.file, want) {
-		return fmt.Errorf("%w: pid %d runs %q, not the control program %s", ErrUnverifiedDaemon, pid, info.exe, cfg.ControlPath)
-	}
 	if u := daemonUID(); info.uid != u {
 		return fmt.Errorf("%w: pid %d runs as uid %d, not %d", ErrUnverifiedDaemon, pid, info.uid, u)
 	}
 	if !info.stat.hasStart {
 		return fmt.Errorf("%w: pid %d: no start time in /proc", ErrUnverifiedDaemon, pid)
 	}
-	return nil
+	if want, err := os.Stat(cfg.ControlPath); err == nil && info.file != nil && os.SameFile(info.file, want) {
+		return nil
+	}
+	if info.exe != "" && filepath.Base(info.exe) == filepath.Base(DefaultControl) {
+		return nil
+	}
+	return fmt.Errorf("%w: pid %d, uid %d, holds %s but runs %q, not the control program %s; stop it, or remove the pipe directory's files by hand",
+		ErrForeignLockHolder, pid, info.uid, lockFileName, info.exe, cfg.ControlPath)
 }
 
 // lockedDaemon finds the daemon owning cfg.PipeDir: the holder of the

@@ -218,7 +218,7 @@ func TestForgedMPSRecordsAreCounted(t *testing.T) {
 	if err := victim.Process.Signal(syscall.Signal(0)); err != nil {
 		t.Errorf("victim: %v", err)
 	}
-	if b, _ := os.ReadFile(e.log.Name()); !strings.Contains(string(b), "MPS record names no verified server") {
+	if b, _ := os.ReadFile(e.log.Name()); !strings.Contains(string(b), "MPS log record not acted on") {
 		t.Errorf("mpsd logged no warning for the forged records")
 	}
 	_ = lease.cmd.Process.Signal(syscall.SIGTERM)
