@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
+	"github.com/mpsd/mpsd/internal/mpsemu/emuwire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -449,6 +450,9 @@ func TestAgainstNVIDIADaemon(t *testing.T) {
 	if got := m.cmd("get_server_status " + server); got != "INITIALIZING\n" {
 		t.Errorf("NVIDIA's daemon says %q about the emulated server", got)
 	}
+	// NVIDIA's daemon logs the server's start when it forks it; the
+	// server listens a moment later.
+	waitListening(t, emuwire.AnyServerSocket(m.pipe))
 	r := m.run(deadline, "", emutest.ClientName)
 	if r.code != 0 || !strings.Contains(r.stdout, "server="+server+" ") {
 		t.Errorf("client via NVIDIA's daemon's server: %+v", r)
@@ -563,3 +567,25 @@ func TestLogsAsOnGPU(t *testing.T) {
 
 // server0Name is the emulated GPUs' name in server.log.
 const server0Name = "MPS Emulated GPU"
+
+// waitListening waits until an abstract unix socket addr ("@name") is
+// listening, as /proc/net/unix lists it.
+func waitListening(t *testing.T, addr string) {
+	t.Helper()
+	end := time.Now().Add(deadline)
+	for {
+		b, err := os.ReadFile("/proc/net/unix")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) >= 8 && f[len(f)-1] == addr {
+				return
+			}
+		}
+		if time.Now().After(end) {
+			t.Fatalf("nothing listens on %s", addr)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
