@@ -35,9 +35,14 @@ const shmDir = mps.DevShm
 // record written into it, with the kind and pid the writer chose, into
 // control.log or server.log, which mpsd reads; and the pid file 0666. A
 // CUDA client needs neither (it talks to the daemon through the control
-// socket). They are mounted over with /dev/null, read-only, as runc masks
-// paths: a write there goes nowhere, a read finds nothing.
-var maskedEntries = []string{"log", "nvidia-cuda-mps-control.pid"}
+// socket). control_lock is the daemon's lock: a pod that could lock or
+// replace it could make the next mpsd take a live daemon's files for
+// stale. They are mounted over with /dev/null, read-only, as runc masks
+// paths: a write there goes nowhere, a read finds nothing. The pipe
+// directory itself is mounted read-only, so a pod's root can neither
+// unlink nor replace what is in it (connecting to the control socket
+// needs no write access to the mount).
+var maskedEntries = []string{"log", "nvidia-cuda-mps-control.pid", "control_lock"}
 
 // maskSource is what a masked entry is mounted from.
 const maskSource = "/dev/null"
@@ -536,7 +541,7 @@ func podMounts(pipe, procRoot string, daemonPID int) ([]*pluginapi.Mount, error)
 	if daemonShm == nil || !os.SameFile(daemonShm, fi) {
 		return nil, status.Errorf(codes.FailedPrecondition, "the MPS control daemon (pid %d) of pipe directory %s does not have %s as its /dev/shm (started before mpsd served its group to the kubelet?); restart the instance: %v", daemonPID, pipe, shm, err)
 	}
-	mounts := []*pluginapi.Mount{{ContainerPath: pipe, HostPath: pipe}}
+	mounts := []*pluginapi.Mount{{ContainerPath: pipe, HostPath: pipe, ReadOnly: true}}
 	for _, name := range maskedEntries {
 		p := filepath.Join(pipe, name)
 		if _, err := os.Lstat(p); err == nil {

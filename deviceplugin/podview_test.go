@@ -3,6 +3,7 @@ package deviceplugin
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,8 +26,9 @@ import (
 // attackerUID is the uid the pod's processes run as in the pod-view tests.
 const attackerUID = 64250
 
-// checkPodMounts asserts a container's mounts: the pipe directory, its log
-// FIFO and pid file masked read-only with /dev/null right after it, and
+// checkPodMounts asserts a container's mounts: the pipe directory
+// read-only, its log FIFO, pid file and control_lock masked read-only with
+// /dev/null right after it, and
 // the instance's private shared-memory directory (a root-owned 1777
 // directory) at /dev/shm; never the host's /dev/shm, and nothing else.
 func checkPodMounts(t *testing.T, resp *pluginapi.ContainerAllocateResponse, pipe, shm string) {
@@ -39,9 +41,10 @@ func checkPodMounts(t *testing.T, resp *pluginapi.ContainerAllocateResponse, pip
 		}
 	}
 	want := []string{
-		pipe + ":" + pipe + " ro=false",
+		pipe + ":" + pipe + " ro=true",
 		"/dev/null:" + filepath.Join(pipe, "log") + " ro=true",
 		"/dev/null:" + filepath.Join(pipe, "nvidia-cuda-mps-control.pid") + " ro=true",
+		"/dev/null:" + filepath.Join(pipe, "control_lock") + " ro=true",
 		shm + ":/dev/shm ro=false",
 	}
 	if !slices.Equal(got, want) {
@@ -251,7 +254,33 @@ func TestPodViewIsolatesShmAndLogFIFO(t *testing.T) {
 		if fi, err := os.Stat(filepath.Join(root, pipeA, "control")); err != nil || fi.Mode().Type() != os.ModeSocket {
 			t.Errorf("the pod has no control socket: %v %v", fi, err)
 		}
+		// A pod's root can neither remove nor replace what is in the
+		// pipe directory, nor take the daemon's lock.
+		for _, name := range []string{"control", "control_lock"} {
+			if out, err := runAs(0, nil, `rm -f "$1" 2>&1`, filepath.Join(root, pipeA, name)); err == nil {
+				t.Errorf("the pod's root removed <pipe>/%s: %s", name, out)
+			}
+		}
+		if out, err := runAs(0, nil, `: > "$1" 2>&1`, filepath.Join(root, pipeA, "planted")); err == nil {
+			t.Errorf("the pod's root created a file in the pipe directory: %s", out)
+		}
+		// Connecting needs no write access to the mount: a client gets
+		// through (this thread is in the pod's view).
+		if c, err := net.Dial("unixpacket", filepath.Join(root, pipeA, "control")); err != nil {
+			t.Errorf("the pod cannot connect to the control socket on its read-only mount: %v", err)
+		} else {
+			c.Close()
+		}
 	})
+	if fi, err := os.Lstat(filepath.Join(pipeA, "control")); err != nil || fi.Mode().Type() != os.ModeSocket {
+		t.Errorf("the daemon's control socket after the pod's tries: %v %v", fi, err)
+	}
+	if holder, err := os.Stat(filepath.Join(pipeA, "control_lock")); err != nil || !holder.Mode().IsRegular() {
+		t.Errorf("the daemon's control_lock after the pod's tries: %v %v", holder, err)
+	}
+	if _, err := os.Lstat(filepath.Join(pipeA, "planted")); err == nil {
+		t.Errorf("a file the pod planted is in the pipe directory")
+	}
 	// A record written after the pod's through the daemon's real FIFO
 	// reaches control.log; the FIFO keeps order, so had the pod's reached
 	// it, it would be there first.

@@ -21,7 +21,7 @@
 #      /dev/shm is the instance's <run_dir>/gamma/<uuid>/shm. It checks that
 #      the daemon's and the server's /dev/shm is that directory, that a
 #      client given exactly a pod's mounts (built with unshare: the pipe
-#      directory, /dev/null read-only over its log FIFO and pid file, the
+#      directory read-only, /dev/null read-only over its log FIFO, pid file and control_lock, the
 #      instance's shm directory at /dev/shm) reaches the server and runs
 #      within its limits, and records what a client on the host, with the
 #      host's /dev/shm, gets from the same server (expected: it cannot share
@@ -960,7 +960,9 @@ podview() {
 		shm=$1 pipe=$2
 		shift 2
 		mount --bind "$shm" /dev/shm
-		for f in "$pipe/log" "$pipe/nvidia-cuda-mps-control.pid"; do
+		mount --bind "$pipe" "$pipe"
+		mount -o remount,bind,ro "$pipe"
+		for f in "$pipe/log" "$pipe/nvidia-cuda-mps-control.pid" "$pipe/control_lock"; do
 			[ -e "$f" ] || continue
 			mount --bind /dev/null "$f"
 			mount -o remount,bind,ro "$f"
