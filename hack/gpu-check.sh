@@ -794,11 +794,12 @@ T_FAULT='' T_ERR='' T_REVOKED='' T_REQ1='' T_REQF='' T_RUN1='' T_RUNF=''
 # timeline): the emulator's MPSEMU_FAULT_RESET (default 0) stands for it.
 A_PIPE=$(find "$BASE/run" -type d -name pipe -path '*alpha*' 2>/dev/null | head -n 1)
 T_SFAULT='' T_SEND='' S_END=''
+fault_state() { echo "get_server_status ${A_SERVER%% *}" | CUDA_MPS_PIPE_DIRECTORY=$A_PIPE timeout 2 "$CTL" 2>/dev/null; }
 until=$((SECONDS + 60))
 while ((SECONDS < until)); do
 	tn=$(now)
 	if [[ -n $A_PIPE && -n $A_SERVER && -z $T_SEND ]]; then
-		s=$(echo "get_server_status ${A_SERVER%% *}" | CUDA_MPS_PIPE_DIRECTORY=$A_PIPE timeout 2 "$CTL" 2>/dev/null)
+		s=$(fault_state)
 		if [[ $s == FAULT ]]; then
 			[[ -n $T_SFAULT ]] || T_SFAULT=$tn
 		elif [[ -n $T_SFAULT ]]; then
@@ -828,6 +829,13 @@ while ((SECONDS < until)); do
 		break
 	fi
 	need_mpsd
+	sleep 0.05
+done
+# A FAULT window that outlasts the timeline: followed a little longer.
+until=$((SECONDS + 10))
+while [[ -n $T_SFAULT && -z $T_SEND ]] && ((SECONDS < until)); do
+	s=$(fault_state)
+	[[ $s == FAULT ]] || { T_SEND=$(now) S_END=${s:-no answer}; }
 	sleep 0.05
 done
 B_PIDS_AFTER=$(st_pids beta)
