@@ -645,3 +645,28 @@ func TestUnverifiedRecordFloodIsRateLimited(t *testing.T) {
 		t.Errorf("victim %d was killed", v.Process.Pid)
 	}
 }
+
+func TestReadSmall(t *testing.T) {
+	dir := t.TempDir()
+	big := filepath.Join(dir, "big")
+	if err := os.WriteFile(big, []byte(strings.Repeat("7", 1<<20)), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := readSmall(big, 32); err != nil || len(b) != 32 {
+		t.Errorf("readSmall of a 1 MiB file: %d bytes, %v; want 32", len(b), err)
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(big, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readSmall(link, 32); err == nil {
+		t.Error("readSmall followed a symlink")
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readSmall(fifo, 32); err == nil {
+		t.Error("readSmall read a FIFO")
+	}
+}

@@ -3,6 +3,7 @@ package mps
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -205,7 +206,7 @@ func lockedDaemon(cfg Config, expect *DaemonIdentity) (int, DaemonIdentity, int,
 		return -1, DaemonIdentity{}, holder, fmt.Errorf("mps: %s: %w: %w: the daemon holding %s is not the expected one (%s)",
 			cfg.PipeDir, ErrNoDaemon, ErrUnverifiedDaemon, lockFileName, strings.Join(why, ", "))
 	}
-	if b, err := os.ReadFile(filepath.Join(cfg.PipeDir, pidFileName)); err == nil {
+	if b, err := readSmall(filepath.Join(cfg.PipeDir, pidFileName), 32); err == nil {
 		if p, err := strconv.Atoi(strings.TrimSpace(string(b))); err != nil || p != id.PID {
 			cfg.Logger.Warn("mps: pid file does not name the daemon holding control_lock; ignored (any local user can write it)",
 				"pipe_dir", cfg.PipeDir, "pid_file", strings.TrimSpace(string(b[:min(len(b), 32)])), "daemon_pid", id.PID)
@@ -263,4 +264,24 @@ func (d *Daemon) checkServer(pid int, info procInfo) error {
 		return fmt.Errorf("pid %d runs %q, not %s", pid, info.exe, serverProgram)
 	}
 	return nil
+}
+
+// readSmall reads at most max bytes of a file anyone may have written
+// (the pid file is 0666): no link followed, no FIFO waited on, no
+// gigabyte read.
+func readSmall(path string, max int) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file", path)
+	}
+	b := make([]byte, max)
+	n, err := io.ReadFull(f, b)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	return b[:n], nil
 }
