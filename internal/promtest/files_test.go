@@ -52,6 +52,13 @@ var (
 		"mpsd_gpu_utilization_ratio":                {labels: []string{"gpu", "gpu_index"}},
 		"mpsd_config_last_reload_success":           {},
 		"mpsd_config_last_reload_timestamp_seconds": {},
+		"mpsd_unverified_mps_records_total":         {labels: instLabels},
+		"mpsd_leases_kill_stuck":                    {},
+		"mpsd_cgroup_kill_failures_total":           {labels: []string{"group"}},
+		"mpsd_local_resource_errors_total":          {labels: []string{"where"}},
+		"mpsd_connections_open":                     {labels: []string{"listener"}},
+		"mpsd_connections_refused_total":            {labels: []string{"listener", "reason"}},
+		"mpsd_lease_requests_over_limit_total":      {},
 	}
 	// Values a matcher on these labels may name.
 	labelValues = map[string][]string{
