@@ -123,7 +123,7 @@ func TestXidReportHelper(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, err := io.WriteString(c, os.Getenv("GPU_TEST_XID_LINE")); err != nil {
-		t.Fatal(err)
-	}
+	// The listener may hang up on a stranger before the line is written
+	// (EPIPE): the attempt is what counts, not whether it was read.
+	_, _ = io.WriteString(c, os.Getenv("GPU_TEST_XID_LINE"))
 }
