@@ -371,6 +371,30 @@ func TestForgedPidFileAdoptsByLock(t *testing.T) {
 	})
 }
 
+// holdLock starts the attacker binary as uid holding the POSIX lock on
+// path, and returns once it holds it; the test's end releases it.
+func holdLock(t *testing.T, bin string, uid uint32, path string) *exec.Cmd {
+	t.Helper()
+	locker := attacker(bin, uid, "lock:"+path)
+	stdin, err := locker.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := locker.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	locker.Stderr = os.Stderr
+	if err := locker.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); _ = locker.Process.Kill(); _ = locker.Wait() })
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "locked\n" {
+		t.Fatalf("locker: %q, %v", line, err)
+	}
+	return locker
+}
+
 // TestStartOverTenantHeldLock: after a daemon died, a local user takes
 // the POSIX lock on its control_lock (0666). Start still starts a new
 // daemon (the files are stale) and leaves that user's process alone.
@@ -383,23 +407,7 @@ func TestStartOverTenantHeldLock(t *testing.T) {
 		sigkill(t, first.d.PID())
 		first.waitEvent(t, "daemon exited", kind(DaemonExited))
 
-		locker := attacker(bin, uidLocker, "lock:"+filepath.Join(cfg.PipeDir, lockFileName))
-		stdin, err := locker.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		stdout, err := locker.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		locker.Stderr = os.Stderr
-		if err := locker.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { stdin.Close(); _ = locker.Process.Kill(); _ = locker.Wait() })
-		if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "locked\n" {
-			t.Fatalf("locker: %q, %v", line, err)
-		}
+		locker := holdLock(t, bin, uidLocker, filepath.Join(cfg.PipeDir, lockFileName))
 		if holder, err := lockHolder(cfg.PipeDir); err != nil || holder != locker.Process.Pid {
 			t.Fatalf("lock holder %d, %v; want the tenant %d", holder, err, locker.Process.Pid)
 		}
@@ -436,23 +444,7 @@ func TestStartRefusesForeignRootLockHolder(t *testing.T) {
 	sigkill(t, first.d.PID())
 	first.waitEvent(t, "daemon exited", kind(DaemonExited))
 
-	locker := attacker(bin, 0, "lock:"+filepath.Join(cfg.PipeDir, lockFileName))
-	stdin, err := locker.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := locker.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	locker.Stderr = os.Stderr
-	if err := locker.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { stdin.Close(); _ = locker.Process.Kill(); _ = locker.Wait() })
-	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "locked\n" {
-		t.Fatalf("locker: %q, %v", line, err)
-	}
+	locker := holdLock(t, bin, 0, filepath.Join(cfg.PipeDir, lockFileName))
 	before, err := os.ReadDir(cfg.PipeDir)
 	if err != nil {
 		t.Fatal(err)

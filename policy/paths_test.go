@@ -26,16 +26,7 @@ func TestOverlappingDirs(t *testing.T) {
 				}
 				return
 			}
-			var ce *ConfigError
-			if !errors.As(err, &ce) {
-				t.Fatalf("Parse error %v, want a ConfigError", err)
-			}
-			for _, p := range ce.Problems {
-				if p.Key == tc.key && strings.Contains(p.Message, tc.msg) {
-					return
-				}
-			}
-			t.Fatalf("problems %v lack %s: %q", ce.Problems, tc.key, tc.msg)
+			wantProblem(t, err, tc.key, tc.msg)
 		})
 	}
 }

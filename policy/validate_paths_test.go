@@ -28,16 +28,23 @@ func TestHostLimits(t *testing.T) {
 				}
 				return
 			}
-			var ce *ConfigError
-			if !errors.As(err, &ce) {
-				t.Fatalf("Parse error %v, want a ConfigError", err)
-			}
-			for _, p := range ce.Problems {
-				if p.Key == tc.key && strings.Contains(p.Message, tc.msg) {
-					return
-				}
-			}
-			t.Fatalf("problems %v lack %s: %q", ce.Problems, tc.key, tc.msg)
+			wantProblem(t, err, tc.key, tc.msg)
 		})
 	}
+}
+
+// wantProblem fails t unless err is a ConfigError with a problem at key
+// whose message contains msg.
+func wantProblem(t *testing.T, err error, key, msg string) {
+	t.Helper()
+	var ce *ConfigError
+	if !errors.As(err, &ce) {
+		t.Fatalf("Parse error %v, want a ConfigError", err)
+	}
+	for _, p := range ce.Problems {
+		if p.Key == key && strings.Contains(p.Message, msg) {
+			return
+		}
+	}
+	t.Fatalf("problems %v lack %s: %q", ce.Problems, key, msg)
 }
