@@ -862,6 +862,21 @@ if [[ -n $T_FAULT ]]; then
 	took=$(grep -m1 'msg="leases revoked and requeued" group=alpha' "$D/mpsd.log" | grep -o 'took=[^ ]*' | cut -d= -f2)
 	[[ -n $took ]] && say "mpsd: revoking and requeueing alpha's leases took $took (mpsd.log)"
 fi
+# mpsd acts on a server's fault record only when an NVML Xid on the GPU
+# matches it (docs/security.md, rule 3): what the driver reported, and when.
+T_XID=$(mpsd_log_time 'msg="GPU Xid"')
+xid_line=$(grep -m1 'msg="GPU Xid"' "$D/mpsd.log" | grep -o 'xid=[0-9]* level=[a-z]* pid=[0-9]*')
+if [[ -n $T_XID ]]; then
+	note "RECORD: NVML reported ${xid_line:-an Xid} for the client's fault"
+	[[ -n $T_FAULT ]] && timing "fault -> NVML's Xid reaches mpsd (mpsd.log)" "$(dt "$T_FAULT" "$T_XID")"
+else
+	note "RECORD: NVML reported no Xid for the client's fault: mpsd cannot confirm the server's fault record"
+fi
+if grep -q 'msg="MPS fault record confirmed by an Xid".*group=alpha' "$D/mpsd.log"; then
+	note "RECORD: alpha's fault record was confirmed by the Xid"
+elif grep -q 'MPS log record not acted on.*group=alpha' "$D/mpsd.log"; then
+	note "RECORD: alpha's fault record was NOT confirmed: $(grep -m1 -o 'why="[^"]*"' "$D/mpsd.log")"
+fi
 [[ -n $T_FAULT && -n $T_REVOKED ]] && timing "fault -> a launcher prints 'revoked' (polled)" "$(dt "$T_FAULT" "$T_REVOKED")"
 [[ -n $T_FAULT && -n $T_REQ1 ]] && timing "fault -> alpha-1 prints 'requeued' (polled)" "$(dt "$T_FAULT" "$T_REQ1")"
 [[ -n $T_FAULT && -n $T_REQF ]] && timing "fault -> alpha-fault prints 'requeued' (polled)" "$(dt "$T_FAULT" "$T_REQF")"

@@ -427,6 +427,7 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 			confirmed := d.claimServerFaultLocked(in, ev, f, time.Now())
 			d.mu.Unlock()
 			if confirmed != nil {
+				in.log.Info("MPS fault record confirmed by an Xid", "server", ev.PID)
 				d.reportFault(in, *confirmed)
 			} else {
 				in.log.Info("MPS fault record waits for an Xid to confirm it", "server", ev.PID, "wait", faultClaimWait)

@@ -46,6 +46,9 @@
 //	                               choice, not measured precisely on a GPU (an H200's
 //	                               FAULT window was shorter than a 100 ms poll, see
 //	                               docs/gpu-probe; hack/gpu-check.sh measures it)
+//	MPSEMU_XID_SOCKET=PATH         on the daemon: where it reports its clients'
+//	                               faults as Xid 31 ("<GPU UUID> 31\n"), as the
+//	                               driver reports them to NVML (mpsd --simulate sets it)
 //
 // Two more are internal and never need setting: MPSEMU_DAEMON_CHILD marks
 // the re-executed daemon, MPSEMU_EXEC_FAILED the child that stands for a
