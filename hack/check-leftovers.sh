@@ -31,6 +31,13 @@ if [ -n "$tmps" ]; then
 	echo "$tmps" >&2
 	fail=1
 fi
+# Test users (emutest.User) are named mpsdt<uid> and removed by their test.
+users=$(getent passwd | cut -d: -f1 | grep '^mpsdt[0-9]' || true)
+if [ -n "$users" ]; then
+	echo "check-leftovers: test users left behind:" >&2
+	echo "$users" >&2
+	fail=1
+fi
 # Tests always pass their own pipe and log directories; MPS's defaults must stay untouched.
 for d in /tmp/nvidia-mps /var/log/nvidia-mps; do
 	if [ -e "$d" ]; then
@@ -38,5 +45,5 @@ for d in /tmp/nvidia-mps /var/log/nvidia-mps; do
 		fail=1
 	fi
 done
-[ "$fail" = 0 ] && echo "check-leftovers: no processes, cgroups, temporary or default MPS directories left behind"
+[ "$fail" = 0 ] && echo "check-leftovers: no processes, cgroups, temporary or default MPS directories, or test users left behind"
 exit "$fail"

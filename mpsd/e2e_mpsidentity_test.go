@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
 	"github.com/mpsd/mpsd/internal/mpsemu/mpslog"
 )
 
@@ -145,7 +146,7 @@ const uidRecordForger = 64103
 // mpsd_unverified_mps_records_total.
 func TestForgedMPSRecordsAreCounted(t *testing.T) {
 	groups := `  a:
-    users: ["root", "` + strconv.Itoa(uidRecordForger) + `"]
+    users: ["root", "` + emutest.User(t, uidRecordForger) + `"]
     memory: 20G
 `
 	e := newEnv(t, groups, "")

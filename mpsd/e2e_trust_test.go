@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
 )
 
 // Attacker tests of the trust boundary (docs/security.md): tenants write
@@ -75,11 +76,13 @@ func alive(pid int) bool {
 // failure, and the root process a forged "new server" record named is
 // not killed when an admin restarts the instance afterwards.
 func TestForgedMPSRecordsRevokeNothing(t *testing.T) {
+	// Real users, made for the test: the config names them.
+	victimName, attackerName := emutest.User(t, trustVictimUID), emutest.User(t, trustAttackerUID)
 	e := newEnv(t, fmt.Sprintf(`  a:
-    users: ["%d", "%d"]
+    users: [%s, %s]
     memory: 10G
     gpus: ["0"]
-`, trustVictimUID, trustAttackerUID), "")
+`, victimName, attackerName), "")
 	e.start()
 	forge := e.buildTestProgram("mpsforge")
 	client := filepath.Join(e.emu, "mpsemu-client")
