@@ -115,6 +115,14 @@ func TestForgedMPSRecordsRevokeNothing(t *testing.T) {
 	// Either mpsd declines the records (and says so) or it acts on them
 	// (recovers the instance, as it did before the trust boundary).
 	e.waitLogAny("MPS log record not acted on", "instance failed; recovering")
+
+	// The same fault record written while mpsd is away: the next mpsd
+	// reads it, cannot match an Xid with it any more, and takes only
+	// leases that ended; the victim's runs on.
+	e.stop()
+	e.forge(forge, trustAttackerUID, fifo, "server", server, "Server is handling a fatal GPU error.")
+	e.start()
+	e.waitLogAny("written while mpsd was away", "instance failed; recovering")
 	open()
 	r := p.wait(t)
 	if r.code != 0 || strings.Contains(r.stdout, "attempt 2") || strings.Contains(r.stderr, "revoked") {

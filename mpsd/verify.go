@@ -32,8 +32,8 @@ import (
 //     only that uid's leases;
 //   - a fault record written while mpsd was away (read again from where
 //     the last mpsd left server.log) cannot be matched with an Xid any
-//     more: it takes only the leases whose processes are all gone, never
-//     one that still runs;
+//     more: it takes only the leases whose processes are all gone within
+//     a second, never one that runs on;
 //   - "fatal exception" lines announce a server's end, which its pidfd
 //     reports: they are only logged.
 //
@@ -46,6 +46,9 @@ const (
 	// xidEvidenceWindow is how long an Xid confirms a fault record that
 	// comes after it.
 	xidEvidenceWindow = 5 * time.Second
+	// unwatchedFaultWait is how long a fault record read after mpsd was
+	// away waits for the leases it hit to end (endedLeases).
+	unwatchedFaultWait = time.Second
 )
 
 // faultClaim is a fault record of the instance waiting for an Xid, with
@@ -170,7 +173,12 @@ func (d *Daemon) xidConfirms(ev gpu.XidEvent, alsoReported map[*instance]bool) {
 	}
 }
 
-// endedLeases are the running leases of in whose processes are all gone.
+// endedLeases are the running leases of in whose processes are all gone
+// within unwatchedFaultWait: the clients a real fault hit end on their
+// sticky error, and those of a fault read late are ending as mpsd comes
+// back. A lease still running after that was not hit (or takes longer to
+// notice: it then ends with its CUDA error, unrequeued). It polls: the
+// processes are no children of mpsd.
 func (d *Daemon) endedLeases(in *instance) []string {
 	d.mu.Lock()
 	var ls []*lease
@@ -181,12 +189,29 @@ func (d *Daemon) endedLeases(in *instance) []string {
 	}
 	d.mu.Unlock()
 	var ended []string
-	for _, l := range ls {
-		if len(l.livePids()) == 0 {
-			ended = append(ended, l.id)
+	deadline := time.NewTimer(unwatchedFaultWait)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ls = slices.DeleteFunc(ls, func(l *lease) bool {
+			if len(l.livePids()) == 0 {
+				ended = append(ended, l.id)
+				return true
+			}
+			return false
+		})
+		if len(ls) == 0 {
+			return ended
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			return ended
+		case <-d.ctx.Done():
+			return ended
 		}
 	}
-	return ended
 }
 
 // startFailureConfirmed reports whether a control.log record that MPS
