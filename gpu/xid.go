@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -81,6 +82,20 @@ type eventPIDSource interface {
 // event at a time; it must not block for long (hand the event to a channel).
 // Only one watcher per Host may run; a second gets ErrWatcherRunning.
 func (h *Host) WatchXid(ctx context.Context, handle func(XidEvent)) error {
+	return h.WatchXidThen(ctx, handle, nil)
+}
+
+// WatchXidThen is WatchXid that calls registered (when not nil) once the
+// GPUs are registered for Xid events, or once it returns without having
+// registered them: from then on no Xid is missed.
+func (h *Host) WatchXidThen(ctx context.Context, handle func(XidEvent), registered func()) error {
+	var once sync.Once
+	done := func() {
+		if registered != nil {
+			once.Do(registered)
+		}
+	}
+	defer done()
 	if handle == nil {
 		return errors.New("gpu: watch Xid: nil handler")
 	}
@@ -110,6 +125,7 @@ func (h *Host) WatchXid(ctx context.Context, handle func(XidEvent)) error {
 	if err := h.registerXid(set); err != nil {
 		return err
 	}
+	done()
 	h.log.Debug("Xid watcher started")
 	return h.xidLoop(ctx, set, handle)
 }

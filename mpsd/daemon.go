@@ -384,6 +384,22 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// Instances come up (or are adopted) in parallel. The API is served
 	// once each has had its first try: one that fails keeps retrying in
 	// the background while the others take clients.
+	// Xid events come from NVML's event set; a host whose GPUs cannot
+	// deliver them is told about once, and MPS's own signals remain. The
+	// GPUs are registered before the instances come up: an Xid is what
+	// confirms an MPS fault record (verify.go), and one raised before the
+	// registration would be lost.
+	xidRegistered := make(chan struct{})
+	d.spawn(func() {
+		if err := d.host.WatchXidThen(d.ctx, d.onXid, func() { close(xidRegistered) }); err != nil {
+			d.log.Warn("no Xid events; GPU faults are seen only through MPS", "err", err)
+		}
+	})
+	select {
+	case <-xidRegistered:
+	case <-time.After(10 * time.Second):
+		d.log.Warn("the GPUs' Xid events are not registered after 10s; starting the instances anyway")
+	}
 	for _, in := range insts {
 		d.spawn(func() { d.bringUp(in, true) })
 	}
@@ -398,13 +414,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 	d.spawn(func() { d.store.run(d.ctx) })
 	d.spawn(d.probeLoop)
-	d.spawn(func() {
-		// Xid events come from NVML's event set; a host whose GPUs cannot
-		// deliver them is told about once, and MPS's own signals remain.
-		if err := d.host.WatchXid(d.ctx, d.onXid); err != nil {
-			d.log.Warn("no Xid events; GPU faults are seen only through MPS", "err", err)
-		}
-	})
 	watchErr := make(chan error, 1)
 	d.spawn(func() { watchErr <- d.watcher.Run(d.ctx) })
 	var msrv *http.Server

@@ -508,6 +508,15 @@ func (d *Daemon) onXid(ev gpu.XidEvent) {
 	d.log.Warn("GPU Xid", "gpu", ev.GPU, "uuid", ev.UUID, "xid", ev.Xid, "level", ev.Level.String(), "pid", ev.PID, "instances", len(affected))
 	reported := map[*instance]bool{}
 	for _, in := range affected {
+		select {
+		case <-in.tried:
+		default:
+			// Its first start or adoption is under way (mpsd is
+			// starting): the bring-up finds what the fault left, as it
+			// did when Xids were watched only after every first try.
+			in.log.Warn("Xid on an instance not yet started; its bring-up handles what is left", "xid", ev.Xid)
+			continue
+		}
 		reported[in] = true
 		d.reportFault(in, fault{kind: faultXid, restart: restart,
 			reason: fmt.Sprintf("Xid %d (%s-level) on GPU %d", ev.Xid, ev.Level, ev.GPU)})
