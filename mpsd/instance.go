@@ -424,7 +424,7 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 				break
 			}
 			d.mu.Lock()
-			confirmed := d.claimServerFaultLocked(in, ev, f, time.Now())
+			confirmed := d.claimServerFaultLocked(in, dm, ev, f, time.Now())
 			d.mu.Unlock()
 			if confirmed != nil {
 				in.log.Info("MPS fault record confirmed by an Xid", "server", ev.PID)

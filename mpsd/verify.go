@@ -57,6 +57,7 @@ const (
 type faultClaim struct {
 	f        fault
 	ev       mps.Event
+	dm       *mps.Daemon // whose server the record named
 	at       time.Time
 	barriers []mps.Event
 	settled  bool
@@ -65,11 +66,11 @@ type faultClaim struct {
 // claimServerFaultLocked takes a ServerFault record of a verified server:
 // it is confirmed now by an Xid already seen on the instance's GPUs (the
 // fault to report is returned), or waits for one as a claim (nil).
-func (d *Daemon) claimServerFaultLocked(in *instance, ev mps.Event, f fault, now time.Time) *fault {
+func (d *Daemon) claimServerFaultLocked(in *instance, dm *mps.Daemon, ev mps.Event, f fault, now time.Time) *fault {
 	if d.takeXidLocked(in, now) {
 		return &f
 	}
-	c := &faultClaim{f: f, ev: ev, at: now}
+	c := &faultClaim{f: f, ev: ev, dm: dm, at: now}
 	in.claims = append(in.claims, c)
 	started := d.spawn(func() {
 		t := time.NewTimer(faultClaimWait)
@@ -159,11 +160,17 @@ func (d *Daemon) xidConfirms(ev gpu.XidEvent, alsoReported map[*instance]bool) {
 			continue
 		}
 		c := in.claims[0]
-		done = append(done, confirmed{in, c.f, d.settleClaimLocked(in, c)})
+		f := c.f
+		if c.dm != in.daemon {
+			// The daemon whose server it named is gone, and its
+			// recovery took every lease it had: nothing is left to take.
+			f.kind = ""
+		}
+		done = append(done, confirmed{in, f, d.settleClaimLocked(in, c)})
 	}
 	d.mu.Unlock()
 	for _, c := range done {
-		if !alsoReported[c.in] {
+		if !alsoReported[c.in] && c.f.kind != "" {
 			c.in.log.Info("MPS fault record confirmed by an Xid", "gpu", ev.GPU, "xid", ev.Xid)
 			d.reportFault(c.in, c.f)
 		}
