@@ -27,7 +27,13 @@ func (e *testEnv) attachLease(uid uint32) (*proc, api.LeaseStatus, string, func(
 		return countLeases(st, api.LeaseRunning) == 1 && len(st.Leases[0].PIDs) > 0
 	})
 	l := st.Leases[0]
-	return p, l, "/" + e.parent + "/a/" + l.ID, open
+	cg := e.leaseCgroup("a", l.ID)
+	// The path the assertions compare with must be the real one, or
+	// "not in the lease cgroup" holds for nothing.
+	if got := cgroupOf(e.t, l.PIDs[0]); got != cg {
+		e.t.Fatalf("workload pid %d is in %s, want the lease cgroup %s", l.PIDs[0], got, cg)
+	}
+	return p, l, cg, open
 }
 
 // An attach naming a child that has exited is refused, whether it is

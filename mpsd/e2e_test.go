@@ -46,7 +46,7 @@ func TestLaunchAppliesLimits(t *testing.T) {
 	e.waitStatus("every lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
 }
 
-func cgroupOf(t *testing.T, pid int) string {
+func cgroupOf(t testing.TB, pid int) string {
 	t.Helper()
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
 	if err != nil {
