@@ -116,6 +116,10 @@ func (d *decoder) readYAML(data []byte) (map[string]any, bool) {
 		d.problem("", "line %d: a second YAML document; a config is one document", line)
 		return nil, false
 	}
+	if ps := caseCollisions(data); len(ps) > 0 {
+		d.problems = append(d.problems, ps...)
+		return nil, false
+	}
 	v := viper.NewWithOptions(viper.KeyDelimiter(keyDelim))
 	v.SetConfigType("yaml")
 	if err := v.ReadConfig(bytes.NewReader(data)); err != nil {
