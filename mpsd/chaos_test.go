@@ -400,7 +400,11 @@ func classifyChaosEnd(code int, stderr string) (chaosEnd, string) {
 	}
 	granted := strings.Contains(stderr, chaosRanMark) || strings.Contains(stderr, "); requeued, attempt ") ||
 		strings.Contains(reason, " to lease ") || strings.Contains(reason, "the command keeps running without a lease")
-	if strings.Contains(reason, "cannot reach mpsd") || strings.Contains(reason, "lost mpsd") {
+	// mpsd cannot be connected to, or went away in the middle of a request
+	// (it stopped: the connection ended before the answer).
+	unreachable := strings.Contains(reason, "cannot reach mpsd") || strings.Contains(reason, "lost mpsd") ||
+		strings.HasSuffix(reason, ": EOF") || strings.Contains(reason, "connection reset by peer")
+	if unreachable {
 		if granted {
 			return endUnreachableAfterGrant, reason
 		}
@@ -510,6 +514,7 @@ func TestClassifyChaosEnd(t *testing.T) {
 		{"lost while the command ran", 125, ran + lost, endUnreachableAfterGrant},
 		{"lost while requeued", 125, ran + requeued + lost, endUnreachableAfterGrant},
 		{"attach could not reach mpsd", 125, attachLost, endUnreachableAfterGrant},
+		{"mpsd stopped during the attach", 125, "mps-launch: attach pid 42 to lease l-1: launcher: POST /v1/leases/l-1/attach via /s: Post \"http://mpsd/v1/leases/l-1/attach\": EOF\n", endUnreachableAfterGrant},
 		{"detached after losing mpsd", 0, ran + detached, endUnreachableAfterGrant},
 		{"mpsd stopping", 75, stopping, endInjected},
 		{"protocol violation", 125, protocol, endProtocol},
