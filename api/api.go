@@ -11,7 +11,7 @@ import (
 // Where and how the API is reached.
 const (
 	// DefaultSocket is mpsd's API socket when neither --socket nor
-	// EnvSocket says otherwise (DESIGN.md §3).
+	// EnvSocket says otherwise (docs/architecture.md#files-on-a-host).
 	DefaultSocket = "/run/mpsd/mpsd.sock"
 	// EnvSocket names the environment variable that overrides DefaultSocket
 	// for mps-launch and mpsctl.
@@ -52,7 +52,8 @@ const (
 	MaxLeaseIDLen = 128
 )
 
-// Environment variables of a lease's workload (DESIGN.md §5).
+// Environment variables of a lease's workload
+// (docs/architecture.md#environment-of-a-lease).
 const (
 	EnvPipeDirectory    = "CUDA_MPS_PIPE_DIRECTORY"
 	EnvThreadPercentage = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"

@@ -234,7 +234,7 @@ func TestEventValidate(t *testing.T) {
 }
 
 func TestEventWireFormat(t *testing.T) {
-	// The exact lines of DESIGN.md §5 and the issue: a daemon and a client
+	// The exact lines of the protocol (doc.go): a daemon and a client
 	// written separately must agree on these bytes.
 	for _, tc := range []struct {
 		ev   Event
@@ -391,7 +391,7 @@ func TestErrorCodeTemporary(t *testing.T) {
 }
 
 func TestStatusKeys(t *testing.T) {
-	// DESIGN.md §9 fixes the first keys of each object for mpsctl status
+	// docs/architecture.md#the-status-document fixes the first keys of each object for mpsctl status
 	// --json; the rest are additions, which may only be appended.
 	st := Status{
 		Instances: []InstanceStatus{{GPUUUID: "GPU-1", GPUIndex: 0, Group: "g", State: InstanceReady, DaemonPID: 10, ServerPIDs: []int{11}, Clients: 1, Restarts: 0,

@@ -524,4 +524,12 @@ func TestNewAuto(t *testing.T) {
 	if m.Mode() != want {
 		t.Fatalf("auto mode = %s, want %s", m.Mode(), want)
 	}
+	wantMount := map[Mode]string{
+		ModeV2:     DefaultRoot,
+		ModeHybrid: filepath.Join(DefaultRoot, "unified"),
+		ModeV1:     filepath.Join(DefaultRoot, "freezer"),
+	}[want]
+	if got := m.MembershipMount(); got != wantMount {
+		t.Errorf("%s: MembershipMount() = %s, want %s", want, got, wantMount)
+	}
 }

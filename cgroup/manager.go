@@ -173,6 +173,12 @@ func New(cfg Config) (*Cgroups, error) {
 // Mode reports the backend in use.
 func (m *Cgroups) Mode() Mode { return m.mode }
 
+// MembershipMount is the mount whose cgroup.procs files say which
+// processes a cgroup holds, where List looks for lease cgroups: the
+// unified hierarchy in ModeV2 and ModeHybrid, the v1 freezer hierarchy in
+// ModeV1. A lease cgroup Path is relative to it.
+func (m *Cgroups) MembershipMount() string { return m.memberDir("") }
+
 func (m *Cgroups) rel(id LeaseID) string {
 	return filepath.Join(m.base, id.Group, id.Lease)
 }

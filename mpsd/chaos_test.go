@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -133,12 +134,15 @@ func TestChaosSoak(t *testing.T) {
 				group := []string{"a", "b"}[randN(2)]
 				dur := time.Duration(200+randN(1500)) * time.Millisecond
 				args := []string{"--group", group, "--sm", strconv.Itoa(5 + randN(30)), "--mem", strconv.Itoa(256+randN(1024)) + "M", "--"}
+				// Every command says on stderr that it ran, under which lease
+				// and attempt (chaosRanMark), so the tally can tell a launcher
+				// that gave up before its grant from one that had a lease.
 				if randN(12) == 0 {
 					clientFaults.Add(1)
 					// A client that faults on its first run only.
-					args = append(args, "/bin/sh", "-c", `if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" --fault-after 100ms --duration 1m; else exec "$0" --duration 300ms; fi`, client)
+					args = append(args, "/bin/sh", "-c", chaosMark+`if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" --fault-after 100ms --duration 1m; else exec "$0" --duration 300ms; fi`, client)
 				} else {
-					args = append(args, client, "--duration", dur.String())
+					args = append(args, "/bin/sh", "-c", chaosMark+`exec "$0" --duration "$1"`, client, dur.String())
 				}
 				j := &chaosJob{id: w*100000 + n, group: group}
 				p := startProc(t, e.launch(args...))
@@ -286,36 +290,18 @@ func TestChaosSoak(t *testing.T) {
 	}
 	t.Logf("chaos soak: %d faults injected: %v; %d jobs", total, counts, len(jobs))
 
-	// Every job completed, or ended with a reason it reported; a job whose
-	// launcher the soak killed is exempt.
-	lost, done, gaveUp, killed := 0, 0, 0, 0
-	reasons := map[string]int{}
+	// Every job completed, or gave up for a reason the soak allows (see
+	// classifyChaosEnd); a job whose launcher the soak killed is exempt.
+	// Unreachable after a grant and protocol violations always fail.
+	tally := newChaosTally(e.socket)
 	for _, j := range jobs {
-		switch {
-		case j.killed:
-			killed++
-		case j.res.code == 0:
-			done++
-		case (j.res.code == 75 || j.res.code == 125) && strings.Contains(j.res.stderr, "mps-launch: "):
-			// Gave up with a reason: attempts used up, or mpsd was being
-			// restarted when it tried to connect.
-			gaveUp++
-			reason := j.res.stderr[strings.LastIndex(j.res.stderr, "mps-launch: "):]
-			reason, _, _ = strings.Cut(reason, "\n")
-			reason = reason[:min(len(reason), 60)]
-			reasons[fmt.Sprintf("%d %s", j.res.code, reason)]++
-		default:
-			lost++
-			if lost <= 10 {
-				t.Errorf("job %d (group %s) ended with %d and no reason: stderr %q", j.id, j.group, j.res.code, j.res.stderr)
-			}
-		}
+		tally.add(j)
 	}
-	if lost == 0 {
-		t.Logf("none lost: %d jobs completed, %d gave up with a reason, %d had their mps-launch killed by the soak", done, gaveUp, killed)
+	for _, line := range tally.lines() {
+		t.Log(line)
 	}
-	for r, n := range reasons {
-		t.Logf("gave up: %d× exit %s", n, r)
+	for _, f := range tally.failures() {
+		t.Error(f)
 	}
 	fmu.Lock()
 	if len(collateral) > 0 {
@@ -334,5 +320,236 @@ func TestChaosSoak(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("replay with MPSD_CHAOS_SEED=%d", seed)
+	}
+}
+
+// chaosMark starts every soak command's shell: it says on stderr that the
+// command ran, which only happens after a grant and the attach.
+const chaosMark = `echo "` + chaosRanMark + ` $MPSD_LEASE_ID attempt $MPSD_ATTEMPT" >&2; `
+
+const chaosRanMark = "chaos: ran under lease"
+
+// chaosEnd is how a soak job ended, as the tally counts it.
+type chaosEnd int
+
+const (
+	endCompleted chaosEnd = iota // exit 0, never told to go on without a lease
+	endKilled                    // the soak killed its mps-launch
+	// endInjected: gave up for a reason one of the soak's injections
+	// gives (chaosInjectedReasons).
+	endInjected
+	endUnreachableBeforeGrant // mpsd was away (restarted) before the launcher had a lease
+	endUnreachableAfterGrant  // mpsd was away after the grant: the lease was lost
+	endProtocol               // a protocol violation, before or after a grant
+	endOther                  // a reason no injection gives
+	endNoReason               // any other exit, or 75/125 without a reason line
+	chaosEnds
+)
+
+var chaosEndNames = [chaosEnds]string{
+	endCompleted:              "completed",
+	endKilled:                 "had their mps-launch killed by the soak",
+	endInjected:               "gave up because of an injected fault",
+	endUnreachableBeforeGrant: "gave up: mpsd unreachable before a grant",
+	endUnreachableAfterGrant:  "gave up: mpsd unreachable after a grant",
+	endProtocol:               "protocol violation",
+	endOther:                  "gave up for a reason not allowed",
+	endNoReason:               "ended without a reason",
+}
+
+// chaosEndFails says which ends fail the soak.
+var chaosEndFails = [chaosEnds]bool{
+	endUnreachableAfterGrant: true,
+	endProtocol:              true,
+	endOther:                 true,
+	endNoReason:              true,
+}
+
+// chaosInjectedReasons are the give-ups the soak allows, with the
+// injection that causes each: mpsd answers a request that arrives while
+// it stops (mpsd_restart, mpsd_kill, server_kill_mpsd_down) with 503
+// unavailable. Every other reason but mpsd being unreachable before a
+// grant fails the soak: no group is removed (config_garbage is never
+// applied), and with requeue_attempts 1000 no lease runs out of attempts.
+var chaosInjectedReasons = []struct{ contains, injection string }{
+	{"mpsd is stopping", "mpsd stopped (mpsd_restart, mpsd_kill, server_kill_mpsd_down)"},
+}
+
+// classifyChaosEnd says how a job whose launcher the soak did not kill
+// ended, from its exit status and stderr, and the reason line it gave
+// (after "mps-launch: "; "" if none). Whether the launcher had a lease
+// when it gave up comes from what it printed: its command's chaosRanMark,
+// a requeue notice, or an attach failure naming the lease.
+func classifyChaosEnd(code int, stderr string) (chaosEnd, string) {
+	var reason string
+	for _, line := range strings.Split(stderr, "\n") {
+		msg, ok := strings.CutPrefix(line, "mps-launch: ")
+		if !ok || strings.Contains(msg, "); requeued, attempt ") {
+			continue
+		}
+		reason = msg
+	}
+	switch {
+	case strings.Contains(stderr, "protocol violation"):
+		// Also in a line the command went on after (exit 0).
+		return endProtocol, reason
+	case code == 0 && reason == "":
+		return endCompleted, ""
+	case code != 0 && code != 75 && code != 125, reason == "":
+		return endNoReason, reason
+	}
+	granted := strings.Contains(stderr, chaosRanMark) || strings.Contains(stderr, "); requeued, attempt ") ||
+		strings.Contains(reason, " to lease ") || strings.Contains(reason, "the command keeps running without a lease")
+	// mpsd cannot be connected to, or went away in the middle of a request
+	// (it stopped: the connection ended before the answer).
+	unreachable := strings.Contains(reason, "cannot reach mpsd") || strings.Contains(reason, "lost mpsd") ||
+		strings.HasSuffix(reason, ": EOF") || strings.Contains(reason, "connection reset by peer")
+	if unreachable {
+		if granted {
+			return endUnreachableAfterGrant, reason
+		}
+		return endUnreachableBeforeGrant, reason
+	}
+	for _, r := range chaosInjectedReasons {
+		if strings.Contains(reason, r.contains) {
+			return endInjected, reason
+		}
+	}
+	return endOther, reason
+}
+
+// chaosTally counts how the soak's jobs ended and keeps examples of those
+// that fail it.
+type chaosTally struct {
+	jobs     int
+	n        [chaosEnds]int
+	reasons  [chaosEnds]map[string]int // "exit N reason" → count
+	examples [chaosEnds][]string
+	socket   string // replaced in reasons, so they group
+}
+
+func newChaosTally(socket string) *chaosTally {
+	t := &chaosTally{socket: socket}
+	for i := range t.reasons {
+		t.reasons[i] = map[string]int{}
+	}
+	return t
+}
+
+func (t *chaosTally) add(j *chaosJob) {
+	t.jobs++
+	end, reason := endKilled, ""
+	if !j.killed {
+		end, reason = classifyChaosEnd(j.res.code, j.res.stderr)
+	}
+	t.n[end]++
+	if reason != "" {
+		if t.socket != "" {
+			reason = strings.ReplaceAll(reason, t.socket, "<socket>")
+		}
+		reason = reason[:min(len(reason), 100)]
+		t.reasons[end][fmt.Sprintf("exit %d: %s", j.res.code, reason)]++
+	}
+	if chaosEndFails[end] && len(t.examples[end]) < 5 {
+		t.examples[end] = append(t.examples[end], fmt.Sprintf("job %d (group %s) exit %d, stderr %q", j.id, j.group, j.res.code, j.res.stderr))
+	}
+}
+
+// lines is the tally for the log: one line with every count, then one per
+// distinct reason.
+func (t *chaosTally) lines() []string {
+	parts := make([]string, 0, chaosEnds)
+	for e := range chaosEnds {
+		parts = append(parts, fmt.Sprintf("%d %s", t.n[e], chaosEndNames[e]))
+	}
+	out := []string{fmt.Sprintf("chaos tally: %d jobs: %s", t.jobs, strings.Join(parts, ", "))}
+	for e := range chaosEnds {
+		keys := make([]string, 0, len(t.reasons[e]))
+		for r := range t.reasons[e] {
+			keys = append(keys, r)
+		}
+		slices.Sort(keys)
+		for _, r := range keys {
+			out = append(out, fmt.Sprintf("chaos tally: %s: %d× %s", chaosEndNames[e], t.reasons[e][r], r))
+		}
+	}
+	return out
+}
+
+// failures is one message per end that fails the soak, with examples.
+func (t *chaosTally) failures() []string {
+	var out []string
+	for e := range chaosEnds {
+		if chaosEndFails[e] && t.n[e] > 0 {
+			out = append(out, fmt.Sprintf("%d jobs: %s; first: %s", t.n[e], chaosEndNames[e], strings.Join(t.examples[e], "; ")))
+		}
+	}
+	return out
+}
+
+// The soak's oracle tells the ways a job can end apart, from what
+// mps-launch and the command print.
+func TestClassifyChaosEnd(t *testing.T) {
+	const (
+		ran        = chaosRanMark + " l-1 attempt 1\n"
+		requeued   = "mps-launch: lease l-1 revoked (server exited); requeued, attempt 2\n"
+		unreach    = "mps-launch: cannot reach mpsd at /run/mpsd/mpsd.sock: connection refused (is mpsd running? --socket or $MPSD_SOCKET names another socket)\n"
+		lost       = "mps-launch: lost mpsd after 1m0s: cannot reach mpsd at /s: no such file or directory (is mpsd running?)\n"
+		stopping   = "mps-launch: mpsd is stopping\n"
+		protocol   = "mps-launch: protocol violation: revoked before any lease was granted\n"
+		attachLost = "mps-launch: attach pid 42 to lease l-1: cannot reach mpsd at /s: connection refused\n"
+		detached   = "mps-launch: lost mpsd after 1m0s: cannot reach mpsd at /s: connection refused; the command keeps running without a lease\n"
+		detachedP  = "mps-launch: protocol violation: granted lease l-2 while the command runs under lease l-1; the command keeps running without a lease\n"
+	)
+	for _, tc := range []struct {
+		name   string
+		code   int
+		stderr string
+		want   chaosEnd
+	}{
+		{"completed", 0, ran, endCompleted},
+		{"completed after a requeue", 0, ran + requeued + ran, endCompleted},
+		{"unreachable at the first request", 125, unreach, endUnreachableBeforeGrant},
+		{"lost while queued", 125, lost, endUnreachableBeforeGrant},
+		{"lost while the command ran", 125, ran + lost, endUnreachableAfterGrant},
+		{"lost while requeued", 125, ran + requeued + lost, endUnreachableAfterGrant},
+		{"attach could not reach mpsd", 125, attachLost, endUnreachableAfterGrant},
+		{"mpsd stopped during the attach", 125, "mps-launch: attach pid 42 to lease l-1: launcher: POST /v1/leases/l-1/attach via /s: Post \"http://mpsd/v1/leases/l-1/attach\": EOF\n", endUnreachableAfterGrant},
+		{"detached after losing mpsd", 0, ran + detached, endUnreachableAfterGrant},
+		{"mpsd stopping", 75, stopping, endInjected},
+		{"protocol violation", 125, protocol, endProtocol},
+		{"protocol violation, command went on", 0, ran + detachedP, endProtocol},
+		{"attempts used up", 75, ran + "mps-launch: lease revoked: server exited; no requeue attempts left (3 used)\n", endOther},
+		{"refused", 125, "mps-launch: group z is not in the config\n", endOther},
+		{"temporary exit without a reason", 75, ran, endNoReason},
+		{"the command's own failure", 70, ran + "mpsemu-client: CUDA error 700 cudaErrorIllegalAddress: fault\n", endNoReason},
+		{"killed in time", -1, ran + "(killed: did not end in time)", endNoReason},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got, reason := classifyChaosEnd(tc.code, tc.stderr); got != tc.want {
+				t.Errorf("classifyChaosEnd(%d, %q) = %s (reason %q), want %s", tc.code, tc.stderr, chaosEndNames[got], reason, chaosEndNames[tc.want])
+			}
+		})
+	}
+}
+
+// The tally fails the soak on the ends that must not happen, and only on
+// those.
+func TestChaosTallyFailures(t *testing.T) {
+	tally := newChaosTally("/s")
+	tally.add(&chaosJob{id: 1, res: result{code: 0, stderr: chaosRanMark + " l-1 attempt 1\n"}})
+	tally.add(&chaosJob{id: 2, killed: true, res: result{code: -1}})
+	tally.add(&chaosJob{id: 3, res: result{code: 125, stderr: "mps-launch: cannot reach mpsd at /s: connection refused\n"}})
+	tally.add(&chaosJob{id: 4, res: result{code: 75, stderr: "mps-launch: mpsd is stopping\n"}})
+	if f := tally.failures(); len(f) != 0 {
+		t.Errorf("allowed ends fail the soak: %q", f)
+	}
+	if got := tally.lines()[0]; !strings.Contains(got, "4 jobs: 1 completed, 1 had their mps-launch killed by the soak, 1 gave up because of an injected fault, 1 gave up: mpsd unreachable before a grant, 0 gave up: mpsd unreachable after a grant") {
+		t.Errorf("tally line %q", got)
+	}
+	tally.add(&chaosJob{id: 5, res: result{code: 125, stderr: chaosRanMark + " l-5 attempt 1\nmps-launch: lost mpsd after 1m0s: cannot reach mpsd at /s: refused\n"}})
+	f := tally.failures()
+	if len(f) != 1 || !strings.Contains(f[0], "unreachable after a grant") || !strings.Contains(f[0], "job 5") {
+		t.Errorf("unreachable after a grant: failures %q, want one naming job 5", f)
 	}
 }

@@ -205,11 +205,28 @@ func (e *testEnv) noLeaks(t *testing.T) {
 			t.Errorf("group %s has %d queued", g, n)
 		}
 	}
-	for _, g := range []string{"a", "b"} {
-		ents, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup/unified", e.leaseCgroup(g, "")))
+	// Every group's directory under this mpsd's own, where the cgroup
+	// manager keeps lease cgroups on this host's layout. The caller ran
+	// leases, so the directory is there; not being able to read it is a
+	// failure, never "nothing left".
+	owner := filepath.Join(e.cgroupMount(t), e.leaseCgroup("", ""))
+	groups, err := os.ReadDir(owner)
+	if err != nil {
+		t.Errorf("list the lease cgroups: %v", err)
+		return
+	}
+	for _, g := range groups {
+		if !g.IsDir() {
+			continue
+		}
+		ents, err := os.ReadDir(filepath.Join(owner, g.Name()))
+		if err != nil {
+			t.Errorf("list the lease cgroups of group %s: %v", g.Name(), err)
+			continue
+		}
 		for _, ent := range ents {
 			if ent.IsDir() {
-				t.Errorf("lease cgroup %s/%s left behind", g, ent.Name())
+				t.Errorf("lease cgroup %s/%s left behind", g.Name(), ent.Name())
 			}
 		}
 	}

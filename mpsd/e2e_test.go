@@ -1,6 +1,8 @@
 package mpsd
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/cgroup"
 )
 
 const oneGroup = `  inference:
@@ -44,6 +47,22 @@ func TestLaunchAppliesLimits(t *testing.T) {
 		t.Errorf("stderr lacks the out-of-memory error: %q", r.stderr)
 	}
 	e.waitStatus("every lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
+}
+
+// cgroupMount is the mount where the daemon's cgroup manager finds lease
+// cgroups on this host (the unified hierarchy on v2 and hybrid hosts, the
+// freezer hierarchy on v1), asked of a manager made from the daemon's own
+// cgroup config. A lease cgroup path (leaseCgroup) is relative to it.
+func (e *testEnv) cgroupMount(t testing.TB) string {
+	t.Helper()
+	if e.d.cgCfg == nil {
+		t.Fatal("cgroups are disabled in this test's mpsd: no lease cgroup to look at")
+	}
+	m, err := cgroup.New(*e.d.cgCfg)
+	if err != nil {
+		t.Fatalf("the cgroup manager of mpsd's config: %v", err)
+	}
+	return m.MembershipMount()
 }
 
 func cgroupOf(t testing.TB, pid int) string {
@@ -85,6 +104,12 @@ func TestWorkloadInLeaseCgroup(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	want := e.leaseCgroup("inference", leaseID)
+	// Where the cgroup manager keeps it on this host's layout; it must be
+	// there now, so that its absence at the end says something.
+	dir := filepath.Join(e.cgroupMount(t), want)
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("the running lease's cgroup: %v", err)
+	}
 	for _, f := range fields {
 		pid, _ := strconv.Atoi(f)
 		if got := cgroupOf(t, pid); got != want {
@@ -106,7 +131,7 @@ func TestWorkloadInLeaseCgroup(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
 	}
 	e.waitStatus("the lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
-	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/unified", e.leaseCgroup("inference", leaseID))); !os.IsNotExist(err) {
-		t.Errorf("lease cgroup still there after the lease ended: %v", err)
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("lease cgroup %s still there after the lease ended (stat: %v)", dir, err)
 	}
 }

@@ -12,7 +12,7 @@ const Version = 1
 // newer, so the most max_clients may say.
 const MaxClientsLimit = 48
 
-// Config is a decoded and validated config file (DESIGN.md §9). Values
+// Config is a decoded and validated config file (docs/config.md). Values
 // come from Parse, LoadFile or a Watcher and are shared between
 // goroutines: treat them as read-only.
 //

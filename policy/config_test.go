@@ -20,7 +20,7 @@ func TestParseDesignExample(t *testing.T) {
 	defer f.Close()
 	cfg, err := Parse(f, Host{GPUs: testGPUs[:2], Users: testUsers})
 	if err != nil {
-		t.Fatalf("the DESIGN.md §9 example does not parse: %v", err)
+		t.Fatalf("the full example (testdata/design.yaml, every key of docs/config.md) does not parse: %v", err)
 	}
 	want := Config{
 		Version:  1,

@@ -1,7 +1,8 @@
 // Command mps-launch runs a program on a GPU shared through CUDA MPS,
 // under a lease from mpsd: `mps-launch --sm 30 --mem 8G -- ./infer`.
 // Everything is in package launcher; see its documentation and
-// DESIGN.md §5 for the flags and exit statuses.
+// docs/architecture.md#mps-launchs-command-line-and-exit-statuses for the
+// flags and exit statuses.
 package main
 
 import (

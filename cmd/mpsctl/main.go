@@ -2,7 +2,7 @@
 // `mpsctl drain --gpu 0`, `mpsctl restart --group inference`,
 // `mpsctl check-config /etc/mpsd/mpsd.yaml`.
 // Everything is in package internal/mpsctl; see its documentation and
-// DESIGN.md §1 for the commands, and `mpsctl help` for their flags.
+// docs/architecture.md#processes for the commands, and `mpsctl help` for their flags.
 package main
 
 import (

@@ -1,6 +1,6 @@
 // Command mpsd is the daemon that shares a host's GPUs through CUDA MPS:
 // `mpsd --config /etc/mpsd/mpsd.yaml`, or `mpsd --simulate` on any Linux
-// machine. Everything is in package mpsd; see DESIGN.md. Under systemd it
+// machine. Everything is in package mpsd; see docs/architecture.md. Under systemd it
 // runs as a Type=notify service with a socket-activated API socket
 // (examples/systemd/).
 package main

@@ -111,7 +111,7 @@ func TestOnlyAllowedPackagesRunPrograms(t *testing.T) {
 				continue
 			}
 			if !allowed(rel) {
-				t.Errorf("%s imports os/exec; only %v may run external programs (DESIGN.md §2)", rel, execAllowed)
+				t.Errorf("%s imports os/exec; only %v may run external programs (docs/architecture.md#packages)", rel, execAllowed)
 			}
 		}
 	})

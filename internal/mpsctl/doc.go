@@ -1,5 +1,5 @@
 // Package mpsctl is the library behind mpsctl, the operator's command line
-// for mpsd (DESIGN.md §1): cmd/mpsctl only calls Main.
+// for mpsd (docs/architecture.md#processes): cmd/mpsctl only calls Main.
 //
 // What it owns:
 //   - the command line: the global --socket flag (else $MPSD_SOCKET, else

@@ -8,6 +8,6 @@
 //
 // Its own tests check examples/prometheus (promtool check and test rules,
 // the example scrape config), examples/grafana/mpsd.json and docs/alerts.md
-// against the metric names mpsd exports (DESIGN.md §7). It is imported only
+// against the metric names mpsd exports (docs/architecture.md#metrics-and-systemd). It is imported only
 // by tests; it runs nothing itself (os/exec stays in its _test.go files).
 package promtest

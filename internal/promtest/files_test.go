@@ -24,7 +24,7 @@ const (
 	runbookBase   = "https://github.com/mpsd/mpsd/blob/main/" + alertsDoc + "#"
 )
 
-// metricContract is what mpsd exports (DESIGN.md §7): each metric's labels,
+// metricContract is what mpsd exports (docs/architecture.md#metrics-and-systemd): each metric's labels,
 // and whether it is a histogram (then _bucket, _sum and _count exist).
 type metricContract struct {
 	labels    []string
@@ -325,7 +325,7 @@ func TestAlertRulesUseContractMetrics(t *testing.T) {
 			used[m] = true
 		}
 	}
-	// The rules watch what DESIGN.md §7 promises alerts on.
+	// The rules watch what docs/architecture.md#metrics-and-systemd promises alerts on.
 	for _, m := range []string{"mpsd_instance_up", "mpsd_instance_state", "mpsd_server_restarts_total", "mpsd_quarantined",
 		"mpsd_queue_length", "mpsd_leases_granted_total", "mpsd_requeues_total", "mpsd_gpu_xid_errors_total",
 		"mpsd_config_last_reload_success"} {

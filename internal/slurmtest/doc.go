@@ -16,6 +16,6 @@
 // slurm-client) and root; without them they skip and say why, unless
 // MPSD_REQUIRE_SLURM=1 (CI sets it after installing them) makes that a
 // failure. The package has no code besides its tests: it runs external
-// programs, which only the packages DESIGN.md §2 names may do outside
-// tests.
+// programs, which only the packages docs/architecture.md#packages names
+// may do outside tests.
 package slurmtest
