@@ -112,7 +112,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		return in.Clients == 1 && len(in.ServerPIDs) == 1 && e.mpsClients(in) == 1
 	})
 	a0 := instanceOf(st, "a", 0)
-	sim := e.d.Sim()
+	sim := e.sim
 	<-sim.XidWatched()
 	if err := sim.InjectXid(1, 31, 0); err != nil { // an application Xid on GPU 1, nobody's
 		t.Fatal(err)
