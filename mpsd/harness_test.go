@@ -398,14 +398,3 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
-
-func (s *syncBuffer) waitFor(t *testing.T, sub string, n int) {
-	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for strings.Count(s.String(), sub) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("log has not %d× %q within %s:\n%s", n, sub, waitFor, s.String())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
