@@ -1,9 +1,9 @@
 // Command mpsd is the daemon that shares a host's GPUs through CUDA MPS:
 // `mpsd --config /etc/mpsd/mpsd.yaml`, or `mpsd --simulate` on any Linux
-// machine. The daemon is package mpsd (see DESIGN.md); this command is
-// its only composition root: flags, logger, systemd (internal/sdnotify),
-// the simulated host (simulate.go) and the kubelet device plugin beside
-// the daemon (kubelet.go). Under systemd it runs as a Type=notify service
+// machine. The daemon is package mpsd; this command is its only
+// composition root: flags, logger, systemd (internal/sdnotify), the
+// simulated host (simulate.go) and the kubelet device plugin beside the
+// daemon (kubelet.go). Under systemd it runs as a Type=notify service
 // with a socket-activated API socket (examples/systemd/).
 package main
 

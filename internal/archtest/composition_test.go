@@ -14,7 +14,7 @@ import (
 // module is the import path of the repository's module.
 const module = "github.com/mpsd/mpsd"
 
-// composer is the only composition root (DESIGN.md §8): the mpsd command
+// composer is the only composition root: the mpsd command
 // builds the daemon's parts and runs the daemon beside them.
 const composer = "cmd/mpsd"
 
@@ -77,7 +77,7 @@ func simulationRefs(fset *token.FileSet, f *ast.File) []string {
 }
 
 // Package mpsd is the daemon only: no flags, no systemd, no kubelet
-// plugin, nothing that knows it is simulated (DESIGN.md §8).
+// plugin, nothing that knows it is simulated.
 func TestDaemonIsComposedElsewhere(t *testing.T) {
 	root := repoRoot(t)
 	checked := 0

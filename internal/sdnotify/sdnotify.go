@@ -1,8 +1,8 @@
-// Package sdnotify is mpsd's systemd integration (DESIGN.md §7,
-// examples/systemd/): Type=notify (READY=1, STATUS=, STOPPING=1,
-// WATCHDOG=1) and socket activation of the API socket, both through
-// go-systemd. Without NOTIFY_SOCKET and LISTEN_FDS all of it is a no-op.
-// It knows the daemon only as a Target; cmd/mpsd wires the two.
+// Package sdnotify is mpsd's systemd integration (examples/systemd/):
+// Type=notify (READY=1, STATUS=, STOPPING=1, WATCHDOG=1) and socket
+// activation of the API socket, both through go-systemd. Without
+// NOTIFY_SOCKET and LISTEN_FDS all of it is a no-op. It knows the daemon
+// only as a Target; cmd/mpsd wires the two.
 package sdnotify
 
 import (
