@@ -87,11 +87,11 @@ func (d *Daemon) serveInjectXid(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if d.sim == nil {
+	if d.opts.XidInjector == nil {
 		api.WriteError(w, http.StatusConflict, api.CodeConflict, "inject-xid works only on simulated GPUs (mpsd --simulate); this mpsd runs on real ones")
 		return
 	}
-	if err := d.sim.InjectXid(q.GPU, q.Xid, q.PID); err != nil {
+	if err := d.opts.XidInjector.InjectXid(q.GPU, q.Xid, q.PID); err != nil {
 		api.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("inject Xid %d on GPU %d: %v", q.Xid, q.GPU, err))
 		return
 	}

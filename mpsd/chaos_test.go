@@ -219,7 +219,7 @@ func TestChaosSoak(t *testing.T) {
 			touchedGPU[gpu] = time.Now()
 			fmu.Unlock()
 			emu.Lock()
-			err := e.d.Sim().InjectXid(gpu, 79, 0)
+			err := e.sim.InjectXid(gpu, 79, 0)
 			emu.Unlock()
 			if err != nil {
 				continue

@@ -42,14 +42,24 @@ const DefaultReconnectGrace = 90 * time.Second
 type Options struct {
 	// ConfigPath is the YAML config (DESIGN.md §9), watched for edits.
 	ConfigPath string
-	// Simulate runs on go-nvml mock GPUs described by the config's
-	// simulate section, with the MPS emulator's programs instead of
-	// NVIDIA's (found in simulate.emulator_dir, next to the mpsd binary
-	// or in bin/emu).
-	Simulate bool
-	// NVML overrides the NVML library (tests); nil means nvml.New(), or
-	// the simulated one.
+	// NVML is the GPUs' library; nil means the host's (nvml.New()).
+	// `mpsd --simulate` gives its simulated GPUs' here (cmd/mpsd).
 	NVML nvml.Interface
+	// MPS, when set, changes the control daemons' program and environment
+	// from those the config gives them (mps.control; PATH from mps.path,
+	// and HOME, LANG, TZ, LD_LIBRARY_PATH and LC_* of mpsd's environment),
+	// knowing the daemon's Layout: `mpsd --simulate` puts the MPS
+	// emulator's programs in place of NVIDIA's this way. An error stops
+	// New.
+	MPS func(base mps.Config, l Layout) (mps.Config, error)
+	// Beside, when set, is started by Run once the daemon's directories
+	// are made and checked, before any instance starts, and stopped (the
+	// function it returns) when Run ends: a service the control daemons
+	// use, such as the simulated GPUs' socket for the emulated daemons'
+	// Xid reports. An error stops Run.
+	Beside func(l Layout) (stop func(), err error)
+	// XidInjector serves `mpsctl inject-xid`; nil (real GPUs) refuses it.
+	XidInjector XidInjector
 	// Users resolves names in the config; nil means the host's database.
 	Users policy.Users
 	// Cgroup chooses the cgroup backend and mounts; its Parent is taken
@@ -95,12 +105,18 @@ type Options struct {
 	attachSwap func(pid int) int
 }
 
+// An XidInjector raises Xid xid on the GPU of index gpu, naming process
+// pid (0: none), as the driver would on a hardware fault: the simulated
+// GPUs do.
+type XidInjector interface {
+	InjectXid(gpu int, xid uint64, pid int) error
+}
+
 // Daemon is mpsd: one per host.
 type Daemon struct {
 	opts    Options
 	log     *slog.Logger
 	host    *gpu.Host
-	sim     *gpu.Sim
 	watcher *policy.Watcher
 	layout  Layout
 	cg      cgroup.Manager
@@ -164,23 +180,17 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d := &Daemon{opts: opts, log: log, proc: opts.ProcRoot, stopping: make(chan struct{}), res: newResources(log)}
 
-	// The simulate section decides the GPUs, which the full check needs:
-	// read the file once without them first.
-	pre, err := policy.LoadFile(opts.ConfigPath, policy.Host{Users: opts.Users})
-	if err != nil {
+	// The full check needs the GPUs: read the file once without them
+	// first, so a config that cannot be used is told before a GPU
+	// inventory that fails.
+	if _, err := policy.LoadFile(opts.ConfigPath, policy.Host{Users: opts.Users}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	lib := opts.NVML
-	if lib == nil && opts.Simulate {
-		d.sim, err = gpu.NewSim(gpu.SimSpec{GPUs: pre.Simulate.GPUs, Model: pre.Simulate.Model})
-		if err != nil {
-			return nil, fmt.Errorf("%w: simulate: %w", ErrConfig, err)
-		}
-		lib = d.sim.NVML()
-	}
 	if lib == nil {
 		lib = nvml.New()
 	}
+	var err error
 	d.host, err = gpu.New(lib, log.With("component", "gpu"))
 	if err != nil {
 		return nil, fmt.Errorf("GPU inventory: %w", err)
@@ -206,14 +216,13 @@ func New(opts Options) (*Daemon, error) {
 	d.setConfigLocked(cfg)
 	d.layout = Layout{RunDir: cfg.RunDir, LogDir: cfg.LogDir, StateDir: cfg.StateDir}
 
-	d.mpsBase, err = mpsBase(cfg, opts.Simulate)
-	if err != nil {
-		return nil, err
+	d.mpsBase = mpsBase(cfg)
+	if opts.MPS != nil {
+		if d.mpsBase, err = opts.MPS(d.mpsBase, d.layout); err != nil {
+			return nil, err
+		}
 	}
 	d.mpsBase.Runner = opts.mpsRunner
-	if d.sim != nil {
-		d.mpsBase.Env = append(d.mpsBase.Env, gpu.EnvXidSocket+"="+d.simXidSocket())
-	}
 	if cfg.Cgroup.Enabled {
 		cc := opts.Cgroup
 		cc.Parent = cfg.Cgroup.Parent
@@ -231,71 +240,27 @@ func New(opts Options) (*Daemon, error) {
 	return d, nil
 }
 
-// simXidSocket is where the simulated GPUs hear the emulated daemons'
-// Xid reports.
-func (d *Daemon) simXidSocket() string { return filepath.Join(d.layout.StateDir, "sim-xid.sock") }
+// Close releases what New took (the GPUs' library) when Run is not to
+// be called: the command's error paths. Run releases it itself; Close
+// after Run does nothing.
+func (d *Daemon) Close() error { return d.host.Close() }
 
-// Sim returns the simulated GPUs when the daemon runs with Simulate, else
-// nil: tests and `mpsctl inject-xid` raise faults through it.
-func (d *Daemon) Sim() *gpu.Sim { return d.sim }
-
-// mpsBase resolves the control program and the daemons' environment.
-// Simulation only changes where the programs are found: the emulator's
-// directory goes first on the daemons' PATH, so the control daemon starts
-// the emulated server exactly as NVIDIA's starts the real one.
-func mpsBase(cfg *policy.Config, simulate bool) (mps.Config, error) {
-	control, path := cfg.MPS.Control, cfg.MPS.Path
-	if simulate {
-		dir, err := emulatorDir(cfg.Simulate.EmulatorDir)
-		if err != nil {
-			return mps.Config{}, err
-		}
-		control = filepath.Join(dir, mps.DefaultControl)
-		path = dir + ":" + path
-	}
-	env := []string{"PATH=" + path}
-	// Locale, home, the library path (a container may reach libcuda only
-	// through it) and the emulator's knobs pass through; nothing else of
-	// mpsd's environment reaches the daemons, so a server never depends on
-	// how mpsd itself was started.
+// mpsBase is the control program and the daemons' environment the config
+// gives them (Options.MPS may change them).
+func mpsBase(cfg *policy.Config) mps.Config {
+	env := []string{"PATH=" + cfg.MPS.Path}
+	// Locale, home and the library path (a container may reach libcuda
+	// only through it) pass through; nothing else of mpsd's environment
+	// reaches the daemons, so a server never depends on how mpsd itself
+	// was started.
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		switch {
-		case k == "HOME", k == "LANG", k == "TZ", k == "LD_LIBRARY_PATH", strings.HasPrefix(k, "LC_"), strings.HasPrefix(k, "MPSEMU_"):
+		case k == "HOME", k == "LANG", k == "TZ", k == "LD_LIBRARY_PATH", strings.HasPrefix(k, "LC_"):
 			env = append(env, kv)
 		}
 	}
-	return mps.Config{ControlPath: control, Env: env}, nil
-}
-
-// emulatorDir finds the emulator's programs: the configured directory,
-// else next to the mpsd binary (or in its emu/ subdirectory, as make
-// build lays them out), else bin/emu under the working directory.
-func emulatorDir(configured string) (string, error) {
-	var tried []string
-	has := func(dir string) bool {
-		tried = append(tried, dir)
-		st, err := os.Stat(filepath.Join(dir, mps.DefaultControl))
-		return err == nil && !st.IsDir()
-	}
-	if configured != "" {
-		if has(configured) {
-			return filepath.Abs(configured)
-		}
-		return "", fmt.Errorf("%w: simulate.emulator_dir %s has no %s", ErrConfig, configured, mps.DefaultControl)
-	}
-	if exe, err := os.Executable(); err == nil {
-		dir := filepath.Dir(exe)
-		for _, c := range []string{dir, filepath.Join(dir, "emu")} {
-			if has(c) {
-				return c, nil
-			}
-		}
-	}
-	if has("bin/emu") {
-		return filepath.Abs("bin/emu")
-	}
-	return "", fmt.Errorf("%w: no MPS emulator found for --simulate (looked in %s); run make build or set simulate.emulator_dir", ErrConfig, strings.Join(tried, ", "))
+	return mps.Config{ControlPath: cfg.MPS.Control, Env: env}
 }
 
 func policyGPUs(inv []gpu.Info) []policy.GPU {
@@ -313,7 +278,7 @@ func policyGPUs(inv []gpu.Info) []policy.GPU {
 func (d *Daemon) Run(ctx context.Context) error {
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	defer d.cancel()
-	defer func() { _ = d.host.Close() }()
+	defer func() { _ = d.Close() }()
 
 	if err := d.layout.makeDirs(); err != nil {
 		return err
@@ -326,13 +291,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := d.openCgroups(); err != nil {
 		return err
 	}
-	if d.sim != nil {
-		// The emulated daemons report their clients' faults as the
-		// driver reports Xids; mpsd's root-only state directory keeps
-		// the socket from tenants (ServeXidReports also checks the uid).
-		stop, err := d.sim.ServeXidReports(d.simXidSocket(), d.log.With("component", "sim"))
+	if d.opts.Beside != nil {
+		stop, err := d.opts.Beside(d.layout)
 		if err != nil {
-			return fmt.Errorf("simulate: %w", err)
+			return err
 		}
 		defer stop()
 	}
@@ -515,6 +477,23 @@ func (d *Daemon) announceReady() {
 		case <-t.C:
 		}
 	}
+}
+
+// SocketPath is the API socket mpsd serves: the one passed in (systemd
+// socket activation) or the config's.
+func (d *Daemon) SocketPath() string {
+	if ln := d.opts.Listener; ln != nil {
+		return ln.Addr().String()
+	}
+	return d.ConfigSocket()
+}
+
+// ConfigSocket is the API socket the config names, where mps-launch and
+// mpsctl look for mpsd.
+func (d *Daemon) ConfigSocket() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.cfg.Socket
 }
 
 // Summary is a one-line account of the daemon for systemd's STATUS= and

@@ -392,7 +392,7 @@ func TestComputeModeExclusive(t *testing.T) {
     gpus: ["0"]
 `, "mps:\n  compute_mode: exclusive_process")
 	e.start()
-	sim := e.d.Sim()
+	sim := e.sim
 	mode := func(i int) nvml.ComputeMode {
 		dev, ret := sim.NVML().DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {

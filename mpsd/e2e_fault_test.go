@@ -341,7 +341,7 @@ func TestContainedFaultRequeuesTheServersClients(t *testing.T) {
 // nothing else; an application-level one only the faulting process's.
 func TestXidBlastRadius(t *testing.T) {
 	e := newFaultEnv(t, nil)
-	sim := e.d.Sim()
+	sim := e.sim
 	select {
 	case <-sim.XidWatched():
 	case <-time.After(waitFor):
@@ -576,12 +576,9 @@ func TestAdminRequeueAndInjectXidOnRealGPUs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.opts.Simulate = false
-	e.opts.NVML = sim.NVML()
+	e.sim = nil
+	e.opts.NVML, e.opts.MPS, e.opts.Beside, e.opts.XidInjector = sim.NVML(), nil, nil, nil
 	e.start()
-	if e.d.Sim() != nil {
-		t.Fatal("Sim() is set without --simulate")
-	}
 	r := run(t, exec.Command(filepath.Join(e.bin, "mpsctl"), "--socket", e.socket, "inject-xid", "0", "79"))
 	if r.code != 1 || !strings.Contains(r.stderr, "mpsd --simulate") {
 		t.Errorf("inject-xid on real GPUs: exit %d, stderr %q", r.code, r.stderr)

@@ -11,13 +11,17 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/gpu"
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
+	"github.com/mpsd/mpsd/internal/simhost"
+	"github.com/mpsd/mpsd/mps"
 )
 
 // waitFor bounds every wait of these tests; reaching it fails the test.
@@ -38,6 +42,9 @@ type testEnv struct {
 	bin     string
 	opts    Options
 	gpus    int
+	// sim is the simulated GPUs mpsd runs on, as with --simulate; nil
+	// once a test gives mpsd its own NVML.
+	sim *gpu.Sim
 
 	d      *Daemon
 	cancel context.CancelFunc
@@ -85,11 +92,29 @@ func newEnvGPUs(t testing.TB, gpus int, groups, extra string) *testEnv {
 	e.writeConfig(groups, extra)
 	e.opts = Options{
 		ConfigPath:     e.cfgPath,
-		Simulate:       true,
 		Logger:         slog.New(slog.NewTextHandler(e.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		RequestTimeout: 2 * time.Second,
 	}
+	e.simulate()
 	return e
+}
+
+// simulate makes e.opts run on e.gpus simulated GPUs with the emulator in
+// e.emu (read when mpsd starts), as cmd/mpsd does for --simulate.
+func (e *testEnv) simulate() {
+	e.t.Helper()
+	sim, err := gpu.NewSim(gpu.SimSpec{GPUs: e.gpus, Model: "a100-40g"})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.sim = sim
+	e.opts.NVML = sim.NVML()
+	e.opts.XidInjector = sim
+	e.opts.MPS = func(base mps.Config, l Layout) (mps.Config, error) {
+		return simhost.MPS(base, e.emu, l.StateDir), nil
+	}
+	log := e.opts.Logger.With("component", "sim")
+	e.opts.Beside = func(l Layout) (func(), error) { return simhost.ServeXidReports(sim, l.StateDir, log) }
 }
 
 func (e *testEnv) config(groups, extra string) string {
@@ -133,6 +158,11 @@ func (e *testEnv) writeConfig(groups, extra string) {
 // start runs mpsd until stop, and returns once it serves.
 func (e *testEnv) start() {
 	e.t.Helper()
+	if e.sim != nil && e.d != nil {
+		// A restarted mpsd gets fresh simulated GPUs, as a new mpsd
+		// process does.
+		e.simulate()
+	}
 	ready := make(chan struct{})
 	opts := e.opts
 	opts.Ready = func() { close(ready) }
@@ -349,4 +379,22 @@ func (e *testEnv) gate(name string) (args []string, open func()) {
 			e.t.Fatal(err)
 		}
 	}
+}
+
+// syncBuffer is a log destination tests read while goroutines write.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/mpsd/mpsd/mps"
 )
 
-// Layout owns the directories of DESIGN.md §3 under the configured roots,
+// Layout owns the directories of docs/architecture.md#files-on-a-host under the configured roots,
 // so every path mpsd makes comes from one place.
 type Layout struct {
 	RunDir   string

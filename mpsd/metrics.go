@@ -17,7 +17,7 @@ import (
 	"github.com/mpsd/mpsd/policy"
 )
 
-// Metric descriptors (DESIGN.md §7). The instance metrics are labelled by
+// Metric descriptors (docs/architecture.md#metrics-and-systemd). The instance metrics are labelled by
 // the first GPU of the instance's set (gpu = UUID, gpu_index) and group;
 // nothing is labelled per lease, so the series count follows the host's
 // instances, not its workload.

@@ -17,7 +17,7 @@ import (
 	"github.com/mpsd/mpsd/api"
 )
 
-// designMetrics are the names DESIGN.md §7 promises.
+// designMetrics are the names docs/architecture.md#metrics-and-systemd promises.
 var designMetrics = []string{
 	"mpsd_instance_up", "mpsd_server_restarts_total", "mpsd_faults_total", "mpsd_quarantined",
 	"mpsd_clients", "mpsd_sm_allocated_percent", "mpsd_memory_allocated_bytes", "mpsd_queue_length",
@@ -85,7 +85,7 @@ func httpGet(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// /metrics shows every metric of DESIGN.md §7 with values that match the
+// /metrics shows every metric of docs/architecture.md#metrics-and-systemd with values that match the
 // daemon's state; a server crash raises the restart and fault counters of
 // its instance only. /healthz and /readyz answer.
 func TestMetricsEndpoint(t *testing.T) {
@@ -112,7 +112,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		return in.Clients == 1 && len(in.ServerPIDs) == 1 && e.mpsClients(in) == 1
 	})
 	a0 := instanceOf(st, "a", 0)
-	sim := e.d.Sim()
+	sim := e.sim
 	<-sim.XidWatched()
 	if err := sim.InjectXid(1, 31, 0); err != nil { // an application Xid on GPU 1, nobody's
 		t.Fatal(err)

@@ -1,18 +1,33 @@
 // Command mpsd is the daemon that shares a host's GPUs through CUDA MPS:
 // `mpsd --config /etc/mpsd/mpsd.yaml`, or `mpsd --simulate` on any Linux
-// machine. Everything is in package mpsd; see docs/architecture.md. Under systemd it
-// runs as a Type=notify service with a socket-activated API socket
-// (examples/systemd/).
+// machine. The daemon is package mpsd; this command is its only
+// composition root: flags, logger, systemd (internal/sdnotify), the
+// simulated host (simulate.go) and the kubelet device plugin beside the
+// daemon (kubelet.go). Under systemd it runs as a Type=notify service
+// with a socket-activated API socket (examples/systemd/); see docs/architecture.md.
 package main
 
 import (
 	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
+	"time"
 
+	"github.com/mpsd/mpsd/deviceplugin"
+	"github.com/mpsd/mpsd/internal/sdnotify"
 	"github.com/mpsd/mpsd/mpsd"
 )
+
+// defaultConfigPath is where mpsd reads its config without --config.
+const defaultConfigPath = "/etc/mpsd/mpsd.yaml"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -25,5 +40,132 @@ func main() {
 		<-ctx.Done()
 		stop()
 	}()
-	os.Exit(mpsd.Main(ctx, os.Args[1:], os.Stderr))
+	os.Exit(run(ctx, os.Args[1:], os.Stderr, runConfig{}))
+}
+
+// runConfig holds what tests change in run.
+type runConfig struct {
+	// statusEvery is how often STATUS= is refreshed; 0 means sdnotify's
+	// default.
+	statusEvery time.Duration
+}
+
+// run is the mpsd command: flags, logger, the daemon's parts, New, Run.
+// It returns the exit status: 0 after a clean stop (ctx done), 2 for bad
+// usage, 1 otherwise.
+//
+// Under systemd (examples/systemd/) it takes the API socket passed in by
+// mpsd.socket (LISTEN_FDS) and, with NOTIFY_SOCKET, reports READY=1 once
+// every instance is up, keeps STATUS= current, sends STOPPING=1 when ctx
+// ends and pings the watchdog (WatchdogSec=) while the daemon is healthy.
+func run(ctx context.Context, args []string, stderr io.Writer, rc runConfig) int {
+	fs := flag.NewFlagSet("mpsd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	configPath := fs.String("config", defaultConfigPath, "config file (YAML, version 1)")
+	simulate := fs.Bool("simulate", false, "run on simulated GPUs with the MPS emulator (the config's simulate section)")
+	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	format := fs.String("log-format", "text", "log format: text or json")
+	var kf kubeletFlags
+	fs.BoolVar(&kf.enabled, "kubelet-device-plugin", false, "also serve the kubelet as a device plugin: one resource mpsd.io/<group>-sm per group")
+	fs.StringVar(&kf.dir, "kubelet-dir", deviceplugin.DefaultKubeletDir, "the kubelet's device-plugin directory (kubelet.sock), with --kubelet-device-plugin")
+	fs.StringVar(&kf.groups, "kubelet-groups", "", "comma-separated groups to offer the kubelet; default every group, with --kubelet-device-plugin")
+	fs.Usage = func() {
+		_, _ = fmt.Fprintf(stderr, "usage: mpsd [--config FILE] [--simulate] [--log-level LEVEL] [--log-format text|json] [--kubelet-device-plugin [--kubelet-dir DIR] [--kubelet-groups G,...]]\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		_, _ = fmt.Fprintf(stderr, "mpsd: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(*level)); err != nil {
+		_, _ = fmt.Fprintf(stderr, "mpsd: --log-level %q: want debug, info, warn or error\n", *level)
+		return 2
+	}
+	hopts := &slog.HandlerOptions{Level: lv}
+	var h slog.Handler
+	switch *format {
+	case "text":
+		h = slog.NewTextHandler(stderr, hopts)
+	case "json":
+		h = slog.NewJSONHandler(stderr, hopts)
+	default:
+		_, _ = fmt.Fprintf(stderr, "mpsd: --log-format %q: want text or json\n", *format)
+		return 2
+	}
+	kgroups, err := deviceplugin.ParseGroups(kf.groups)
+	if err != nil {
+		_, _ = fmt.Fprintf(stderr, "mpsd: --kubelet-groups: %v\n", err)
+		return 2
+	}
+	log := slog.New(h)
+	sd := sdnotify.New(log, rc.statusEvery)
+	cannotStart := func(err error) int {
+		sd.Notify(sdnotify.StatusLine("mpsd cannot start: " + err.Error()))
+		log.Error("mpsd cannot start", "err", err)
+		return 1
+	}
+	ln, err := sdnotify.ActivationListener(log)
+	if err != nil {
+		return cannotStart(err)
+	}
+	closeListener := func() {
+		if ln != nil {
+			_ = ln.Close()
+		}
+	}
+	ready := make(chan struct{})
+	var readyOnce sync.Once
+	opts := mpsd.Options{
+		ConfigPath: *configPath,
+		Logger:     log,
+		Listener:   ln,
+		PrivateShm: kf.privateShm(kgroups),
+		Ready:      func() { readyOnce.Do(func() { close(ready) }) },
+	}
+	if *simulate {
+		if err := simulation(&opts, log); err != nil {
+			closeListener()
+			return cannotStart(err)
+		}
+	}
+	d, err := mpsd.New(opts)
+	if err != nil {
+		closeListener()
+		return cannotStart(err)
+	}
+	warnSocketElsewhere(log, ln, d.ConfigSocket())
+	runDaemon := d.Run
+	if kf.enabled {
+		p, err := newDevicePlugin(d, kf, kgroups, log)
+		if err != nil {
+			_ = d.Close()
+			closeListener()
+			return cannotStart(err)
+		}
+		runDaemon = func(ctx context.Context) error { return runWithDevicePlugin(ctx, d, p, log) }
+	}
+	if err := sd.Run(ctx, d, ready, runDaemon); err != nil {
+		log.Error("mpsd failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// warnSocketElsewhere warns when the socket systemd passed is not the
+// config's socket: mps-launch and mpsctl look for mpsd there (or at
+// MPSD_SOCKET), so they would not reach it.
+func warnSocketElsewhere(log *slog.Logger, ln net.Listener, want string) {
+	if ln == nil {
+		return
+	}
+	if got := ln.Addr().String(); got != want {
+		log.Warn("the socket systemd passed is not the config's socket; mps-launch and mpsctl look for mpsd at the config's (or MPSD_SOCKET): make ListenStream= in mpsd.socket and socket: in the config the same", "systemd", got, "config", want)
+	}
 }

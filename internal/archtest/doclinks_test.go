@@ -26,12 +26,7 @@ var designPending = []string{
 	"launcher/doc.go",
 	"launcher/errors.go",
 	"mpsd/daemon.go",
-	"mpsd/layout.go",
 	"mpsd/lease.go",
-	"mpsd/metrics.go",
-	"mpsd/metrics_test.go",
-	"mpsd/systemd.go",
-	"mpsd/systemd_test.go",
 }
 
 // Every file of the repository cites only docs that exist: a Markdown

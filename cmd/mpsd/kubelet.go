@@ -1,4 +1,4 @@
-package mpsd
+package main
 
 import (
 	"context"
@@ -8,18 +8,8 @@ import (
 	"slices"
 
 	"github.com/mpsd/mpsd/deviceplugin"
+	"github.com/mpsd/mpsd/mpsd"
 )
-
-// SocketPath is the API socket mpsd serves: the one passed in (systemd
-// socket activation) or the config's.
-func (d *Daemon) SocketPath() string {
-	if ln := d.opts.Listener; ln != nil {
-		return ln.Addr().String()
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.cfg.Socket
-}
 
 // kubeletFlags are mpsd's device-plugin flags.
 type kubeletFlags struct {
@@ -28,7 +18,7 @@ type kubeletFlags struct {
 	groups  string
 }
 
-// privateShm is Options.PrivateShm: with the device plugin on, the groups
+// privateShm is mpsd.Options.PrivateShm: with the device plugin on, the groups
 // it serves (every group without --kubelet-groups) run their daemons with
 // a private /dev/shm, which Allocate mounts into their pods.
 func (kf kubeletFlags) privateShm(groups []string) func(string) bool {
@@ -40,7 +30,7 @@ func (kf kubeletFlags) privateShm(groups []string) func(string) bool {
 
 // newDevicePlugin builds the kubelet device plugin of --kubelet-device-plugin,
 // a client of d's own API socket; groups come from deviceplugin.ParseGroups.
-func newDevicePlugin(d *Daemon, kf kubeletFlags, groups []string, log *slog.Logger) (*deviceplugin.Plugin, error) {
+func newDevicePlugin(d *mpsd.Daemon, kf kubeletFlags, groups []string, log *slog.Logger) (*deviceplugin.Plugin, error) {
 	return deviceplugin.New(deviceplugin.Options{
 		MPSD:       deviceplugin.NewClient(d.SocketPath()),
 		KubeletDir: kf.dir,
@@ -54,7 +44,7 @@ func newDevicePlugin(d *Daemon, kf kubeletFlags, groups []string, log *slog.Logg
 // plugin's leases (closing their streams first would release them), so
 // the next mpsd's plugin resumes them. A plugin that cannot start stops
 // the daemon.
-func runWithDevicePlugin(ctx context.Context, d *Daemon, p *deviceplugin.Plugin, log *slog.Logger) error {
+func runWithDevicePlugin(ctx context.Context, d *mpsd.Daemon, p *deviceplugin.Plugin, log *slog.Logger) error {
 	dctx, stopDaemon := context.WithCancel(ctx)
 	defer stopDaemon()
 	pctx, stopPlugin := context.WithCancel(context.WithoutCancel(ctx))

@@ -1,4 +1,9 @@
-package mpsd
+// Package sdnotify is mpsd's systemd integration (examples/systemd/):
+// Type=notify (READY=1, STATUS=, STOPPING=1, WATCHDOG=1) and socket
+// activation of the API socket, both through go-systemd. Without
+// NOTIFY_SOCKET and LISTEN_FDS all of it is a no-op. It knows the daemon
+// only as a Target; cmd/mpsd wires the two.
+package sdnotify
 
 import (
 	"context"
@@ -16,11 +21,6 @@ import (
 	"github.com/coreos/go-systemd/v22/daemon"
 )
 
-// systemd integration (DESIGN.md §7, examples/systemd/): Type=notify
-// (READY=1, STATUS=, STOPPING=1, WATCHDOG=1) and socket activation of the
-// API socket, both through go-systemd. Without NOTIFY_SOCKET and LISTEN_FDS
-// all of it is a no-op.
-
 const (
 	// defaultStatusInterval is how often STATUS= is refreshed (when the
 	// summary changed).
@@ -29,13 +29,13 @@ const (
 	maxHealthTimeout = 5 * time.Second
 )
 
-// activationListener returns the API socket systemd passed in (socket
+// ActivationListener returns the API socket systemd passed in (socket
 // activation with mpsd.socket), or nil when mpsd was not socket-activated.
 // mpsd takes exactly one socket, a listening unix stream socket; anything
 // else is an error that names what was passed. It unsets LISTEN_PID,
 // LISTEN_FDS and LISTEN_FDNAMES, and the fd is close-on-exec, so the MPS
 // daemons inherit neither.
-func activationListener(log *slog.Logger) (net.Listener, error) {
+func ActivationListener(log *slog.Logger) (net.Listener, error) {
 	lns, err := activation.Listeners()
 	if err != nil {
 		return nil, fmt.Errorf("socket activation: %w", err)
@@ -72,21 +72,6 @@ func activationListener(log *slog.Logger) (net.Listener, error) {
 	return ln, nil
 }
 
-// warnSocketElsewhere warns when the socket systemd passed is not the
-// config's socket: mps-launch and mpsctl look for mpsd there (or at
-// MPSD_SOCKET), so they would not reach it.
-func warnSocketElsewhere(log *slog.Logger, ln net.Listener, d *Daemon) {
-	if ln == nil {
-		return
-	}
-	d.mu.Lock()
-	want := d.cfg.Socket
-	d.mu.Unlock()
-	if got := ln.Addr().String(); got != want {
-		log.Warn("the socket systemd passed is not the config's socket; mps-launch and mpsctl look for mpsd at the config's (or MPSD_SOCKET): make ListenStream= in mpsd.socket and socket: in the config the same", "systemd", got, "config", want)
-	}
-}
-
 // listening reports whether ln's socket accepts connections
 // (SO_ACCEPTCONN); net.FileListener takes any stream socket.
 func listening(ln net.Listener) bool {
@@ -108,17 +93,18 @@ func listening(ln net.Listener) bool {
 	return v == 1
 }
 
-// notifyTarget is what the notifier reports on: *Daemon, or a fake.
-type notifyTarget interface {
+// Target is what the notifier reports on: the daemon (*mpsd.Daemon), or
+// a fake.
+type Target interface {
 	// Summary is the one-line STATUS=.
 	Summary() string
 	// Healthy gates each watchdog ping.
 	Healthy(ctx context.Context) error
 }
 
-// sdNotifier speaks systemd's notify protocol for a Type=notify service.
-// A nil *sdNotifier (no NOTIFY_SOCKET) does nothing.
-type sdNotifier struct {
+// Notifier speaks systemd's notify protocol for a Type=notify service.
+// A nil *Notifier (no NOTIFY_SOCKET) does nothing.
+type Notifier struct {
 	log *slog.Logger
 	// statusEvery is how often STATUS= is refreshed.
 	statusEvery time.Duration
@@ -132,17 +118,17 @@ type sdNotifier struct {
 	skipping bool
 }
 
-// newSdNotifier returns a notifier when mpsd runs under systemd with
+// New returns a notifier when mpsd runs under systemd with
 // NOTIFY_SOCKET (Type=notify), else nil. statusEvery <= 0 means the
 // default.
-func newSdNotifier(log *slog.Logger, statusEvery time.Duration) *sdNotifier {
+func New(log *slog.Logger, statusEvery time.Duration) *Notifier {
 	if os.Getenv("NOTIFY_SOCKET") == "" {
 		return nil
 	}
 	if statusEvery <= 0 {
 		statusEvery = defaultStatusInterval
 	}
-	n := &sdNotifier{log: log, statusEvery: statusEvery}
+	n := &Notifier{log: log, statusEvery: statusEvery}
 	// WATCHDOG_PID names another process (the variables were inherited):
 	// 0, no pings.
 	wd, err := daemon.SdWatchdogEnabled(false)
@@ -156,8 +142,8 @@ func newSdNotifier(log *slog.Logger, statusEvery time.Duration) *sdNotifier {
 	return n
 }
 
-// notify sends one message (newline-separated assignments).
-func (n *sdNotifier) notify(state string) {
+// Notify sends one message (newline-separated assignments).
+func (n *Notifier) Notify(state string) {
 	if n == nil {
 		return
 	}
@@ -177,26 +163,26 @@ func (n *sdNotifier) notify(state string) {
 	}
 }
 
-// statusLine is a STATUS= assignment; the value must stay on one line.
-func statusLine(s string) string {
+// StatusLine is a STATUS= assignment; the value must stay on one line.
+func StatusLine(s string) string {
 	return "STATUS=" + strings.ReplaceAll(s, "\n", " ")
 }
 
 // healthTimeout is how long Healthy may take before a ping is skipped: a
 // quarter of the watchdog interval (so a ping still lands well within it),
 // at most maxHealthTimeout.
-func (n *sdNotifier) healthTimeout() time.Duration {
+func (n *Notifier) healthTimeout() time.Duration {
 	return min(n.watchdog/4, maxHealthTimeout)
 }
 
-// run runs run (Daemon.Run) under systemd: STATUS= now and every
+// Run runs run (Daemon.Run) under systemd: STATUS= now and every
 // statusEvery, READY=1 when ready is closed, WATCHDOG=1 from then on while
 // t is healthy, and, when ctx ends, STOPPING=1 before it cancels run's
 // context, so systemd hears of the stop before mpsd begins it (and so
 // before Run returns). The stop does not wait for the notifier loop, which
 // may be stuck on a wedged daemon. Every goroutine it starts has ended
 // when it returns. A nil n just runs run.
-func (n *sdNotifier) run(ctx context.Context, t notifyTarget, ready <-chan struct{}, run func(context.Context) error) error {
+func (n *Notifier) Run(ctx context.Context, t Target, ready <-chan struct{}, run func(context.Context) error) error {
 	if n == nil {
 		return run(ctx)
 	}
@@ -205,7 +191,7 @@ func (n *sdNotifier) run(ctx context.Context, t notifyTarget, ready <-chan struc
 	stopped := make(chan struct{})
 	cancelStop := context.AfterFunc(ctx, func() {
 		defer close(stopped)
-		n.notify(daemon.SdNotifyStopping + "\n" + statusLine("stopping; MPS daemons and workloads keep running"))
+		n.Notify(daemon.SdNotifyStopping + "\n" + StatusLine("stopping; MPS daemons and workloads keep running"))
 		stop()
 	})
 	loopDone := make(chan struct{})
@@ -216,22 +202,22 @@ func (n *sdNotifier) run(ctx context.Context, t notifyTarget, ready <-chan struc
 	err := run(runCtx)
 	if cancelStop() {
 		// Run returned on its own: mpsd is going away all the same.
-		n.notify(daemon.SdNotifyStopping)
+		n.Notify(daemon.SdNotifyStopping)
 	} else {
 		<-stopped
 	}
 	stop()
 	<-loopDone
 	if err != nil {
-		n.notify(statusLine("mpsd failed: " + err.Error()))
+		n.Notify(StatusLine("mpsd failed: " + err.Error()))
 	}
 	return err
 }
 
-// loop is run's notifier of status, readiness and health; it returns when
+// loop is Run's notifier of status, readiness and health; it returns when
 // runCtx ends.
-func (n *sdNotifier) loop(runCtx context.Context, t notifyTarget, ready <-chan struct{}) {
-	n.notify(statusLine("starting"))
+func (n *Notifier) loop(runCtx context.Context, t Target, ready <-chan struct{}) {
+	n.Notify(StatusLine("starting"))
 	status := time.NewTicker(n.statusEvery)
 	defer status.Stop()
 	var pinger *time.Ticker // every half watchdog interval, once ready
@@ -249,7 +235,7 @@ func (n *sdNotifier) loop(runCtx context.Context, t notifyTarget, ready <-chan s
 		case <-ready:
 			ready = nil
 			last = t.Summary()
-			n.notify(daemon.SdNotifyReady + "\n" + statusLine(last))
+			n.Notify(daemon.SdNotifyReady + "\n" + StatusLine(last))
 			if n.watchdog > 0 {
 				// systemd arms the watchdog once start-up is over (READY=1);
 				// before that Healthy would fail anyway (not serving yet).
@@ -259,7 +245,7 @@ func (n *sdNotifier) loop(runCtx context.Context, t notifyTarget, ready <-chan s
 		case <-status.C:
 			if s := t.Summary(); s != last {
 				last = s
-				n.notify(statusLine(s))
+				n.Notify(StatusLine(s))
 			}
 		case <-pings:
 			n.ping(runCtx, t.Healthy)
@@ -271,7 +257,7 @@ func (n *sdNotifier) loop(runCtx context.Context, t notifyTarget, ready <-chan s
 // reports whether it did. A skipped ping is logged: enough of them in a
 // row and systemd kills and restarts mpsd (which, with KillMode=process,
 // re-adopts its instances and leases).
-func (n *sdNotifier) ping(ctx context.Context, healthy func(context.Context) error) bool {
+func (n *Notifier) ping(ctx context.Context, healthy func(context.Context) error) bool {
 	hctx, cancel := context.WithTimeout(ctx, n.healthTimeout())
 	defer cancel()
 	if err := healthy(hctx); err != nil {
@@ -285,6 +271,6 @@ func (n *sdNotifier) ping(ctx context.Context, healthy func(context.Context) err
 		n.log.Info("systemd watchdog pings resumed: mpsd is healthy again")
 		n.skipping = false
 	}
-	n.notify(daemon.SdNotifyWatchdog)
+	n.Notify(daemon.SdNotifyWatchdog)
 	return true
 }

@@ -1,10 +1,8 @@
-package mpsd
+package main
 
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,8 +13,6 @@ import (
 
 	"github.com/mpsd/mpsd/api"
 )
-
-func jsonDecode(r io.Reader, v any) error { return json.NewDecoder(r).Decode(v) }
 
 func TestMainUsage(t *testing.T) {
 	dir := t.TempDir()
@@ -41,9 +37,9 @@ func TestMainUsage(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer
-			code := Main(context.Background(), tc.args, &stderr)
+			code := run(context.Background(), tc.args, &stderr, runConfig{})
 			if code != tc.code || !strings.Contains(stderr.String(), tc.want) {
-				t.Errorf("Main(%v) = %d, stderr %q; want %d and %q", tc.args, code, stderr.String(), tc.code, tc.want)
+				t.Errorf("run(%v) = %d, stderr %q; want %d and %q", tc.args, code, stderr.String(), tc.code, tc.want)
 			}
 		})
 	}
@@ -52,11 +48,11 @@ func TestMainUsage(t *testing.T) {
 // The mpsd binary stops on SIGTERM with status 0 and leaves the MPS
 // daemons running for the next mpsd to adopt.
 func TestBinarySIGTERM(t *testing.T) {
-	e := newEnv(t, oneGroup, "")
+	e := newEnv(t, oneGroup)
 	cmd := exec.Command(filepath.Join(e.bin, "mpsd"), "--config", e.cfgPath, "--simulate")
 	cmd.Stderr = e.log
 	p := startProc(t, cmd)
-	c := leaseClient(e.socket)
+	c := apiClient(e.socket)
 	deadline := time.Now().Add(waitFor)
 	var st api.Status
 	for {
@@ -77,8 +73,8 @@ func TestBinarySIGTERM(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if r := p.wait(t); r.code != 0 {
-		t.Fatalf("mpsd exit %d after SIGTERM", r.code)
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("mpsd exit %d after SIGTERM", code)
 	}
 	for _, in := range st.Instances {
 		if err := syscall.Kill(in.DaemonPID, 0); err != nil {

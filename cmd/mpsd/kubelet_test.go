@@ -1,4 +1,4 @@
-package mpsd
+package main
 
 import "testing"
 
