@@ -396,6 +396,14 @@ func TestMpsdUnderSystemd(t *testing.T) {
 			if cg := e.cgroupOf(s.mainPID); cg != "/system.slice/mpsd.service" {
 				t.Errorf("mpsd (pid %d) is in %s, want /system.slice/mpsd.service", s.mainPID, cg)
 			}
+			// Delegate=yes: systemd hands the subtree to mpsd and marks it
+			// so (the trusted.delegate attribute, which systemd and its
+			// tools honour: they leave a delegated subtree to its owner).
+			svc := filepath.Join(e.cgroup, "system.slice", "mpsd.service")
+			buf := make([]byte, 16)
+			if n, err := syscall.Getxattr(svc, "trusted.delegate", buf); err != nil || string(buf[:n]) != "1" {
+				t.Errorf("mpsd.service's cgroup is not delegated: trusted.delegate %q, %v", buf[:max(n, 0)], err)
+			}
 			for _, l := range st.Leases {
 				if l.State != api.LeaseRunning || len(l.PIDs) == 0 {
 					t.Fatalf("lease %s: %s with pids %v, want running with its workload", l.ID, l.State, l.PIDs)
