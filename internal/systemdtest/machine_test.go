@@ -72,10 +72,12 @@ type machine struct {
 	// the namespace's tree (so that mpsd may move them into leases even
 	// where namespaces are delegation boundaries).
 	clientsFD int
+	nsenter   string
 	unshare   *exec.Cmd
 	unshareRc chan error
 	pid       int // systemd's pid on the host
 	procs     []*proc
+	down      bool // shutdown ran
 }
 
 var machineSeq atomic.Int64
@@ -272,7 +274,7 @@ func boot(t *testing.T, units map[string]string, path string) *machine {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	m := &machine{t: t, dir: dir, path: path, clientsFD: -1}
+	m := &machine{t: t, dir: dir, path: path, clientsFD: -1, nsenter: progs["nsenter"]}
 	m.cgroupName = fmt.Sprintf("%s%d-%d", cgroupPrefix, os.Getpid(), machineSeq.Add(1))
 	m.cgroup = filepath.Join(cg2, m.cgroupName)
 	for _, d := range []string{"units", "empty"} {
@@ -404,9 +406,36 @@ func (m *machine) root(path string) string {
 // then the cgroups go, deepest first. The pid is systemd's for sure:
 // unshare, our child, has not reaped it.
 func (m *machine) shutdown() {
-	if m.unshare == nil {
+	if m.down {
 		return
 	}
+	m.down = true
+	if m.unshare != nil {
+		m.stop()
+	}
+	// Nothing can be left in the cgroups (the pid namespace is gone);
+	// RemoveCgroupTree would kill it and fail the test if something were.
+	var left []string
+	_ = filepath.WalkDir(m.cgroup, func(p string, de fs.DirEntry, err error) error {
+		if err == nil && de.IsDir() {
+			if b, _ := os.ReadFile(filepath.Join(p, "cgroup.procs")); len(bytes.TrimSpace(b)) > 0 {
+				left = append(left, p+": "+strings.Join(strings.Fields(string(b)), " "))
+			}
+		}
+		return nil
+	})
+	if len(left) > 0 {
+		m.t.Errorf("processes left in the machine's cgroups after its end: %v", left)
+	}
+	emutest.RemoveCgroupTree(m.cgroupName)
+	if _, err := os.Stat(m.cgroup); err == nil {
+		m.t.Errorf("cgroup %s could not be removed", m.cgroup)
+	}
+}
+
+// stop kills the machine (see shutdown) and waits for every command the
+// test started.
+func (m *machine) stop() {
 	if m.t.Failed() && m.pid != 0 {
 		// systemd's own messages, then the last lines of everything (a
 		// watchdog kill puts mpsd's goroutine dump there).
@@ -438,32 +467,13 @@ func (m *machine) shutdown() {
 	if b, _ := os.ReadFile(filepath.Join(m.dir, "systemd.out")); len(bytes.TrimSpace(b)) > 0 && m.t.Failed() {
 		m.t.Logf("unshare and the namespace's PID 1 said:\n%s", b)
 	}
-	// Nothing can be left in the cgroups (the pid namespace is gone);
-	// RemoveCgroupTree would kill it and fail the test if something were.
-	var left []string
-	_ = filepath.WalkDir(m.cgroup, func(p string, de fs.DirEntry, err error) error {
-		if err == nil && de.IsDir() {
-			if b, _ := os.ReadFile(filepath.Join(p, "cgroup.procs")); len(bytes.TrimSpace(b)) > 0 {
-				left = append(left, p+": "+strings.Join(strings.Fields(string(b)), " "))
-			}
-		}
-		return nil
-	})
-	if len(left) > 0 {
-		m.t.Errorf("processes left in the machine's cgroups after its end: %v", left)
-	}
-	emutest.RemoveCgroupTree(m.cgroupName)
-	if _, err := os.Stat(m.cgroup); err == nil {
-		m.t.Errorf("cgroup %s could not be removed", m.cgroup)
-	}
-	m.unshare = nil
 }
 
 // command prepares argv to run inside the namespace (nsenter into
 // systemd's namespaces), started in the test's clients cgroup there.
 func (m *machine) command(argv ...string) *exec.Cmd {
 	args := append([]string{"-t", strconv.Itoa(m.pid), "-m", "-p", "-u", "-n", "-C", "--"}, argv...)
-	cmd := exec.Command("nsenter", args...)
+	cmd := exec.Command(m.nsenter, args...)
 	cmd.Env = []string{"PATH=" + m.path, "LANG=C.UTF-8", "SYSTEMD_PAGER=", "SYSTEMD_COLORS=0", "MPSD_SOCKET=" + mpsdSocket}
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: m.clientsFD}
@@ -519,7 +529,7 @@ func (m *machine) waitUntil(what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			m.t.Fatalf("no %s within %s", what, waitFor)
 		}
-		if m.unshareRc != nil && len(m.unshareRc) > 0 {
+		if len(m.unshareRc) > 0 {
 			m.t.Fatalf("the machine ended while waiting for %s", what)
 		}
 		time.Sleep(20 * time.Millisecond)

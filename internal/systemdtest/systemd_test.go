@@ -2,6 +2,7 @@ package systemdtest
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
@@ -279,20 +281,31 @@ func (e *testEnv) startClient(name string) *client {
 	return c
 }
 
-// release opens the client's gate: the FIFO's open blocks until the
-// shell has it open for reading.
+// release opens the client's gate. The shell opens the FIFO for reading
+// once its first mpsemu-client is done, and blocks until a writer comes;
+// until then opening it for writing without blocking fails with ENXIO.
 func (c *client) release(t testing.TB) {
 	t.Helper()
-	f, err := os.OpenFile(c.gate, os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = f.WriteString("go\n")
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
+	deadline := time.Now().Add(waitFor)
+	for {
+		f, err := os.OpenFile(c.gate, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		if err == nil {
+			_, err = f.WriteString("go\n")
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		if !errors.Is(err, syscall.ENXIO) {
+			t.Fatal(err)
+		}
+		if !c.p.running() || time.Now().After(deadline) {
+			t.Fatalf("client %v is not waiting on its gate (running: %v)", c.p.cmd.Args, c.p.running())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
