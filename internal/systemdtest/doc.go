@@ -48,9 +48,10 @@
 // Only a drop-in (test.conf): ExecStart= runs the built bin/mpsd with
 // --simulate and the test's config (state and logs in the test's
 // directory; socket and run_dir the defaults, in the namespace's /run),
-// WatchdogSec=4s and RestartSec=1s. For the check of requests made while
-// mpsd is down a second drop-in adds an ExecStartPre= that waits for a
-// gate file. The emulator directory of the config holds a wrapper of the
+// WatchdogSec=6s (pings every 3 s, each after a health check of at most
+// 1.5 s: room for a loaded machine) and RestartSec=1s. For the check of
+// requests made while mpsd is down a second drop-in adds an
+// ExecStartPre= that waits for a gate file. The emulator directory of the config holds a wrapper of the
 // emulator's control program that refuses to start a daemon until the
 // test opens a gate, so that readiness can be seen to wait for the
 // instances.

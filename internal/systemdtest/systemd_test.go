@@ -124,7 +124,7 @@ groups:
 [Service]
 ExecStart=
 ExecStart=%s --config %s --simulate
-WatchdogSec=4s
+WatchdogSec=6s
 RestartSec=1s
 `, filepath.Join(bin, "mpsd"), filepath.Join(m.dir, "mpsd.yaml")))
 	m.must("systemctl", "daemon-reload")
