@@ -181,15 +181,22 @@ func (e *testEnv) waitActive(old int) service {
 	return s
 }
 
-// alive reports whether the namespace's pid runs (seen through its
-// /proc).
-func (e *testEnv) alive(pid int) bool {
+// procState is the state letter of the namespace's pid (seen through its
+// /proc), "" when it is gone.
+func (e *testEnv) procState(pid int) string {
 	b, err := os.ReadFile(e.root(fmt.Sprintf("/proc/%d/stat", pid)))
 	if err != nil {
-		return false
+		return ""
 	}
 	_, rest, _ := strings.Cut(string(b), ") ")
-	return !strings.HasPrefix(rest, "Z")
+	st, _, _ := strings.Cut(rest, " ")
+	return st
+}
+
+// alive reports whether the namespace's pid runs (or is stopped).
+func (e *testEnv) alive(pid int) bool {
+	st := e.procState(pid)
+	return st != "" && st != "Z"
 }
 
 // cgroupOf is the namespace's pid's cgroup v2 path, relative to the
@@ -433,6 +440,7 @@ func TestMpsdUnderSystemd(t *testing.T) {
 		{"WatchdogRestart", func(t *testing.T) {
 			old := e.service()
 			e.must("kill", "-STOP", strconv.Itoa(old.mainPID))
+			e.waitUntil("mpsd stopped", func() bool { return e.procState(old.mainPID) == "T" })
 			// A request to the wedged mpsd: it waits in the socket's
 			// backlog, and the mpsd that systemd starts after the watchdog
 			// kill answers it.
