@@ -17,6 +17,13 @@ if [ -n "$slurm" ]; then
 	echo "$slurm" >&2
 	fail=1
 fi
+# internal/systemdtest boots a systemd as PID 1 of private namespaces.
+sd=$(pgrep -a -f 'systemd --system --unit=mpsd-test' | grep -v -e pgrep -e check-leftovers || true)
+if [ -n "$sd" ]; then
+	echo "check-leftovers: namespaced systemd left running by the tests:" >&2
+	echo "$sd" >&2
+	fail=1
+fi
 cgs=$(ls -d /sys/fs/cgroup/*/mpsd-test* /sys/fs/cgroup/mpsd-test* /sys/fs/cgroup/unified/mpsd-test* 2>/dev/null || true)
 if [ -n "$cgs" ]; then
 	echo "check-leftovers: cgroups left by the tests:" >&2
@@ -24,8 +31,8 @@ if [ -n "$cgs" ]; then
 	fail=1
 fi
 # mps/ tests keep pipe dirs short (unix socket paths are limited) in /tmp/mpst*,
-# internal/slurmtest in /tmp/mpsd-slurm*.
-tmps=$(ls -d "${TMPDIR:-/tmp}"/mpst* "${TMPDIR:-/tmp}"/mpsd-slurm* 2>/dev/null || true)
+# internal/slurmtest in /tmp/mpsd-slurm*, internal/systemdtest in /tmp/mpsd-systemd*.
+tmps=$(ls -d "${TMPDIR:-/tmp}"/mpst* "${TMPDIR:-/tmp}"/mpsd-slurm* "${TMPDIR:-/tmp}"/mpsd-systemd* 2>/dev/null || true)
 if [ -n "$tmps" ]; then
 	echo "check-leftovers: temporary directories left by the tests:" >&2
 	echo "$tmps" >&2

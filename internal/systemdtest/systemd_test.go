@@ -1,0 +1,563 @@
+package systemdtest
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
+)
+
+// mpsdSocket is mpsd.socket's ListenStream=, the default socket: the
+// shipped units run unchanged.
+const mpsdSocket = api.DefaultSocket
+
+// leaseParent is cgroup.parent: below the service's delegated cgroup.
+const leaseParent = "system.slice/mpsd.service/leases"
+
+// The test's drop-ins for the shipped mpsd.service. test.conf is all
+// that differs from examples/systemd for most of the test: the built
+// mpsd on simulated GPUs with the test's config, and a shorter watchdog
+// and restart delay. gate.conf, for one check, holds every start back
+// until the test opens a gate.
+const (
+	dropIn     = "mpsd.service.d/test.conf"
+	gateDropIn = "mpsd.service.d/gate.conf"
+)
+
+// testEnv is the machine with the shipped units and mpsd's config.
+type testEnv struct {
+	*machine
+	bin, emu string
+	// gates the test opens: MPS may start; mpsd may start (with
+	// gate.conf).
+	gateMPS, gateStart string
+}
+
+// setup boots a machine whose units are examples/systemd's, unchanged,
+// with test.conf, and writes mpsd's config and the emulator directory.
+func setup(t *testing.T) *testEnv {
+	t.Helper()
+	bin, emu := emutest.CmdDir(t), emutest.BinDir(t)
+	bin, _ = filepath.Abs(bin)
+	emu, _ = filepath.Abs(emu)
+	units := map[string]string{}
+	for _, name := range []string{"mpsd.socket", "mpsd.service"} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "examples", "systemd", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		units[name] = string(b)
+	}
+	// The directory is made by boot; the drop-in and the config name
+	// paths in it, so they are written after, before anything starts
+	// mpsd (nothing does until the first connection).
+	m := boot(t, units, bin+":"+emu+":/usr/sbin:/usr/bin:/sbin:/bin")
+	e := &testEnv{machine: m, bin: bin, emu: emu,
+		gateMPS:   filepath.Join(m.dir, "gate-mps"),
+		gateStart: filepath.Join(m.dir, "gate-start")}
+
+	// The emulator's programs, with a control program that refuses to
+	// start a daemon (-d) until the test opens gateMPS: until then no
+	// instance comes up, so readiness can be seen to wait for them. It
+	// execs the emulator's, so a daemon's program is the emulator's.
+	ed := filepath.Join(m.dir, "emu")
+	if err := os.Mkdir(ed, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	wrapper := fmt.Sprintf(`#!/bin/sh
+for a; do
+	if [ "$a" = -d ] && [ ! -e %s ]; then
+		echo "mpsd test: MPS held back until the test opens its gate" >&2
+		exit 1
+	fi
+done
+exec %s "$@"
+`, e.gateMPS, filepath.Join(emu, emutest.ControlName))
+	if err := os.WriteFile(filepath.Join(ed, emutest.ControlName), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{emutest.ServerName, emutest.ClientName} {
+		if err := os.Symlink(filepath.Join(emu, p), filepath.Join(ed, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := fmt.Sprintf(`version: 1
+socket: %[2]s
+run_dir: %[3]s
+state_dir: %[1]s/state
+log_dir: %[1]s/log
+cgroup:
+  parent: %[4]s
+metrics:
+  listen: ""
+watchdog:
+  backoff_initial: 50ms
+  backoff_max: 500ms
+  # The held-back daemons fail to start until the gate opens; they must
+  # not be quarantined for it.
+  quarantine_after: 1000
+simulate:
+  gpus: 2
+  model: a100-40g
+  emulator_dir: %[5]s
+groups:
+  sdtest:
+    users: [root]
+    sm_percent: 100
+    memory: 8G
+`, m.dir, mpsdSocket, filepath.Dir(mpsdSocket), leaseParent, ed)
+	if err := os.WriteFile(filepath.Join(m.dir, "mpsd.yaml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m.writeUnit(dropIn, fmt.Sprintf(`# The only changes to examples/systemd/mpsd.service for the test.
+[Service]
+ExecStart=
+ExecStart=%s --config %s --simulate
+WatchdogSec=6s
+RestartSec=1s
+`, filepath.Join(bin, "mpsd"), filepath.Join(m.dir, "mpsd.yaml")))
+	m.must("systemctl", "daemon-reload")
+	return e
+}
+
+// open creates a gate file.
+func (e *testEnv) open(gate string) {
+	e.t.Helper()
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// status runs mpsctl status --json inside and decodes it.
+func (e *testEnv) status() api.Status {
+	e.t.Helper()
+	return decodeStatus(e.t, e.must("mpsctl", "status", "--json"))
+}
+
+func decodeStatus(t testing.TB, out string) api.Status {
+	t.Helper()
+	var st api.Status
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("mpsctl status --json: %v\n%s", err, out)
+	}
+	return st
+}
+
+// service is mpsd.service's state as systemd has it.
+type service struct {
+	active, sub, status string
+	mainPID, restarts   int
+}
+
+func (e *testEnv) service() service {
+	e.t.Helper()
+	p := e.show("mpsd.service", "ActiveState", "SubState", "StatusText", "MainPID", "NRestarts")
+	s := service{active: p["ActiveState"], sub: p["SubState"], status: p["StatusText"]}
+	s.mainPID, _ = strconv.Atoi(p["MainPID"])
+	s.restarts, _ = strconv.Atoi(p["NRestarts"])
+	return s
+}
+
+// waitActive waits until mpsd.service is active with a main pid other
+// than old, and returns its state.
+func (e *testEnv) waitActive(old int) service {
+	e.t.Helper()
+	var s service
+	e.waitUntil(fmt.Sprintf("mpsd.service active with a main pid other than %d", old), func() bool {
+		s = e.service()
+		return s.active == "active" && s.mainPID != 0 && s.mainPID != old
+	})
+	return s
+}
+
+// procState is the state letter of the namespace's pid (seen through its
+// /proc), "" when it is gone.
+func (e *testEnv) procState(pid int) string {
+	b, err := os.ReadFile(e.root(fmt.Sprintf("/proc/%d/stat", pid)))
+	if err != nil {
+		return ""
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	st, _, _ := strings.Cut(rest, " ")
+	return st
+}
+
+// alive reports whether the namespace's pid runs (or is stopped).
+func (e *testEnv) alive(pid int) bool {
+	st := e.procState(pid)
+	return st != "" && st != "Z"
+}
+
+// cgroupOf is the namespace's pid's cgroup v2 path, relative to the
+// namespace's cgroup root. The kernel shows it relative to the reader's
+// cgroup namespace, so this, on the host, reads the machine's cgroup
+// first: the pid must be inside it.
+func (e *testEnv) cgroupOf(pid int) string {
+	e.t.Helper()
+	b, err := os.ReadFile(e.root(fmt.Sprintf("/proc/%d/cgroup", pid)))
+	if err != nil {
+		e.t.Fatalf("cgroup of pid %d: %v", pid, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(line, "0::"); ok {
+			rel, ok := strings.CutPrefix(p, "/"+e.cgroupName+"/")
+			if !ok {
+				e.t.Fatalf("pid %d is in cgroup %s, outside the machine's (/%s)", pid, p, e.cgroupName)
+			}
+			return "/" + rel
+		}
+	}
+	e.t.Fatalf("pid %d has no cgroup v2 line: %q", pid, b)
+	return ""
+}
+
+// mpsSnapshot is what must outlive an mpsd restart: the MPS daemons and
+// servers and the running leases with their processes.
+type mpsSnapshot struct {
+	daemons []string // group@gpu=daemon pid/server pids
+	leases  []string // id=pids
+}
+
+func snapshot(st api.Status) mpsSnapshot {
+	var s mpsSnapshot
+	for _, in := range st.Instances {
+		s.daemons = append(s.daemons, fmt.Sprintf("%s@%d=%d/%v", in.Group, in.GPUIndex, in.DaemonPID, in.ServerPIDs))
+	}
+	for _, l := range st.Leases {
+		s.leases = append(s.leases, fmt.Sprintf("%s=%v/%s", l.ID, l.PIDs, l.State))
+	}
+	slices.Sort(s.daemons)
+	slices.Sort(s.leases)
+	return s
+}
+
+func (s mpsSnapshot) String() string {
+	return fmt.Sprintf("daemons %v, leases %v", s.daemons, s.leases)
+}
+
+// kept reports whether after has the same MPS daemons and servers as s
+// and every lease of s, unchanged (after may have more).
+func (s mpsSnapshot) kept(after mpsSnapshot) bool {
+	if !slices.Equal(s.daemons, after.daemons) {
+		return false
+	}
+	for _, l := range s.leases {
+		if !slices.Contains(after.leases, l) {
+			return false
+		}
+	}
+	return true
+}
+
+// client is a workload under mps-launch: mpsemu-client connects to its
+// MPS server once, the workload (a shell, which forks nothing while it
+// waits, so the lease's processes stay the same) waits on its gate, a
+// FIFO, then connects again and exits 0.
+type client struct {
+	p    *proc
+	out  string // its stdout file
+	gate string // its FIFO
+}
+
+func (e *testEnv) startClient(name string) *client {
+	e.t.Helper()
+	c := &client{out: filepath.Join(e.dir, name+".out"), gate: filepath.Join(e.dir, name+".gate")}
+	if err := syscall.Mkfifo(c.gate, 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	f, err := os.Create(c.out)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer f.Close()
+	script := fmt.Sprintf("%[1]s && { read -r go <%[2]s || true; } && exec %[1]s", emutest.ClientName, c.gate)
+	cmd := e.command("mps-launch", "--sm", "20", "--mem", "1G", "--", "/bin/sh", "-c", script)
+	cmd.Stdout = f
+	c.p = e.start(cmd)
+	return c
+}
+
+// release opens the client's gate. The shell opens the FIFO for reading
+// once its first mpsemu-client is done, and blocks until a writer comes;
+// until then opening it for writing without blocking fails with ENXIO.
+func (c *client) release(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		f, err := os.OpenFile(c.gate, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		if err == nil {
+			_, err = f.WriteString("go\n")
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		if !errors.Is(err, syscall.ENXIO) {
+			t.Fatal(err)
+		}
+		if !c.p.running() || time.Now().After(deadline) {
+			t.Fatalf("client %v is not waiting on its gate (running: %v)", c.p.cmd.Args, c.p.running())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+var clientLine = regexp.MustCompile(`mpsemu-client: pid=\d+ server=(\d+) `)
+
+// servers returns the server pids of the client's mpsemu-client lines.
+func (c *client) servers() []string {
+	b, _ := os.ReadFile(c.out)
+	var s []string
+	for _, m := range clientLine.FindAllStringSubmatch(string(b), -1) {
+		s = append(s, m[1])
+	}
+	return s
+}
+
+// journal is the unit's journal.
+func (e *testEnv) journal(unit string) string {
+	e.t.Helper()
+	return e.must("journalctl", "--no-pager", "-b", "-u", unit, "-o", "cat")
+}
+
+// TestMpsdUnderSystemd runs examples/systemd's mpsd.socket and
+// mpsd.service, unchanged but for test.conf, under a real systemd (PID 1
+// of private namespaces; see doc.go) with mpsd --simulate, and checks
+// what the units promise: socket activation, READY only when every
+// instance is up, the watchdog's kill and restart and a plain restart
+// keeping MPS and the clients, requests queueing in the socket while mpsd
+// is down, and leases under the service's delegated cgroup. The steps
+// build on each other: a failed step ends the test.
+func TestMpsdUnderSystemd(t *testing.T) {
+	e := setup(t)
+	var clients []*client
+	var before mpsSnapshot
+
+	steps := []struct {
+		name string
+		run  func(t *testing.T)
+	}{
+		{"FirstConnectionActivates", func(t *testing.T) {
+			if s := e.service(); s.active != "inactive" || s.mainPID != 0 {
+				t.Fatalf("mpsd.service before any connection: %+v, want inactive without a main pid", s)
+			}
+			if p := e.show("mpsd.socket", "ActiveState", "SubState"); p["ActiveState"] != "active" || p["SubState"] != "listening" {
+				t.Fatalf("mpsd.socket: %v, want active/listening", p)
+			}
+			// The first connection starts mpsd, which answers it once every
+			// instance had a first try. MPS is held back: none is up.
+			st := e.status()
+			if len(st.Instances) != 2 {
+				t.Fatalf("status has %d instances, want 2 (one per simulated GPU): %+v", len(st.Instances), st.Instances)
+			}
+			for _, in := range st.Instances {
+				if in.State == api.InstanceReady {
+					t.Errorf("instance %s@%d is ready though its MPS daemon cannot start", in.Group, in.GPUIndex)
+				}
+			}
+		}},
+		{"ReadyWhenInstancesUp", func(t *testing.T) {
+			// mpsd serves, but no instance is up: no READY=1, so the
+			// service is still starting, and STATUS= (refreshed every 5 s)
+			// comes to show the instances by state.
+			byState := regexp.MustCompile(`^instances: .*(starting|recovering).*; leases: 0 running, 0 queued$`)
+			var s service
+			e.waitUntil("STATUS= with the instances by state, or READY=1", func() bool {
+				s = e.service()
+				return s.active != "activating" || byState.MatchString(s.status)
+			})
+			if s.active != "activating" || s.sub != "start" {
+				t.Fatalf("mpsd.service while no instance is up: %s/%s (status %q), want activating/start: READY=1 came early", s.active, s.sub, s.status)
+			}
+			if strings.Contains(s.status, "ready") {
+				t.Errorf("StatusText while no instance is up = %q, want none ready", s.status)
+			}
+			e.open(e.gateMPS)
+			s = e.waitActive(0)
+			if s.status != "instances: 2 ready; leases: 0 running, 0 queued" {
+				t.Errorf("StatusText once active = %q, want \"instances: 2 ready; leases: 0 running, 0 queued\"", s.status)
+			}
+			for _, in := range e.status().Instances {
+				if in.State != api.InstanceReady || in.DaemonPID == 0 {
+					t.Errorf("instance %s@%d is %s (daemon %d) after READY=1", in.Group, in.GPUIndex, in.State, in.DaemonPID)
+				}
+			}
+		}},
+		{"LeasesInDelegatedCgroup", func(t *testing.T) {
+			for i := range 2 {
+				clients = append(clients, e.startClient(fmt.Sprintf("client%d", i)))
+			}
+			for _, c := range clients {
+				e.waitUntil("the client's first MPS connection", func() bool { return len(c.servers()) == 1 || !c.p.running() })
+				if !c.p.running() {
+					r := c.p.wait(t)
+					t.Fatalf("client ended early: exit %d: %s", r.code, r.stderr)
+				}
+			}
+			st := e.status()
+			if len(st.Leases) != 2 {
+				t.Fatalf("%d leases, want 2: %+v", len(st.Leases), st.Leases)
+			}
+			s := e.service()
+			if cg := e.cgroupOf(s.mainPID); cg != "/system.slice/mpsd.service" {
+				t.Errorf("mpsd (pid %d) is in %s, want /system.slice/mpsd.service", s.mainPID, cg)
+			}
+			// Delegate=yes: systemd hands the subtree to mpsd and marks it
+			// so (the trusted.delegate attribute, which systemd and its
+			// tools honour: they leave a delegated subtree to its owner).
+			svc := filepath.Join(e.cgroup, "system.slice", "mpsd.service")
+			buf := make([]byte, 16)
+			if n, err := syscall.Getxattr(svc, "trusted.delegate", buf); err != nil || string(buf[:n]) != "1" {
+				t.Errorf("mpsd.service's cgroup is not delegated: trusted.delegate %q, %v", buf[:max(n, 0)], err)
+			}
+			for _, l := range st.Leases {
+				if l.State != api.LeaseRunning || len(l.PIDs) == 0 {
+					t.Fatalf("lease %s: %s with pids %v, want running with its workload", l.ID, l.State, l.PIDs)
+				}
+				for _, pid := range l.PIDs {
+					cg := e.cgroupOf(pid)
+					if !strings.HasPrefix(cg, "/"+leaseParent+"/") || !strings.HasSuffix(cg, "/"+l.ID) {
+						t.Errorf("lease %s's pid %d is in %s, want /%s/<instance>/<group>/%s", l.ID, pid, cg, leaseParent, l.ID)
+					}
+				}
+			}
+			before = snapshot(st)
+		}},
+		{"WatchdogRestart", func(t *testing.T) {
+			old := e.service()
+			e.must("kill", "-STOP", strconv.Itoa(old.mainPID))
+			e.waitUntil("mpsd stopped", func() bool { return e.procState(old.mainPID) == "T" })
+			// A request to the wedged mpsd: it waits in the socket's
+			// backlog, and the mpsd that systemd starts after the watchdog
+			// kill answers it.
+			req := e.start(e.command("mpsctl", "status", "--json"))
+			r := req.wait(t)
+			if r.code != 0 {
+				t.Fatalf("mpsctl status during the wedge: exit %d: %s", r.code, r.stderr)
+			}
+			if e.alive(old.mainPID) {
+				t.Errorf("the wedged mpsd (pid %d) still runs after its request was answered", old.mainPID)
+			}
+			s := e.waitActive(old.mainPID)
+			if s.restarts != old.restarts+1 {
+				t.Errorf("NRestarts %d after the watchdog kill, want %d", s.restarts, old.restarts+1)
+			}
+			j := e.journal("mpsd.service")
+			for _, want := range []string{"Watchdog timeout", "SIGABRT"} {
+				if !strings.Contains(j, want) {
+					t.Errorf("mpsd.service's journal has no %q", want)
+				}
+			}
+			after := snapshot(decodeStatus(t, r.stdout))
+			if after.String() != before.String() {
+				t.Errorf("after the watchdog restart: %s\nbefore: %s", after, before)
+			}
+			for _, c := range clients {
+				if !c.p.running() {
+					t.Errorf("client %v ended during the watchdog restart", c.p.cmd.Args)
+				}
+			}
+		}},
+		{"SystemctlRestart", func(t *testing.T) {
+			old := e.service()
+			e.must("systemctl", "restart", "mpsd.service")
+			s := e.waitActive(old.mainPID)
+			if s.restarts != 0 {
+				t.Errorf("NRestarts %d after systemctl restart, want 0 (a manual restart resets it)", s.restarts)
+			}
+			if after := snapshot(e.status()); after.String() != before.String() {
+				t.Errorf("after systemctl restart: %s\nbefore: %s", after, before)
+			}
+			for _, c := range clients {
+				if !c.p.running() {
+					t.Errorf("client %v ended during systemctl restart", c.p.cmd.Args)
+				}
+			}
+		}},
+		{"RequestsWaitWhileDown", func(t *testing.T) {
+			e.writeUnit(gateDropIn, fmt.Sprintf("# Holds every start of mpsd back until the test opens a gate.\n[Service]\nExecStartPre=/bin/sh -c 'while [ ! -e %s ]; do sleep 0.05; done'\n", e.gateStart))
+			e.must("systemctl", "daemon-reload")
+			old := e.service()
+			e.must("systemctl", "restart", "--no-block", "mpsd.service")
+			e.waitUntil("mpsd.service held in start-pre", func() bool {
+				s := e.service()
+				return s.active == "activating" && s.sub == "start-pre"
+			})
+			if e.alive(old.mainPID) {
+				t.Fatalf("the old mpsd (pid %d) still runs", old.mainPID)
+			}
+			launch := e.start(e.command("mps-launch", "--sm", "10", "--", emutest.ClientName))
+			stat := e.start(e.command("mpsctl", "status", "--json"))
+			// Both are connected, in the backlog of the socket that systemd
+			// holds, with no mpsd to accept them.
+			e.waitUntil("two connections waiting in mpsd.socket's backlog", func() bool {
+				return backlog(e.must("ss", "-xlnH", "src", mpsdSocket)) >= 2
+			})
+			if !launch.running() || !stat.running() {
+				t.Fatalf("a request ended while mpsd was down")
+			}
+			e.open(e.gateStart)
+			e.waitActive(old.mainPID)
+			if r := stat.wait(t); r.code != 0 {
+				t.Errorf("mpsctl status made while mpsd was down: exit %d: %s", r.code, r.stderr)
+			} else if after := snapshot(decodeStatus(t, r.stdout)); !before.kept(after) {
+				t.Errorf("status answered after the restart: %s\nbefore: %s", after, before)
+			}
+			if r := launch.wait(t); r.code != 0 || !clientLine.MatchString(r.stdout) {
+				t.Errorf("mps-launch made while mpsd was down: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+			}
+			if err := os.Remove(filepath.Join(e.dir, "units", gateDropIn)); err != nil {
+				t.Fatal(err)
+			}
+			e.must("systemctl", "daemon-reload")
+		}},
+		{"ClientsExitZero", func(t *testing.T) {
+			for _, c := range clients {
+				c.release(t)
+				r := c.p.wait(t)
+				if r.code != 0 {
+					t.Errorf("client %v: exit %d: %s", c.p.cmd.Args, r.code, r.stderr)
+				}
+				// Both connections reached the same MPS server: it lived
+				// through the three restarts of mpsd.
+				if s := c.servers(); len(s) != 2 || s[0] != s[1] {
+					t.Errorf("client's MPS servers %v, want the same one twice", s)
+				}
+			}
+			e.waitUntil("no leases left", func() bool { return len(e.status().Leases) == 0 })
+		}},
+	}
+	for _, s := range steps {
+		if !t.Run(s.name, s.run) {
+			return
+		}
+	}
+}
+
+// backlog is the Recv-Q of ss's line for a listening unix socket: the
+// connections waiting to be accepted.
+func backlog(ss string) int {
+	for _, line := range strings.Split(ss, "\n") {
+		f := strings.Fields(line)
+		// Netid State Recv-Q Send-Q Local ...
+		if len(f) >= 4 && f[1] == "LISTEN" {
+			n, _ := strconv.Atoi(f[2])
+			return n
+		}
+	}
+	return 0
+}
