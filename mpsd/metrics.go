@@ -113,6 +113,7 @@ func newMetrics(d *Daemon) *metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		(*daemonCollector)(d),
+		(*stateCollector)(d),
 	)
 	return m
 }
@@ -267,6 +268,10 @@ func (d *Daemon) serveMetrics(ln net.Listener) *http.Server {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if held := d.heldReason(); held != "" {
+			http.Error(w, "not ready: "+held+"; "+d.Summary(), http.StatusServiceUnavailable)
+			return
+		}
 		if trouble := d.res.localTrouble(); trouble != "" {
 			http.Error(w, "not ready: mpsd is out of local resources ("+trouble+"); "+d.Summary(), http.StatusServiceUnavailable)
 			return
