@@ -354,3 +354,28 @@ func TestIntentSurvivesRestart(t *testing.T) {
 		})
 	}
 }
+
+// A command killed while mpsd was away (here by the test; in life the OOM
+// killer or a person: mpsd kills nothing at start) is reported by its
+// launcher as such, and the launcher exits 128+9 as for any SIGKILL.
+func TestKilledWhileMpsdAway(t *testing.T) {
+	e := newEnv(t, oneGroup, "")
+	e.start()
+	args, _ := e.gate("k")
+	p := startProc(t, e.launch(append([]string{"--sm", "10", "--mem", "1G", "--"}, args...)...))
+	st := e.waitStatus("a running workload", func(st api.Status) bool { return len(durShells(t, st)) == 1 })
+	shell := durShells(t, st)[0]
+	e.d.crashStop.Store(true)
+	e.stop()
+	if err := syscall.Kill(shell, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// Gone once its launcher, its parent, has reaped it.
+	emutestWaitGone(t, shell)
+	e.start()
+	r := p.wait(t)
+	if r.code != 137 || !strings.Contains(r.stderr, "the command was killed by SIGKILL while mpsd was away (exit status 137)") {
+		t.Errorf("launcher: exit %d, stderr %q; want 137 saying the command was killed while mpsd was away", r.code, r.stderr)
+	}
+	e.waitStatus("the lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
+}
