@@ -79,7 +79,7 @@ func TestMissingStateLeavesCgroupsAlone(t *testing.T) {
 	gateArgs, open := e.gate("lost")
 	p := startProc(t, e.launch(append([]string{"--sm", "10", "--mem", "1G", "--"}, gateArgs...)...))
 	st := e.waitStatus("a running lease with its workload", func(st api.Status) bool {
-		return countLeases(st, api.LeaseRunning) == 1 && len(st.Leases[0].PIDs) > 0
+		return countLeases(st, api.LeaseRunning) == 1 && len(durShells(t, st)) == 1
 	})
 	l := st.Leases[0]
 	want := e.leaseCgroup("inference", l.ID)
@@ -89,7 +89,8 @@ func TestMissingStateLeavesCgroupsAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.start()
-	for _, pid := range l.PIDs {
+	// The gate shell: the sleeps it runs come and go.
+	for _, pid := range durShells(t, st) {
 		if err := syscall.Kill(pid, 0); err != nil {
 			t.Fatalf("workload pid %d killed by a restart without a state file: %v", pid, err)
 		}
