@@ -542,7 +542,11 @@ func (d *Daemon) Summary() string {
 	if len(parts) > 0 {
 		inst = "instances: " + strings.Join(parts, ", ")
 	}
-	return fmt.Sprintf("%s; leases: %d running, %d queued", inst, running, queued)
+	sum := fmt.Sprintf("%s; leases: %d running, %d queued", inst, running, queued)
+	if held := d.heldReasonLocked(); held != "" {
+		sum += "; grants held: " + held
+	}
+	return sum
 }
 
 // Healthy reports whether the daemon's core works: its state lock can be

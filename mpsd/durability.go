@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"os"
@@ -139,7 +140,7 @@ func (d *Daemon) persistIntent(ctx context.Context) error {
 	case <-t.C:
 	}
 	why := "not written within " + d.opts.RequestTimeout.String()
-	if err, _ := d.store.health(); err != nil {
+	if _, err := d.store.health(); err != nil {
 		why = errnoText(err)
 	}
 	return fmt.Errorf("applied, but not yet saved: the state directory %s cannot be written (%s); it holds until mpsd restarts, and is saved as soon as the directory can be written", d.layout.StateDir, why)
@@ -267,13 +268,24 @@ func readOrphanHint(proc, leaseID string, pids []int) orphanHint {
 			}
 		}
 		if h.pipeDir == "" {
-			b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(p.pid), "environ"))
-			if err == nil {
+			if b, err := readEnviron(proc, p.pid); err == nil {
 				h.fromEnv(leaseID, b)
 			}
 		}
 	}
 	return h
+}
+
+// maxEnviron bounds what is read of a process's environment.
+const maxEnviron = 1 << 20
+
+func readEnviron(proc string, pid int) ([]byte, error) {
+	f, err := os.Open(filepath.Join(proc, strconv.Itoa(pid), "environ"))
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }()
+	return io.ReadAll(io.LimitReader(f, maxEnviron))
 }
 
 // fromEnv takes the hint's lease values from an environ block, if it is
@@ -391,7 +403,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	err, failures := (*Daemon)(c).store.health()
+	failures, err := (*Daemon)(c).store.health()
 	writable := 1.0
 	if err != nil {
 		writable = 0

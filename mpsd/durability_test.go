@@ -70,7 +70,7 @@ func TestStoreFailedWriteHoldsWaiters(t *testing.T) {
 	if closed(first) || closed(second) {
 		t.Fatal("a failed write released a waiter")
 	}
-	if err, n := s.health(); err == nil || n != 2 {
+	if n, err := s.health(); err == nil || n != 2 {
 		t.Fatalf("health = %v, %d failures; want the error and 2", err, n)
 	}
 	if got := h.all(); len(got) != 2 || got[0] == nil || got[1] == nil {
@@ -87,7 +87,7 @@ func TestStoreFailedWriteHoldsWaiters(t *testing.T) {
 	if !closed(first) || !closed(second) {
 		t.Fatal("the write that succeeded did not release the waiters of the failed ones")
 	}
-	if err, n := s.health(); err != nil || n != 2 {
+	if n, err := s.health(); err != nil || n != 2 {
 		t.Fatalf("health = %v, %d; want nil, 2", err, n)
 	}
 	if got := h.all(); len(got) != 3 || got[2] != nil {
@@ -142,7 +142,7 @@ func TestStoreRunRetries(t *testing.T) {
 	case <-time.After(waitFor):
 		t.Fatal("the retry did not write the state once the directory was there")
 	}
-	if err, _ := s.health(); err != nil {
+	if _, err := s.health(); err != nil {
 		t.Errorf("health after the retry succeeded: %v", err)
 	}
 }

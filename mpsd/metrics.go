@@ -268,8 +268,9 @@ func (d *Daemon) serveMetrics(ln net.Listener) *http.Server {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if held := d.heldReason(); held != "" {
-			http.Error(w, "not ready: "+held+"; "+d.Summary(), http.StatusServiceUnavailable)
+		if d.heldReason() != "" {
+			// The summary says why: the state directory cannot be written.
+			http.Error(w, "not ready: "+d.Summary(), http.StatusServiceUnavailable)
 			return
 		}
 		if trouble := d.res.localTrouble(); trouble != "" {

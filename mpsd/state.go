@@ -233,12 +233,12 @@ func (s *store) flush() error {
 	return err
 }
 
-// health is the last write's error (nil if it succeeded or none ran yet)
-// and how many writes have failed.
-func (s *store) health() (error, uint64) {
+// health is how many writes have failed and the last write's error (nil
+// if it succeeded or none ran yet).
+func (s *store) health() (uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.failing, s.failures
+	return s.failures, s.failing
 }
 
 // freeze stops all writing, as the death of mpsd would (tests of a
