@@ -141,6 +141,9 @@ func TestStateDirFull(t *testing.T) {
 	lb.Stderr = slave
 	pb := startProc(t, lb)
 	durWaitText(t, "the held launcher's terminal", term.String, "state directory "+state+" cannot be written (no space left on device)")
+	if st := e.d.Status(); countLeases(st, api.LeaseRunning) != 1 || countLeases(st, api.LeaseQueued) != 1 {
+		t.Errorf("status while the grant is held: %d running, %d queued; want the held one shown queued", countLeases(st, api.LeaseRunning), countLeases(st, api.LeaseQueued))
+	}
 	if _, err := os.Stat(startedB); err == nil {
 		t.Fatal("a lease granted while the state directory is full ran its command")
 	}

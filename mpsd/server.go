@@ -440,7 +440,7 @@ func (d *Daemon) Status() api.Status {
 	var ls []*lease
 	for _, l := range d.leases {
 		ls = append(ls, l)
-		st.Leases = append(st.Leases, l.statusLocked())
+		st.Leases = append(st.Leases, shownStatusLocked(l))
 	}
 	for _, g := range d.cfg.Groups {
 		st.Queue[g.Name] = len(d.queues[g.Name])
