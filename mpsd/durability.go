@@ -101,15 +101,21 @@ func (d *Daemon) heldReason() string {
 
 // awaitDurable waits, before a grant is told to its launcher, until the
 // state file records it. While writes fail the launcher is told why it
-// still waits, as a queued lease is. It reports false when the stream
-// ended first.
-func (d *Daemon) awaitDurable(ctx context.Context, w http.ResponseWriter, l *lease, durable <-chan struct{}) bool {
+// still waits, as a queued lease is; a request with no_wait, or whose
+// wait_ms runs out meanwhile, gets the error it would have got in the
+// queue. It reports false when the stream is to end without the grant
+// (the caller releases the lease).
+func (d *Daemon) awaitDurable(ctx context.Context, w http.ResponseWriter, l *lease, durable <-chan struct{}, req api.LeaseRequest, waitC <-chan time.Time) bool {
 	for {
 		d.mu.Lock()
 		held, changed := d.dur.held, d.dur.changed
 		d.mu.Unlock()
 		if held != "" {
-			if err := api.WriteEvent(w, api.Event{Type: api.EventQueued, Position: 1, Group: l.group, Reason: held}); err != nil {
+			ev := api.Event{Type: api.EventQueued, Position: 1, Group: l.group, Reason: held}
+			if req.NoWait {
+				ev = api.Event{Type: api.EventError, Code: api.CodeWaitTimeout, Message: fmt.Sprintf("no grant now in group %s: %s; --no-wait was given", l.group, held)}
+			}
+			if err := api.WriteEvent(w, ev); err != nil || req.NoWait {
 				return false
 			}
 		}
@@ -117,6 +123,15 @@ func (d *Daemon) awaitDurable(ctx context.Context, w http.ResponseWriter, l *lea
 		case <-durable:
 			return true
 		case <-ctx.Done():
+			return false
+		case <-waitC:
+			wait := time.Duration(req.WaitMillis) * time.Millisecond
+			why := d.heldReason()
+			if why == "" {
+				why = "the grant was not yet recorded in the state file"
+			}
+			_ = api.WriteEvent(w, api.Event{Type: api.EventError, Code: api.CodeWaitTimeout,
+				Message: fmt.Sprintf("waited %s in group %s: %s; giving up as --wait says", wait, l.group, why)})
 			return false
 		case <-changed:
 		}

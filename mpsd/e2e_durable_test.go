@@ -134,6 +134,14 @@ func TestStateDirFull(t *testing.T) {
 	durWaitFile(t, startedA)
 
 	free := durFill(t, state)
+	// The first request after the disk filled is placed, and its grant's
+	// write is the one that fails: it is never told, and its --wait runs
+	// out with the reason.
+	r := run(t, e.launch("--sm", "10", "--mem", "1G", "--wait", "1s", "--", "/bin/true"))
+	if r.code != 75 || !strings.Contains(r.stderr, "state directory "+state) {
+		t.Errorf("--wait 1s while the state directory is full: exit %d, stderr %q; want 75 naming the directory", r.code, r.stderr)
+	}
+	// The next one waits in the queue with that reason.
 	master, slave := launchertest.OpenPTY(t)
 	term := readPTY(master)
 	argsB, startedB, openB := e.durGated("b")
@@ -158,7 +166,7 @@ func TestStateDirFull(t *testing.T) {
 	if v, _ := value(fams, "mpsd_state_write_failures_total", nil); v < 1 {
 		t.Errorf("mpsd_state_write_failures_total = %v while writes fail, want at least 1", v)
 	}
-	r := run(t, e.launch("--sm", "10", "--mem", "1G", "--no-wait", "--", "/bin/true"))
+	r = run(t, e.launch("--sm", "10", "--mem", "1G", "--no-wait", "--", "/bin/true"))
 	if r.code != 75 || !strings.Contains(r.stderr, "state directory "+state) {
 		t.Errorf("--no-wait while the state directory is full: exit %d, stderr %q; want 75 naming the directory", r.code, r.stderr)
 	}

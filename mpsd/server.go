@@ -177,7 +177,7 @@ func (d *Daemon) streamLease(w http.ResponseWriter, r *http.Request, l *lease, r
 				d.mu.Lock()
 				durable := l.durable
 				d.mu.Unlock()
-				if durable != nil && !d.awaitDurable(ctx, w, l, durable) {
+				if durable != nil && !d.awaitDurable(ctx, w, l, durable, req, waitC) {
 					d.endStream(l)
 					return
 				}

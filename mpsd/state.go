@@ -95,6 +95,9 @@ type savedLease struct {
 	// Queued: revoked by a fault and waiting in the queue for its next
 	// run; Instance is then empty.
 	Queued bool `json:"queued,omitempty"`
+	// Adopted: re-adopted from its cgroup, which no state file recorded
+	// (durability.go); its launcher's attempt is taken at its resume.
+	Adopted bool `json:"adopted,omitempty"`
 }
 
 // store writes the state file atomically (see write) from a snapshot
@@ -377,7 +380,7 @@ func (d *Daemon) snapshot() savedState {
 			SM: l.req.SM, MemBytes: l.req.Mem, GPUs: l.req.GPUs, Priority: l.req.Priority, Seq: l.req.Seq,
 			Attempt: l.attempt, Requeue: l.requeue, Command: l.command, Created: l.created, Queued: queued,
 			Only: l.req.Only, JobID: l.jobID, RevokedFor: l.revokedFor, Ran: l.ranAttempt,
-			Revoking: l.revoking && !queued,
+			Revoking: l.revoking && !queued, Adopted: d.dur.orphans[l.id],
 		}
 		if l.grace != nil {
 			sl.AwaySince = l.awaySince
@@ -417,6 +420,12 @@ func (d *Daemon) snapshot() savedState {
 	}
 	slices.Sort(st.Quarantined)
 	slices.Sort(st.Drained)
+	// The marks of re-adopted leases that have ended go with them.
+	for id := range d.dur.orphans {
+		if _, ok := d.leases[id]; !ok {
+			delete(d.dur.orphans, id)
+		}
+	}
 	return st
 }
 
@@ -560,6 +569,9 @@ func (d *Daemon) adoptLeases(saved savedState) {
 		}
 		if l.awaySince.IsZero() {
 			l.awaySince = time.Now()
+		}
+		if sl.Adopted {
+			d.dur.orphans[l.id] = true
 		}
 		// Clamped both ways: a clock stepped back must not lengthen it.
 		grace := min(d.opts.ReconnectGrace, max(0, d.opts.ReconnectGrace-time.Since(l.awaySince)))
