@@ -330,7 +330,8 @@ func (d *Daemon) positionsLocked(group string) {
 }
 
 // waitReasonLocked says in a few words what a group's queue waits for:
-// room, or instances that are closed and why.
+// room, or instances that are closed and why, or the state directory
+// (durability.go).
 func (d *Daemon) waitReasonLocked(group string) string {
 	if held := d.heldReasonLocked(); held != "" {
 		return held
