@@ -33,10 +33,13 @@
 // closes it, mpsd releases the lease once the lease's processes are gone.
 //
 //   - queued{position, group, reason}: waiting; position 1 is next in the
-//     group's queue; reason, when set, says what it waits for (room, or an
-//     instance that is quarantined or recovering). Sent again whenever the
-//     position or the reason changes.
-//   - granted{lease}: the lease is placed. Lease.Env is the MPS environment
+//     group's queue; reason, when set, says what it waits for (room, an
+//     instance that is quarantined or recovering, or mpsd's state
+//     directory, which it cannot write: no lease is granted until it can).
+//     Sent again whenever the position or the reason changes.
+//   - granted{lease}: the lease is placed, and recorded in mpsd's state
+//     file (mpsd sends it only then, so that a restart of mpsd never
+//     loses a lease a client was told of). Lease.Env is the MPS environment
 //     of the workload (CUDA_MPS_PIPE_DIRECTORY,
 //     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,
 //     MPSD_LEASE_ID, MPSD_GROUP, MPSD_ATTEMPT); the client adds it to the
@@ -106,7 +109,10 @@
 // POST /v1/drain and POST /v1/resume (admins only, by peer credentials),
 // body AdminTarget, answer an AdminResult listing the instances changed.
 // Drain closes instances to new leases while running ones go on; resume
-// reopens drained or quarantined ones. POST /v1/restart (AdminTarget)
+// reopens drained or quarantined ones. Both are saved in mpsd's state file
+// before the answer and hold across restarts of mpsd; if the file cannot
+// be written within the request timeout the change applies but the answer
+// is 503 CodeUnavailable saying it is not yet saved. POST /v1/restart (AdminTarget)
 // restarts the instances' control daemons, revoking and requeueing their
 // leases; POST /v1/requeue (RequeueRequest) does that to one lease; both
 // answer an AdminResult. POST /v1/inject-xid (InjectXidRequest) raises a

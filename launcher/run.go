@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mpsd/mpsd/api"
 )
 
@@ -178,6 +180,9 @@ type session struct {
 	// heldErr, when set, the failed attach that waits out the grace.
 	heldExit int
 	heldErr  error
+	// awayKill names the signal that killed the command while mpsd was
+	// away; endGrace says so unless a revocation explains it.
+	awayKill string
 	grace    *time.Timer
 }
 
@@ -340,7 +345,7 @@ func (s *session) onEvent(ctx context.Context, m streamMsg) *done {
 		if s.lease == nil {
 			return s.fail(fmt.Errorf("%w: revoked before any lease was granted", ErrProtocol))
 		}
-		s.revoked = ev.Reason
+		s.revoked, s.awayKill = ev.Reason, ""
 		if s.grace != nil {
 			// The SIGKILL the command died of (or the attach's failure)
 			// was mpsd's revocation: not its end.
@@ -395,6 +400,10 @@ func (s *session) detach(err error) {
 func (s *session) endGrace() *done {
 	s.grace.Stop()
 	s.grace = nil
+	if s.awayKill != "" {
+		fmt.Fprintf(s.errw, "%sthe command was killed by %s while mpsd was away (exit status %d)\n", s.prefix(), s.awayKill, s.heldExit)
+		s.awayKill = ""
+	}
 	if err := s.heldErr; err != nil {
 		s.heldErr = nil
 		return &done{err: err}
@@ -481,6 +490,9 @@ func (s *session) onChildExit(ctx context.Context) *done {
 			// mpsd is away (restarting): if a fault took the command's
 			// server while it was, the resumed lease says so.
 			s.heldExit = code
+			if ws.Signaled() {
+				s.awayKill = unix.SignalName(ws.Signal())
+			}
 			s.grace = time.NewTimer(s.cfg.ReconnectTimeout + s.cfg.RevokeGrace)
 			return nil
 		}

@@ -152,6 +152,7 @@ type Daemon struct {
 	ready     atomic.Bool // every instance was up once (READY=1, /readyz)
 	metrics   *metrics
 	res       *resources // connection caps, mpsd's own exhaustion
+	dur       durability // the state file's health (durability.go)
 
 	mu        sync.Mutex
 	cfg       *policy.Config
@@ -236,6 +237,7 @@ func New(opts Options) (*Daemon, error) {
 		d.cg = cgroup.NewDisabled(log)
 	}
 	d.store = newStore(d.layout.StateFile(), d.snapshot, log)
+	d.initDurability()
 	ok = true
 	return d, nil
 }
@@ -298,11 +300,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		defer stop()
 	}
-	_, statErr := os.Lstat(d.layout.StateFile())
 	saved, err := d.store.load()
-	// Only a state file that is there and read proves which of the lease
-	// cgroups under this mpsd's id are leftovers.
-	stateKnown := statErr == nil && err == nil
 	if err != nil {
 		// A state file that cannot be read must not stop the host's GPUs
 		// from being served; it is kept aside for a person to look at.
@@ -342,7 +340,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			d.log.Error("set EXCLUSIVE_PROCESS compute mode", "err", err)
 		}
 	}
-	d.adoptLeases(saved, stateKnown)
+	d.adoptLeases(saved)
 	// Instances come up (or are adopted) in parallel. The API is served
 	// once each has had its first try: one that fails keeps retrying in
 	// the background while the others take clients.
@@ -523,7 +521,11 @@ func (d *Daemon) Summary() string {
 	if len(parts) > 0 {
 		inst = "instances: " + strings.Join(parts, ", ")
 	}
-	return fmt.Sprintf("%s; leases: %d running, %d queued", inst, running, queued)
+	sum := fmt.Sprintf("%s; leases: %d running, %d queued", inst, running, queued)
+	if held := d.heldReasonLocked(); held != "" {
+		sum += "; grants held: " + held
+	}
+	return sum
 }
 
 // Healthy reports whether the daemon's core works: its state lock can be

@@ -69,16 +69,17 @@ func TestSecondMpsdLeavesFirstsLeases(t *testing.T) {
 	e1.waitStatus("the lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
 }
 
-// Without a state file nothing proves a lease cgroup under this mpsd's id
-// to be a leftover: a restart that finds one (the state file was lost)
-// leaves it and its workload alone.
+// A restart without a state file (it was lost) kills nothing: the lease
+// cgroup under this mpsd's id that no state names is re-adopted, its
+// workload runs on in it, and its launcher resumes it and ends with the
+// workload's status.
 func TestMissingStateLeavesCgroupsAlone(t *testing.T) {
 	e := newEnv(t, oneGroup, "")
 	e.start()
 	gateArgs, open := e.gate("lost")
 	p := startProc(t, e.launch(append([]string{"--sm", "10", "--mem", "1G", "--"}, gateArgs...)...))
 	st := e.waitStatus("a running lease with its workload", func(st api.Status) bool {
-		return countLeases(st, api.LeaseRunning) == 1 && len(st.Leases[0].PIDs) > 0
+		return countLeases(st, api.LeaseRunning) == 1 && len(durShells(t, st)) == 1
 	})
 	l := st.Leases[0]
 	want := e.leaseCgroup("inference", l.ID)
@@ -88,7 +89,8 @@ func TestMissingStateLeavesCgroupsAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.start()
-	for _, pid := range l.PIDs {
+	// The gate shell: the sleeps it runs come and go.
+	for _, pid := range durShells(t, st) {
 		if err := syscall.Kill(pid, 0); err != nil {
 			t.Fatalf("workload pid %d killed by a restart without a state file: %v", pid, err)
 		}
@@ -97,25 +99,32 @@ func TestMissingStateLeavesCgroupsAlone(t *testing.T) {
 		}
 	}
 	b, _ := os.ReadFile(e.log.Name())
-	if !strings.Contains(string(b), "is not in a state file (missing or unreadable); left alone") {
-		t.Errorf("the unproven lease cgroup was not reported")
+	if !strings.Contains(string(b), "is in no state file (unwritable, truncated or lost); its workload is re-adopted") {
+		t.Errorf("the lease cgroup no state names was not reported as re-adopted")
+	}
+	if st := e.d.Status(); len(st.Leases) != 1 || st.Leases[0].ID != l.ID || st.Leases[0].SM != 10 || st.Leases[0].MemBytes != 1<<30 {
+		t.Errorf("after the restart the leases are %+v, want %s re-adopted with sm 10, mem 1G", st.Leases, l.ID)
 	}
 	open()
-	_ = p.waitQuiet(waitFor)
+	if r := p.wait(t); r.code != 0 {
+		t.Fatalf("launcher: exit %d, stderr %q", r.code, r.stderr)
+	}
+	e.waitStatus("the lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
 }
 
 // The ownership decision: a listed lease cgroup no saved lease owns is
-// removed only when the state file was read.
+// removed when empty and re-adopted when it has processes, whether the
+// state file was read or not.
 func TestLeftoverCgroups(t *testing.T) {
 	a, b, c := cgroup.LeaseID{Group: "g", Lease: "a"}, cgroup.LeaseID{Group: "g", Lease: "b"}, cgroup.LeaseID{Group: "h", Lease: "c"}
 	owned := map[cgroup.LeaseID]bool{a: true}
-	rm, left := leftoverCgroups([]cgroup.LeaseID{a, b, c}, owned, true)
-	if !slices.Equal(rm, []cgroup.LeaseID{b, c}) || left != nil {
-		t.Errorf("state known: remove %v, leave %v; want remove [b c]", rm, left)
+	rm, adopt := leftoverCgroups([]cgroup.LeaseID{a, b, c}, owned, map[cgroup.LeaseID]bool{a: true, c: true})
+	if !slices.Equal(rm, []cgroup.LeaseID{b}) || !slices.Equal(adopt, []cgroup.LeaseID{c}) {
+		t.Errorf("remove %v, adopt %v; want remove [b], adopt [c]", rm, adopt)
 	}
-	rm, left = leftoverCgroups([]cgroup.LeaseID{a, b, c}, owned, false)
-	if rm != nil || !slices.Equal(left, []cgroup.LeaseID{b, c}) {
-		t.Errorf("state unknown: remove %v, leave %v; want to leave [b c]", rm, left)
+	rm, adopt = leftoverCgroups([]cgroup.LeaseID{a, b, c}, owned, nil)
+	if !slices.Equal(rm, []cgroup.LeaseID{b, c}) || adopt != nil {
+		t.Errorf("all empty: remove %v, adopt %v; want remove [b c]", rm, adopt)
 	}
 }
 

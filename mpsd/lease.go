@@ -211,7 +211,7 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 	if !l.running() && req.NoWait {
 		d.dequeueLocked(l)
 		ahead := l.position - 1
-		return nil, &refusal{503, api.CodeWaitTimeout, fmt.Sprintf("no room now in group %s (%d queued ahead) and --no-wait was given", name, ahead)}
+		return nil, &refusal{503, api.CodeWaitTimeout, d.noWaitTextLocked(name, ahead)}
 	}
 	return l, nil
 }
@@ -281,7 +281,7 @@ func (d *Daemon) groupInstancesLocked(group string) []*instance {
 // tells every waiting lease its position.
 func (d *Daemon) scheduleLocked(group string) {
 	q := d.queues[group]
-	if len(q) > 0 {
+	if len(q) > 0 && !d.grantsHeldLocked() {
 		insts := d.groupInstancesLocked(group)
 		pis := make([]policy.Instance, len(insts))
 		reqs := make([]policy.Request, 0, len(q))
@@ -330,8 +330,12 @@ func (d *Daemon) positionsLocked(group string) {
 }
 
 // waitReasonLocked says in a few words what a group's queue waits for:
-// room, or instances that are closed and why.
+// room, or instances that are closed and why, or the state directory
+// (durability.go).
 func (d *Daemon) waitReasonLocked(group string) string {
+	if held := d.heldReasonLocked(); held != "" {
+		return held
+	}
 	var closed []string
 	for _, in := range d.groupInstancesLocked(group) {
 		if in.p.State != policy.InstanceReady {

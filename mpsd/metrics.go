@@ -113,6 +113,7 @@ func newMetrics(d *Daemon) *metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		(*daemonCollector)(d),
+		(*stateCollector)(d),
 	)
 	return m
 }
@@ -267,6 +268,11 @@ func (d *Daemon) serveMetrics(ln net.Listener) *http.Server {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if d.heldReason() != "" {
+			// The summary says why: the state directory cannot be written.
+			http.Error(w, "not ready: "+d.Summary(), http.StatusServiceUnavailable)
+			return
+		}
 		if trouble := d.res.localTrouble(); trouble != "" {
 			http.Error(w, "not ready: mpsd is out of local resources ("+trouble+"); "+d.Summary(), http.StatusServiceUnavailable)
 			return

@@ -177,13 +177,9 @@ func (d *Daemon) streamLease(w http.ResponseWriter, r *http.Request, l *lease, r
 				d.mu.Lock()
 				durable := l.durable
 				d.mu.Unlock()
-				if durable != nil {
-					select {
-					case <-durable:
-					case <-ctx.Done():
-						d.endStream(l)
-						return
-					}
+				if durable != nil && !d.awaitDurable(ctx, w, l, durable, req, waitC) {
+					d.endStream(l)
+					return
 				}
 				waitC = nil
 			}
@@ -241,6 +237,7 @@ func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, err
 	if l.bound {
 		return nil, &refusal{409, api.CodeConflict, fmt.Sprintf("lease %s is held by another connection", req.ResumeLeaseID)}
 	}
+	d.resumeOrphanLocked(l, req)
 	if req.Attempt > l.attempt {
 		return nil, &refusal{404, api.CodeNotFound, fmt.Sprintf("lease %s is at attempt %d, not %d", l.id, l.attempt, req.Attempt)}
 	}
@@ -443,7 +440,7 @@ func (d *Daemon) Status() api.Status {
 	var ls []*lease
 	for _, l := range d.leases {
 		ls = append(ls, l)
-		st.Leases = append(st.Leases, l.statusLocked())
+		st.Leases = append(st.Leases, shownStatusLocked(l))
 	}
 	for _, g := range d.cfg.Groups {
 		st.Queue[g.Name] = len(d.queues[g.Name])
@@ -482,6 +479,12 @@ func (d *Daemon) serveAdmin(w http.ResponseWriter, r *http.Request, drain bool) 
 	res, err := d.setDrained(t, drain)
 	if err != nil {
 		adminError(w, err)
+		return
+	}
+	// Saved before the answer: a drain (or resume) mpsctl reports holds
+	// across any restart of mpsd.
+	if err := d.persistIntent(r.Context()); err != nil {
+		api.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())
 		return
 	}
 	writeJSON(w, res)

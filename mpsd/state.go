@@ -38,6 +38,10 @@ type savedState struct {
 	// Quarantined are the keys of quarantined instances: a quarantine
 	// holds until an operator lifts it, restarts included.
 	Quarantined []string `json:"quarantined,omitempty"`
+	// Drained are the keys of the instances an operator drained (mpsctl
+	// drain): a drain holds until mpsctl resume, restarts included. A
+	// file without it (an older mpsd's) drains nothing.
+	Drained []string `json:"drained,omitempty"`
 	// ServerLogs is, per instance, where in its server.log the next mpsd
 	// reads on, so a fault logged while none watched (or read too late to
 	// handle) is not missed: just past the last fault whose recovery had
@@ -91,6 +95,9 @@ type savedLease struct {
 	// Queued: revoked by a fault and waiting in the queue for its next
 	// run; Instance is then empty.
 	Queued bool `json:"queued,omitempty"`
+	// Adopted: re-adopted from its cgroup, which no state file recorded
+	// (durability.go); its launcher's attempt is taken at its resume.
+	Adopted bool `json:"adopted,omitempty"`
 }
 
 // store writes the state file atomically (see write) from a snapshot
@@ -98,22 +105,45 @@ type savedLease struct {
 // batched: every change since the last write goes in the next one, so a
 // burst of grants costs one fsync, and each grant waits only for the write
 // that covers it.
+//
+// A write that fails releases nobody: its waiters wait for the next write
+// that succeeds, the store retries with a backoff (storeRetryInitial to
+// storeRetryMax), and onHealth tells the daemon, which holds its grants
+// meanwhile (durability.go). A launcher is never told of a lease that a
+// crash could lose.
 type store struct {
 	path     string
 	snapshot func() savedState
 	log      *slog.Logger
+	// onHealth, when set, is called by the writer after every write that
+	// failed (with its error) and after the first that succeeded again
+	// (with nil), without the store's lock.
+	onHealth func(err error)
 
 	mu      sync.Mutex
 	pending chan struct{} // closed when the next write is done; nil if none is due
+	// unsaved are the waiters of writes that failed, released by the next
+	// write that succeeds.
+	unsaved []chan struct{}
 	kick    chan struct{}
 
 	frozen bool // freeze was called: nothing more is written
+	// failing is the last write's error (nil: it succeeded, or none ran
+	// yet); failures counts the writes that failed.
+	failing  error
+	failures uint64
 
 	// Touched by the writer only (flush is not concurrent with itself:
 	// run and Run's final flush never overlap).
-	written         bool
-	lastQuarantined []string
+	written    bool
+	lastIntent []string
 }
+
+// Bounds of the backoff between retries of a state write that failed.
+const (
+	storeRetryInitial = 100 * time.Millisecond
+	storeRetryMax     = 2 * time.Second
+)
 
 func newStore(path string, snapshot func() savedState, log *slog.Logger) *store {
 	return &store{path: path, snapshot: snapshot, log: log, kick: make(chan struct{}, 1)}
@@ -135,41 +165,87 @@ func (s *store) request() <-chan struct{} {
 	return ch
 }
 
-// run writes whenever asked until ctx ends.
+// run writes whenever asked until ctx ends, and retries a write that
+// failed until one succeeds.
 func (s *store) run(ctx context.Context) {
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	backoff := storeRetryInitial
+	var lastErr string
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.kick:
+		case <-retry.C:
 		}
-		if err := s.flush(); err != nil {
-			s.log.Error("write state", "err", err)
+		err := s.flush()
+		if err == nil {
+			if lastErr != "" {
+				s.log.Info("state written again; grants resume", "path", s.path)
+			}
+			lastErr, backoff = "", storeRetryInitial
+			continue
 		}
+		// Logged when it begins or changes, not at every retry.
+		if err.Error() != lastErr {
+			s.log.Error("write state; no lease is granted until it is written", "err", err, "retry_in", backoff)
+			lastErr = err.Error()
+		}
+		retry.Stop()
+		retry.Reset(backoff)
+		backoff = min(2*backoff, storeRetryMax)
 	}
 }
 
-// flush writes the state if a write is due. Waiters are released even
-// when the write fails (it is logged): refusing every grant because the
-// state disk is full would take the GPUs down with it.
+// flush writes the state if a write is due: one was requested, or the
+// last one failed. Its waiters are released only once it is on disk.
 func (s *store) flush() error {
 	s.mu.Lock()
-	ch := s.pending
-	s.pending = nil
-	frozen := s.frozen
+	waiters := s.unsaved
+	s.unsaved = nil
+	if s.pending != nil {
+		waiters = append(waiters, s.pending)
+		s.pending = nil
+	}
+	frozen, retry := s.frozen, s.failing != nil
 	s.mu.Unlock()
-	if ch == nil {
+	if frozen || (len(waiters) == 0 && !retry) {
+		// Frozen: as after mpsd's death, nothing more is written and
+		// nobody is told it was (they end with their connections).
 		return nil
 	}
-	defer close(ch)
-	if frozen {
-		return nil
+	err := s.write(s.snapshot())
+	s.mu.Lock()
+	recovered := err == nil && s.failing != nil
+	s.failing = err
+	if err != nil {
+		s.failures++
+		s.unsaved = append(waiters, s.unsaved...)
 	}
-	return s.write(s.snapshot())
+	s.mu.Unlock()
+	if err == nil {
+		for _, ch := range waiters {
+			close(ch)
+		}
+	}
+	if s.onHealth != nil && (err != nil || recovered) {
+		s.onHealth(err)
+	}
+	return err
+}
+
+// health is how many writes have failed and the last write's error (nil
+// if it succeeded or none ran yet).
+func (s *store) health() (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failures, s.failing
 }
 
 // freeze stops all writing, as the death of mpsd would (tests of a
-// crash); waiters are still released.
+// crash); nobody waiting is told of a write.
 func (s *store) freeze() {
 	s.mu.Lock()
 	s.frozen = true
@@ -177,22 +253,23 @@ func (s *store) freeze() {
 }
 
 // write replaces the state file atomically (temp file and rename). It
-// syncs to disk only when the quarantines changed: a lease cannot outlive
-// the machine (its processes die with it), so its record need only survive
-// mpsd, which the page cache guarantees once the rename is done; a
-// quarantine is an operator's decision that must survive a reboot. Skipping
-// the two fsyncs per grant keeps them off every launch's critical path.
+// syncs to disk only when the operator's intent (quarantines, drains)
+// changed: a lease cannot outlive the machine (its processes die with
+// it), so its record need only survive mpsd, which the page cache
+// guarantees once the rename is done; a drain or a quarantine is an
+// operator's decision that must survive a reboot. Skipping the two fsyncs
+// per grant keeps them off every launch's critical path.
 func (s *store) write(st savedState) error {
 	b, err := json.Marshal(st)
 	if err != nil {
 		return err
 	}
-	sync := !slices.Equal(st.Quarantined, s.lastQuarantined) || !s.written
-	s.lastQuarantined, s.written = slices.Clone(st.Quarantined), true
+	intent := st.intent()
+	sync := !slices.Equal(intent, s.lastIntent) || !s.written
 	dir := filepath.Dir(s.path)
 	f, err := os.CreateTemp(dir, ".state-*.tmp")
 	if err != nil {
-		return fmt.Errorf("write state: %w", err)
+		return fmt.Errorf("write state %s: %w", s.path, err)
 	}
 	tmp := f.Name()
 	_, err = f.Write(append(b, '\n'))
@@ -209,14 +286,32 @@ func (s *store) write(st savedState) error {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("write state %s: %w", s.path, err)
 	}
-	if !sync {
-		return nil
+	if sync {
+		d, err := os.Open(dir)
+		if err == nil {
+			err = d.Sync()
+			_ = d.Close()
+		}
+		if err != nil {
+			return fmt.Errorf("write state %s: sync its directory: %w", s.path, err)
+		}
 	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		_ = d.Close()
-	}
+	// Only a write that is done counts: one that failed is synced again.
+	s.lastIntent, s.written = intent, true
 	return nil
+}
+
+// intent is the operator's decisions the state holds, as one comparable
+// list: a change of it is synced to disk.
+func (st savedState) intent() []string {
+	out := make([]string, 0, len(st.Quarantined)+len(st.Drained))
+	for _, k := range st.Quarantined {
+		out = append(out, "q:"+k)
+	}
+	for _, k := range st.Drained {
+		out = append(out, "d:"+k)
+	}
+	return out
 }
 
 // load reads the state file. A missing file is an empty state; an
@@ -285,7 +380,7 @@ func (d *Daemon) snapshot() savedState {
 			SM: l.req.SM, MemBytes: l.req.Mem, GPUs: l.req.GPUs, Priority: l.req.Priority, Seq: l.req.Seq,
 			Attempt: l.attempt, Requeue: l.requeue, Command: l.command, Created: l.created, Queued: queued,
 			Only: l.req.Only, JobID: l.jobID, RevokedFor: l.revokedFor, Ran: l.ranAttempt,
-			Revoking: l.revoking && !queued,
+			Revoking: l.revoking && !queued, Adopted: d.dur.orphans[l.id],
 		}
 		if l.grace != nil {
 			sl.AwaySince = l.awaySince
@@ -299,6 +394,9 @@ func (d *Daemon) snapshot() savedState {
 	for key, in := range d.instances {
 		if in.quarantined {
 			st.Quarantined = append(st.Quarantined, key)
+		}
+		if in.drained {
+			st.Drained = append(st.Drained, key)
 		}
 		if len(in.servers) > 0 {
 			if st.Servers == nil {
@@ -321,6 +419,13 @@ func (d *Daemon) snapshot() savedState {
 		}
 	}
 	slices.Sort(st.Quarantined)
+	slices.Sort(st.Drained)
+	// The marks of re-adopted leases that have ended go with them.
+	for id := range d.dur.orphans {
+		if _, ok := d.leases[id]; !ok {
+			delete(d.dur.orphans, id)
+		}
+	}
 	return st
 }
 
@@ -397,22 +502,6 @@ func truncate(s string, n int) string {
 	return s
 }
 
-// leftoverCgroups sorts the lease cgroups listed under this mpsd's id
-// that no saved lease owns: leftovers of a crash to remove when the state
-// file was read (stateKnown), else unproven ones to leave alone.
-func leftoverCgroups(listed []cgroup.LeaseID, owned map[cgroup.LeaseID]bool, stateKnown bool) (remove, unproven []cgroup.LeaseID) {
-	for _, id := range listed {
-		switch {
-		case owned[id]:
-		case stateKnown:
-			remove = append(remove, id)
-		default:
-			unproven = append(unproven, id)
-		}
-	}
-	return remove, unproven
-}
-
 // openCgroups reads (or makes) the instance id and makes the cgroup
 // manager under it.
 func (d *Daemon) openCgroups() error {
@@ -441,11 +530,13 @@ func (d *Daemon) openCgroups() error {
 // each keeps its capacity on its instance and its cgroup, and waits for
 // its launcher to resume it. One whose launcher does not come back within
 // the grace is released like any abandoned lease. Lease cgroups under this
-// mpsd's id that no saved lease owns are leftovers of a crash and are
-// emptied and removed, but only when stateKnown (the state file was there
-// and read): without it nothing proves them leftovers, and they are left
-// alone. Cgroups of other ids under the parent are never touched.
-func (d *Daemon) adoptLeases(saved savedState, stateKnown bool) {
+// mpsd's id that no saved lease owns are removed when empty; one with
+// processes is a workload the state file failed to record (it could not
+// be written, it was truncated or lost), and is re-adopted as well
+// (adoptLeftovers): nothing is killed at start. Cgroups of other ids
+// under the parent are never touched. The operator's drains and
+// quarantines are put back first, before any instance takes a lease.
+func (d *Daemon) adoptLeases(saved savedState) {
 	owned := map[cgroup.LeaseID]bool{}
 	d.mu.Lock()
 	for key, off := range saved.ServerLogs {
@@ -466,13 +557,7 @@ func (d *Daemon) adoptLeases(saved savedState, stateKnown bool) {
 	if saved.Daemons == nil && (len(saved.ServerLogs) > 0 || len(saved.Servers) > 0 || len(saved.Leases) > 0) {
 		d.log.Info("state file has no MPS daemon identities (written by an older mpsd); each instance adopts the verified holder of its control_lock")
 	}
-	for _, key := range saved.Quarantined {
-		if in, ok := d.instances[key]; ok {
-			in.quarantined = true
-			in.refreshLocked()
-			in.log.Warn("instance still quarantined from before the restart; mpsctl resume lifts it")
-		}
-	}
+	d.applyIntentLocked(saved)
 	var drop, revoking []*lease
 	for _, sl := range saved.Leases {
 		in, ok := d.instances[sl.Instance]
@@ -484,6 +569,9 @@ func (d *Daemon) adoptLeases(saved savedState, stateKnown bool) {
 		}
 		if l.awaySince.IsZero() {
 			l.awaySince = time.Now()
+		}
+		if sl.Adopted {
+			d.dur.orphans[l.id] = true
 		}
 		// Clamped both ways: a clock stepped back must not lengthen it.
 		grace := min(d.opts.ReconnectGrace, max(0, d.opts.ReconnectGrace-time.Since(l.awaySince)))
@@ -533,28 +621,7 @@ func (d *Daemon) adoptLeases(saved savedState, stateKnown bool) {
 		d.revoke(nil, nil, []*lease{l}, l.revokedFor)
 		d.requeue([]*lease{l}, l.revokedFor, false)
 	}
-	ids, err := d.cg.List()
-	if err != nil {
-		d.log.Error("list lease cgroups", "err", err)
-	}
-	remove, unproven := leftoverCgroups(ids, owned, stateKnown)
-	for _, id := range unproven {
-		d.log.Warn("lease cgroup under this mpsd's id is not in a state file (missing or unreadable); left alone",
-			"cgroup", id.String(), "instance_id", d.instanceID)
-	}
-	for _, id := range remove {
-		cg, err := d.cg.Open(id)
-		if err != nil {
-			continue
-		}
-		stray := &lease{id: id.Lease, cg: cg}
-		path := cg.Path()
-		if err := d.killLease(stray); err != nil {
-			d.log.Error("remove leftover lease cgroup", "cgroup", path, "err", err)
-		} else {
-			d.log.Warn("removed leftover lease cgroup", "cgroup", path)
-		}
-	}
+	d.adoptLeftovers(owned)
 	others, err := d.cg.Unowned()
 	if err != nil {
 		d.log.Error("list cgroups under the parent", "err", err)
@@ -562,8 +629,11 @@ func (d *Daemon) adoptLeases(saved savedState, stateKnown bool) {
 	for _, c := range others {
 		d.log.Warn("cgroup under parent is not ours; left alone", "cgroup", c, "instance_id", d.instanceID)
 	}
-	if len(saved.Leases) > 0 {
-		d.log.Info("leases re-adopted; waiting for their launchers", "leases", len(saved.Leases), "grace", d.opts.ReconnectGrace)
+	d.mu.Lock()
+	adopted := len(d.leases)
+	d.mu.Unlock()
+	if adopted > 0 {
+		d.log.Info("leases re-adopted; waiting for their launchers", "leases", adopted, "grace", d.opts.ReconnectGrace)
 		d.spawn(d.reapAdopted)
 	}
 }

@@ -66,6 +66,7 @@ func TestStoreLoad(t *testing.T) {
 		err     string
 	}{
 		{"missing file is an empty state", "", 0, ""},
+		{"with drains and quarantines", `{"version":1,"leases":[],"quarantined":["g/0"],"drained":["g/1"]}`, 0, ""},
 		{"valid", `{"version":1,"leases":[{"id":"g-1","group":"g","instance":"g/0","uid":1,"sm":10,"mem_bytes":1048576,"gpus":1,"priority":0,"seq":1,"attempt":1,"requeue":3,"created":"2026-11-29T12:00:00Z"}]}`, 1, ""},
 		{"not JSON", `{"version":1,`, 0, "unexpected EOF"},
 		{"unknown field", `{"version":1,"leases":[],"extra":true}`, 0, "unknown field"},

@@ -59,6 +59,8 @@ var (
 		"mpsd_connections_open":                     {labels: []string{"listener"}},
 		"mpsd_connections_refused_total":            {labels: []string{"listener", "reason"}},
 		"mpsd_lease_requests_over_limit_total":      {},
+		"mpsd_state_writable":                       {},
+		"mpsd_state_write_failures_total":           {},
 	}
 	// Values a matcher on these labels may name.
 	labelValues = map[string][]string{
