@@ -3,12 +3,16 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
+	"strings"
 
 	"github.com/mpsd/mpsd/deviceplugin"
 	"github.com/mpsd/mpsd/mpsd"
+	"github.com/mpsd/mpsd/policy"
 )
 
 // kubeletFlags are mpsd's device-plugin flags.
@@ -16,6 +20,51 @@ type kubeletFlags struct {
 	enabled bool
 	dir     string
 	groups  string
+}
+
+// check refuses the plugin's other flags without --kubelet-device-plugin:
+// they would be ignored, and an operator who wrote them expects a plugin.
+func (kf kubeletFlags) check(fs *flag.FlagSet) error {
+	if kf.enabled {
+		return nil
+	}
+	var stray []string
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "kubelet-dir" || f.Name == "kubelet-groups" {
+			stray = append(stray, "--"+f.Name)
+		}
+	})
+	if len(stray) > 0 {
+		return fmt.Errorf("%s given without --kubelet-device-plugin: add it to serve the kubelet, or drop %s", strings.Join(stray, " and "), strings.Join(stray, " and "))
+	}
+	return nil
+}
+
+// warn logs, once at start, what would make the plugin fail its pods
+// without an error of its own: a --kubelet-dir that does not exist (the
+// plugin waits for a kubelet.sock there forever) and a group offered to
+// the kubelet that is not multiuser (pods run as any uid, and a
+// single-uid group serves one uid at a time per instance, so other pods
+// wait). The daemon has already accepted the config; reading it again
+// here only informs these warnings.
+func (kf kubeletFlags) warn(log *slog.Logger, configPath string, groups []string) {
+	if fi, err := os.Stat(kf.dir); err != nil {
+		log.Warn("the kubelet's device-plugin directory is not there yet; the plugin waits for kubelet.sock in it: check --kubelet-dir if the kubelet runs", "kubelet_dir", kf.dir, "err", err)
+	} else if !fi.IsDir() {
+		log.Warn("--kubelet-dir is not a directory; the plugin waits for kubelet.sock in it", "kubelet_dir", kf.dir)
+	}
+	cfg, err := policy.LoadFile(configPath, policy.Host{})
+	if err != nil {
+		return
+	}
+	for _, g := range cfg.Groups {
+		if len(groups) > 0 && !slices.Contains(groups, g.Name) {
+			continue
+		}
+		if !g.Multiuser {
+			log.Warn("group offered to the kubelet is not multiuser: pods run as any uid, and this group serves one uid at a time per instance, so pods of other users wait; set multiuser: true, or leave the group out with --kubelet-groups", "group", g.Name)
+		}
+	}
 }
 
 // privateShm is mpsd.Options.PrivateShm: with the device plugin on, the groups

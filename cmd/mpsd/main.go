@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/deviceplugin"
+	"github.com/mpsd/mpsd/internal/buildinfo"
 	"github.com/mpsd/mpsd/internal/sdnotify"
 	"github.com/mpsd/mpsd/mpsd"
 )
@@ -45,6 +46,8 @@ func main() {
 
 // runConfig holds what tests change in run.
 type runConfig struct {
+	// stdout is where --version prints; nil means os.Stdout.
+	stdout io.Writer
 	// statusEvery is how often STATUS= is refreshed; 0 means sdnotify's
 	// default.
 	statusEvery time.Duration
@@ -69,8 +72,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, rc runConfig) int
 	fs.BoolVar(&kf.enabled, "kubelet-device-plugin", false, "also serve the kubelet as a device plugin: one resource mpsd.io/<group>-sm per group")
 	fs.StringVar(&kf.dir, "kubelet-dir", deviceplugin.DefaultKubeletDir, "the kubelet's device-plugin directory (kubelet.sock), with --kubelet-device-plugin")
 	fs.StringVar(&kf.groups, "kubelet-groups", "", "comma-separated groups to offer the kubelet; default every group, with --kubelet-device-plugin")
+	version := fs.Bool("version", false, "print mpsd's version, commit and Go version, and exit")
 	fs.Usage = func() {
-		_, _ = fmt.Fprintf(stderr, "usage: mpsd [--config FILE] [--simulate] [--log-level LEVEL] [--log-format text|json] [--kubelet-device-plugin [--kubelet-dir DIR] [--kubelet-groups G,...]]\n")
+		_, _ = fmt.Fprintf(stderr, "usage: mpsd [--config FILE] [--simulate] [--log-level LEVEL] [--log-format text|json] [--kubelet-device-plugin [--kubelet-dir DIR] [--kubelet-groups G,...]]\n       mpsd --version\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -81,6 +85,18 @@ func run(ctx context.Context, args []string, stderr io.Writer, rc runConfig) int
 	}
 	if fs.NArg() > 0 {
 		_, _ = fmt.Fprintf(stderr, "mpsd: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if *version {
+		out := rc.stdout
+		if out == nil {
+			out = os.Stdout
+		}
+		_, _ = fmt.Fprintln(out, buildinfo.Read().Line("mpsd"))
+		return 0
+	}
+	if err := kf.check(fs); err != nil {
+		_, _ = fmt.Fprintf(stderr, "mpsd: %v\n", err)
 		return 2
 	}
 	var lv slog.Level
@@ -143,6 +159,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, rc runConfig) int
 	warnSocketElsewhere(log, ln, d.ConfigSocket())
 	runDaemon := d.Run
 	if kf.enabled {
+		kf.warn(log, *configPath, kgroups)
 		p, err := newDevicePlugin(d, kf, kgroups, log)
 		if err != nil {
 			_ = d.Close()

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,7 +13,53 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/buildinfo"
 )
+
+func TestVersion(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"--version"}, &stderr, runConfig{stdout: &stdout})
+	if want := buildinfo.Read().Line("mpsd") + "\n"; code != 0 || stdout.String() != want || stderr.Len() != 0 {
+		t.Errorf("mpsd --version: exit %d, stdout %q, stderr %q; want 0, %q, nothing", code, stdout.String(), stderr.String(), want)
+	}
+}
+
+func TestKubeletWarnings(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "mpsd.yaml")
+	if err := os.WriteFile(cfg, []byte("version: 1\ngroups:\n  pods: {users: [root], memory: 1G, multiuser: true}\n  batch: {users: [root], memory: 1G}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		kf     kubeletFlags
+		groups []string
+		want   []string
+		not    []string
+	}{
+		{"missing dir, every group", kubeletFlags{enabled: true, dir: filepath.Join(dir, "none")}, nil,
+			[]string{"device-plugin directory is not there", `group=batch`}, []string{"group=pods"}},
+		{"dir there, multiuser group only", kubeletFlags{enabled: true, dir: dir}, []string{"pods"},
+			nil, []string{"device-plugin directory", "not multiuser"}},
+		{"dir is a file", kubeletFlags{enabled: true, dir: cfg}, []string{"batch"},
+			[]string{"--kubelet-dir is not a directory", "group=batch"}, []string{"group=pods"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b bytes.Buffer
+			tc.kf.warn(slog.New(slog.NewTextHandler(&b, nil)), cfg, tc.groups)
+			for _, w := range tc.want {
+				if !strings.Contains(b.String(), w) {
+					t.Errorf("log lacks %q:\n%s", w, b.String())
+				}
+			}
+			for _, w := range tc.not {
+				if strings.Contains(b.String(), w) {
+					t.Errorf("log has %q:\n%s", w, b.String())
+				}
+			}
+		})
+	}
+}
 
 func TestMainUsage(t *testing.T) {
 	dir := t.TempDir()
@@ -34,6 +81,8 @@ func TestMainUsage(t *testing.T) {
 		{"invalid config", []string{"--config", bad, "--simulate"}, 1, "groups.a.memroy: unknown key"},
 		{"help", []string{"--help"}, 0, "usage: mpsd"},
 		{"bad kubelet group", []string{"--kubelet-device-plugin", "--kubelet-groups", "a, Bad"}, 2, `--kubelet-groups: deviceplugin: "Bad" is not a group name`},
+		{"kubelet groups without the plugin", []string{"--kubelet-groups", "a"}, 2, "--kubelet-groups given without --kubelet-device-plugin"},
+		{"kubelet dir without the plugin", []string{"--kubelet-dir", dir, "--kubelet-groups", "a"}, 2, "--kubelet-dir and --kubelet-groups given without --kubelet-device-plugin"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer

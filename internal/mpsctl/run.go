@@ -14,6 +14,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/buildinfo"
 )
 
 // Exit statuses of mpsctl.
@@ -155,12 +156,17 @@ func run(ctx context.Context, cfg Config, args []string) error {
 	global := newFlagSet("mpsctl")
 	var socket socketFlag
 	global.Var(&socket, "socket", "")
+	version := global.Bool("version", false, "")
 	if err := global.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			_, err := fmt.Fprint(cfg.Stdout, Usage())
 			return err
 		}
 		return usagef("%s", flagError(err))
+	}
+	if *version {
+		_, err := fmt.Fprintln(cfg.Stdout, buildinfo.Read().Line("mpsctl"))
+		return err
 	}
 	rest := global.Args()
 	if len(rest) == 0 {
@@ -290,7 +296,7 @@ func (s *socketFlag) Set(v string) error {
 // Usage is mpsctl's synopsis, generated from the command table.
 func Usage() string {
 	var b bytes.Buffer
-	b.WriteString("usage: mpsctl [--socket PATH] COMMAND [ARGS]\n\nCommands:\n")
+	b.WriteString("usage: mpsctl [--socket PATH] COMMAND [ARGS]\n       mpsctl --version\n\nCommands:\n")
 	tw := tabwriter.NewWriter(&b, 0, 8, 2, ' ', 0)
 	for _, c := range commands {
 		fmt.Fprintf(tw, "  %s\t%s\n", strings.TrimSpace(c.name+" "+c.args), c.summary)
@@ -301,6 +307,7 @@ func Usage() string {
 Options:
   --socket PATH  mpsd's socket (default $%s, else %s);
                  also accepted after the command's name
+  --version      print mpsctl's version, commit and Go version
 Exit status: 0 success; 1 mpsd refused or failed, could not be reached, or
 the config is invalid; 2 usage error.
 `, api.EnvSocket, api.DefaultSocket)

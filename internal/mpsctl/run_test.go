@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/buildinfo"
 )
 
 func TestStatus(t *testing.T) {
@@ -428,6 +429,16 @@ func TestUsage(t *testing.T) {
 		}
 		if _, rest, _ := strings.Cut(r.stderr, "\n\n"); !strings.HasPrefix(rest, want) {
 			t.Errorf("%q: stderr after the first line:\n%s\nwant it to start %q", tc.args, rest, want)
+		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	for _, args := range [][]string{{"--version"}, {"--socket", "/x", "--version"}, {"--version", "status"}} {
+		r := mpsctl(t, Config{}, nil, args...)
+		want := buildinfo.Read().Line("mpsctl") + "\n"
+		if r.code != ExitOK || r.stderr != "" || r.stdout != want {
+			t.Errorf("%q: exit %d, stderr %q, stdout %q; want 0, nothing, %q", args, r.code, r.stderr, r.stdout, want)
 		}
 	}
 }
