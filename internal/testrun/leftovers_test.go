@@ -213,9 +213,17 @@ func TestCheckCgroups(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates cgroups in the host's cgroupfs")
 	}
-	root := "/sys/fs/cgroup"
-	if _, err := os.Stat(filepath.Join(root, "cgroup.procs")); err != nil {
-		t.Skipf("no cgroup v2 hierarchy at %s: %v", root, err)
+	// A hierarchy to make them in: v2's root, a hybrid host's unified
+	// tree, or a v1 controller's.
+	var root string
+	for _, r := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/pids"} {
+		if _, err := os.Stat(filepath.Join(r, "cgroup.procs")); err == nil {
+			root = r
+			break
+		}
+	}
+	if root == "" {
+		t.Skip("no cgroup hierarchy mounted under /sys/fs/cgroup")
 	}
 	run, err := Begin(t.TempDir())
 	if err != nil {

@@ -121,3 +121,39 @@ func FuzzReport(f *testing.F) {
 		}
 	})
 }
+
+// TestCISkipsAllowed: CI's allow-list parses, allows the skips no CI
+// machine can avoid and none of those for a requirement CI must meet.
+func TestCISkipsAllowed(t *testing.T) {
+	b, err := os.ReadFile("../../.ci/skips-allowed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := ParseAllowed(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := []Skip{
+		{"github.com/mpsd/mpsd/gpu", "TestRealGPUs", "host-dependent: needs an NVIDIA driver and GPU; here gpu: NVML unavailable"},
+		{"github.com/mpsd/mpsd/deviceplugin", "TestDeviceNodesOnThisHost", "no NVIDIA driver on this host (/proc/driver/nvidia/gpus is empty)"},
+		{"github.com/mpsd/mpsd/cgroup", "TestCreateLimitsReadBack/v1", "no cgroup v1 cpu hierarchy at /sys/fs/cgroup/cpu"},
+		{"github.com/mpsd/mpsd/cgroup", "TestCreateLimitsReadBack/hybrid", "not a hybrid host: no cgroup2 mount at /sys/fs/cgroup/unified"},
+		{"github.com/mpsd/mpsd/cgroup", "TestStartInsideCgroup/v2", "v2 has no v1 attach step: the clone itself places the child"},
+	}
+	if bad := a.Disallowed(allowed); len(bad) > 0 {
+		t.Errorf("not allowed: %q", bad)
+	}
+	required := []Skip{
+		{"github.com/mpsd/mpsd/mpsd", "TestLaunchAppliesLimits", "mpsd's end-to-end tests need root: real cgroups"},
+		{"github.com/mpsd/mpsd/cgroup", "TestCreateLimitsReadBack/v2", "needs root: creates cgroups in the host's cgroupfs"},
+		{"github.com/mpsd/mpsd/internal/slurmtest", "TestSlurm", "skipping: slurmctld not installed"},
+		{"github.com/mpsd/mpsd/internal/promtest", "TestAlertRules", "promtool not available, skipping: not found (run make fetch-prometheus)"},
+		{"github.com/mpsd/mpsd/mpsd", "TestUnitFiles", "systemd-analyze not installed (not found): unit files checked for their settings only"},
+		{"github.com/mpsd/mpsd/internal/mpsemu/conformance", "TestConformance", "real MPS 550 not available, skipping: x (run make fetch-mps)"},
+		{"github.com/mpsd/mpsd/launcher", "TestStatusLine", "no pseudo-terminals on this host: x"},
+		{"github.com/mpsd/mpsd/gpu", "TestX", "needs root"},
+	}
+	if got := a.Disallowed(required); len(got) != len(required) {
+		t.Errorf("allowed, though CI requires what they lack: %q", slices.DeleteFunc(slices.Clone(required), func(s Skip) bool { return slices.Contains(got, s) }))
+	}
+}
