@@ -34,14 +34,11 @@ func Begin(parent string) (string, error) {
 	}
 	for range 100 {
 		dir := filepath.Join(parent, dirPrefix+randomHex(3))
-		err := os.Mkdir(dir, 0o755) // test uids write the ledger too
+		err := os.Mkdir(dir, 0o755)
 		if errors.Is(err, fs.ErrExist) {
 			continue
 		}
 		if err != nil {
-			return "", fmt.Errorf("testrun: run directory: %w", err)
-		}
-		if err := os.Chmod(dir, 0o755); err != nil {
 			return "", fmt.Errorf("testrun: run directory: %w", err)
 		}
 		var lines strings.Builder
@@ -50,11 +47,8 @@ func Begin(parent string) (string, error) {
 				lines.WriteString(kindPreexists + " " + d + "\n")
 			}
 		}
-		if err := os.WriteFile(filepath.Join(dir, ledgerFile), []byte(lines.String()), 0o666); err != nil {
-			return "", fmt.Errorf("testrun: ledger: %w", err)
-		}
-		// Test users write to it too; the umask took the write bits.
-		if err := os.Chmod(filepath.Join(dir, ledgerFile), 0o666); err != nil {
+		// Only this uid writes it: the check removes what it names.
+		if err := os.WriteFile(filepath.Join(dir, ledgerFile), []byte(lines.String()), 0o644); err != nil {
 			return "", fmt.Errorf("testrun: ledger: %w", err)
 		}
 		return dir, nil
@@ -107,19 +101,30 @@ type ledger struct {
 	pids                   map[int]string // pid: start time
 }
 
+// readLedger reads run's ledger. The check kills and removes what the
+// ledger names, so it takes only a ledger (and run directory) of its own
+// uid that no one else may write.
 func readLedger(run string) (ledger, error) {
 	l := ledger{pids: map[int]string{}}
+	if err := ownedSafe(run); err != nil {
+		return l, err
+	}
 	f, err := os.Open(filepath.Join(run, ledgerFile))
 	if err != nil {
 		return l, fmt.Errorf("testrun: %w", err)
 	}
 	defer f.Close()
+	if err := ownedSafe(f.Name()); err != nil {
+		return l, err
+	}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		kind, v, _ := strings.Cut(sc.Text(), " ")
 		switch kind {
 		case kindDir:
-			l.dirs = append(l.dirs, filepath.Clean(v))
+			if d := filepath.Clean(v); filepath.IsAbs(d) && d != "/" {
+				l.dirs = append(l.dirs, d)
+			}
 		case kindUser:
 			l.users = append(l.users, v)
 		case kindPreexists:
@@ -135,6 +140,20 @@ func readLedger(run string) (ledger, error) {
 		return l, fmt.Errorf("testrun: ledger: %w", err)
 	}
 	return l, nil
+}
+
+// ownedSafe refuses a path not owned by this process's uid or writable by
+// its group or others.
+func ownedSafe(path string) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return fmt.Errorf("testrun: %w", err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&0o022 != 0 || fi.Mode()&fs.ModeSymlink != 0 {
+		return fmt.Errorf("testrun: %s is not this uid's alone (%v, uid %d): not a ledger to act on", path, fi.Mode(), st.Uid)
+	}
+	return nil
 }
 
 // Check finds what the run whose directory is run left behind. It looks at

@@ -358,3 +358,33 @@ func TestBeginRecordsDefaults(t *testing.T) {
 		t.Errorf("default directories %q, want only %q (made during the run)", got.Default, fresh)
 	}
 }
+
+// TestLedgerMustBeOwn: the check kills and removes what the ledger names,
+// so it refuses a ledger others may write.
+func TestLedgerMustBeOwn(t *testing.T) {
+	run, err := Begin(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(run, ledgerFile), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Check(run); err == nil || !strings.Contains(err.Error(), "not a ledger to act on") {
+		t.Errorf("Check with a world-writable ledger: %v", err)
+	}
+	if err := os.Chmod(filepath.Join(run, ledgerFile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(run, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Check(run); err == nil {
+		t.Error("Check took a ledger in a world-writable directory")
+	}
+	if err := os.Chmod(run, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Check(run); err != nil {
+		t.Errorf("Check of a ledger of its own: %v", err)
+	}
+}
