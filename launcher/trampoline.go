@@ -39,10 +39,10 @@ import (
 // of the pipe. When the trampoline cannot run the program it exits without
 // running it: ExitFailure when mps-launch gave up (mps-launch reports
 // why) or its pipes are not named, ExitNotFound or ExitNotExecutable with
-// one line on stderr when exec failed. Until the release message it ignores the forwarded signals: a
-// terminal's signal to the process group while the request is queued is
-// mps-launch's to act on (it abandons the request or ignores the signal),
-// and must not kill the trampoline. Once it has restored the dispositions
+// one line on stderr when exec failed. Until the release message it
+// ignores the forwarded signals: a terminal's signal to the process group
+// while the request is queued is mps-launch's to act on (it abandons the
+// request or ignores the signal), and must not kill the trampoline. Once it has restored the dispositions
 // the process started with, it says so on the exec pipe and execs; the
 // release returns only when mps-launch has read that, so a signal
 // forwarded after the release can never fall into the time the
@@ -52,9 +52,9 @@ import (
 // Go (trampoline_nocgo.go).
 const (
 	trampolineEnv = "MPSD_LAUNCH_TRAMPOLINE"
-	// The exec pipe's write end, in the trampoline, takes releaseByte
-	// just before the exec and is closed; its end without the byte means
-	// the trampoline died first.
+	// releaseByte starts the release message, and is what the trampoline
+	// writes to the exec pipe just before the exec (then closes it); the
+	// exec pipe's end without the byte means the trampoline died first.
 	releaseByte = 'x'
 )
 
