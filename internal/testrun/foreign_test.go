@@ -120,11 +120,19 @@ func (m *foreignMpsd) status() (api.Status, error) {
 
 // TestCheckLeavesForeignMpsd: on a host where the README's mpsd runs, with
 // its MPS daemons, a run's check finds the run's leftovers and nothing of
-// that mpsd, and cleaning them up leaves it as it was: same pids, still
-// answering. (The check once looked for every MPS process of the host and
-// failed there.)
+// that mpsd, and cleaning them up leaves it as it was; make test's runner
+// on a slice of the suite passes next to it; after both, it has the same
+// pids and still answers. (The check once looked for every MPS process of
+// the host and failed there.)
 func TestCheckLeavesForeignMpsd(t *testing.T) {
 	m := startForeignMpsd(t)
+	// What the old check (every nvidia-cuda-mps-* and bin/mpsd of the
+	// host) took for a test's leftovers.
+	for _, pid := range m.daemons {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err != nil || !strings.Contains(string(b), "nvidia-cuda-mps-control") {
+			t.Fatalf("the README's mpsd's daemon %d: %q, %v; want an MPS control daemon", pid, b, err)
+		}
+	}
 	run, err := testrun.Begin(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -177,6 +185,21 @@ func TestCheckLeavesForeignMpsd(t *testing.T) {
 	}
 	if !after.Empty() {
 		t.Errorf("after Clean, with the README's mpsd running:\n%s", after)
+	}
+
+	// And make test's runner itself, on a slice of the suite, next to it.
+	goCmd := os.Getenv("GO")
+	if goCmd == "" {
+		goCmd = "go"
+	}
+	runner := exec.Command(goCmd, "run", "./internal/testrun/cmd/testrun", "-count=1", "-run", "^TestMentions$", "./internal/testrun")
+	runner.Dir = "../.."
+	runner.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, testrun.EnvRun+"=") || strings.HasPrefix(kv, testrun.EnvEmuRun+"=")
+	})
+	out, err := runner.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "check-leftovers: no processes, cgroups") || !strings.Contains(string(out), "skipped tests: 0\n") {
+		t.Errorf("make test's runner next to the README's mpsd: %v\n%s", err, out)
 	}
 
 	if m.cmd.ProcessState != nil || syscall.Kill(m.pid, 0) != nil {
