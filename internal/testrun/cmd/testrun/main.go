@@ -16,7 +16,8 @@
 //
 // SIGINT, SIGTERM and SIGHUP do not stop testrun: go test gets them (a
 // terminal's reach it anyway, through the process group), and the check
-// still runs, so an interrupted run leaves nothing running either.
+// still runs, so an interrupted run leaves nothing running either. Those
+// testrun was started ignoring stay ignored.
 package main
 
 import (
@@ -106,8 +107,14 @@ func goTest(dir string, args []string, stdout, stderr io.Writer) (int, []testrun
 		fmt.Fprintln(stderr, "testrun:", err)
 		return 2, nil
 	}
+	// Signals this process was started ignoring (nohup's SIGHUP) stay
+	// ignored, by go test too.
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	for _, s := range []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP} {
+		if !signal.Ignored(s) {
+			signal.Notify(sigs, s)
+		}
+	}
 	defer signal.Stop(sigs)
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintln(stderr, "testrun:", err)
