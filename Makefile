@@ -15,7 +15,7 @@ STATICCHECK ?= $(GOBIN_DIR)/staticcheck
 STATICCHECK_VERSION := v0.8.2
 TEST_TIMEOUT ?= 9m
 
-.PHONY: all build emu demo chaos test test-go lint fmt vet staticcheck fetch-mps fetch-prometheus conformance clean help check-leftovers
+.PHONY: all build emu demo chaos test test-go lint fmt vet staticcheck fetch-mps fetch-prometheus conformance clean help check-leftovers testrun
 
 all: build
 
@@ -24,7 +24,7 @@ help:
 	@echo "make demo         build, then show two tenant groups sharing simulated GPUs: a crash, an Xid, requeues (< 2 min; cgroups as root)"
 	@echo "make bench        build, run the benchmarks against their baselines (< 10 min; root), write bench/REPORT.md and bench/report.json"
 	@echo "make chaos        the chaos soak for CHAOS_DURATION (default 10m): random faults, invariants checked; CHAOS_SEED replays a run"
-	@echo "make test         fetch NVIDIA's real MPS control daemons and promtool (if reachable), run go test -race ./..., check for leftovers"
+	@echo "make test         fetch NVIDIA's real MPS control daemons and promtool (if reachable), run go test -race ./..., check for this run's leftovers, list the skipped tests"
 	@echo "make lint         gofmt, go vet, staticcheck (architecture rules run as tests)"
 	@echo "make fetch-mps    fetch NVIDIA's real nvidia-cuda-mps-control into $(MPSD_NVIDIA_MPS_CACHE)"
 	@echo "make fetch-prometheus  fetch promtool and prometheus (Debian package) into $(MPSD_PROMETHEUS_CACHE)"
@@ -50,10 +50,9 @@ demo: build
 	bash hack/demo.sh
 
 CHAOS_DURATION ?= 10m
-chaos: build
+chaos: build testrun
 	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) MPSD_BIN_DIR=$(CURDIR)/bin MPSD_CHAOS_DURATION=$(CHAOS_DURATION) $(if $(CHAOS_SEED),MPSD_CHAOS_SEED=$(CHAOS_SEED)) \
-		$(GO) test -race -count=1 -timeout 60m -run '^TestChaosSoak$$' -v ./mpsd
-	@$(MAKE) --no-print-directory check-leftovers
+		GO=$(GO) $(TESTRUN) -race -count=1 -timeout 60m -run '^TestChaosSoak$$' -v ./mpsd
 
 # One go test per benchmark, each with its own -benchtime (its number of
 # samples); bench/report reads their output and writes the report. A
@@ -70,10 +69,19 @@ bench: fetch-mps build
 	done; exit $$rc) 2>&1 | $(BIN)/bench-report -tee -md bench/REPORT.md -json bench/report.json; rc=$$?; \
 	echo "make bench: report in bench/REPORT.md and bench/report.json"; exit $$rc
 
-test: fetch-mps fetch-prometheus build
-	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) MPSD_BIN_DIR=$(CURDIR)/bin $(GO) test -race -timeout $(TEST_TIMEOUT) ./...
-	@$(MAKE) --no-print-directory check-leftovers
+# make test's runner (internal/testrun/cmd/testrun): go test -json on a
+# fresh test run, shown as go test shows it; then the check for what this
+# run alone left behind (removed, and the run fails); last, every skipped
+# test with its reason. Its exit status is go test's (or 1 for leftovers).
+TESTRUN := $(BIN)/testrun
+testrun:
+	@$(GO) build -o $(TESTRUN) ./internal/testrun/cmd/testrun
 
+test: fetch-mps fetch-prometheus build testrun
+	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) MPSD_BIN_DIR=$(CURDIR)/bin GO=$(GO) $(TESTRUN) -race -timeout $(TEST_TIMEOUT) ./...
+
+# Checks the run named by MPSD_TEST_RUN (make test and make chaos check
+# their own runs).
 check-leftovers:
 	@hack/check-leftovers.sh
 

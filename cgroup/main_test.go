@@ -19,12 +19,15 @@ import (
 
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
+
+	"github.com/mpsd/mpsd/internal/testrun"
 )
 
 // suitePrefix names every parent cgroup this test binary makes, so the
 // leftover check in TestMain looks at this run's cgroups only (other
-// packages' suites may run at the same time with their own mpsd-test-*).
-var suitePrefix = "mpsd-test-" + randomHex(4)
+// packages' suites may run at the same time with their own mpsd-test-*);
+// it holds the test run's tag, so the run's check finds them too.
+var suitePrefix = testrun.CgroupName(randomHex(4))
 
 func randomHex(n int) string {
 	b := make([]byte, n)

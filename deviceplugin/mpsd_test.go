@@ -19,6 +19,7 @@ import (
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
+	"github.com/mpsd/mpsd/internal/testrun"
 )
 
 // mpsdProc is the real mpsd binary (bin/mpsd --simulate) on simulated GPUs
@@ -55,7 +56,7 @@ const testWatchdog = `watchdog:
 func newMPSD(t *testing.T, groups string, args ...string) *mpsdProc {
 	t.Helper()
 	// Short: pipe directories hold a GPU UUID and must fit a sockaddr_un.
-	dir, err := os.MkdirTemp("", "dp")
+	dir, err := testrun.MkdirTemp("", "dp")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +104,7 @@ func (m *mpsdProc) start(args ...string) {
 	m.cmd = exec.Command(filepath.Join(m.bin, "mpsd"), append([]string{"--config", m.cfg, "--simulate", "--log-level", "debug",
 		"--kubelet-device-plugin", "--kubelet-dir", filepath.Join(m.dir, "kubelet-unused")}, args...)...)
 	m.cmd.Stdout, m.cmd.Stderr = m.log, m.log
-	if err := m.cmd.Start(); err != nil {
+	if err := testrun.Start(m.cmd); err != nil {
 		m.t.Fatal(err)
 	}
 	m.done = make(chan error, 1)

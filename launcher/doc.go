@@ -24,11 +24,14 @@
 //     MPSD_LAUNCH_TRAMPOLINE is set in its environment;
 //   - signal forwarding (SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1,
 //     SIGUSR2 go to the command; with no command, the first four abandon
-//     the request) and the live queue status line on a terminal.
+//     the request; SIGHUP or SIGINT ignored when mps-launch started, as
+//     under nohup, stay ignored and are not passed on) and the live queue
+//     status line on a terminal.
 //
 // It never touches MPS, cgroups or the GPU (mpsd does, as root), never
 // kills a command mpsd revoked (MPS wants terminate_client first; mpsd
 // kills the cgroup), never copies the command's stdin, stdout or stderr
-// (the command inherits the descriptors), and never logs: what it says is
+// (the command inherits the descriptors: 0, 1, 2 and every one the caller
+// passed down, at its own number, and no others), and never logs: what it says is
 // one line on stderr for the person who ran it.
 package launcher

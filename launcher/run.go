@@ -74,7 +74,7 @@ func Main(ctx context.Context, args []string, stdin, stdout, stderr *os.File, en
 		return ExitFailure
 	}
 	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, forwarded...)
+	notifyForwarded(sigs)
 	defer signal.Stop(sigs)
 	return Run(ctx, Config{
 		Options:  opts,

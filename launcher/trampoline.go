@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -22,18 +24,26 @@ import (
 //
 // The trampoline process gets argv ["mps-launch", path, argv0, argv1, ...]
 // (the resolved program, then its argv) and an environment of just
-// trampolineEnv, so that it can be started before the lease is granted:
-// its own start then overlaps the request to mpsd instead of adding to
-// it. The release message is releaseByte followed by the command's
-// environment, each entry NUL-terminated, then the end of the pipe. When
-// the trampoline cannot run the program it exits without running it:
-// ExitFailure when mps-launch gave up (mps-launch reports why),
-// ExitNotFound or ExitNotExecutable with one line on stderr when exec
-// failed. Until the release message it ignores the forwarded signals: a
-// terminal's signal to the process group while the request is queued is
-// mps-launch's to act on (it abandons the request or ignores the signal),
-// and must not kill the trampoline. Once it has restored the dispositions
-// the process started with, it says so on trampolineExecFD and execs; the
+// trampolineEnv, whose value names the trampoline's two pipe descriptors
+// ("R,E": the release pipe's read end, the exec pipe's write end), so that
+// it can be started before the lease is granted: its own start then
+// overlaps the request to mpsd instead of adding to it. Every other
+// descriptor the trampoline has is the caller's, at its own number: the
+// caller's 0, 1 and 2 (Config's Stdin, Stdout, Stderr) and whatever it
+// passed down without close-on-exec (a "3<file" redirection, the listening
+// sockets of a socket-activated server). The pipes sit at numbers no
+// caller's descriptor has (they were opened while those were open), and
+// the trampoline closes both before the exec, so the program sees exactly
+// the caller's descriptors. The release message is releaseByte followed
+// by the command's environment, each entry NUL-terminated, then the end
+// of the pipe. When the trampoline cannot run the program it exits without
+// running it: ExitFailure when mps-launch gave up (mps-launch reports
+// why) or its pipes are not named, ExitNotFound or ExitNotExecutable with
+// one line on stderr when exec failed. Until the release message it
+// ignores the forwarded signals: a terminal's signal to the process group
+// while the request is queued is mps-launch's to act on (it abandons the
+// request or ignores the signal), and must not kill the trampoline. Once it has restored the dispositions
+// the process started with, it says so on the exec pipe and execs; the
 // release returns only when mps-launch has read that, so a signal
 // forwarded after the release can never fall into the time the
 // trampoline still ignores it. With cgo (the project's build) a C
@@ -42,15 +52,10 @@ import (
 // Go (trampoline_nocgo.go).
 const (
 	trampolineEnv = "MPSD_LAUNCH_TRAMPOLINE"
-	// trampolineFD is the pipe's read end in the trampoline:
-	// syscall.ProcAttr.Files[3].
-	trampolineFD = 3
-	// trampolineExecFD is the write end of the exec pipe in the
-	// trampoline: syscall.ProcAttr.Files[4]. The trampoline writes
-	// releaseByte to it and closes it just before the exec; its end
-	// without the byte means the trampoline died first.
-	trampolineExecFD = 4
-	releaseByte      = 'x'
+	// releaseByte starts the release message, and is what the trampoline
+	// writes to the exec pipe just before the exec (then closes it); the
+	// exec pipe's end without the byte means the trampoline died first.
+	releaseByte = 'x'
 )
 
 // errTrampolineGone is wrapped by a release that the trampoline did not
@@ -61,6 +66,60 @@ var errTrampolineGone = errors.New("launcher: trampoline ended before its releas
 // forwarded are the signals mps-launch passes on to the command.
 var forwarded = []os.Signal{
 	syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM, syscall.SIGUSR1, syscall.SIGUSR2,
+}
+
+// notifyForwarded relays the forwarded signals to c, except those this
+// process was started ignoring (nohup's SIGHUP): they stay ignored here,
+// and so in the command, which inherits the disposition through the
+// trampoline, as it would from a shell.
+func notifyForwarded(c chan<- os.Signal) {
+	var sigs []os.Signal
+	for _, s := range forwarded {
+		if !signal.Ignored(s) {
+			sigs = append(sigs, s)
+		}
+	}
+	if len(sigs) > 0 { // Notify without signals would relay them all
+		signal.Notify(c, sigs...)
+	}
+}
+
+// childFiles is syscall.ProcAttr.Files for a trampoline with its pipes at
+// release and execDone (0, 1 and 2 are the caller's to fill in): up to
+// the higher pipe, every descriptor this process holds without
+// close-on-exec stays at its number, the pipes stay at theirs, and the
+// rest (this process's own, close-on-exec) are closed, as the exec would
+// close them anyway. Descriptors above both pipes need no entry: without
+// close-on-exec they are inherited where they are.
+func childFiles(release, execDone int) []uintptr {
+	files := make([]uintptr, max(release, execDone)+1)
+	for fd := 3; fd < len(files); fd++ {
+		files[fd] = ^uintptr(0) // ForkExec closes a -1 entry
+		if fd == release || fd == execDone {
+			files[fd] = uintptr(fd)
+			continue
+		}
+		flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+		if err == nil && flags&unix.FD_CLOEXEC == 0 {
+			files[fd] = uintptr(fd)
+		}
+	}
+	return files
+}
+
+// pipeFDs is trampolineEnv's value: the two pipe descriptors.
+func pipeFDs(release, execDone int) string {
+	return strconv.Itoa(release) + "," + strconv.Itoa(execDone)
+}
+
+// parsePipeFDs reads trampolineEnv's value; ok is false unless it names
+// two distinct descriptors above 2.
+func parsePipeFDs(v string) (release, execDone int, ok bool) {
+	a, b, found := strings.Cut(v, ",")
+	release, err1 := strconv.Atoi(a)
+	execDone, err2 := strconv.Atoi(b)
+	ok = found && err1 == nil && err2 == nil && release > 2 && execDone > 2 && release != execDone
+	return release, execDone, ok
 }
 
 // isTrampoline reports whether environ selects trampoline mode.
@@ -89,7 +148,8 @@ type child struct {
 
 // startChild starts the trampoline for path and argv with the given
 // standard files (passed as they are: the command inherits the fds; nil
-// means /dev/null).
+// means /dev/null) and every descriptor this process holds without
+// close-on-exec at its own number (see trampolineEnv).
 //
 // It forks with syscall.ForkExec rather than os/exec: os/exec's first
 // start forks a throwaway process to probe pidfd support, a cost on every
@@ -112,8 +172,7 @@ func startChild(self, path string, argv []string, stdin, stdout, stderr *os.File
 		_ = er.Close()
 		return nil, err
 	}
-	files := make([]uintptr, trampolineExecFD+1)
-	files[trampolineFD], files[trampolineExecFD] = r.Fd(), ew.Fd()
+	files := childFiles(int(r.Fd()), int(ew.Fd()))
 	for i, f := range []*os.File{stdin, stdout, stderr} {
 		if f == nil {
 			null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
@@ -126,7 +185,7 @@ func startChild(self, path string, argv []string, stdin, stdout, stderr *os.File
 		files[i] = f.Fd()
 	}
 	pid, err := syscall.ForkExec(self, append([]string{"mps-launch", path}, argv...), &syscall.ProcAttr{
-		Env:   []string{trampolineEnv + "=1"},
+		Env:   []string{trampolineEnv + "=" + pipeFDs(int(r.Fd()), int(ew.Fd()))},
 		Files: files,
 	})
 	if err != nil {

@@ -10,13 +10,11 @@ package launcher
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-// These must match trampolineEnv, trampolineFD, trampolineExecFD and
-// releaseByte.
+// These must match trampolineEnv and releaseByte.
 #define MPSD_TRAMPOLINE_ENV "MPSD_LAUNCH_TRAMPOLINE"
-#define MPSD_TRAMPOLINE_FD 3
-#define MPSD_EXEC_FD 4
 #define MPSD_RELEASE_BYTE 'x'
 #define MPSD_EXIT_FAILURE 125
 #define MPSD_EXIT_NOT_EXECUTABLE 126
@@ -80,6 +78,26 @@ static char **mpsd_split(char *buf, size_t len, int *count) {
 	return v;
 }
 
+// mpsd_pipe_fd parses a descriptor number of the trampoline's variable
+// ("R,E", parsePipeFDs) from *p up to stop, and checks that it is a pipe;
+// it returns -1 if not.
+static int mpsd_pipe_fd(const char **p, char stop) {
+	long fd = 0;
+	const char *s = *p;
+	if (!isdigit((unsigned char)*s)) {
+		return -1;
+	}
+	for (; isdigit((unsigned char)*s) && fd <= 1 << 20; s++) {
+		fd = fd * 10 + (*s - '0');
+	}
+	struct stat st;
+	if (*s != stop || fd <= 2 || fd > 1 << 20 || fstat((int)fd, &st) < 0 || !S_ISFIFO(st.st_mode)) {
+		return -1;
+	}
+	*p = s + 1;
+	return (int)fd;
+}
+
 // mpsd_launch_trampoline runs before the Go runtime in every process of a
 // binary that links package launcher. Unless the environment selects
 // trampoline mode it returns at once; otherwise the process never reaches
@@ -115,20 +133,29 @@ __attribute__((constructor)) static void mpsd_launch_trampoline(void) {
 		dprintf(2, "mps-launch: trampoline started without a command\n");
 		_exit(MPSD_EXIT_FAILURE);
 	}
-	char *msg = mpsd_read_all(MPSD_TRAMPOLINE_FD, &len);
+	const char *fds = mode;
+	int release_fd = mpsd_pipe_fd(&fds, ',');
+	int exec_fd = release_fd < 0 ? -1 : mpsd_pipe_fd(&fds, '\0');
+	if (exec_fd < 0 || exec_fd == release_fd) {
+		dprintf(2, "mps-launch: trampoline started without its pipes\n");
+		_exit(MPSD_EXIT_FAILURE);
+	}
+	char *msg = mpsd_read_all(release_fd, &len);
 	if (msg == NULL || len == 0 || msg[0] != MPSD_RELEASE_BYTE) {
 		_exit(MPSD_EXIT_FAILURE);
 	}
-	close(MPSD_TRAMPOLINE_FD);
+	close(release_fd);
 	for (size_t i = 0; i < MPSD_NFORWARDED; i++) {
 		sigaction(mpsd_forwarded[i], &saved[i], NULL);
 	}
 	// From here on a forwarded signal reaches this process with the
 	// program's dispositions: mps-launch may send them.
 	const char ack = MPSD_RELEASE_BYTE;
-	while (write(MPSD_EXEC_FD, &ack, 1) < 0 && errno == EINTR) {
+	while (write(exec_fd, &ack, 1) < 0 && errno == EINTR) {
 	}
-	close(MPSD_EXEC_FD);
+	// Neither pipe reaches the program: it gets the caller's descriptors
+	// and no others.
+	close(exec_fd);
 	int envc = 0;
 	char **envp = mpsd_split(msg + 1, len - 1, &envc);
 	if (envp == NULL) {

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
+	"github.com/mpsd/mpsd/internal/testrun"
 )
 
 func TestMain(m *testing.M) {
@@ -50,7 +51,7 @@ type backend struct {
 // test-named paths leave.
 func shortTempDir(t testing.TB) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "mpst")
+	dir, err := testrun.MkdirTemp("", "mpst")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
+	"github.com/mpsd/mpsd/internal/testrun"
 )
 
 // firstLine is an io.Writer that hands over the first line written to it.
@@ -50,7 +51,7 @@ func runClient(t *testing.T, d *Daemon, args ...string) *clientProc {
 	out := &firstLine{line: make(chan string, 1)}
 	line := out.line
 	cmd.Stdout = out
-	if err := cmd.Start(); err != nil {
+	if err := testrun.Start(cmd); err != nil { // dies with the test process
 		cancel()
 		t.Fatal(err)
 	}

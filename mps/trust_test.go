@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpsd/mpsd/internal/mpsemu/mpslog"
+	"github.com/mpsd/mpsd/internal/testrun"
 )
 
 // Attacker uids of this package's tests: real unprivileged users that
@@ -160,7 +161,7 @@ func controlRec(msg string, pid int) mpslog.Record {
 func victim(t *testing.T) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command("sleep", "600")
-	if err := cmd.Start(); err != nil {
+	if err := testrun.Start(cmd); err != nil { // dies with the test process
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
@@ -385,7 +386,7 @@ func holdLock(t *testing.T, bin string, uid uint32, path string) *exec.Cmd {
 		t.Fatal(err)
 	}
 	locker.Stderr = os.Stderr
-	if err := locker.Start(); err != nil {
+	if err := testrun.Start(locker); err != nil { // dies with the test process
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { stdin.Close(); _ = locker.Process.Kill(); _ = locker.Wait() })

@@ -32,6 +32,7 @@ import (
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
+	"github.com/mpsd/mpsd/internal/testrun"
 	"github.com/mpsd/mpsd/policy"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -444,7 +445,7 @@ done
 // and returns how long it took; then (untimed) it checks the settings
 // took when check is set, and quits every daemon it started.
 func shellSetup(b *testing.B, control, emu string, uuids []string, check bool) time.Duration {
-	base, err := os.MkdirTemp("", "mpstk") // short: the daemons' sockets live here
+	base, err := testrun.MkdirTemp("", "mpstk") // short: the daemons' sockets live here
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/mpsd/mpsd/gpu"
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
 	"github.com/mpsd/mpsd/internal/simhost"
+	"github.com/mpsd/mpsd/internal/testrun"
 	"github.com/mpsd/mpsd/mps"
 )
 
@@ -66,7 +67,7 @@ func newEnvGPUs(t testing.TB, gpus int, groups, extra string) *testEnv {
 		t.Skip("mpsd's end-to-end tests need root: real cgroups, pipe directory ownership and test uids")
 	}
 	// Short: the socket path must fit a sockaddr_un.
-	dir, err := os.MkdirTemp("", "mpst")
+	dir, err := testrun.MkdirTemp("", "mpst")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +80,7 @@ func newEnvGPUs(t testing.TB, gpus int, groups, extra string) *testEnv {
 		dir:     dir,
 		cfgPath: filepath.Join(dir, "mpsd.yaml"),
 		socket:  filepath.Join(dir, "mpsd.sock"),
-		parent:  fmt.Sprintf("mpsd-test-e2e-%d-%d", os.Getpid(), envSeq.Add(1)),
+		parent:  testrun.CgroupName(fmt.Sprintf("e2e-%d-%d", os.Getpid(), envSeq.Add(1))),
 		emu:     emutest.BinDir(t),
 		bin:     emutest.CmdDir(t),
 		gpus:    gpus,
@@ -274,7 +275,9 @@ func startProc(t testing.TB, cmd *exec.Cmd) *proc {
 	// Wait must not wait for it once the launcher itself has exited.
 	cmd.WaitDelay = 2 * time.Second
 	p.start = time.Now()
-	if err := cmd.Start(); err != nil {
+	// It dies with this process, should the test be killed before its
+	// cleanup.
+	if err := testrun.Start(cmd); err != nil {
 		t.Fatalf("start %v: %v", cmd.Args, err)
 	}
 	go func() { p.done <- cmd.Wait() }()

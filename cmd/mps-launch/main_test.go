@@ -28,6 +28,9 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(listenerChildEnv) != "" {
+		os.Exit(serveListener()) // a socket-activated program (fds_test.go)
+	}
 	dir, err := os.MkdirTemp("", "mps-launch-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -13,8 +13,14 @@ import (
 
 // execAllowed lists the directories whose non-test code may import os/exec.
 // mps/ and internal/mpsemu/ run the MPS binaries; launcher/ runs the user's
-// command; cgroup/ starts a command given to it directly inside a cgroup.
-var execAllowed = []string{"mps", "internal/mpsemu", "launcher", "cgroup"}
+// command; cgroup/ starts a command given to it directly inside a cgroup;
+// internal/testrun is test tooling (make test's runner, the leftover
+// check), which no product binary links (TestTestRunOnlyInTests).
+var execAllowed = []string{"mps", "internal/mpsemu", "launcher", "cgroup", "internal/testrun"}
+
+// testRunUsers are the directories whose non-test code may import
+// internal/testrun: itself and the emulator's test helpers.
+var testRunUsers = []string{"internal/testrun", "internal/mpsemu/emutest"}
 
 func repoRoot(t *testing.T) string {
 	t.Helper()
@@ -118,6 +124,32 @@ func TestOnlyAllowedPackagesRunPrograms(t *testing.T) {
 	if checked == 0 {
 		t.Fatal("no Go files checked")
 	}
+}
+
+func TestTestRunOnlyInTests(t *testing.T) {
+	root := repoRoot(t)
+	walkGo(t, root, func(rel string) {
+		if strings.HasSuffix(rel, "_test.go") {
+			return
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(root, rel), nil, parser.ImportsOnly)
+		if err != nil {
+			t.Errorf("%s: %v", rel, err)
+			return
+		}
+		for _, imp := range f.Imports {
+			if path, _ := strconv.Unquote(imp.Path.Value); path != "github.com/mpsd/mpsd/internal/testrun" {
+				continue
+			}
+			ok := false
+			for _, dir := range testRunUsers {
+				ok = ok || strings.HasPrefix(rel, dir+"/")
+			}
+			if !ok {
+				t.Errorf("%s imports internal/testrun, test tooling; only tests and %v may", rel, testRunUsers)
+			}
+		}
+	})
 }
 
 func allowed(rel string) bool {

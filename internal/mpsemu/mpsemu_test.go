@@ -15,6 +15,7 @@ import (
 
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
 	"github.com/mpsd/mpsd/internal/mpsemu/emuwire"
+	"github.com/mpsd/mpsd/internal/testrun"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -366,7 +367,7 @@ func TestUIDSerialisation(t *testing.T) {
 	// Every directory on the way must be reachable by those uids, which
 	// t.TempDir's 0700 parents are not; the binaries are copied for the
 	// same reason.
-	dir, err := os.MkdirTemp("", "mpsemu-uid-")
+	dir, err := testrun.MkdirTemp("", "mpsemu-uid-")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
+	"github.com/mpsd/mpsd/internal/testrun"
 )
 
 // waitFor bounds every wait of these tests; reaching it fails the test.
@@ -50,7 +51,7 @@ func missing(t testing.TB, why string) {
 // cleanup.
 func shortDir(t testing.TB) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "mpsd-slurm")
+	dir, err := testrun.MkdirTemp("", "mpsd-slurm")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,12 +113,12 @@ func baseEnv(dir string, extra ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "SLURM_") || strings.HasPrefix(k, "CUDA_") || strings.HasPrefix(k, "MPSD_") {
+		if strings.HasPrefix(k, "SLURM_") || strings.HasPrefix(k, "CUDA_") || strings.HasPrefix(k, "MPSD_") || k == testrun.EnvEmuRun {
 			continue
 		}
 		env = append(env, kv)
 	}
-	return append(append(env, markerEnv+"="+dir), extra...)
+	return append(testrun.Env(append(env, markerEnv+"="+dir)), extra...)
 }
 
 var mpsdSeq atomic.Int64
@@ -158,8 +159,8 @@ func startMpsd(t testing.TB, dir, groups string) *mpsdEnv {
 	}
 	cgroup := "  enabled: false"
 	if os.Geteuid() == 0 {
-		// The prefix is what hack/check-leftovers.sh looks for.
-		e.cgParent = fmt.Sprintf("mpsd-test-slurm-%d-%d", os.Getpid(), mpsdSeq.Add(1))
+		// Named for the test run, whose leftover check looks for it.
+		e.cgParent = testrun.CgroupName(fmt.Sprintf("slurm-%d-%d", os.Getpid(), mpsdSeq.Add(1)))
 		cgroup = "  parent: " + e.cgParent
 	}
 	cfg := fmt.Sprintf(`version: 1
@@ -199,7 +200,7 @@ groups:
 			return d.DialContext(ctx, "unix", e.socket)
 		},
 	}}
-	if err := e.cmd.Start(); err != nil {
+	if err := testrun.Start(e.cmd); err != nil {
 		t.Fatalf("start mpsd: %v", err)
 	}
 	go func() { _ = e.cmd.Wait(); close(e.done) }()

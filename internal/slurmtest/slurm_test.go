@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/testrun"
 )
 
 // slurmPrograms are what the Slurm test runs: Debian's slurmctld, slurmd,
@@ -202,7 +203,7 @@ PartitionName=mpsd Nodes=%[6]s Default=YES MaxTime=INFINITE State=UP OverSubscri
 		"--log-file="+filepath.Join(dir, "munged.log"))
 	c.waitFor("munged's socket", func() bool { _, err := os.Stat(munge); return err == nil })
 	// -i: no state to recover; -f shows the config (and so the test's
-	// directory) on the command line, where check-leftovers looks.
+	// directory) on the command line, where the leftover check looks.
 	c.start("slurmctld", filepath.Join(dir, "slurmctld.log"), "-D", "-i", "-f", c.conf)
 	c.start("slurmd", filepath.Join(dir, "slurmd.log"), "-D", "-f", c.conf)
 	c.waitFor("node "+c.node+" idle", func() bool {
@@ -267,7 +268,7 @@ func (c *cluster) start(name, log string, args ...string) {
 	cmd := exec.Command(c.progs[name], args...)
 	cmd.Env = c.env
 	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
+	if err := testrun.Start(cmd); err != nil {
 		c.t.Fatalf("start %s: %v", name, err)
 	}
 	d := &daemon{name: name, cmd: cmd, log: log, done: make(chan struct{})}

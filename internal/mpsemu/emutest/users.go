@@ -6,10 +6,11 @@ import (
 	"os/user"
 	"strconv"
 	"testing"
+
+	"github.com/mpsd/mpsd/internal/testrun"
 )
 
-// UserPrefix starts the name of every user User creates, so that a check
-// for leftovers can find them (hack/check-leftovers.sh).
+// UserPrefix starts the name of every user User creates.
 const UserPrefix = "mpsdt"
 
 // User creates a real unprivileged user for the test: name UserPrefix+uid,
@@ -33,6 +34,10 @@ func User(tb testing.TB, uid uint32) string {
 	}
 	// One an interrupted run left behind is ours by its name and uid.
 	removeUser(name)
+	// The run's leftover check looks for it (internal/testrun).
+	if err := testrun.RecordUser(name); err != nil {
+		tb.Fatal(err)
+	}
 	run := func(args ...string) {
 		tb.Helper()
 		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {

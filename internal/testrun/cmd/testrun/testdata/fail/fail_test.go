@@ -1,0 +1,5 @@
+package fail
+
+import "testing"
+
+func TestFails(t *testing.T) { t.Error("broken on purpose") }
