@@ -82,6 +82,14 @@ func newEnvGPUs(t testing.TB, gpus int, groups, extra string) *testEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.cleanup)
+	// An illegal transition of a lease or an instance (or a protocol
+	// break) while the test ran fails it.
+	seen := illegalCount()
+	t.Cleanup(func() {
+		for _, err := range illegalSince(seen) {
+			t.Errorf("mpsd: %v", err)
+		}
+	})
 	e.writeConfig(groups, extra)
 	e.opts = Options{
 		ConfigPath:     e.cfgPath,

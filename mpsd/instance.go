@@ -35,28 +35,26 @@ type instance struct {
 	maxSM    int
 	maxMem   int64
 	daemon   *mps.Daemon
-	up       bool        // the daemon answers; false while starting or recovering
 	servers  map[int]int // server pid → its uid (-1 unknown)
 	restarts int
 	leases   map[string]*lease
 
-	drained   bool // mpsctl drain: no new leases until resume
-	retiring  bool // gone from the config: stop once empty
-	restartCh bool // a start option changed: restart once empty
-	starting  bool // a bringUp goroutine owns the instance
-	stopped   bool // retired and stopped; no longer in Daemon.instances
+	// life is where the daemon is in its life (instancestate.go); it
+	// changes only through step. holds close the instance to placements.
+	life  lifecycle
+	holds holds
+	// bringing: a bringUp goroutine runs for it (at most one does).
+	bringing bool
 
 	tried     chan struct{} // closed after the first start attempt
 	triedOnce sync.Once
 
 	// The watchdog's state (watchdog.go).
-	recovering  bool           // a recovery goroutine owns the instance
-	pending     *fault         // a fault that arrived during recovery
-	quarantined bool           // failed too often: closed until mpsctl resume
-	failures    []time.Time    // failures within the quarantine window
-	probeFails  int            // failed probes in a row
-	faults      map[string]int // faults reported, by kind
-	restartsBy  map[string]int // recoveries, by the kind of fault
+	pending    *fault         // a fault for the recovery (or bring-up) under way to handle next
+	failures   []time.Time    // failures within the quarantine window
+	probeFails int            // failed probes in a row
+	faults     map[string]int // faults reported, by kind
+	restartsBy map[string]int // recoveries, by the kind of fault
 
 	metricLabels *instanceLabels // made at the first scrape
 	serverLogOff int64           // where the previous mpsd stopped reading server.log; -1: unknown
@@ -94,29 +92,13 @@ func instanceKey(group string, idx []int) string {
 	return group + "/" + strings.Join(s, ",")
 }
 
-// refreshLocked derives the state placement sees from the flags.
-func (in *instance) refreshLocked() {
-	switch {
-	case in.quarantined:
-		in.p.State = policy.InstanceQuarantined
-	case in.drained || in.retiring || in.restartCh:
-		in.p.State = policy.InstanceDraining
-	case in.recovering || (!in.up && in.restarts > 0):
-		in.p.State = policy.InstanceRecovering
-	case !in.up:
-		in.p.State = policy.InstanceStarting
-	default:
-		in.p.State = policy.InstanceReady
-	}
-}
-
 // status is the instance as mpsctl status shows it.
 func (in *instance) statusLocked() api.InstanceStatus {
 	st := api.InstanceStatus{
 		GPUUUID:           in.gpus[0].UUID,
 		GPUIndex:          in.gpus[0].Index,
 		Group:             in.group,
-		State:             in.p.State.String(),
+		State:             in.placementState().String(),
 		ServerPIDs:        slices.Sorted(maps.Keys(in.servers)),
 		Clients:           len(in.leases),
 		Restarts:          in.restarts,
@@ -176,18 +158,16 @@ func (d *Daemon) reconcileLocked(cfg *policy.Config) (added []*instance) {
 			} else if in.p.Multiuser != g.Multiuser {
 				// -multiuser-server is a start option: the daemon is
 				// restarted once its leases have ended.
-				in.restartCh = true
+				in.holds.restartPending = true
 			}
-			in.retiring = false
+			in.holds.retiring = false
 			in.p.Budget = g.Budget()
 			in.maxSM, in.maxMem = g.MaxSM, g.MaxMem
-			in.refreshLocked()
 		}
 	}
 	for key, in := range d.instances {
-		if !want[key] && !in.retiring {
-			in.retiring = true
-			in.refreshLocked()
+		if !want[key] && !in.holds.retiring {
+			in.holds.retiring = true
 			in.log.Info("instance retiring: no longer in the config; it stops when its leases end")
 		}
 	}
@@ -234,14 +214,19 @@ func (d *Daemon) mpsConfig(in *instance) mps.Config {
 func (d *Daemon) bringUp(in *instance, adopt bool) {
 	defer in.markTried()
 	d.mu.Lock()
-	if in.starting || in.stopped {
+	if in.bringing || in.life != instStarting {
 		d.mu.Unlock()
 		return
 	}
-	in.starting = true
+	in.bringing = true
 	cfg := d.mpsConfig(in)
 	wd := d.cfg.Watchdog
 	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		in.bringing = false
+		d.mu.Unlock()
+	}()
 
 	backoff := wd.BackoffInitial
 	for attempt := 1; ; attempt++ {
@@ -251,12 +236,19 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 			d.mu.Lock()
 			if d.ctx.Err() != nil {
 				// Run is closing every handle; this one came too late.
-				in.starting = false
 				d.mu.Unlock()
 				_ = dm.Close()
 				return
 			}
 			in.daemon, in.logHandled = dm, dm.ServerLogStart()
+			if f := in.pending; f != nil {
+				// Reported while there was no daemon yet: its recovery
+				// takes over the instance now.
+				in.pending = nil
+				if _, err := in.step(instEvFault, f.kind); err == nil {
+					d.startRecoveryLocked(in, *f)
+				}
+			}
 			d.mu.Unlock()
 			d.spawn(func() { d.watchInstance(in, dm) })
 			if how == "adopted" {
@@ -270,10 +262,13 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 				d.serversLostWhileAway(in)
 			}
 			d.mu.Lock()
-			in.starting = false
-			in.up = true
-			in.refreshLocked()
-			d.scheduleLocked(in.group)
+			if in.life == instStarting {
+				// Else a fault found meanwhile made it recovering: the
+				// recovery reopens it.
+				if eff, err := in.step(instEvUp, how); err == nil && eff&effSchedule != 0 {
+					d.scheduleLocked(in.group)
+				}
+			}
 			d.mu.Unlock()
 			in.log.Info("instance up", "how", how, "daemon_pid", dm.PID(), "multiuser", cfg.Multiuser)
 			d.mu.Lock()
@@ -292,9 +287,6 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 		in.markTried()
 		select {
 		case <-d.ctx.Done():
-			d.mu.Lock()
-			in.starting = false
-			d.mu.Unlock()
 			return
 		case <-time.After(backoff):
 		}
@@ -502,24 +494,24 @@ func exitText(ev mps.Event) string {
 // retireIfEmptyLocked stops an instance that left the config (or needs a
 // restart for a changed start option) once its last lease has ended.
 func (d *Daemon) retireIfEmptyLocked(in *instance) {
-	if len(in.leases) > 0 || in.starting || in.recovering || (!in.retiring && !in.restartCh) {
+	if len(in.leases) > 0 || in.life != instUp || (!in.holds.retiring && !in.holds.restartPending) {
+		return
+	}
+	if _, err := in.step(instEvStop, "empty and held for a stop"); err != nil {
 		return
 	}
 	dm := in.daemon
-	restart := in.restartCh && !in.retiring
+	restart := in.holds.restartPending && !in.holds.retiring
 	if !restart {
-		in.stopped = true
 		delete(d.instances, in.key)
 	}
-	in.daemon, in.up = nil, false
-	in.restartCh = false
+	in.daemon = nil
+	in.holds.restartPending = false
 	if restart {
-		in.starting = true // held until the stop below is done
 		if g, ok := d.cfg.Group(in.group); ok {
 			in.p.Multiuser = g.Multiuser
 		}
 	}
-	in.refreshLocked()
 	d.spawn(func() {
 		if dm != nil {
 			ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
@@ -528,10 +520,14 @@ func (d *Daemon) retireIfEmptyLocked(in *instance) {
 			_ = dm.Close()
 			in.log.Info("control daemon stopped", "graceful", rep.Graceful, "err", err)
 		}
+		d.mu.Lock()
+		ev := instEvGone
 		if restart {
-			d.mu.Lock()
-			in.starting = false
-			d.mu.Unlock()
+			ev = instEvRestart
+		}
+		eff, err := in.step(ev, "daemon stopped")
+		d.mu.Unlock()
+		if err == nil && eff&effBringUp != 0 {
 			d.bringUp(in, false)
 		}
 	})
