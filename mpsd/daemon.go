@@ -83,6 +83,9 @@ type Options struct {
 	// faultHook, when set (tests, benchmarks), sees every fault as it is
 	// reported.
 	faultHook func(*instance, fault)
+	// eventHook, when set (tests), sees every MPS event of an instance
+	// before it is handled, and may hold it back.
+	eventHook func(*instance, mps.Event)
 	// wrapCgroups, when set (tests), wraps the cgroup manager Run makes.
 	wrapCgroups func(cgroup.Manager) cgroup.Manager
 	// killRetryInitial, when set (tests), replaces killRetryInitial.

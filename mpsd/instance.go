@@ -36,6 +36,10 @@ type instance struct {
 	maxMem   int64
 	daemon   *mps.Daemon
 	servers  map[int]int // server pid → its uid (-1 unknown)
+	// shutDown: servers a recovery stopped itself (restartServer), by
+	// pid; the channel is closed when their exit is seen. Their exit is
+	// no fault, whatever leases the instance has taken since.
+	shutDown map[int]chan struct{}
 	restarts int
 	leases   map[string]*lease
 
@@ -347,31 +351,20 @@ func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, e
 // of failure to the watchdog (watchdog.go).
 func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 	for ev := range dm.Events() {
+		if d.opts.eventHook != nil {
+			d.opts.eventHook(in, ev)
+		}
 		d.mu.Lock()
 		current := in.daemon == dm
 		clients := 0
 		switch ev.Kind {
 		case mps.ServerStarted:
 			in.servers[ev.PID] = ev.UID
+			delete(in.shutDown, ev.PID) // a new server under a reused pid
 			// Recorded, so that a crash of mpsd does not hide its death.
 			d.store.request()
 		case mps.ServerExited:
-			uid, known := in.servers[ev.PID]
-			if !known {
-				uid = -1
-			}
-			delete(in.servers, ev.PID)
-			if len(in.servers) == 0 {
-				in.p.ServerUp = false
-			}
-			// The server's clients: leases of its uid (any uid when the
-			// server is shared or its uid is unknown). A lease of another
-			// uid waits for this server to go; its exit is no fault.
-			for _, l := range in.leases {
-				if in.p.Multiuser || uid < 0 || l.uid == uint32(uid) {
-					clients++
-				}
-			}
+			clients = in.serverExitedLocked(ev.PID)
 		}
 		d.mu.Unlock()
 		if !current {
@@ -449,6 +442,35 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 			in.log.Debug("MPS event", "event", ev.String())
 		}
 	}
+}
+
+// serverExitedLocked forgets an exited server and returns how many of
+// the instance's leases were its clients: leases of its uid (any uid when
+// the server is shared or its uid is unknown); a lease of another uid
+// waits for this server to go, so its exit is no fault to it. A server a
+// recovery shut down itself had its clients revoked first, and a lease
+// granted after that recovery is no client of it: none is counted, even
+// when its exit is seen only after the instance took leases again.
+func (in *instance) serverExitedLocked(pid int) (clients int) {
+	uid, known := in.servers[pid]
+	if !known {
+		uid = -1
+	}
+	delete(in.servers, pid)
+	if len(in.servers) == 0 {
+		in.p.ServerUp = false
+	}
+	if done, ours := in.shutDown[pid]; ours {
+		delete(in.shutDown, pid)
+		close(done)
+		return 0
+	}
+	for _, l := range in.leases {
+		if in.p.Multiuser || uid < 0 || l.uid == uint32(uid) {
+			clients++
+		}
+	}
+	return clients
 }
 
 // serversLostWhileAway reports as a fault a server the previous mpsd left

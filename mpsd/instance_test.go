@@ -103,3 +103,38 @@ func TestPlacementState(t *testing.T) {
 		}
 	}
 }
+
+// TestServerShutDownByRecoveryIsNoFault is the server side of a launcher
+// ending with "protocol violation: requeued without a revocation": a
+// recovery after a device Xid shuts the instance's servers down itself,
+// but their exits are seen asynchronously. The instance used to reopen at
+// once, grant a requeued lease of the same uid, and then take the late
+// exit of the old server for a crash of the new lease's server, revoking
+// the new attempt moments after its grant. A launcher still reaping the
+// previous attempt's command held that grant, and the second revocation
+// it saw was then forgotten when it launched the held grant. A server the
+// recovery shut down counts no clients, whatever was granted since;
+// another server's exit still counts them.
+func TestServerShutDownByRecoveryIsNoFault(t *testing.T) {
+	in := &instance{key: "g/0", servers: map[int]int{100: 1000, 200: 1000}, leases: map[string]*lease{}}
+	in.leases["g-1"] = &lease{id: "g-1", uid: 1000, state: leaseRunning}
+	done := make(chan struct{})
+	in.shutDown = map[int]chan struct{}{100: done}
+	if n := in.serverExitedLocked(100); n != 0 {
+		t.Errorf("exit of a server the recovery shut down counts %d clients, want 0", n)
+	}
+	select {
+	case <-done:
+	default:
+		t.Error("the recovery waiting for the server's exit was not told of it")
+	}
+	if _, ok := in.shutDown[100]; ok {
+		t.Error("the shut-down server is still expected")
+	}
+	if n := in.serverExitedLocked(200); n != 1 {
+		t.Errorf("exit of a server nobody shut down counts %d clients, want 1 (its lease's)", n)
+	}
+	if len(in.servers) != 0 || in.p.ServerUp {
+		t.Errorf("servers %v, ServerUp %v after both exits; want none", in.servers, in.p.ServerUp)
+	}
+}

@@ -201,13 +201,43 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 	}
 	switch f.restart {
 	case restartServer:
+		// Each server's exit is waited for before the instance reopens (a
+		// new client must get a fresh server, not the one going away),
+		// and is no fault when seen later (serverExitedLocked).
+		var gone []chan struct{}
 		for _, pid := range servers {
+			d.mu.Lock()
+			_, live := in.servers[pid]
+			done := in.shutDown[pid]
+			if live && done == nil {
+				if in.shutDown == nil {
+					in.shutDown = map[int]chan struct{}{}
+				}
+				done = make(chan struct{})
+				in.shutDown[pid] = done
+			}
+			d.mu.Unlock()
+			if !live {
+				continue // already gone
+			}
 			ctx, cancel := context.WithTimeout(d.ctx, wd.ProbeTimeout)
 			if err := dm.ShutdownServer(ctx, pid, true); err != nil {
 				in.log.Debug("shutdown_server", "server", pid, "err", err)
 			}
 			cancel()
+			gone = append(gone, done)
 		}
+		wctx, wcancel := context.WithTimeout(d.ctx, max(wd.ProbeTimeout*time.Duration(wd.ProbeFailures), time.Second))
+		for _, done := range gone {
+			select {
+			case <-done:
+			case <-wctx.Done():
+			}
+		}
+		if wctx.Err() != nil && d.ctx.Err() == nil {
+			in.log.Warn("a server shut down after a fault has not exited yet; reopening the instance anyway")
+		}
+		wcancel()
 	case restartDaemon:
 		d.restartDaemon(in, dm)
 		return

@@ -1,0 +1,100 @@
+package mpsd
+
+import (
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/mps"
+)
+
+// A device-level Xid makes the recovery shut the instance's servers down
+// itself. The exit of such a server is no fault: seen only after the
+// instance had reopened and granted the requeued lease again (as under
+// load), it was taken for a crash of the new attempt's server, which
+// revoked that attempt moments after its grant (what a launcher still
+// reaping the first attempt's command reported as "requeued without a
+// revocation"). The test holds the old server's exit back until the next
+// attempt runs (the recovery waits a bounded time for it), then lets it
+// through and checks, once it is handled (the server is gone from the
+// status), that the Xid was the only fault and the lease still runs.
+func TestServerShutDownAfterXidIsNoFault(t *testing.T) {
+	e := newEnvGPUs(t, 1, `  a:
+    users: [root]
+    memory: 20G
+    requeue_attempts: 10
+`, `watchdog:
+  probe_interval: 250ms
+  probe_timeout: 200ms
+  probe_failures: 2
+  backoff_initial: 50ms
+  backoff_max: 1s
+  quarantine_after: 100
+  quarantine_window: 1m`)
+	faults := make(chan fault, 64)
+	var hold sync.Map // server pid → chan struct{} its exit waits on
+	e.opts.eventHook = func(in *instance, ev mps.Event) {
+		if ev.Kind != mps.ServerExited {
+			return
+		}
+		if ch, ok := hold.Load(ev.PID); ok {
+			select {
+			case <-ch.(chan struct{}):
+			case <-time.After(waitFor):
+			}
+		}
+	}
+	e.opts.faultHook = func(in *instance, f fault) {
+		select {
+		case faults <- f:
+		default:
+		}
+	}
+	e.start()
+	sim := e.d.Sim()
+	select {
+	case <-sim.XidWatched():
+	case <-time.After(waitFor):
+		t.Fatal("mpsd does not watch Xid events")
+	}
+	client := filepath.Join(e.emu, "mpsemu-client")
+	p := startProc(t, e.launch("--group", "a", "--sm", "30", "--mem", "1G", "--", client, "--duration", "60s"))
+	connected := func(attempt int) func(api.Status) bool {
+		return func(st api.Status) bool {
+			in := instanceOf(st, "a", 0)
+			return len(st.Leases) == 1 && st.Leases[0].State == api.LeaseRunning && st.Leases[0].Attempt == attempt &&
+				in.State == api.InstanceReady && len(in.ServerPIDs) == 1 && e.mpsClients(in) == 1
+		}
+	}
+	st := e.waitStatus("the client connected to its server", connected(1))
+	for round := 1; round <= 3; round++ {
+		old := instanceOf(st, "a", 0).ServerPIDs[0]
+		release := make(chan struct{})
+		hold.Store(old, release)
+		if err := sim.InjectXid(0, 79, 0); err != nil {
+			t.Fatal(err)
+		}
+		e.waitStatus("the next attempt granted", func(st api.Status) bool {
+			return len(st.Leases) == 1 && st.Leases[0].State == api.LeaseRunning && st.Leases[0].Attempt == round+1
+		})
+		close(release)
+		st = e.waitStatus("the next attempt connected to a new server", func(st api.Status) bool {
+			return connected(round+1)(st) && !slices.Contains(instanceOf(st, "a", 0).ServerPIDs, old)
+		})
+		var kinds []string
+		for len(faults) > 0 {
+			kinds = append(kinds, (<-faults).kind)
+		}
+		if !slices.Equal(kinds, []string{faultXid}) {
+			t.Fatalf("round %d: faults %v, want the Xid only (the old server's exit was taken for a fault)", round, kinds)
+		}
+		if in := instanceOf(st, "a", 0); in.Restarts != round {
+			t.Fatalf("round %d: %d restarts, want %d", round, in.Restarts, round)
+		}
+	}
+	_ = p.cmd.Process.Kill()
+	p.waitQuiet(waitFor)
+}
