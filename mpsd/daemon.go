@@ -135,7 +135,8 @@ type Daemon struct {
 	// storeRunning is closed once the state writer runs (a revocation
 	// waits for its record to be written only then).
 	storeRunning chan struct{}
-	serving  atomic.Bool
+
+	serving atomic.Bool
 	// crashStop (tests): stop as a SIGKILL would leave things: no state
 	// write once asked to stop, no final snapshot.
 	crashStop atomic.Bool

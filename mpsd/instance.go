@@ -31,11 +31,11 @@ type instance struct {
 	logDir  string
 	log     *slog.Logger
 
-	p        policy.Instance
-	maxSM    int
-	maxMem   int64
-	daemon   *mps.Daemon
-	servers  map[int]int // server pid → its uid (-1 unknown)
+	p       policy.Instance
+	maxSM   int
+	maxMem  int64
+	daemon  *mps.Daemon
+	servers map[int]int // server pid → its uid (-1 unknown)
 	// shutDown: servers a recovery stopped itself (restartServer), by
 	// pid; the channel is closed when their exit is seen. Their exit is
 	// no fault, whatever leases the instance has taken since.

@@ -164,6 +164,3 @@ func (l *lease) step(ev leaseEvent, why string) (leaseEffects, error) {
 	l.state = next
 	return eff, nil
 }
-
-// ending: a release or a revocation is under way.
-func (l *lease) ending() bool { return l.state == leaseRevoking || l.state == leaseReleasing }
