@@ -266,7 +266,7 @@ func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, err
 		l.box.push(api.Event{Type: api.EventRequeued, Attempt: l.attempt})
 	}
 	switch {
-	case l.state == leaseRunning && l.inst.life == instRecovering:
+	case l.state == leaseRunning && (l.inst.life == instRecovering || l.inst.pending != nil):
 		// A fault was found on its instance (one logged while mpsd was
 		// away, say) and its recovery has yet to take the lease: the
 		// revocation is on its way, a confirmation now would be false.
