@@ -74,9 +74,11 @@ type lease struct {
 	// pids: the pids attached, and after each successful look at the
 	// cgroup, what it held (what Status shows while a kill runs).
 	pids []int
-	// killing: a kill of cg is under way (without cgMu); attach refuses
-	// meanwhile.
+	// killing: a kill of cg is under way (without cgMu). closed: the
+	// lease's end (revocation or release) has begun killing it; no process
+	// joins it until its next grant. attach refuses both.
 	killing bool
+	closed  bool
 }
 
 // running: placed on an instance (running, revoking or releasing).
@@ -395,6 +397,9 @@ func (d *Daemon) grantLocked(l *lease, in *instance) {
 	if eff&effPersist != 0 {
 		l.durable = d.store.request()
 	}
+	l.cgMu.Lock()
+	l.closed = false // its new attempt's command may join
+	l.cgMu.Unlock()
 	if eff&effTellGranted != 0 {
 		l.box.push(api.Event{Type: api.EventGranted, Lease: l.apiLeaseLocked()})
 	}
@@ -581,8 +586,9 @@ func (d *Daemon) retryKillLocked(l *lease, then func()) {
 	}
 }
 
-// errKilling: a kill of the lease's cgroup is under way.
-var errKilling = errors.New("a kill of the lease's processes is under way")
+// errLeaseEnding: the lease is ending (its processes are being killed):
+// nothing joins it.
+var errLeaseEnding = errors.New("the lease is ending: its processes are being killed")
 
 // killLease empties and removes the lease's cgroup. The handle is taken
 // under cgMu and the kill (up to 30 s) runs without it, so status, Xid
@@ -591,6 +597,7 @@ var errKilling = errors.New("a kill of the lease's processes is under way")
 // revocation or release) kills it, so kills do not overlap.
 func (d *Daemon) killLease(l *lease) error {
 	l.cgMu.Lock()
+	l.closed = true
 	cg := l.cg
 	if cg == nil {
 		l.cgMu.Unlock()
@@ -598,7 +605,7 @@ func (d *Daemon) killLease(l *lease) error {
 	}
 	if l.killing {
 		l.cgMu.Unlock()
-		return fmt.Errorf("kill lease %s: %w", l.id, errKilling)
+		return fmt.Errorf("kill lease %s: %w", l.id, errLeaseEnding)
 	}
 	l.killing = true
 	l.cgMu.Unlock()
@@ -630,8 +637,11 @@ func (d *Daemon) killLease(l *lease) error {
 func (d *Daemon) attach(l *lease, pid int) error {
 	l.cgMu.Lock()
 	defer l.cgMu.Unlock()
-	if l.killing {
-		return fmt.Errorf("attach pid %d to lease %s: %w", pid, l.id, errKilling)
+	if l.killing || l.closed {
+		// Checked here, not only by the caller's look at the lease's
+		// state: a kill that began and ended since would otherwise let
+		// the pid into a fresh cgroup no revocation covers.
+		return fmt.Errorf("attach pid %d to lease %s: %w", pid, l.id, errLeaseEnding)
 	}
 	if l.cg == nil {
 		id := cgroup.LeaseID{Group: l.group, Lease: l.id}

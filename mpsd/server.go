@@ -341,6 +341,11 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 		pid = d.opts.attachSwap(pid)
 	}
 	if err := d.attach(l, pid); err != nil {
+		if errors.Is(err, errLeaseEnding) {
+			// Revoked or released since the look above.
+			api.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is not running", id))
+			return
+		}
 		d.log.Error("attach failed", "lease", id, "pid", pid, "err", err)
 		api.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
 		return
