@@ -1,8 +1,12 @@
 package mpsd
 
 import (
+	"context"
+	"net"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -97,4 +101,47 @@ func TestServerShutDownAfterXidIsNoFault(t *testing.T) {
 	}
 	_ = p.cmd.Process.Kill()
 	p.waitQuiet(waitFor)
+}
+
+// An error of Run after it has started goroutines (here: the metrics
+// address is taken) goes through the stop sequence: Run returns it only
+// once every goroutine it started has ended, and starts nothing more.
+func TestRunErrorAfterStartStops(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = taken.Close() }()
+	e := newEnv(t, oneGroup, "")
+	b, err := os.ReadFile(e.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := strings.Replace(string(b), "metrics:\n  listen: \"\"", "metrics:\n  listen: "+taken.Addr().String(), 1)
+	if cfg == string(b) {
+		t.Fatal("the test config has no metrics.listen to set")
+	}
+	if err := os.WriteFile(e.cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(e.opts)
+	if err != nil {
+		t.Fatalf("mpsd.New: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Run(context.Background()) }()
+	select {
+	case err = <-done:
+	case <-time.After(waitFor):
+		t.Fatalf("Run did not return within %s with the metrics address taken", waitFor)
+	}
+	if err == nil || !strings.Contains(err.Error(), "metrics listener") {
+		t.Fatalf("Run: %v, want the metrics listener's error", err)
+	}
+	if d.ctx.Err() == nil {
+		t.Error("Run returned with its goroutines' context still live")
+	}
+	if d.spawn(func() {}) {
+		t.Error("Run returned without its final wait: it would still start goroutines")
+	}
 }
