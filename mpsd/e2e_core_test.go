@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/cgroup"
 	"github.com/mpsd/mpsd/mps"
 )
 
@@ -143,5 +144,59 @@ func TestRunErrorAfterStartStops(t *testing.T) {
 	}
 	if d.spawn(func() {}) {
 		t.Error("Run returned without its final wait: it would still start goroutines")
+	}
+}
+
+// An operator's requeue goes through the one revocation sequence: the
+// state file records the lease as revoking before its processes are
+// killed (as a fault's revocation does), so an mpsd that dies in between
+// leaves the next one a revocation to finish, not a lease to re-adopt.
+func TestAdminRequeueRecordsRevokingFirst(t *testing.T) {
+	e := newEnvGPUs(t, 1, oneGroup, "")
+	s := &stuckKills{}
+	s.target.Store("")
+	saved := make(chan savedLease, 1)
+	s.check = func(bool) {
+		b, err := os.ReadFile(filepath.Join(e.dir, "state", "state.json"))
+		if err != nil {
+			return
+		}
+		st, err := decodeState(b)
+		if err != nil {
+			return
+		}
+		for _, sl := range st.Leases {
+			if sl.ID == s.target.Load() {
+				select {
+				case saved <- sl:
+				default:
+				}
+			}
+		}
+	}
+	e.opts.wrapCgroups = func(m cgroup.Manager) cgroup.Manager { s.Manager = m; return s }
+	e.start()
+	gate, open := e.gate("a")
+	p := startProc(t, e.launch(append([]string{"--sm", "10", "--mem", "1G", "--"}, gate...)...))
+	st := e.waitStatus("the lease running", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && len(st.Leases[0].PIDs) > 0
+	})
+	id := st.Leases[0].ID
+	s.target.Store(id)
+	e.admin(t, "requeue", id)
+	select {
+	case sl := <-saved:
+		if !sl.Revoking || sl.Instance == "" || sl.Attempt != 1 {
+			t.Errorf("state file when the requeue's kill ran: %+v; want the lease on its instance, attempt 1, revoking", sl)
+		}
+	case <-time.After(waitFor):
+		t.Fatal("the requeue killed nothing, or the state file did not name the lease")
+	}
+	e.waitStatus("the lease running again", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && st.Leases[0].Attempt == 2
+	})
+	open()
+	if r := p.wait(t); r.code != 0 || !strings.Contains(r.stderr, "administrator requeued") {
+		t.Fatalf("launcher: exit %d, stderr %q; want 0 after the requeue", r.code, r.stderr)
 	}
 }
