@@ -93,11 +93,12 @@ type mailbox struct {
 	sig chan struct{}
 	// revoked: a revoked event was sent since the last granted one; a
 	// requeued event without it breaks the protocol (api/doc.go), which
-	// push reports as an illegal transition.
+	// push logs and reports as an illegal transition.
 	revoked bool
+	log     *slog.Logger
 }
 
-func newMailbox() mailbox { return mailbox{sig: make(chan struct{}, 1)} }
+func newMailbox(log *slog.Logger) mailbox { return mailbox{sig: make(chan struct{}, 1), log: log} }
 
 func (m *mailbox) push(ev api.Event) {
 	m.mu.Lock()
@@ -108,7 +109,11 @@ func (m *mailbox) push(ev api.Event) {
 		m.revoked = true
 	case api.EventRequeued:
 		if !m.revoked {
-			illegalTransition(fmt.Errorf("%w: requeued (attempt %d) sent without a revoked event before it", errIllegalTransition, ev.Attempt))
+			err := fmt.Errorf("%w: requeued (attempt %d) sent without a revoked event before it", errIllegalTransition, ev.Attempt)
+			if m.log != nil {
+				m.log.Error("lease event out of protocol order (a bug of mpsd)", "err", err)
+			}
+			illegalTransition(err)
 		}
 	}
 	if n := len(m.evs); n > 0 && ev.Type == api.EventQueued && m.evs[n-1].Type == api.EventQueued {
@@ -236,7 +241,7 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 	now := time.Now()
 	l := &lease{
 		id: newLeaseID(name), group: name, uid: c.UID, req: r, command: req.Command, jobID: req.JobID,
-		requeue: requeue, attempt: 1, created: now, queuedAt: now, bound: true, box: newMailbox(), log: d.log,
+		requeue: requeue, attempt: 1, created: now, queuedAt: now, bound: true, box: newMailbox(d.log), log: d.log,
 	}
 	d.leases[l.id] = l
 	d.queues[name] = append(d.queues[name], l)

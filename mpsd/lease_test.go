@@ -103,7 +103,7 @@ func TestMailboxProtocol(t *testing.T) {
 		{"revoked", 1}, {"reset", 1}, {"requeued", 2},
 		{"reset", 2}, {"revoked", 2}, {"requeued", 2},
 	}
-	m := newMailbox()
+	m := newMailbox(nil)
 	for i, s := range steps {
 		switch s.ev {
 		case "reset":

@@ -478,7 +478,7 @@ func (d *Daemon) adoptLeases(saved savedState, stateKnown bool) {
 		l := &lease{
 			id: sl.ID, group: sl.Group, uid: sl.UID, command: sl.Command, jobID: sl.JobID, revokedFor: sl.RevokedFor,
 			req:     policy.Request{Group: sl.Group, UID: sl.UID, SM: sl.SM, Mem: sl.MemBytes, GPUs: sl.GPUs, Priority: sl.Priority, Seq: sl.Seq, Only: sl.Only},
-			requeue: sl.Requeue, attempt: sl.Attempt, created: sl.Created, queuedAt: sl.Created, box: newMailbox(),
+			requeue: sl.Requeue, attempt: sl.Attempt, created: sl.Created, queuedAt: sl.Created, box: newMailbox(d.log),
 			awaySince: sl.AwaySince, ranAttempt: sl.Ran, log: d.log,
 		}
 		if l.awaySince.IsZero() {
