@@ -59,21 +59,23 @@ func (d *Daemon) serveRequeue(w http.ResponseWriter, r *http.Request) {
 	}
 	d.mu.Lock()
 	l, found := d.leases[q.Lease]
-	if !found || !l.running() || l.ending {
+	if !found || l.state != leaseRunning {
 		d.mu.Unlock()
 		api.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no running lease %s", q.Lease))
 		return
 	}
 	in := l.inst
 	reason := "an administrator requeued the lease"
-	l.ending, l.revoking, l.revokedFor = true, true, reason
-	dm := in.daemon
-	servers := slices.Sorted(maps.Keys(in.servers))
+	how := revokeHow{dm: in.daemon, servers: slices.Sorted(maps.Keys(in.servers)), force: true}
 	res := api.AdminResult{Instances: []api.InstanceStatus{in.statusLocked()}}
 	d.mu.Unlock()
 	in.log.Info("lease requeue requested by admin", "lease", l.id)
-	d.revoke(dm, servers, []*lease{l}, reason)
-	d.requeue([]*lease{l}, reason, true)
+	// The same sequence as a fault's: revoking is recorded (and written)
+	// before the launcher is told or anything is killed.
+	if d.revoke([]*lease{l}, reason, how) == 0 {
+		api.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no running lease %s (it ended or another revocation took it)", q.Lease))
+		return
+	}
 	writeJSON(w, res)
 }
 

@@ -821,14 +821,15 @@ func benchScrape(b *testing.B, leases int) {
 	insts := d.instanceList()
 	for i := range leases {
 		in := insts[i%len(insts)]
-		l := &lease{id: fmt.Sprintf("inference-%012d", i), group: "inference", req: policyRequest(1, 64<<20), inst: in, box: newMailbox()}
+		l := &lease{id: fmt.Sprintf("inference-%012d", i), group: "inference", req: policyRequest(1, 64<<20), inst: in, box: newMailbox(nil), state: leaseRunning}
 		in.p.Assign(&l.req)
 		in.leases[l.id] = l
 		d.leases[l.id] = l
 	}
 	for _, in := range insts {
-		in.up = true
-		in.refreshLocked()
+		if _, err := in.step(instEvUp, "benchmark"); err != nil {
+			b.Fatal(err)
+		}
 	}
 	d.mu.Unlock()
 	h := promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{})

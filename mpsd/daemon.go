@@ -93,6 +93,9 @@ type Options struct {
 	// faultHook, when set (tests, benchmarks), sees every fault as it is
 	// reported.
 	faultHook func(*instance, fault)
+	// eventHook, when set (tests), sees every MPS event of an instance
+	// before it is handled, and may hold it back.
+	eventHook func(*instance, mps.Event)
 	// wrapCgroups, when set (tests), wraps the cgroup manager Run makes.
 	wrapCgroups func(cgroup.Manager) cgroup.Manager
 	// killRetryInitial, when set (tests), replaces killRetryInitial.
@@ -145,7 +148,11 @@ type Daemon struct {
 	// close, so lease handlers tell mpsd's own stop (keep the lease) from
 	// a launcher going away (release it).
 	stopping chan struct{}
-	serving  atomic.Bool
+	// storeRunning is closed once the state writer runs (a revocation
+	// waits for its record to be written only then).
+	storeRunning chan struct{}
+
+	serving atomic.Bool
 	// crashStop (tests): stop as a SIGKILL would leave things: no state
 	// write once asked to stop, no final snapshot.
 	crashStop atomic.Bool
@@ -179,7 +186,7 @@ func New(opts Options) (*Daemon, error) {
 	if opts.ReconnectGrace <= 0 {
 		opts.ReconnectGrace = DefaultReconnectGrace
 	}
-	d := &Daemon{opts: opts, log: log, proc: opts.ProcRoot, stopping: make(chan struct{}), res: newResources(log)}
+	d := &Daemon{opts: opts, log: log, proc: opts.ProcRoot, stopping: make(chan struct{}), storeRunning: make(chan struct{}), res: newResources(log)}
 
 	// The full check needs the GPUs: read the file once without them
 	// first, so a config that cannot be used is told before a GPU
@@ -281,13 +288,18 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	defer d.cancel()
 	defer func() { _ = d.Close() }()
+	// The config as Run found it: once the watcher runs, d.cfg is read
+	// only under d.mu.
+	d.mu.Lock()
+	cfg := d.cfg
+	d.mu.Unlock()
 
 	if err := d.layout.makeDirs(); err != nil {
 		return err
 	}
 	// Checked again now that they exist: one made by someone else between
 	// New's check and here is refused, not adopted.
-	if err := policy.CheckDirs(d.cfg, os.Geteuid()); err != nil {
+	if err := policy.CheckDirs(cfg, os.Geteuid()); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if err := d.openCgroups(); err != nil {
@@ -309,7 +321,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 	ln := d.opts.Listener
 	if ln == nil {
-		ln, err = listen(d.cfg.Socket)
+		ln, err = listen(cfg.Socket)
 		if err != nil {
 			return err
 		}
@@ -320,15 +332,17 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.instances = map[string]*instance{}
 	d.queues = map[string][]*lease{}
 	d.leases = map[string]*lease{}
-	d.reconcileLocked(d.cfg)
+	d.reconcileLocked(cfg)
 	insts := d.instanceList()
 	d.mu.Unlock()
 
-	if err := d.prepareGroupDirs(d.cfg); err != nil {
+	if err := d.prepareGroupDirs(cfg); err != nil {
 		_ = ln.Close()
 		return err
 	}
-	if d.cfg.MPS.ComputeMode == policy.ComputeExclusiveProcess {
+	// From here on goroutines run: every error goes through the stop
+	// sequence below.
+	if cfg.MPS.ComputeMode == policy.ComputeExclusiveProcess {
 		// Only the MPS server may then open a context: no CUDA program
 		// can bypass MPS and its limits. Host.Close puts the modes back.
 		var idx []int
@@ -372,34 +386,41 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 	}
 
-	d.spawn(func() { d.store.run(d.ctx) })
+	if d.spawn(func() { d.store.run(d.ctx) }) {
+		close(d.storeRunning)
+	}
 	d.spawn(d.probeLoop)
 	watchErr := make(chan error, 1)
 	d.spawn(func() { watchErr <- d.watcher.Run(d.ctx) })
+	var runErr error
 	var msrv *http.Server
-	if mln := d.opts.MetricsListener; mln != nil || d.cfg.Metrics.Listen != "" {
+	if mln := d.opts.MetricsListener; mln != nil || cfg.Metrics.Listen != "" {
 		if mln == nil {
-			if mln, err = net.Listen("tcp", d.cfg.Metrics.Listen); err != nil {
-				_ = ln.Close()
-				return fmt.Errorf("metrics listener (metrics.listen %s): %w", d.cfg.Metrics.Listen, err)
+			if mln, err = net.Listen("tcp", cfg.Metrics.Listen); err != nil {
+				runErr = fmt.Errorf("metrics listener (metrics.listen %s): %w", cfg.Metrics.Listen, err)
 			}
 		}
-		msrv = d.serveMetrics(mln)
-		d.log.Info("metrics served", "address", mln.Addr().String())
+		if runErr == nil {
+			msrv = d.serveMetrics(mln)
+			d.log.Info("metrics served", "address", mln.Addr().String())
+		}
 	}
-	d.srv = d.newHTTPServer()
 	serveErr := make(chan error, 1)
-	lln := d.limitListener(ln, listenerAPI)
-	go func() { serveErr <- d.srv.Serve(lln) }()
-	d.serving.Store(true)
-	d.log.Info("mpsd serving", "socket", ln.Addr().String(), "instances", len(insts), "leases", len(saved.Leases))
-	d.spawn(d.announceReady)
-
-	var runErr error
-	select {
-	case <-ctx.Done():
-	case err := <-serveErr:
-		runErr = fmt.Errorf("serve API: %w", err)
+	served := runErr == nil
+	if served {
+		d.srv = d.newHTTPServer()
+		lln := d.limitListener(ln, listenerAPI)
+		go func() { serveErr <- d.srv.Serve(lln) }()
+		d.serving.Store(true)
+		d.log.Info("mpsd serving", "socket", ln.Addr().String(), "instances", len(insts), "leases", len(saved.Leases))
+		d.spawn(d.announceReady)
+		select {
+		case <-ctx.Done():
+		case err := <-serveErr:
+			runErr = fmt.Errorf("serve API: %w", err)
+		}
+	} else {
+		_ = ln.Close()
 	}
 	crash := d.crashStop.Load()
 	if crash {
@@ -408,11 +429,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.log.Info("mpsd stopping; MPS daemons and workloads keep running", "as_if_killed", crash)
 	d.serving.Store(false)
 	close(d.stopping)
-	_ = d.srv.Close()
+	if d.srv != nil {
+		_ = d.srv.Close()
+	}
 	if msrv != nil {
 		_ = msrv.Close()
 	}
-	if runErr == nil {
+	if served && runErr == nil {
 		<-serveErr
 	}
 	d.cancel()
@@ -458,7 +481,7 @@ func (d *Daemon) announceReady() {
 		d.mu.Lock()
 		up := true
 		for _, in := range d.instances {
-			up = up && in.up
+			up = up && in.daemonUp()
 		}
 		d.mu.Unlock()
 		if up {
@@ -501,7 +524,7 @@ func (d *Daemon) Summary() string {
 	defer d.mu.Unlock()
 	states := map[string]int{}
 	for _, in := range d.instances {
-		states[in.p.State.String()]++
+		states[in.placementState().String()]++
 	}
 	var parts []string
 	for _, st := range []string{"ready", "starting", "recovering", "draining", "quarantined"} {

@@ -3,6 +3,14 @@
 // watchdog that restarts failed instances and requeues their leases, the API
 // server on the unix socket, the persisted state and the metrics.
 //
+// A lease and an instance each have one state value with a table of legal
+// transitions (leasestate.go: queued, running, revoking, releasing, ended;
+// instancestate.go: starting, up, recovering, stopping, stopped, plus the
+// holds that close an instance to placements); every change goes through
+// their step method, and an illegal one is logged and reported. Every
+// revocation (a fault's, an operator's, one a restart finds unfinished)
+// goes through Daemon.revoke (revoke.go).
+//
 // It never runs external programs itself (that is package mps) and never
 // decides policy (that is package policy): it applies decisions.
 package mpsd

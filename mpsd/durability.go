@@ -167,15 +167,13 @@ func (d *Daemon) persistIntent(ctx context.Context) error {
 func (d *Daemon) applyIntentLocked(saved savedState) {
 	for _, key := range saved.Quarantined {
 		if in, ok := d.instances[key]; ok {
-			in.quarantined = true
-			in.refreshLocked()
+			in.holds.quarantined = true
 			in.log.Warn("instance still quarantined from before the restart; mpsctl resume lifts it")
 		}
 	}
 	for _, key := range saved.Drained {
 		if in, ok := d.instances[key]; ok {
-			in.drained = true
-			in.refreshLocked()
+			in.holds.drained = true
 			in.log.Warn("instance still drained from before the restart; mpsctl resume lifts it")
 		}
 	}
@@ -367,7 +365,9 @@ func (d *Daemon) adoptOrphan(id cgroup.LeaseID, cg cgroup.Lease, pids []int) {
 	l := &lease{
 		id: id.Lease, group: id.Group, uid: uid, requeue: g.RequeueAttempts, attempt: attempt, ranAttempt: attempt,
 		req:     policy.Request{Group: id.Group, UID: uid, SM: sm, Mem: mem, GPUs: len(in.gpus), Priority: g.Priority, Seq: d.seq},
-		created: now, queuedAt: now, awaySince: now, box: newMailbox(),
+		created: now, queuedAt: now, awaySince: now, box: newMailbox(d.log), log: d.log,
+		// Taken up running, as a saved running lease is: its processes run.
+		state: leaseRunning,
 	}
 	l.cg = cg
 	in.p.Assign(&l.req)

@@ -345,8 +345,7 @@ func TestIntentSurvivesRestart(t *testing.T) {
 			e.d.mu.Lock()
 			for _, in := range e.d.instances {
 				if in.gpus[0].Index == 1 {
-					in.quarantined = true
-					in.refreshLocked()
+					in.holds.quarantined = true
 				}
 			}
 			saved := e.d.store.request()

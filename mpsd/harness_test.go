@@ -89,6 +89,15 @@ func newEnvGPUs(t testing.TB, gpus int, groups, extra string) *testEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// An illegal transition of a lease or an instance (or a protocol
+	// break) while the test ran fails it; checked after the cleanup below
+	// has stopped mpsd (cleanups run last first).
+	seen := illegalCount()
+	t.Cleanup(func() {
+		for _, err := range illegalSince(seen) {
+			t.Errorf("mpsd: %v", err)
+		}
+	})
 	t.Cleanup(e.cleanup)
 	e.writeConfig(groups, extra)
 	e.opts = Options{

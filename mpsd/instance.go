@@ -31,32 +31,34 @@ type instance struct {
 	logDir  string
 	log     *slog.Logger
 
-	p        policy.Instance
-	maxSM    int
-	maxMem   int64
-	daemon   *mps.Daemon
-	up       bool        // the daemon answers; false while starting or recovering
-	servers  map[int]int // server pid → its uid (-1 unknown)
+	p       policy.Instance
+	maxSM   int
+	maxMem  int64
+	daemon  *mps.Daemon
+	servers map[int]int // server pid → its uid (-1 unknown)
+	// shutDown: servers a recovery stopped itself (restartServer), by
+	// pid; the channel is closed when their exit is seen. Their exit is
+	// no fault, whatever leases the instance has taken since.
+	shutDown map[int]chan struct{}
 	restarts int
 	leases   map[string]*lease
 
-	drained   bool // mpsctl drain: no new leases until resume
-	retiring  bool // gone from the config: stop once empty
-	restartCh bool // a start option changed: restart once empty
-	starting  bool // a bringUp goroutine owns the instance
-	stopped   bool // retired and stopped; no longer in Daemon.instances
+	// life is where the daemon is in its life (instancestate.go); it
+	// changes only through step. holds close the instance to placements.
+	life  lifecycle
+	holds holds
+	// bringing: a bringUp goroutine runs for it (at most one does).
+	bringing bool
 
 	tried     chan struct{} // closed after the first start attempt
 	triedOnce sync.Once
 
 	// The watchdog's state (watchdog.go).
-	recovering  bool           // a recovery goroutine owns the instance
-	pending     *fault         // a fault that arrived during recovery
-	quarantined bool           // failed too often: closed until mpsctl resume
-	failures    []time.Time    // failures within the quarantine window
-	probeFails  int            // failed probes in a row
-	faults      map[string]int // faults reported, by kind
-	restartsBy  map[string]int // recoveries, by the kind of fault
+	pending    *fault         // a fault for the recovery (or bring-up) under way to handle next
+	failures   []time.Time    // failures within the quarantine window
+	probeFails int            // failed probes in a row
+	faults     map[string]int // faults reported, by kind
+	restartsBy map[string]int // recoveries, by the kind of fault
 
 	metricLabels *instanceLabels // made at the first scrape
 	serverLogOff int64           // where the previous mpsd stopped reading server.log; -1: unknown
@@ -94,29 +96,13 @@ func instanceKey(group string, idx []int) string {
 	return group + "/" + strings.Join(s, ",")
 }
 
-// refreshLocked derives the state placement sees from the flags.
-func (in *instance) refreshLocked() {
-	switch {
-	case in.quarantined:
-		in.p.State = policy.InstanceQuarantined
-	case in.drained || in.retiring || in.restartCh:
-		in.p.State = policy.InstanceDraining
-	case in.recovering || (!in.up && in.restarts > 0):
-		in.p.State = policy.InstanceRecovering
-	case !in.up:
-		in.p.State = policy.InstanceStarting
-	default:
-		in.p.State = policy.InstanceReady
-	}
-}
-
 // status is the instance as mpsctl status shows it.
 func (in *instance) statusLocked() api.InstanceStatus {
 	st := api.InstanceStatus{
 		GPUUUID:           in.gpus[0].UUID,
 		GPUIndex:          in.gpus[0].Index,
 		Group:             in.group,
-		State:             in.p.State.String(),
+		State:             in.placementState().String(),
 		ServerPIDs:        slices.Sorted(maps.Keys(in.servers)),
 		Clients:           len(in.leases),
 		Restarts:          in.restarts,
@@ -176,18 +162,16 @@ func (d *Daemon) reconcileLocked(cfg *policy.Config) (added []*instance) {
 			} else if in.p.Multiuser != g.Multiuser {
 				// -multiuser-server is a start option: the daemon is
 				// restarted once its leases have ended.
-				in.restartCh = true
+				in.holds.restartPending = true
 			}
-			in.retiring = false
+			in.holds.retiring = false
 			in.p.Budget = g.Budget()
 			in.maxSM, in.maxMem = g.MaxSM, g.MaxMem
-			in.refreshLocked()
 		}
 	}
 	for key, in := range d.instances {
-		if !want[key] && !in.retiring {
-			in.retiring = true
-			in.refreshLocked()
+		if !want[key] && !in.holds.retiring {
+			in.holds.retiring = true
 			in.log.Info("instance retiring: no longer in the config; it stops when its leases end")
 		}
 	}
@@ -234,14 +218,19 @@ func (d *Daemon) mpsConfig(in *instance) mps.Config {
 func (d *Daemon) bringUp(in *instance, adopt bool) {
 	defer in.markTried()
 	d.mu.Lock()
-	if in.starting || in.stopped {
+	if in.bringing || in.life != instStarting {
 		d.mu.Unlock()
 		return
 	}
-	in.starting = true
+	in.bringing = true
 	cfg := d.mpsConfig(in)
 	wd := d.cfg.Watchdog
 	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		in.bringing = false
+		d.mu.Unlock()
+	}()
 
 	backoff := wd.BackoffInitial
 	for attempt := 1; ; attempt++ {
@@ -251,12 +240,19 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 			d.mu.Lock()
 			if d.ctx.Err() != nil {
 				// Run is closing every handle; this one came too late.
-				in.starting = false
 				d.mu.Unlock()
 				_ = dm.Close()
 				return
 			}
 			in.daemon, in.logHandled = dm, dm.ServerLogStart()
+			if f := in.pending; f != nil {
+				// Reported while there was no daemon yet: its recovery
+				// takes over the instance now.
+				in.pending = nil
+				if _, err := in.step(instEvFault, f.kind); err == nil {
+					d.startRecoveryLocked(in, *f)
+				}
+			}
 			d.mu.Unlock()
 			d.spawn(func() { d.watchInstance(in, dm) })
 			if how == "adopted" {
@@ -270,10 +266,13 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 				d.serversLostWhileAway(in)
 			}
 			d.mu.Lock()
-			in.starting = false
-			in.up = true
-			in.refreshLocked()
-			d.scheduleLocked(in.group)
+			if in.life == instStarting {
+				// Else a fault found meanwhile made it recovering: the
+				// recovery reopens it.
+				if eff, err := in.step(instEvUp, how); err == nil && eff&effSchedule != 0 {
+					d.scheduleLocked(in.group)
+				}
+			}
 			d.mu.Unlock()
 			in.log.Info("instance up", "how", how, "daemon_pid", dm.PID(), "multiuser", cfg.Multiuser)
 			d.mu.Lock()
@@ -292,9 +291,6 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 		in.markTried()
 		select {
 		case <-d.ctx.Done():
-			d.mu.Lock()
-			in.starting = false
-			d.mu.Unlock()
 			return
 		case <-time.After(backoff):
 		}
@@ -355,31 +351,20 @@ func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, e
 // of failure to the watchdog (watchdog.go).
 func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 	for ev := range dm.Events() {
+		if d.opts.eventHook != nil {
+			d.opts.eventHook(in, ev)
+		}
 		d.mu.Lock()
 		current := in.daemon == dm
 		clients := 0
 		switch ev.Kind {
 		case mps.ServerStarted:
 			in.servers[ev.PID] = ev.UID
+			delete(in.shutDown, ev.PID) // a new server under a reused pid
 			// Recorded, so that a crash of mpsd does not hide its death.
 			d.store.request()
 		case mps.ServerExited:
-			uid, known := in.servers[ev.PID]
-			if !known {
-				uid = -1
-			}
-			delete(in.servers, ev.PID)
-			if len(in.servers) == 0 {
-				in.p.ServerUp = false
-			}
-			// The server's clients: leases of its uid (any uid when the
-			// server is shared or its uid is unknown). A lease of another
-			// uid waits for this server to go; its exit is no fault.
-			for _, l := range in.leases {
-				if in.p.Multiuser || uid < 0 || l.uid == uint32(uid) {
-					clients++
-				}
-			}
+			clients = in.serverExitedLocked(ev.PID)
 		}
 		d.mu.Unlock()
 		if !current {
@@ -459,6 +444,35 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 	}
 }
 
+// serverExitedLocked forgets an exited server and returns how many of
+// the instance's leases were its clients: leases of its uid (any uid when
+// the server is shared or its uid is unknown); a lease of another uid
+// waits for this server to go, so its exit is no fault to it. A server a
+// recovery shut down itself had its clients revoked first, and a lease
+// granted after that recovery is no client of it: none is counted, even
+// when its exit is seen only after the instance took leases again.
+func (in *instance) serverExitedLocked(pid int) (clients int) {
+	uid, known := in.servers[pid]
+	if !known {
+		uid = -1
+	}
+	delete(in.servers, pid)
+	if len(in.servers) == 0 {
+		in.p.ServerUp = false
+	}
+	if done, ours := in.shutDown[pid]; ours {
+		delete(in.shutDown, pid)
+		close(done)
+		return 0
+	}
+	for _, l := range in.leases {
+		if in.p.Multiuser || uid < 0 || l.uid == uint32(uid) {
+			clients++
+		}
+	}
+	return clients
+}
+
 // serversLostWhileAway reports as a fault a server the previous mpsd left
 // running that the adopted daemon no longer has, if leases of its uid are
 // on the instance: it died while mpsd was away, and its clients with it.
@@ -502,24 +516,24 @@ func exitText(ev mps.Event) string {
 // retireIfEmptyLocked stops an instance that left the config (or needs a
 // restart for a changed start option) once its last lease has ended.
 func (d *Daemon) retireIfEmptyLocked(in *instance) {
-	if len(in.leases) > 0 || in.starting || in.recovering || (!in.retiring && !in.restartCh) {
+	if len(in.leases) > 0 || in.life != instUp || (!in.holds.retiring && !in.holds.restartPending) {
+		return
+	}
+	if _, err := in.step(instEvStop, "empty and held for a stop"); err != nil {
 		return
 	}
 	dm := in.daemon
-	restart := in.restartCh && !in.retiring
+	restart := in.holds.restartPending && !in.holds.retiring
 	if !restart {
-		in.stopped = true
 		delete(d.instances, in.key)
 	}
-	in.daemon, in.up = nil, false
-	in.restartCh = false
+	in.daemon = nil
+	in.holds.restartPending = false
 	if restart {
-		in.starting = true // held until the stop below is done
 		if g, ok := d.cfg.Group(in.group); ok {
 			in.p.Multiuser = g.Multiuser
 		}
 	}
-	in.refreshLocked()
 	d.spawn(func() {
 		if dm != nil {
 			ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
@@ -528,10 +542,14 @@ func (d *Daemon) retireIfEmptyLocked(in *instance) {
 			_ = dm.Close()
 			in.log.Info("control daemon stopped", "graceful", rep.Graceful, "err", err)
 		}
+		d.mu.Lock()
+		ev := instEvGone
 		if restart {
-			d.mu.Lock()
-			in.starting = false
-			d.mu.Unlock()
+			ev = instEvRestart
+		}
+		eff, err := in.step(ev, "daemon stopped")
+		d.mu.Unlock()
+		if err == nil && eff&effBringUp != 0 {
 			d.bringUp(in, false)
 		}
 	})

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,7 +21,7 @@ import (
 
 // lease is one client's claim, from its request to its end. Fields are
 // guarded by Daemon.mu except the mailbox, which has its own lock, and
-// cg, guarded by cgMu.
+// cg and pids, guarded by cgMu.
 type lease struct {
 	id      string
 	group   string
@@ -28,12 +29,13 @@ type lease struct {
 	req     policy.Request
 	command []string
 	jobID   string
+	log     *slog.Logger
+	// state is where the lease is in its life (leasestate.go); it
+	// changes only through step.
+	state leaseState
 	// revokedFor is why the lease was last revoked, for a launcher that
 	// resumes after it happened.
 	revokedFor string
-	// revoking: a revocation (fault or operator) has taken it and not yet
-	// requeued it; saved, so that a restart finishes it.
-	revoking bool
 	// ranAttempt is the last attempt whose command was attached: only
 	// then does an empty cgroup mean that the command has ended.
 	ranAttempt int
@@ -43,16 +45,13 @@ type lease struct {
 	created  time.Time
 	queuedAt time.Time
 
-	inst       *instance // set while running
+	inst       *instance // set while running, revoking or releasing
 	position   int       // last position sent while queued
 	waitReason string    // last wait reason sent while queued
 	bound      bool      // a launcher's stream holds the lease
-	ending     bool      // release or revocation in progress
 	// abandoned: the launcher left while the lease was being revoked; the
 	// revocation drops it instead of requeueing it.
 	abandoned bool
-	// releasing: release is ending it for good (a resume finds it gone).
-	releasing bool
 	// killStuck: its processes would not die; it keeps its capacity while
 	// a goroutine of the daemon retries the kill (see retryKillLocked) and only
 	// then finishes the release or requeue.
@@ -67,11 +66,22 @@ type lease struct {
 
 	box mailbox
 
+	// cgMu guards cg and pids only, and is never held across a blocking
+	// call on the cgroup's processes (a kill can take 30 s): killLease
+	// takes the handle under it and kills outside it.
 	cgMu sync.Mutex
 	cg   cgroup.Lease
+	// pids: the pids attached, and after each successful look at the
+	// cgroup, what it held (what Status shows while a kill runs).
 	pids []int
+	// killing: a kill of cg is under way (without cgMu). closed: the
+	// lease's end (revocation or release) has begun killing it; no process
+	// joins it until its next grant. attach refuses both.
+	killing bool
+	closed  bool
 }
 
+// running: placed on an instance (running, revoking or releasing).
 func (l *lease) running() bool { return l.inst != nil }
 
 // mailbox hands events from the admission core (under Daemon.mu) to the
@@ -81,12 +91,31 @@ type mailbox struct {
 	mu  sync.Mutex
 	evs []api.Event
 	sig chan struct{}
+	// revoked: a revoked event was sent since the last granted one; a
+	// requeued event without it breaks the protocol (api/doc.go), which
+	// push logs and reports as an illegal transition.
+	revoked bool
+	log     *slog.Logger
 }
 
-func newMailbox() mailbox { return mailbox{sig: make(chan struct{}, 1)} }
+func newMailbox(log *slog.Logger) mailbox { return mailbox{sig: make(chan struct{}, 1), log: log} }
 
 func (m *mailbox) push(ev api.Event) {
 	m.mu.Lock()
+	switch ev.Type {
+	case api.EventGranted:
+		m.revoked = false
+	case api.EventRevoked:
+		m.revoked = true
+	case api.EventRequeued:
+		if !m.revoked {
+			err := fmt.Errorf("%w: requeued (attempt %d) sent without a revoked event before it", errIllegalTransition, ev.Attempt)
+			if m.log != nil {
+				m.log.Error("lease event out of protocol order (a bug of mpsd)", "err", err)
+			}
+			illegalTransition(err)
+		}
+	}
 	if n := len(m.evs); n > 0 && ev.Type == api.EventQueued && m.evs[n-1].Type == api.EventQueued {
 		m.evs[n-1] = ev
 	} else {
@@ -105,6 +134,15 @@ func (m *mailbox) take() []api.Event {
 	evs := m.evs
 	m.evs = nil
 	return evs
+}
+
+// reset drops what was not sent, for a launcher that resumes: it is told
+// where the lease stands now. What it saw before is not known, so a
+// requeue must again follow a revoked event sent from here on.
+func (m *mailbox) reset() {
+	m.mu.Lock()
+	m.evs, m.revoked = nil, false
+	m.mu.Unlock()
 }
 
 func newLeaseID(group string) string {
@@ -175,14 +213,14 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 		}
 	}
 	insts := d.groupInstancesLocked(name)
-	if len(insts) > 0 && all(insts, func(in *instance) bool { return in.retiring }) {
+	if len(insts) > 0 && all(insts, func(in *instance) bool { return in.holds.retiring }) {
 		return nil, &refusal{503, api.CodeUnavailable, fmt.Sprintf("group %s is being removed from the config", name)}
 	}
 	// Whether it could ever fit is judged against the group's instances
 	// as if they were empty and ready.
 	probe := make([]policy.Instance, len(insts))
 	for i, in := range insts {
-		probe[i] = in.p
+		probe[i] = in.policyView()
 		probe[i].State = policy.InstanceReady
 		probe[i].Alloc = policy.Usage{}
 		probe[i].ServerUp = false
@@ -203,13 +241,13 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 	now := time.Now()
 	l := &lease{
 		id: newLeaseID(name), group: name, uid: c.UID, req: r, command: req.Command, jobID: req.JobID,
-		requeue: requeue, attempt: 1, created: now, queuedAt: now, bound: true, box: newMailbox(),
+		requeue: requeue, attempt: 1, created: now, queuedAt: now, bound: true, box: newMailbox(d.log), log: d.log,
 	}
 	d.leases[l.id] = l
 	d.queues[name] = append(d.queues[name], l)
 	d.scheduleLocked(name)
 	if !l.running() && req.NoWait {
-		d.dequeueLocked(l)
+		d.dequeueLocked(l, "no room and --no-wait")
 		ahead := l.position - 1
 		return nil, &refusal{503, api.CodeWaitTimeout, d.noWaitTextLocked(name, ahead)}
 	}
@@ -287,7 +325,7 @@ func (d *Daemon) scheduleLocked(group string) {
 		reqs := make([]policy.Request, 0, len(q))
 		for len(q) > 0 {
 			for i, in := range insts {
-				pis[i] = in.p
+				pis[i] = in.policyView()
 			}
 			reqs = reqs[:0]
 			for _, l := range q {
@@ -338,8 +376,8 @@ func (d *Daemon) waitReasonLocked(group string) string {
 	}
 	var closed []string
 	for _, in := range d.groupInstancesLocked(group) {
-		if in.p.State != policy.InstanceReady {
-			closed = append(closed, fmt.Sprintf("GPU %s %s", gpuList(in), in.p.State))
+		if st := in.placementState(); st != policy.InstanceReady {
+			closed = append(closed, fmt.Sprintf("GPU %s %s", gpuList(in), st))
 		}
 	}
 	if len(closed) == 0 {
@@ -357,17 +395,32 @@ func gpuList(in *instance) string {
 }
 
 func (d *Daemon) grantLocked(l *lease, in *instance) {
+	eff, err := l.step(leaseGrant, "placed")
+	if err != nil {
+		return
+	}
 	in.p.Assign(&l.req)
 	in.leases[l.id] = l
 	l.inst = in
 	l.position, l.waitReason = 0, ""
-	l.durable = d.store.request()
-	l.box.push(api.Event{Type: api.EventGranted, Lease: l.apiLeaseLocked()})
+	if eff&effPersist != 0 {
+		l.durable = d.store.request()
+	}
+	l.cgMu.Lock()
+	l.closed = false // its new attempt's command may join
+	l.cgMu.Unlock()
+	if eff&effTellGranted != 0 {
+		l.box.push(api.Event{Type: api.EventGranted, Lease: l.apiLeaseLocked()})
+	}
 	d.observeGrantLocked(l)
 	in.log.Debug("lease granted", "lease", l.id, "job", l.jobID, "uid", l.uid, "sm", l.req.SM, "mem", l.req.Mem, "waited", time.Since(l.queuedAt))
 }
 
-func (d *Daemon) dequeueLocked(l *lease) {
+// dequeueLocked withdraws a queued lease.
+func (d *Daemon) dequeueLocked(l *lease, why string) {
+	if _, err := l.step(leaseWithdraw, why); err != nil {
+		return
+	}
 	q := d.queues[l.group]
 	if i := slices.Index(q, l); i >= 0 {
 		d.queues[l.group] = slices.Delete(q, i, i+1)
@@ -376,8 +429,12 @@ func (d *Daemon) dequeueLocked(l *lease) {
 	d.positionsLocked(l.group)
 }
 
-// failLocked ends a lease that is not running with an error event.
+// failLocked withdraws a queued lease (the caller has taken it off the
+// queue) with an error event.
 func (d *Daemon) failLocked(l *lease, code api.ErrorCode, msg string) {
+	if _, err := l.step(leaseWithdraw, msg); err != nil {
+		return
+	}
 	delete(d.leases, l.id)
 	l.box.push(api.Event{Type: api.EventError, Code: code, Message: msg})
 }
@@ -389,7 +446,7 @@ func (d *Daemon) timeoutLocked(l *lease, wait time.Duration) bool {
 		return false
 	}
 	pos := l.position
-	d.dequeueLocked(l)
+	d.dequeueLocked(l, "wait ran out")
 	l.box.push(api.Event{Type: api.EventError, Code: api.CodeWaitTimeout,
 		Message: fmt.Sprintf("waited %s in the queue of group %s (position %d); giving up as --wait says", wait, l.group, pos)})
 	return true
@@ -409,17 +466,20 @@ func (d *Daemon) releaseIf(l *lease, why string, unboundOnly bool) {
 		d.mu.Unlock()
 		return
 	}
-	if l.ending {
+	switch l.state {
+	case leaseRevoking, leaseReleasing:
 		l.abandoned = true
 		d.mu.Unlock()
 		return
-	}
-	if !l.running() {
-		d.dequeueLocked(l)
+	case leaseQueued:
+		d.dequeueLocked(l, why)
 		d.mu.Unlock()
 		return
 	}
-	l.ending, l.releasing = true, true
+	if _, err := l.step(leaseRelease, why); err != nil {
+		d.mu.Unlock()
+		return
+	}
 	if l.grace != nil {
 		l.grace.Stop()
 	}
@@ -443,8 +503,11 @@ func (d *Daemon) releaseIf(l *lease, why string, unboundOnly bool) {
 func (d *Daemon) finishRelease(l *lease, why string) {
 	d.mu.Lock()
 	in := l.inst
-	if in == nil || d.leases[l.id] != l {
-		// A revocation took it over meanwhile and owns its end.
+	if in == nil || d.leases[l.id] != l || l.state != leaseReleasing {
+		d.mu.Unlock()
+		return
+	}
+	if _, err := l.step(leaseReleased, why); err != nil {
 		d.mu.Unlock()
 		return
 	}
@@ -532,29 +595,63 @@ func (d *Daemon) retryKillLocked(l *lease, then func()) {
 	}
 }
 
-// killLease empties and removes the lease's cgroup.
+// errLeaseEnding: the lease is ending (its processes are being killed):
+// nothing joins it.
+var errLeaseEnding = errors.New("the lease is ending: its processes are being killed")
+
+// killLease empties and removes the lease's cgroup. The handle is taken
+// under cgMu and the kill (up to 30 s) runs without it, so status, Xid
+// handling and attaches to other leases never wait on it; an attach to
+// this lease is refused meanwhile. Only the owner of the lease's end (its
+// revocation or release) kills it, so kills do not overlap.
 func (d *Daemon) killLease(l *lease) error {
 	l.cgMu.Lock()
-	defer l.cgMu.Unlock()
-	if l.cg == nil {
+	l.closed = true
+	cg := l.cg
+	if cg == nil {
+		l.cgMu.Unlock()
 		return nil
 	}
+	if l.killing {
+		l.cgMu.Unlock()
+		return fmt.Errorf("kill lease %s: %w", l.id, errLeaseEnding)
+	}
+	l.killing = true
+	l.cgMu.Unlock()
+	if p, err := cg.Pids(); err == nil {
+		l.cgMu.Lock()
+		l.pids = p
+		l.cgMu.Unlock()
+	}
 	ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
-	defer cancel()
-	if err := l.cg.Kill(ctx); err != nil {
-		return fmt.Errorf("kill lease %s: %w", l.id, err)
+	err := cg.Kill(ctx)
+	cancel()
+	if err != nil {
+		err = fmt.Errorf("kill lease %s: %w", l.id, err)
+	} else if err = cg.Delete(); err != nil {
+		err = fmt.Errorf("delete cgroup of lease %s: %w", l.id, err)
 	}
-	if err := l.cg.Delete(); err != nil {
-		return fmt.Errorf("delete cgroup of lease %s: %w", l.id, err)
+	l.cgMu.Lock()
+	l.killing = false
+	if err == nil {
+		l.cg, l.pids = nil, nil
 	}
-	l.cg = nil
-	return nil
+	l.cgMu.Unlock()
+	return err
 }
 
 // attach moves pid into the lease's cgroup, creating it on first use.
+// Creating and attaching are quick writes to cgroupfs, done under cgMu so
+// that a kill (which takes the handle under it) sees the pid.
 func (d *Daemon) attach(l *lease, pid int) error {
 	l.cgMu.Lock()
 	defer l.cgMu.Unlock()
+	if l.killing || l.closed {
+		// Checked here, not only by the caller's look at the lease's
+		// state: a kill that began and ended since would otherwise let
+		// the pid into a fresh cgroup no revocation covers.
+		return fmt.Errorf("attach pid %d to lease %s: %w", pid, l.id, errLeaseEnding)
+	}
 	if l.cg == nil {
 		id := cgroup.LeaseID{Group: l.group, Lease: l.id}
 		cg, err := d.cg.Create(id, cgroup.Limits{})
@@ -585,14 +682,24 @@ func (l *lease) statusLocked() api.LeaseStatus {
 	return st
 }
 
-// pids lists the lease's processes: the cgroup's when it has one.
+// livePids lists the lease's processes: the cgroup's when it has one
+// (read without cgMu, and kept for when it cannot be read), else the
+// pids last known.
 func (l *lease) livePids() []int {
 	l.cgMu.Lock()
-	defer l.cgMu.Unlock()
-	if l.cg != nil {
-		if p, err := l.cg.Pids(); err == nil {
-			return p
+	cg := l.cg
+	l.cgMu.Unlock()
+	if cg != nil {
+		if p, err := cg.Pids(); err == nil {
+			l.cgMu.Lock()
+			if l.cg == cg {
+				l.pids = p
+			}
+			l.cgMu.Unlock()
+			return slices.Clone(p)
 		}
 	}
+	l.cgMu.Lock()
+	defer l.cgMu.Unlock()
 	return slices.Clone(l.pids)
 }

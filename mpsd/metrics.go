@@ -202,16 +202,17 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 			in.metricLabels = newInstanceLabels(in, m.gpuIndexStr[in.gpus[0].Index])
 		}
 		il := in.metricLabels
-		emit(descInstanceUp, il.base, b2f(in.up && in.p.State == policy.InstanceReady), false)
+		state := in.placementState()
+		emit(descInstanceUp, il.base, b2f(in.daemonUp() && state == policy.InstanceReady), false)
 		for i, st := range instanceStates {
-			emit(descInstanceState, il.states[i], b2f(in.p.State == st), false)
+			emit(descInstanceState, il.states[i], b2f(state == st), false)
 		}
 		// Every kind, zeros included, so increase() sees the first one.
 		for i, kind := range faultKinds {
 			emit(descRestarts, il.restarts[i], float64(in.restartsBy[kind]), true)
 			emit(descFaults, il.faults[i], float64(in.faults[kind]), true)
 		}
-		emit(descQuarantined, il.base, b2f(in.quarantined), false)
+		emit(descQuarantined, il.base, b2f(in.holds.quarantined), false)
 		emit(descClients, il.base, float64(len(in.leases)), false)
 		emit(descSM, il.base, float64(in.p.Alloc.SM), false)
 		emit(descMem, il.base, float64(in.p.Alloc.Mem), false)

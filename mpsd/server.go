@@ -228,7 +228,7 @@ func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, err
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	l, ok := d.leases[req.ResumeLeaseID]
-	if !ok || l.releasing {
+	if !ok || l.state == leaseReleasing {
 		return nil, &refusal{404, api.CodeNotFound, fmt.Sprintf("lease %s is not known to mpsd (it ended or was lost)", req.ResumeLeaseID)}
 	}
 	if l.uid != c.UID {
@@ -251,23 +251,23 @@ func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, err
 	// The launcher is told where the lease stands now, not every event
 	// since it left: a history replayed across restarts could grant it an
 	// attempt that was revoked long ago.
-	l.box.take()
+	l.box.reset()
 	revokedFor := l.revokedFor
 	if revokedFor == "" {
 		revokedFor = "a fault while mps-launch was reconnecting"
 	}
-	if req.Attempt < l.attempt || l.ending {
+	if req.Attempt < l.attempt || l.state == leaseRevoking {
 		l.box.push(api.Event{Type: api.EventRevoked, Reason: revokedFor})
 	}
 	if req.Attempt < l.attempt {
 		l.box.push(api.Event{Type: api.EventRequeued, Attempt: l.attempt})
 	}
 	switch {
-	case l.running() && !l.ending && l.inst.recovering:
+	case l.state == leaseRunning && (l.inst.life == instRecovering || l.inst.pending != nil):
 		// A fault was found on its instance (one logged while mpsd was
 		// away, say) and its recovery has yet to take the lease: the
 		// revocation is on its way, a confirmation now would be false.
-	case l.running() && !l.ending:
+	case l.state == leaseRunning:
 		l.box.push(api.Event{Type: api.EventGranted, Lease: l.apiLeaseLocked()})
 	case !l.running():
 		l.position, l.waitReason = 0, ""
@@ -293,7 +293,7 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 	var running bool
 	var attempt int
 	if found {
-		running = l.running() && !l.ending
+		running = l.state == leaseRunning
 		attempt = l.attempt
 	}
 	d.mu.Unlock()
@@ -338,6 +338,11 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 		pid = d.opts.attachSwap(pid)
 	}
 	if err := d.attach(l, pid); err != nil {
+		if errors.Is(err, errLeaseEnding) {
+			// Revoked or released since the look above.
+			api.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is not running", id))
+			return
+		}
 		d.log.Error("attach failed", "lease", id, "pid", pid, "err", err)
 		api.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
 		return
@@ -535,21 +540,20 @@ func (d *Daemon) setDrained(t api.AdminTarget, drain bool) (api.AdminResult, err
 	res := api.AdminResult{Instances: []api.InstanceStatus{}}
 	groups := map[string]bool{}
 	for _, in := range insts {
-		in.drained = drain
-		if !drain && in.quarantined {
-			in.quarantined = false
+		in.holds.drained = drain
+		if !drain && in.holds.quarantined {
+			in.holds.quarantined = false
 			in.failures = nil
 			d.store.request()
 			in.log.Info("quarantine lifted by admin")
 		}
-		in.refreshLocked()
 		groups[in.group] = true
 		res.Instances = append(res.Instances, in.statusLocked())
 		verb := "resumed"
 		if drain {
 			verb = "drained"
 		}
-		in.log.Info("instance "+verb+" by admin", "state", in.p.State.String())
+		in.log.Info("instance "+verb+" by admin", "state", in.placementState().String())
 	}
 	if !drain {
 		for g := range groups {

@@ -380,7 +380,7 @@ func (d *Daemon) snapshot() savedState {
 			SM: l.req.SM, MemBytes: l.req.Mem, GPUs: l.req.GPUs, Priority: l.req.Priority, Seq: l.req.Seq,
 			Attempt: l.attempt, Requeue: l.requeue, Command: l.command, Created: l.created, Queued: queued,
 			Only: l.req.Only, JobID: l.jobID, RevokedFor: l.revokedFor, Ran: l.ranAttempt,
-			Revoking: l.revoking && !queued, Adopted: d.dur.orphans[l.id],
+			Revoking: l.state == leaseRevoking, Adopted: d.dur.orphans[l.id],
 		}
 		if l.grace != nil {
 			sl.AwaySince = l.awaySince
@@ -392,10 +392,10 @@ func (d *Daemon) snapshot() savedState {
 	}
 	slices.SortFunc(st.Leases, func(a, b savedLease) int { return strings.Compare(a.ID, b.ID) })
 	for key, in := range d.instances {
-		if in.quarantined {
+		if in.holds.quarantined {
 			st.Quarantined = append(st.Quarantined, key)
 		}
-		if in.drained {
+		if in.holds.drained {
 			st.Drained = append(st.Drained, key)
 		}
 		if len(in.servers) > 0 {
@@ -564,8 +564,8 @@ func (d *Daemon) adoptLeases(saved savedState) {
 		l := &lease{
 			id: sl.ID, group: sl.Group, uid: sl.UID, command: sl.Command, jobID: sl.JobID, revokedFor: sl.RevokedFor,
 			req:     policy.Request{Group: sl.Group, UID: sl.UID, SM: sl.SM, Mem: sl.MemBytes, GPUs: sl.GPUs, Priority: sl.Priority, Seq: sl.Seq, Only: sl.Only},
-			requeue: sl.Requeue, attempt: sl.Attempt, created: sl.Created, queuedAt: sl.Created, box: newMailbox(),
-			awaySince: sl.AwaySince, ranAttempt: sl.Ran,
+			requeue: sl.Requeue, attempt: sl.Attempt, created: sl.Created, queuedAt: sl.Created, box: newMailbox(d.log),
+			awaySince: sl.AwaySince, ranAttempt: sl.Ran, log: d.log,
 		}
 		if l.awaySince.IsZero() {
 			l.awaySince = time.Now()
@@ -592,6 +592,12 @@ func (d *Daemon) adoptLeases(saved savedState) {
 			l.grace = time.AfterFunc(grace, func() { d.spawn(func() { d.graceOver(l) }) })
 			continue
 		}
+		// Taken up in the state it was saved in: running, or revoking
+		// when the previous mpsd died in the middle of revoking it.
+		l.state = leaseRunning
+		if sl.Revoking {
+			l.state = leaseRevoking
+		}
 		if !ok {
 			// Its instance left the config while mpsd was down: the lease
 			// cannot be accounted anywhere, so it ends.
@@ -604,9 +610,7 @@ func (d *Daemon) adoptLeases(saved savedState) {
 		l.inst = in
 		d.leases[l.id] = l
 		l.grace = time.AfterFunc(grace, func() { d.spawn(func() { d.graceOver(l) }) })
-		if sl.Revoking {
-			// The previous mpsd died in the middle of revoking it.
-			l.ending, l.revoking = true, true
+		if l.state == leaseRevoking {
 			revoking = append(revoking, l)
 		}
 	}
@@ -618,8 +622,7 @@ func (d *Daemon) adoptLeases(saved savedState) {
 	}
 	for _, l := range revoking {
 		d.log.Warn("finishing the revocation the previous mpsd began", "lease", l.id, "reason", l.revokedFor)
-		d.revoke(nil, nil, []*lease{l}, l.revokedFor)
-		d.requeue([]*lease{l}, l.revokedFor, false)
+		d.revoke([]*lease{l}, l.revokedFor, revokeHow{finish: true})
 	}
 	d.adoptLeftovers(owned)
 	others, err := d.cg.Unowned()
@@ -658,7 +661,7 @@ func (d *Daemon) reapAdopted() {
 		d.mu.Lock()
 		var waiting []*lease
 		for _, l := range d.leases {
-			if l.grace != nil && !l.bound && !l.ending {
+			if l.grace != nil && !l.bound && l.state == leaseRunning {
 				waiting = append(waiting, l)
 			}
 		}
@@ -693,7 +696,7 @@ func (d *Daemon) settled(l *lease) bool {
 	d.mu.Lock()
 	in := l.inst
 	var dm *mps.Daemon
-	if in != nil && in.up && !in.recovering && l.ranAttempt == l.attempt {
+	if in != nil && in.life == instUp && l.ranAttempt == l.attempt {
 		dm = in.daemon
 	}
 	d.mu.Unlock()
@@ -707,7 +710,7 @@ func (d *Daemon) settled(l *lease) bool {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return l.inst == in && in.daemon == dm && !in.recovering && !l.ending && !l.bound && l.ranAttempt == l.attempt
+	return l.inst == in && in.daemon == dm && in.life == instUp && l.state == leaseRunning && !l.bound && l.ranAttempt == l.attempt
 }
 
 // graceOver releases a re-adopted lease whose launcher never came back.

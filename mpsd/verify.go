@@ -190,7 +190,7 @@ func (d *Daemon) endedLeases(in *instance) []string {
 	d.mu.Lock()
 	var ls []*lease
 	for _, l := range in.leases {
-		if l.running() && !l.ending {
+		if l.state == leaseRunning {
 			ls = append(ls, l)
 		}
 	}

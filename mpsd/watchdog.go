@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/gpu"
 	"github.com/mpsd/mpsd/mps"
 )
@@ -70,7 +69,7 @@ func (d *Daemon) reportFault(in *instance, f fault) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if in.stopped {
+	if in.life == instStopping || in.life == instStopped {
 		return
 	}
 	if d.ctx.Err() != nil {
@@ -83,14 +82,23 @@ func (d *Daemon) reportFault(in *instance, f fault) {
 		in.logHandled = max(in.logHandled, f.logOffset+1)
 	}
 	in.faults[f.kind]++
-	if in.recovering {
+	if in.life == instRecovering || (in.life == instStarting && in.daemon == nil) {
+		// The recovery under way handles it next; a bring-up that has no
+		// daemon yet hands it to a recovery once it has one.
 		if in.pending == nil || f.restart > in.pending.restart {
 			in.pending = &f
 		}
 		return
 	}
-	in.recovering = true
-	in.refreshLocked()
+	if _, err := in.step(instEvFault, f.kind); err != nil {
+		return
+	}
+	d.startRecoveryLocked(in, f)
+}
+
+// startRecoveryLocked runs the recovery of an instance that has just
+// become recovering.
+func (d *Daemon) startRecoveryLocked(in *instance, f fault) {
 	d.spawn(func() { d.recover(in, f) })
 }
 
@@ -114,9 +122,13 @@ func (d *Daemon) recover(in *instance, f fault) {
 			in.unhandledLocked(*next)
 		}
 		if next == nil || d.ctx.Err() != nil {
-			in.recovering = false
-			in.refreshLocked()
-			d.scheduleLocked(in.group)
+			// Without a daemon (mpsd stopped before one answered) it
+			// stays recovering: the next mpsd takes it up.
+			if in.daemon != nil {
+				if eff, err := in.step(instEvRecovered, "faults handled"); err == nil && eff&effSchedule != 0 {
+					d.scheduleLocked(in.group)
+				}
+			}
 			d.mu.Unlock()
 			return
 		}
@@ -139,45 +151,36 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 			}
 		}
 		in.failures = append(keep, start)
-		if len(in.failures) >= wd.QuarantineAfter && !in.quarantined {
-			in.quarantined = true
+		if len(in.failures) >= wd.QuarantineAfter && !in.holds.quarantined {
+			in.holds.quarantined = true
 			d.store.request()
 			in.log.Error("instance quarantined: it failed too often; mpsctl resume reopens it",
 				"failures", len(in.failures), "window", wd.QuarantineWindow)
 		}
 	}
 	failures := len(in.failures)
-	// A lease already ending (its launcher left, release is killing it)
-	// is release's to finish; every other lease of the instance is a victim.
+	// A lease already ending (its launcher left, release is killing it;
+	// or another revocation has it) is its owner's to finish; every other
+	// lease of the instance the fault names is a victim.
 	var victims []*lease
 	for _, l := range in.leases {
-		if !l.ending && (f.uids == nil || slices.Contains(f.uids, l.uid)) && (f.leases == nil || slices.Contains(f.leases, l.id)) {
-			l.ending, l.revoking = true, true
-			l.revokedFor = f.reason
+		if l.state == leaseRunning && (f.uids == nil || slices.Contains(f.uids, l.uid)) && (f.leases == nil || slices.Contains(f.leases, l.id)) {
 			victims = append(victims, l)
 		}
-	}
-	if len(victims) > 0 {
-		// Recorded at once: if mpsd dies before the requeue is, the next
-		// one finishes the revocation instead of taking a victim whose
-		// command died with its server for a job that ended.
-		d.store.request()
 	}
 	slices.SortFunc(victims, func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
 	dm := in.daemon
 	servers := slices.Sorted(maps.Keys(in.servers))
 	if f.restart == restartDaemon {
-		in.daemon, in.up, in.logHandled = nil, false, -1
+		in.daemon, in.logHandled = nil, -1
 		clear(in.servers)
 		in.p.ServerUp = false
 	}
-	in.refreshLocked()
 	d.mu.Unlock()
 	in.log.Warn("instance failed; recovering", "fault", f.kind, "reason", f.reason, "leases", len(victims), "restart", f.restart)
 
-	d.revoke(dm, servers, victims, f.reason)
-	d.requeue(victims, f.reason, false)
-	in.log.Info("leases revoked and requeued", "leases", len(victims), "took", time.Since(start))
+	n := d.revoke(victims, f.reason, revokeHow{dm: dm, servers: servers})
+	in.log.Info("leases revoked and requeued", "leases", n, "took", time.Since(start))
 
 	// The first failure in the window restarts at once; a crash loop
 	// backs off exponentially.
@@ -198,13 +201,43 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 	}
 	switch f.restart {
 	case restartServer:
+		// Each server's exit is waited for before the instance reopens (a
+		// new client must get a fresh server, not the one going away),
+		// and is no fault when seen later (serverExitedLocked).
+		var gone []chan struct{}
 		for _, pid := range servers {
+			d.mu.Lock()
+			_, live := in.servers[pid]
+			done := in.shutDown[pid]
+			if live && done == nil {
+				if in.shutDown == nil {
+					in.shutDown = map[int]chan struct{}{}
+				}
+				done = make(chan struct{})
+				in.shutDown[pid] = done
+			}
+			d.mu.Unlock()
+			if !live {
+				continue // already gone
+			}
 			ctx, cancel := context.WithTimeout(d.ctx, wd.ProbeTimeout)
 			if err := dm.ShutdownServer(ctx, pid, true); err != nil {
 				in.log.Debug("shutdown_server", "server", pid, "err", err)
 			}
 			cancel()
+			gone = append(gone, done)
 		}
+		wctx, wcancel := context.WithTimeout(d.ctx, max(wd.ProbeTimeout*time.Duration(wd.ProbeFailures), time.Second))
+		for _, done := range gone {
+			select {
+			case <-done:
+			case <-wctx.Done():
+			}
+		}
+		if wctx.Err() != nil && d.ctx.Err() == nil {
+			in.log.Warn("a server shut down after a fault has not exited yet; reopening the instance anyway")
+		}
+		wcancel()
 	case restartDaemon:
 		d.restartDaemon(in, dm)
 		return
@@ -244,12 +277,12 @@ func (d *Daemon) restartDaemon(in *instance, old *mps.Daemon) {
 		dm, how, err := d.startDaemon(cfg, true)
 		if err == nil {
 			d.mu.Lock()
-			if d.ctx.Err() != nil || in.stopped {
+			if d.ctx.Err() != nil {
 				d.mu.Unlock()
 				_ = dm.Close()
 				return
 			}
-			in.daemon, in.up, in.logHandled = dm, true, dm.ServerLogStart()
+			in.daemon, in.logHandled = dm, dm.ServerLogStart()
 			in.probeFails = 0
 			d.mu.Unlock()
 			in.log.Info("control daemon restarted", "how", how, "daemon_pid", dm.PID())
@@ -263,107 +296,6 @@ func (d *Daemon) restartDaemon(in *instance, old *mps.Daemon) {
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, wd.BackoffMax)
-	}
-}
-
-// revoke tells each victim's launcher why, then stops its processes in
-// the order MPS needs: terminate_client for those that are clients of a
-// live server, then the lease's cgroup is killed.
-func (d *Daemon) revoke(dm *mps.Daemon, servers []int, victims []*lease, reason string) {
-	if len(victims) == 0 {
-		return
-	}
-	for _, l := range victims {
-		l.box.push(api.Event{Type: api.EventRevoked, Reason: reason})
-	}
-	if dm != nil && !dm.Exited() {
-		mine := map[int]bool{}
-		for _, l := range victims {
-			for _, pid := range l.livePids() {
-				mine[pid] = true
-			}
-		}
-		for _, server := range servers {
-			ctx, cancel := context.WithTimeout(d.ctx, time.Second)
-			clients, err := dm.ClientList(ctx, server)
-			cancel()
-			if err != nil {
-				continue
-			}
-			for _, c := range clients {
-				if !mine[c] {
-					continue
-				}
-				ctx, cancel := context.WithTimeout(d.ctx, 2*time.Second)
-				_ = dm.TerminateClient(ctx, server, c)
-				cancel()
-			}
-		}
-	}
-	var wg sync.WaitGroup
-	for _, l := range victims {
-		wg.Go(func() {
-			if err := d.killLease(l); err != nil {
-				// requeue leaves it on its instance, capacity and all,
-				// until a retry of the kill succeeds.
-				d.killFailed(l, "revoke", err)
-				d.mu.Lock()
-				l.killStuck = true
-				d.mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-}
-
-// requeue takes revoked leases off their instance and puts each back at
-// the head of its group's queue with the next attempt number, or ends it
-// when its requeue attempts are used up (force: an operator's requeue,
-// which does not count against them). A lease whose launcher left during
-// the revocation is dropped. One whose kill failed in revoke stays on its
-// instance, holding its capacity, until a retry of the kill succeeds;
-// only then is it requeued.
-func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
-	if len(victims) == 0 {
-		return
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	groups := map[string]bool{}
-	for _, l := range victims {
-		if d.leases[l.id] != l {
-			continue // ended meanwhile
-		}
-		if l.killStuck {
-			l.killStuck = false // retryKillLocked's to set while it runs
-			d.retryKillLocked(l, func() { d.requeue([]*lease{l}, reason, force) })
-			continue
-		}
-		if in := l.inst; in != nil {
-			in.p.Release(&l.req)
-			delete(in.leases, l.id)
-			l.inst = nil
-		}
-		l.ending, l.revoking = false, false
-		groups[l.group] = true
-		switch {
-		case l.abandoned:
-			delete(d.leases, l.id)
-		case !force && l.attempt-1 >= l.requeue:
-			d.failLocked(l, api.CodeAttemptsExhausted, fmt.Sprintf("lease revoked: %s; no requeue attempts left (%d used)", reason, l.attempt-1))
-		default:
-			l.attempt++
-			l.req.Requeued = true
-			l.queuedAt = time.Now()
-			l.position, l.waitReason = 0, ""
-			l.box.push(api.Event{Type: api.EventRequeued, Attempt: l.attempt})
-			d.metrics.requeues[l.group]++
-			d.queues[l.group] = append(d.queues[l.group], l)
-		}
-	}
-	d.store.request()
-	for g := range groups {
-		d.scheduleLocked(g)
 	}
 }
 
@@ -391,7 +323,7 @@ func (d *Daemon) probeLoop() {
 		}
 		var due []*instance
 		for _, in := range d.instances {
-			if in.up && !in.recovering && in.daemon != nil {
+			if in.life == instUp && in.daemon != nil {
 				due = append(due, in)
 			}
 		}

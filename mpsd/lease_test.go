@@ -1,0 +1,118 @@
+package mpsd
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/mpsd/mpsd/api"
+)
+
+// TestLeaseStep covers every (state, event) pair of the lease's table:
+// the legal ones give their next state and effects, every other one
+// errIllegalTransition and leaves the state as it was.
+func TestLeaseStep(t *testing.T) {
+	type result struct {
+		next leaseState
+		eff  leaseEffects
+	}
+	legal := map[[2]uint8]result{
+		{uint8(leaseQueued), uint8(leaseGrant)}:       {leaseRunning, effPersist | effTellGranted},
+		{uint8(leaseQueued), uint8(leaseWithdraw)}:    {leaseEnded, 0},
+		{uint8(leaseRunning), uint8(leaseRevoke)}:     {leaseRevoking, effPersist | effTellRevoked | effKill},
+		{uint8(leaseRunning), uint8(leaseRelease)}:    {leaseReleasing, effKill},
+		{uint8(leaseRevoking), uint8(leaseRequeue)}:   {leaseQueued, effFree | effPersist | effTellRequeued},
+		{uint8(leaseRevoking), uint8(leaseDrop)}:      {leaseEnded, effFree | effPersist},
+		{uint8(leaseReleasing), uint8(leaseReleased)}: {leaseEnded, effFree | effPersist},
+	}
+	pairs := 0
+	for s := leaseQueued; s <= leaseEnded; s++ {
+		for ev := leaseEvent(0); ev < numLeaseEvents; ev++ {
+			pairs++
+			next, eff, err := leaseStep(s, ev)
+			want, ok := legal[[2]uint8{uint8(s), uint8(ev)}]
+			switch {
+			case ok && err != nil:
+				t.Errorf("%s on %s: %v, want %s", s, ev, err, want.next)
+			case ok && (next != want.next || eff != want.eff):
+				t.Errorf("%s on %s = %s (effects %b), want %s (effects %b)", s, ev, next, eff, want.next, want.eff)
+			case !ok && !errors.Is(err, errIllegalTransition):
+				t.Errorf("%s on %s = %s, want errIllegalTransition", s, ev, next)
+			case !ok && (next != s || eff != 0):
+				t.Errorf("%s on %s (illegal) = %s (effects %b), want the state unchanged and no effects", s, ev, next, eff)
+			}
+		}
+	}
+	if pairs != 5*7 {
+		t.Fatalf("covered %d pairs, want 35: a state or event was added without its rows", pairs)
+	}
+	// Only a revocation tells a launcher revoked, and only its end
+	// requeued: the protocol's order comes from the table.
+	for s := leaseQueued; s <= leaseEnded; s++ {
+		for ev := leaseEvent(0); ev < numLeaseEvents; ev++ {
+			if _, eff, err := leaseStep(s, ev); err == nil && eff&effTellRequeued != 0 && s != leaseRevoking {
+				t.Errorf("%s on %s tells requeued, but only a revoking lease may be requeued", s, ev)
+			}
+		}
+	}
+	for _, s := range []leaseState{leaseQueued, leaseRunning, leaseRevoking, leaseReleasing, leaseEnded, 9} {
+		if s.String() == "" {
+			t.Errorf("state %d has no name", s)
+		}
+	}
+}
+
+// TestLeaseStepReports checks that lease.step refuses an illegal event,
+// leaves the lease as it was and reports it to illegalTransition.
+func TestLeaseStepReports(t *testing.T) {
+	var got []error
+	saved := illegalTransition
+	illegalTransition = func(err error) { got = append(got, err) }
+	defer func() { illegalTransition = saved }()
+	l := &lease{id: "g-1", state: leaseQueued}
+	if _, err := l.step(leaseRequeue, "test"); !errors.Is(err, errIllegalTransition) {
+		t.Fatalf("requeue of a queued lease: %v, want errIllegalTransition", err)
+	}
+	if l.state != leaseQueued || len(got) != 1 {
+		t.Fatalf("state %s, %d reports; want queued and 1", l.state, len(got))
+	}
+	for _, ev := range []leaseEvent{leaseGrant, leaseRevoke, leaseRequeue} {
+		if _, err := l.step(ev, "test"); err != nil {
+			t.Fatalf("%s: %v", ev, err)
+		}
+	}
+	if l.state != leaseQueued || len(got) != 1 {
+		t.Fatalf("after grant, revoke, requeue: state %s, %d reports; want queued and 1", l.state, len(got))
+	}
+}
+
+// TestMailboxProtocol checks the server side of the launcher's rule that
+// a requeued event follows a revoked one: a requeue told without it is
+// reported, one after it is not, and a resume (reset) forgets what the
+// launcher was told before.
+func TestMailboxProtocol(t *testing.T) {
+	var got []error
+	saved := illegalTransition
+	illegalTransition = func(err error) { got = append(got, err) }
+	defer func() { illegalTransition = saved }()
+	steps := []struct {
+		ev    string // "granted", "revoked", "requeued", "queued", "reset"
+		wantN int    // reports so far
+	}{
+		{"granted", 0}, {"revoked", 0}, {"requeued", 0}, {"queued", 0}, {"requeued", 0},
+		{"granted", 0}, {"requeued", 1},
+		{"revoked", 1}, {"reset", 1}, {"requeued", 2},
+		{"reset", 2}, {"revoked", 2}, {"requeued", 2},
+	}
+	m := newMailbox(nil)
+	for i, s := range steps {
+		switch s.ev {
+		case "reset":
+			m.reset()
+		default:
+			m.push(api.Event{Type: api.EventType(s.ev), Attempt: 2})
+		}
+		if len(got) != s.wantN {
+			t.Fatalf("step %d (%s): %d reports, want %d", i, s.ev, len(got), s.wantN)
+		}
+	}
+}

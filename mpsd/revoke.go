@@ -1,0 +1,195 @@
+package mpsd
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/mps"
+)
+
+// revokeHow is what a revocation knows of its victims besides the leases.
+type revokeHow struct {
+	// dm and servers: the daemon whose servers the victims are clients
+	// of, asked to terminate them first; nil when there is none to ask
+	// (it is gone, or mpsd has just started).
+	dm      *mps.Daemon
+	servers []int
+	// force: an operator's requeue, which does not use up an attempt.
+	force bool
+	// finish: the victims are already revoking (a revocation the previous
+	// mpsd began and recorded); it is finished, not begun.
+	finish bool
+}
+
+// revoke is the one revocation sequence, for recovery, an operator's
+// requeue and the revocations a restart finds unfinished:
+//
+//  1. each victim still running is marked revoking (one that is not has
+//     an owner of its end already: a release or another revocation);
+//  2. the state file records it before anything is done, so that if
+//     mpsd dies now the next one finishes the revocation instead of
+//     taking a victim whose command died for a job that ended;
+//  3. each victim's launcher is told (revoked);
+//  4. MPS terminates the victims' clients of a live server;
+//  5. each victim's cgroup is killed;
+//  6. each is requeued, or ended (requeue).
+//
+// mpsd's own stop revokes nothing: daemons and workloads run on. A
+// revocation it interrupts stays recorded as revoking, and the next mpsd
+// finishes it through here. It returns the victims it took.
+func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
+	d.mu.Lock()
+	var taken []*lease
+	persist := false
+	for _, l := range victims {
+		if d.leases[l.id] != l {
+			continue // ended meanwhile
+		}
+		if how.finish {
+			if l.state == leaseRevoking {
+				taken = append(taken, l)
+			}
+			continue
+		}
+		if l.state != leaseRunning {
+			continue
+		}
+		eff, err := l.step(leaseRevoke, reason)
+		if err != nil {
+			continue
+		}
+		l.revokedFor = reason
+		persist = persist || eff&effPersist != 0
+		taken = append(taken, l)
+	}
+	var written <-chan struct{}
+	if persist {
+		written = d.store.request()
+	}
+	d.mu.Unlock()
+	if len(taken) == 0 {
+		return 0
+	}
+	if written != nil {
+		select {
+		case <-d.storeRunning:
+			select {
+			case <-written:
+			case <-d.ctx.Done():
+			}
+		default:
+			// The state writer starts once every instance has had its
+			// first try (what the saved state names must be adopted
+			// before it is written over); until then the request is
+			// written with everything else.
+		}
+	}
+	for _, l := range taken {
+		l.box.push(api.Event{Type: api.EventRevoked, Reason: reason})
+	}
+	if dm := how.dm; dm != nil && !dm.Exited() {
+		mine := map[int]bool{}
+		for _, l := range taken {
+			for _, pid := range l.livePids() {
+				mine[pid] = true
+			}
+		}
+		for _, server := range how.servers {
+			ctx, cancel := context.WithTimeout(d.ctx, time.Second)
+			clients, err := dm.ClientList(ctx, server)
+			cancel()
+			if err != nil {
+				continue
+			}
+			for _, c := range clients {
+				if !mine[c] {
+					continue
+				}
+				ctx, cancel := context.WithTimeout(d.ctx, 2*time.Second)
+				_ = dm.TerminateClient(ctx, server, c)
+				cancel()
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for _, l := range taken {
+		wg.Go(func() {
+			if err := d.killLease(l); err != nil {
+				// requeue leaves it on its instance, capacity and all,
+				// until a retry of the kill succeeds.
+				d.killFailed(l, "revoke", err)
+				d.mu.Lock()
+				l.killStuck = true
+				d.mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	d.requeue(taken, reason, how.force)
+	return len(taken)
+}
+
+// requeue ends the revocation of leases whose processes are gone: each is
+// taken off its instance and put back at the head of its group's queue
+// with the next attempt number, or ends when its requeue attempts are
+// used up (force: an operator's requeue, which does not count against
+// them) or its launcher left meanwhile. One whose kill failed stays on its
+// instance, holding its capacity, until a retry of the kill succeeds;
+// only then is it requeued.
+func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	groups := map[string]bool{}
+	for _, l := range victims {
+		if d.leases[l.id] != l || l.state != leaseRevoking {
+			continue // ended meanwhile
+		}
+		if l.killStuck {
+			l.killStuck = false // retryKillLocked's to set while it runs
+			d.retryKillLocked(l, func() { d.requeue([]*lease{l}, reason, force) })
+			continue
+		}
+		exhausted := !force && l.attempt-1 >= l.requeue
+		ev := leaseRequeue
+		if l.abandoned || exhausted {
+			ev = leaseDrop
+		}
+		eff, err := l.step(ev, reason)
+		if err != nil {
+			continue
+		}
+		if in := l.inst; in != nil && eff&effFree != 0 {
+			in.p.Release(&l.req)
+			delete(in.leases, l.id)
+			l.inst = nil
+		}
+		groups[l.group] = true
+		switch {
+		case l.abandoned:
+			delete(d.leases, l.id)
+		case exhausted:
+			delete(d.leases, l.id)
+			l.box.push(api.Event{Type: api.EventError, Code: api.CodeAttemptsExhausted,
+				Message: fmt.Sprintf("lease revoked: %s; no requeue attempts left (%d used)", reason, l.attempt-1)})
+		default:
+			l.attempt++
+			l.req.Requeued = true
+			l.queuedAt = time.Now()
+			l.position, l.waitReason = 0, ""
+			if eff&effTellRequeued != 0 {
+				l.box.push(api.Event{Type: api.EventRequeued, Attempt: l.attempt})
+			}
+			d.metrics.requeues[l.group]++
+			d.queues[l.group] = append(d.queues[l.group], l)
+		}
+	}
+	if len(groups) > 0 {
+		d.store.request()
+	}
+	for g := range groups {
+		d.scheduleLocked(g)
+	}
+}
