@@ -394,22 +394,6 @@ func (d *Daemon) resumeOrphanLocked(l *lease, req api.LeaseRequest) {
 	}
 }
 
-// shownStatusLocked is l's status as mpsctl shows it: a grant not yet
-// recorded in the state file is shown queued, as its launcher, not yet
-// told of it, sees it.
-func shownStatusLocked(l *lease) api.LeaseStatus {
-	st := l.statusLocked()
-	if st.State != api.LeaseRunning || l.durable == nil {
-		return st
-	}
-	select {
-	case <-l.durable:
-	default:
-		st.State, st.GPUIndexes = api.LeaseQueued, []int{}
-	}
-	return st
-}
-
 // noWaitTextLocked is the refusal of a --no-wait request not placed at
 // once.
 func (d *Daemon) noWaitTextLocked(group string, ahead int) string {

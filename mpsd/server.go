@@ -445,7 +445,7 @@ func (d *Daemon) Status() api.Status {
 	var ls []*lease
 	for _, l := range d.leases {
 		ls = append(ls, l)
-		st.Leases = append(st.Leases, shownStatusLocked(l))
+		st.Leases = append(st.Leases, l.statusLocked())
 	}
 	for _, g := range d.cfg.Groups {
 		st.Queue[g.Name] = len(d.queues[g.Name])
