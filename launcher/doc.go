@@ -14,7 +14,17 @@
 //     slurm.conf side, RequeueExit=75 among it;
 //   - one lease stream per run, held open exactly as long as the lease is
 //     needed (closing it releases the lease), re-opened with the lease id
-//     when mpsd restarts;
+//     when mpsd restarts: the granted lease's, or the queued one's, which
+//     so keeps its place in the queue;
+//   - outliving mpsd restarts: a refused connection, a reset or EOF
+//     before mpsd's answer, a stream that ends before its first event and
+//     an attach that cannot reach mpsd all mean mpsd is away; requests are
+//     retried with backoff until it is back or the outage has lasted
+//     Config.ReconnectTimeout (a minute), a command granted just before
+//     mpsd went waits unstarted for its attach meanwhile, and giving up
+//     exits 75 (ErrLost) with a line saying for how long mpsd was
+//     unreachable. Only a missing socket before mpsd ever answered fails
+//     at once (125): no mpsd there at all;
 //   - the trampoline (trampoline.go): the command's process starts as a
 //     copy of this binary that waits on a pipe until mpsd has attached it
 //     to the lease's cgroup, then execs the program, so the program never
