@@ -213,6 +213,11 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 		ahead := l.position - 1
 		return nil, &refusal{503, api.CodeWaitTimeout, fmt.Sprintf("no room now in group %s (%d queued ahead) and --no-wait was given", name, ahead)}
 	}
+	if !l.running() {
+		// Saved (without waiting for it), so that its launcher resumes
+		// it in its place if mpsd restarts meanwhile.
+		d.store.request()
+	}
 	return l, nil
 }
 
@@ -324,7 +329,7 @@ func (d *Daemon) positionsLocked(group string) {
 	for i, l := range q {
 		if l.position != i+1 || l.waitReason != reason {
 			l.position, l.waitReason = i+1, reason
-			l.box.push(api.Event{Type: api.EventQueued, Position: l.position, Group: group, Reason: reason})
+			l.box.push(api.Event{Type: api.EventQueued, Position: l.position, Group: group, Reason: reason, LeaseID: l.id})
 		}
 	}
 }
@@ -370,6 +375,7 @@ func (d *Daemon) dequeueLocked(l *lease) {
 	}
 	delete(d.leases, l.id)
 	d.positionsLocked(l.group)
+	d.store.request()
 }
 
 // failLocked ends a lease that is not running with an error event.
