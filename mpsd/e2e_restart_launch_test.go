@@ -71,6 +71,14 @@ func TestRestartWithLaunchesWaiting(t *testing.T) {
 	if got := queueOrder(e.d, "small"); !slices.Equal(got, queue) {
 		t.Errorf("queue after the restart\n %v\nbefore\n %v", got, queue)
 	}
+	e.d.mu.Lock()
+	for _, l := range e.d.queues["small"] {
+		if l.req.Requeued {
+			// It would go ahead of requests queued before it.
+			t.Errorf("lease %s, never run, is restored as requeued", l.id)
+		}
+	}
+	e.d.mu.Unlock()
 
 	if err := os.WriteFile(gate, nil, 0o644); err != nil {
 		t.Fatal(err)

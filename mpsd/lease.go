@@ -375,7 +375,6 @@ func (d *Daemon) dequeueLocked(l *lease) {
 	}
 	delete(d.leases, l.id)
 	d.positionsLocked(l.group)
-	d.store.request()
 }
 
 // failLocked ends a lease that is not running with an error event.
@@ -392,6 +391,7 @@ func (d *Daemon) timeoutLocked(l *lease, wait time.Duration) bool {
 	}
 	pos := l.position
 	d.dequeueLocked(l)
+	d.store.request() // it may be saved (admit)
 	l.box.push(api.Event{Type: api.EventError, Code: api.CodeWaitTimeout,
 		Message: fmt.Sprintf("waited %s in the queue of group %s (position %d); giving up as --wait says", wait, l.group, pos)})
 	return true
@@ -418,6 +418,7 @@ func (d *Daemon) releaseIf(l *lease, why string, unboundOnly bool) {
 	}
 	if !l.running() {
 		d.dequeueLocked(l)
+		d.store.request() // it may be saved (admit)
 		d.mu.Unlock()
 		return
 	}
