@@ -70,6 +70,35 @@ func TestRunRetriesDroppedLeaseRequest(t *testing.T) {
 	}
 }
 
+// TestRunFirstRequestDroppedThenSocketGone: a first request that mpsd
+// dropped proves the socket was there; the socket then missing a while (a
+// restarting mpsd without socket activation removes and makes it again)
+// is waited out, not taken for no mpsd at all.
+func TestRunFirstRequestDroppedThenSocketGone(t *testing.T) {
+	h := newHarness(t, nil)
+	h.fake.DropLeases(launchertest.DropEOF, 1)
+	done := h.start(t.Context(), "/bin/true")
+	h.fake.NextDrop(t)
+	away := h.fake.Socket + ".away"
+	if err := os.Rename(h.fake.Socket, away); err != nil {
+		t.Fatal(err)
+	}
+	// The socket is gone for a while: the launcher's tries meet ENOENT.
+	select {
+	case code := <-done:
+		t.Fatalf("exit %d while the socket was away; stderr %s", code, h.read("stderr"))
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := os.Rename(away, h.fake.Socket); err != nil {
+		t.Fatal(err)
+	}
+	lc := h.fake.NextLease(t)
+	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	if code := h.wait(done); code != 0 {
+		t.Errorf("exit %d, want 0; stderr %s", code, h.read("stderr"))
+	}
+}
+
 // TestRunRetriesStreamCutBeforeFirstEvent: a stream that ends, cleanly or
 // in the middle of its body, before its first event means mpsd is not
 // back: the launcher tries again, still as the same lease.

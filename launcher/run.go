@@ -182,7 +182,8 @@ type session struct {
 	granted     bool
 	started     bool
 	// contacted: mpsd has answered once; until then a missing socket is
-	// not waited for (no mpsd at all, or another socket meant).
+	// not waited for (no mpsd at all, or another socket meant), unless
+	// the socket was there on an earlier try.
 	contacted bool
 	// An outage: since when mpsd has been unreachable (zero while it
 	// answers; only an event ends an outage), the wait before the next
@@ -809,6 +810,9 @@ func (s *session) startReconnect(ctx context.Context) {
 				ch <- reconnectResult{stream: st, err: err, since: since}
 				return
 			}
+			// A socket that refused or dropped the request was there: an
+			// mpsd going away may remove it while it restarts.
+			contacted = contacted || !socketAbsent(err)
 			if since.IsZero() {
 				since = time.Now()
 			}
