@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
@@ -379,4 +380,78 @@ func staleSocket(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// TestRunCommandDoneWhileMpsdAway: a command that succeeds while mpsd is
+// away ends the launch with 0, but only once the launcher has given its
+// lease back to the restarted mpsd (resumed, then closed), so that its
+// share is free at once; if mpsd does not come back, still 0.
+func TestRunCommandDoneWhileMpsdAway(t *testing.T) {
+	t.Run("mpsd back", func(t *testing.T) {
+		h := newHarness(t, nil)
+		stdinR, stdinW, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stdinR.Close()
+		defer stdinW.Close()
+		h.cfg.Stdin = stdinR
+		done := h.start(t.Context(), h.sh("read line; exit 0")...)
+		lc := h.fake.NextLease(t)
+		lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+		a := h.fake.NextAttach(t)
+		h.fake.DropLeases(launchertest.DropReset, 1<<20) // mpsd is away
+		lc.End()
+		h.fake.NextDrop(t)
+		if _, err := stdinW.WriteString("go\n"); err != nil {
+			t.Fatal(err)
+		}
+		waitExited(t, a.PID)
+		select {
+		case code := <-done:
+			t.Fatalf("exit %d before the lease was given back", code)
+		case <-time.After(100 * time.Millisecond):
+		}
+		h.fake.DropLeases(0, 0) // mpsd is back
+		again := h.fake.NextLease(t)
+		if again.Request.ResumeLeaseID != "lease-1" {
+			t.Errorf("reconnect request %+v, want resume of lease-1", again.Request)
+		}
+		again.WaitReleased(t)
+		if code := h.wait(done); code != 0 {
+			t.Errorf("exit %d, want the command's 0; stderr %s", code, h.read("stderr"))
+		}
+	})
+	t.Run("mpsd gone", func(t *testing.T) {
+		h := newHarness(t, nil)
+		h.cfg.ReconnectTimeout = 200 * time.Millisecond
+		done := h.start(t.Context(), h.sh("sleep 0.1")...)
+		lc := h.fake.NextLease(t)
+		lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+		h.fake.NextAttach(t)
+		h.fake.DropLeases(launchertest.DropReset, 1<<20)
+		lc.End()
+		if code := h.wait(done); code != 0 {
+			t.Errorf("exit %d, want the command's 0; stderr %s", code, h.read("stderr"))
+		}
+		if s := h.read("stderr"); s != "" {
+			t.Errorf("stderr %q, want nothing", s)
+		}
+	})
+}
+
+// waitExited waits until pid is gone (reaped), failing the test after
+// launchertest.Wait.
+func waitExited(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(launchertest.Wait)
+	for {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); os.IsNotExist(err) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d still there after %s", pid, launchertest.Wait)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -193,6 +193,9 @@ type session struct {
 	lastFail  error
 	// sawEvent: the current stream has carried an event.
 	sawEvent bool
+	// finished: the command succeeded while mpsd was away; the session
+	// ends (0) once the reconnect is over, its stream closed at once.
+	finished bool
 	// held is a granted lease whose attach found mpsd gone: its command
 	// waits unstarted in the trampoline (the spare) until mpsd is back or
 	// the outage outlasts ReconnectTimeout; holdRetry re-tries the
@@ -638,6 +641,14 @@ func (s *session) onChildExit(ctx context.Context) *done {
 	code := exitStatus(ws)
 	if s.revoked == "" {
 		reconnecting := s.stream == nil && s.reconnected != nil
+		if code == 0 && reconnecting {
+			// Done, but mpsd is away and will still count the lease
+			// (until its reconnect grace if it cannot tell that the
+			// command ran): the launcher resumes the lease only to close
+			// it, which frees its share at once, then exits 0.
+			s.finished = true
+			return nil
+		}
 		if code == 0 || (s.stream == nil && !reconnecting) {
 			return &done{code: code}
 		}
@@ -672,6 +683,9 @@ func (s *session) onSignal(sig os.Signal) *done {
 		s.child.signal(sig)
 		return nil
 	}
+	if s.finished {
+		return &done{code: 0} // the command's status; only mpsd's release was waited for
+	}
 	switch sig {
 	case syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT:
 		// No command to tell: the request is abandoned (closing the
@@ -689,6 +703,14 @@ func (s *session) onReconnect(ctx context.Context, rc reconnectResult) *done {
 	s.reconnected, s.stopRc, s.rcDone = nil, nil, nil
 	if s.awaySince.IsZero() {
 		s.awaySince = rc.since
+	}
+	if s.finished {
+		// The lease is released by the stream's close (cleanup), if mpsd
+		// took it back; whatever mpsd says, the command is done.
+		if rc.stream != nil {
+			_ = rc.stream.Close()
+		}
+		return &done{code: 0}
 	}
 	if rc.gaveUp {
 		s.away(rc.err)
