@@ -598,9 +598,16 @@ func (d *Daemon) reapAdopted() {
 		for _, l := range waiting {
 			l.cgMu.Lock()
 			empty := false
-			if l.cg != nil {
+			switch {
+			case l.cg != nil:
 				pids, err := l.cg.Pids()
 				empty = err == nil && len(pids) == 0
+			case d.cgCfg != nil:
+				// No cgroup: an attempt that ran had its command in it,
+				// so with the cgroup gone the command is gone too (its
+				// release was done, not yet written, when mpsd went).
+				_, err := d.cg.Open(cgroup.LeaseID{Group: l.group, Lease: l.id})
+				empty = errors.Is(err, cgroup.ErrNotExist)
 			}
 			l.cgMu.Unlock()
 			if empty && d.settled(l) {
