@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -146,6 +147,40 @@ func TestRestartBetweenGrantAndAttach(t *testing.T) {
 	}
 	if b, err := os.ReadFile(marker); err != nil || string(b) != id+"\n" {
 		t.Errorf("the command ran as %q (%v), want once under lease %s", b, err, id)
+	}
+	e.waitStatus("no leases left", func(st api.Status) bool { return len(st.Leases) == 0 })
+}
+
+// mpsd killed while launches flow (short commands: grants, attaches and
+// releases under way), and started a second later: every launch
+// completes with its command's 0. A launcher whose queued request the
+// kill lost (not yet written) says so and asks anew; no other line.
+func TestRestartWhileLaunchesFlow(t *testing.T) {
+	const launches = 24
+	e := newEnvGPUs(t, 1, `  small:
+    users: [root]
+    sm_percent: 100
+    memory: 20G
+`, "")
+	e.start()
+	procs := make([]*proc, launches)
+	for i := range procs {
+		procs[i] = startProc(t, e.launch("--sm", "40", "--mem", "1G", "--job", jobName(i), "--", "/bin/sh", "-c", "sleep 0.2"))
+	}
+	// Every launcher has reached mpsd (one still starting when the socket
+	// is gone would find no mpsd at all), and four are done.
+	waitCond(t, "every launch admitted", func() bool { e.d.mu.Lock(); defer e.d.mu.Unlock(); return e.d.seq == launches }, nil)
+	e.waitStatus("four launches done", func(st api.Status) bool { return len(st.Leases) <= launches-4 })
+	e.d.crashStop.Store(true)
+	e.stop()
+	time.Sleep(time.Second)
+	e.start()
+	lost := regexp.MustCompile(`^(mps-launch: job j\d\d: lease \S+ was lost while mpsd was away; requesting a new one\n)?$`)
+	for i, p := range procs {
+		r := p.wait(t)
+		if r.code != 0 || !lost.MatchString(r.stderr) {
+			t.Errorf("job %s exit %d, stderr %q; want 0", jobName(i), r.code, r.stderr)
+		}
 	}
 	e.waitStatus("no leases left", func(st api.Status) bool { return len(st.Leases) == 0 })
 }
