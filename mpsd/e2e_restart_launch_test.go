@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/cgroup"
 	"github.com/mpsd/mpsd/policy"
 )
 
@@ -183,6 +184,34 @@ func TestRestartWhileLaunchesFlow(t *testing.T) {
 		}
 	}
 	e.waitStatus("no leases left", func(st api.Status) bool { return len(st.Leases) == 0 })
+}
+
+// A lease whose release the previous mpsd finished (its command gone, its
+// cgroup deleted) but had not yet written down when it went is released
+// by the next mpsd at once, not held for the reconnect grace: its attempt
+// ran, and without its cgroup nothing of it can still run.
+func TestAdoptedLeaseWithoutCgroup(t *testing.T) {
+	e := newEnv(t, oneGroup, "")
+	e.opts.ReconnectGrace = time.Hour
+	e.start()
+	args, open := e.gate("g")
+	p := startProc(t, e.launch(append([]string{"--sm", "10", "--mem", "1G", "--"}, args...)...))
+	st := e.waitStatus("a running workload", func(st api.Status) bool { return len(shellPIDs(st)) == 1 })
+	id, workload := st.Leases[0].ID, shellPIDs(st)[0]
+	e.stop() // the state file says the lease runs, and ran
+	_ = p.cmd.Process.Kill()
+	p.wait(t)
+	open()
+	emutestWaitGone(t, workload)
+	cg, err := e.d.cg.Open(cgroup.LeaseID{Group: "inference", Lease: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cg.Delete(); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	e.waitStatus("the lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
 }
 
 func jobName(i int) string { return fmt.Sprintf("j%02d", i) }
