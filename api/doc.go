@@ -76,9 +76,11 @@
 // an event again or the outage has lasted its reconnect window (a minute),
 // for the lease request and the attach alike: a command granted just
 // before mpsd went waits, unstarted, until its attach succeeds. Past the
-// window it exits 75. Only a socket that is not there at all, before mpsd
-// ever answered, fails at once (exit 125): that is no mpsd, or another
-// socket meant.
+// window it exits 75. A command that ends while mpsd is away is reported
+// (its status) once the launcher has resumed the lease and closed it, so
+// the restarted mpsd frees its share at once, or once the window is over.
+// Only a socket that is not there at all, before it was ever found, fails
+// at once (exit 125): that is no mpsd, or another socket meant.
 //
 // Batch systems: LeaseRequest.GPUSelect confines a lease to the GPUs a job
 // was given (NVML indexes, UUIDs or prefixes; unknown ones are refused with

@@ -23,8 +23,10 @@
 //     Config.ReconnectTimeout (a minute), a command granted just before
 //     mpsd went waits unstarted for its attach meanwhile, and giving up
 //     exits 75 (ErrLost) with a line saying for how long mpsd was
-//     unreachable. Only a missing socket before mpsd ever answered fails
-//     at once (125): no mpsd there at all;
+//     unreachable. A command that ends meanwhile has its status reported
+//     once its lease is resumed and closed (freeing its share in the new
+//     mpsd at once) or the window is over. Only a socket that was never
+//     there fails at once (125): no mpsd at all, or another socket meant;
 //   - the trampoline (trampoline.go): the command's process starts as a
 //     copy of this binary that waits on a pipe until mpsd has attached it
 //     to the lease's cgroup, then execs the program, so the program never
