@@ -40,7 +40,7 @@ const DefaultReconnectGrace = 90 * time.Second
 // Options configure a Daemon. Only ConfigPath is required; the rest are
 // the seams tests and the command line use.
 type Options struct {
-	// ConfigPath is the YAML config (DESIGN.md §9), watched for edits.
+	// ConfigPath is the YAML config (docs/config.md), watched for edits.
 	ConfigPath string
 	// NVML is the GPUs' library; nil means the host's (nvml.New()).
 	// `mpsd --simulate` gives its simulated GPUs' here (cmd/mpsd).
