@@ -14,6 +14,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+	"golang.org/x/sys/unix"
 )
 
 // SimSpec describes a simulated host (the `simulate:` section of the config).
@@ -192,6 +193,44 @@ func (s *Sim) SetProcessMemory(gpu, pid int, kind ProcessKind, bytes uint64) err
 			ErrSimOutOfMemory, gpu, pid, bytes, d.total-used, d.total)
 	}
 	d.procs[pid] = simProcess{kind: kind, bytes: bytes}
+	return nil
+}
+
+// SetMPSServer records that MPS server pid runs on GPU gpu with clients
+// (client pid → bytes it has allocated on that GPU), replacing what was
+// recorded of it before. NVML then lists the server as a compute process
+// holding its clients' memory, and each client as an MPS client process
+// with its own. The emulated control daemons report their servers so
+// (ServeXidReports).
+func (s *Sim) SetMPSServer(gpu, pid int, clients map[int]uint64) error {
+	if pid <= 0 {
+		return fmt.Errorf("gpu: sim: set MPS server: bad pid %d", pid)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, err := s.deviceLocked(gpu)
+	if err != nil {
+		return err
+	}
+	if d.mps == nil {
+		d.mps = map[int]map[int]uint64{}
+	}
+	d.mps[pid] = maps.Clone(clients)
+	if d.mps[pid] == nil {
+		d.mps[pid] = map[int]uint64{}
+	}
+	return nil
+}
+
+// RemoveMPSServer forgets MPS server pid on GPU gpu and its clients.
+func (s *Sim) RemoveMPSServer(gpu, pid int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, err := s.deviceLocked(gpu)
+	if err != nil {
+		return err
+	}
+	delete(d.mps, pid)
 	return nil
 }
 
@@ -385,6 +424,10 @@ type simDevice struct {
 	mode    nvml.ComputeMode
 	utilPct uint32
 	procs   map[int]simProcess
+	// mps: the MPS servers on the device, by pid, with their clients'
+	// memory there (client pid → bytes), as the emulator reports them
+	// (SetMPSServer).
+	mps map[int]map[int]uint64
 }
 
 var _ nvml.Device = (*simDevice)(nil)
@@ -393,6 +436,11 @@ func (d *simDevice) usedLocked() uint64 {
 	var used uint64
 	for _, p := range d.procs {
 		used += p.bytes
+	}
+	for _, clients := range d.mps {
+		for _, b := range clients {
+			used += b
+		}
 	}
 	return used
 }
@@ -515,6 +563,27 @@ func (d *simDevice) processes(kind ProcessKind) (list []nvml.ProcessInfo, ret nv
 		for pid, p := range d.procs {
 			if p.kind == kind {
 				list = append(list, nvml.ProcessInfo{Pid: uint32(pid), UsedGpuMemory: p.bytes})
+			}
+		}
+		for server, clients := range d.mps {
+			if unix.Kill(server, 0) == unix.ESRCH {
+				// Gone without a report (its daemon was killed): the
+				// driver forgets a process's contexts when it exits.
+				delete(d.mps, server)
+				continue
+			}
+			// An MPS server holds the contexts of all its clients: the
+			// compute list shows it with their memory; the MPS list shows
+			// each client with its own (docs/emulator.md).
+			var sum uint64
+			for pid, b := range clients {
+				sum += b
+				if kind == ProcessMPSClient {
+					list = append(list, nvml.ProcessInfo{Pid: uint32(pid), UsedGpuMemory: b})
+				}
+			}
+			if kind == ProcessCompute {
+				list = append(list, nvml.ProcessInfo{Pid: uint32(server), UsedGpuMemory: sum})
 			}
 		}
 		slices.SortFunc(list, func(a, b nvml.ProcessInfo) int { return int(a.Pid) - int(b.Pid) })

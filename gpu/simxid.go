@@ -21,8 +21,9 @@ import (
 // report there, as a GPU's driver reports them to NVML as Xids.
 const EnvXidSocket = "MPSEMU_XID_SOCKET"
 
-// xidReportMax bounds one report line.
-const xidReportMax = 256
+// xidReportMax bounds one report line (a process report of 64 clients
+// fits).
+const xidReportMax = 4096
 
 // ServeXidReports listens on a unix socket at path for the Xids the MPS
 // emulator's control daemons report for the faults of their servers'
@@ -74,6 +75,10 @@ func (s *Sim) xidReport(c *net.UnixConn, log *slog.Logger) {
 	if err != nil {
 		return
 	}
+	if strings.HasPrefix(line, "procs ") || strings.HasPrefix(line, "gone ") {
+		s.procReport(line, log)
+		return
+	}
 	uuid, xid, err := ParseXidReport(line)
 	if err != nil {
 		log.Warn("sim: bad Xid report", "err", err)
@@ -94,6 +99,102 @@ func (s *Sim) xidReport(c *net.UnixConn, log *slog.Logger) {
 	if err := s.InjectXid(idx, xid, 0); err != nil {
 		log.Warn("sim: raise a reported Xid", "gpu", idx, "xid", xid, "err", err)
 	}
+}
+
+// procReport applies one process report of an emulated control daemon.
+func (s *Sim) procReport(line string, log *slog.Logger) {
+	r, err := ParseProcReport(line)
+	if err != nil {
+		log.Warn("sim: bad process report", "err", err)
+		return
+	}
+	idx := s.indexOf(r.UUID)
+	if idx < 0 {
+		log.Warn("sim: process report for a GPU this host does not have", "uuid", r.UUID)
+		return
+	}
+	if r.Gone {
+		_ = s.RemoveMPSServer(idx, r.Server)
+		return
+	}
+	_ = s.SetMPSServer(idx, r.Server, r.Clients)
+}
+
+func (s *Sim) indexOf(uuid string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, d := range s.devs {
+		if d.uuid == uuid {
+			return d.index
+		}
+	}
+	return -1
+}
+
+// ProcReport is one process report of the MPS emulator's control daemons:
+// "procs <GPU UUID> <server pid> [<client pid>=<bytes> ...]" (the server's
+// clients on that GPU now) or "gone <GPU UUID> <server pid>" (it exited).
+type ProcReport struct {
+	UUID    string
+	Server  int
+	Clients map[int]uint64 // nil when Gone
+	Gone    bool
+}
+
+// ParseProcReport parses one line of a process report, newline included.
+func ParseProcReport(line string) (ProcReport, error) {
+	bad := func(why string) (ProcReport, error) {
+		return ProcReport{}, fmt.Errorf("gpu: sim: process report %.80q: %s", line, why)
+	}
+	if !strings.HasSuffix(line, "\n") {
+		return bad("no newline")
+	}
+	f := strings.Fields(line)
+	if len(f) < 3 || (f[0] != "procs" && f[0] != "gone") {
+		return bad(`want "procs <GPU UUID> <pid> [<pid>=<bytes> ...]" or "gone <GPU UUID> <pid>"`)
+	}
+	if !strings.HasPrefix(f[1], "GPU-") {
+		return bad("no GPU UUID")
+	}
+	server, err := parsePID(f[2])
+	if err != nil {
+		return bad(err.Error())
+	}
+	r := ProcReport{UUID: f[1], Server: server, Gone: f[0] == "gone"}
+	if r.Gone {
+		if len(f) != 3 {
+			return bad("a gone report names one server")
+		}
+		return r, nil
+	}
+	r.Clients = map[int]uint64{}
+	for _, kv := range f[3:] {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return bad("want <pid>=<bytes>")
+		}
+		pid, err := parsePID(k)
+		if err != nil {
+			return bad(err.Error())
+		}
+		b, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return bad("bad byte count " + strconv.Quote(v))
+		}
+		if _, dup := r.Clients[pid]; dup {
+			return bad("client named twice")
+		}
+		r.Clients[pid] = b
+	}
+	return r, nil
+}
+
+func parsePID(s string) (int, error) {
+	pid, err := strconv.ParseInt(s, 10, 32)
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("bad pid %q", s)
+	}
+	return int(pid), nil
 }
 
 // ParseXidReport parses one line "<GPU UUID> <Xid>\n" of the emulator's

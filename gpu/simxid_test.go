@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
 func TestParseXidReport(t *testing.T) {
@@ -126,4 +128,95 @@ func TestXidReportHelper(t *testing.T) {
 	// The listener may hang up on a stranger before the line is written
 	// (EPIPE): the attempt is what counts, not whether it was read.
 	_, _ = io.WriteString(c, os.Getenv("GPU_TEST_XID_LINE"))
+}
+
+func TestParseProcReport(t *testing.T) {
+	r, err := ParseProcReport("procs GPU-ab 40 41=1024 42=0\n")
+	if err != nil || r.UUID != "GPU-ab" || r.Server != 40 || r.Gone || len(r.Clients) != 2 || r.Clients[41] != 1024 || r.Clients[42] != 0 {
+		t.Fatalf("ParseProcReport = %+v, %v", r, err)
+	}
+	if r, err := ParseProcReport("procs GPU-ab 40\n"); err != nil || len(r.Clients) != 0 || r.Clients == nil {
+		t.Fatalf("a server without clients: %+v, %v", r, err)
+	}
+	if r, err := ParseProcReport("gone GPU-ab 40\n"); err != nil || !r.Gone || r.Server != 40 {
+		t.Fatalf("gone: %+v, %v", r, err)
+	}
+	for _, bad := range []string{
+		"procs GPU-ab 40", "procs ab 40\n", "procs GPU-ab 0\n", "procs GPU-ab -1\n", "procs GPU-ab 40 41\n",
+		"procs GPU-ab 40 41=x\n", "procs GPU-ab 40 41=1 41=2\n", "procs GPU-ab 40 0=1\n", "gone GPU-ab 40 41=1\n",
+		"gone GPU-ab\n", "xid GPU-ab 40\n", "procs GPU-ab 99999999999 1=1\n",
+	} {
+		if r, err := ParseProcReport(bad); err == nil {
+			t.Errorf("ParseProcReport(%q) = %+v, want an error", bad, r)
+		}
+	}
+}
+
+func FuzzParseProcReport(f *testing.F) {
+	for _, s := range []string{"procs GPU-ab 40 41=1024\n", "gone GPU-ab 40\n", "procs GPU- 1\n", "", "\n"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, line string) {
+		r, err := ParseProcReport(line)
+		if err != nil {
+			return
+		}
+		if !strings.HasPrefix(r.UUID, "GPU-") || r.Server <= 0 || (r.Gone != (r.Clients == nil)) {
+			t.Fatalf("ParseProcReport(%q) accepted %+v", line, r)
+		}
+		for pid := range r.Clients {
+			if pid <= 0 {
+				t.Fatalf("ParseProcReport(%q) accepted client pid %d", line, pid)
+			}
+		}
+	})
+}
+
+// The emulated daemons' process reports become what NVML lists: the
+// server as a compute process holding its clients' memory, each client as
+// an MPS client with its own; a gone report removes them, and a server
+// that exited without one is dropped when NVML is asked.
+func TestSimMPSProcesses(t *testing.T) {
+	_, sim := newSimHost(t, SimSpec{GPUs: 1})
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "xid.sock")
+	stop, err := sim.ServeXidReports(sock, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	must(t, err)
+	defer stop()
+	report := func(line string) {
+		t.Helper()
+		c, err := net.Dial("unix", sock)
+		must(t, err)
+		_, err = io.WriteString(c, line)
+		must(t, err)
+		// The listener reads one line a connection, then hangs up.
+		_, _ = io.ReadAll(c)
+		_ = c.Close()
+	}
+	// The server must be a live process; this test's own pid stands in.
+	server, client := os.Getpid(), os.Getppid()
+	report(fmt.Sprintf("procs %s %d %d=%d\n", SimUUID(0), server, client, 3<<20))
+	dev, ret := sim.NVML().DeviceGetHandleByIndex(0)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	compute, _ := dev.GetComputeRunningProcesses()
+	clients, _ := dev.GetMPSComputeRunningProcesses()
+	if len(compute) != 1 || int(compute[0].Pid) != server || compute[0].UsedGpuMemory != 3<<20 {
+		t.Fatalf("compute processes %+v; want the server with its client's 3 MiB", compute)
+	}
+	if len(clients) != 1 || int(clients[0].Pid) != client || clients[0].UsedGpuMemory != 3<<20 {
+		t.Fatalf("MPS client processes %+v; want the client with 3 MiB", clients)
+	}
+	report(fmt.Sprintf("gone %s %d\n", SimUUID(0), server))
+	if compute, _ := dev.GetComputeRunningProcesses(); len(compute) != 0 {
+		t.Fatalf("after gone: compute processes %+v", compute)
+	}
+	// A server that is no process any more is not listed.
+	dead := exec.Command("true")
+	must(t, dead.Run())
+	must(t, sim.SetMPSServer(0, dead.Process.Pid, map[int]uint64{client: 1}))
+	if compute, _ := dev.GetComputeRunningProcesses(); len(compute) != 0 {
+		t.Fatalf("an exited server listed: %+v", compute)
+	}
 }

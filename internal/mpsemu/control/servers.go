@@ -3,6 +3,7 @@ package control
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -162,6 +163,7 @@ func (d *Daemon) waitServer(sv *srv) {
 	}
 	if sv.link != nil {
 		sv.link.Close()
+		go d.reportServerGone(sv.pid)
 	}
 	if d.quitting {
 		for _, pc := range sv.waiting {
@@ -275,6 +277,10 @@ func (d *Daemon) registerServer(c *emuwire.Conn, pid int) {
 				d.reportXid(r)
 				continue
 			}
+			if r.Op == emuwire.OpProcs {
+				d.reportProcs(sv.pid, r)
+				continue
+			}
 			select {
 			case sv.replies <- r:
 			default: // nobody waits for it any more
@@ -365,11 +371,52 @@ func (d *Daemon) clientRequest(c *emuwire.Conn, pid int) {
 // --simulate listens there, for root only). Only the daemon's own GPUs,
 // and nothing when the variable is unset.
 func (d *Daemon) reportXid(m emuwire.Msg) {
-	path := envValue(d.env, "MPSEMU_XID_SOCKET")
-	if path == "" || len(m.UUIDs) != 1 || m.Err <= 0 {
+	if len(m.UUIDs) != 1 || m.Err <= 0 {
 		return
 	}
-	if !slices.Contains(strings.Split(envValue(d.env, "CUDA_VISIBLE_DEVICES"), ","), m.UUIDs[0]) {
+	d.sendSim(m.UUIDs[0], fmt.Sprintf("%s %d\n", m.UUIDs[0], m.Err))
+}
+
+// reportProcs passes the clients a server of this daemon reports on one
+// of the daemon's GPUs on to the simulated GPUs, as the driver knows a
+// device's processes: one line "procs <GPU UUID> <server pid>
+// [<client pid>=<bytes> ...]" to the MPSEMU_XID_SOCKET socket. The server
+// pid is the link's, checked when the server registered, never the
+// message's.
+func (d *Daemon) reportProcs(server int, m emuwire.Msg) {
+	if len(m.UUIDs) != 1 || len(m.PIDs) != len(m.Mem) || len(m.PIDs) > maxReportedClients {
+		return
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "procs %s %d", m.UUIDs[0], server)
+	for i, pid := range m.PIDs {
+		if pid <= 0 {
+			return
+		}
+		fmt.Fprintf(&b, " %d=%d", pid, m.Mem[i])
+	}
+	b.WriteByte('\n')
+	d.sendSim(m.UUIDs[0], b.String())
+}
+
+// maxReportedClients bounds one process report (MPS's 48 clients, with room).
+const maxReportedClients = 64
+
+// reportServerGone tells the simulated GPUs that a server of this daemon
+// exited: "gone <GPU UUID> <server pid>" for each of the daemon's GPUs.
+func (d *Daemon) reportServerGone(server int) {
+	for _, uuid := range strings.Split(envValue(d.env, "CUDA_VISIBLE_DEVICES"), ",") {
+		if uuid != "" {
+			d.sendSim(uuid, fmt.Sprintf("gone %s %d\n", uuid, server))
+		}
+	}
+}
+
+// sendSim writes one report line about GPU uuid, one of the daemon's own,
+// to the MPSEMU_XID_SOCKET socket; nothing when the variable is unset.
+func (d *Daemon) sendSim(uuid, line string) {
+	path := envValue(d.env, "MPSEMU_XID_SOCKET")
+	if path == "" || !slices.Contains(strings.Split(envValue(d.env, "CUDA_VISIBLE_DEVICES"), ","), uuid) {
 		return
 	}
 	c, err := net.DialTimeout("unix", path, time.Second)
@@ -378,7 +425,7 @@ func (d *Daemon) reportXid(m emuwire.Msg) {
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(time.Second))
-	_, _ = fmt.Fprintf(c, "%s %d\n", m.UUIDs[0], m.Err)
+	_, _ = io.WriteString(c, line)
 }
 
 // envValue is the value of key in env, "" when unset.

@@ -55,6 +55,12 @@ const (
 	// the driver would report as Xid Err (the emulated daemon passes it to
 	// the simulated GPUs, see MPSEMU_XID_SOCKET).
 	OpXid = "xid"
+	// OpProcs, server → daemon: the server's clients on device UUIDs[0]
+	// (PIDs) and the bytes each has allocated there (Mem, by the same
+	// index), sent whenever they change: what NVML reports of the
+	// device's processes (the emulated daemon passes it to the simulated
+	// GPUs, see MPSEMU_XID_SOCKET).
+	OpProcs = "procs"
 	// Daemon → server requests, answered with OpOK or OpError.
 	OpStatus     = "status"
 	OpClients    = "clients"

@@ -292,6 +292,7 @@ func (s *Server) register(d *emuwire.Conn) error {
 	s.priority = m.Priority
 	s.state = Active
 	s.notifyLocked()
+	s.reportProcsLocked()
 	return nil
 }
 
@@ -438,6 +439,7 @@ func (s *Server) admit(conn *emuwire.Conn, hello emuwire.Msg) (*client, emuwire.
 	c := &client{pid: hello.PID, conn: conn, mem: mem, used: make([]uint64, len(mem)), order: s.seq}
 	s.clients[c.pid] = c
 	s.notifyLocked()
+	s.reportProcsLocked()
 	if s.contextsGone {
 		s.contextsGone = false
 		s.logContextsLocked("Creating")
@@ -494,7 +496,27 @@ func (s *Server) alloc(c *client, m emuwire.Msg) emuwire.Msg {
 	}
 	c.used[m.Dev] += m.Bytes
 	s.used[m.Dev] += m.Bytes
+	s.reportProcsLocked()
 	return emuwire.Msg{Op: emuwire.OpOK}
+}
+
+// reportProcsLocked tells the daemon, per device, which clients the server
+// has and what each has allocated there, as the driver knows it and NVML
+// reports it; the emulated daemon passes it on to the simulated GPUs.
+func (s *Server) reportProcsLocked() {
+	if s.daemon == nil {
+		return
+	}
+	pids := s.clientPIDsLocked()
+	for i, uuid := range s.cfg.Devices {
+		mem := make([]uint64, len(pids))
+		for j, pid := range pids {
+			if c := s.clients[pid]; c != nil && i < len(c.used) {
+				mem[j] = c.used[i]
+			}
+		}
+		_ = s.daemon.Send(emuwire.Msg{Op: emuwire.OpProcs, UUIDs: []string{uuid}, PIDs: pids, Mem: mem})
+	}
 }
 
 // fault handles a fatal fault raised by client c: MPS on Volta and newer
@@ -571,6 +593,7 @@ func (s *Server) dropLocked(c *client) {
 		s.used[i] -= u
 	}
 	c.used = make([]uint64, len(c.used))
+	s.reportProcsLocked()
 	// "recevie" is MPS's spelling.
 	s.logfLocked("Server failed to recevie command with status 806, assuming client {PID: %d, Context ID: 1} exit", c.pid)
 	s.logfLocked("Client {PID: %d, Context ID: 1} exiting. Number of active client contexts is %d.", c.pid, len(s.clients))
