@@ -188,6 +188,10 @@ type Group struct {
 	// Multiuser runs the group's servers with -multiuser-server (as root),
 	// so clients of every uid share one server. Default: false.
 	Multiuser bool
+	// Reconcile is what mpsd does with a process it finds using one of
+	// the group's instances without a lease of it (docs/alerts.md,
+	// MPSDUnreconciledClient): report, or terminate. Default: report.
+	Reconcile ReconcilePolicy
 
 	// Instances are the GPU index sets of the group's instances, resolved
 	// against the host's GPUs; nil when the config was read without them.
@@ -219,6 +223,19 @@ const (
 	Binpack Placement = "binpack"
 	// Spread uses the emptiest instance first, so clients interfere least.
 	Spread Placement = "spread"
+)
+
+// ReconcilePolicy is a group's `reconcile`: what mpsd does with a GPU
+// process it cannot account to a lease (a client without a lease, a lease
+// process on another instance's server, a process beside MPS).
+type ReconcilePolicy string
+
+const (
+	// ReconcileReport logs and counts each finding and leaves the process.
+	ReconcileReport ReconcilePolicy = "report"
+	// ReconcileTerminate also ends it: terminate_client for an MPS client,
+	// then a kill, of a process proven through a pidfd.
+	ReconcileTerminate ReconcilePolicy = "terminate"
 )
 
 // ComputeMode is `mps.compute_mode`.

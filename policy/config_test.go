@@ -58,6 +58,7 @@ func TestParseDesignExample(t *testing.T) {
 			Priority:        0,
 			RequeueAttempts: 3,
 			Multiuser:       false,
+			Reconcile:       ReconcileReport,
 			Instances:       [][]int{{0}, {1}},
 		}},
 		Simulate: SimulateConfig{GPUs: 2, Model: "a100-40g", EmulatorDir: ""},
@@ -92,7 +93,7 @@ func TestDefaults(t *testing.T) {
 		Admins:    Members{Users: []string{"root"}, UnixGroups: []string{}},
 		Groups: []Group{{Name: "inference", Members: Members{Users: []string{"alice"}, UnixGroups: []string{}},
 			GPUs: []string{"all"}, GPUsPerInstance: 1, SMPercent: 100, Memory: 16 * gib, MaxClients: 48,
-			DefaultSM: 25, DefaultMem: 4 * gib, MaxSM: 100, MaxMem: 16 * gib, Priority: 0, RequeueAttempts: 3}},
+			DefaultSM: 25, DefaultMem: 4 * gib, MaxSM: 100, MaxMem: 16 * gib, Priority: 0, RequeueAttempts: 3, Reconcile: ReconcileReport}},
 		Simulate: SimulateConfig{GPUs: 2, Model: "a100-40g"},
 	}
 	cfg.Access = Access{}
@@ -218,6 +219,7 @@ func TestParseProblems(t *testing.T) {
 				"groups.g.requeue_attempts: -1: want 0",
 				"groups.g.sm_percent: 0: want 1-100",
 			}},
+		{"reconcile", group("memory: 1G\nreconcile: kill"), nil, []string{`groups.g.reconcile: "kill": want report or terminate`}},
 		{"sm over 100", group("memory: 1G\nsm_percent: 101"), nil, []string{"groups.g.sm_percent: 101: want 1-100"}},
 		{"per-client limits", group("memory: 8G\nmax_sm: 50\ndefault_sm: 60\nmax_mem: 4G\ndefault_mem: 5G"), nil,
 			[]string{"groups.g.default_mem: 5G exceeds max_mem (4G)", "groups.g.default_sm: 60 exceeds max_sm (50)"}},

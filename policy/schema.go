@@ -89,6 +89,7 @@ var groupFields = []field[Group]{
 	{"priority", 0, func(g *Group) any { return &g.Priority }},
 	{"requeue_attempts", 3, func(g *Group) any { return &g.RequeueAttempts }},
 	{"multiuser", false, func(g *Group) any { return &g.Multiuser }},
+	{"reconcile", "report", func(g *Group) any { return (*string)(&g.Reconcile) }},
 }
 
 // deriveGroupDefaults fills the derived keys the file left out (present

@@ -152,6 +152,8 @@ func (d *decoder) validateGroup(g *Group) {
 		d.check(k("default_mem"), g.DefaultMem <= g.MaxMem, "%s exceeds max_mem (%s)", units.FormatSize(g.DefaultMem), units.FormatSize(g.MaxMem))
 	}
 	d.check(k("requeue_attempts"), g.RequeueAttempts >= 0, "%d: want 0 (never requeue) or more", g.RequeueAttempts)
+	d.check(k("reconcile"), g.Reconcile == ReconcileReport || g.Reconcile == ReconcileTerminate,
+		"%q: want %s or %s", g.Reconcile, ReconcileReport, ReconcileTerminate)
 }
 
 func (d *decoder) positive(key string, v time.Duration) {
