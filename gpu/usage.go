@@ -147,3 +147,36 @@ func mergeProcesses(compute, clients []nvml.ProcessInfo) []ProcessMemory {
 	slices.SortFunc(out, func(a, b ProcessMemory) int { return a.PID - b.PID })
 	return out
 }
+
+// Processes reads only the process lists of the GPU with the given index
+// (what Usage's Processes holds), for callers that look at them often:
+// two NVML calls rather than Usage's six. Nil when the GPU supports
+// neither list.
+func (h *Host) Processes(index int) ([]ProcessMemory, error) {
+	d, err := h.device(index)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.acquire(); err != nil {
+		return nil, err
+	}
+	defer h.release()
+	compute, cret := d.handle.GetComputeRunningProcesses()
+	clients, mret := d.handle.GetMPSComputeRunningProcesses()
+	okC, errC := optional(cret)
+	okM, errM := optional(mret)
+	if errC != nil || errM != nil {
+		return nil, errors.Join(wrapGPU(index, "compute processes", errC), wrapGPU(index, "MPS client processes", errM))
+	}
+	if !okC && !okM {
+		return nil, nil
+	}
+	return mergeProcesses(compute, clients), nil
+}
+
+func wrapGPU(index int, what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("gpu %d: %s: %w", index, what, err)
+}

@@ -168,6 +168,9 @@ type Daemon struct {
 	queues    map[string][]*lease // queued leases per group, arrival order
 	leases    map[string]*lease   // every lease, queued or running
 	seq       uint64
+	// reconSeen: reconciliation's findings reported so far and still
+	// there (reconcile.go).
+	reconSeen map[reconKey]bool
 }
 
 // New loads the config, takes the GPU inventory and prepares the cgroup

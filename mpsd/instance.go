@@ -84,6 +84,9 @@ type instance struct {
 	xidUsed time.Time
 	// unverifiedLogAt: when an unverified record was last logged.
 	unverifiedLogAt time.Time
+	// reconRunning: a reconciliation of the instance runs (reconcile.go);
+	// reconAgain: it runs once more when done.
+	reconRunning, reconAgain bool
 }
 
 func (in *instance) markTried() { in.triedOnce.Do(func() { close(in.tried) }) }
@@ -431,6 +434,10 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 			// Anyone who can reach the pipe directory can write MPS log
 			// records; mps acted on none of this one.
 			d.unverifiedRecord(in, ev, "it names no verified server of the daemon")
+		case mps.ClientConnected:
+			// A "NEW CLIENT" record (anyone may write one): only a reason
+			// to reconcile the instance now; its pid is not used.
+			d.reconcileSoon(in)
 		case mps.ServerStartFailed:
 			if !d.startFailureConfirmed(in, ev.UID) {
 				d.unverifiedRecord(in, ev, "a verified server serves that uid, or no lease of it is on the instance")

@@ -42,6 +42,8 @@ var (
 	descGPUMem        = prometheus.NewDesc("mpsd_gpu_memory_used_bytes", "GPU memory in use, as NVML reports it.", gpuLabels, nil)
 	descGPUUtil       = prometheus.NewDesc("mpsd_gpu_utilization_ratio", "Share of the last sample period a kernel ran on the GPU (0-1).", gpuLabels, nil)
 	descUnverified    = prometheus.NewDesc("mpsd_unverified_mps_records_total", "MPS log records (or server list entries) that named a process which is no verified server of the instance's daemon, and were ignored: forged by a local user who can reach the pipe directory, or about a server gone before it could be checked.", instLabels, nil)
+	descUnreconciled  = prometheus.NewDesc("mpsd_unreconciled_clients_total", "GPU processes found on an instance that no lease of it accounts for, by kind: unleased (an MPS client without a lease), wrong_instance (a lease's process on another instance's server), bypass (a compute process beside MPS). group is the group it was found in (for bypass, the group its owner belongs to; empty for none).", []string{"group", "kind"}, nil)
+	descReconKilled   = prometheus.NewDesc("mpsd_unreconciled_clients_terminated_total", "Processes of mpsd_unreconciled_clients_total that mpsd ended (the group's reconcile: terminate), by kind.", []string{"group", "kind"}, nil)
 	descReloadOK      = prometheus.NewDesc("mpsd_config_last_reload_success", "1 if the last config reload (or the initial load) succeeded.", nil, nil)
 	descReloadTime    = prometheus.NewDesc("mpsd_config_last_reload_timestamp_seconds", "When the config was last loaded or reload attempted.", nil, nil)
 )
@@ -59,11 +61,15 @@ type metrics struct {
 	requeues map[string]uint64
 	// killFailures counts failed kills of lease cgroups per group.
 	killFailures map[string]uint64
-	xids         map[[2]uint64]uint64 // (gpu index, xid) → count
-	reloadOK     bool
-	reloadAt     time.Time
-	gpuUUIDs     []string
-	gpuIndexStr  []string
+	// unreconciled and reconTerminated count reconciliation's findings
+	// and the processes it ended, by (group, kind).
+	unreconciled    map[[2]string]uint64
+	reconTerminated map[[2]string]uint64
+	xids            map[[2]uint64]uint64 // (gpu index, xid) → count
+	reloadOK        bool
+	reloadAt        time.Time
+	gpuUUIDs        []string
+	gpuIndexStr     []string
 
 	// What outsiders make mpsd hold and mpsd's own exhaustion; these lock
 	// themselves.
@@ -81,12 +87,14 @@ func newMetrics(d *Daemon) *metrics {
 			Help:    "Time a lease waited in its group's queue before its grant.",
 			Buckets: []float64{0.001, 0.005, 0.025, 0.1, 0.5, 2.5, 10, 60, 300, 1800, 7200},
 		}, []string{"group"}),
-		granted:      map[string]uint64{},
-		requeues:     map[string]uint64{},
-		killFailures: map[string]uint64{},
-		xids:         map[[2]uint64]uint64{},
-		reloadOK:     true,
-		reloadAt:     time.Now(),
+		granted:         map[string]uint64{},
+		requeues:        map[string]uint64{},
+		killFailures:    map[string]uint64{},
+		unreconciled:    map[[2]string]uint64{},
+		reconTerminated: map[[2]string]uint64{},
+		xids:            map[[2]uint64]uint64{},
+		reloadOK:        true,
+		reloadAt:        time.Now(),
 	}
 	for _, g := range d.host.GPUs() {
 		m.gpuUUIDs = append(m.gpuUUIDs, g.UUID)
@@ -124,7 +132,7 @@ type daemonCollector Daemon
 
 func (c *daemonCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInstanceUp, descInstanceState, descRestarts, descFaults, descQuarantined,
-		descClients, descSM, descMem, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime, descUnverified} {
+		descClients, descSM, descMem, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime, descUnverified, descUnreconciled, descReconKilled} {
 		ch <- d
 	}
 }
@@ -223,6 +231,20 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descGranted, float64(m.granted[g.Name]), g.Name)
 		counter(descRequeues, float64(m.requeues[g.Name]), g.Name)
 		counter(descKillFailures, float64(m.killFailures[g.Name]), g.Name)
+		// Every kind, zeros included, so increase() sees the first one.
+		for _, kind := range reconKinds {
+			k := [2]string{g.Name, kind}
+			counter(descUnreconciled, float64(m.unreconciled[k]), g.Name, kind)
+			counter(descReconKilled, float64(m.reconTerminated[k]), g.Name, kind)
+		}
+	}
+	// Findings of no group (a bypass by a process of no member), and of
+	// groups no longer in the config.
+	for k, n := range m.unreconciled {
+		if _, ok := d.cfg.Group(k[0]); !ok {
+			counter(descUnreconciled, float64(n), k[0], k[1])
+			counter(descReconKilled, float64(m.reconTerminated[k]), k[0], k[1])
+		}
 	}
 	stuck := 0
 	for _, l := range d.leases {

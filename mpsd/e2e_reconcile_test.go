@@ -1,0 +1,221 @@
+package mpsd
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/gpu"
+	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
+)
+
+// Test users of the reconciliation tests.
+const (
+	reconUID      = 65000 // the group member: leases, and the offenders
+	reconOtherUID = 65001 // a second member, who runs nothing
+)
+
+// Reconciliation on the emulator, under each policy. One member of a
+// group with two instances (GPU 0 and GPU 1) runs a leased client on each
+// (the bystanders), and then, on instance 0 without mps-launch:
+//   - an unleased mpsemu-client given instance 0's pipe directory;
+//   - a lease placed on instance 1 whose command connects to instance 0's
+//     pipe directory (a lease process on the wrong instance);
+//   - a process NVML lists as a compute process on GPU 0 beside MPS (a
+//     bypass), and the same for a root process (no member: reported,
+//     never ended).
+//
+// Each offender is reported once (metric, log line naming kind, group,
+// GPU and pid); under terminate each member's offender is ended, under
+// report none is. The bystanders' leases keep running on their first
+// attempt with the same processes, and no instance restarts.
+func TestReconcileFindsAndEndsUnaccountedClients(t *testing.T) {
+	for _, pol := range []string{"report", "terminate"} {
+		t.Run(pol, func(t *testing.T) { testReconcile(t, pol) })
+	}
+}
+
+func testReconcile(t *testing.T, pol string) {
+	member, other := emutest.User(t, reconUID), emutest.User(t, reconOtherUID)
+	e := newEnv(t, fmt.Sprintf(`  a:
+    users: [%s, %s]
+    memory: 10G
+    gpus: ["0", "1"]
+    reconcile: %s
+`, member, other, pol), "")
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	by0 := startProc(t, asUID(e.launch("--gpu", "0", "--sm", "10", "--mem", "1G", "--", client, "--duration", "1m"), reconUID))
+	by1 := startProc(t, asUID(e.launch("--gpu", "1", "--sm", "10", "--mem", "1G", "--", client, "--duration", "1m"), reconUID))
+	st := e.waitStatus("both bystanders running on a live server", func(st api.Status) bool {
+		in0, in1 := instanceOf(st, "a", 0), instanceOf(st, "a", 1)
+		return countLeases(st, api.LeaseRunning) == 2 && len(in0.ServerPIDs) == 1 && len(in1.ServerPIDs) == 1 &&
+			e.mpsClients(in0) == 1 && e.mpsClients(in1) == 1
+	})
+	in0 := instanceOf(st, "a", 0)
+	byPids := map[string][]int{}
+	for _, l := range st.Leases {
+		byPids[l.ID] = l.PIDs
+	}
+	pipe0 := Layout{RunDir: filepath.Join(e.dir, "run")}.PipeDir("a", in0.GPUUUID)
+
+	// The offenders.
+	unleasedCmd := asUID(exec.Command(client, "--duration", "1m"), reconUID)
+	unleasedCmd.Env = append(os.Environ(), api.EnvPipeDirectory+"="+pipe0)
+	unleased := startProc(t, unleasedCmd)
+	wrong := startProc(t, asUID(e.launch("--gpu", "1", "--sm", "10", "--mem", "1G", "--no-requeue", "--",
+		"/bin/sh", "-c", `unset CUDA_VISIBLE_DEVICES; CUDA_MPS_PIPE_DIRECTORY="$1" exec "$0" --duration 1m`, client, pipe0), reconUID))
+	bypass := startProc(t, asUID(exec.Command("sleep", "300"), reconUID))
+	rootBypass := startProc(t, exec.Command("sleep", "300"))
+	for _, p := range []*proc{bypass, rootBypass} {
+		if err := e.sim.SetProcessMemory(0, p.pid(), gpu.ProcessCompute, 1<<30); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wrongPid := 0
+	if pol == "report" {
+		// (Under terminate they may be gone before a look at the status.)
+		st = e.waitStatus("the wrong-instance lease running and both offending clients on instance 0's server", func(st api.Status) bool {
+			return countLeases(st, api.LeaseRunning) == 3 && e.mpsClients(instanceOf(st, "a", 0)) == 3
+		})
+		for _, l := range st.Leases {
+			if _, bystander := byPids[l.ID]; !bystander && len(l.PIDs) > 0 {
+				wrongPid = l.PIDs[0]
+			}
+		}
+	}
+
+	want := map[string]float64{reconUnleased: 1, reconWrongInstance: 1, reconBypass: 1}
+	e.reconWaitMetric("mpsd_unreconciled_clients_total", "a", want)
+	e.reconWaitMetric("mpsd_unreconciled_clients_total", "", map[string]float64{reconBypass: 1})
+	for kind, pid := range map[string]int{reconUnleased: unleased.pid(), reconWrongInstance: wrongPid, reconBypass: bypass.pid()} {
+		line := fmt.Sprintf("kind=%s group=a gpu=%s gpu_index=0 instance=a/0 pid=", kind, in0.GPUUUID)
+		if pid != 0 {
+			line += strconv.Itoa(pid)
+		}
+		e.waitLogAny(line)
+	}
+	e.waitLogAny("action=" + map[string]string{"report": "reported", "terminate": "terminated"}[pol] + " server=" + strconv.Itoa(in0.ServerPIDs[0]) + " lease=")
+	e.waitLogAny(fmt.Sprintf("kind=bypass group=\"\" gpu=%s gpu_index=0 instance=a/0 pid=%d uid=0", in0.GPUUUID, rootBypass.pid()))
+
+	if pol == "terminate" {
+		if r := unleased.wait(t); r.code != 90 && r.code != 128+9 {
+			t.Errorf("unleased client: exit %d (stderr %q), want 90 (terminated, CUDA error 810) or SIGKILL", r.code, r.stderr)
+		}
+		if r := wrong.wait(t); r.code != 90 && r.code != 128+9 {
+			t.Errorf("wrong-instance lease: mps-launch exit %d (stderr %q), want its command's 90 or SIGKILL", r.code, r.stderr)
+		}
+		if r := bypass.wait(t); r.code != 128+9 {
+			t.Errorf("member's bypass process: exit %d, want SIGKILL", r.code)
+		}
+		e.reconWaitMetric("mpsd_unreconciled_clients_terminated_total", "a", want)
+	} else {
+		for _, p := range []*proc{unleased, wrong, bypass} {
+			if !alive(p.pid()) {
+				t.Errorf("%v ended under reconcile: report", p.cmd.Args)
+			}
+		}
+		if n := e.limSum("mpsd_unreconciled_clients_terminated_total"); n != 0 {
+			t.Errorf("mpsd_unreconciled_clients_terminated_total = %v under report", n)
+		}
+	}
+	// Root's process is never ended.
+	if !alive(rootBypass.pid()) {
+		t.Error("root's bypass process was ended")
+	}
+	if n := e.reconMetric("mpsd_unreconciled_clients_terminated_total", "", reconBypass); n != 0 {
+		t.Errorf("terminated of no group = %v", n)
+	}
+
+	// The bystanders: running, first attempt, same processes; no instance
+	// restarted; found once, not once per probe.
+	after := e.d.Status()
+	for id, pids := range byPids {
+		var found bool
+		for _, l := range after.Leases {
+			if l.ID == id {
+				found = true
+				if l.State != api.LeaseRunning || l.Attempt != 1 || fmt.Sprint(l.PIDs) != fmt.Sprint(pids) {
+					t.Errorf("bystander %s: %+v, want running, attempt 1, pids %v", id, l, pids)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("bystander %s gone", id)
+		}
+	}
+	for _, in := range after.Instances {
+		if in.Restarts != 0 {
+			t.Errorf("instance %s/%d restarted %d times", in.Group, in.GPUIndex, in.Restarts)
+		}
+	}
+	for _, p := range []*proc{by0, by1} {
+		if !alive(p.pid()) {
+			t.Errorf("bystander launcher %v ended", p.cmd.Args)
+		}
+	}
+	for kind, n := range want {
+		if got := e.reconMetric("mpsd_unreconciled_clients_total", "a", kind); got != n {
+			t.Errorf("mpsd_unreconciled_clients_total{group=a,kind=%s} = %v after the findings, want %v", kind, got, n)
+		}
+	}
+	if b, _ := os.ReadFile(e.log.Name()); bytes.Count(b, []byte("kind=unleased")) != 1 {
+		t.Errorf("the unleased client was reported %d times, want once", bytes.Count(b, []byte("kind=unleased")))
+	}
+}
+
+// reconMetric is one series of a reconciliation counter.
+func (e *testEnv) reconMetric(name, group, kind string) float64 {
+	e.t.Helper()
+	fams, err := e.d.metrics.reg.Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			var g, k string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "group":
+					g = l.GetValue()
+				case "kind":
+					k = l.GetValue()
+				}
+			}
+			if g == group && k == kind {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// reconWaitMetric waits until the counter's series of group reach want, by kind.
+func (e *testEnv) reconWaitMetric(name, group string, want map[string]float64) {
+	e.t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		ok := true
+		got := map[string]float64{}
+		for kind, n := range want {
+			got[kind] = e.reconMetric(name, group, kind)
+			ok = ok && got[kind] >= n
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s{group=%q} = %v, want %v", name, group, got, want)
+		}
+		time.Sleep(20 * time.Millisecond) // a metric offers nothing to wait on
+	}
+}

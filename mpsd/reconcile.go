@@ -1,0 +1,448 @@
+package mpsd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mpsd/mpsd/gpu"
+	"github.com/mpsd/mpsd/mps"
+	"github.com/mpsd/mpsd/policy"
+)
+
+// Reconciliation joins, per instance, what three sources say of the
+// processes on its GPUs: MPS's client list of each of its servers
+// (get_client_list), the processes of mpsd's leases (their cgroups) and
+// NVML's compute processes on the instance's GPUs. It runs after every
+// successful probe and on every client event of the instance (a "NEW
+// CLIENT" record is only a reason to look: its pid is never used). Each
+// process the join cannot account for is a finding of one kind:
+const (
+	// reconUnleased: a client of one of the instance's servers that no
+	// lease holds: a member who set CUDA_MPS_PIPE_DIRECTORY without
+	// mps-launch (no admission, no cgroup, not in status).
+	reconUnleased = "unleased"
+	// reconWrongInstance: a process of a lease placed on another
+	// instance, attached to a server of this one (it was given the limits
+	// of the other instance, and is charged there).
+	reconWrongInstance = "wrong_instance"
+	// reconBypass: a compute process on one of the instance's GPUs that is
+	// no MPS server of any instance: it runs beside MPS, with the whole GPU
+	// (a client whose pipe directory was missing or misspelled).
+	reconBypass = "bypass"
+)
+
+// reconKinds are the finding kinds, as metrics label them.
+var reconKinds = []string{reconUnleased, reconWrongInstance, reconBypass}
+
+// reconView is one instance as the join sees it.
+type reconView struct {
+	key   string
+	group string
+	gpus  []int
+	// clients: each server's clients, by server pid, as get_client_list
+	// answered.
+	clients map[int][]int
+}
+
+// leaseAt is where a leased process belongs.
+type leaseAt struct {
+	lease, inst, group string
+}
+
+// finding is one process the join could not account for.
+type finding struct {
+	kind string
+	// inst and group: the instance whose server or GPU the process uses,
+	// and the group it is reported under (for wrong_instance, the lease's
+	// group; for bypass, set once the process's owner is known).
+	inst, group string
+	gpu         int
+	server      int // the server it is a client of; 0 for bypass
+	pid         int
+	lease       string // the lease it belongs to (wrong_instance)
+}
+
+// joinReconcile is the join, pure. view is the instance reconciled;
+// servers maps every verified MPS server pid of every instance to its
+// instance key; leased maps every process of a placed lease to its lease;
+// procs are NVML's processes by GPU index (for view's GPUs). A process
+// that is a client of a server and also a compute process on the GPU is
+// reported once, as the client it is.
+func joinReconcile(view reconView, servers map[int]string, leased map[int]leaseAt, procs map[int][]gpu.ProcessMemory) []finding {
+	var out []finding
+	gpu0 := -1
+	if len(view.gpus) > 0 {
+		gpu0 = view.gpus[0]
+	}
+	clients := map[int]bool{}
+	for _, server := range slices.Sorted(maps.Keys(view.clients)) {
+		for _, pid := range view.clients[server] {
+			if pid <= 0 || clients[pid] {
+				continue
+			}
+			clients[pid] = true
+			at, ok := leased[pid]
+			switch {
+			case !ok:
+				out = append(out, finding{kind: reconUnleased, inst: view.key, group: view.group, gpu: gpu0, server: server, pid: pid})
+			case at.inst != view.key:
+				out = append(out, finding{kind: reconWrongInstance, inst: view.key, group: at.group, gpu: gpu0, server: server, pid: pid, lease: at.lease})
+			}
+		}
+	}
+	for _, g := range view.gpus {
+		for _, p := range procs[g] {
+			if p.Kind != gpu.ProcessCompute || p.PID <= 0 || clients[p.PID] {
+				continue
+			}
+			if _, isServer := servers[p.PID]; isServer {
+				continue
+			}
+			out = append(out, finding{kind: reconBypass, inst: view.key, gpu: g, pid: p.PID})
+		}
+	}
+	return out
+}
+
+// reconKey names a finding across joins, so that it is reported (and
+// acted on) once however many joins see it: the process (pid and start
+// time) and where it was found.
+type reconKey struct {
+	kind  string
+	scope string // the instance key; "gpu:N" for bypass (GPUs are shared)
+	pid   int
+	start uint64
+}
+
+func (f finding) scope() string {
+	if f.kind == reconBypass {
+		return "gpu:" + strconv.Itoa(f.gpu)
+	}
+	return f.inst
+}
+
+// reconcileSoon runs a reconciliation of in in its own goroutine, unless
+// one runs: then that one runs again once done, so a burst of client
+// events costs one or two joins.
+func (d *Daemon) reconcileSoon(in *instance) {
+	d.mu.Lock()
+	if in.reconRunning {
+		in.reconAgain = true
+		d.mu.Unlock()
+		return
+	}
+	in.reconRunning = true
+	d.mu.Unlock()
+	d.spawn(func() {
+		for {
+			d.reconcileInstance(in)
+			d.mu.Lock()
+			again := in.reconAgain && d.ctx.Err() == nil
+			in.reconAgain = false
+			if !again {
+				in.reconRunning = false
+				d.mu.Unlock()
+				return
+			}
+			d.mu.Unlock()
+		}
+	})
+}
+
+// reconcileInstance gathers the three sources for in, joins them, checks
+// each finding through a pidfd and /proc, and reports and acts on the new
+// ones. MPS's client lists are read before the leases' processes: a
+// leased process is in its cgroup before it runs (the trampoline), so a
+// client MPS lists was in its lease's cgroup by the time the cgroups are
+// read, unless it or its lease has ended since (checked again below).
+func (d *Daemon) reconcileInstance(in *instance) {
+	d.mu.Lock()
+	dm := in.daemon
+	if dm == nil || !in.daemonUp() || d.ctx.Err() != nil {
+		d.mu.Unlock()
+		return
+	}
+	view := reconView{key: in.key, group: in.group, gpus: slices.Clone(in.p.GPUs), clients: map[int][]int{}}
+	own := slices.Sorted(maps.Keys(in.servers))
+	multiuser := in.p.Multiuser
+	serverUID := maps.Clone(in.servers)
+	timeout := d.cfg.Watchdog.ProbeTimeout
+	d.mu.Unlock()
+
+	for _, server := range own {
+		ctx, cancel := context.WithTimeout(d.ctx, timeout)
+		clients, err := dm.ClientList(ctx, server)
+		cancel()
+		if err != nil {
+			// Not ACTIVE yet, or gone: it has no clients to look at now.
+			in.log.Debug("reconcile: get_client_list", "server", server, "err", err)
+			continue
+		}
+		view.clients[server] = clients
+	}
+	procs := map[int][]gpu.ProcessMemory{}
+	for _, g := range view.gpus {
+		p, err := d.host.Processes(g)
+		if err != nil {
+			in.log.Debug("reconcile: NVML processes", "gpu", g, "err", err)
+			continue
+		}
+		procs[g] = p
+	}
+	servers, _, leased := d.reconSnapshot()
+	found := joinReconcile(view, servers, leased, procs)
+
+	type checked struct {
+		f     finding
+		h     *pidHandle
+		facts procFacts
+	}
+	var confirmed []checked
+	if len(found) > 0 {
+		// What the join found is checked on the process itself, and the
+		// leases and servers are read again: a lease granted, or a server
+		// started, since the first read accounts for it after all.
+		servers, daemons, leased := d.reconSnapshot()
+		for _, f := range found {
+			h, facts, err := verifyProc(d.proc, f.pid)
+			if err != nil {
+				continue // gone: nothing to report
+			}
+			at, isLeased := leased[f.pid]
+			_, isServer := servers[f.pid]
+			// A leased process that NVML shows beside MPS is a bypass all
+			// the same: it runs with the whole GPU, not its lease's limits.
+			switch {
+			case f.kind == reconUnleased && isLeased,
+				f.kind == reconWrongInstance && (!isLeased || at.inst == f.inst),
+				f.kind == reconBypass && (isServer || isMPSServerOf(facts, daemons)):
+				h.close()
+				continue
+			}
+			if f.kind != reconBypass && !multiuser {
+				// MPS serves one uid per server: a pid it lists under a
+				// server of another uid is no client of that server.
+				if uid, ok := serverUID[f.server]; ok && uid >= 0 && facts.uid != uint32(uid) {
+					in.log.Warn("reconcile: MPS lists a client of another uid than its server's; not acted on", "server", f.server, "pid", f.pid, "uid", facts.uid, "server_uid", uid)
+					h.close()
+					continue
+				}
+			}
+			if f.kind == reconBypass {
+				f.group = d.bypassGroup(f.gpu, facts)
+			}
+			confirmed = append(confirmed, checked{f: f, h: h, facts: facts})
+		}
+	}
+
+	// Only findings not reported before are reported; those gone are
+	// forgotten, so a process found again later is reported again.
+	d.mu.Lock()
+	if d.reconSeen == nil {
+		d.reconSeen = map[reconKey]bool{}
+	}
+	seen := map[reconKey]bool{}
+	var fresh []checked
+	for _, c := range confirmed {
+		k := reconKey{kind: c.f.kind, scope: c.f.scope(), pid: c.f.pid, start: c.h.start}
+		seen[k] = true
+		if d.reconSeen[k] {
+			c.h.close()
+			continue
+		}
+		d.reconSeen[k] = true
+		fresh = append(fresh, c)
+	}
+	scopes := map[string]bool{view.key: true}
+	for _, g := range view.gpus {
+		scopes["gpu:"+strconv.Itoa(g)] = true
+	}
+	for k := range d.reconSeen {
+		if scopes[k.scope] && !seen[k] {
+			delete(d.reconSeen, k)
+		}
+	}
+	policies := map[string]policy.ReconcilePolicy{}
+	for _, c := range fresh {
+		if g, ok := d.cfg.Group(c.f.group); ok {
+			policies[c.f.group] = g.Reconcile
+		}
+		d.metrics.unreconciled[[2]string{c.f.group, c.f.kind}]++
+	}
+	d.mu.Unlock()
+
+	for _, c := range fresh {
+		d.actOnFinding(in, dm, c.f, c.h, c.facts, policies[c.f.group])
+		c.h.close()
+	}
+}
+
+// reconSnapshot is what the join needs of every instance and lease:
+// verified servers (pid → instance key), the control daemons' pids, and
+// the processes of every placed lease. The cgroups are read without
+// Daemon.mu.
+func (d *Daemon) reconSnapshot() (servers map[int]string, daemons map[int]bool, leased map[int]leaseAt) {
+	servers, daemons, leased = map[int]string{}, map[int]bool{}, map[int]leaseAt{}
+	d.mu.Lock()
+	type placed struct {
+		l               *lease
+		inst, group, id string
+	}
+	var ls []placed
+	for _, in := range d.instances {
+		for pid := range in.servers {
+			servers[pid] = in.key
+		}
+		if in.daemon != nil {
+			daemons[in.daemon.PID()] = true
+		}
+		for _, l := range in.leases {
+			ls = append(ls, placed{l: l, inst: in.key, group: l.group, id: l.id})
+		}
+	}
+	d.mu.Unlock()
+	for _, p := range ls {
+		for _, pid := range p.l.livePids() {
+			leased[pid] = leaseAt{lease: p.id, inst: p.inst, group: p.group}
+		}
+	}
+	return servers, daemons, leased
+}
+
+// bypassGroup is the group a process beside MPS on GPU g is reported
+// under: the first group (by name) with an instance on g whose member the
+// process's owner is; "" when it is no member of any (root's tools, the
+// driver's daemons): such a process is reported, never ended.
+func (d *Daemon) bypassGroup(g int, facts procFacts) string {
+	if facts.uid == 0 {
+		return ""
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	on := map[string]bool{}
+	for _, in := range d.instances {
+		if slices.Contains(in.p.GPUs, g) {
+			on[in.group] = true
+		}
+	}
+	for _, name := range d.cfg.Access.Groups(policy.Credentials{UID: facts.uid, GIDs: facts.gids}) {
+		if on[name] {
+			return name
+		}
+	}
+	return ""
+}
+
+// mpsServerProgram is the program of an MPS server (NVIDIA's, and the
+// emulator's under the same name).
+const mpsServerProgram = "nvidia-cuda-mps-server"
+
+// isMPSServerOf: the process runs nvidia-cuda-mps-server as a child of
+// one of the instances' control daemons (a server whose start mpsd has
+// not processed yet).
+func isMPSServerOf(facts procFacts, daemons map[int]bool) bool {
+	return daemons[facts.ppid] && filepath.Base(facts.exe) == mpsServerProgram
+}
+
+// actOnFinding reports a finding, and under the terminate policy ends the
+// process: terminate_client on its server first (killing a client with
+// work in flight can hang the server), then SIGKILL through the pidfd
+// verifyProc opened, so only the process checked is signalled. Root's
+// processes and those of no group are only reported.
+func (d *Daemon) actOnFinding(in *instance, dm *mps.Daemon, f finding, h *pidHandle, facts procFacts, pol policy.ReconcilePolicy) {
+	gpuUUID := ""
+	if inv := d.host.GPUs(); f.gpu >= 0 && f.gpu < len(inv) {
+		gpuUUID = inv[f.gpu].UUID
+	}
+	action := "reported"
+	terminate := pol == policy.ReconcileTerminate && f.group != "" && facts.uid != 0
+	if terminate {
+		action = "terminated"
+	}
+	args := []any{"kind", f.kind, "group", f.group, "gpu", gpuUUID, "gpu_index", f.gpu, "instance", f.inst,
+		"pid", f.pid, "uid", facts.uid, "exe", facts.exe, "action", action}
+	if f.server != 0 {
+		args = append(args, "server", f.server)
+	}
+	if f.lease != "" {
+		args = append(args, "lease", f.lease)
+	}
+	d.log.Warn("GPU process not accounted to a lease of its instance", args...)
+	if !terminate {
+		return
+	}
+	if f.server != 0 && dm != nil && !dm.Exited() {
+		ctx, cancel := context.WithTimeout(d.ctx, 2*time.Second)
+		err := dm.TerminateClient(ctx, f.server, f.pid)
+		cancel()
+		if err != nil {
+			d.log.Warn("reconcile: terminate_client failed; killing the process", "pid", f.pid, "server", f.server, "err", err)
+		}
+	}
+	if !h.alive() {
+		d.countTerminated(f)
+		return
+	}
+	if err := unix.PidfdSendSignal(h.fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+		d.log.Error("reconcile: kill failed", "pid", f.pid, "group", f.group, "kind", f.kind, "err", err)
+		return
+	}
+	d.countTerminated(f)
+}
+
+func (d *Daemon) countTerminated(f finding) {
+	d.mu.Lock()
+	d.metrics.reconTerminated[[2]string{f.group, f.kind}]++
+	d.mu.Unlock()
+}
+
+// procFacts is what reconciliation reads of a process through /proc,
+// while a pidfd shows it is still the process the pid named.
+type procFacts struct {
+	uid  uint32
+	gids []uint32 // the supplementary groups (initgroups puts the login group there)
+	ppid int
+	exe  string
+}
+
+// verifyProc opens a pidfd on pid and reads its owner, groups, parent and
+// program; the facts are the pidfd's process's only if it is still alive
+// after they were read, else the pid may name a successor and verifyProc
+// fails. The caller closes the handle.
+func verifyProc(proc string, pid int) (*pidHandle, procFacts, error) {
+	h, err := openPid(proc, pid)
+	if err != nil {
+		return nil, procFacts{}, err
+	}
+	facts, err := readProcFacts(proc, pid)
+	if err == nil && !h.alive() {
+		err = fmt.Errorf("pid %d exited", pid)
+	}
+	if err != nil {
+		h.close()
+		return nil, procFacts{}, err
+	}
+	return h, facts, nil
+}
+
+func readProcFacts(proc string, pid int) (procFacts, error) {
+	st, err := readProcStatus(proc, pid)
+	if err != nil {
+		return procFacts{}, err
+	}
+	facts := procFacts{uid: st.uid, gids: st.groups, ppid: st.ppid}
+	if t, err := os.Readlink(filepath.Join(proc, strconv.Itoa(pid), "exe")); err == nil {
+		facts.exe = strings.TrimSuffix(t, " (deleted)")
+	}
+	return facts, nil
+}
