@@ -150,15 +150,16 @@ func mergeProcesses(compute, clients []nvml.ProcessInfo) []ProcessMemory {
 
 // Processes reads only the process lists of the GPU with the given index
 // (what Usage's Processes holds), for callers that look at them often:
-// two NVML calls rather than Usage's six. Nil when the GPU supports
-// neither list.
-func (h *Host) Processes(index int) ([]ProcessMemory, error) {
+// two NVML calls rather than Usage's six. mpsList says whether the GPU
+// answered the MPS client list (GetMPSComputeRunningProcesses); procs is
+// nil when it supports neither list.
+func (h *Host) Processes(index int) (procs []ProcessMemory, mpsList bool, err error) {
 	d, err := h.device(index)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if err := h.acquire(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer h.release()
 	compute, cret := d.handle.GetComputeRunningProcesses()
@@ -166,12 +167,12 @@ func (h *Host) Processes(index int) ([]ProcessMemory, error) {
 	okC, errC := optional(cret)
 	okM, errM := optional(mret)
 	if errC != nil || errM != nil {
-		return nil, errors.Join(wrapGPU(index, "compute processes", errC), wrapGPU(index, "MPS client processes", errM))
+		return nil, false, errors.Join(wrapGPU(index, "compute processes", errC), wrapGPU(index, "MPS client processes", errM))
 	}
 	if !okC && !okM {
-		return nil, nil
+		return nil, false, nil
 	}
-	return mergeProcesses(compute, clients), nil
+	return mergeProcesses(compute, clients), okM, nil
 }
 
 func wrapGPU(index int, what string, err error) error {

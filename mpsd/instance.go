@@ -85,8 +85,9 @@ type instance struct {
 	// unverifiedLogAt: when an unverified record was last logged.
 	unverifiedLogAt time.Time
 	// reconRunning: a reconciliation of the instance runs (reconcile.go);
-	// reconAgain: it runs once more when done.
-	reconRunning, reconAgain bool
+	// reconAgain: it runs once more when done; reconEvent: a client event
+	// asked for it since the last one began.
+	reconRunning, reconAgain, reconEvent bool
 }
 
 func (in *instance) markTried() { in.triedOnce.Do(func() { close(in.tried) }) }
@@ -437,7 +438,7 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 		case mps.ClientConnected:
 			// A "NEW CLIENT" record (anyone may write one): only a reason
 			// to reconcile the instance now; its pid is not used.
-			d.reconcileSoon(in)
+			d.reconcileSoon(in, true)
 		case mps.ServerStartFailed:
 			if !d.startFailureConfirmed(in, ev.UID) {
 				d.unverifiedRecord(in, ev, "a verified server serves that uid, or no lease of it is on the instance")

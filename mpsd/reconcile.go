@@ -133,9 +133,11 @@ func (f finding) scope() string {
 
 // reconcileSoon runs a reconciliation of in in its own goroutine, unless
 // one runs: then that one runs again once done, so a burst of client
-// events costs one or two joins.
-func (d *Daemon) reconcileSoon(in *instance) {
+// events costs one or two joins. event: a client event asked for it, so
+// MPS's client lists are read whatever NVML shows.
+func (d *Daemon) reconcileSoon(in *instance, event bool) {
 	d.mu.Lock()
+	in.reconEvent = in.reconEvent || event
 	if in.reconRunning {
 		in.reconAgain = true
 		d.mu.Unlock()
@@ -145,11 +147,13 @@ func (d *Daemon) reconcileSoon(in *instance) {
 	d.mu.Unlock()
 	d.spawn(func() {
 		for {
-			d.reconcileInstance(in)
 			d.mu.Lock()
-			again := in.reconAgain && d.ctx.Err() == nil
-			in.reconAgain = false
-			if !again {
+			event := in.reconEvent
+			in.reconEvent, in.reconAgain = false, false
+			d.mu.Unlock()
+			d.reconcileInstance(in, event)
+			d.mu.Lock()
+			if !in.reconAgain || d.ctx.Err() != nil {
 				in.reconRunning = false
 				d.mu.Unlock()
 				return
@@ -161,11 +165,19 @@ func (d *Daemon) reconcileSoon(in *instance) {
 
 // reconcileInstance gathers the three sources for in, joins them, checks
 // each finding through a pidfd and /proc, and reports and acts on the new
-// ones. MPS's client lists are read before the leases' processes: a
-// leased process is in its cgroup before it runs (the trampoline), so a
-// client MPS lists was in its lease's cgroup by the time the cgroups are
-// read, unless it or its lease has ended since (checked again below).
-func (d *Daemon) reconcileInstance(in *instance) {
+// ones.
+//
+// What it reads is kept cheap for a probe: NVML's two process lists per
+// GPU (no program run) and the leases' processes as last read (read again
+// after any attach, or a probe interval). MPS's client lists cost a
+// control command per server, so a probe reads them only when NVML shows
+// an MPS client no lease of an instance on that GPU holds, or the GPU has
+// no MPS client list; a client event (a client connected) always reads
+// them. They are read before the leases' processes: a leased process is
+// in its cgroup before it runs (the trampoline), so a client MPS lists
+// was in its lease's cgroup by the time the cgroups are read, unless it
+// or its lease has ended since (checked again below).
+func (d *Daemon) reconcileInstance(in *instance, event bool) {
 	d.mu.Lock()
 	dm := in.daemon
 	if dm == nil || !in.daemonUp() || d.ctx.Err() != nil {
@@ -177,30 +189,52 @@ func (d *Daemon) reconcileInstance(in *instance) {
 	multiuser := in.p.Multiuser
 	serverUID := maps.Clone(in.servers)
 	timeout := d.cfg.Watchdog.ProbeTimeout
+	interval := d.cfg.Watchdog.ProbeInterval
+	onGPU := map[string]bool{}
+	for _, other := range d.instances {
+		for _, g := range view.gpus {
+			if slices.Contains(other.p.GPUs, g) {
+				onGPU[other.key] = true
+			}
+		}
+	}
 	d.mu.Unlock()
 
-	for _, server := range own {
-		ctx, cancel := context.WithTimeout(d.ctx, timeout)
-		clients, err := dm.ClientList(ctx, server)
-		cancel()
-		if err != nil {
-			// Not ACTIVE yet, or gone: it has no clients to look at now.
-			in.log.Debug("reconcile: get_client_list", "server", server, "err", err)
-			continue
-		}
-		view.clients[server] = clients
-	}
 	procs := map[int][]gpu.ProcessMemory{}
+	needMPS := event
 	for _, g := range view.gpus {
-		p, err := d.host.Processes(g)
+		p, mpsList, err := d.host.Processes(g)
 		if err != nil {
 			in.log.Debug("reconcile: NVML processes", "gpu", g, "err", err)
-			continue
 		}
 		procs[g] = p
+		needMPS = needMPS || !mpsList
 	}
-	servers, _, leased := d.reconSnapshot()
-	found := joinReconcile(view, servers, leased, procs)
+	if !needMPS {
+		leased := d.leasedPids(interval, false)
+		for _, g := range view.gpus {
+			for _, p := range procs[g] {
+				if at, ok := leased[p.PID]; p.Kind == gpu.ProcessMPSClient && (!ok || !onGPU[at.inst]) {
+					needMPS = true
+				}
+			}
+		}
+	}
+	if needMPS {
+		for _, server := range own {
+			ctx, cancel := context.WithTimeout(d.ctx, timeout)
+			clients, err := dm.ClientList(ctx, server)
+			cancel()
+			if err != nil {
+				// Not ACTIVE yet, or gone: it has no clients to look at now.
+				in.log.Debug("reconcile: get_client_list", "server", server, "err", err)
+				continue
+			}
+			view.clients[server] = clients
+		}
+	}
+	servers, _ := d.serverSnapshot()
+	found := joinReconcile(view, servers, d.leasedPids(interval, false), procs)
 
 	type checked struct {
 		f     finding
@@ -212,7 +246,24 @@ func (d *Daemon) reconcileInstance(in *instance) {
 		// What the join found is checked on the process itself, and the
 		// leases and servers are read again: a lease granted, or a server
 		// started, since the first read accounts for it after all.
-		servers, daemons, leased := d.reconSnapshot()
+		// Findings reported before (a process left running under report)
+		// need no fresh read of every cgroup each probe.
+		d.mu.Lock()
+		known := map[[2]string]map[int]bool{}
+		for k := range d.reconSeen {
+			kk := [2]string{k.kind, k.scope}
+			if known[kk] == nil {
+				known[kk] = map[int]bool{}
+			}
+			known[kk][k.pid] = true
+		}
+		d.mu.Unlock()
+		allKnown := true
+		for _, f := range found {
+			allKnown = allKnown && known[[2]string{f.kind, f.scope()}][f.pid]
+		}
+		servers, daemons := d.serverSnapshot()
+		leased := d.leasedPids(interval, !allKnown)
 		for _, f := range found {
 			h, facts, err := verifyProc(d.proc, f.pid)
 			if err != nil {
@@ -287,18 +338,12 @@ func (d *Daemon) reconcileInstance(in *instance) {
 	}
 }
 
-// reconSnapshot is what the join needs of every instance and lease:
-// verified servers (pid → instance key), the control daemons' pids, and
-// the processes of every placed lease. The cgroups are read without
-// Daemon.mu.
-func (d *Daemon) reconSnapshot() (servers map[int]string, daemons map[int]bool, leased map[int]leaseAt) {
-	servers, daemons, leased = map[int]string{}, map[int]bool{}, map[int]leaseAt{}
+// serverSnapshot is every instance's verified servers (pid → instance
+// key) and the control daemons' pids.
+func (d *Daemon) serverSnapshot() (servers map[int]string, daemons map[int]bool) {
+	servers, daemons = map[int]string{}, map[int]bool{}
 	d.mu.Lock()
-	type placed struct {
-		l               *lease
-		inst, group, id string
-	}
-	var ls []placed
+	defer d.mu.Unlock()
 	for _, in := range d.instances {
 		for pid := range in.servers {
 			servers[pid] = in.key
@@ -306,17 +351,51 @@ func (d *Daemon) reconSnapshot() (servers map[int]string, daemons map[int]bool, 
 		if in.daemon != nil {
 			daemons[in.daemon.PID()] = true
 		}
+	}
+	return servers, daemons
+}
+
+// leasedSnapshot is the processes of every placed lease, read at a time
+// and attach generation.
+type leasedSnapshot struct {
+	pids map[int]leaseAt
+	at   time.Time
+	gen  uint64
+}
+
+// leasedPids is the processes of every placed lease, from their cgroups:
+// the last reading, unless an attach came since, it is older than maxAge,
+// or fresh is asked for. The cgroups are read without Daemon.mu.
+func (d *Daemon) leasedPids(maxAge time.Duration, fresh bool) map[int]leaseAt {
+	gen := d.attachGen.Load()
+	d.reconMu.Lock()
+	snap := d.reconLeased
+	d.reconMu.Unlock()
+	if !fresh && snap.pids != nil && snap.gen == gen && time.Since(snap.at) < maxAge {
+		return snap.pids
+	}
+	type placed struct {
+		l               *lease
+		inst, group, id string
+	}
+	var ls []placed
+	d.mu.Lock()
+	for _, in := range d.instances {
 		for _, l := range in.leases {
 			ls = append(ls, placed{l: l, inst: in.key, group: l.group, id: l.id})
 		}
 	}
 	d.mu.Unlock()
+	leased := map[int]leaseAt{}
 	for _, p := range ls {
 		for _, pid := range p.l.livePids() {
 			leased[pid] = leaseAt{lease: p.id, inst: p.inst, group: p.group}
 		}
 	}
-	return servers, daemons, leased
+	d.reconMu.Lock()
+	d.reconLeased = leasedSnapshot{pids: leased, at: time.Now(), gen: gen}
+	d.reconMu.Unlock()
+	return leased
 }
 
 // bypassGroup is the group a process beside MPS on GPU g is reported

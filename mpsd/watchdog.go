@@ -366,7 +366,7 @@ func (d *Daemon) probe(in *instance, timeout time.Duration, failures int) {
 		in.probeFails = 0
 		d.mu.Unlock()
 		d.localResourceOK(whereProbe)
-		d.reconcileSoon(in) // reconcile.go
+		d.reconcileSoon(in, false) // reconcile.go
 		return
 	}
 	if isLocalResource(err) {

@@ -190,7 +190,7 @@ type Group struct {
 	Multiuser bool
 	// Reconcile is what mpsd does with a process it finds using one of
 	// the group's instances without a lease of it (docs/alerts.md,
-	// MPSDUnreconciledClient): report, or terminate. Default: report.
+	// MPSUnreconciledClient): report, or terminate. Default: report.
 	Reconcile ReconcilePolicy
 
 	// Instances are the GPU index sets of the group's instances, resolved

@@ -34,41 +34,45 @@ type metricContract struct {
 var (
 	instLabels = []string{"gpu", "gpu_index", "group"}
 	contract   = map[string]metricContract{
-		"mpsd_build_info":                           {labels: []string{"version", "goversion"}},
-		"mpsd_instance_up":                          {labels: instLabels},
-		"mpsd_instance_state":                       {labels: append(slices.Clone(instLabels), "state")},
-		"mpsd_server_restarts_total":                {labels: append(slices.Clone(instLabels), "reason")},
-		"mpsd_faults_total":                         {labels: append(slices.Clone(instLabels), "kind")},
-		"mpsd_quarantined":                          {labels: instLabels},
-		"mpsd_clients":                              {labels: instLabels},
-		"mpsd_sm_allocated_percent":                 {labels: instLabels},
-		"mpsd_memory_allocated_bytes":               {labels: instLabels},
-		"mpsd_queue_length":                         {labels: []string{"group"}},
-		"mpsd_leases_granted_total":                 {labels: []string{"group"}},
-		"mpsd_requeues_total":                       {labels: []string{"group"}},
-		"mpsd_admission_wait_seconds":               {labels: []string{"group"}, histogram: true},
-		"mpsd_gpu_xid_errors_total":                 {labels: []string{"gpu", "gpu_index", "xid"}},
-		"mpsd_gpu_memory_used_bytes":                {labels: []string{"gpu", "gpu_index"}},
-		"mpsd_gpu_utilization_ratio":                {labels: []string{"gpu", "gpu_index"}},
-		"mpsd_config_last_reload_success":           {},
-		"mpsd_config_last_reload_timestamp_seconds": {},
-		"mpsd_unverified_mps_records_total":         {labels: instLabels},
-		"mpsd_leases_kill_stuck":                    {},
-		"mpsd_cgroup_kill_failures_total":           {labels: []string{"group"}},
-		"mpsd_local_resource_errors_total":          {labels: []string{"where"}},
-		"mpsd_connections_open":                     {labels: []string{"listener"}},
-		"mpsd_connections_refused_total":            {labels: []string{"listener", "reason"}},
-		"mpsd_lease_requests_over_limit_total":      {},
-		"mpsd_state_writable":                       {},
-		"mpsd_state_write_failures_total":           {},
+		"mpsd_build_info":                            {labels: []string{"version", "goversion"}},
+		"mpsd_instance_up":                           {labels: instLabels},
+		"mpsd_instance_state":                        {labels: append(slices.Clone(instLabels), "state")},
+		"mpsd_server_restarts_total":                 {labels: append(slices.Clone(instLabels), "reason")},
+		"mpsd_faults_total":                          {labels: append(slices.Clone(instLabels), "kind")},
+		"mpsd_quarantined":                           {labels: instLabels},
+		"mpsd_clients":                               {labels: instLabels},
+		"mpsd_sm_allocated_percent":                  {labels: instLabels},
+		"mpsd_memory_allocated_bytes":                {labels: instLabels},
+		"mpsd_queue_length":                          {labels: []string{"group"}},
+		"mpsd_leases_granted_total":                  {labels: []string{"group"}},
+		"mpsd_requeues_total":                        {labels: []string{"group"}},
+		"mpsd_admission_wait_seconds":                {labels: []string{"group"}, histogram: true},
+		"mpsd_gpu_xid_errors_total":                  {labels: []string{"gpu", "gpu_index", "xid"}},
+		"mpsd_gpu_memory_used_bytes":                 {labels: []string{"gpu", "gpu_index"}},
+		"mpsd_gpu_utilization_ratio":                 {labels: []string{"gpu", "gpu_index"}},
+		"mpsd_config_last_reload_success":            {},
+		"mpsd_config_last_reload_timestamp_seconds":  {},
+		"mpsd_unverified_mps_records_total":          {labels: instLabels},
+		"mpsd_leases_kill_stuck":                     {},
+		"mpsd_cgroup_kill_failures_total":            {labels: []string{"group"}},
+		"mpsd_local_resource_errors_total":           {labels: []string{"where"}},
+		"mpsd_connections_open":                      {labels: []string{"listener"}},
+		"mpsd_connections_refused_total":             {labels: []string{"listener", "reason"}},
+		"mpsd_lease_requests_over_limit_total":       {},
+		"mpsd_state_writable":                        {},
+		"mpsd_state_write_failures_total":            {},
+		"mpsd_unreconciled_clients_total":            {labels: []string{"group", "kind"}},
+		"mpsd_unreconciled_clients_terminated_total": {labels: []string{"group", "kind"}},
 	}
 	// Values a matcher on these labels may name.
 	labelValues = map[string][]string{
 		"state":  {"starting", "ready", "recovering", "quarantined", "draining"},
 		"reason": faultKinds,
-		"kind":   faultKinds,
+		"kind":   append(slices.Clone(faultKinds), reconKinds...),
 	}
 	faultKinds = []string{"daemon_exit", "server_exit", "fatal_exception", "server_fault", "start_failed", "hung", "xid", "admin_restart"}
+	// The kinds of mpsd_unreconciled_clients_total.
+	reconKinds = []string{"unleased", "wrong_instance", "bypass"}
 	// Labels Prometheus adds to every scraped series.
 	targetLabels = []string{"job", "instance"}
 	// Standard Go and process collector metrics the dashboard may use.
