@@ -172,13 +172,10 @@ type Daemon struct {
 	// there (reconcile.go).
 	reconSeen map[reconKey]bool
 	// reconLeased: the processes of placed leases as reconciliation last
-	// read them from the cgroups, with attachGen then and the time; used
-	// again until an attach or a probe interval makes it stale. Guarded
-	// by reconMu (never held with mu).
+	// read them from the cgroups, and when. Guarded by reconMu (never
+	// held with mu).
 	reconMu     sync.Mutex
 	reconLeased leasedSnapshot
-	// attachGen counts attaches (a new process in a lease's cgroup).
-	attachGen atomic.Uint64
 }
 
 // New loads the config, takes the GPU inventory and prepares the cgroup

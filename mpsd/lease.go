@@ -674,7 +674,6 @@ func (d *Daemon) attach(l *lease, pid int) error {
 		return fmt.Errorf("attach pid %d to lease %s: %w", pid, l.id, err)
 	}
 	l.pids = append(l.pids, pid)
-	d.attachGen.Add(1) // reconciliation's snapshot of lease processes is stale
 	return nil
 }
 

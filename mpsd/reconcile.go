@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/mpsd/mpsd/cgroup"
 	"github.com/mpsd/mpsd/gpu"
 	"github.com/mpsd/mpsd/mps"
 	"github.com/mpsd/mpsd/policy"
@@ -168,15 +169,17 @@ func (d *Daemon) reconcileSoon(in *instance, event bool) {
 // ones.
 //
 // What it reads is kept cheap for a probe: NVML's two process lists per
-// GPU (no program run) and the leases' processes as last read (read again
-// after any attach, or a probe interval). MPS's client lists cost a
-// control command per server, so a probe reads them only when NVML shows
-// an MPS client no lease of an instance on that GPU holds, or the GPU has
-// no MPS client list; a client event (a client connected) always reads
-// them. They are read before the leases' processes: a leased process is
-// in its cgroup before it runs (the trampoline), so a client MPS lists
-// was in its lease's cgroup by the time the cgroups are read, unless it
-// or its lease has ended since (checked again below).
+// GPU (no program run), the leases' processes as last read from their
+// cgroups (read again every few probe intervals), and for a process that
+// reading does not hold, its own /proc/PID/cgroup (a process attached or
+// forked since). MPS's client lists cost a control command per server, so
+// a probe reads them only when NVML shows an MPS client no lease of an
+// instance on that GPU holds, or the GPU has no MPS client list; a client
+// event (a client connected) always reads them. They are read before any
+// lease's process is looked up: a leased process is in its cgroup before
+// it runs (the trampoline), so a client MPS lists is in its lease's
+// cgroup when looked up, unless it or its lease has ended since (checked
+// again, through a pidfd, below).
 func (d *Daemon) reconcileInstance(in *instance, event bool) {
 	d.mu.Lock()
 	dm := in.daemon
@@ -189,7 +192,7 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 	multiuser := in.p.Multiuser
 	serverUID := maps.Clone(in.servers)
 	timeout := d.cfg.Watchdog.ProbeTimeout
-	interval := d.cfg.Watchdog.ProbeInterval
+	maxAge := reconLeasedAge * d.cfg.Watchdog.ProbeInterval
 	onGPU := map[string]bool{}
 	for _, other := range d.instances {
 		for _, g := range view.gpus {
@@ -202,6 +205,7 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 
 	procs := map[int][]gpu.ProcessMemory{}
 	needMPS := event
+	var nvmlClients []int
 	for _, g := range view.gpus {
 		p, mpsList, err := d.host.Processes(g)
 		if err != nil {
@@ -209,18 +213,23 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 		}
 		procs[g] = p
 		needMPS = needMPS || !mpsList
+		for _, pm := range p {
+			if pm.Kind == gpu.ProcessMPSClient {
+				nvmlClients = append(nvmlClients, pm.PID)
+			}
+		}
 	}
+	leased := d.leasedPids(maxAge)
 	if !needMPS {
-		leased := d.leasedPids(interval, false)
-		for _, g := range view.gpus {
-			for _, p := range procs[g] {
-				if at, ok := leased[p.PID]; p.Kind == gpu.ProcessMPSClient && (!ok || !onGPU[at.inst]) {
-					needMPS = true
-				}
+		leased = d.resolveLeased(nvmlClients, leased)
+		for _, pid := range nvmlClients {
+			if at, ok := leased[pid]; !ok || !onGPU[at.inst] {
+				needMPS = true
 			}
 		}
 	}
 	if needMPS {
+		var listed []int
 		for _, server := range own {
 			ctx, cancel := context.WithTimeout(d.ctx, timeout)
 			clients, err := dm.ClientList(ctx, server)
@@ -231,10 +240,12 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 				continue
 			}
 			view.clients[server] = clients
+			listed = append(listed, clients...)
 		}
+		leased = d.resolveLeased(listed, leased)
 	}
-	servers, _ := d.serverSnapshot()
-	found := joinReconcile(view, servers, d.leasedPids(interval, false), procs)
+	servers, daemons := d.serverSnapshot()
+	found := joinReconcile(view, servers, leased, procs)
 
 	type checked struct {
 		f     finding
@@ -242,58 +253,48 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 		facts procFacts
 	}
 	var confirmed []checked
-	if len(found) > 0 {
-		// What the join found is checked on the process itself, and the
-		// leases and servers are read again: a lease granted, or a server
-		// started, since the first read accounts for it after all.
-		// Findings reported before (a process left running under report)
-		// need no fresh read of every cgroup each probe.
-		d.mu.Lock()
-		known := map[[2]string]map[int]bool{}
-		for k := range d.reconSeen {
-			kk := [2]string{k.kind, k.scope}
-			if known[kk] == nil {
-				known[kk] = map[int]bool{}
-			}
-			known[kk][k.pid] = true
+	for _, f := range found {
+		h, facts, err := verifyProc(d.proc, f.pid)
+		if err != nil {
+			continue // gone: nothing to report
 		}
-		d.mu.Unlock()
-		allKnown := true
-		for _, f := range found {
-			allKnown = allKnown && known[[2]string{f.kind, f.scope()}][f.pid]
+		// Where the process is now, read while the pidfd holds it: a
+		// reading of the cgroups from before it was attached (or before
+		// its pid was reused) does not decide.
+		at, isLeased, known := d.leaseOfPid(f.pid)
+		if !known {
+			at, isLeased = d.leasedPids(0)[f.pid]
 		}
-		servers, daemons := d.serverSnapshot()
-		leased := d.leasedPids(interval, !allKnown)
-		for _, f := range found {
-			h, facts, err := verifyProc(d.proc, f.pid)
-			if err != nil {
-				continue // gone: nothing to report
-			}
-			at, isLeased := leased[f.pid]
-			_, isServer := servers[f.pid]
-			// A leased process that NVML shows beside MPS is a bypass all
-			// the same: it runs with the whole GPU, not its lease's limits.
-			switch {
-			case f.kind == reconUnleased && isLeased,
-				f.kind == reconWrongInstance && (!isLeased || at.inst == f.inst),
-				f.kind == reconBypass && (isServer || isMPSServerOf(facts, daemons)):
+		if !h.alive() {
+			h.close()
+			continue
+		}
+		_, isServer := servers[f.pid]
+		// A leased process that NVML shows beside MPS is a bypass all
+		// the same: it runs with the whole GPU, not its lease's limits.
+		switch {
+		case f.kind == reconUnleased && isLeased,
+			f.kind == reconWrongInstance && (!isLeased || at.inst == f.inst),
+			f.kind == reconBypass && (isServer || isMPSServerOf(facts, daemons)):
+			h.close()
+			continue
+		}
+		if f.kind == reconWrongInstance {
+			f.lease, f.group = at.lease, at.group
+		}
+		if f.kind != reconBypass && !multiuser {
+			// MPS serves one uid per server: a pid it lists under a
+			// server of another uid is no client of that server.
+			if uid, ok := serverUID[f.server]; ok && uid >= 0 && facts.uid != uint32(uid) {
+				in.log.Warn("reconcile: MPS lists a client of another uid than its server's; not acted on", "server", f.server, "pid", f.pid, "uid", facts.uid, "server_uid", uid)
 				h.close()
 				continue
 			}
-			if f.kind != reconBypass && !multiuser {
-				// MPS serves one uid per server: a pid it lists under a
-				// server of another uid is no client of that server.
-				if uid, ok := serverUID[f.server]; ok && uid >= 0 && facts.uid != uint32(uid) {
-					in.log.Warn("reconcile: MPS lists a client of another uid than its server's; not acted on", "server", f.server, "pid", f.pid, "uid", facts.uid, "server_uid", uid)
-					h.close()
-					continue
-				}
-			}
-			if f.kind == reconBypass {
-				f.group = d.bypassGroup(f.gpu, facts)
-			}
-			confirmed = append(confirmed, checked{f: f, h: h, facts: facts})
 		}
+		if f.kind == reconBypass {
+			f.group = d.bypassGroup(f.gpu, facts)
+		}
+		confirmed = append(confirmed, checked{f: f, h: h, facts: facts})
 	}
 
 	// Only findings not reported before are reported; those gone are
@@ -355,23 +356,25 @@ func (d *Daemon) serverSnapshot() (servers map[int]string, daemons map[int]bool)
 	return servers, daemons
 }
 
-// leasedSnapshot is the processes of every placed lease, read at a time
-// and attach generation.
+// reconLeasedAge is how many probe intervals a reading of every lease's
+// cgroup is used again: what it lacks (a process attached or forked
+// since) is looked up on its own (resolveLeased).
+const reconLeasedAge = 5
+
+// leasedSnapshot is the processes of every placed lease, read at a time.
 type leasedSnapshot struct {
 	pids map[int]leaseAt
 	at   time.Time
-	gen  uint64
 }
 
 // leasedPids is the processes of every placed lease, from their cgroups:
-// the last reading, unless an attach came since, it is older than maxAge,
-// or fresh is asked for. The cgroups are read without Daemon.mu.
-func (d *Daemon) leasedPids(maxAge time.Duration, fresh bool) map[int]leaseAt {
-	gen := d.attachGen.Load()
+// the last reading, unless it is older than maxAge (0: read now). The
+// cgroups are read without Daemon.mu. The map is shared: read it only.
+func (d *Daemon) leasedPids(maxAge time.Duration) map[int]leaseAt {
 	d.reconMu.Lock()
 	snap := d.reconLeased
 	d.reconMu.Unlock()
-	if !fresh && snap.pids != nil && snap.gen == gen && time.Since(snap.at) < maxAge {
+	if snap.pids != nil && time.Since(snap.at) < maxAge {
 		return snap.pids
 	}
 	type placed struct {
@@ -393,9 +396,73 @@ func (d *Daemon) leasedPids(maxAge time.Duration, fresh bool) map[int]leaseAt {
 		}
 	}
 	d.reconMu.Lock()
-	d.reconLeased = leasedSnapshot{pids: leased, at: time.Now(), gen: gen}
+	d.reconLeased = leasedSnapshot{pids: leased, at: time.Now()}
 	d.reconMu.Unlock()
 	return leased
+}
+
+// resolveLeased returns leased with the pids it lacks looked up one by
+// one (leaseOfPid); leased itself when it lacks none. Without a unified
+// cgroup hierarchy to look a process up in, every cgroup is read again.
+func (d *Daemon) resolveLeased(pids []int, leased map[int]leaseAt) map[int]leaseAt {
+	var out map[int]leaseAt
+	for _, pid := range pids {
+		if _, ok := leased[pid]; ok {
+			continue
+		}
+		if out != nil {
+			if _, ok := out[pid]; ok {
+				continue
+			}
+		}
+		at, ok, known := d.leaseOfPid(pid)
+		if !known {
+			return d.leasedPids(0)
+		}
+		if !ok {
+			continue
+		}
+		if out == nil {
+			out = maps.Clone(leased)
+		}
+		out[pid] = at
+	}
+	if out == nil {
+		return leased
+	}
+	return out
+}
+
+// leaseOfPid is the placed lease whose cgroup holds pid, from
+// /proc/PID/cgroup's cgroup v2 line. known is false when that cannot
+// tell: no unified hierarchy (v1, or cgroups disabled).
+func (d *Daemon) leaseOfPid(pid int) (at leaseAt, ok, known bool) {
+	path, err := unifiedCgroup(d.proc, pid)
+	if err != nil {
+		return leaseAt{}, false, true // gone
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	known = false
+	for _, in := range d.instances {
+		for _, l := range in.leases {
+			p := d.leaseUnifiedCgroup(l)
+			if p == "" {
+				continue
+			}
+			known = true
+			if p == path {
+				return leaseAt{lease: l.id, inst: in.key, group: l.group}, true, true
+			}
+		}
+	}
+	if !known {
+		// No lease has a cgroup v2 path: either none has a cgroup yet
+		// (then nothing is leased) or there is no unified hierarchy.
+		m, isCgroups := d.cg.(*cgroup.Cgroups)
+		known = isCgroups && m.Mode() != cgroup.ModeV1
+	}
+	return leaseAt{}, false, known
 }
 
 // bypassGroup is the group a process beside MPS on GPU g is reported
