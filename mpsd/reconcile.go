@@ -175,7 +175,9 @@ func (d *Daemon) reconcileSoon(in *instance, event bool) {
 // forked since). MPS's client lists cost a control command per server, so
 // a probe reads them only when NVML shows an MPS client no lease of an
 // instance on that GPU holds, or the GPU has no MPS client list; a client
-// event (a client connected) always reads them. They are read before any
+// event (a client connected) reads them too when the instance shares a
+// GPU with another instance (NVML cannot tell their servers' clients
+// apart). They are read before any
 // lease's process is looked up: a leased process is in its cgroup before
 // it runs (the trampoline), so a client MPS lists is in its lease's
 // cgroup when looked up, unless it or its lease has ended since (checked
@@ -204,7 +206,10 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 	d.mu.Unlock()
 
 	procs := map[int][]gpu.ProcessMemory{}
-	needMPS := event
+	// NVML's MPS client list tells which GPU a client uses, not which
+	// server: on a GPU of several instances, a client event reads MPS's
+	// lists to see each client's server.
+	needMPS := event && len(onGPU) > 1
 	var nvmlClients []int
 	for _, g := range view.gpus {
 		p, mpsList, err := d.host.Processes(g)
