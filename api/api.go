@@ -374,6 +374,10 @@ const (
 	// message names the cap and its config key. Temporary: the caller's
 	// own connections and requests ending frees it.
 	CodeOverLimit ErrorCode = "over_limit"
+	// CodeLimitExceeded: the lease's processes went over its limits (the
+	// device memory NVML reports for them above its mem for longer than
+	// the group's memory_grace): it was revoked and is not requeued.
+	CodeLimitExceeded ErrorCode = "limit_exceeded"
 )
 
 // Temporary reports whether trying again later may succeed: the codes

@@ -143,5 +143,6 @@
 // CodeAttemptsExhausted, CodeUnavailable and CodeOverLimit are temporary
 // (exit 75); every
 // other code, including ones this version does not know, is a refusal or
-// failure (exit 125).
+// failure (exit 125): CodeLimitExceeded, a lease revoked for going over its
+// limits, among them (running it again would do the same).
 package api

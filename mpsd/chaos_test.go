@@ -1,6 +1,7 @@
 package mpsd
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -29,10 +30,12 @@ const chaosGroups = `  a:
     users: [root]
     memory: 20G
     requeue_attempts: 1000
+    reconcile: terminate
   b:
     users: [root]
     memory: 10G
     requeue_attempts: 1000
+    reconcile: terminate
 `
 
 const chaosWatchdog = `watchdog:
@@ -314,6 +317,17 @@ func TestChaosSoak(t *testing.T) {
 	// their processes are gone.
 	e.waitStatus("no leases left", func(st api.Status) bool { return len(st.Leases) == 0 })
 	checkAccounting("at the end")
+	// Reconciliation (reconcile: terminate) found nothing: every client
+	// of the soak ran under its lease, whatever was injected. The log
+	// spans mpsd's restarts; the metric would not.
+	if b, err := os.ReadFile(e.log.Name()); err != nil {
+		t.Error(err)
+	} else if n := bytes.Count(b, []byte(reconLogMsg)); n > 0 {
+		i := bytes.Index(b, []byte(reconLogMsg))
+		t.Errorf("reconciliation reported %d processes of the soak's leases as unaccounted, first: %s", n, b[i:i+min(400, len(b)-i)])
+	} else {
+		t.Logf("reconciliation (terminate) found no process outside its lease")
+	}
 	e.noLeaks(t)
 	if !t.Failed() {
 		t.Logf("capacity accounting equalled the live leases after each of the %d injections and at the end; no leases, processes or cgroups left", total-counts["client_fault"])

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -218,4 +219,40 @@ func (e *testEnv) reconWaitMetric(name, group string, want map[string]float64) {
 		}
 		time.Sleep(20 * time.Millisecond) // a metric offers nothing to wait on
 	}
+}
+
+// A lease whose two processes together hold more device memory than its
+// --mem (MPS caps each process, not the lease) is revoked once it has been
+// over for the group's memory_grace, with the reason, and not requeued:
+// mps-launch exits 125 saying why. A lease on the same instance within
+// its limit runs on untouched.
+func TestLeaseOverMemoryRevoked(t *testing.T) {
+	member := emutest.User(t, reconUID)
+	e := newEnv(t, fmt.Sprintf(`  a:
+    users: [%s]
+    memory: 10G
+    gpus: ["0"]
+    memory_grace: 1s
+`, member), "")
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	bystander := startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", client, "--alloc", "700M", "--duration", "1m"), reconUID))
+	e.waitStatus("the bystander running", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 1 })
+	over := startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c",
+		`"$0" --alloc 700M --duration 1m & "$0" --alloc 700M --duration 1m & wait`, client), reconUID))
+	r := over.wait(t)
+	if r.code != 125 || !strings.Contains(r.stderr, "memory limit exceeded") || !strings.Contains(r.stderr, "not requeued") {
+		t.Errorf("the lease over its memory: exit %d, stderr %q; want 125 and the reason", r.code, r.stderr)
+	}
+	if strings.Contains(r.stderr, "requeued, attempt") {
+		t.Errorf("the lease over its memory was requeued: %q", r.stderr)
+	}
+	st := e.waitStatus("only the bystander left", func(st api.Status) bool { return len(st.Leases) == 1 })
+	if l := st.Leases[0]; l.State != api.LeaseRunning || l.Attempt != 1 {
+		t.Errorf("bystander: %+v, want running on its first attempt", l)
+	}
+	if !alive(bystander.pid()) {
+		t.Error("the bystander's launcher ended")
+	}
+	e.waitLogAny("lease revoked: memory limit exceeded")
 }

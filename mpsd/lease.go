@@ -56,6 +56,9 @@ type lease struct {
 	// a goroutine of the daemon retries the kill (see retryKillLocked) and only
 	// then finishes the release or requeue.
 	killStuck bool
+	// memOverSince: since when its processes have held more device memory
+	// on a GPU than its mem (reconcile.go); zero while they do not.
+	memOverSince time.Time
 	// durable is closed once the state file records the grant, so a
 	// launcher is never told of a lease a crash could lose.
 	durable <-chan struct{}

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/cgroup"
 	"github.com/mpsd/mpsd/gpu"
 	"github.com/mpsd/mpsd/mps"
@@ -249,7 +250,15 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 		}
 		leased = d.resolveLeased(listed, leased)
 	}
-	servers, daemons := d.serverSnapshot()
+	var nvmlPids []int
+	for _, g := range view.gpus {
+		for _, pm := range procs[g] {
+			nvmlPids = append(nvmlPids, pm.PID)
+		}
+	}
+	leased = d.resolveLeased(nvmlPids, leased)
+	d.checkLeaseMemory(in, dm, own, procs, leased)
+	servers := d.serverSnapshot()
 	found := joinReconcile(view, servers, leased, procs)
 
 	type checked struct {
@@ -280,7 +289,7 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 		switch {
 		case f.kind == reconUnleased && isLeased,
 			f.kind == reconWrongInstance && (!isLeased || at.inst == f.inst),
-			f.kind == reconBypass && (isServer || isMPSServerOf(facts, daemons)):
+			f.kind == reconBypass && (isServer || d.isMPSServer(facts)):
 			h.close()
 			continue
 		}
@@ -344,21 +353,84 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 	}
 }
 
+// memoryExceeded is the reason of a revocation for device memory.
+const memoryExceeded = "memory limit exceeded"
+
+// checkLeaseMemory sums, per GPU, the device memory NVML reports for each
+// running lease's processes on in (MPS clients and compute processes
+// alike) and compares it with the lease's mem: MPS limits each client
+// process, so a lease of several processes can hold more. A lease over it
+// for longer than its group's memory_grace is revoked for good
+// (memoryExceeded, api.CodeLimitExceeded).
+func (d *Daemon) checkLeaseMemory(in *instance, dm *mps.Daemon, servers []int, procs map[int][]gpu.ProcessMemory, leased map[int]leaseAt) {
+	type use struct {
+		gpu   int
+		bytes uint64
+	}
+	sums := map[string]map[int]uint64{} // lease → GPU → bytes
+	for g, list := range procs {
+		for _, pm := range list {
+			at, ok := leased[pm.PID]
+			if !ok || at.inst != in.key || pm.UsedBytes == nil {
+				continue
+			}
+			if sums[at.lease] == nil {
+				sums[at.lease] = map[int]uint64{}
+			}
+			sums[at.lease][g] += *pm.UsedBytes
+		}
+	}
+	now := time.Now()
+	var victims []*lease
+	var why []string
+	d.mu.Lock()
+	grace := time.Duration(0)
+	if g, ok := d.cfg.Group(in.group); ok {
+		grace = g.MemoryGrace
+	}
+	for _, l := range in.leases {
+		if l.state != leaseRunning || grace <= 0 {
+			continue
+		}
+		over := use{gpu: -1}
+		for g, b := range sums[l.id] {
+			if l.req.Mem > 0 && b > uint64(l.req.Mem) && b > over.bytes {
+				over = use{gpu: g, bytes: b}
+			}
+		}
+		switch {
+		case over.gpu < 0:
+			l.memOverSince = time.Time{}
+		case l.memOverSince.IsZero():
+			l.memOverSince = now
+			l.log.Warn("lease over its memory limit; revoked if it stays over", "lease", l.id, "gpu_index", over.gpu,
+				"used_bytes", over.bytes, "limit_bytes", l.req.Mem, "grace", grace)
+		case now.Sub(l.memOverSince) >= grace:
+			victims = append(victims, l)
+			why = append(why, fmt.Sprintf("lease %s revoked: %s (%d bytes on GPU %d over its %d for %s); not requeued",
+				l.id, memoryExceeded, over.bytes, over.gpu, l.req.Mem, now.Sub(l.memOverSince).Round(time.Second)))
+		}
+	}
+	d.mu.Unlock()
+	for i, l := range victims {
+		l.log.Error("lease revoked: "+memoryExceeded, "lease", l.id, "detail", why[i])
+		d.revoke([]*lease{l}, memoryExceeded, revokeHow{dm: dm, servers: servers,
+			final: &api.Error{Code: api.CodeLimitExceeded, Message: why[i]}})
+	}
+}
+
 // serverSnapshot is every instance's verified servers (pid → instance
-// key) and the control daemons' pids.
-func (d *Daemon) serverSnapshot() (servers map[int]string, daemons map[int]bool) {
-	servers, daemons = map[int]string{}, map[int]bool{}
+// key).
+func (d *Daemon) serverSnapshot() map[int]string {
+	servers := map[int]string{}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, in := range d.instances {
 		for pid := range in.servers {
 			servers[pid] = in.key
 		}
-		if in.daemon != nil {
-			daemons[in.daemon.PID()] = true
-		}
 	}
-	return servers, daemons
+	return servers
 }
 
 // reconLeasedAge is how many probe intervals a reading of every lease's
@@ -498,12 +570,30 @@ func (d *Daemon) bypassGroup(g int, facts procFacts) string {
 // emulator's under the same name).
 const mpsServerProgram = "nvidia-cuda-mps-server"
 
-// isMPSServerOf: the process runs nvidia-cuda-mps-server as a child of
-// one of the instances' control daemons (a server whose start mpsd has
-// not processed yet).
-func isMPSServerOf(facts procFacts, daemons map[int]bool) bool {
-	return daemons[facts.ppid] && filepath.Base(facts.exe) == mpsServerProgram
+// isMPSServer: the process runs the MPS server program from a directory
+// of the control daemons' PATH (root's, from the config): a server of an
+// instance, one whose start mpsd has not seen yet, or one a killed daemon
+// left behind (the watchdog's to handle), never a program beside MPS. A
+// tenant's copy under that name elsewhere does not count.
+func (d *Daemon) isMPSServer(facts procFacts) bool {
+	if filepath.Base(facts.exe) != mpsServerProgram {
+		return false
+	}
+	dir := filepath.Dir(facts.exe)
+	for _, kv := range d.mpsBase.Env {
+		if path, ok := strings.CutPrefix(kv, "PATH="); ok {
+			for _, p := range filepath.SplitList(path) {
+				if p != "" && filepath.Clean(p) == dir {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
+
+// reconLogMsg is the message of a finding's log line (docs/alerts.md).
+const reconLogMsg = "GPU process not accounted to a lease of its instance"
 
 // actOnFinding reports a finding, and under the terminate policy ends the
 // process: terminate_client on its server first (killing a client with
@@ -528,7 +618,7 @@ func (d *Daemon) actOnFinding(in *instance, dm *mps.Daemon, f finding, h *pidHan
 	if f.lease != "" {
 		args = append(args, "lease", f.lease)
 	}
-	d.log.Warn("GPU process not accounted to a lease of its instance", args...)
+	d.log.Warn(reconLogMsg, args...)
 	if !terminate {
 		return
 	}

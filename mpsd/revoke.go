@@ -22,6 +22,9 @@ type revokeHow struct {
 	// finish: the victims are already revoking (a revocation the previous
 	// mpsd began and recorded); it is finished, not begun.
 	finish bool
+	// final: the victims end instead of being requeued, told why with
+	// code (a lease over its limits: running it again would do the same).
+	final *api.Error
 }
 
 // revoke is the one revocation sequence, for recovery, an operator's
@@ -128,7 +131,7 @@ func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 		})
 	}
 	wg.Wait()
-	d.requeue(taken, reason, how.force)
+	d.requeue(taken, reason, how.force, how.final)
 	return len(taken)
 }
 
@@ -139,7 +142,9 @@ func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 // them) or its launcher left meanwhile. One whose kill failed stays on its
 // instance, holding its capacity, until a retry of the kill succeeds;
 // only then is it requeued.
-func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
+//
+// final, when set, ends every victim instead, with that error.
+func (d *Daemon) requeue(victims []*lease, reason string, force bool, final *api.Error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	groups := map[string]bool{}
@@ -149,12 +154,12 @@ func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
 		}
 		if l.killStuck {
 			l.killStuck = false // retryKillLocked's to set while it runs
-			d.retryKillLocked(l, func() { d.requeue([]*lease{l}, reason, force) })
+			d.retryKillLocked(l, func() { d.requeue([]*lease{l}, reason, force, final) })
 			continue
 		}
 		exhausted := !force && l.attempt-1 >= l.requeue
 		ev := leaseRequeue
-		if l.abandoned || exhausted {
+		if l.abandoned || exhausted || final != nil {
 			ev = leaseDrop
 		}
 		eff, err := l.step(ev, reason)
@@ -170,6 +175,9 @@ func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
 		switch {
 		case l.abandoned:
 			delete(d.leases, l.id)
+		case final != nil:
+			delete(d.leases, l.id)
+			l.box.push(api.Event{Type: api.EventError, Code: final.Code, Message: final.Message})
 		case exhausted:
 			delete(d.leases, l.id)
 			l.box.push(api.Event{Type: api.EventError, Code: api.CodeAttemptsExhausted,

@@ -192,6 +192,11 @@ type Group struct {
 	// the group's instances without a lease of it (docs/alerts.md,
 	// MPSUnreconciledClient): report, or terminate. Default: report.
 	Reconcile ReconcilePolicy
+	// MemoryGrace is how long a lease's processes may hold more device
+	// memory on a GPU, as NVML reports it summed over them, than the
+	// lease's mem before the lease is revoked for good (not requeued).
+	// 0 disables the check. Default: 30s.
+	MemoryGrace time.Duration
 
 	// Instances are the GPU index sets of the group's instances, resolved
 	// against the host's GPUs; nil when the config was read without them.

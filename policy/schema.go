@@ -90,6 +90,7 @@ var groupFields = []field[Group]{
 	{"requeue_attempts", 3, func(g *Group) any { return &g.RequeueAttempts }},
 	{"multiuser", false, func(g *Group) any { return &g.Multiuser }},
 	{"reconcile", "report", func(g *Group) any { return (*string)(&g.Reconcile) }},
+	{"memory_grace", "30s", func(g *Group) any { return &g.MemoryGrace }},
 }
 
 // deriveGroupDefaults fills the derived keys the file left out (present

@@ -152,6 +152,7 @@ func (d *decoder) validateGroup(g *Group) {
 		d.check(k("default_mem"), g.DefaultMem <= g.MaxMem, "%s exceeds max_mem (%s)", units.FormatSize(g.DefaultMem), units.FormatSize(g.MaxMem))
 	}
 	d.check(k("requeue_attempts"), g.RequeueAttempts >= 0, "%d: want 0 (never requeue) or more", g.RequeueAttempts)
+	d.check(k("memory_grace"), g.MemoryGrace >= 0, "%s: want 0 (no check) or more", g.MemoryGrace)
 	d.check(k("reconcile"), g.Reconcile == ReconcileReport || g.Reconcile == ReconcileTerminate,
 		"%q: want %s or %s", g.Reconcile, ReconcileReport, ReconcileTerminate)
 }
