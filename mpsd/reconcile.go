@@ -528,7 +528,7 @@ func (d *Daemon) leaseOfPid(pid int) (at leaseAt, ok, known bool) {
 				continue
 			}
 			known = true
-			if p == path {
+			if path == p || strings.HasPrefix(path, p+"/") { // nested cgroups are the lease's too
 				return leaseAt{lease: l.id, inst: in.key, group: l.group}, true, true
 			}
 		}
