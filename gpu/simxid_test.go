@@ -220,3 +220,29 @@ func TestSimMPSProcesses(t *testing.T) {
 		t.Fatalf("an exited server listed: %+v", compute)
 	}
 }
+
+// Host.Processes reads both lists: an MPS server as a compute process with
+// its clients' memory, each client as an MPS client, and says the GPU has
+// an MPS client list.
+func TestHostProcesses(t *testing.T) {
+	h, sim := newSimHost(t, SimSpec{GPUs: 1})
+	server, client := os.Getpid(), os.Getppid()
+	must(t, sim.SetMPSServer(0, server, map[int]uint64{client: 5 << 20}))
+	procs, mpsList, err := h.Processes(0)
+	must(t, err)
+	if !mpsList || len(procs) != 2 {
+		t.Fatalf("Processes = %+v, mpsList %v; want the server and its client", procs, mpsList)
+	}
+	for _, p := range procs {
+		want := ProcessCompute
+		if p.PID == client {
+			want = ProcessMPSClient
+		}
+		if p.Kind != want || p.UsedBytes == nil || *p.UsedBytes != 5<<20 {
+			t.Errorf("process %d: kind %v, used %v; want %v with 5 MiB", p.PID, p.Kind, p.UsedBytes, want)
+		}
+	}
+	if _, _, err := h.Processes(7); err == nil {
+		t.Error("Processes of a GPU the host does not have: no error")
+	}
+}
