@@ -467,6 +467,10 @@ type LeaseStatus struct {
 	State      string `json:"state"`
 	// JobID is the LeaseRequest's, when it gave one.
 	JobID string `json:"job_id,omitempty"`
+	// MemUsedBytes is the device memory NVML last reported for the
+	// lease's processes, summed over them, on the lease's GPU where it is
+	// highest (what is held to MemBytes); absent until mpsd has read it.
+	MemUsedBytes *uint64 `json:"mem_used_bytes,omitempty"`
 }
 
 // AdminTarget is the body of PathDrain and PathResume: the instances of

@@ -237,7 +237,13 @@ func TestLeaseOverMemoryRevoked(t *testing.T) {
 	e.start()
 	client := filepath.Join(e.emu, "mpsemu-client")
 	bystander := startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", client, "--alloc", "700M", "--duration", "1m"), reconUID))
-	e.waitStatus("the bystander running", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 1 })
+	// Its usage as NVML reports it: in the status and, summed, per group.
+	e.waitStatus("the bystander running with 700 MiB in use", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && st.Leases[0].MemUsedBytes != nil && *st.Leases[0].MemUsedBytes == 700<<20
+	})
+	if got := e.limMetric("mpsd_lease_memory_used_bytes", map[string]string{"group": "a"}); got != 700<<20 {
+		t.Errorf("mpsd_lease_memory_used_bytes{group=a} = %v, want 700 MiB", got)
+	}
 	over := startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c",
 		`"$0" --alloc 700M --duration 1m & "$0" --alloc 700M --duration 1m & wait`, client), reconUID))
 	r := over.wait(t)

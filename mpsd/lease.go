@@ -59,6 +59,9 @@ type lease struct {
 	// memOverSince: since when its processes have held more device memory
 	// on a GPU than its mem (reconcile.go); zero while they do not.
 	memOverSince time.Time
+	// memUsed: the most device memory its processes held on one of its
+	// GPUs at the last reading; nil before one.
+	memUsed *uint64
 	// durable is closed once the state file records the grant, so a
 	// launcher is never told of a lease a crash could lose.
 	durable <-chan struct{}
@@ -687,6 +690,10 @@ func (l *lease) statusLocked() api.LeaseStatus {
 		st.State = api.LeaseRunning
 		for _, g := range l.inst.gpus {
 			st.GPUIndexes = append(st.GPUIndexes, g.Index)
+		}
+		if l.memUsed != nil {
+			v := *l.memUsed
+			st.MemUsedBytes = &v
 		}
 	}
 	return st

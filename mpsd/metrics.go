@@ -44,6 +44,7 @@ var (
 	descUnverified    = prometheus.NewDesc("mpsd_unverified_mps_records_total", "MPS log records (or server list entries) that named a process which is no verified server of the instance's daemon, and were ignored: forged by a local user who can reach the pipe directory, or about a server gone before it could be checked.", instLabels, nil)
 	descUnreconciled  = prometheus.NewDesc("mpsd_unreconciled_clients_total", "GPU processes found on an instance that no lease of it accounts for, by kind: unleased (an MPS client without a lease), wrong_instance (a lease's process on another instance's server), bypass (a compute process beside MPS). group is the group it was found in (for bypass, the group its owner belongs to; empty for none).", []string{"group", "kind"}, nil)
 	descReconKilled   = prometheus.NewDesc("mpsd_unreconciled_clients_terminated_total", "Processes of mpsd_unreconciled_clients_total that mpsd ended (the group's reconcile: terminate), by kind.", []string{"group", "kind"}, nil)
+	descLeaseMemUsed  = prometheus.NewDesc("mpsd_lease_memory_used_bytes", "Device memory NVML reports for the group's running leases' processes, summed per lease on its GPU where it is highest, and over the group's leases.", []string{"group"}, nil)
 	descReloadOK      = prometheus.NewDesc("mpsd_config_last_reload_success", "1 if the last config reload (or the initial load) succeeded.", nil, nil)
 	descReloadTime    = prometheus.NewDesc("mpsd_config_last_reload_timestamp_seconds", "When the config was last loaded or reload attempted.", nil, nil)
 )
@@ -132,7 +133,7 @@ type daemonCollector Daemon
 
 func (c *daemonCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInstanceUp, descInstanceState, descRestarts, descFaults, descQuarantined,
-		descClients, descSM, descMem, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime, descUnverified, descUnreconciled, descReconKilled} {
+		descClients, descSM, descMem, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime, descUnverified, descUnreconciled, descReconKilled, descLeaseMemUsed} {
 		ch <- d
 	}
 }
@@ -226,7 +227,14 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 		emit(descMem, il.base, float64(in.p.Alloc.Mem), false)
 		emit(descUnverified, il.base, float64(in.unverified), true)
 	}
+	memUsed := map[string]uint64{}
+	for _, l := range d.leases {
+		if l.inst != nil && l.memUsed != nil {
+			memUsed[l.group] += *l.memUsed
+		}
+	}
 	for _, g := range d.cfg.Groups {
+		gauge(descLeaseMemUsed, float64(memUsed[g.Name]), g.Name)
 		gauge(descQueue, float64(len(d.queues[g.Name])), g.Name)
 		counter(descGranted, float64(m.granted[g.Name]), g.Name)
 		counter(descRequeues, float64(m.requeues[g.Name]), g.Name)

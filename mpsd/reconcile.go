@@ -389,6 +389,11 @@ func (d *Daemon) checkLeaseMemory(in *instance, dm *mps.Daemon, servers []int, p
 		grace = g.MemoryGrace
 	}
 	for _, l := range in.leases {
+		var most uint64
+		for _, b := range sums[l.id] {
+			most = max(most, b)
+		}
+		l.memUsed = &most
 		if l.state != leaseRunning || grace <= 0 {
 			continue
 		}

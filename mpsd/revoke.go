@@ -170,6 +170,7 @@ func (d *Daemon) requeue(victims []*lease, reason string, force bool, final *api
 			in.p.Release(&l.req)
 			delete(in.leases, l.id)
 			l.inst = nil
+			l.memUsed, l.memOverSince = nil, time.Time{} // read anew where it runs next
 		}
 		groups[l.group] = true
 		switch {

@@ -63,6 +63,7 @@ var (
 		"mpsd_state_write_failures_total":            {},
 		"mpsd_unreconciled_clients_total":            {labels: []string{"group", "kind"}},
 		"mpsd_unreconciled_clients_terminated_total": {labels: []string{"group", "kind"}},
+		"mpsd_lease_memory_used_bytes":               {labels: []string{"group"}},
 	}
 	// Values a matcher on these labels may name.
 	labelValues = map[string][]string{
