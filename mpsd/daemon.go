@@ -212,7 +212,9 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d.mpsBase.Runner = opts.mpsRunner
 	if d.sim != nil {
-		d.mpsBase.Env = append(d.mpsBase.Env, gpu.EnvXidSocket+"="+d.simXidSocket())
+		// The emulated daemons behave as the simulated driver's do
+		// (MPSEMU_DRIVER, passed through, still overrides).
+		d.mpsBase.Env = append(d.mpsBase.Env, gpu.EnvXidSocket+"="+d.simXidSocket(), gpu.EnvDriverVersion+"="+d.sim.DriverVersion())
 	}
 	if cfg.Cgroup.Enabled {
 		cc := opts.Cgroup
