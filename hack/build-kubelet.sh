@@ -51,7 +51,7 @@ cd "$work"
 
 # The kubernetes module's own go.mod names its staging replacements.
 kmod=$("$GO" mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
-[ -n "$kmod" ] && [ -r "$kmod" ] || die "k8s.io/kubernetes@$version: go mod download gave no go.mod"
+if [ -z "$kmod" ] || [ ! -r "$kmod" ]; then die "k8s.io/kubernetes@$version: go mod download gave no go.mod"; fi
 mapfile -t staging < <(sed -n 's#^[[:space:]]*\(k8s\.io/[A-Za-z0-9._-]*\) => \./staging/src/.*$#\1#p' "$kmod" | sort -u)
 [ ${#staging[@]} -gt 0 ] || die "k8s.io/kubernetes@$version: no staging replace directives in its go.mod"
 # Its go line (a newer Go than ours fails plainly in go build).

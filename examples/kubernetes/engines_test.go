@@ -3,7 +3,6 @@ package kubernetes
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -215,6 +214,3 @@ func TestExampleConfigSimulated(t *testing.T) {
 		}
 	}
 }
-
-// errMissing marks an engine the kubelet test cannot find.
-var errMissing = errors.New("missing")
