@@ -65,6 +65,27 @@ type mpsdProc struct {
 	args   []string
 	cmd    *exec.Cmd
 	done   chan error
+	// logStart is where the current run's log begins.
+	logStart int64
+}
+
+// logLine reports whether a line of the current run's log has every one
+// of parts.
+func (m *mpsdProc) logLine(parts ...string) bool {
+	b, err := os.ReadFile(m.log)
+	if err != nil || int64(len(b)) < m.logStart {
+		return false
+	}
+	for _, line := range strings.Split(string(b[m.logStart:]), "\n") {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
 }
 
 // start runs mpsd --simulate with args and waits until every instance is
@@ -76,6 +97,9 @@ func (m *mpsdProc) start() {
 		m.t.Fatal(err)
 	}
 	defer logf.Close()
+	if fi, err := logf.Stat(); err == nil {
+		m.logStart = fi.Size()
+	}
 	m.cmd = exec.Command(filepath.Join(m.bin, "mpsd"), append([]string{"--config", m.cfg, "--simulate", "--log-level", "debug"}, m.args...)...)
 	m.cmd.Stdout, m.cmd.Stderr = logf, logf
 	if err := m.cmd.Start(); err != nil {

@@ -329,6 +329,11 @@ func kubeletInside(t *testing.T, work string, e engines) {
 		t.Fatal("the test runs under the namespace's init, not as it")
 	}
 	isolateHost(t, work)
+	began := time.Now()
+	step := func(format string, args ...any) {
+		t.Helper()
+		t.Logf("%5.1fs "+format, append([]any{time.Since(began).Seconds()}, args...)...)
+	}
 
 	cfgDir := filepath.Join(work, "m")
 	for _, d := range []string{cfgDir, filepath.Join(work, "manifests"), filepath.Join(work, "staging")} {
@@ -339,6 +344,7 @@ func kubeletInside(t *testing.T, work string, e engines) {
 
 	ctrd := startContainerd(t, work, e)
 	importImages(t, work, e, ctrd)
+	step("containerd up, images imported")
 
 	// The example's config on one simulated GPU, plus a second group on
 	// it with half the SMs: two resources, 100 and 50 units.
@@ -356,19 +362,20 @@ func kubeletInside(t *testing.T, work string, e engines) {
 	}
 	m.start()
 	defer m.stop()
+	step("mpsd ready")
 
 	k := newKubelet(t, work, e, ctrd)
 	k.start()
 	defer k.stop()
 
 	// Registration: one resource per group, a unit per SM percent.
-	t.Log("kubelet up; waiting for the plugin's registration")
+	step("kubelet up; waiting for the plugin's registration")
 	k.waitAllocatable(map[string]int{"mpsd.io/inference-sm": 100, "mpsd.io/training-sm": 50})
 
 	// The example pod's 30 units are admitted; the container has the
 	// lease's environment and mounts.
 	resource, units := examplePodRequest(t)
-	t.Logf("registered; pod asking %d %s", units, resource)
+	step("registered; pod asking %d %s", units, resource)
 	podA := k.writePod("sm30", resource, units)
 	k.waitRunning(podA)
 	env, mounts := k.podOutput(podA)
@@ -382,11 +389,13 @@ func kubeletInside(t *testing.T, work string, e engines) {
 	checkLeaseMounts(t, mounts, pipe)
 
 	// More than is free (100 - 30): the kubelet refuses it.
-	t.Logf("pod running with lease %s; pod asking 80", lease.ID)
+	step("pod running with lease %s; pod asking 80", lease.ID)
 	podB := k.writePod("sm80", resource, 80)
 	p := k.waitPod(podB, "refused", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
-	if p.Status.Reason != "UnexpectedAdmissionError" || !strings.Contains(p.Status.Message, resource) {
-		t.Errorf("pod asking 80 of 70 free units: %s %q; want UnexpectedAdmissionError naming %s", p.Status.Reason, p.Status.Message, resource)
+	// The kubelet's own count refuses it, before any Allocate.
+	refusal := fmt.Sprintf("requested number of devices unavailable for %s. Requested: 80, Available: %d", resource, 100-units)
+	if p.Status.Reason != "UnexpectedAdmissionError" || !strings.Contains(p.Status.Message, refusal) {
+		t.Errorf("pod asking 80 of %d free units: %s %q; want UnexpectedAdmissionError with %q", 100-units, p.Status.Reason, p.Status.Message, refusal)
 	}
 	if st, err := m.status(); err != nil || len(st.Leases) != 1 {
 		t.Errorf("after the refused pod: leases %+v, %v; want the first pod's only", st.Leases, err)
@@ -394,16 +403,19 @@ func kubeletInside(t *testing.T, work string, e engines) {
 	k.deletePod(podB)
 
 	// An mpsd restart keeps the allocation's lease (the plugin adopts it).
-	t.Log("refused; restarting mpsd")
+	step("refused; restarting mpsd")
 	m.stop()
 	m.start()
-	m.waitStatus("the pod's lease kept across mpsd's restart", func(st api.Status) bool {
-		return len(st.Leases) == 1 && st.Leases[0].ID == lease.ID && st.Leases[0].State == api.LeaseRunning
+	// Kept by mpsd, and held again by the new plugin (else mpsd would
+	// release it once its reconnect grace ran out).
+	m.waitStatus("the pod's lease kept across mpsd's restart and resumed by its plugin", func(st api.Status) bool {
+		return len(st.Leases) == 1 && st.Leases[0].ID == lease.ID && st.Leases[0].State == api.LeaseRunning &&
+			m.logLine(`msg="lease resumed"`, "component=deviceplugin", "lease="+lease.ID)
 	})
 	k.waitAllocatable(map[string]int{"mpsd.io/inference-sm": 100, "mpsd.io/training-sm": 50})
 
 	// A kubelet restart: the plugin registers again; the pod runs on.
-	t.Log("lease kept; restarting the kubelet")
+	step("lease kept; restarting the kubelet")
 	k.stop()
 	k.start()
 	k.waitAllocatable(map[string]int{"mpsd.io/inference-sm": 100, "mpsd.io/training-sm": 50})
@@ -422,10 +434,12 @@ func kubeletInside(t *testing.T, work string, e engines) {
 	// Deleting the pod frees its units: the next pod's allocation finds
 	// them available and the plugin releases the old lease, so 80 units
 	// fit now.
-	t.Log("registered again; deleting the pod, then asking 80")
+	step("registered again; deleting the pod, then asking 80")
 	k.deletePod(podA)
+	step("deleted")
 	podC := k.writePod("sm80b", resource, 80)
 	k.waitRunning(podC)
+	step("second pod running")
 	st = m.waitStatus("the deleted pod's lease released, the new pod's running", func(st api.Status) bool {
 		return len(st.Leases) == 1 && st.Leases[0].ID != lease.ID && st.Leases[0].SM == 80
 	})
@@ -434,6 +448,7 @@ func kubeletInside(t *testing.T, work string, e engines) {
 		t.Errorf("second pod's environment %v; want lease %s at 80%%", envC, st.Leases[0].ID)
 	}
 	k.deletePod(podC)
+	step("done")
 }
 
 // isolateHost makes the mount namespace the test's own: a fresh /proc for
@@ -936,11 +951,28 @@ func (k *kubelet) deletePod(pod string) {
 		}
 		return true, ""
 	})
-	// Gone from the kubelet is not yet gone from the runtime.
-	k.d.wait("pod "+pod+"'s containers gone", func() (bool, string) {
-		out, err := exec.Command(k.e.Ctr, "--address", k.ctrd, "-n", "k8s.io", "containers", "ls", "-q",
-			`labels."io.kubernetes.pod.name"==`+pod).CombinedOutput()
-		return err == nil && len(bytes.TrimSpace(out)) == 0, fmt.Sprintf("containers: %v %s", err, out)
+	// Gone from the kubelet is not yet gone from the runtime: wait until
+	// none of its containers (the sandbox's included) runs. Their records
+	// stay until the kubelet's container GC, a minute or more later.
+	ctr := func(args ...string) (string, error) {
+		out, err := exec.Command(k.e.Ctr, append([]string{"--address", k.ctrd, "-n", "k8s.io"}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	k.d.wait("pod "+pod+"'s containers stopped", func() (bool, string) {
+		ids, err := ctr("containers", "ls", "-q", `labels."io.kubernetes.pod.name"==`+pod)
+		if err != nil {
+			return false, fmt.Sprintf("ctr containers ls: %v: %s", err, ids)
+		}
+		tasks, err := ctr("tasks", "ls")
+		if err != nil {
+			return false, fmt.Sprintf("ctr tasks ls: %v: %s", err, tasks)
+		}
+		for _, line := range strings.Split(tasks, "\n") {
+			if f := strings.Fields(line); len(f) >= 3 && f[2] == "RUNNING" && slices.Contains(strings.Fields(ids), f[0]) {
+				return false, "still running: " + line
+			}
+		}
+		return true, ""
 	})
 }
 
