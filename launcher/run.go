@@ -416,7 +416,14 @@ func (s *session) onEvent(ctx context.Context, m streamMsg) *done {
 		}
 	case api.EventRevoked:
 		if s.lease == nil {
-			return s.fail(fmt.Errorf("%w: revoked before any lease was granted", ErrProtocol))
+			if s.leaseID == "" {
+				return s.fail(fmt.Errorf("%w: revoked before any lease was granted", ErrProtocol))
+			}
+			// The queued lease this launcher resumed after mpsd restarted:
+			// the previous mpsd granted (and saved) it without telling us,
+			// and it is revoked now. Nothing of ours ran; its requeue follows.
+			s.revoked = ev.Reason
+			break
 		}
 		s.revoked, s.awayKill = ev.Reason, ""
 		// A held command's lease is gone: it waits for the requeued grant.
@@ -433,7 +440,7 @@ func (s *session) onEvent(ctx context.Context, m streamMsg) *done {
 			return s.fail(fmt.Errorf("%w: requeued without a revocation", ErrProtocol))
 		}
 		if !s.cfg.Quiet {
-			fmt.Fprintf(s.errw, "%slease %s revoked (%s); requeued, attempt %d\n", s.prefix(), s.lease.ID, s.revoked, ev.Attempt)
+			fmt.Fprintf(s.errw, "%slease %s revoked (%s); requeued, attempt %d\n", s.prefix(), s.leaseID, s.revoked, ev.Attempt)
 		}
 		s.attempt = ev.Attempt
 		s.queuedSince = time.Now()
