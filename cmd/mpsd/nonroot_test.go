@@ -21,8 +21,10 @@ const nonRootUID = 64750
 // start with one line naming the fix, before READY, instead of serving
 // and then refusing every launch; with cgroups off it starts.
 func TestNonRootCgroupsRefused(t *testing.T) {
-	e := newEnv(t, "")
+	// The user first: its removal then runs after the env's cleanup has
+	// stopped the MPS daemons left running as it.
 	name := emutest.User(t, nonRootUID)
+	e := newEnv(t, "")
 	if err := os.Chown(e.dir, nonRootUID, nonRootUID); err != nil {
 		t.Fatal(err)
 	}
@@ -91,8 +93,8 @@ func TestNonRootCgroupsRefused(t *testing.T) {
 // A directory mpsd's user cannot write is refused at start, naming the
 // config key to change.
 func TestNonRootUnwritableDirRefused(t *testing.T) {
-	e := newEnv(t, "")
 	name := emutest.User(t, nonRootUID+1)
+	e := newEnv(t, "")
 	e.writeConfig(fmt.Sprintf("  inference:\n    users: [%s]\n    memory: 20G\n", name))
 	cfg, err := os.ReadFile(e.cfgPath)
 	if err != nil {
