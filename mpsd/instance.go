@@ -508,10 +508,11 @@ func (d *Daemon) serversLostWhileAway(in *instance) {
 //   - "killed by SIGKILL": the wait status says that signal ended it;
 //   - "exit status N": it exited with status N;
 //   - "exit status not seen": its parent reaped it before mpsd could read
-//     the status (Linux before 6.15 only).
+//     the status (Linux before 6.15 only; there a control daemon's status
+//     may be the one its own last control.log line gave).
 //
 // MPS's own log says "exited with status 0" for a killed server; that
-// line is never the source.
+// line is never the source of a server's.
 func exitText(ev mps.Event) string {
 	if ev.Signal != 0 {
 		if name := unix.SignalName(ev.Signal); name != "" {
