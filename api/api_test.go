@@ -396,7 +396,7 @@ func TestStatusKeys(t *testing.T) {
 	st := Status{
 		Instances: []InstanceStatus{{GPUUUID: "GPU-1", GPUIndex: 0, Group: "g", State: InstanceReady, DaemonPID: 10, ServerPIDs: []int{11}, Clients: 1, Restarts: 0,
 			GPUIndexes: []int{0}, GPUUUIDs: []string{"GPU-1"}, SMAllocated: 30, SMBudget: 100, MemAllocatedBytes: 1, MemBudgetBytes: 2, MaxClients: 48}},
-		Leases: []LeaseStatus{{ID: "l", Group: "g", GPUIndexes: []int{0}, UID: 1001, PIDs: []int{12}, SM: 30, MemBytes: 1, Attempt: 1, State: LeaseRunning}},
+		Leases:        []LeaseStatus{{ID: "l", Group: "g", GPUIndexes: []int{0}, UID: 1001, PIDs: []int{12}, SM: 30, MemBytes: 1, Attempt: 1, State: LeaseRunning}},
 		Queue:         map[string]int{"g": 2},
 		SchemaVersion: StatusSchemaVersion,
 	}
