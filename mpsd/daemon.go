@@ -164,7 +164,7 @@ type Daemon struct {
 	// service: Run stops then.
 	shutdownDone chan struct{}
 	shutOnce     sync.Once
-	dur       durability // the state file's health (durability.go)
+	dur          durability // the state file's health (durability.go)
 
 	mu        sync.Mutex
 	cfg       *policy.Config
