@@ -159,12 +159,12 @@ type Daemon struct {
 	ready     atomic.Bool // every instance was up once (READY=1, /readyz)
 	metrics   *metrics
 	res       *resources // connection caps, mpsd's own exhaustion
+	dur       durability // the state file's health (durability.go)
 	users     userNames  // uid → name, for the lease log lines
 	// shutdownDone is closed once mpsctl shutdown has ended the MPS
 	// service: Run stops then.
 	shutdownDone chan struct{}
 	shutOnce     sync.Once
-	dur          durability // the state file's health (durability.go)
 
 	mu        sync.Mutex
 	cfg       *policy.Config

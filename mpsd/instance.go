@@ -54,14 +54,14 @@ type instance struct {
 	triedOnce sync.Once
 
 	// The watchdog's state (watchdog.go).
-	pending  *fault      // a fault for the recovery (or bring-up) under way to handle next
-	failures []time.Time // failures within the quarantine window
+	pending    *fault         // a fault for the recovery (or bring-up) under way to handle next
+	failures   []time.Time    // failures within the quarantine window
+	probeFails int            // failed probes in a row
+	faults     map[string]int // faults reported, by kind
+	restartsBy map[string]int // recoveries, by the kind of fault
 	// quarantinedFor: why it was quarantined (the failures, the last
 	// one's reason), while it is.
 	quarantinedFor string
-	probeFails     int            // failed probes in a row
-	faults         map[string]int // faults reported, by kind
-	restartsBy     map[string]int // recoveries, by the kind of fault
 
 	metricLabels *instanceLabels // made at the first scrape
 	serverLogOff int64           // where the previous mpsd stopped reading server.log; -1: unknown
