@@ -685,11 +685,11 @@ func (d *Daemon) attach(l *lease, pid int) error {
 }
 
 // logAttrs are the lease's fields every log line of its grant, release,
-// revocation and requeue carries (lease, job, uid, user, group), then
-// more; the instance's logger adds gpu (the first GPU's UUID, as the
-// metrics label it) and gpu_index.
+// revocation and requeue carries (lease, job, uid, user), then more; its
+// logger adds group, gpu (the first GPU's UUID, as the metrics label it)
+// and gpu_index.
 func (l *lease) logAttrs(more ...any) []any {
-	return append([]any{"lease", l.id, "job", l.jobID, "uid", l.uid, "user", l.user, "group", l.group}, more...)
+	return append([]any{"lease", l.id, "job", l.jobID, "uid", l.uid, "user", l.user}, more...)
 }
 
 // logger is the logger of the lease's instance (with its gpu and
@@ -699,7 +699,7 @@ func (l *lease) logger() *slog.Logger {
 	case l.inst != nil && l.inst.log != nil:
 		return l.inst.log
 	case l.log != nil:
-		return l.log
+		return l.log.With("group", l.group)
 	}
 	return slog.New(slog.DiscardHandler)
 }
