@@ -314,7 +314,7 @@ for i in json.load(sys.stdin)["instances"]:
 	*)
 		"$BIN/mpsctl" status 2>/dev/null | awk -v g="$1" -v f="$2" '
 /^INSTANCES/ { s = "i"; next }
-/^LEASES/ { s = "l"; next }
+/^RUNNING/ { s = "l"; next }
 /^QUEUE/ { s = "q"; next }
 s == "i" && $1 == "0" && $3 == g {
 	m["state"] = $4; m["daemon_pid"] = $5; m["server_pids"] = $6; m["clients"] = $7; m["restarts"] = $10
@@ -340,9 +340,9 @@ print(" ".join(str(p) for p in sorted(p for l in json.load(sys.stdin)["leases"] 
 	*)
 		"$BIN/mpsctl" status 2>/dev/null | awk -v g="$1" '
 /^INSTANCES/ { s = "i"; next }
-/^LEASES/ { s = "l"; next }
+/^RUNNING/ { s = "l"; next }
 /^QUEUE/ { s = "q"; next }
-s == "l" && $2 == g && $8 == "running" && $9 != "-" { n = split($9, a, ","); for (i = 1; i <= n; i++) print a[i] }' | sort -n | paste -sd' ' -
+s == "l" && $1 != "ID" && $2 == g && $10 != "-" { n = split($10, a, ","); for (i = 1; i <= n; i++) print a[i] }' | sort -n | paste -sd' ' -
 		;;
 	esac
 }

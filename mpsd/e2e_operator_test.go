@@ -86,6 +86,11 @@ func TestShutdownEndsWorkloadsAndMPS(t *testing.T) {
 		if res.code != 75 || !strings.Contains(res.stderr, "mpsd is shutting down (mpsctl shutdown by uid 0)") {
 			t.Errorf("%s launcher: exit %d, stderr %q; want 75 and the shutdown named", p.name, res.code, res.stderr)
 		}
+		// The running lease is revoked and ended, never requeued.
+		want := map[string]string{"running": "the lease was revoked and its command stopped", "queued": "the request was not granted"}[p.name]
+		if !strings.Contains(res.stderr, want) || strings.Contains(res.stderr, "requeued") {
+			t.Errorf("%s launcher's stderr %q; want %q and no requeue", p.name, res.stderr, want)
+		}
 	}
 	select {
 	case err := <-e.done:
