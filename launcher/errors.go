@@ -9,8 +9,10 @@ import (
 
 // Exit statuses of mps-launch besides the command's own (DESIGN.md §5).
 const (
-	// ExitTempFail (EX_TEMPFAIL): the wait timed out, or the requeue
-	// attempts are used up; trying later may work.
+	// ExitTempFail (EX_TEMPFAIL): the wait timed out, the requeue
+	// attempts are used up, or mpsd is stopping or shutting down
+	// (mpsctl shutdown ended the lease: the line printed says so); trying
+	// later may work.
 	ExitTempFail = 75
 	// ExitFailure: bad usage, mpsd unreachable, refused by policy, or any
 	// other launcher or daemon error.

@@ -1,12 +1,14 @@
 package mpsd
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,12 +41,19 @@ func (d *Daemon) serveShutdown(w http.ResponseWriter, r *http.Request) {
 		api.WriteError(w, http.StatusConflict, api.CodeConflict, err.Error())
 		return
 	}
-	writeJSON(w, res)
-	if f, ok := w.(http.Flusher); ok {
-		f.Flush()
+	// The whole answer, its length known, is sent before Run is told to
+	// stop (which closes the connections): the client never sees it cut.
+	var body bytes.Buffer
+	if err := jsonEncode(&body, res); err != nil {
+		api.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
+	} else {
+		w.Header().Set("Content-Type", api.ContentTypeJSON)
+		w.Header().Set("Content-Length", strconv.Itoa(body.Len()))
+		_, _ = w.Write(body.Bytes())
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
 	}
-	// Run stops once this handler has returned (it waits for handlers),
-	// so the answer is on its way first.
 	d.shutOnce.Do(func() { close(d.shutdownDone) })
 }
 
