@@ -239,3 +239,36 @@ func procRunning(pid int) bool {
 	_, rest, ok := strings.Cut(string(b), ") ")
 	return !ok || !strings.HasPrefix(rest, "Z")
 }
+
+// Only the lease's owner releases it: another user's release is refused
+// and the lease runs on; a release of no lease is not found, a malformed
+// one refused; the owner's launcher then releases it as it exits.
+func TestReleaseOnlyByOwner(t *testing.T) {
+	emutest.User(t, opUIDMember)
+	e := newEnv(t, opGroups, "")
+	e.start()
+	helper := e.isoBuildAPICall()
+	work, open := e.gate("rel")
+	p := startProc(t, e.launch(append([]string{"--mem", "1G", "--"}, work...)...))
+	st := e.waitStatus("the lease running", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 1 })
+	id := st.Leases[0].ID
+	if code, body, _ := e.isoAPICall(helper, opUIDMember, api.ReleasePath(id), "{}", false); code != 403 || !strings.Contains(string(body), "not yours") {
+		t.Errorf("release of root's lease by uid %d: %d %s; want 403", opUIDMember, code, body)
+	}
+	if code, _, _ := e.isoAPICall(helper, opUIDMember, api.ReleasePath("a-000000000000"), "{}", false); code != 404 {
+		t.Errorf("release of no lease: %d; want 404", code)
+	}
+	if code, body, _ := e.isoAPICall(helper, opUIDMember, api.ReleasePath(id), `{"x":1}`, false); code != 400 {
+		t.Errorf("release with an unknown field: %d %s; want 400", code, body)
+	}
+	if st := e.d.Status(); countLeases(st, api.LeaseRunning) != 1 {
+		t.Fatalf("refused releases ended the lease: %+v", st.Leases)
+	}
+	open()
+	if r := p.wait(t); r.code != 0 {
+		t.Errorf("launcher: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if st := e.d.Status(); len(st.Leases) != 0 {
+		t.Errorf("after the launcher exited status shows %+v", st.Leases)
+	}
+}
