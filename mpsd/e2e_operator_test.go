@@ -75,7 +75,7 @@ func TestShutdownEndsWorkloadsAndMPS(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("shutdown: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
-	if want := "mpsd shut down: 1 running lease(s) revoked, 1 queued request(s) refused, 1 MPS control daemon(s) stopped, compute modes restored\n"; r.stdout != want {
+	if want := "mpsd shut down: 1 running lease(s) revoked, 1 queued request(s) refused, 1 MPS control daemon(s) stopped, compute modes restored where mpsd had set them\n"; r.stdout != want {
 		t.Errorf("shutdown said %q; want %q", r.stdout, want)
 	}
 	for _, p := range []struct {

@@ -242,7 +242,7 @@ func TestShutdown(t *testing.T) {
 	if r.code != ExitOK || r.stderr != "" {
 		t.Fatalf("exit %d, stderr %q; want 0 and nothing", r.code, r.stderr)
 	}
-	want := "mpsd shut down: 2 running lease(s) revoked, 1 queued request(s) refused, 3 MPS control daemon(s) stopped, compute modes restored\n" +
+	want := "mpsd shut down: 2 running lease(s) revoked, 1 queued request(s) refused, 3 MPS control daemon(s) stopped, compute modes restored where mpsd had set them\n" +
 		"  problem: GPU 1 group a: control daemon did not quit in time and was killed\n"
 	if r.stdout != want {
 		t.Errorf("stdout:\n%s\nwant:\n%s", r.stdout, want)

@@ -359,7 +359,7 @@ func WriteResumeResult(w io.Writer, res api.AdminResult) error {
 // line per problem.
 func WriteShutdownResult(w io.Writer, res api.ShutdownResult) error {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "mpsd shut down: %d running lease(s) revoked, %d queued request(s) refused, %d MPS control daemon(s) stopped, compute modes restored\n",
+	fmt.Fprintf(&b, "mpsd shut down: %d running lease(s) revoked, %d queued request(s) refused, %d MPS control daemon(s) stopped, compute modes restored where mpsd had set them\n",
 		res.Revoked, res.Withdrawn, res.Daemons)
 	for _, p := range res.Problems {
 		fmt.Fprintf(&b, "  problem: %s\n", text(p, 500))
