@@ -859,7 +859,7 @@ fi
 if [[ -n $T_FAULT ]]; then
 	T_DETECT=$(mpsd_log_time 'msg="instance failed; recovering" group=alpha')
 	[[ -n $T_DETECT ]] && timing "fault -> mpsd starts alpha's recovery (mpsd.log)" "$(dt "$T_FAULT" "$T_DETECT")"
-	took=$(grep -m1 'msg="leases revoked and requeued" group=alpha' "$D/mpsd.log" | grep -o 'took=[^ ]*' | cut -d= -f2)
+	took=$(grep -m1 'msg="revocation done" group=alpha' "$D/mpsd.log" | grep -o 'took=[^ ]*' | cut -d= -f2)
 	[[ -n $took ]] && say "mpsd: revoking and requeueing alpha's leases took $took (mpsd.log)"
 fi
 # mpsd acts on a server's fault record only when an NVML Xid on the GPU
