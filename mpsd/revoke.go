@@ -41,9 +41,10 @@ type revokeHow struct {
 //  6. each is requeued, or ended (requeue); with how.end, ended with
 //     that error.
 //
-// mpsd's own stop revokes nothing: daemons and workloads run on. A
-// revocation it interrupts stays recorded as revoking, and the next mpsd
-// finishes it through here. It returns the victims it took.
+// mpsd's own stop (SIGTERM) revokes nothing: daemons and workloads run
+// on. A revocation it interrupts stays recorded as revoking, and the next
+// mpsd finishes it through here. mpsctl shutdown revokes every running
+// lease through here too, with how.end (shutdown.go). It returns the victims it took.
 func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 	d.mu.Lock()
 	var taken []*lease
