@@ -314,7 +314,7 @@ for i in json.load(sys.stdin)["instances"]:
 	*)
 		"$BIN/mpsctl" status 2>/dev/null | awk -v g="$1" -v f="$2" '
 /^INSTANCES/ { s = "i"; next }
-/^LEASES/ { s = "l"; next }
+/^RUNNING/ { s = "l"; next }
 /^QUEUE/ { s = "q"; next }
 s == "i" && $1 == "0" && $3 == g {
 	m["state"] = $4; m["daemon_pid"] = $5; m["server_pids"] = $6; m["clients"] = $7; m["restarts"] = $10
@@ -340,9 +340,9 @@ print(" ".join(str(p) for p in sorted(p for l in json.load(sys.stdin)["leases"] 
 	*)
 		"$BIN/mpsctl" status 2>/dev/null | awk -v g="$1" '
 /^INSTANCES/ { s = "i"; next }
-/^LEASES/ { s = "l"; next }
+/^RUNNING/ { s = "l"; next }
 /^QUEUE/ { s = "q"; next }
-s == "l" && $2 == g && $8 == "running" && $9 != "-" { n = split($9, a, ","); for (i = 1; i <= n; i++) print a[i] }' | sort -n | paste -sd' ' -
+s == "l" && $1 != "ID" && $2 == g && $10 != "-" { n = split($10, a, ","); for (i = 1; i <= n; i++) print a[i] }' | sort -n | paste -sd' ' -
 		;;
 	esac
 }
@@ -859,7 +859,7 @@ fi
 if [[ -n $T_FAULT ]]; then
 	T_DETECT=$(mpsd_log_time 'msg="instance failed; recovering" group=alpha')
 	[[ -n $T_DETECT ]] && timing "fault -> mpsd starts alpha's recovery (mpsd.log)" "$(dt "$T_FAULT" "$T_DETECT")"
-	took=$(grep -m1 'msg="leases revoked and requeued" group=alpha' "$D/mpsd.log" | grep -o 'took=[^ ]*' | cut -d= -f2)
+	took=$(grep -m1 'msg="revocation done" group=alpha' "$D/mpsd.log" | grep -o 'took=[^ ]*' | cut -d= -f2)
 	[[ -n $took ]] && say "mpsd: revoking and requeueing alpha's leases took $took (mpsd.log)"
 fi
 # mpsd acts on a server's fault record only when an NVML Xid on the GPU

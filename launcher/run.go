@@ -292,9 +292,26 @@ func (s *session) run(ctx context.Context) (int, error) {
 			r = s.retryHeld(sctx)
 		}
 		if r != nil {
+			s.release(sctx)
 			return r.code, r.err
 		}
 	}
+}
+
+// releaseTimeout bounds the release request at the end of a session.
+const releaseTimeout = 2 * time.Second
+
+// release has mpsd release the lease whose command has ended, and waits
+// for the answer, so that status no longer shows the lease once
+// mps-launch has exited. Closing the stream (cleanup) releases it anyway;
+// a failure here only leaves that to do it.
+func (s *session) release(ctx context.Context) {
+	if s.stream == nil || s.lease == nil || s.child != nil || s.revoked != "" {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	_ = s.client.Release(rctx, s.lease.ID)
+	cancel()
 }
 
 func (s *session) childExited() <-chan struct{} {
