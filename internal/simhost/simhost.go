@@ -30,11 +30,14 @@ func XidSocket(stateDir string) string { return filepath.Join(stateDir, "sim-xid
 // and its directory first on the daemons' PATH, so the control daemon
 // starts the emulated server exactly as NVIDIA's starts the real one. The
 // emulator's knobs (MPSEMU_* of this process's environment) and the Xid
-// socket under stateDir are added to the daemons' environment.
-func MPS(base mps.Config, emulatorDir, stateDir string) mps.Config {
+// socket under stateDir are added to the daemons' environment, and the
+// simulated GPUs' driver version (gpu.Sim.DriverVersion): the emulated
+// daemons behave as that driver's do (MPSEMU_DRIVER, passed through,
+// still overrides).
+func MPS(base mps.Config, emulatorDir, stateDir, driverVersion string) mps.Config {
 	c := base
 	c.ControlPath = filepath.Join(emulatorDir, mps.DefaultControl)
-	c.Env = make([]string, 0, len(base.Env)+2)
+	c.Env = make([]string, 0, len(base.Env)+3)
 	for _, kv := range base.Env {
 		if path, ok := strings.CutPrefix(kv, "PATH="); ok {
 			kv = "PATH=" + emulatorDir + ":" + path
@@ -46,7 +49,7 @@ func MPS(base mps.Config, emulatorDir, stateDir string) mps.Config {
 			c.Env = append(c.Env, kv)
 		}
 	}
-	c.Env = append(c.Env, gpu.EnvXidSocket+"="+XidSocket(stateDir))
+	c.Env = append(c.Env, gpu.EnvXidSocket+"="+XidSocket(stateDir), gpu.EnvDriverVersion+"="+driverVersion)
 	return c
 }
 
