@@ -63,6 +63,10 @@ const (
 	EnvAttempt          = "MPSD_ATTEMPT"
 )
 
+// EnvClientPriority is MPS's client priority in a lease's environment (0
+// normal, 1 below normal), set where the driver's MPS has it.
+const EnvClientPriority = "CUDA_MPS_CLIENT_PRIORITY"
+
 const attachSuffix = "/attach"
 
 var (
@@ -435,6 +439,13 @@ type InstanceStatus struct {
 	MemAllocatedBytes int64 `json:"mem_allocated_bytes"`
 	MemBudgetBytes    int64 `json:"mem_budget_bytes"`
 	MaxClients        int   `json:"max_clients"`
+	// DriverVersion is the NVIDIA driver NVML reports ("580.159.04"),
+	// whose generation decides what the instance's MPS offers;
+	// MPSVersion the "binary version" the instance's control daemon
+	// logged at its start ("13000", CUDA 13.0; daemons before 580 log
+	// none). Empty when unknown.
+	DriverVersion string `json:"driver_version,omitempty"`
+	MPSVersion    string `json:"mps_version,omitempty"`
 }
 
 // Lease states.
