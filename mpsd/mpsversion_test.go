@@ -25,3 +25,17 @@ func TestClientPriority(t *testing.T) {
 		}
 	}
 }
+
+// FuzzClientPriority: any driver version string and priority give "0" or
+// "1" from 535 on, and nothing below or for what is no version.
+func FuzzClientPriority(f *testing.F) {
+	for _, v := range []string{"580.159.04", "535", "534.99", "", "99999999999999999999.1", "+580.1"} {
+		f.Add(v, -1)
+	}
+	f.Fuzz(func(t *testing.T, v string, prio int) {
+		got, ok := clientPriority(v, prio)
+		if n := driverMajor(v); ok != (n >= clientPriorityFrom) || ok && got != map[bool]string{true: "1", false: "0"}[prio < 0] || !ok && got != "" {
+			t.Fatalf("clientPriority(%q, %d) = %q, %v (major %d)", v, prio, got, ok, n)
+		}
+	})
+}
