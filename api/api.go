@@ -296,6 +296,10 @@ type Event struct {
 	Position int `json:"position,omitempty"`
 	// Group (queued) is the group the request waits in.
 	Group string `json:"group,omitempty"`
+	// LeaseID (queued), when set, is the id of the waiting lease: a
+	// client reconnecting after mpsd restarted resumes it by this id
+	// (LeaseRequest.ResumeLeaseID) and so keeps its place in the queue.
+	LeaseID string `json:"lease_id,omitempty"`
 	// Lease (granted).
 	Lease *Lease `json:"lease,omitempty"`
 	// Reason (revoked) says in one line why the lease was revoked; on a
@@ -315,6 +319,9 @@ func (e *Event) Validate() error {
 	case EventQueued:
 		if e.Position < 1 {
 			return fmt.Errorf("%w: queued event: position %d: positions count from 1", ErrInvalid, e.Position)
+		}
+		if e.LeaseID != "" {
+			return ValidLeaseID(e.LeaseID)
 		}
 	case EventGranted:
 		if e.Lease == nil {

@@ -198,6 +198,8 @@ func TestEventValidate(t *testing.T) {
 	}{
 		{"queued", Event{Type: EventQueued, Position: 1, Group: "g"}, ""},
 		{"queued position 0", Event{Type: EventQueued}, "position 0"},
+		{"queued with its lease id", Event{Type: EventQueued, Position: 1, LeaseID: "g-1a2b"}, ""},
+		{"queued bad lease id", Event{Type: EventQueued, Position: 1, LeaseID: "../x"}, "lease id"},
 		{"granted", Event{Type: EventGranted, Lease: goodLease()}, ""},
 		{"granted without lease", Event{Type: EventGranted}, "without a lease"},
 		{"granted bad id", Event{Type: EventGranted, Lease: bad(func(l *Lease) { l.ID = "a/b" })}, "lease id"},
@@ -241,6 +243,7 @@ func TestEventWireFormat(t *testing.T) {
 		want string
 	}{
 		{Event{Type: EventQueued, Position: 3, Group: "g"}, `{"type":"queued","position":3,"group":"g"}`},
+		{Event{Type: EventQueued, Position: 3, Group: "g", LeaseID: "g-1"}, `{"type":"queued","position":3,"group":"g","lease_id":"g-1"}`},
 		{Event{Type: EventRevoked, Reason: "server fault"}, `{"type":"revoked","reason":"server fault"}`},
 		{Event{Type: EventRequeued, Attempt: 2}, `{"type":"requeued","attempt":2}`},
 		{Event{Type: EventError, Code: CodeWaitTimeout, Message: "waited 1s"}, `{"type":"error","code":"wait_timeout","message":"waited 1s"}`},

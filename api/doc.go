@@ -32,11 +32,12 @@
 // open the lease (or its place in the queue) is held; when the client
 // closes it, mpsd releases the lease once the lease's processes are gone.
 //
-//   - queued{position, group, reason}: waiting; position 1 is next in the
-//     group's queue; reason, when set, says what it waits for (room, an
-//     instance that is quarantined or recovering, or mpsd's state
-//     directory, which it cannot write: no lease is granted until it can).
-//     Sent again whenever the position or the reason changes.
+//   - queued{position, group, reason, lease_id}: waiting; position 1 is
+//     next in the group's queue; reason, when set, says what it waits for
+//     (room, an instance that is quarantined or recovering, or mpsd's state
+//     directory, which it cannot write: no lease is granted until it can);
+//     lease_id, when set, is the waiting lease's id, to resume it by. Sent
+//     again whenever the position or the reason changes.
 //   - granted{lease}: the lease is placed, and recorded in mpsd's state
 //     file (mpsd sends it only then, so that a restart of mpsd never
 //     loses a lease a client was told of). Lease.Env is the MPS environment
@@ -62,9 +63,27 @@
 // (the command keeps running); revoked{reason} if a fault revoked it
 // meanwhile (or is revoking it), then requeued{attempt} with the current
 // attempt and granted or queued as for any requeued lease; or an error
-// with CodeNotFound if mpsd does not know the lease. A client that held no
-// lease sends the request again without ResumeLeaseID and joins the queue
-// afresh.
+// with CodeNotFound if mpsd does not know the lease. A client still queued
+// resumes the same way with the lease id of its queued events and Attempt
+// 1 (or the requeued attempt it waits for), and keeps its place in the
+// queue: mpsd keeps queued leases across a restart, as far as its state
+// file had recorded them when it went. A client whose lease mpsd does not
+// know (CodeNotFound) and under which nothing ran, or that was never told
+// a lease id, sends the request again without ResumeLeaseID and joins the
+// queue afresh.
+//
+// A restarting mpsd cannot answer: its socket refuses connections, or a
+// connection it had accepted is reset or closed before the response
+// headers, or a stream ends before its first event. mps-launch takes each
+// of these as mpsd being away and retries (with backoff) until mpsd sends
+// an event again or the outage has lasted its reconnect window (a minute),
+// for the lease request and the attach alike: a command granted just
+// before mpsd went waits, unstarted, until its attach succeeds. Past the
+// window it exits 75. A command that ends while mpsd is away is reported
+// (its status) once the launcher has resumed the lease and closed it, so
+// the restarted mpsd frees its share at once, or once the window is over.
+// Only a socket that is not there at all, before it was ever found, fails
+// at once (exit 125): that is no mpsd, or another socket meant.
 //
 // Batch systems: LeaseRequest.GPUSelect confines a lease to the GPUs a job
 // was given (NVML indexes, UUIDs or prefixes; unknown ones are refused with

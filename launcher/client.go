@@ -53,20 +53,66 @@ type dialError struct{ err error }
 func (e *dialError) Error() string { return e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
-// requestError turns an HTTP client error into ErrUnreachable naming the
-// socket when the connection could not be made, or wraps it otherwise.
-func (c *Client) requestError(what string, err error) error {
-	var de *dialError
-	if errors.As(err, &de) {
-		reason := de.err.Error()
-		var errno syscall.Errno
-		if errors.As(de.err, &errno) {
-			reason = errno.Error()
-		}
-		return fmt.Errorf("%w at %s: %s (is mpsd running? --socket or $%s names another socket)",
-			ErrUnreachable, c.socket, reason, api.EnvSocket)
+// unreachableError is ErrUnreachable with what was found: the reason in a
+// few words, and whether the socket is absent (nothing to connect to at
+// the path, or no permission to) rather than there with no mpsd answering
+// on it. mpsd's socket outlives a restart (socket activation keeps it, a
+// killed mpsd leaves it), so only an absent one may mean no mpsd at all.
+type unreachableError struct {
+	socket string
+	reason string
+	absent bool
+	err    error
+}
+
+func (e *unreachableError) Error() string {
+	return fmt.Sprintf("%s at %s: %s (is mpsd running? --socket or $%s names another socket)",
+		ErrUnreachable, e.socket, e.reason, api.EnvSocket)
+}
+
+func (e *unreachableError) Is(target error) bool { return target == ErrUnreachable }
+func (e *unreachableError) Unwrap() error        { return e.err }
+
+// socketAbsent reports whether err, from a request, found no socket to
+// connect to (as opposed to a socket with no mpsd answering).
+func socketAbsent(err error) bool {
+	var ue *unreachableError
+	return errors.As(err, &ue) && ue.absent
+}
+
+// requestError turns an HTTP client error into ErrUnreachable when mpsd
+// could not be connected to or ended the connection before its answer
+// (what a restart does to a request in flight), or wraps it otherwise.
+// ctx is the request's: its cancellation is never mpsd's doing, while its
+// deadline passing means mpsd did not answer in time.
+func (c *Client) requestError(ctx context.Context, what string, err error) error {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return fmt.Errorf("launcher: %s via %s: %w", what, c.socket, ctx.Err())
 	}
-	return fmt.Errorf("launcher: %s via %s: %w", what, c.socket, err)
+	ue := &unreachableError{socket: c.socket, err: err}
+	var (
+		de    *dialError
+		errno syscall.Errno
+		ne    net.Error
+	)
+	switch {
+	case errors.As(err, &de):
+		ue.reason = de.err.Error()
+		if errors.As(de.err, &errno) {
+			ue.reason = errno.Error()
+			ue.absent = errno == syscall.ENOENT || errno == syscall.ENOTDIR || errno == syscall.EACCES ||
+				errno == syscall.EPERM || errno == syscall.ENOTSOCK || errno == syscall.EPROTOTYPE
+		}
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.ECONNABORTED):
+		ue.reason = "connection reset before mpsd answered"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.EPIPE):
+		ue.reason = "mpsd closed the connection before answering"
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		ue.reason = "mpsd accepted the connection but did not answer in time"
+	default:
+		return fmt.Errorf("launcher: %s via %s: %w", what, c.socket, err)
+	}
+	return ue
 }
 
 func (c *Client) post(ctx context.Context, path string, body any) (*http.Response, error) {
@@ -81,7 +127,7 @@ func (c *Client) post(ctx context.Context, path string, body any) (*http.Respons
 	req.Header.Set("Content-Type", api.ContentTypeJSON)
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return nil, c.requestError("POST "+path, err)
+		return nil, c.requestError(ctx, "POST "+path, err)
 	}
 	return resp, nil
 }

@@ -184,7 +184,7 @@ func TestExitCode(t *testing.T) {
 		{"bad request", &api.Error{Code: api.CodeBadRequest, Message: "m"}, ExitFailure},
 		{"unknown code", &api.Error{Code: "new-in-v1.5", Message: "m"}, ExitFailure},
 		{"protocol", fmt.Errorf("%w: x", ErrProtocol), ExitFailure},
-		{"lost", fmt.Errorf("%w: x", ErrLost), ExitFailure},
+		{"lost", fmt.Errorf("%w: x", ErrLost), ExitTempFail},
 		{"anything else", errors.New("boom"), ExitFailure},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -5,7 +5,7 @@
 // mpsd requeues the lease. cmd/mps-launch only calls Main.
 //
 // What it owns:
-//   - the command line of DESIGN.md §5 (ParseArgs, one line per bad input)
+//   - the command line of docs/architecture.md#mps-launchs-command-line-and-exit-statuses (ParseArgs, one line per bad input)
 //     and the exit statuses: the command's own, 128+N for signal N, 125,
 //     126, 127 and 75 (ExitCode maps errors to them);
 //   - the defaults a Slurm job's environment gives (job id, gres/mps SM
@@ -14,7 +14,19 @@
 //     slurm.conf side, RequeueExit=75 among it;
 //   - one lease stream per run, held open exactly as long as the lease is
 //     needed (closing it releases the lease), re-opened with the lease id
-//     when mpsd restarts;
+//     when mpsd restarts: the granted lease's, or the queued one's, which
+//     so keeps its place in the queue;
+//   - outliving mpsd restarts: a refused connection, a reset or EOF
+//     before mpsd's answer, a stream that ends before its first event and
+//     an attach that cannot reach mpsd all mean mpsd is away; requests are
+//     retried with backoff until it is back or the outage has lasted
+//     Config.ReconnectTimeout (a minute), a command granted just before
+//     mpsd went waits unstarted for its attach meanwhile, and giving up
+//     exits 75 (ErrLost) with a line saying for how long mpsd was
+//     unreachable. A command that ends meanwhile has its status reported
+//     once its lease is resumed and closed (freeing its share in the new
+//     mpsd at once) or the window is over. Only a socket that was never
+//     there fails at once (125): no mpsd at all, or another socket meant;
 //   - the trampoline (trampoline.go): the command's process starts as a
 //     copy of this binary that waits on a pipe until mpsd has attached it
 //     to the lease's cgroup, then execs the program, so the program never

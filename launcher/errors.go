@@ -7,13 +7,16 @@ import (
 	"github.com/mpsd/mpsd/api"
 )
 
-// Exit statuses of mps-launch besides the command's own (DESIGN.md §5).
+// Exit statuses of mps-launch besides the command's own (docs/architecture.md#mps-launchs-command-line-and-exit-statuses).
 const (
-	// ExitTempFail (EX_TEMPFAIL): the wait timed out, or the requeue
-	// attempts are used up; trying later may work.
+	// ExitTempFail (EX_TEMPFAIL): the wait timed out, the requeue
+	// attempts are used up, one of mpsd's limits was hit, or mpsd went
+	// away (restarting) and did not come back within
+	// Config.ReconnectTimeout; trying later may work, and a batch system
+	// may requeue the job (Slurm's RequeueExit=75).
 	ExitTempFail = 75
-	// ExitFailure: bad usage, mpsd unreachable, refused by policy, or any
-	// other launcher or daemon error.
+	// ExitFailure: bad usage, no mpsd socket at all, refused by policy,
+	// or any other launcher or daemon error.
 	ExitFailure = 125
 	// ExitNotExecutable: the command exists but cannot be executed.
 	ExitNotExecutable = 126
@@ -25,7 +28,9 @@ var (
 	// ErrUsage is wrapped by every ParseArgs error: bad flag, bad value,
 	// missing command.
 	ErrUsage = errors.New("launcher: usage")
-	// ErrUnreachable is wrapped when mpsd's socket cannot be connected to.
+	// ErrUnreachable is wrapped when mpsd's socket cannot be connected
+	// to, or mpsd ended the connection before it answered (reset, EOF,
+	// no response headers in time): what a restarting mpsd looks like.
 	ErrUnreachable = errors.New("launcher: cannot reach mpsd")
 	// ErrCommandNotFound is wrapped when the command is not on PATH or
 	// its path does not exist.
@@ -36,14 +41,16 @@ var (
 	// ErrProtocol is wrapped when mpsd's answers break the protocol of
 	// package api.
 	ErrProtocol = errors.New("launcher: protocol violation")
-	// ErrLost is wrapped when the connection to mpsd ended and could not
-	// be made again within Config.ReconnectTimeout.
-	ErrLost = errors.New("launcher: lost mpsd")
+	// ErrLost is wrapped when mpsd stayed unreachable for
+	// Config.ReconnectTimeout: after a stream ended, an attach failed, or
+	// a first request found mpsd's socket but no mpsd answering. It is
+	// temporary (ExitTempFail).
+	ErrLost = errors.New("launcher: gave up on mpsd")
 )
 
 // ExitCode is the exit status mps-launch reports for err (never 0):
-// ExitNotFound, ExitNotExecutable, ExitTempFail for temporary api errors,
-// otherwise ExitFailure.
+// ExitNotFound, ExitNotExecutable, ExitTempFail for ErrLost and temporary
+// api errors, otherwise ExitFailure.
 func ExitCode(err error) int {
 	var apiErr *api.Error
 	switch {
@@ -51,15 +58,19 @@ func ExitCode(err error) int {
 		return ExitNotFound
 	case errors.Is(err, ErrNotExecutable):
 		return ExitNotExecutable
+	case errors.Is(err, ErrLost):
+		return ExitTempFail
 	case errors.As(err, &apiErr) && apiErr.Code.Temporary():
 		return ExitTempFail
 	}
 	return ExitFailure
 }
 
-// message is err as the one line mps-launch prints after "mps-launch: ".
+// message is err as the one line mps-launch prints after "mps-launch: ",
+// without the package's prefixes (a wrapped error brings its own).
 func message(err error) string {
 	msg := err.Error()
 	msg = strings.TrimPrefix(msg, ErrUsage.Error()+": ")
+	msg = strings.ReplaceAll(msg, ": launcher: ", ": ")
 	return strings.TrimPrefix(msg, "launcher: ")
 }

@@ -44,8 +44,10 @@ $SLURM_JOB_GPUS, else $CUDA_VISIBLE_DEVICES. Flags override them. With a
 GPU list, COMMAND's CUDA_VISIBLE_DEVICES names the lease's GPUs by UUID.
 mps-launch refuses to run as another user than $SLURM_JOB_UID.
 Exit status: COMMAND's; 128+N if it died by signal N; 125 launcher or mpsd
-error; 126 COMMAND not executable; 127 COMMAND not found; 75 wait timed out
-or requeue attempts used up (slurm.conf RequeueExit=75 requeues the job).
+error, or no mpsd socket; 126 COMMAND not executable; 127 COMMAND not found;
+75 wait timed out, requeue attempts used up, or mpsd unreachable for a minute
+(slurm.conf RequeueExit=75 requeues the job). While mpsd restarts,
+mps-launch waits for it, keeping its lease or its place in the queue.
 `
 
 // Options are mps-launch's parsed command line. Zero values of SM, Mem,

@@ -41,8 +41,13 @@ type Config struct {
 	// Terminal turns on the live queue status line on Stderr (Main sets it
 	// when Stderr is a terminal); Quiet turns it off again.
 	Terminal bool
-	// ReconnectTimeout bounds reconnecting after mpsd closed the stream
-	// (restarted); 0 means DefaultReconnectTimeout.
+	// ReconnectTimeout is how long mps-launch waits for mpsd to come back
+	// once it went away (restarting): a closed stream, a request or an
+	// attach that found the socket refusing, reset or closed before mpsd
+	// answered. It counts from the first failure until mpsd sends an
+	// event again (a stream that ends before its first event does not
+	// renew it); past it mps-launch gives up with ErrLost
+	// (ExitTempFail). 0 means DefaultReconnectTimeout.
 	ReconnectTimeout time.Duration
 	// RevokeGrace is how long a command that failed waits for a
 	// revoked event that may be on its way, to tell mpsd's kill from
@@ -90,7 +95,9 @@ func Main(ctx context.Context, args []string, stdin, stdout, stderr *os.File, en
 // Run resolves the command, asks mpsd for a lease, runs the command under
 // it (again after each requeue) and returns mps-launch's exit status: the
 // command's own, 128+N for signal N, or ExitFailure, ExitNotExecutable,
-// ExitNotFound or ExitTempFail with one line on Stderr saying why. With a
+// ExitNotFound or ExitTempFail with one line on Stderr saying why. mpsd
+// going away (restarting) is waited out for ReconnectTimeout, resuming the
+// lease, or the queued request, by id; then ExitTempFail. With a
 // JobID, each line mps-launch prints names the job ("mps-launch: job 42:
 // ..."), so a batch job's log says which job a requeue or a failure hit.
 // Cancelling ctx kills the command and returns ExitFailure.
@@ -162,10 +169,42 @@ type session struct {
 	group       string
 	reason      string // what the queued lease waits for, when mpsd says
 
-	// lease is the last granted lease, kept after a revocation to resume
-	// with after a reconnect.
+	// lease is the last granted lease, kept after a revocation.
 	lease *api.Lease
-	child *child
+	// leaseID and attempt are what a reconnect resumes: the lease the
+	// session waits as (a queued event's lease id) or holds (the granted
+	// lease's), and its run (the grant's, then a requeued event's). ""
+	// while mpsd has named no lease.
+	leaseID string
+	attempt int
+	// requestedAt is when mpsd first answered (--wait counts from it until
+	// the first grant, granted says there was one); started, that a
+	// command has been released to run under the session's lease.
+	requestedAt time.Time
+	granted     bool
+	started     bool
+	// contacted: mpsd has answered once; until then a missing socket is
+	// not waited for (no mpsd at all, or another socket meant), unless
+	// the socket was there on an earlier try.
+	contacted bool
+	// An outage: since when mpsd has been unreachable (zero while it
+	// answers; only an event ends an outage), the wait before the next
+	// try, and the last failure, for the line that gives up.
+	awaySince time.Time
+	backoff   time.Duration
+	lastFail  error
+	// sawEvent: the current stream has carried an event.
+	sawEvent bool
+	// finished: the command succeeded while mpsd was away; the session
+	// ends (0) once the reconnect is over, its stream closed at once.
+	finished bool
+	// held is a granted lease whose attach found mpsd gone: its command
+	// waits unstarted in the trampoline (the spare) until mpsd is back or
+	// the outage outlasts ReconnectTimeout; holdRetry re-tries the
+	// attach while the stream stays open.
+	held      *api.Lease
+	holdRetry *time.Timer
+	child     *child
 	// spare is a trampoline started ahead of the grant, so that its start
 	// overlaps the wait for mpsd; nil when none is ready.
 	spare *child
@@ -194,6 +233,10 @@ type streamMsg struct {
 type reconnectResult struct {
 	stream *Stream
 	err    error
+	// gaveUp: err is the last failure of a reconnect that ran out of
+	// time. since is when its failures began (zero if none).
+	gaveUp bool
+	since  time.Time
 }
 
 // done is the result that ends run.
@@ -220,12 +263,8 @@ func (s *session) run(ctx context.Context) (int, error) {
 		return 0, err
 	}
 
-	st, err := s.client.Lease(sctx, s.req)
-	if err != nil {
-		return 0, err
-	}
-	s.open(st)
 	s.queuedSince = time.Now()
+	s.startReconnect(sctx)
 
 	for {
 		var r *done
@@ -235,7 +274,7 @@ func (s *session) run(ctx context.Context) (int, error) {
 		case m := <-s.events:
 			r = s.onEvent(sctx, m)
 		case rc := <-s.reconnected:
-			r = s.onReconnect(rc)
+			r = s.onReconnect(sctx, rc)
 		case <-s.childExited():
 			r = s.onChildExit(sctx)
 		case <-s.spareExited():
@@ -249,6 +288,8 @@ func (s *session) run(ctx context.Context) (int, error) {
 			s.status.update(s.position, s.group, s.reason, time.Since(s.queuedSince))
 		case <-s.graceC():
 			r = s.endGrace()
+		case <-s.holdRetryC():
+			r = s.retryHeld(sctx)
 		}
 		if r != nil {
 			return r.code, r.err
@@ -293,11 +334,35 @@ func (s *session) graceC() <-chan time.Time {
 	return s.grace.C
 }
 
+func (s *session) holdRetryC() <-chan time.Time {
+	if s.holdRetry == nil {
+		return nil
+	}
+	return s.holdRetry.C
+}
+
 func (s *session) onEvent(ctx context.Context, m streamMsg) *done {
 	if m.err != nil {
+		empty := !s.sawEvent
 		s.closeStream()
 		if errors.Is(m.err, ErrProtocol) {
 			return s.fail(m.err)
+		}
+		// mpsd went away (restarting): the outage begins, or goes on if
+		// this stream was mpsd's answer to a reconnect and ended before
+		// its first event.
+		why := "mpsd closed the lease stream"
+		if empty {
+			why = "the lease stream ended before its first event"
+		}
+		if !errors.Is(m.err, io.EOF) {
+			why += ": " + m.err.Error()
+		}
+		s.away(errors.New(why))
+		if empty && s.contacted && s.outageOver() {
+			// mpsd keeps answering without ever saying anything: no
+			// better than not answering.
+			return s.giveUp(s.lost())
 		}
 		if s.child == nil && s.grace != nil {
 			// The command failed and the stream ended before a
@@ -311,9 +376,16 @@ func (s *session) onEvent(ctx context.Context, m streamMsg) *done {
 		s.startReconnect(ctx)
 		return nil
 	}
+	// An event: mpsd is there (again).
+	s.sawEvent, s.awaySince, s.backoff, s.lastFail = true, time.Time{}, 0, nil
 	ev := m.ev
 	switch ev.Type {
 	case api.EventQueued:
+		if ev.LeaseID != "" && s.lease == nil {
+			// The queued request's own lease: a reconnect resumes it, and
+			// with it the place in the queue.
+			s.leaseID, s.attempt = ev.LeaseID, max(s.attempt, 1)
+		}
 		// While a revoked command is still dying its output may still
 		// come; the status line waits until it is gone.
 		if s.child == nil && s.grace == nil {
@@ -331,21 +403,31 @@ func (s *session) onEvent(ctx context.Context, m streamMsg) *done {
 				return s.fail(fmt.Errorf("%w: granted lease %s while the command runs under lease %s",
 					ErrProtocol, ev.Lease.ID, s.lease.ID))
 			}
-			s.lease = ev.Lease
+			s.lease, s.attempt = ev.Lease, ev.Lease.Attempt
 			if s.grace != nil {
 				// mpsd kept the lease: the SIGKILL was not its revocation.
 				return s.endGrace()
 			}
 		case s.child != nil:
 			s.pending = ev.Lease
+			s.leaseID, s.attempt, s.granted = ev.Lease.ID, ev.Lease.Attempt, true
 		default:
 			return s.launch(ctx, ev.Lease)
 		}
 	case api.EventRevoked:
 		if s.lease == nil {
-			return s.fail(fmt.Errorf("%w: revoked before any lease was granted", ErrProtocol))
+			if s.leaseID == "" {
+				return s.fail(fmt.Errorf("%w: revoked before any lease was granted", ErrProtocol))
+			}
+			// The queued lease this launcher resumed after mpsd restarted:
+			// the previous mpsd granted (and saved) it without telling us,
+			// and it is revoked now. Nothing of ours ran; its requeue follows.
+			s.revoked = ev.Reason
+			break
 		}
 		s.revoked, s.awayKill = ev.Reason, ""
+		// A held command's lease is gone: it waits for the requeued grant.
+		s.unhold()
 		if s.grace != nil {
 			// The SIGKILL the command died of (or the attach's failure)
 			// was mpsd's revocation: not its end.
@@ -358,8 +440,9 @@ func (s *session) onEvent(ctx context.Context, m streamMsg) *done {
 			return s.fail(fmt.Errorf("%w: requeued without a revocation", ErrProtocol))
 		}
 		if !s.cfg.Quiet {
-			fmt.Fprintf(s.errw, "%slease %s revoked (%s); requeued, attempt %d\n", s.prefix(), s.lease.ID, s.revoked, ev.Attempt)
+			fmt.Fprintf(s.errw, "%slease %s revoked (%s); requeued, attempt %d\n", s.prefix(), s.leaseID, s.revoked, ev.Attempt)
 		}
+		s.attempt = ev.Attempt
 		s.queuedSince = time.Now()
 	case api.EventError:
 		err := &api.Error{Code: ev.Code, Message: ev.Message}
@@ -416,7 +499,9 @@ func (s *session) endGrace() *done {
 func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 	s.stopTicker()
 	s.status.clear()
+	s.unhold()
 	s.lease, s.revoked, s.pending = lease, "", nil
+	s.leaseID, s.attempt, s.granted = lease.ID, lease.Attempt, true
 	for retried := false; ; retried = true {
 		c, err := s.takeSpare()
 		if err != nil {
@@ -427,8 +512,15 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 		cancel()
 		if err != nil {
 			err = fmt.Errorf("launcher: attach pid %d to lease %s: %w", c.pid, lease.ID, err)
+			if errors.Is(err, ErrUnreachable) {
+				// mpsd went away between the grant and the attach: the
+				// command must neither start outside the lease's cgroup
+				// nor be given up while mpsd may come back.
+				return s.hold(lease, c, err)
+			}
 		} else if err = c.start(childEnv(s.cfg.Environ, lease, len(s.req.GPUSelect) > 0)); err == nil {
-			s.child = c
+			s.child, s.started = c, true
+			s.awaySince, s.backoff, s.lastFail = time.Time{}, 0, nil
 			return nil
 		}
 		// A trampoline that died while it waited (a signal to the process
@@ -454,6 +546,88 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 			return &done{err: err}
 		}
 	}
+}
+
+// hold keeps lease, whose attach of trampoline c failed with err because
+// mpsd could not be reached: c goes back to waiting, unreleased (if mpsd
+// did move it before it went, it is in the lease's cgroup, the only place
+// the lease's next attach puts it too), and the attach is tried again once
+// mpsd is back: by the grant of the resumed stream if the stream ends (it
+// shares mpsd's fate), by holdRetry while it stays open. An outage longer
+// than ReconnectTimeout gives up.
+func (s *session) hold(lease *api.Lease, c *child, err error) *done {
+	select {
+	case <-c.exited:
+		c.reap()
+	default:
+		if s.spare == nil {
+			s.spare = c
+		} else {
+			c.kill()
+		}
+	}
+	s.away(err)
+	if s.outageOver() {
+		return s.fail(s.lost())
+	}
+	s.held = lease
+	s.holdRetry = time.NewTimer(s.nextWait())
+	return nil
+}
+
+// retryHeld tries the held lease's attach again, if its stream is still
+// open; a reconnect under way brings the lease's state instead.
+func (s *session) retryHeld(ctx context.Context) *done {
+	s.holdRetry = nil
+	lease := s.held
+	if lease == nil || s.stream == nil {
+		return nil
+	}
+	if s.outageOver() {
+		return s.fail(s.lost())
+	}
+	return s.launch(ctx, lease)
+}
+
+// unhold drops the held lease, if any.
+func (s *session) unhold() {
+	s.held = nil
+	if s.holdRetry != nil {
+		s.holdRetry.Stop()
+		s.holdRetry = nil
+	}
+}
+
+// away records a failure that says mpsd is gone; the first one starts the
+// outage.
+func (s *session) away(err error) {
+	if s.awaySince.IsZero() {
+		s.awaySince = time.Now()
+	}
+	s.lastFail = err
+}
+
+// outageOver reports whether mpsd has been away for ReconnectTimeout.
+func (s *session) outageOver() bool {
+	return !s.awaySince.IsZero() && time.Since(s.awaySince) >= s.cfg.ReconnectTimeout
+}
+
+// nextWait is the backoff before the next try in this outage: 20ms,
+// doubling to 1s, and never past the outage's end.
+func (s *session) nextWait() time.Duration {
+	s.backoff = min(max(2*s.backoff, 20*time.Millisecond), time.Second)
+	return max(0, min(s.backoff, s.cfg.ReconnectTimeout-time.Since(s.awaySince)))
+}
+
+// lost is the error that gives up on mpsd after an outage.
+func (s *session) lost() error {
+	took := time.Since(s.awaySince)
+	if took >= time.Second {
+		took = took.Round(time.Second)
+	} else {
+		took = took.Round(time.Millisecond)
+	}
+	return fmt.Errorf("%w: unreachable for %s: %w", ErrLost, took, s.lastFail)
 }
 
 // takeSpare returns the waiting trampoline, or a new one if there is none
@@ -483,6 +657,14 @@ func (s *session) onChildExit(ctx context.Context) *done {
 	code := exitStatus(ws)
 	if s.revoked == "" {
 		reconnecting := s.stream == nil && s.reconnected != nil
+		if code == 0 && reconnecting {
+			// Done, but mpsd is away and will still count the lease
+			// (until its reconnect grace if it cannot tell that the
+			// command ran): the launcher resumes the lease only to close
+			// it, which frees its share at once, then exits 0.
+			s.finished = true
+			return nil
+		}
 		if code == 0 || (s.stream == nil && !reconnecting) {
 			return &done{code: code}
 		}
@@ -520,6 +702,9 @@ func (s *session) onSignal(sig os.Signal) *done {
 		s.child.signal(sig)
 		return nil
 	}
+	if s.finished {
+		return &done{code: 0} // the command's status; only mpsd's release was waited for
+	}
 	switch sig {
 	case syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT:
 		// No command to tell: the request is abandoned (closing the
@@ -533,19 +718,58 @@ func (s *session) onSignal(sig os.Signal) *done {
 	return nil
 }
 
-func (s *session) onReconnect(rc reconnectResult) *done {
+func (s *session) onReconnect(ctx context.Context, rc reconnectResult) *done {
 	s.reconnected, s.stopRc, s.rcDone = nil, nil, nil
-	if rc.err != nil {
-		if s.child == nil && s.grace != nil {
-			// The command failed while mpsd was away, and mpsd does not
-			// know the lease any more (or cannot be reached): no
-			// revocation will come, the failure was the command's own.
-			return s.endGrace()
+	if s.awaySince.IsZero() {
+		s.awaySince = rc.since
+	}
+	if s.finished {
+		// The lease is released by the stream's close (cleanup), if mpsd
+		// took it back; whatever mpsd says, the command is done.
+		if rc.stream != nil {
+			_ = rc.stream.Close()
 		}
-		return s.fail(rc.err)
+		return &done{code: 0}
+	}
+	if rc.gaveUp {
+		s.away(rc.err)
+		rc.err = s.lost()
+	}
+	var ae *api.Error
+	if errors.As(rc.err, &ae) && ae.Code == api.CodeNotFound && s.leaseID != "" && !s.started && s.child == nil && s.grace == nil {
+		// mpsd does not know the lease it had queued (or granted, and
+		// the command was held): it was lost with what mpsd had not yet
+		// written when it went. Nothing ran under it, so it is simply
+		// asked for again.
+		if !s.cfg.Quiet {
+			fmt.Fprintf(s.errw, "%slease %s was lost while mpsd was away; requesting a new one\n", s.prefix(), s.leaseID)
+		}
+		s.unhold()
+		s.lease, s.leaseID, s.attempt, s.revoked, s.pending = nil, "", 0, "", nil
+		s.startReconnect(ctx)
+		return nil
+	}
+	if rc.err != nil {
+		return s.giveUp(rc.err)
+	}
+	if !s.contacted {
+		s.contacted, s.requestedAt = true, time.Now()
 	}
 	s.open(rc.stream)
 	return nil
+}
+
+// giveUp ends the wait for mpsd with err: the session ends, unless a
+// command runs on (it is the user's). A command that failed while mpsd was
+// away keeps its own status.
+func (s *session) giveUp(err error) *done {
+	if s.child == nil && s.grace != nil {
+		// The command failed while mpsd was away, and mpsd does not
+		// know the lease any more (or cannot be reached): no
+		// revocation will come, the failure was the command's own.
+		return s.endGrace()
+	}
+	return s.fail(err)
 }
 
 func (s *session) cancelled(err error) *done {
@@ -576,6 +800,7 @@ func (s *session) open(st *Stream) {
 		}
 	}()
 	s.stream, s.events, s.stopRd, s.rdDone = st, events, stop, rdDone
+	s.sawEvent = false
 }
 
 // closeStream closes the stream, which releases the lease, and waits for
@@ -590,42 +815,76 @@ func (s *session) closeStream() {
 	s.stream, s.events, s.stopRd, s.rdDone = nil, nil, nil, nil
 }
 
-// startReconnect posts the request again until mpsd answers or
-// ReconnectTimeout passes, resuming the last lease if there is one.
+// startReconnect posts the request (again) until mpsd answers, resuming
+// the lease the session waits as or holds if there is one. Failures that
+// say mpsd is away (ErrUnreachable) are retried with backoff until the
+// outage has lasted ReconnectTimeout; only before mpsd first answered is a
+// missing socket not waited for.
 func (s *session) startReconnect(ctx context.Context) {
-	req := s.req
-	if s.lease != nil {
-		req.ResumeLeaseID, req.Attempt = s.lease.ID, s.lease.Attempt
-	}
+	req := s.request()
 	ch := make(chan reconnectResult, 1)
 	stop := make(chan struct{})
 	rcDone := make(chan struct{})
-	deadline := time.Now().Add(s.cfg.ReconnectTimeout)
+	var first time.Duration
+	if !s.awaySince.IsZero() && s.lastFail != nil && !s.sawEvent && s.contacted {
+		// The stream mpsd gave ended before its first event: mpsd is not
+		// back, so the next try waits too.
+		first = s.nextWait()
+	}
+	awaySince, contacted, window := s.awaySince, s.contacted, s.cfg.ReconnectTimeout
 	go func() {
 		defer close(rcDone)
-		backoff := 20 * time.Millisecond
+		since := awaySince
+		backoff, wait := max(first, 10*time.Millisecond), first
 		for {
+			if wait > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-stop:
+					t.Stop()
+					return
+				case <-t.C:
+				}
+			}
 			st, err := s.client.Lease(ctx, req)
-			if err == nil || !errors.Is(err, ErrUnreachable) {
-				ch <- reconnectResult{stream: st, err: err}
+			if err == nil || !errors.Is(err, ErrUnreachable) || (!contacted && socketAbsent(err)) {
+				ch <- reconnectResult{stream: st, err: err, since: since}
 				return
 			}
-			wait := min(backoff, time.Until(deadline))
-			if wait <= 0 {
-				ch <- reconnectResult{err: fmt.Errorf("%w after %s: %w", ErrLost, s.cfg.ReconnectTimeout, err)}
-				return
-			}
-			t := time.NewTimer(wait)
-			select {
-			case <-stop:
-				t.Stop()
-				return
-			case <-t.C:
+			// A socket that refused or dropped the request was there: an
+			// mpsd going away may remove it while it restarts.
+			contacted = contacted || !socketAbsent(err)
+			if since.IsZero() {
+				since = time.Now()
 			}
 			backoff = min(2*backoff, time.Second)
+			wait = min(backoff, window-time.Since(since))
+			if wait <= 0 {
+				ch <- reconnectResult{err: err, gaveUp: true, since: since}
+				return
+			}
 		}
 	}()
 	s.reconnected, s.stopRc, s.rcDone = ch, stop, rcDone
+}
+
+// request is the lease request to send now: a resume of the session's
+// lease if mpsd has named one, else a new request; --wait counts from
+// mpsd's first answer until a grant.
+func (s *session) request() api.LeaseRequest {
+	req := s.req
+	if s.leaseID != "" {
+		req.ResumeLeaseID, req.Attempt = s.leaseID, max(s.attempt, 1)
+	}
+	if req.WaitMillis > 0 && s.contacted {
+		if s.granted {
+			req.WaitMillis = 0
+		} else {
+			left := time.Duration(req.WaitMillis)*time.Millisecond - time.Since(s.requestedAt)
+			req.WaitMillis = max(1, left.Milliseconds())
+		}
+	}
+	return req
 }
 
 func (s *session) stopTicker() {
@@ -643,6 +902,7 @@ func (s *session) cleanup() {
 	if s.grace != nil {
 		s.grace.Stop()
 	}
+	s.unhold()
 	s.closeStream()
 	if s.rcDone != nil {
 		close(s.stopRc)

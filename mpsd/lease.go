@@ -152,7 +152,7 @@ func newLeaseID(group string) string {
 }
 
 // apiLeaseLocked is the granted lease as its launcher sees it, with the
-// environment of DESIGN.md §5.
+// environment of docs/architecture.md#environment-of-a-lease.
 func (l *lease) apiLeaseLocked() *api.Lease {
 	in := l.inst
 	al := &api.Lease{ID: l.id, Group: l.group, SM: l.req.SM, MemBytes: l.req.Mem, Attempt: l.attempt}
@@ -253,6 +253,11 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 		d.dequeueLocked(l, "no room and --no-wait")
 		ahead := l.position - 1
 		return nil, &refusal{503, api.CodeWaitTimeout, d.noWaitTextLocked(name, ahead)}
+	}
+	if !l.running() {
+		// Saved (without waiting for it), so that its launcher resumes
+		// it in its place if mpsd restarts meanwhile.
+		d.store.request()
 	}
 	return l, nil
 }
@@ -365,7 +370,7 @@ func (d *Daemon) positionsLocked(group string) {
 	for i, l := range q {
 		if l.position != i+1 || l.waitReason != reason {
 			l.position, l.waitReason = i+1, reason
-			l.box.push(api.Event{Type: api.EventQueued, Position: l.position, Group: group, Reason: reason})
+			l.box.push(api.Event{Type: api.EventQueued, Position: l.position, Group: group, Reason: reason, LeaseID: l.id})
 		}
 	}
 }
@@ -450,6 +455,7 @@ func (d *Daemon) timeoutLocked(l *lease, wait time.Duration) bool {
 	}
 	pos := l.position
 	d.dequeueLocked(l, "wait ran out")
+	d.store.request() // it may be saved (admit)
 	l.box.push(api.Event{Type: api.EventError, Code: api.CodeWaitTimeout,
 		Message: fmt.Sprintf("waited %s in the queue of group %s (position %d); giving up as --wait says", wait, l.group, pos)})
 	return true
@@ -476,6 +482,7 @@ func (d *Daemon) releaseIf(l *lease, why string, unboundOnly bool) {
 		return
 	case leaseQueued:
 		d.dequeueLocked(l, why)
+		d.store.request() // it may be saved (admit)
 		d.mu.Unlock()
 		return
 	}

@@ -29,9 +29,10 @@ import (
 const stateVersion = 1
 
 // savedState is the state file: the running leases, enough to re-adopt
-// them after a restart, and the requeued ones waiting for their next run
-// (their launchers resume them by id). Fresh queued requests are not
-// kept: their launchers hold no lease id, reconnect and queue again.
+// them after a restart, and the queued ones, fresh or requeued, in their
+// order (Seq), so that their launchers resume them by id in their place.
+// A queued request is saved without its launcher waiting for the write: one
+// that a crash lost is asked for anew (the launcher gets CodeNotFound).
 type savedState struct {
 	Version int          `json:"version"`
 	Leases  []savedLease `json:"leases"`
@@ -92,8 +93,8 @@ type savedLease struct {
 	// Revoking: a revocation had taken the lease (RevokedFor says why)
 	// and not yet requeued it; the next mpsd finishes it.
 	Revoking bool `json:"revoking,omitempty"`
-	// Queued: revoked by a fault and waiting in the queue for its next
-	// run; Instance is then empty.
+	// Queued: waiting in the queue, for its first run (Attempt 1) or,
+	// revoked by a fault, its next; Instance is then empty.
 	Queued bool `json:"queued,omitempty"`
 	// Adopted: re-adopted from its cgroup, which no state file recorded
 	// (durability.go); its launcher's attempt is taken at its resume.
@@ -365,16 +366,13 @@ func jsonEncode(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// snapshot is the state to persist: every running lease.
+// snapshot is the state to persist: every running or queued lease.
 func (d *Daemon) snapshot() savedState {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st := savedState{Version: stateVersion, Leases: []savedLease{}}
 	for _, l := range d.leases {
 		queued := !l.running()
-		if queued && !l.req.Requeued {
-			continue
-		}
 		sl := savedLease{
 			ID: l.id, Group: l.group, UID: l.uid,
 			SM: l.req.SM, MemBytes: l.req.Mem, GPUs: l.req.GPUs, Priority: l.req.Priority, Seq: l.req.Seq,
@@ -583,10 +581,11 @@ func (d *Daemon) adoptLeases(saved savedState) {
 		}
 		if sl.Queued {
 			if _, known := d.cfg.Group(sl.Group); !known {
-				d.log.Warn("saved requeued lease's group is gone from the config; dropping it", "lease", sl.ID)
+				d.log.Warn("saved queued lease's group is gone from the config; dropping it", "lease", sl.ID)
 				continue
 			}
-			l.req.Requeued = true
+			// Only a requeue moves a lease past its first attempt.
+			l.req.Requeued = sl.Attempt > 1
 			d.leases[l.id] = l
 			d.queues[l.group] = append(d.queues[l.group], l)
 			l.grace = time.AfterFunc(grace, func() { d.spawn(func() { d.graceOver(l) }) })
@@ -672,9 +671,16 @@ func (d *Daemon) reapAdopted() {
 		for _, l := range waiting {
 			l.cgMu.Lock()
 			empty := false
-			if l.cg != nil {
+			switch {
+			case l.cg != nil:
 				pids, err := l.cg.Pids()
 				empty = err == nil && len(pids) == 0
+			case d.cgCfg != nil:
+				// No cgroup: an attempt that ran had its command in it,
+				// so with the cgroup gone the command is gone too (its
+				// release was done, not yet written, when mpsd went).
+				_, err := d.cg.Open(cgroup.LeaseID{Group: l.group, Lease: l.id})
+				empty = errors.Is(err, cgroup.ErrNotExist)
 			}
 			l.cgMu.Unlock()
 			if empty && d.settled(l) {

@@ -19,16 +19,6 @@ import (
 // nothing may cite them. Spelled in two parts so this file does not.
 const designNotes = "DESIGN" + ".md"
 
-// designPending lists the files that still cite designNotes because their
-// citations are being replaced in another change; each must still cite
-// it (so the list cannot go stale), and the list is to be emptied.
-var designPending = []string{
-	"launcher/doc.go",
-	"launcher/errors.go",
-	"mpsd/daemon.go",
-	"mpsd/lease.go",
-}
-
 // Every file of the repository cites only docs that exist: a Markdown
 // link to a file (relative to the linking file) must name one that is
 // there, and a link or a mention of docs/<name>.md (relative to the
@@ -81,12 +71,8 @@ func TestDocLinks(t *testing.T) {
 		rel = filepath.ToSlash(rel)
 		checked++
 		text := string(b)
-		pending := slices.Contains(designPending, rel)
-		switch cites := strings.Contains(text, designNotes); {
-		case cites && !pending:
+		if strings.Contains(text, designNotes) {
 			t.Errorf("%s cites %s, which is not in the repository: cite docs/architecture.md (or docs/config.md, docs/security.md, api/doc.go) instead", rel, designNotes)
-		case !cites && pending:
-			t.Errorf("%s no longer cites %s: remove it from designPending", rel, designNotes)
 		}
 		for _, r := range docRefs(text, strings.HasSuffix(rel, ".md")) {
 			refs++

@@ -31,13 +31,12 @@ func XidSocket(stateDir string) string { return filepath.Join(stateDir, "sim-xid
 // starts the emulated server exactly as NVIDIA's starts the real one. The
 // emulator's knobs (MPSEMU_* of this process's environment) and the Xid
 // socket under stateDir are added to the daemons' environment, and the
-// simulated GPUs' driver version (gpu.Sim.DriverVersion): the emulated
-// daemons behave as that driver's do (MPSEMU_DRIVER, passed through,
-// still overrides).
+// simulated driver's version, so the emulated daemons behave as that
+// driver's do (an MPSEMU_DRIVER passed through still overrides it).
 func MPS(base mps.Config, emulatorDir, stateDir, driverVersion string) mps.Config {
 	c := base
 	c.ControlPath = filepath.Join(emulatorDir, mps.DefaultControl)
-	c.Env = make([]string, 0, len(base.Env)+3)
+	c.Env = make([]string, 0, len(base.Env)+2)
 	for _, kv := range base.Env {
 		if path, ok := strings.CutPrefix(kv, "PATH="); ok {
 			kv = "PATH=" + emulatorDir + ":" + path
@@ -49,7 +48,10 @@ func MPS(base mps.Config, emulatorDir, stateDir, driverVersion string) mps.Confi
 			c.Env = append(c.Env, kv)
 		}
 	}
-	c.Env = append(c.Env, gpu.EnvXidSocket+"="+XidSocket(stateDir), gpu.EnvDriverVersion+"="+driverVersion)
+	if driverVersion != "" {
+		c.Env = append(c.Env, gpu.EnvDriverVersion+"="+driverVersion)
+	}
+	c.Env = append(c.Env, gpu.EnvXidSocket+"="+XidSocket(stateDir))
 	return c
 }
 

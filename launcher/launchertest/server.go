@@ -36,10 +36,38 @@ type Server struct {
 	onLease  func(*LeaseConn)
 	leases   chan *LeaseConn
 	attaches chan Attach
+	dropped  chan string
 
 	mu      sync.Mutex
 	granted map[string]bool
 	refuse  map[string]api.Error
+	resumes map[string]api.Error
+	drops   map[requestKind]drop
+}
+
+// Drop is how the fake drops a request, as an mpsd that dies with the
+// request in flight does: the launcher gets no answer at all.
+type Drop int
+
+const (
+	// DropEOF reads the request, then closes the connection: the
+	// launcher reads EOF where the answer should be.
+	DropEOF Drop = iota + 1
+	// DropReset closes the connection with the request unread, so the
+	// kernel resets it: the launcher reads ECONNRESET.
+	DropReset
+)
+
+type requestKind int
+
+const (
+	kindLease requestKind = iota + 1
+	kindAttach
+)
+
+type drop struct {
+	how Drop
+	n   int
 }
 
 // Attach is one attach request the fake accepted.
@@ -72,13 +100,17 @@ func New(t testing.TB, onLease func(*LeaseConn)) *Server {
 		onLease:  onLease,
 		leases:   make(chan *LeaseConn, 64),
 		attaches: make(chan Attach, 64),
+		dropped:  make(chan string, 256),
 		granted:  map[string]bool{},
 		refuse:   map[string]api.Error{},
+		resumes:  map[string]api.Error{},
+		drops:    map[requestKind]drop{},
 	}
-	ln, err := net.Listen("unix", s.Socket)
+	inner, err := net.Listen("unix", s.Socket)
 	if err != nil {
 		t.Fatal(err)
 	}
+	ln := &dropListener{Listener: inner, s: s}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+api.PathLeases, s.serveLease)
 	mux.HandleFunc("POST "+api.PathLeases+"/{id}/attach", s.serveAttach)
@@ -95,6 +127,9 @@ func New(t testing.TB, onLease func(*LeaseConn)) *Server {
 // peerCred returns the connecting process's credentials, or nil.
 func peerCred(c net.Conn) *unix.Ucred {
 	uc, ok := c.(*net.UnixConn)
+	if dc, isDrop := c.(*dropConn); isDrop {
+		uc, ok = dc.UnixConn, true
+	}
 	if !ok {
 		return nil
 	}
@@ -107,6 +142,146 @@ func peerCred(c net.Conn) *unix.Ucred {
 		cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	})
 	return cred
+}
+
+// DropLeases makes the fake drop the next n lease requests as how says,
+// before any answer.
+func (s *Server) DropLeases(how Drop, n int) { s.setDrop(kindLease, how, n) }
+
+// DropAttaches makes the fake drop the next n attach requests as how
+// says, before any answer (and without attaching).
+func (s *Server) DropAttaches(how Drop, n int) { s.setDrop(kindAttach, how, n) }
+
+func (s *Server) setDrop(k requestKind, how Drop, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n <= 0 {
+		delete(s.drops, k)
+		return
+	}
+	s.drops[k] = drop{how: how, n: n}
+}
+
+// takeDrop returns how to drop a request to path, using one of its
+// kind's drops, or 0 to serve it.
+func (s *Server) takeDrop(path string) Drop {
+	k := kindLease
+	if strings.HasSuffix(path, "/attach") {
+		k = kindAttach
+	} else if path != api.PathLeases {
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, ok := s.drops[k]
+	if !ok {
+		return 0
+	}
+	if d.n--; d.n == 0 {
+		delete(s.drops, k)
+	} else {
+		s.drops[k] = d
+	}
+	select {
+	case s.dropped <- path:
+	default: // nobody counts them
+	}
+	return d.how
+}
+
+// NextDrop returns the path of the next request dropped, failing the test
+// if none is within Wait.
+func (s *Server) NextDrop(t testing.TB) string {
+	t.Helper()
+	select {
+	case p := <-s.dropped:
+		return p
+	case <-time.After(Wait):
+		t.Fatalf("launchertest: no request dropped within %s", Wait)
+		return ""
+	}
+}
+
+func (s *Server) dropping() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.drops) > 0
+}
+
+// dropListener hands out connections that may be dropped at their first
+// read, once the request line says what the request is.
+type dropListener struct {
+	net.Listener
+	s *Server
+}
+
+func (l *dropListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	if uc, ok := c.(*net.UnixConn); ok {
+		return &dropConn{UnixConn: uc, s: l.s}, nil
+	}
+	return c, nil
+}
+
+// dropConn is a server connection that, while drops are set, peeks at
+// the request line before the server reads anything, and drops the
+// connection if a drop for the request's kind is due.
+type dropConn struct {
+	*net.UnixConn
+	s       *Server
+	checked bool
+}
+
+// errDropped is what the server reads from a dropped connection.
+var errDropped = errors.New("launchertest: connection dropped")
+
+func (c *dropConn) Read(b []byte) (int, error) {
+	if c.checked || !c.s.dropping() {
+		c.checked = true
+		return c.UnixConn.Read(b)
+	}
+	c.checked = true
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	buf := make([]byte, api.MaxRequestBytes+4096)
+	var n int
+	var perr error
+	err = raw.Read(func(fd uintptr) bool {
+		n, _, perr = unix.Recvfrom(int(fd), buf, unix.MSG_PEEK)
+		return !errors.Is(perr, unix.EAGAIN)
+	})
+	if err != nil || perr != nil || n == 0 {
+		return c.UnixConn.Read(b)
+	}
+	// "POST /v1/leases HTTP/1.1"
+	fields := strings.Fields(strings.SplitN(string(buf[:n]), "\n", 2)[0])
+	how := Drop(0)
+	if len(fields) >= 2 {
+		how = c.s.takeDrop(fields[1])
+	}
+	switch how {
+	case DropEOF:
+		_, _ = io.ReadFull(c.UnixConn, buf[:n])
+	case DropReset:
+	default:
+		return c.UnixConn.Read(b)
+	}
+	_ = c.UnixConn.Close()
+	return 0, errDropped
+}
+
+// RefuseResume makes a lease request that resumes lease id fail with e
+// before the stream starts, as mpsd refuses a lease it does not know
+// (CodeNotFound, 404).
+func (s *Server) RefuseResume(id string, e api.Error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.resumes[id] = e
 }
 
 // RefuseAttach makes attaches to lease id fail with e.
@@ -156,6 +331,17 @@ func (s *Server) serveLease(w http.ResponseWriter, r *http.Request) {
 		api.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 		return
 	}
+	s.mu.Lock()
+	refusal, refused := s.resumes[req.ResumeLeaseID]
+	s.mu.Unlock()
+	if refused && req.ResumeLeaseID != "" {
+		status := http.StatusConflict
+		if refusal.Code == api.CodeNotFound {
+			status = http.StatusNotFound
+		}
+		api.WriteError(w, status, refusal.Code, refusal.Message)
+		return
+	}
 	w.Header().Set("Content-Type", api.ContentTypeNDJSON)
 	w.WriteHeader(http.StatusOK)
 	w.(http.Flusher).Flush()
@@ -180,6 +366,16 @@ func (s *Server) serveLease(w http.ResponseWriter, r *http.Request) {
 	case <-r.Context().Done():
 	}
 	lc.End()
+	lc.mu.Lock()
+	cut := lc.cut
+	lc.mu.Unlock()
+	if cut {
+		// No end of the chunked body: the launcher reads an unexpected
+		// EOF, as from an mpsd killed in the middle of its stream.
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	}
 }
 
 func (s *Server) serveAttach(w http.ResponseWriter, r *http.Request) {
@@ -248,6 +444,7 @@ type LeaseConn struct {
 	mu    sync.Mutex
 	w     http.ResponseWriter
 	ended bool
+	cut   bool
 }
 
 // Send writes ev to the stream. A granted lease becomes attachable.
@@ -294,6 +491,17 @@ func (c *LeaseConn) End() {
 	defer c.mu.Unlock()
 	if !c.ended {
 		c.ended = true
+		close(c.end)
+	}
+}
+
+// Cut ends the stream as a killed mpsd does: the connection closes in
+// the middle of the stream's body.
+func (c *LeaseConn) Cut() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.ended {
+		c.ended, c.cut = true, true
 		close(c.end)
 	}
 }
