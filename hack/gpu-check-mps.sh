@@ -16,7 +16,10 @@
 #      the stranger may not: docs/emulator.md) is printed as CONFIRMED or
 #      CONTRADICTED; a stranger who changes the caps FAILs.
 # The daemon of (b) and (c) runs in $D/cp (pipe) and $D/cl (logs);
-# caps_cleanup, called from gpu-check.sh's cleanup, quits it.
+# caps_cleanup, called from gpu-check.sh's cleanup, quits it. The owner and
+# the stranger are bare uids, no accounts needed: GPU_CHECK_OWNER_UID
+# (default 64848) and GPU_CHECK_STRANGER_UID (64849); setpriv, else
+# python3, switches to them.
 
 CAPS_PIPE=$D/cp
 CAPS_LOGS=$D/cl
