@@ -73,6 +73,10 @@ const (
 	releaseSuffix = "/release"
 )
 
+// EnvClientPriority is MPS's client priority in a lease's environment (0
+// normal, 1 below normal), set where the driver's MPS has it.
+const EnvClientPriority = "CUDA_MPS_CLIENT_PRIORITY"
+
 var (
 	// ErrInvalid is wrapped by every decoder and Validate when a message is
 	// not well-formed JSON of the expected shape or a value is out of range.
@@ -474,6 +478,13 @@ type InstanceStatus struct {
 	// QuarantineReason, while State is quarantined, says why: the
 	// failures that quarantined it, the last one's reason among them.
 	QuarantineReason string `json:"quarantine_reason,omitempty"`
+	// DriverVersion is the NVIDIA driver NVML reports ("580.159.04"),
+	// whose generation decides what the instance's MPS offers;
+	// MPSVersion the "binary version" the instance's control daemon
+	// logged at its start ("13000", CUDA 13.0; daemons before 580 log
+	// none). Empty when unknown.
+	DriverVersion string `json:"driver_version,omitempty"`
+	MPSVersion    string `json:"mps_version,omitempty"`
 }
 
 // Lease states.

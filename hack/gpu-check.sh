@@ -26,7 +26,11 @@
 #      within its limits, and records what a client on the host, with the
 #      host's /dev/shm, gets from the same server (expected: it cannot share
 #      memory with it and fails or hangs; whichever happens is recorded as
-#      RECORD, not judged).
+#      RECORD, not judged);
+#   6. step 7 (hack/gpu-check-mps.sh): the versions mpsd reports, the client
+#      priority a lease gets and clients with either priority, and, as
+#      root, the per-server caps of an ACTIVE server of a non-root owner
+#      (a stranger's and the owner's attempts to lift them).
 #
 # Usage, on the GPU host, from a checkout where `make build` has made bin/
 # (the host needs no Go):
@@ -223,6 +227,7 @@ cleanup() {
 			if [[ -d $dir ]]; then say "could not remove cgroup $dir"; else say "removed cgroup $dir"; fi
 		done
 	fi
+	declare -F caps_cleanup >/dev/null && caps_cleanup # step 7's own daemon
 	if [[ -n $LDCONF ]]; then
 		rm -f "$LDCONF" && ldconfig && say "removed $LDCONF and rebuilt the linker cache"
 	fi
@@ -1046,6 +1051,11 @@ if ((K8S)); then
 	if has k8s-host ' ready t='; then how="reached the server and ran"; else how="did not get to run"; fi
 	note "RECORD: a host client (the host's /dev/shm) of gamma's private-/dev/shm server: exit status $rc, $how, after $(dt "$t") s"
 fi
+
+# ========================================================== generation ==
+# Step 7: versions, client priority and per-server caps (hack/gpu-check-mps.sh).
+# shellcheck source=hack/gpu-check-mps.sh
+. "$REPO/hack/gpu-check-mps.sh"
 
 # ============================================================= summary ==
 heading "Summary$([[ $DRY == 1 ]] && echo ' (DRY RUN: simulated GPU; SM and memory figures made up by the stand-ins)')"

@@ -36,6 +36,9 @@ type instance struct {
 	maxMem  int64
 	daemon  *mps.Daemon
 	servers map[int]int // server pid → its uid (-1 unknown)
+	// driver is the NVIDIA driver's version, as NVML reported it
+	// (mpsversion.go).
+	driver string
 	// shutDown: servers a recovery stopped itself (restartServer), by
 	// pid; the channel is closed when their exit is seen. Their exit is
 	// no fault, whatever leases the instance has taken since.
@@ -132,6 +135,7 @@ func (in *instance) statusLocked() api.InstanceStatus {
 	if in.daemon != nil {
 		st.DaemonPID = in.daemon.PID()
 	}
+	st.DriverVersion, st.MPSVersion = in.versionsLocked()
 	return st
 }
 
@@ -167,6 +171,7 @@ func (d *Daemon) reconcileLocked(cfg *policy.Config) (added []*instance) {
 				in.logDir = d.layout.InstanceLogDir(g.Name, in.gpus[0].UUID)
 				in.log = d.log.With("group", g.Name, "gpu", in.gpus[0].UUID, "gpu_index", in.gpus[0].Index)
 				in.p = policy.Instance{Group: g.Name, GPUs: slices.Clone(set), Multiuser: g.Multiuser}
+				in.driver = d.host.DriverVersion()
 				d.instances[key] = in
 				added = append(added, in)
 			} else if in.p.Multiuser != g.Multiuser {

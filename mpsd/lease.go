@@ -181,6 +181,9 @@ func (l *lease) apiLeaseLocked() *api.Lease {
 		api.EnvGroup:            l.group,
 		api.EnvAttempt:          strconv.Itoa(l.attempt),
 	}
+	if p, ok := clientPriority(in.driver, l.req.Priority); ok {
+		al.Env[api.EnvClientPriority] = p
+	}
 	return al
 }
 

@@ -261,3 +261,31 @@ func TestShutdown(t *testing.T) {
 		t.Errorf("shutdown now: exit %d; want %d", r.code, ExitUsage)
 	}
 }
+
+// The instances' driver and MPS versions are summed up below their table;
+// a status without them shows no such line.
+func TestWriteStatusVersions(t *testing.T) {
+	st := api.Status{Instances: []api.InstanceStatus{
+		{Group: "a", GPUIndex: 0, DriverVersion: "580.159.04", MPSVersion: "13000"},
+		{Group: "b", GPUIndex: 0, DriverVersion: "580.159.04", MPSVersion: "13000"},
+		{Group: "c", GPUIndex: 1, DriverVersion: "550.163.01"},
+	}}
+	var b strings.Builder
+	if err := WriteStatus(&b, st, nil); err != nil {
+		t.Fatal(err)
+	}
+	want := "  MPS - (driver 550.163.01): 1 instance\n  MPS 13000 (driver 580.159.04): 2 instances\n"
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("status:\n%s\nwant the lines\n%s", b.String(), want)
+	}
+	b.Reset()
+	for i := range st.Instances {
+		st.Instances[i].DriverVersion, st.Instances[i].MPSVersion = "", ""
+	}
+	if err := WriteStatus(&b, st, nil); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "MPS ") {
+		t.Errorf("status without versions names some:\n%s", b.String())
+	}
+}

@@ -73,6 +73,7 @@ func WriteStatus(w io.Writer, st api.Status, names Names) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+		writeVersions(&b, inst)
 	}
 
 	own := ""
@@ -276,6 +277,33 @@ func text(s string, n int) string {
 		return string(r[:n-1]) + "…"
 	}
 	return string(r)
+}
+
+// writeVersions adds, below the instances, each driver and MPS version
+// they run on and how many run on it ("MPS 13000 (driver 580.159.04): 2
+// instances"); nothing when mpsd names none.
+func writeVersions(b *bytes.Buffer, inst []api.InstanceStatus) {
+	type ver struct{ mps, driver string }
+	count := map[ver]int{}
+	var order []ver
+	for _, in := range inst {
+		if in.DriverVersion == "" && in.MPSVersion == "" {
+			continue
+		}
+		v := ver{cell(in.MPSVersion), cell(in.DriverVersion)}
+		if count[v] == 0 {
+			order = append(order, v)
+		}
+		count[v]++
+	}
+	slices.SortFunc(order, func(a, b ver) int { return cmp.Or(cmp.Compare(a.driver, b.driver), cmp.Compare(a.mps, b.mps)) })
+	for _, v := range order {
+		n := "instances"
+		if count[v] == 1 {
+			n = "instance"
+		}
+		fmt.Fprintf(b, "  MPS %s (driver %s): %d %s\n", v.mps, v.driver, count[v], n)
+	}
 }
 
 // WriteStatusJSON writes the status document raw as mpsd sent it,
