@@ -7,6 +7,8 @@ export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
 export MPSD_NVIDIA_MPS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/nvidia-mps
 # Where hack/fetch-prometheus.sh caches promtool and prometheus (outside the repo).
 export MPSD_PROMETHEUS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/prometheus
+# Where hack/build-kubelet.sh caches the kubelet it builds (outside the repo).
+export MPSD_KUBELET_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/kubelet
 
 BIN := bin
 EMU := $(BIN)/emu
@@ -21,13 +23,14 @@ all: build
 
 help:
 	@echo "make build        build everything; binaries in $(BIN)/, MPS emulator in $(EMU)/"
-	@echo "make demo         build, then show two tenant groups sharing simulated GPUs: a crash, an Xid, requeues (< 2 min; cgroups as root)"
+	@echo "make demo         build, then show two tenant groups sharing simulated GPUs: a crash, an Xid, requeues (about 20 s, plus 1-3 min of compiling on a first build; cgroups as root)"
 	@echo "make bench        build, run the benchmarks against their baselines (< 10 min; root), write bench/REPORT.md and bench/report.json"
 	@echo "make chaos        the chaos soak for CHAOS_DURATION (default 10m): random faults, invariants checked; CHAOS_SEED replays a run"
 	@echo "make test         fetch NVIDIA's real MPS control daemons and promtool (if reachable), run go test -race ./..., check for this run's leftovers, list the skipped tests"
 	@echo "make lint         gofmt, go vet, staticcheck (architecture rules run as tests)"
 	@echo "make fetch-mps    fetch NVIDIA's real nvidia-cuda-mps-control into $(MPSD_NVIDIA_MPS_CACHE)"
 	@echo "make fetch-prometheus  fetch promtool and prometheus (Debian package) into $(MPSD_PROMETHEUS_CACHE)"
+	@echo "make fetch-kubelet  build the kubelet (k8s.io/kubernetes, 5-10 min cold) into $(MPSD_KUBELET_CACHE)"
 	@echo "make conformance  print the emulator-vs-real conformance table"
 	@echo "make clean        remove $(BIN)/"
 
@@ -36,7 +39,11 @@ build: emu
 	@if [ -n "$$(ls -d cmd/*/ 2>/dev/null)" ]; then $(GO) build -o $(BIN)/ ./cmd/...; fi
 
 # The emulator programs carry the real binaries' names so they drop in via PATH.
+# A first build (no bin/mpsd yet, or an empty Go build cache) compiles the
+# dependencies too, which takes minutes and prints nothing; it says so first.
 emu:
+	@if [ ! -x $(BIN)/mpsd ] || [ -z "$$(ls -A "$$($(GO) env GOCACHE)" 2>/dev/null)" ]; then \
+		echo "make: compiling mpsd, its tools and the MPS emulator; a first build with an empty Go build cache takes a few minutes (later ones seconds)"; fi
 	@mkdir -p $(EMU)
 	@if [ -d internal/mpsemu/cmd ]; then $(GO) build -o $(EMU)/ ./internal/mpsemu/cmd/...; fi
 
@@ -45,6 +52,11 @@ fetch-mps:
 
 fetch-prometheus:
 	@hack/fetch-prometheus.sh || echo "make: promtool unavailable; the alert rule tests will say so and skip"
+
+# The kubelet end-to-end test (examples/kubernetes) runs it on containerd and runc.
+.PHONY: fetch-kubelet
+fetch-kubelet:
+	@hack/build-kubelet.sh || echo "make: kubelet unavailable; the kubelet end-to-end test will say so and skip"
 
 demo: build
 	bash hack/demo.sh
@@ -76,6 +88,8 @@ bench: fetch-mps build
 TESTRUN := $(BIN)/testrun
 testrun:
 	@$(GO) build -o $(TESTRUN) ./internal/testrun/cmd/testrun
+
+test: fetch-kubelet
 
 test: fetch-mps fetch-prometheus build testrun
 	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) MPSD_BIN_DIR=$(CURDIR)/bin GO=$(GO) $(TESTRUN) -race -timeout $(TEST_TIMEOUT) ./...

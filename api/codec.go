@@ -241,3 +241,14 @@ func WriteError(w http.ResponseWriter, status int, code ErrorCode, message strin
 	w.WriteHeader(status)
 	_, _ = w.Write(append(body, '\n'))
 }
+
+// DecodeShutdownRequest reads one ShutdownRequest (an empty object) from r
+// as strictly as DecodeLeaseRequest; the body of a release (ReleasePath)
+// is read with it too.
+func DecodeShutdownRequest(r io.Reader) (ShutdownRequest, error) {
+	var q ShutdownRequest
+	if err := decodeStrict(r, MaxRequestBytes, "request", &q); err != nil {
+		return ShutdownRequest{}, err
+	}
+	return q, nil
+}

@@ -172,6 +172,22 @@ func (c *Client) Attach(ctx context.Context, id string, pid int) error {
 	return nil
 }
 
+// Release asks mpsd to release lease id, whose command has ended, and
+// waits for its answer: the lease is gone once it returns nil. A refusal
+// is returned as an *api.Error.
+func (c *Client) Release(ctx context.Context, id string) error {
+	resp, err := c.post(ctx, api.ReleasePath(id), api.ShutdownRequest{})
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return api.DecodeError(resp.StatusCode, resp.Body)
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, api.MaxEventBytes))
+	return nil
+}
+
 // Stream is one lease's event stream; closing it releases the lease.
 type Stream struct {
 	body   io.ReadCloser

@@ -292,9 +292,26 @@ func (s *session) run(ctx context.Context) (int, error) {
 			r = s.retryHeld(sctx)
 		}
 		if r != nil {
+			s.release(sctx)
 			return r.code, r.err
 		}
 	}
+}
+
+// releaseTimeout bounds the release request at the end of a session.
+const releaseTimeout = 2 * time.Second
+
+// release has mpsd release the lease whose command has ended, and waits
+// for the answer, so that status no longer shows the lease once
+// mps-launch has exited. Closing the stream (cleanup) releases it anyway;
+// a failure here only leaves that to do it.
+func (s *session) release(ctx context.Context) {
+	if s.stream == nil || s.lease == nil || s.child != nil || s.revoked != "" {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	_ = s.client.Release(rctx, s.lease.ID)
+	cancel()
 }
 
 func (s *session) childExited() <-chan struct{} {
@@ -416,7 +433,14 @@ func (s *session) onEvent(ctx context.Context, m streamMsg) *done {
 		}
 	case api.EventRevoked:
 		if s.lease == nil {
-			return s.fail(fmt.Errorf("%w: revoked before any lease was granted", ErrProtocol))
+			if s.leaseID == "" {
+				return s.fail(fmt.Errorf("%w: revoked before any lease was granted", ErrProtocol))
+			}
+			// The queued lease this launcher resumed after mpsd restarted:
+			// the previous mpsd granted (and saved) it without telling us,
+			// and it is revoked now. Nothing of ours ran; its requeue follows.
+			s.revoked = ev.Reason
+			break
 		}
 		s.revoked, s.awayKill = ev.Reason, ""
 		// A held command's lease is gone: it waits for the requeued grant.
@@ -433,7 +457,7 @@ func (s *session) onEvent(ctx context.Context, m streamMsg) *done {
 			return s.fail(fmt.Errorf("%w: requeued without a revocation", ErrProtocol))
 		}
 		if !s.cfg.Quiet {
-			fmt.Fprintf(s.errw, "%slease %s revoked (%s); requeued, attempt %d\n", s.prefix(), s.lease.ID, s.revoked, ev.Attempt)
+			fmt.Fprintf(s.errw, "%slease %s revoked (%s); requeued, attempt %d\n", s.prefix(), s.leaseID, s.revoked, ev.Attempt)
 		}
 		s.attempt = ev.Attempt
 		s.queuedSince = time.Now()

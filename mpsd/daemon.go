@@ -160,6 +160,11 @@ type Daemon struct {
 	metrics   *metrics
 	res       *resources // connection caps, mpsd's own exhaustion
 	dur       durability // the state file's health (durability.go)
+	users     userNames  // uid → name, for the lease log lines
+	// shutdownDone is closed once mpsctl shutdown has ended the MPS
+	// service: Run stops then.
+	shutdownDone chan struct{}
+	shutOnce     sync.Once
 
 	mu        sync.Mutex
 	cfg       *policy.Config
@@ -176,6 +181,9 @@ type Daemon struct {
 	// held with mu).
 	reconMu     sync.Mutex
 	reconLeased leasedSnapshot
+	// shuttingDown: mpsctl shutdown is under way; nothing is admitted or
+	// granted any more.
+	shuttingDown bool
 }
 
 // New loads the config, takes the GPU inventory and prepares the cgroup
@@ -194,7 +202,7 @@ func New(opts Options) (*Daemon, error) {
 	if opts.ReconnectGrace <= 0 {
 		opts.ReconnectGrace = DefaultReconnectGrace
 	}
-	d := &Daemon{opts: opts, log: log, proc: opts.ProcRoot, stopping: make(chan struct{}), storeRunning: make(chan struct{}), res: newResources(log)}
+	d := &Daemon{opts: opts, log: log, proc: opts.ProcRoot, stopping: make(chan struct{}), shutdownDone: make(chan struct{}), storeRunning: make(chan struct{}), res: newResources(log)}
 
 	// The full check needs the GPUs: read the file once without them
 	// first, so a config that cannot be used is told before a GPU
@@ -231,6 +239,9 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d.setConfigLocked(cfg)
 	d.layout = Layout{RunDir: cfg.RunDir, LogDir: cfg.LogDir, StateDir: cfg.StateDir}
+	if err := d.layout.checkWritable(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 
 	d.mpsBase = mpsBase(cfg)
 	if opts.MPS != nil {
@@ -244,8 +255,14 @@ func New(opts Options) (*Daemon, error) {
 		cc.Parent = cfg.Cgroup.Parent
 		cc.Logger = log.With("component", "cgroup")
 		// Checked now, made by Run under this mpsd's instance id.
-		if _, err := cgroup.New(cc); err != nil {
+		m, err := cgroup.New(cc)
+		if err != nil {
 			return nil, fmt.Errorf("cgroups (set cgroup.enabled: false to run without isolation): %w", err)
+		}
+		// Tried now, so a user that may not make cgroups is told at
+		// start, not by every launch after READY.
+		if err := m.CheckCreate(); err != nil {
+			return nil, fmt.Errorf("%w: cgroup.enabled is true but mpsd cannot create cgroups under %s (%s): run mpsd as root, or set cgroup.enabled: false (no isolation)", ErrConfig, m.ParentDir(), errnoText(err))
 		}
 		d.cgCfg = &cc
 	} else {
@@ -424,6 +441,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.spawn(d.announceReady)
 		select {
 		case <-ctx.Done():
+		case <-d.shutdownDone:
 		case err := <-serveErr:
 			runErr = fmt.Errorf("serve API: %w", err)
 		}
@@ -434,7 +452,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if crash {
 		d.store.freeze()
 	}
-	d.log.Info("mpsd stopping; MPS daemons and workloads keep running", "as_if_killed", crash)
+	select {
+	case <-d.shutdownDone:
+		d.log.Info("mpsd stopping after mpsctl shutdown; MPS daemons and workloads are gone")
+	default:
+		d.log.Info("mpsd stopping; MPS daemons and workloads keep running", "as_if_killed", crash)
+	}
 	d.serving.Store(false)
 	close(d.stopping)
 	if d.srv != nil {
@@ -616,6 +639,10 @@ func (d *Daemon) leave() { d.wg.Done() }
 
 // listen opens the API socket: mode 0666 because authorization is by peer
 // credentials. A stale socket file is replaced; a live one is an error.
+// The file is left in place when mpsd stops: a launcher that connects
+// meanwhile is refused and retries within its outage window (mpsd is
+// restarting), while a socket that is not there at all means no mpsd, or
+// the wrong path, and fails at once.
 func listen(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("create socket directory: %w", err)
@@ -631,6 +658,7 @@ func listen(path string) (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	if err := os.Chmod(path, 0o666); err != nil {
 		_ = ln.Close()
 		return nil, fmt.Errorf("chmod %s: %w", path, err)

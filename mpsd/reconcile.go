@@ -420,7 +420,7 @@ func (d *Daemon) checkLeaseMemory(in *instance, dm *mps.Daemon, servers []int, p
 	for i, l := range victims {
 		l.log.Error("lease revoked: "+memoryExceeded, "lease", l.id, "detail", why[i])
 		d.revoke([]*lease{l}, memoryExceeded, revokeHow{dm: dm, servers: servers,
-			final: &api.Error{Code: api.CodeLimitExceeded, Message: why[i]}})
+			end: &api.Error{Code: api.CodeLimitExceeded, Message: why[i]}})
 	}
 }
 

@@ -39,6 +39,9 @@ type savedState struct {
 	// Quarantined are the keys of quarantined instances: a quarantine
 	// holds until an operator lifts it, restarts included.
 	Quarantined []string `json:"quarantined,omitempty"`
+	// QuarantineReasons: why each quarantined instance was quarantined,
+	// for status (an older mpsd's file has none: the reason is unknown).
+	QuarantineReasons map[string]string `json:"quarantine_reasons,omitempty"`
 	// Drained are the keys of the instances an operator drained (mpsctl
 	// drain): a drain holds until mpsctl resume, restarts included. A
 	// file without it (an older mpsd's) drains nothing.
@@ -90,6 +93,8 @@ type savedLease struct {
 	AwaySince time.Time `json:"away_since,omitzero"`
 	// Ran: the last attempt whose command was attached.
 	Ran int `json:"ran,omitempty"`
+	// Granted: when the running attempt was granted (status's run time).
+	Granted time.Time `json:"granted,omitzero"`
 	// Revoking: a revocation had taken the lease (RevokedFor says why)
 	// and not yet requeued it; the next mpsd finishes it.
 	Revoking bool `json:"revoking,omitempty"`
@@ -378,7 +383,7 @@ func (d *Daemon) snapshot() savedState {
 			SM: l.req.SM, MemBytes: l.req.Mem, GPUs: l.req.GPUs, Priority: l.req.Priority, Seq: l.req.Seq,
 			Attempt: l.attempt, Requeue: l.requeue, Command: l.command, Created: l.created, Queued: queued,
 			Only: l.req.Only, JobID: l.jobID, RevokedFor: l.revokedFor, Ran: l.ranAttempt,
-			Revoking: l.state == leaseRevoking, Adopted: d.dur.orphans[l.id],
+			Revoking: l.state == leaseRevoking, Adopted: d.dur.orphans[l.id], Granted: l.grantedAt,
 		}
 		if l.grace != nil {
 			sl.AwaySince = l.awaySince
@@ -392,6 +397,12 @@ func (d *Daemon) snapshot() savedState {
 	for key, in := range d.instances {
 		if in.holds.quarantined {
 			st.Quarantined = append(st.Quarantined, key)
+			if in.quarantinedFor != "" {
+				if st.QuarantineReasons == nil {
+					st.QuarantineReasons = map[string]string{}
+				}
+				st.QuarantineReasons[key] = in.quarantinedFor
+			}
 		}
 		if in.holds.drained {
 			st.Drained = append(st.Drained, key)
@@ -563,7 +574,7 @@ func (d *Daemon) adoptLeases(saved savedState) {
 			id: sl.ID, group: sl.Group, uid: sl.UID, command: sl.Command, jobID: sl.JobID, revokedFor: sl.RevokedFor,
 			req:     policy.Request{Group: sl.Group, UID: sl.UID, SM: sl.SM, Mem: sl.MemBytes, GPUs: sl.GPUs, Priority: sl.Priority, Seq: sl.Seq, Only: sl.Only},
 			requeue: sl.Requeue, attempt: sl.Attempt, created: sl.Created, queuedAt: sl.Created, box: newMailbox(d.log),
-			awaySince: sl.AwaySince, ranAttempt: sl.Ran, log: d.log,
+			awaySince: sl.AwaySince, ranAttempt: sl.Ran, log: d.log, grantedAt: sl.Granted,
 		}
 		if l.awaySince.IsZero() {
 			l.awaySince = time.Now()

@@ -39,6 +39,19 @@ const (
 	restartDaemon
 )
 
+// String is the mode as the log's restarting= field says it.
+func (m restartMode) String() string {
+	switch m {
+	case restartNone:
+		return "nothing"
+	case restartServer:
+		return "servers"
+	case restartDaemon:
+		return "control_daemon"
+	}
+	return fmt.Sprintf("restartMode(%d)", int(m))
+}
+
 // fault is one failure of an instance, as the watchdog acts on it.
 type fault struct {
 	kind    string
@@ -153,6 +166,7 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 		in.failures = append(keep, start)
 		if len(in.failures) >= wd.QuarantineAfter && !in.holds.quarantined {
 			in.holds.quarantined = true
+			in.quarantinedFor = fmt.Sprintf("%d failures in %s; the last: %s", len(in.failures), wd.QuarantineWindow, f.reason)
 			d.store.request()
 			in.log.Error("instance quarantined: it failed too often; mpsctl resume reopens it",
 				"failures", len(in.failures), "window", wd.QuarantineWindow)
@@ -177,10 +191,10 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 		in.p.ServerUp = false
 	}
 	d.mu.Unlock()
-	in.log.Warn("instance failed; recovering", "fault", f.kind, "reason", f.reason, "leases", len(victims), "restart", f.restart)
+	in.log.Warn("instance failed; recovering", "fault", f.kind, "reason", f.reason, "leases", len(victims), "restarting", f.restart, "failures_in_window", failures)
 
 	n := d.revoke(victims, f.reason, revokeHow{dm: dm, servers: servers})
-	in.log.Info("leases revoked and requeued", "leases", n, "took", time.Since(start))
+	in.log.Info("revocation done", "leases", n, "took", time.Since(start))
 
 	// The first failure in the window restarts at once; a crash loop
 	// backs off exponentially.
@@ -428,7 +442,7 @@ func (d *Daemon) onXid(ev gpu.XidEvent) {
 			}
 		}
 		if len(affected) == 0 {
-			d.log.Warn("application Xid names no process of a lease; its instance is left to MPS's own fault signals", "gpu", ev.GPU, "xid", ev.Xid, "pid", ev.PID)
+			d.log.Warn("application Xid names no process of a lease; its instance is left to MPS's own fault signals", "gpu", ev.UUID, "gpu_index", ev.GPU, "xid", ev.Xid, "pid", ev.PID)
 		}
 	}
 	restart := restartNone
@@ -438,7 +452,7 @@ func (d *Daemon) onXid(ev gpu.XidEvent) {
 	d.mu.Lock()
 	d.metrics.xids[[2]uint64{uint64(ev.GPU), ev.Xid}]++
 	d.mu.Unlock()
-	d.log.Warn("GPU Xid", "gpu", ev.GPU, "uuid", ev.UUID, "xid", ev.Xid, "level", ev.Level.String(), "pid", ev.PID, "instances", len(affected))
+	d.log.Warn("GPU Xid", "gpu", ev.UUID, "gpu_index", ev.GPU, "xid", ev.Xid, "level", ev.Level.String(), "pid", ev.PID, "instances", len(affected))
 	reported := map[*instance]bool{}
 	for _, in := range affected {
 		select {

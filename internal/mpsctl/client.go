@@ -167,3 +167,25 @@ func (c *Client) Admin(ctx context.Context, path string, target api.AdminTarget)
 	}
 	return res, nil
 }
+
+// Shutdown asks mpsd to shut the host's MPS service down (api.PathShutdown)
+// and returns what it did; mpsd exits after answering. The request waits
+// for the leases to end and the daemons to quit, so it is not bounded by
+// the client's timeout alone: ShutdownTimeout is its bound.
+func (c *Client) Shutdown(ctx context.Context) (api.ShutdownResult, error) {
+	var res api.ShutdownResult
+	sc := *c
+	sc.timeout = max(c.timeout, ShutdownTimeout)
+	hc := *c.hc
+	hc.Timeout = sc.timeout
+	sc.hc = &hc
+	if _, err := sc.Post(ctx, api.PathShutdown, api.ShutdownRequest{}, &res); err != nil {
+		return api.ShutdownResult{}, err
+	}
+	return res, nil
+}
+
+// ShutdownTimeout bounds mpsctl shutdown's request: the leases' kills and
+// the daemons' quits (about 30 s each at most) and mpsd's wait for leases
+// already ending (a minute) fit in it.
+const ShutdownTimeout = 3 * time.Minute
