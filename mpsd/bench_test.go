@@ -254,16 +254,15 @@ func cycles(b *testing.B, clients, n int, interval time.Duration, op func() (tim
 // medians and p99s and the added time (launched − direct, pair by pair;
 // the target is a median of at most 3 ms).
 //
-// Each iteration also measures, outside the pair, the pieces of the added
-// time that can be taken apart from outside mps-launch: its start-up and
-// exit alone (`mps-launch --help`, which parses its flags and exits, minus
-// the iteration's /bin/true), and mpsd's two round trips as a client of
+// After the pairs, as many rounds measure the pieces of the added time
+// that can be taken apart from outside mps-launch: its start-up and exit
+// alone (`mps-launch --help`, which parses its flags and exits, minus a
+// /bin/true run just before), and mpsd's two round trips as a client of
 // the API makes them, each on a connection of its own as mps-launch does:
 // the lease (request to granted event: admission, the state write the
 // grant waits for) and the attach of a waiting child of this process
 // (pidfd and /proc checks, the move into the lease cgroup, the check that
-// it arrived). Each iteration ends once mpsd has released every lease, so
-// one's release does not run into the next one's pair.
+// it arrived). Each round ends once mpsd has released every lease.
 //
 //	go test -run '^$' -bench LaunchOverhead -benchtime 300x ./mpsd
 func BenchmarkLaunchOverhead(b *testing.B) {
@@ -289,6 +288,12 @@ func BenchmarkLaunchOverhead(b *testing.B) {
 		d := runOnce("/bin/true")
 		l := runOnce(launch, "--sm", "10", "--mem", "1G", "--", "/bin/true")
 		direct, launched, added = append(direct, d), append(launched, l), append(added, l-d)
+	}
+	// The pieces, apart from the pairs: interleaved, they would change
+	// what the pairs measure (a move into a cgroup costs an RCU grace
+	// period unless another one came just before).
+	for range len(direct) {
+		d := runOnce("/bin/true")
 		startup = append(startup, runOnce(launch, "--help")-d)
 		g, a := launchRoundTrips(b, c, body)
 		grant, attach = append(grant, g), append(attach, a)
