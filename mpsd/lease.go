@@ -441,6 +441,7 @@ func (d *Daemon) grantLocked(l *lease, in *instance) {
 	l.cgMu.Unlock()
 	if eff&effTellGranted != 0 {
 		l.box.push(api.Event{Type: api.EventGranted, Lease: l.apiLeaseLocked()})
+		d.spawn(func() { d.prepareCgroup(l) })
 	}
 	d.observeGrantLocked(l)
 	in.log.Info("lease granted", l.logAttrs("attempt", l.attempt, "sm", l.req.SM, "mem", l.req.Mem, "waited", l.grantedAt.Sub(l.queuedAt))...)
@@ -672,7 +673,46 @@ func (d *Daemon) killLease(l *lease) error {
 	return err
 }
 
-// attach moves pid into the lease's cgroup, creating it on first use.
+// prepareCgroup creates the cgroup of a lease just granted, ahead of the
+// attach of its command: the creation (a few directories in every
+// hierarchy, half a millisecond or more) then overlaps the state write,
+// the granted event's way to mps-launch and the attach request, and the
+// attach, on the launch's critical path, only moves the process. It
+// checks what attach checks: a lease whose end has begun gets none (its
+// kill has run or is running, and would miss it). A failure is left to
+// the attach, which tries again and reports it.
+func (d *Daemon) prepareCgroup(l *lease) {
+	l.cgMu.Lock()
+	defer l.cgMu.Unlock()
+	if l.killing || l.closed {
+		return
+	}
+	if err := d.ensureCgroupLocked(l); err != nil {
+		d.log.Debug("lease cgroup not created ahead of the attach", "lease", l.id, "err", err)
+	}
+}
+
+// ensureCgroupLocked creates the lease's cgroup unless it has one (or
+// opens it if it is there already); the caller holds cgMu and has checked
+// that the lease is not ending.
+func (d *Daemon) ensureCgroupLocked(l *lease) error {
+	if l.cg != nil {
+		return nil
+	}
+	id := cgroup.LeaseID{Group: l.group, Lease: l.id}
+	cg, err := d.cg.Create(id, cgroup.Limits{})
+	if errors.Is(err, cgroup.ErrExist) {
+		cg, err = d.cg.Open(id)
+	}
+	if err != nil {
+		return fmt.Errorf("cgroup of lease %s: %w", l.id, err)
+	}
+	l.cg = cg
+	return nil
+}
+
+// attach moves pid into the lease's cgroup, creating it on first use
+// (prepareCgroup normally has).
 // Creating and attaching are quick writes to cgroupfs, done under cgMu so
 // that a kill (which takes the handle under it) sees the pid.
 func (d *Daemon) attach(l *lease, pid int) error {
@@ -684,16 +724,8 @@ func (d *Daemon) attach(l *lease, pid int) error {
 		// the pid into a fresh cgroup no revocation covers.
 		return fmt.Errorf("attach pid %d to lease %s: %w", pid, l.id, errLeaseEnding)
 	}
-	if l.cg == nil {
-		id := cgroup.LeaseID{Group: l.group, Lease: l.id}
-		cg, err := d.cg.Create(id, cgroup.Limits{})
-		if errors.Is(err, cgroup.ErrExist) {
-			cg, err = d.cg.Open(id)
-		}
-		if err != nil {
-			return fmt.Errorf("cgroup of lease %s: %w", l.id, err)
-		}
-		l.cg = cg
+	if err := d.ensureCgroupLocked(l); err != nil {
+		return err
 	}
 	if err := l.cg.Attach(pid); err != nil {
 		return fmt.Errorf("attach pid %d to lease %s: %w", pid, l.id, err)
