@@ -233,7 +233,7 @@ func TestLeaseOverMemoryRevoked(t *testing.T) {
     memory: 10G
     gpus: ["0"]
     memory_grace: 1s
-`, member), "")
+`, member), "metrics:\n  listen: \"\"\n  per_lease: true")
 	e.start()
 	client := filepath.Join(e.emu, "mpsemu-client")
 	bystander := startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", client, "--alloc", "700M", "--duration", "1m"), reconUID))
@@ -244,6 +244,10 @@ func TestLeaseOverMemoryRevoked(t *testing.T) {
 	if got := e.limMetric("mpsd_lease_memory_used_bytes", map[string]string{"group": "a"}); got != 700<<20 {
 		t.Errorf("mpsd_lease_memory_used_bytes{group=a} = %v, want 700 MiB", got)
 	}
+	st := e.d.Status()
+	if got := e.limMetric("mpsd_lease_memory_used_bytes_by_lease", map[string]string{"group": "a", "lease": st.Leases[0].ID}); got != 700<<20 {
+		t.Errorf("mpsd_lease_memory_used_bytes_by_lease (metrics.per_lease) = %v, want 700 MiB", got)
+	}
 	over := startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c",
 		`"$0" --alloc 700M --duration 1m & "$0" --alloc 700M --duration 1m & wait`, client), reconUID))
 	r := over.wait(t)
@@ -253,7 +257,7 @@ func TestLeaseOverMemoryRevoked(t *testing.T) {
 	if strings.Contains(r.stderr, "requeued, attempt") {
 		t.Errorf("the lease over its memory was requeued: %q", r.stderr)
 	}
-	st := e.waitStatus("only the bystander left", func(st api.Status) bool { return len(st.Leases) == 1 })
+	st = e.waitStatus("only the bystander left", func(st api.Status) bool { return len(st.Leases) == 1 })
 	if l := st.Leases[0]; l.State != api.LeaseRunning || l.Attempt != 1 {
 		t.Errorf("bystander: %+v, want running on its first attempt", l)
 	}

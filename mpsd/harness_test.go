@@ -137,6 +137,11 @@ func (e *testEnv) config(groups, extra string) string {
 	if strings.Contains(extra, "watchdog:") {
 		watchdog = ""
 	}
+	// No metrics listener, unless the test brings its own metrics section.
+	metrics := "metrics:\n  listen: \"\""
+	if strings.Contains(extra, "metrics:") {
+		metrics = ""
+	}
 	return fmt.Sprintf(`version: 1
 socket: %s
 run_dir: %s/run
@@ -144,8 +149,7 @@ state_dir: %s/state
 log_dir: %s/log
 cgroup:
   parent: %s
-metrics:
-  listen: ""
+%s
 %s
 simulate:
   gpus: %d
@@ -153,7 +157,7 @@ simulate:
   emulator_dir: %s
 %s
 groups:
-%s`, e.socket, e.dir, e.dir, e.dir, e.parent, watchdog, e.gpus, e.emu, extra, groups)
+%s`, e.socket, e.dir, e.dir, e.dir, e.parent, metrics, watchdog, e.gpus, e.emu, extra, groups)
 }
 
 // writeConfig replaces the config file atomically, as a deployment tool

@@ -46,6 +46,7 @@ var (
 	descUnreconciled  = prometheus.NewDesc("mpsd_unreconciled_clients_total", "GPU processes found on an instance that no lease of it accounts for, by kind: unleased (an MPS client without a lease), wrong_instance (a lease's process on another instance's server), bypass (a compute process beside MPS). group is the group it was found in (for bypass, the group its owner belongs to; empty for none).", []string{"group", "kind"}, nil)
 	descReconKilled   = prometheus.NewDesc("mpsd_unreconciled_clients_terminated_total", "Processes of mpsd_unreconciled_clients_total that mpsd ended (the group's reconcile: terminate), by kind.", []string{"group", "kind"}, nil)
 	descLeaseMemUsed  = prometheus.NewDesc("mpsd_lease_memory_used_bytes", "Device memory NVML reports for the group's running leases' processes, summed per lease on its GPU where it is highest, and over the group's leases.", []string{"group"}, nil)
+	descLeaseMemByID  = prometheus.NewDesc("mpsd_lease_memory_used_bytes_by_lease", "Device memory NVML reports for one running lease's processes, summed on its GPU where it is highest (metrics.per_lease: true only).", []string{"group", "lease"}, nil)
 	descReloadOK      = prometheus.NewDesc("mpsd_config_last_reload_success", "1 if the last config reload (or the initial load) succeeded.", nil, nil)
 	descReloadTime    = prometheus.NewDesc("mpsd_config_last_reload_timestamp_seconds", "When the config was last loaded or reload attempted.", nil, nil)
 )
@@ -134,7 +135,7 @@ type daemonCollector Daemon
 
 func (c *daemonCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInstanceUp, descInstanceState, descRestarts, descFaults, descQuarantined,
-		descClients, descSM, descMem, descMPSInfo, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime, descUnverified, descUnreconciled, descReconKilled, descLeaseMemUsed} {
+		descClients, descSM, descMem, descMPSInfo, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime, descUnverified, descUnreconciled, descReconKilled, descLeaseMemUsed, descLeaseMemByID} {
 		ch <- d
 	}
 }
@@ -234,6 +235,9 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, l := range d.leases {
 		if l.inst != nil && l.memUsed != nil {
 			memUsed[l.group] += *l.memUsed
+			if d.cfg.Metrics.PerLease {
+				gauge(descLeaseMemByID, float64(*l.memUsed), l.group, l.id)
+			}
 		}
 	}
 	for _, g := range d.cfg.Groups {

@@ -69,6 +69,9 @@ type MetricsConfig struct {
 	// Listen is the host:port of the Prometheus listener; empty disables
 	// it. Default: 127.0.0.1:9486.
 	Listen string
+	// PerLease adds series labelled by lease (mpsd_lease_memory_used_bytes_by_lease):
+	// as many as running leases, so off by default. Default: false.
+	PerLease bool
 }
 
 // MPSConfig is the `mps` section.

@@ -47,6 +47,7 @@ var configFields = []field[Config]{
 	{"cgroup.enabled", true, func(c *Config) any { return &c.Cgroup.Enabled }},
 	{"cgroup.parent", "mpsd", func(c *Config) any { return &c.Cgroup.Parent }},
 	{"metrics.listen", "127.0.0.1:9486", func(c *Config) any { return &c.Metrics.Listen }},
+	{"metrics.per_lease", false, func(c *Config) any { return &c.Metrics.PerLease }},
 	{"mps.control", "nvidia-cuda-mps-control", func(c *Config) any { return &c.MPS.Control }},
 	{"mps.path", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", func(c *Config) any { return &c.MPS.Path }},
 	{"mps.compute_mode", "leave", func(c *Config) any { return (*string)(&c.MPS.ComputeMode) }},
