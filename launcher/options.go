@@ -37,6 +37,7 @@ Runs COMMAND on a GPU shared through CUDA MPS, under a lease from mpsd.
   --no-slurm      ignore the Slurm job's environment (see below)
   --socket PATH   mpsd's socket (default $MPSD_SOCKET, else /run/mpsd/mpsd.sock)
   --quiet         no status or requeue lines on stderr
+  --version       print the version (module version, commit, Go) and exit
 Inside a Slurm job ($SLURM_JOB_ID set) the job's allocation gives the
 defaults: --job $SLURM_JOB_ID.$SLURM_STEP_ID (.STEP only in a step), --sm
 $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (gres/mps), --gpu $SLURM_STEP_GPUS, else
@@ -91,8 +92,11 @@ const (
 	EnvVisibleDevices = "CUDA_VISIBLE_DEVICES"
 )
 
-// errHelp is returned by ParseArgs for --help.
-var errHelp = errors.New("launcher: help requested")
+// errHelp is returned by ParseArgs for --help, errVersion for --version.
+var (
+	errHelp    = errors.New("launcher: help requested")
+	errVersion = errors.New("launcher: version requested")
+)
 
 // ParseArgs reads mps-launch's arguments. getenv supplies MPSD_SOCKET
 // and, inside a Slurm job (SLURM_JOB_ID set, no --no-slurm), the defaults
@@ -137,6 +141,8 @@ func ParseArgs(args []string, getenv func(string) string) (Options, error) {
 		switch name {
 		case "h", "help":
 			return Options{}, errHelp
+		case "version":
+			return Options{}, errVersion
 		case "quiet":
 			if !noValue() {
 				return usage("%s takes no value", flag)

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/buildinfo"
 )
 
 // Defaults of the Config timeouts.
@@ -67,8 +68,12 @@ func Main(ctx context.Context, args []string, stdin, stdout, stderr *os.File, en
 		return trampoline(args, environ, stderr)
 	}
 	opts, err := ParseArgs(args, func(k string) string { return getenv(environ, k) })
-	if errors.Is(err, errHelp) {
+	switch {
+	case errors.Is(err, errHelp):
 		fmt.Fprint(stdout, Usage)
+		return 0
+	case errors.Is(err, errVersion):
+		fmt.Fprintln(stdout, buildinfo.Read().Line("mps-launch"))
 		return 0
 	}
 	if err == nil {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/buildinfo"
 	"github.com/mpsd/mpsd/internal/units"
 	"github.com/mpsd/mpsd/launcher/launchertest"
 )
@@ -840,6 +841,8 @@ func TestMainUsage(t *testing.T) {
 		stderr string
 	}{
 		{"help", []string{"--help"}, nil, 0, Usage, ""},
+		{"version", []string{"--version"}, nil, 0, buildinfo.Read().Line("mps-launch") + "\n", ""},
+		{"version before a command", []string{"--version", "--", "/bin/false"}, nil, 0, buildinfo.Read().Line("mps-launch") + "\n", ""},
 		{"bad flag", []string{"--sm", "0", "--", "/bin/true"}, nil, ExitFailure, "", "mps-launch: --sm \"0\": want a whole percentage from 1 to 100\n"},
 		{"missing command", []string{"--sm", "10"}, nil, ExitFailure, "", "mps-launch: missing command: mps-launch [flags] -- COMMAND [ARG...]\n"},
 		{"socket from the environment", []string{"/bin/true"}, nil, ExitFailure, "", unreachable},

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -143,6 +144,15 @@ func TestHelp(t *testing.T) {
 	r := launch(t, "", "", "--help")
 	if r.code != 0 || r.stdout != launcher.Usage || r.stderr != "" {
 		t.Errorf("--help: exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestVersion: the built binary names itself, its build and its Go.
+func TestVersion(t *testing.T) {
+	r := launch(t, "", "", "--version")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "mps-launch ") || !strings.Contains(r.stdout, " commit ") ||
+		!strings.Contains(r.stdout, runtime.Version()) || strings.Count(r.stdout, "\n") != 1 || r.stderr != "" {
+		t.Errorf("--version: exit %d stdout %q stderr %q, want 0 and one line naming the build", r.code, r.stdout, r.stderr)
 	}
 }
 
