@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/client"
 	"github.com/mpsd/mpsd/internal/buildinfo"
 )
 
@@ -126,7 +127,7 @@ func Run(ctx context.Context, cfg Config) int {
 	s := &session{
 		cfg:    cfg,
 		errw:   errw,
-		client: NewClient(cfg.Socket),
+		client: newClient(cfg.Socket),
 		req:    cfg.LeaseRequest(),
 		status: statusLine{w: errw, on: cfg.Terminal && !cfg.Quiet},
 	}
@@ -154,12 +155,12 @@ func (s *session) prefix() string {
 type session struct {
 	cfg    Config
 	errw   io.Writer
-	client *Client
+	client *client.Client
 	path   string
 	req    api.LeaseRequest
 	status statusLine
 
-	stream *Stream
+	stream *client.Stream
 	events chan streamMsg
 	stopRd chan struct{}
 	rdDone chan struct{}
@@ -236,7 +237,7 @@ type streamMsg struct {
 }
 
 type reconnectResult struct {
-	stream *Stream
+	stream *client.Stream
 	err    error
 	// gaveUp: err is the last failure of a reconnect that ran out of
 	// time. since is when its failures began (zero if none).
@@ -779,7 +780,7 @@ func (s *session) cancelled(err error) *done {
 }
 
 // open makes st the session's stream and starts its reader.
-func (s *session) open(st *Stream) {
+func (s *session) open(st *client.Stream) {
 	events := make(chan streamMsg)
 	stop := make(chan struct{})
 	rdDone := make(chan struct{})
@@ -845,13 +846,13 @@ func (s *session) startReconnect(ctx context.Context) {
 				}
 			}
 			st, err := s.client.Lease(ctx, req)
-			if err == nil || !errors.Is(err, ErrUnreachable) || (!contacted && socketAbsent(err)) {
+			if err == nil || !errors.Is(err, ErrUnreachable) || (!contacted && client.SocketAbsent(err)) {
 				ch <- reconnectResult{stream: st, err: err, since: since}
 				return
 			}
 			// A socket that refused or dropped the request was there: an
 			// mpsd going away may remove it while it restarts.
-			contacted = contacted || !socketAbsent(err)
+			contacted = contacted || !client.SocketAbsent(err)
 			if since.IsZero() {
 				since = time.Now()
 			}

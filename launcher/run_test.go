@@ -16,24 +16,24 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/apitest"
 	"github.com/mpsd/mpsd/internal/buildinfo"
 	"github.com/mpsd/mpsd/internal/units"
-	"github.com/mpsd/mpsd/launcher/launchertest"
 )
 
 // harness runs Run in-process against a fake mpsd, with the command's
 // stdout and mps-launch's stderr going to files of the test.
 type harness struct {
 	t       *testing.T
-	fake    *launchertest.Server
+	fake    *apitest.Server
 	dir     string
 	signals chan os.Signal
 	cfg     Config
 }
 
-func newHarness(t *testing.T, onLease func(*launchertest.LeaseConn)) *harness {
+func newHarness(t *testing.T, onLease func(*apitest.LeaseConn)) *harness {
 	t.Helper()
-	h := &harness{t: t, fake: launchertest.New(t, onLease), dir: t.TempDir(), signals: make(chan os.Signal, 4)}
+	h := &harness{t: t, fake: apitest.New(t, onLease), dir: t.TempDir(), signals: make(chan os.Signal, 4)}
 	h.cfg = Config{
 		Options: Options{Requeue: -1, Socket: h.fake.Socket},
 		Stdout:  h.create("stdout"),
@@ -78,8 +78,8 @@ func (h *harness) wait(ch <-chan int) int {
 	select {
 	case code := <-ch:
 		return code
-	case <-time.After(launchertest.Wait):
-		h.t.Fatalf("Run did not return within %s", launchertest.Wait)
+	case <-time.After(apitest.Wait):
+		h.t.Fatalf("Run did not return within %s", apitest.Wait)
 		return -1
 	}
 }
@@ -107,7 +107,7 @@ func TestRunGrantedLease(t *testing.T) {
 		t.Errorf("peer pid %d, want the launcher %d", lc.PeerPID, os.Getpid())
 	}
 	lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 1})
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	a := h.fake.NextAttach(t)
 	if a.LeaseID != "lease-1" || a.PeerPID != os.Getpid() {
 		t.Errorf("attach %+v", a)
@@ -142,7 +142,7 @@ func TestRunExitStatus(t *testing.T) {
 		{"SIGTERM", "kill -TERM $$", 143},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, launchertest.Grant)
+			h := newHarness(t, apitest.Grant)
 			h.cfg.RevokeGrace = time.Millisecond // SIGKILL: no revocation is coming
 			if code := h.wait(h.start(t.Context(), h.sh(tc.script)...)); code != tc.want {
 				t.Errorf("exit %d, want %d; stderr: %s", code, tc.want, h.read("stderr"))
@@ -192,7 +192,7 @@ func TestRunUnreachable(t *testing.T) {
 }
 
 func TestRunStdinPassthrough(t *testing.T) {
-	h := newHarness(t, launchertest.Grant)
+	h := newHarness(t, apitest.Grant)
 	in := "line one\nline two\x00binary\xff\n"
 	if err := os.WriteFile(h.path("in"), []byte(in), 0o600); err != nil {
 		t.Fatal(err)
@@ -233,7 +233,7 @@ func (h *harness) readyPipe() func() {
 			if line != "ready\n" {
 				h.t.Fatalf("command printed %q, want ready", line)
 			}
-		case <-time.After(launchertest.Wait):
+		case <-time.After(apitest.Wait):
 			h.t.Fatal("command never got ready")
 		}
 	}
@@ -253,7 +253,7 @@ func (h *harness) quietStdin() {
 func TestRunForwardsSignals(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1} {
 		t.Run(sig.String(), func(t *testing.T) {
-			h := newHarness(t, launchertest.Grant)
+			h := newHarness(t, apitest.Grant)
 			ready := h.readyPipe()
 			h.quietStdin()
 			n := strconv.Itoa(int(sig))
@@ -300,7 +300,7 @@ func TestRunRequeue(t *testing.T) {
 	if lc.Request.RequeueAttempts != nil {
 		t.Errorf("requeue_attempts sent without --requeue: %d", *lc.Request.RequeueAttempts)
 	}
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	first := h.fake.NextAttach(t)
 	ready()
 
@@ -311,7 +311,7 @@ func TestRunRequeue(t *testing.T) {
 	}
 	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
 	lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 1})
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 2))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 2))
 	second := h.fake.NextAttach(t)
 	if second.PID == first.PID {
 		t.Errorf("attempt 2 reused pid %d: not a fresh process", first.PID)
@@ -339,13 +339,13 @@ func TestRunRequeueQuiet(t *testing.T) {
 	if lc.Request.RequeueAttempts == nil || *lc.Request.RequeueAttempts != 1 {
 		t.Errorf("requeue_attempts %v, want 1", lc.Request.RequeueAttempts)
 	}
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	a := h.fake.NextAttach(t)
 	ready()
 	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "Xid 79"})
 	// This time the new grant arrives before the old process is gone.
 	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 2))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 2))
 	if err := syscall.Kill(a.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +364,7 @@ func TestRunAttemptsExhausted(t *testing.T) {
 	ready := h.readyPipe()
 	done := h.start(t.Context(), h.sh(`echo ready; exec sleep 1000`)...)
 	lc := h.fake.NextLease(t)
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	a := h.fake.NextAttach(t)
 	ready()
 	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "MPS server crashed"})
@@ -396,7 +396,7 @@ func TestRunSlurmJob(t *testing.T) {
 		t.Errorf("request gpu_select %q job_id %q, want [1] and 42.0", lc.Request.GPUSelect, lc.Request.JobID)
 	}
 	for attempt := 1; attempt <= 2; attempt++ {
-		lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", attempt))
+		lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", attempt))
 		a := h.fake.NextAttach(t)
 		ready()
 		lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "MPS server on GPU 1 crashed"})
@@ -482,7 +482,7 @@ func TestRunAttachRefused(t *testing.T) {
 	done := h.start(t.Context(), h.sh("echo ran > marker")...)
 	lc := h.fake.NextLease(t)
 	h.fake.RefuseAttach("lease-1", api.Error{Code: api.CodeForbidden, Message: "pid is not a child of the caller"})
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	if code := h.wait(done); code != ExitFailure {
 		t.Errorf("exit %d, want %d", code, ExitFailure)
 	}
@@ -498,13 +498,13 @@ func TestRunAttachRefused(t *testing.T) {
 func TestRunReconnect(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		answer func(t *testing.T, lc *launchertest.LeaseConn)
+		answer func(t *testing.T, lc *apitest.LeaseConn)
 		stderr string
 	}{
-		{"lease re-adopted", func(t *testing.T, lc *launchertest.LeaseConn) {
-			lc.MustSend(t, launchertest.Granted(api.LeaseRequest{SM: 25}, "lease-1", 1))
+		{"lease re-adopted", func(t *testing.T, lc *apitest.LeaseConn) {
+			lc.MustSend(t, apitest.Granted(api.LeaseRequest{SM: 25}, "lease-1", 1))
 		}, ""},
-		{"lease lost", func(t *testing.T, lc *launchertest.LeaseConn) {
+		{"lease lost", func(t *testing.T, lc *apitest.LeaseConn) {
 			lc.MustSend(t, api.Event{Type: api.EventError, Code: api.CodeNotFound, Message: "no lease lease-1"})
 			lc.WaitReleased(t) // the error was taken in before the command ends
 		}, "mps-launch: no lease lease-1; the command keeps running without a lease\n"},
@@ -520,7 +520,7 @@ func TestRunReconnect(t *testing.T) {
 			h.cfg.Stdin = stdinR
 			done := h.start(t.Context(), h.sh(`read line; exit 4`)...)
 			lc := h.fake.NextLease(t)
-			lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+			lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 			h.fake.NextAttach(t)
 			lc.End() // mpsd restarts
 
@@ -552,7 +552,7 @@ func TestRunReconnectWhileQueued(t *testing.T) {
 	if again.Request.ResumeLeaseID != "" {
 		t.Errorf("resumed %q without ever holding a lease", again.Request.ResumeLeaseID)
 	}
-	again.MustSend(t, launchertest.Granted(again.Request, "lease-2", 1))
+	again.MustSend(t, apitest.Granted(again.Request, "lease-2", 1))
 	if code := h.wait(done); code != 0 {
 		t.Errorf("exit %d, want 0; stderr %s", code, h.read("stderr"))
 	}
@@ -620,7 +620,7 @@ func TestRunStatusLineClearedOnGrant(t *testing.T) {
 	done := h.start(t.Context(), h.sh("echo out >&2")...)
 	lc := h.fake.NextLease(t)
 	lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 1, Group: "g"})
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	if code := h.wait(done); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
@@ -637,7 +637,7 @@ func TestRunCancel(t *testing.T) {
 	defer cancel()
 	done := h.start(ctx, h.sh("echo ready; exec sleep 1000")...)
 	lc := h.fake.NextLease(t)
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	a := h.fake.NextAttach(t)
 	ready()
 	cancel()
@@ -654,25 +654,6 @@ func TestRunCancel(t *testing.T) {
 	lc.WaitReleased(t)
 }
 
-func TestClientLeaseRefusedBeforeStream(t *testing.T) {
-	fake := launchertest.New(t, nil)
-	c := NewClient(fake.Socket)
-	// The fake decodes as strictly as mpsd, so an invalid request gets the
-	// 400 Error body instead of a stream.
-	_, err := c.Lease(t.Context(), api.LeaseRequest{SM: 500})
-	var apiErr *api.Error
-	if !errors.As(err, &apiErr) || apiErr.Code != api.CodeBadRequest || !strings.Contains(apiErr.Message, "sm 500") {
-		t.Fatalf("Lease = %v, want a bad_request api.Error", err)
-	}
-	if ExitCode(err) != ExitFailure {
-		t.Errorf("ExitCode = %d", ExitCode(err))
-	}
-	err = c.Attach(t.Context(), "lease-9", os.Getpid())
-	if !errors.As(err, &apiErr) || apiErr.Code != api.CodeNotFound {
-		t.Errorf("Attach to an unknown lease = %v, want not_found", err)
-	}
-}
-
 // TestRunRevokeAfterKill: the kill can reach the command before the
 // revoked event reaches mps-launch; the SIGKILL grace must still turn it
 // into a requeue rather than exit 137.
@@ -682,7 +663,7 @@ func TestRunRevokeAfterKill(t *testing.T) {
 	ready := h.readyPipe()
 	done := h.start(t.Context(), h.sh(`[ "$MPSD_ATTEMPT" = 2 ] && exit 0; echo ready; exec sleep 1000`)...)
 	lc := h.fake.NextLease(t)
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	a := h.fake.NextAttach(t)
 	ready()
 	if err := syscall.Kill(a.PID, syscall.SIGKILL); err != nil {
@@ -690,7 +671,7 @@ func TestRunRevokeAfterKill(t *testing.T) {
 	}
 	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "fault"})
 	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 2))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 2))
 	if code := h.wait(done); code != 0 {
 		t.Errorf("exit %d, want 0 from attempt 2; stderr: %s", code, h.read("stderr"))
 	}
@@ -705,11 +686,11 @@ func TestRunRevokeAfterFailure(t *testing.T) {
 	h.cfg.RevokeGrace = time.Hour // only the event may end the grace here
 	done := h.start(t.Context(), h.sh(`[ "$MPSD_ATTEMPT" = 2 ] && exit 0; exit 86`)...)
 	lc := h.fake.NextLease(t)
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	h.fake.NextAttach(t)
 	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "server died"})
 	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 2))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 2))
 	if code := h.wait(done); code != 0 {
 		t.Errorf("exit %d, want 0 from attempt 2; stderr: %s", code, h.read("stderr"))
 	}
@@ -727,10 +708,10 @@ func TestRunFailureThenMpsdStops(t *testing.T) {
 	h.cfg.RevokeGrace = time.Hour // only mpsd's word may end the grace here
 	done := h.start(t.Context(), h.sh(`[ "$MPSD_ATTEMPT" = 2 ] && exit 0; exit 86`)...)
 	lc := h.fake.NextLease(t)
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	a := h.fake.NextAttach(t)
 	// mps-launch has reaped its failed command once its pid is gone.
-	deadline := time.Now().Add(launchertest.Wait)
+	deadline := time.Now().Add(apitest.Wait)
 	for {
 		if _, err := os.Stat("/proc/" + strconv.Itoa(a.PID)); os.IsNotExist(err) {
 			break
@@ -747,7 +728,7 @@ func TestRunFailureThenMpsdStops(t *testing.T) {
 	}
 	again.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "server died"})
 	again.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
-	again.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 2))
+	again.MustSend(t, apitest.Granted(lc.Request, "lease-1", 2))
 	if code := h.wait(done); code != 0 {
 		t.Errorf("exit %d, want 0 from attempt 2; stderr: %s", code, h.read("stderr"))
 	}
@@ -762,13 +743,13 @@ func TestRunRevokedBeforeAttach(t *testing.T) {
 	done := h.start(t.Context(), h.sh(`exit 0`)...)
 	lc := h.fake.NextLease(t)
 	h.fake.RefuseAttach("lease-1", api.Error{Code: api.CodeConflict, Message: "lease lease-1 is not running"})
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	// The refused attach is not recorded; the revocation comes after it.
 	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "server died"})
 	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
 	// Another id, so this grant's attach is not refused whenever the
 	// first one happens.
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-2", 2))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-2", 2))
 	if code := h.wait(done); code != 0 {
 		t.Errorf("exit %d, want 0 from attempt 2; stderr: %s", code, h.read("stderr"))
 	}
@@ -781,7 +762,7 @@ func TestRunFailureWithoutRevoke(t *testing.T) {
 	h.cfg.RevokeGrace = 20 * time.Millisecond
 	done := h.start(t.Context(), h.sh(`exit 3`)...)
 	lc := h.fake.NextLease(t)
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	h.fake.NextAttach(t)
 	if code := h.wait(done); code != 3 {
 		t.Errorf("exit %d, want the command's 3", code)
@@ -798,7 +779,7 @@ func TestRunKilledWhileStreamEnds(t *testing.T) {
 	ready := h.readyPipe()
 	done := h.start(t.Context(), h.sh(`echo ready; exec sleep 1000`)...)
 	lc := h.fake.NextLease(t)
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	a := h.fake.NextAttach(t)
 	ready()
 	if err := syscall.Kill(a.PID, syscall.SIGKILL); err != nil {
@@ -818,11 +799,11 @@ func TestRunKilledWhileStreamEnds(t *testing.T) {
 		}
 		// mps-launch may have seen its command's end and closed this
 		// stream already: the send may fail, the exit status may not.
-		_ = again.Send(launchertest.Granted(lc.Request, "lease-1", 1))
+		_ = again.Send(apitest.Granted(lc.Request, "lease-1", 1))
 		if code := h.wait(done); code != 137 {
 			t.Errorf("exit %d, want 137", code)
 		}
-	case <-time.After(launchertest.Wait):
+	case <-time.After(apitest.Wait):
 		t.Fatal("mps-launch neither ended nor reconnected")
 	}
 }
@@ -923,7 +904,7 @@ func TestRunSpareTrampoline(t *testing.T) {
 			if err := syscall.Kill(spares[0], sig); err != nil {
 				t.Fatal(err)
 			}
-			lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+			lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 			a := h.fake.NextAttach(t)
 			if sig != syscall.SIGKILL && a.PID != spares[0] {
 				t.Errorf("attached pid %d, want the waiting trampoline %d: %v killed it", a.PID, spares[0], sig)
@@ -955,10 +936,10 @@ func TestRunProgramFDs(t *testing.T) {
 	h.quietStdin()
 	done := h.start(t.Context(), h.sh("echo ready; read line")...)
 	lc := h.fake.NextLease(t)
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	a := h.fake.NextAttach(t)
 	ready()
-	got, want := launchertest.ProgramFDs(t, a.PID)
+	got, want := apitest.ProgramFDs(t, a.PID)
 	if !slices.Equal(got, want) {
 		t.Errorf("the program has descriptors %v, want %v", got, want)
 	}

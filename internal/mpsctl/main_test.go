@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/apihttp"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -78,7 +79,7 @@ func newFake(t *testing.T, replies map[string]reply) *fakeMPSD {
 		f.mu.Unlock()
 		rep, ok := replies[r.Method+" "+r.URL.Path]
 		if !ok {
-			api.WriteError(w, http.StatusNotFound, api.CodeNotFound, "fake mpsd: no "+r.Method+" "+r.URL.Path)
+			apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, "fake mpsd: no "+r.Method+" "+r.URL.Path)
 			return
 		}
 		ct := rep.contentType
