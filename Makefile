@@ -7,6 +7,8 @@ export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
 export MPSD_NVIDIA_MPS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/nvidia-mps
 # Where hack/fetch-prometheus.sh caches promtool and prometheus (outside the repo).
 export MPSD_PROMETHEUS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/prometheus
+# Where hack/build-kubelet.sh caches the kubelet it builds (outside the repo).
+export MPSD_KUBELET_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/kubelet
 
 BIN := bin
 EMU := $(BIN)/emu
@@ -28,6 +30,7 @@ help:
 	@echo "make lint         gofmt, go vet, staticcheck (architecture rules run as tests)"
 	@echo "make fetch-mps    fetch NVIDIA's real nvidia-cuda-mps-control into $(MPSD_NVIDIA_MPS_CACHE)"
 	@echo "make fetch-prometheus  fetch promtool and prometheus (Debian package) into $(MPSD_PROMETHEUS_CACHE)"
+	@echo "make fetch-kubelet  build the kubelet (k8s.io/kubernetes, 5-10 min cold) into $(MPSD_KUBELET_CACHE)"
 	@echo "make conformance  print the emulator-vs-real conformance table"
 	@echo "make clean        remove $(BIN)/"
 
@@ -45,6 +48,11 @@ fetch-mps:
 
 fetch-prometheus:
 	@hack/fetch-prometheus.sh || echo "make: promtool unavailable; the alert rule tests will say so and skip"
+
+# The kubelet end-to-end test (examples/kubernetes) runs it on containerd and runc.
+.PHONY: fetch-kubelet
+fetch-kubelet:
+	@hack/build-kubelet.sh || echo "make: kubelet unavailable; the kubelet end-to-end test will say so and skip"
 
 demo: build
 	bash hack/demo.sh
@@ -76,6 +84,8 @@ bench: fetch-mps build
 TESTRUN := $(BIN)/testrun
 testrun:
 	@$(GO) build -o $(TESTRUN) ./internal/testrun/cmd/testrun
+
+test: fetch-kubelet
 
 test: fetch-mps fetch-prometheus build testrun
 	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) MPSD_BIN_DIR=$(CURDIR)/bin GO=$(GO) $(TESTRUN) -race -timeout $(TEST_TIMEOUT) ./...

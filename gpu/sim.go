@@ -38,10 +38,16 @@ type simModel struct {
 	cuda         int
 }
 
+// The drivers differ on purpose: the MPS emulator imitates the control
+// daemon of the model's driver (EnvDriverVersion), and only drivers from
+// 555 on take -multiuser-server. The default model's driver runs every
+// config (the Kubernetes example's multiuser group too); h100-80g's 550
+// is a host where multiuser groups cannot start, as on a real one;
+// h200-141g's is the driver seen on a real H200 (docs/gpu-probe).
 var simModels = map[string]simModel{
-	"a100-40g":  {cfg: gpus.A100_SXM4_40GB, idleW: 55, maxW: 400, driver: "550.163.01", nvml: "12.550.163.01", cuda: 12040},
+	"a100-40g":  {cfg: gpus.A100_SXM4_40GB, idleW: 55, maxW: 400, driver: "570.172.08", nvml: "12.570.172.08", cuda: 12080},
 	"h100-80g":  {cfg: gpus.H100_SXM5_80GB, idleW: 70, maxW: 700, driver: "550.163.01", nvml: "12.550.163.01", cuda: 12040},
-	"h200-141g": {cfg: gpus.H200_SXM5_141GB, idleW: 75, maxW: 700, driver: "550.163.01", nvml: "12.550.163.01", cuda: 12040},
+	"h200-141g": {cfg: gpus.H200_SXM5_141GB, idleW: 75, maxW: 700, driver: "580.159.04", nvml: "13.580.159.04", cuda: 13000},
 	"b200-180g": {cfg: gpus.B200_SXM5_180GB, idleW: 120, maxW: 1000, driver: "570.172.08", nvml: "12.570.172.08", cuda: 12080},
 }
 
@@ -120,6 +126,16 @@ func NewSim(spec SimSpec) (*Sim, error) {
 	}
 	return s, nil
 }
+
+// EnvDriverVersion names, in the MPS emulator's environment, the driver
+// version the simulated GPUs report: without MPSEMU_DRIVER the emulated
+// control daemon behaves as that driver's does (a 555 or newer one takes
+// -multiuser-server, a 550 one runs it as a client).
+const EnvDriverVersion = "MPSEMU_DRIVER_VERSION"
+
+// DriverVersion is the driver version the simulated GPUs report
+// (SystemGetDriverVersion), to give the MPS emulator as EnvDriverVersion.
+func (s *Sim) DriverVersion() string { return s.model.driver }
 
 // NVML returns the simulated library to pass to New.
 func (s *Sim) NVML() nvml.Interface { return s.lib }

@@ -3,6 +3,7 @@ package gpu
 import (
 	"errors"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -317,4 +318,32 @@ func FuzzNewSim(f *testing.F) {
 			t.Fatalf("NewSim(%d, %q) built %d GPUs", n, model, len(sim.devs))
 		}
 	})
+}
+
+// DriverVersion, which the MPS emulator is given, is what NVML reports;
+// NVML's own version carries it. The default model's driver takes
+// -multiuser-server (555 or newer), so a config with a multiuser group
+// (the Kubernetes example's) starts under --simulate without a model.
+func TestSimDriverVersion(t *testing.T) {
+	for _, m := range SimModels() {
+		sim, err := NewSim(SimSpec{GPUs: 1, Model: m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, ret := sim.NVML().SystemGetDriverVersion()
+		if ret != nvml.SUCCESS || v != sim.DriverVersion() {
+			t.Errorf("%s: NVML driver version %q, %v; DriverVersion %q", m, v, ret, sim.DriverVersion())
+		}
+		if nv, _ := sim.NVML().SystemGetNVMLVersion(); !strings.HasSuffix(nv, "."+v) {
+			t.Errorf("%s: NVML version %q does not carry the driver's %q", m, nv, v)
+		}
+	}
+	sim, err := NewSim(SimSpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	major, _, _ := strings.Cut(sim.DriverVersion(), ".")
+	if n, err := strconv.Atoi(major); err != nil || n < 555 {
+		t.Errorf("default model %s: driver %s; want 555 or newer (multiuser servers)", DefaultSimModel, sim.DriverVersion())
+	}
 }

@@ -608,6 +608,10 @@ func (d *Daemon) leave() { d.wg.Done() }
 
 // listen opens the API socket: mode 0666 because authorization is by peer
 // credentials. A stale socket file is replaced; a live one is an error.
+// The file is left in place when mpsd stops: a launcher that connects
+// meanwhile is refused and retries within its outage window (mpsd is
+// restarting), while a socket that is not there at all means no mpsd, or
+// the wrong path, and fails at once.
 func listen(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("create socket directory: %w", err)
@@ -623,6 +627,7 @@ func listen(path string) (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	if err := os.Chmod(path, 0o666); err != nil {
 		_ = ln.Close()
 		return nil, fmt.Errorf("chmod %s: %w", path, err)

@@ -121,7 +121,7 @@ func (e *testEnv) simulate() {
 	e.opts.NVML = sim.NVML()
 	e.opts.XidInjector = sim
 	e.opts.MPS = func(base mps.Config, l Layout) (mps.Config, error) {
-		return simhost.MPS(base, e.emu, l.StateDir), nil
+		return simhost.MPS(base, e.emu, l.StateDir, sim.DriverVersion()), nil
 	}
 	log := e.opts.Logger.With("component", "sim")
 	e.opts.Beside = func(l Layout) (func(), error) { return simhost.ServeXidReports(sim, l.StateDir, log) }

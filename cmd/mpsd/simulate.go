@@ -39,7 +39,7 @@ func simulation(opts *mpsd.Options, log *slog.Logger) error {
 		if err != nil {
 			return mps.Config{}, err
 		}
-		return simhost.MPS(base, dir, l.StateDir), nil
+		return simhost.MPS(base, dir, l.StateDir, sim.DriverVersion()), nil
 	}
 	opts.Beside = func(l mpsd.Layout) (func(), error) {
 		return simhost.ServeXidReports(sim, l.StateDir, log.With("component", "sim"))

@@ -106,6 +106,42 @@ func TestArgvPerGeneration(t *testing.T) {
 	}
 }
 
+// Without MPSEMU_DRIVER, the driver a simulated GPU reports
+// (MPSEMU_DRIVER_VERSION, set by mpsd --simulate) picks the generation:
+// a 570 driver's daemon takes -multiuser-server, a 550 one runs
+// `-d -multiuser-server` as a client, as NVIDIA's 550 does. MPSEMU_DRIVER
+// still decides when set.
+func TestDriverVersionPicksGeneration(t *testing.T) {
+	for _, tt := range []struct {
+		gen, version string
+		daemon       bool
+	}{
+		{"", "570.172.08", true},
+		{"", "580.159.04", true},
+		{"", "550.163.01", false},
+		{"550", "570.172.08", false},
+		{"555", "550.163.01", true},
+	} {
+		t.Run(tt.gen+" "+tt.version, func(t *testing.T) {
+			m := newMPS(t, tt.gen, "", "MPSEMU_DRIVER_VERSION="+tt.version)
+			r := m.control("", "-d", "-multiuser-server")
+			if !tt.daemon {
+				if r.code != 1 || r.stderr != "Cannot find MPS control daemon process\n" {
+					t.Fatalf("-d -multiuser-server: %+v; want the client's 'Cannot find MPS control daemon process'", r)
+				}
+				return
+			}
+			if r.code != 0 || r.stdout != "" {
+				t.Fatalf("-d -multiuser-server: %+v; want a daemon", r)
+			}
+			if out := m.cmd("get_server_list"); out != "" {
+				t.Errorf("get_server_list = %q", out)
+			}
+			m.cmd("quit")
+		})
+	}
+}
+
 func TestSecondDaemonSamePipe(t *testing.T) {
 	m := newMPS(t, "550", "")
 	m.startDaemon()

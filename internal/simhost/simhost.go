@@ -30,8 +30,10 @@ func XidSocket(stateDir string) string { return filepath.Join(stateDir, "sim-xid
 // and its directory first on the daemons' PATH, so the control daemon
 // starts the emulated server exactly as NVIDIA's starts the real one. The
 // emulator's knobs (MPSEMU_* of this process's environment) and the Xid
-// socket under stateDir are added to the daemons' environment.
-func MPS(base mps.Config, emulatorDir, stateDir string) mps.Config {
+// socket under stateDir are added to the daemons' environment, and the
+// simulated driver's version, so the emulated daemons behave as that
+// driver's do (an MPSEMU_DRIVER passed through still overrides it).
+func MPS(base mps.Config, emulatorDir, stateDir, driverVersion string) mps.Config {
 	c := base
 	c.ControlPath = filepath.Join(emulatorDir, mps.DefaultControl)
 	c.Env = make([]string, 0, len(base.Env)+2)
@@ -45,6 +47,9 @@ func MPS(base mps.Config, emulatorDir, stateDir string) mps.Config {
 		if strings.HasPrefix(kv, "MPSEMU_") {
 			c.Env = append(c.Env, kv)
 		}
+	}
+	if driverVersion != "" {
+		c.Env = append(c.Env, gpu.EnvDriverVersion+"="+driverVersion)
 	}
 	c.Env = append(c.Env, gpu.EnvXidSocket+"="+XidSocket(stateDir))
 	return c

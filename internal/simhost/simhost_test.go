@@ -18,11 +18,11 @@ func TestMPS(t *testing.T) {
 	t.Setenv("MPSEMU_DRIVER", "535")
 	base := mps.Config{ControlPath: "/usr/bin/nvidia-cuda-mps-control", Env: []string{"PATH=/usr/bin:/bin", "LANG=C"}, Multiuser: true}
 	baseEnv := slices.Clone(base.Env)
-	got := MPS(base, "/opt/emu", "/var/lib/mpsd")
+	got := MPS(base, "/opt/emu", "/var/lib/mpsd", "570.172.08")
 	if got.ControlPath != "/opt/emu/"+mps.DefaultControl {
 		t.Errorf("ControlPath %q", got.ControlPath)
 	}
-	want := []string{"PATH=/opt/emu:/usr/bin:/bin", "LANG=C", "MPSEMU_DRIVER=535", gpu.EnvXidSocket + "=" + filepath.Join("/var/lib/mpsd", "sim-xid.sock")}
+	want := []string{"PATH=/opt/emu:/usr/bin:/bin", "LANG=C", "MPSEMU_DRIVER=535", gpu.EnvDriverVersion + "=570.172.08", gpu.EnvXidSocket + "=" + filepath.Join("/var/lib/mpsd", "sim-xid.sock")}
 	for _, kv := range want {
 		if !slices.Contains(got.Env, kv) {
 			t.Errorf("Env %q lacks %q", got.Env, kv)

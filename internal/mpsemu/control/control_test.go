@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -236,6 +237,67 @@ func FuzzCommand(f *testing.F) {
 		}
 		if d.finished && len(d.servers) != 0 {
 			t.Fatal("finished with servers left")
+		}
+	})
+}
+
+func TestGenerationForDriver(t *testing.T) {
+	for in, want := range map[string]Generation{
+		"535.261.03": Gen535, "545.29.06": Gen535, "550.163.01": Gen550, "550": Gen550,
+		"555.58.02": Gen555, "570.172.08": Gen555, "580.159.04": Gen555,
+	} {
+		if g, err := GenerationForDriver(in); err != nil || g != want {
+			t.Errorf("GenerationForDriver(%q) = %v, %v; want %v", in, g, err, want)
+		}
+	}
+	for _, in := range []string{"", "530.30.02", "x.1", "+570.1", "0570.1", " 570", "-555"} {
+		if g, err := GenerationForDriver(in); !errors.Is(err, ErrGeneration) {
+			t.Errorf("GenerationForDriver(%q) = %v, %v; want ErrGeneration", in, g, err)
+		}
+	}
+}
+
+// MPSEMU_DRIVER names the generation outright; without it the simulated
+// GPUs' driver version picks it; without either, the default.
+func TestSelectGeneration(t *testing.T) {
+	for _, tt := range []struct {
+		gen, version string
+		want         Generation
+		bad          bool
+	}{
+		{"", "", DefaultGeneration, false},
+		{"", "570.172.08", Gen555, false},
+		{"", "550.163.01", Gen550, false},
+		{"550", "570.172.08", Gen550, false},
+		{"535", "", Gen535, false},
+		{"", "470.1", 0, true},
+		{"560", "570.172.08", 0, true},
+	} {
+		env := map[string]string{"MPSEMU_DRIVER": tt.gen, "MPSEMU_DRIVER_VERSION": tt.version}
+		g, err := selectGeneration(func(k string) string { return env[k] })
+		if tt.bad != errors.Is(err, ErrGeneration) || g != tt.want {
+			t.Errorf("MPSEMU_DRIVER=%q MPSEMU_DRIVER_VERSION=%q: %v, %v; want %v (error %v)", tt.gen, tt.version, g, err, tt.want, tt.bad)
+		}
+	}
+}
+
+// FuzzGenerationForDriver: any version string gives a known generation,
+// not newer than its major, or ErrGeneration.
+func FuzzGenerationForDriver(f *testing.F) {
+	for _, s := range []string{"570.172.08", "550", "535.1", "", "9999999999999999999999.1", "555.", ".555"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		g, err := GenerationForDriver(v)
+		if err != nil {
+			if !errors.Is(err, ErrGeneration) || g != 0 {
+				t.Fatalf("%q: %v, %v", v, g, err)
+			}
+			return
+		}
+		major, _, _ := strings.Cut(v, ".")
+		if n, _ := strconv.Atoi(major); g != Gen535 && g != Gen550 && g != Gen555 || n < int(g) {
+			t.Fatalf("%q: generation %v", v, g)
 		}
 	})
 }

@@ -3,6 +3,8 @@ package control
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 )
 
 // Generation is the NVIDIA driver generation the emulator imitates; their
@@ -36,6 +38,41 @@ func ParseGeneration(s string) (Generation, error) {
 		return Gen555, nil
 	}
 	return 0, fmt.Errorf("%w: MPSEMU_DRIVER=%q (want 535, 550 or 555)", ErrGeneration, s)
+}
+
+// GenerationForDriver is the generation the emulator imitates for a
+// driver of version v ("570.172.08", as NVML's SystemGetDriverVersion
+// reports it, or its major alone): the newest one it knows that is not
+// newer than v. Drivers from 555 on all take -multiuser-server; the lines
+// later daemons add (580's binary version line, say) are not written.
+// Drivers older than 535 are not emulated.
+func GenerationForDriver(v string) (Generation, error) {
+	major, _, _ := strings.Cut(v, ".")
+	n, err := strconv.Atoi(major)
+	if err != nil || major != strconv.Itoa(n) {
+		return 0, fmt.Errorf("%w: driver version %q (want MAJOR[.MINOR...], e.g. 570.172.08)", ErrGeneration, v)
+	}
+	for _, g := range []Generation{Gen555, Gen550, Gen535} {
+		if n >= int(g) {
+			return g, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: driver version %q is older than 535, the oldest generation emulated", ErrGeneration, v)
+}
+
+// selectGeneration is the generation of the control program's
+// environment: MPSEMU_DRIVER names one outright; else
+// MPSEMU_DRIVER_VERSION, the driver a simulated GPU reports (mpsd
+// --simulate sets it), picks the one that driver's daemon behaves as;
+// else DefaultGeneration.
+func selectGeneration(getenv func(string) string) (Generation, error) {
+	if g := getenv("MPSEMU_DRIVER"); g != "" {
+		return ParseGeneration(g)
+	}
+	if v := getenv("MPSEMU_DRIVER_VERSION"); v != "" {
+		return GenerationForDriver(v)
+	}
+	return DefaultGeneration, nil
 }
 
 // HasPIDFile: 535 writes no nvidia-cuda-mps-control.pid.

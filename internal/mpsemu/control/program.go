@@ -7,13 +7,14 @@ import (
 )
 
 // Main is the nvidia-cuda-mps-control program. getenv reads the
-// environment (MPSEMU_DRIVER picks the generation); the return value is
+// environment (MPSEMU_DRIVER or MPSEMU_DRIVER_VERSION picks the
+// generation, see selectGeneration); the return value is
 // the exit status.
 func Main(args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if getenv(execFailedEnv) == "1" {
 		return 1
 	}
-	gen, err := ParseGeneration(getenv("MPSEMU_DRIVER"))
+	gen, err := selectGeneration(getenv)
 	if err != nil {
 		fmt.Fprintf(stderr, "nvidia-cuda-mps-control (emulator): %v\n", err)
 		return 1

@@ -1,0 +1,1100 @@
+package kubernetes
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"debug/elf"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/gpu"
+	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
+	"github.com/mpsd/mpsd/mps"
+)
+
+// The kubelet end-to-end test runs a real kubelet (built by
+// hack/build-kubelet.sh) in standalone mode on Debian's containerd and
+// runc, with mpsd --simulate --kubelet-device-plugin on the example's
+// config, and pods of locally built images.
+//
+// The host is left as it was: the test re-executes its binary as PID 1 of
+// a new PID namespace (every process it starts dies with it, containers
+// too) in a private mount namespace, where the paths the kubelet and
+// containerd write whatever their config says (/var/lib/kubelet/
+// device-plugins, /var/log/pods, /run/containerd) are overlays whose
+// upper layer is in the test's directory, and /proc/sys is read-only with
+// the kubelet's kernel tunables shown at the values it wants (it would
+// otherwise set vm.overcommit_memory, kernel.panic and
+// kernel.panic_on_oops host-wide). Its cgroups live under a cgroup root of
+// its own, removed at the end; its ports are free ones on 127.0.0.1.
+const (
+	// kubeletRequireEnv=1 (CI) makes a missing kubelet, containerd, runc
+	// or static busybox a failure instead of a skip.
+	kubeletRequireEnv = "MPSD_REQUIRE_KUBELET"
+	// kubeletCacheEnv is hack/build-kubelet.sh's cache (the Makefile
+	// exports it).
+	kubeletCacheEnv = "MPSD_KUBELET_CACHE"
+	// kubeletInitEnv and kubeletWorkEnv mark the re-executed test binary:
+	// PID 1 of the namespace (init) and the test inside it (work dir).
+	kubeletInitEnv = "MPSD_KUBELET_E2E_INIT"
+	kubeletWorkEnv = "MPSD_KUBELET_E2E_WORK"
+	// podUID runs the pods' processes (this test's uid range).
+	podUID = 64600
+	// nodeName is the kubelet's --hostname-override: static pods are
+	// named <manifest name>-<nodeName>.
+	nodeName = "mpsd-e2e"
+	// Locally built images; nothing is ever pulled.
+	busyboxImage = "mpsd-e2e.invalid/busybox:1"
+	pauseImage   = "mpsd-e2e.invalid/pause:1"
+)
+
+// TestMain lets the re-executed binary be the namespace's init.
+func TestMain(m *testing.M) {
+	if os.Getenv(kubeletInitEnv) == "1" {
+		os.Exit(kubeletInit())
+	}
+	os.Exit(m.Run())
+}
+
+// kubeletInit is PID 1 of the test's PID namespace: it runs the test
+// (this binary again, same arguments) and reaps every process reparented
+// to it until that test exits, with its status. When it returns the kernel
+// kills whatever is left in the namespace.
+func kubeletInit() int {
+	cmd := exec.Command(os.Args[0], os.Args[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, kubeletInitEnv+"=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintf(os.Stderr, "kubelet e2e init: %v\n", err)
+		return 1
+	}
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "kubelet e2e init: wait: %v\n", err)
+			return 1
+		}
+		if pid == cmd.Process.Pid {
+			if ws.Exited() {
+				return ws.ExitStatus()
+			}
+			fmt.Fprintf(os.Stderr, "kubelet e2e init: the test ended by %v\n", ws.Signal())
+			return 1
+		}
+	}
+}
+
+// engines are the programs the test runs.
+type engines struct {
+	Kubelet, Containerd, Ctr, Runc, Busybox string
+	MPSDBin, Emu                            string
+	CgroupRoot                              string // under every cgroup hierarchy
+}
+
+// findEngines looks for the kubelet (in hack/build-kubelet.sh's cache),
+// containerd, ctr and runc (Debian's packages) and a static busybox
+// (busybox-static); without one the test skips, or fails when
+// MPSD_REQUIRE_KUBELET=1.
+func findEngines(t *testing.T) engines {
+	t.Helper()
+	missing := func(format string, args ...any) {
+		t.Helper()
+		msg := fmt.Sprintf(format, args...)
+		if os.Getenv(kubeletRequireEnv) == "1" {
+			t.Fatalf("%s (%s=1)", msg, kubeletRequireEnv)
+		}
+		t.Skip(msg)
+	}
+	if os.Geteuid() != 0 {
+		missing("the kubelet end-to-end test needs root (namespaces, mounts, cgroups)")
+	}
+	var e engines
+	cache := os.Getenv(kubeletCacheEnv)
+	if cache == "" {
+		base := os.Getenv("XDG_CACHE_HOME")
+		if base == "" {
+			home, _ := os.UserHomeDir()
+			base = filepath.Join(home, ".cache")
+		}
+		cache = filepath.Join(base, "mpsd", "kubelet")
+	}
+	e.Kubelet = filepath.Join(cache, "kubelet")
+	if st, err := os.Stat(e.Kubelet); err != nil || st.Mode()&0o111 == 0 {
+		missing("no kubelet at %s (run hack/build-kubelet.sh; make test does): %v", e.Kubelet, err)
+	}
+	look := func(name, pkg string) string {
+		t.Helper()
+		for _, dir := range append(filepath.SplitList(os.Getenv("PATH")), "/usr/sbin", "/usr/bin", "/sbin", "/bin") {
+			p := filepath.Join(dir, name)
+			if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+				return p
+			}
+		}
+		missing("no %s (apt-get install %s)", name, pkg)
+		return ""
+	}
+	e.Containerd = look("containerd", "containerd")
+	e.Ctr = look("ctr", "containerd")
+	e.Runc = look("runc", "runc")
+	e.Busybox = look("busybox", "busybox-static")
+	if !isStatic(e.Busybox) {
+		missing("%s is not statically linked (apt-get install busybox-static)", e.Busybox)
+	}
+	if !hasFilesystem("overlay") {
+		missing("the kernel has no overlay filesystem")
+	}
+	e.MPSDBin, e.Emu = emutest.CmdDir(t), emutest.BinDir(t)
+	e.CgroupRoot = fmt.Sprintf("mpsd-kubelet-e2e-%d", os.Getpid())
+	return e
+}
+
+func isStatic(path string) bool {
+	f, err := elf.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return false
+		}
+	}
+	return true
+}
+
+func hasFilesystem(name string) bool {
+	b, err := os.ReadFile("/proc/filesystems")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[len(f)-1] == name {
+			return true
+		}
+	}
+	return false
+}
+
+// cgroupMounts are the mount points of the cgroup hierarchies.
+func cgroupMounts() []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if ok && len(f) >= 5 && len(g) >= 1 && (g[0] == "cgroup" || g[0] == "cgroup2") {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+// removeCgroupTree removes dir and the cgroups below it, deepest first,
+// retrying while the killed processes leave them.
+func removeCgroupTree(dir string) error {
+	deadline := time.Now().Add(engineWait)
+	for {
+		var dirs []string
+		_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		var last error
+		for _, d := range slices.Backward(dirs) {
+			if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
+				last = fmt.Errorf("rmdir %s: %w", d, err)
+			}
+		}
+		if last == nil || time.Now().After(deadline) {
+			return last
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestKubeletE2E: a real kubelet offers mpsd's groups, admits a pod that
+// fits (its container sees the lease's environment and mounts), refuses
+// one that does not, keeps the allocation across mpsd and kubelet
+// restarts, and frees it when the pod is gone.
+func TestKubeletE2E(t *testing.T) {
+	if work := os.Getenv(kubeletWorkEnv); work != "" {
+		var e engines
+		b, err := os.ReadFile(filepath.Join(work, "engines.json"))
+		if err == nil {
+			err = json.Unmarshal(b, &e)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		kubeletInside(t, work, e)
+		return
+	}
+	e := findEngines(t)
+	work, err := os.MkdirTemp("", "k8se") // short: MPS socket paths under it must fit a sockaddr_un
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The pods' uid reaches its own output directories through it.
+	if err := os.Chmod(work, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.RemoveAll(work); err != nil {
+			t.Errorf("removing %s: %v", work, err)
+		}
+	})
+	// The kubelet wants its cgroup root to exist; removed once the
+	// namespace (and so every process in those cgroups) is gone.
+	hierarchies := cgroupMounts()
+	t.Cleanup(func() {
+		for _, h := range hierarchies {
+			if err := removeCgroupTree(filepath.Join(h, e.CgroupRoot)); err != nil {
+				t.Errorf("cgroups left behind: %v", err)
+			}
+		}
+	})
+	for _, h := range hierarchies {
+		if filepath.Base(h) == "unified" {
+			continue // hybrid: the v1 controllers are the kubelet's
+		}
+		if err := os.Mkdir(filepath.Join(h, e.CgroupRoot), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, _ := json.Marshal(e)
+	if err := os.WriteFile(filepath.Join(work, "engines.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestKubeletE2E$", "-test.v", "-test.count=1", "-test.timeout=7m")
+	cmd.Env = append(os.Environ(), kubeletInitEnv+"=1", kubeletWorkEnv+"="+work)
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:   syscall.CLONE_NEWPID,
+		Unshareflags: syscall.CLONE_NEWNS, // and / made private (os/exec does it)
+		Pdeathsig:    syscall.SIGKILL,
+	}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Run()
+	// Its own log with -v, everything on failure.
+	if testing.Verbose() && err == nil {
+		t.Logf("the test in its namespaces:\n%s", out.String())
+	}
+	if err != nil {
+		t.Errorf("the test in its namespaces failed: %v\n%s", err, out.String())
+	}
+}
+
+// kubeletInside is the test proper, in the namespaces.
+func kubeletInside(t *testing.T, work string, e engines) {
+	if os.Getpid() == 1 {
+		t.Fatal("the test runs under the namespace's init, not as it")
+	}
+	isolateHost(t, work)
+	began := time.Now()
+	step := func(format string, args ...any) {
+		t.Helper()
+		t.Logf("%5.1fs "+format, append([]any{time.Since(began).Seconds()}, args...)...)
+	}
+
+	cfgDir := filepath.Join(work, "m")
+	for _, d := range []string{cfgDir, filepath.Join(work, "manifests"), filepath.Join(work, "staging")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	ctrd := startContainerd(t, work, e)
+	importImages(t, work, e, ctrd)
+	step("containerd up, images imported")
+
+	// The example's config on one simulated GPU, plus a second group on
+	// it with half the SMs: two resources, 100 and 50 units.
+	m := &mpsdProc{t: t, bin: e.MPSDBin, socket: filepath.Join(cfgDir, "mpsd.sock"), cfg: filepath.Join(cfgDir, "mpsd.yaml"), log: filepath.Join(work, "mpsd.log"),
+		args: []string{"--kubelet-device-plugin", "--kubelet-dir", "/var/lib/kubelet/device-plugins"}}
+	cfg := exampleMPSDConfig(t, cfgDir, e.Emu, 1, `  training:
+    users: [root]
+    gpus: ["0"]
+    sm_percent: 50
+    memory: 8G
+    multiuser: true
+`)
+	if err := os.WriteFile(m.cfg, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m.start()
+	defer m.stop()
+	step("mpsd ready")
+
+	k := newKubelet(t, work, e, ctrd)
+	k.start()
+	defer k.stop()
+
+	// Registration: one resource per group, a unit per SM percent.
+	step("kubelet up; waiting for the plugin's registration")
+	k.waitAllocatable(map[string]int{"mpsd.io/inference-sm": 100, "mpsd.io/training-sm": 50})
+
+	// The example pod's 30 units are admitted; the container has the
+	// lease's environment and mounts.
+	resource, units := examplePodRequest(t)
+	step("registered; pod asking %d %s", units, resource)
+	podA := k.writePod("sm30", resource, units)
+	k.waitRunning(podA)
+	env, mounts := k.podOutput(podA)
+	st := m.waitStatus("the pod's lease", func(st api.Status) bool { return len(st.Leases) == 1 })
+	lease := st.Leases[0]
+	if lease.Group != "inference" || lease.SM != units || lease.State != api.LeaseRunning || lease.UID != 0 {
+		t.Errorf("lease %+v; want inference, %d SM, running, the plugin's (root)", lease, units)
+	}
+	pipe := filepath.Join(cfgDir, "run", lease.Group, gpu.SimUUID(0), "pipe")
+	checkLeaseEnv(t, env, lease, pipe)
+	checkLeaseMounts(t, mounts, pipe)
+
+	// More than is free (100 - 30): the kubelet refuses it.
+	step("pod running with lease %s; pod asking 80", lease.ID)
+	podB := k.writePod("sm80", resource, 80)
+	p := k.waitPod(podB, "refused", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
+	// The kubelet's own count refuses it, before any Allocate.
+	refusal := fmt.Sprintf("requested number of devices unavailable for %s. Requested: 80, Available: %d", resource, 100-units)
+	if p.Status.Reason != "UnexpectedAdmissionError" || !strings.Contains(p.Status.Message, refusal) {
+		t.Errorf("pod asking 80 of %d free units: %s %q; want UnexpectedAdmissionError with %q", 100-units, p.Status.Reason, p.Status.Message, refusal)
+	}
+	if st, err := m.status(); err != nil || len(st.Leases) != 1 {
+		t.Errorf("after the refused pod: leases %+v, %v; want the first pod's only", st.Leases, err)
+	}
+	k.deletePod(podB)
+
+	// An mpsd restart keeps the allocation's lease (the plugin adopts it).
+	step("refused; restarting mpsd")
+	m.stop()
+	m.start()
+	// Kept by mpsd, and held again by the new plugin (else mpsd would
+	// release it once its reconnect grace ran out).
+	m.waitStatus("the pod's lease kept across mpsd's restart and resumed by its plugin", func(st api.Status) bool {
+		return len(st.Leases) == 1 && st.Leases[0].ID == lease.ID && st.Leases[0].State == api.LeaseRunning &&
+			m.logLine(`msg="lease resumed"`, "component=deviceplugin", "lease="+lease.ID)
+	})
+	k.waitAllocatable(map[string]int{"mpsd.io/inference-sm": 100, "mpsd.io/training-sm": 50})
+
+	// A kubelet restart: the plugin registers again; the pod runs on.
+	step("lease kept; restarting the kubelet")
+	k.stop()
+	k.start()
+	k.waitAllocatable(map[string]int{"mpsd.io/inference-sm": 100, "mpsd.io/training-sm": 50})
+	for _, r := range []string{"mpsd.io/inference-sm", "mpsd.io/training-sm"} {
+		if k.logCount(`"Got registration request from device plugin with resource" resourceName="`+r+`"`) == 0 {
+			t.Errorf("the restarted kubelet's log has no registration of %s", r)
+		}
+	}
+	if p := k.waitRunning(podA); p.Status.ContainerStatuses[0].RestartCount != 0 {
+		t.Errorf("the pod's container restarted: %+v", p.Status.ContainerStatuses[0])
+	}
+	if st, err := m.status(); err != nil || len(st.Leases) != 1 || st.Leases[0].ID != lease.ID {
+		t.Errorf("after the kubelet's restart: leases %+v, %v; want %s", st.Leases, err, lease.ID)
+	}
+
+	// Deleting the pod frees its units: the next pod's allocation finds
+	// them available and the plugin releases the old lease, so 80 units
+	// fit now.
+	step("registered again; deleting the pod, then asking 80")
+	k.deletePod(podA)
+	step("deleted")
+	podC := k.writePod("sm80b", resource, 80)
+	k.waitRunning(podC)
+	step("second pod running")
+	st = m.waitStatus("the deleted pod's lease released, the new pod's running", func(st api.Status) bool {
+		return len(st.Leases) == 1 && st.Leases[0].ID != lease.ID && st.Leases[0].SM == 80
+	})
+	envC, _ := k.podOutput(podC)
+	if envC[api.EnvLeaseID] != st.Leases[0].ID || envC[api.EnvThreadPercentage] != "80" {
+		t.Errorf("second pod's environment %v; want lease %s at 80%%", envC, st.Leases[0].ID)
+	}
+	k.deletePod(podC)
+	step("done")
+}
+
+// isolateHost makes the mount namespace the test's own: a fresh /proc for
+// the PID namespace, /proc/sys read-only with the kubelet's tunables at
+// the values it wants, and overlays over the directories the kubelet and
+// containerd write whatever they are told.
+func isolateHost(t *testing.T, work string) {
+	t.Helper()
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	must("mount /proc", unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""))
+	must("bind /proc/sys", unix.Mount("/proc/sys", "/proc/sys", "", unix.MS_BIND|unix.MS_REC, ""))
+	must("remount /proc/sys read-only", unix.Mount("", "/proc/sys", "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""))
+	// k8s.io/component-helpers/node/util/sysctl's values, which the
+	// kubelet's container manager sets unless they are already so.
+	fake := filepath.Join(work, "sysctl")
+	must("mkdir", os.Mkdir(fake, 0o755))
+	for name, val := range map[string]string{
+		"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/panic": "10", "kernel/panic_on_oops": "1",
+		"kernel/keys/root_maxkeys": "1000000", "kernel/keys/root_maxbytes": "25000000",
+	} {
+		f := filepath.Join(fake, strings.ReplaceAll(name, "/", "."))
+		must("write "+f, os.WriteFile(f, []byte(val+"\n"), 0o444))
+		target := filepath.Join("/proc/sys", name)
+		must("bind "+target, unix.Mount(f, target, "", unix.MS_BIND, ""))
+		must("remount "+target, unix.Mount("", target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""))
+	}
+	for i, dir := range []string{"/var/lib", "/var/log", "/run"} {
+		base := filepath.Join(work, "overlay", strconv.Itoa(i))
+		upper, wk := filepath.Join(base, "upper"), filepath.Join(base, "work")
+		must("mkdir", os.MkdirAll(upper, 0o755))
+		must("mkdir", os.MkdirAll(wk, 0o755))
+		must("overlay "+dir, unix.Mount("overlay", dir, "overlay", 0, "lowerdir="+dir+",upperdir="+upper+",workdir="+wk))
+	}
+	must("mkdir device-plugins", os.MkdirAll("/var/lib/kubelet/device-plugins", 0o755))
+}
+
+// daemon is an engine process with its log.
+type daemon struct {
+	t    *testing.T
+	name string
+	log  string
+	cmd  *exec.Cmd
+	done chan error
+}
+
+func startDaemon(t *testing.T, name, log string, argv ...string) *daemon {
+	t.Helper()
+	f, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	d := &daemon{t: t, name: name, log: log, cmd: exec.Command(argv[0], argv[1:]...), done: make(chan error, 1)}
+	d.cmd.Stdout, d.cmd.Stderr = f, f
+	if err := d.cmd.Start(); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	go func(c *exec.Cmd, done chan<- error) { done <- c.Wait() }(d.cmd, d.done)
+	return d
+}
+
+// wait polls cond until it holds; the daemon exiting or the deadline
+// fails the test with the daemon's log.
+func (d *daemon) wait(what string, cond func() (bool, string)) {
+	d.t.Helper()
+	deadline := time.Now().Add(engineWait)
+	for {
+		ok, last := cond()
+		if ok {
+			return
+		}
+		select {
+		case err := <-d.done:
+			d.done <- err
+			d.t.Fatalf("waiting for %s: %s exited: %v\n%s", what, d.name, err, tail(d.log, 6000))
+		default:
+		}
+		if time.Now().After(deadline) {
+			d.t.Fatalf("waiting for %s: %s\n%s log:\n%s", what, last, d.name, tail(d.log, 6000))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func (d *daemon) stop() {
+	d.t.Helper()
+	if d.cmd == nil {
+		return
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(engineWait):
+		_ = d.cmd.Process.Kill()
+		<-d.done
+		d.t.Errorf("%s did not stop within %s of SIGTERM", d.name, engineWait)
+	}
+	d.cmd = nil
+}
+
+type containerd struct {
+	*daemon
+	socket string
+}
+
+// startContainerd runs containerd with the CRI plugin as ENGINES needs it
+// here: oom_score_adj restricted (no CAP_SYS_RESOURCE), the local pause
+// image, runc v2 with cgroupfs, everything under work.
+func startContainerd(t *testing.T, work string, e engines) *containerd {
+	t.Helper()
+	dir := filepath.Join(work, "containerd")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "containerd.sock")
+	config := fmt.Sprintf(`version = 2
+root = %[1]q
+state = %[2]q
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+
+[grpc]
+  address = %[3]q
+
+[ttrpc]
+  address = %[4]q
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = %[5]q
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %[6]q
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = %[7]q
+    conf_dir = %[8]q
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        BinaryName = %[9]q
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), sock, sock+".ttrpc", filepath.Join(dir, "opt"),
+		pauseImage, filepath.Join(dir, "cni-bin"), filepath.Join(dir, "cni-conf"), e.Runc)
+	cfg := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfg, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := &containerd{daemon: startDaemon(t, "containerd", filepath.Join(work, "containerd.log"), e.Containerd, "--config", cfg), socket: sock}
+	t.Cleanup(c.stop)
+	c.wait("containerd's socket", func() (bool, string) {
+		out, err := exec.Command(e.Ctr, "--address", sock, "version").CombinedOutput()
+		return err == nil, fmt.Sprintf("ctr version: %v: %s", err, out)
+	})
+	return c
+}
+
+// importImages builds the busybox and pause images (one layer: a static
+// busybox and its applets' links) as a `docker save` archive and imports
+// it into the CRI's namespace.
+func importImages(t *testing.T, work string, e engines, c *containerd) {
+	t.Helper()
+	bb, err := os.ReadFile(e.Busybox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	now := time.Unix(0, 0)
+	add := func(h *tar.Header, body []byte) {
+		h.ModTime = now
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add(&tar.Header{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
+	add(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bb))}, bb)
+	for _, applet := range []string{"sh", "sleep", "cat", "env", "ls", "mv", "id"} {
+		add(&tar.Header{Name: "bin/" + applet, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777}, nil)
+	}
+	add(&tar.Header{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o1777}, nil)
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	layerSum := sha256.Sum256(layer.Bytes())
+	diffID := "sha256:" + hex.EncodeToString(layerSum[:])
+
+	var archive bytes.Buffer
+	aw := tar.NewWriter(&archive)
+	file := func(name string, body []byte) {
+		if err := aw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(body)), ModTime: now}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := aw.Write(body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	layerName := hex.EncodeToString(layerSum[:]) + "/layer.tar"
+	file(layerName, layer.Bytes())
+	type manifest struct {
+		Config   string
+		RepoTags []string
+		Layers   []string
+	}
+	var manifests []manifest
+	for _, img := range []struct {
+		tag string
+		cmd []string
+	}{
+		{busyboxImage, []string{"/bin/sh"}},
+		{pauseImage, []string{"/bin/busybox", "sleep", "2147483647"}},
+	} {
+		config, _ := json.Marshal(map[string]any{
+			"architecture": "amd64", "os": "linux",
+			"config": map[string]any{"Env": []string{"PATH=/bin"}, "Cmd": img.cmd},
+			"rootfs": map[string]any{"type": "layers", "diff_ids": []string{diffID}},
+		})
+		sum := sha256.Sum256(config)
+		name := hex.EncodeToString(sum[:]) + ".json"
+		file(name, config)
+		manifests = append(manifests, manifest{Config: name, RepoTags: []string{img.tag}, Layers: []string{layerName}})
+	}
+	mj, _ := json.Marshal(manifests)
+	file("manifest.json", mj)
+	if err := aw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(work, "images.tar")
+	if err := os.WriteFile(path, archive.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(e.Ctr, "--address", c.socket, "-n", "k8s.io", "images", "import", path).CombinedOutput(); err != nil {
+		t.Fatalf("ctr images import: %v\n%s", err, out)
+	}
+	out, err := exec.Command(e.Ctr, "--address", c.socket, "-n", "k8s.io", "images", "ls", "-q").CombinedOutput()
+	for _, img := range []string{busyboxImage, pauseImage} {
+		if !strings.Contains(string(out), img) {
+			t.Fatalf("image %s not imported: %v\n%s", img, err, out)
+		}
+	}
+}
+
+// kubelet is the kubelet in standalone mode (no API server: pods come
+// from its static pod directory).
+type kubelet struct {
+	t        *testing.T
+	e        engines
+	work     string
+	root     string
+	config   string
+	log      string
+	manifest string
+	roPort   int
+	healthz  int
+	ctrd     string // containerd's socket
+	d        *daemon
+	logStart int64 // where the current run's log begins
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func newKubelet(t *testing.T, work string, e engines, c *containerd) *kubelet {
+	t.Helper()
+	k := &kubelet{t: t, e: e, work: work, root: filepath.Join(work, "kubelet"), log: filepath.Join(work, "kubelet.log"),
+		manifest: filepath.Join(work, "manifests"), ctrd: c.socket, roPort: freePort(t), healthz: freePort(t)}
+	if err := os.MkdirAll(k.root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	k.config = filepath.Join(work, "kubelet.yaml")
+	config := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+staticPodPath: %s
+fileCheckFrequency: 1s
+syncFrequency: 5s
+address: 127.0.0.1
+port: %d
+readOnlyPort: %d
+healthzBindAddress: 127.0.0.1
+healthzPort: %d
+authentication:
+  anonymous:
+    enabled: true
+  webhook:
+    enabled: false
+authorization:
+  mode: AlwaysAllow
+containerRuntimeEndpoint: unix://%s
+cgroupDriver: cgroupfs
+cgroupRoot: /%s
+failCgroupV1: false
+failSwapOn: false
+makeIPTablesUtilChains: false
+resolvConf: ""
+podLogsDir: %s
+volumePluginDir: %s
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: "1Mi"
+  nodefs.available: "1%%"
+  nodefs.inodesFree: "1%%"
+  imagefs.available: "1%%"
+`, k.manifest, freePort(t), k.roPort, k.healthz, c.socket, e.CgroupRoot, filepath.Join(work, "pod-logs"), filepath.Join(work, "volume-plugins"))
+	if err := os.WriteFile(k.config, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func (k *kubelet) start() {
+	k.t.Helper()
+	if fi, err := os.Stat(k.log); err == nil {
+		k.logStart = fi.Size()
+	}
+	k.d = startDaemon(k.t, "kubelet", k.log, k.e.Kubelet, "--config", k.config, "--root-dir", k.root,
+		"--cert-dir", filepath.Join(k.root, "pki"), "--hostname-override", nodeName, "--v", "2")
+	k.d.wait("the kubelet's healthz", func() (bool, string) {
+		b, err := k.get(k.healthz, "/healthz")
+		return err == nil && string(b) == "ok", fmt.Sprintf("healthz: %q, %v", b, err)
+	})
+}
+
+func (k *kubelet) stop() {
+	if k.d != nil {
+		k.d.stop()
+	}
+}
+
+// logCount counts the lines of the current run's log containing s.
+func (k *kubelet) logCount(s string) int {
+	b, err := os.ReadFile(k.log)
+	if err != nil || int64(len(b)) < k.logStart {
+		return 0
+	}
+	return strings.Count(string(b[k.logStart:]), s)
+}
+
+func (k *kubelet) get(port int, path string) ([]byte, error) {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d%s", port, path))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s: %s", path, resp.Status)
+	}
+	return b, err
+}
+
+// allocatable is what the kubelet's pod-resources API says it can hand
+// out: devices per resource.
+func (k *kubelet) allocatable() (map[string]int, error) {
+	sock := filepath.Join(k.root, "pod-resources", "kubelet.sock")
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := podresourcesapi.NewPodResourcesListerClient(conn).GetAllocatableResources(ctx, &podresourcesapi.AllocatableResourcesRequest{})
+	if err != nil {
+		return nil, err
+	}
+	got := map[string]int{}
+	for _, d := range resp.GetDevices() {
+		got[d.GetResourceName()] += len(d.GetDeviceIds())
+	}
+	return got, nil
+}
+
+// waitAllocatable waits until the plugin's resources are registered with
+// want units each. The kubelet counts a resource only once its plugin has
+// registered and listed its devices (a checkpointed one stays at zero
+// until then).
+func (k *kubelet) waitAllocatable(want map[string]int) {
+	k.t.Helper()
+	k.d.wait(fmt.Sprintf("the kubelet to offer %v", want), func() (bool, string) {
+		got, err := k.allocatable()
+		if err != nil {
+			return false, err.Error()
+		}
+		for r, n := range want {
+			if got[r] != n {
+				return false, fmt.Sprintf("allocatable %v", got)
+			}
+		}
+		return true, ""
+	})
+}
+
+// examplePodRequest is the example pod's request: its resource and units.
+func examplePodRequest(t *testing.T) (string, int) {
+	t.Helper()
+	o, problems := decode(readExamples(t))
+	if len(problems) > 0 || len(o.pods) != 1 {
+		t.Fatalf("examples: %v", problems)
+	}
+	for name, q := range o.pods[0].Spec.Containers[0].Resources.Limits {
+		if strings.HasPrefix(string(name), "mpsd.io/") {
+			return string(name), int(q.Value())
+		}
+	}
+	t.Fatal("the example pod asks for no mpsd.io resource")
+	return "", 0
+}
+
+// writePod writes a static pod asking units of resource, whose container
+// records its environment and mounts in a directory of the work dir, and
+// returns the pod's name as the kubelet names it. The file is renamed into
+// place, so the kubelet never reads half of it.
+func (k *kubelet) writePod(name, resource string, units int) string {
+	k.t.Helper()
+	out := filepath.Join(k.work, "out", name)
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		k.t.Fatal(err)
+	}
+	if err := os.Chown(out, podUID, podUID); err != nil {
+		k.t.Fatal(err)
+	}
+	manifest := fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: %[1]s
+  namespace: default
+spec:
+  hostNetwork: true
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: %[2]d
+    runAsGroup: %[2]d
+  containers:
+    - name: main
+      image: %[3]s
+      imagePullPolicy: Never
+      command: ["/bin/sh", "-c", "env > /out/env.tmp && cat /proc/self/mountinfo > /out/mountinfo && mv /out/env.tmp /out/env && exec sleep 2147483647"]
+      resources:
+        limits:
+          %[4]s: %[5]d
+      volumeMounts:
+        - name: out
+          mountPath: /out
+  volumes:
+    - name: out
+      hostPath:
+        path: %[6]s
+        type: Directory
+`, name, podUID, busyboxImage, resource, units, out)
+	staged := filepath.Join(k.work, "staging", name+".yaml")
+	if err := os.WriteFile(staged, []byte(manifest), 0o644); err != nil {
+		k.t.Fatal(err)
+	}
+	if err := os.Rename(staged, filepath.Join(k.manifest, name+".yaml")); err != nil {
+		k.t.Fatal(err)
+	}
+	return name + "-" + nodeName
+}
+
+// deletePod removes a static pod's manifest and waits until the kubelet
+// no longer lists the pod.
+func (k *kubelet) deletePod(pod string) {
+	k.t.Helper()
+	name := strings.TrimSuffix(pod, "-"+nodeName)
+	if err := os.Remove(filepath.Join(k.manifest, name+".yaml")); err != nil {
+		k.t.Fatal(err)
+	}
+	k.d.wait("pod "+pod+" gone", func() (bool, string) {
+		pods, err := k.pods()
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, p := range pods {
+			if p.Name == pod {
+				return false, fmt.Sprintf("pod %s: %s", pod, p.Status.Phase)
+			}
+		}
+		return true, ""
+	})
+	// Gone from the kubelet is not yet gone from the runtime: wait until
+	// none of its containers (the sandbox's included) runs. Their records
+	// stay until the kubelet's container GC, a minute or more later.
+	ctr := func(args ...string) (string, error) {
+		out, err := exec.Command(k.e.Ctr, append([]string{"--address", k.ctrd, "-n", "k8s.io"}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	k.d.wait("pod "+pod+"'s containers stopped", func() (bool, string) {
+		ids, err := ctr("containers", "ls", "-q", `labels."io.kubernetes.pod.name"==`+pod)
+		if err != nil {
+			return false, fmt.Sprintf("ctr containers ls: %v: %s", err, ids)
+		}
+		tasks, err := ctr("tasks", "ls")
+		if err != nil {
+			return false, fmt.Sprintf("ctr tasks ls: %v: %s", err, tasks)
+		}
+		for _, line := range strings.Split(tasks, "\n") {
+			if f := strings.Fields(line); len(f) >= 3 && f[2] == "RUNNING" && slices.Contains(strings.Fields(ids), f[0]) {
+				return false, "still running: " + line
+			}
+		}
+		return true, ""
+	})
+}
+
+// pods is the kubelet's /pods (the read-only port): in standalone mode
+// the static pods carry the status manager's status.
+func (k *kubelet) pods() ([]corev1.Pod, error) {
+	b, err := k.get(k.roPort, "/pods")
+	if err != nil {
+		return nil, err
+	}
+	var list corev1.PodList
+	if err := json.Unmarshal(b, &list); err != nil {
+		return nil, err
+	}
+	return list.Items, nil
+}
+
+func (k *kubelet) waitPod(pod, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
+	k.t.Helper()
+	var found *corev1.Pod
+	k.d.wait("pod "+pod+" "+what, func() (bool, string) {
+		pods, err := k.pods()
+		if err != nil {
+			return false, err.Error()
+		}
+		for i := range pods {
+			if pods[i].Name == pod {
+				found = &pods[i]
+				return cond(found), fmt.Sprintf("pod %s: %s %s %q", pod, found.Status.Phase, found.Status.Reason, found.Status.Message)
+			}
+		}
+		return false, "pod " + pod + " not listed"
+	})
+	return found
+}
+
+func (k *kubelet) waitRunning(pod string) *corev1.Pod {
+	k.t.Helper()
+	return k.waitPod(pod, "running", func(p *corev1.Pod) bool {
+		if p.Status.Phase == corev1.PodFailed {
+			k.t.Fatalf("pod %s failed: %s %q", pod, p.Status.Reason, p.Status.Message)
+		}
+		return p.Status.Phase == corev1.PodRunning && len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].State.Running != nil
+	})
+}
+
+// podOutput is what the pod's container recorded: its environment and
+// its /proc/self/mountinfo.
+func (k *kubelet) podOutput(pod string) (map[string]string, string) {
+	k.t.Helper()
+	out := filepath.Join(k.work, "out", strings.TrimSuffix(pod, "-"+nodeName))
+	k.d.wait("pod "+pod+"'s output", func() (bool, string) {
+		_, err := os.Stat(filepath.Join(out, "env"))
+		return err == nil, fmt.Sprint(err)
+	})
+	b, err := os.ReadFile(filepath.Join(out, "env"))
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	env := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			env[k] = v
+		}
+	}
+	mi, err := os.ReadFile(filepath.Join(out, "mountinfo"))
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	return env, string(mi)
+}
+
+// checkLeaseEnv: the container has the lease's MPS environment.
+func checkLeaseEnv(t *testing.T, env map[string]string, l api.LeaseStatus, pipe string) {
+	t.Helper()
+	for k, want := range map[string]string{
+		api.EnvLeaseID:           l.ID,
+		api.EnvGroup:             l.Group,
+		api.EnvThreadPercentage:  strconv.Itoa(l.SM),
+		api.EnvPipeDirectory:     pipe,
+		"NVIDIA_VISIBLE_DEVICES": gpu.SimUUID(0),
+	} {
+		if env[k] != want {
+			t.Errorf("container's %s = %q; want %q", k, env[k], want)
+		}
+	}
+	// 30 of the group's 32G budget in SM proportion, per GPU.
+	if v := env[api.EnvPinnedMemLimit]; !strings.HasPrefix(v, "0=") && !strings.HasPrefix(v, gpu.SimUUID(0)+"=") {
+		t.Errorf("container's %s = %q; want GPU 0's limit", api.EnvPinnedMemLimit, v)
+	}
+	if l.MemBytes <= 0 {
+		t.Errorf("lease %s has no memory", l.ID)
+	}
+}
+
+// checkLeaseMounts: the container has the instance's pipe directory pipe
+// read-only, its log FIFO and pid file masked by /dev/null, and the
+// instance's private shared memory as /dev/shm.
+func checkLeaseMounts(t *testing.T, mountinfo, pipe string) {
+	t.Helper()
+	type mount struct{ root, opts string }
+	mounts := map[string]mount{}
+	for _, line := range strings.Split(mountinfo, "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 6 {
+			mounts[f[4]] = mount{root: f[3], opts: f[5]}
+		}
+	}
+	// A bind mount's root is its source's path in its filesystem: the
+	// host path, or its end when the work dir is on a mount of its own.
+	from := func(m mount, host string) bool { return m.root != "/" && strings.HasSuffix(host, m.root) }
+	mp, ok := mounts[pipe]
+	if !ok || !from(mp, pipe) || !slices.Contains(strings.Split(mp.opts, ","), "ro") {
+		t.Errorf("pipe directory %s: mount %+v (present %v); want the instance's, read-only", pipe, mp, ok)
+	}
+	for _, masked := range []string{"log", "nvidia-cuda-mps-control.pid"} {
+		m, ok := mounts[filepath.Join(pipe, masked)]
+		if !ok || !strings.HasSuffix(m.root, "/null") {
+			t.Errorf("%s in the pipe directory: mount %+v (present %v); want /dev/null over it", masked, m, ok)
+		}
+	}
+	if m := mounts["/dev/shm"]; !from(m, mps.ShmDirFor(pipe)) {
+		t.Errorf("/dev/shm is %+v; want the instance's private %s", m, mps.ShmDirFor(pipe))
+	}
+}
