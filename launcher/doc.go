@@ -1,6 +1,6 @@
 // Package launcher is the library behind mps-launch: flag and size parsing,
-// the lease client that talks to mpsd over its unix socket (the protocol of
-// package api), running the user's command with the MPS environment of a
+// the lease stream to mpsd over its unix socket (package api's protocol,
+// through package client), running the user's command with the MPS environment of a
 // granted lease, and the requeue loop that relaunches the command when
 // mpsd requeues the lease. cmd/mps-launch only calls Main.
 //
