@@ -39,11 +39,13 @@ type Server struct {
 	attaches chan Attach
 	dropped  chan string
 
-	mu      sync.Mutex
-	granted map[string]bool
-	refuse  map[string]api.Error
-	resumes map[string]api.Error
-	drops   map[requestKind]drop
+	mu       sync.Mutex
+	answers  map[string]Answer
+	requests []Request
+	granted  map[string]bool
+	refuse   map[string]api.Error
+	resumes  map[string]api.Error
+	drops    map[requestKind]drop
 }
 
 // Drop is how the fake drops a request, as an mpsd that dies with the
@@ -106,6 +108,7 @@ func New(t testing.TB, onLease func(*LeaseConn)) *Server {
 		refuse:   map[string]api.Error{},
 		resumes:  map[string]api.Error{},
 		drops:    map[requestKind]drop{},
+		answers:  map[string]Answer{},
 	}
 	inner, err := net.Listen("unix", s.Socket)
 	if err != nil {
@@ -115,6 +118,7 @@ func New(t testing.TB, onLease func(*LeaseConn)) *Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+api.PathLeases, s.serveLease)
 	mux.HandleFunc("POST "+api.PathLeases+"/{id}/attach", s.serveAttach)
+	mux.HandleFunc("/", s.serveAnswer)
 	s.srv = httptest.NewUnstartedServer(mux)
 	s.srv.Listener = ln
 	s.srv.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
@@ -274,6 +278,55 @@ func (c *dropConn) Read(b []byte) (int, error) {
 	}
 	_ = c.UnixConn.Close()
 	return 0, errDropped
+}
+
+// Answer is a canned answer of the fake to a request other than a lease
+// stream or an attach (status, admin requests).
+type Answer struct {
+	Status int
+	// Body is written as it is; ContentType defaults to JSON.
+	Body        string
+	ContentType string
+}
+
+// Request is a request the fake answered from its canned answers.
+type Request struct {
+	Method, Path, ContentType, Body string
+}
+
+// Answer makes the fake answer every `METHOD PATH` request with a (a
+// request with no answer gets 404 not_found).
+func (s *Server) Answer(method, path string, a Answer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.answers[method+" "+path] = a
+}
+
+// Requests lists the requests answered from the canned answers (or
+// refused for want of one), in order.
+func (s *Server) Requests() []Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Request(nil), s.requests...)
+}
+
+func (s *Server) serveAnswer(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(io.LimitReader(r.Body, api.MaxRequestBytes+1))
+	s.mu.Lock()
+	s.requests = append(s.requests, Request{r.Method, r.URL.Path, r.Header.Get("Content-Type"), string(b)})
+	a, ok := s.answers[r.Method+" "+r.URL.Path]
+	s.mu.Unlock()
+	if !ok {
+		apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, "fake mpsd: no "+r.Method+" "+r.URL.Path)
+		return
+	}
+	ct := a.ContentType
+	if ct == "" {
+		ct = api.ContentTypeJSON
+	}
+	w.Header().Set("Content-Type", ct)
+	w.WriteHeader(a.Status)
+	_, _ = io.WriteString(w, a.Body)
 }
 
 // RefuseResume makes a lease request that resumes lease id fail with e
