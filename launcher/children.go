@@ -2,7 +2,12 @@ package launcher
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"os"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/mpsd/mpsd/api"
 )
@@ -103,4 +108,79 @@ func (s *session) unhold() {
 		s.holdRetry.Stop()
 		s.holdRetry = nil
 	}
+}
+
+// launch runs the command under lease (step has made it the session's):
+// have mpsd attach a waiting trampoline to the lease's cgroup, then
+// release it to exec the program.
+func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
+	s.stopTicker()
+	s.status.clear()
+	for retried := false; ; retried = true {
+		c, err := s.takeSpare()
+		if err != nil {
+			return &done{err: err}
+		}
+		actx, cancel := context.WithTimeout(ctx, s.cfg.AttachTimeout)
+		err = s.client.Attach(actx, lease.ID, c.pid)
+		cancel()
+		if err != nil {
+			err = fmt.Errorf("launcher: attach pid %d to lease %s: %w", c.pid, lease.ID, err)
+			if errors.Is(err, ErrUnreachable) {
+				// mpsd went away between the grant and the attach: the
+				// command must neither start outside the lease's cgroup
+				// nor be given up while mpsd may come back.
+				return s.hold(ctx, lease, c, err)
+			}
+		} else if err = c.start(childEnv(s.cfg.Environ, lease, len(s.req.GPUSelect) > 0)); err == nil {
+			s.child = c
+			s.st.child, s.st.started, s.st.phase = true, true, phaseRunning
+			s.awaySince, s.backoff, s.lastFail = time.Time{}, 0, nil
+			return nil
+		}
+		// A trampoline that died while it waited (a signal to the process
+		// group, say) never ran the program: one new one may try again.
+		died := errors.Is(err, errTrampolineGone)
+		select {
+		case <-c.exited:
+			died = true
+		default:
+		}
+		c.kill()
+		var ae *api.Error
+		if errors.As(err, &ae) && (ae.Code == api.CodeConflict || ae.Code == api.CodeNotFound) && s.stream != nil {
+			// The lease ended between its grant and the attach: a fault
+			// revoked it, and the revoked event (or the error that ends
+			// the lease) is on its way. Wait for it like for a killed
+			// command's; if none comes, the attach's failure stands.
+			s.st = attachRefused(s.st, err, time.Now(), s.tm)
+			return nil
+		}
+		if !died || retried {
+			return &done{err: err}
+		}
+	}
+}
+
+func (s *session) onChildExit(ctx context.Context) *done {
+	ws := s.child.reap()
+	s.child = nil
+	in := input{kind: inChildExit, code: exitStatus(ws), streamOpen: s.stream != nil,
+		reconnecting: s.stream == nil && s.reconnected != nil}
+	if ws.Signaled() {
+		in.killedBy = unix.SignalName(ws.Signal())
+	}
+	return s.step(ctx, in)
+}
+
+func (s *session) onSignal(ctx context.Context, sig os.Signal) *done {
+	return s.step(ctx, input{kind: inSignal, sig: sig})
+}
+
+func (s *session) cancelled(err error) *done {
+	if s.child != nil {
+		s.child.kill()
+		s.child = nil
+	}
+	return &done{err: fmt.Errorf("launcher: %w", err)}
 }

@@ -7,10 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/api/client"
@@ -178,10 +175,8 @@ type session struct {
 	queuedSince time.Time
 
 	// requestedAt is when mpsd first answered (--wait counts from it until
-	// the first grant); started, that a command has been released to run
-	// under the session's lease.
+	// the first grant).
 	requestedAt time.Time
-	started     bool
 	// contacted: mpsd has answered once; until then a missing socket is
 	// not waited for (no mpsd at all, or another socket meant), unless
 	// the socket was there on an earlier try.
@@ -255,7 +250,7 @@ func (s *session) run(ctx context.Context) (int, error) {
 			s.spare.reap()
 			s.spare = nil
 		case sig := <-s.cfg.Signals:
-			r = s.onSignal(sig)
+			r = s.onSignal(sctx, sig)
 		case <-s.tickC():
 			s.status.update(s.st.position, s.st.group, s.st.reason, time.Since(s.queuedSince))
 		case <-s.verdictC():
@@ -303,6 +298,12 @@ func (s *session) apply(ctx context.Context, acts []action) *done {
 			s.closeStream()
 		case actReconnect:
 			s.startReconnect(ctx)
+		case actSignal:
+			if s.child != nil {
+				s.child.signal(a.sig)
+			}
+		case actClearStatus:
+			s.status.clear()
 		case actEnd:
 			return &done{code: a.code, err: a.err}
 		}
@@ -374,140 +375,6 @@ func (s *session) onStream(ctx context.Context, m streamMsg) *done {
 	// An event: mpsd is there (again).
 	s.sawEvent, s.awaySince, s.backoff, s.lastFail = true, time.Time{}, 0, nil
 	return s.step(ctx, input{kind: inEvent, ev: m.ev})
-}
-
-// launch runs the command under lease (step has made it the session's):
-// have mpsd attach a waiting trampoline to the lease's cgroup, then
-// release it to exec the program.
-func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
-	s.stopTicker()
-	s.status.clear()
-	for retried := false; ; retried = true {
-		c, err := s.takeSpare()
-		if err != nil {
-			return &done{err: err}
-		}
-		actx, cancel := context.WithTimeout(ctx, s.cfg.AttachTimeout)
-		err = s.client.Attach(actx, lease.ID, c.pid)
-		cancel()
-		if err != nil {
-			err = fmt.Errorf("launcher: attach pid %d to lease %s: %w", c.pid, lease.ID, err)
-			if errors.Is(err, ErrUnreachable) {
-				// mpsd went away between the grant and the attach: the
-				// command must neither start outside the lease's cgroup
-				// nor be given up while mpsd may come back.
-				return s.hold(ctx, lease, c, err)
-			}
-		} else if err = c.start(childEnv(s.cfg.Environ, lease, len(s.req.GPUSelect) > 0)); err == nil {
-			s.child, s.started = c, true
-			s.st.child, s.st.phase = true, phaseRunning
-			s.awaySince, s.backoff, s.lastFail = time.Time{}, 0, nil
-			return nil
-		}
-		// A trampoline that died while it waited (a signal to the process
-		// group, say) never ran the program: one new one may try again.
-		died := errors.Is(err, errTrampolineGone)
-		select {
-		case <-c.exited:
-			died = true
-		default:
-		}
-		c.kill()
-		var ae *api.Error
-		if errors.As(err, &ae) && (ae.Code == api.CodeConflict || ae.Code == api.CodeNotFound) && s.stream != nil {
-			// The lease ended between its grant and the attach: a fault
-			// revoked it, and the revoked event (or the error that ends
-			// the lease) is on its way. Wait for it like for a killed
-			// command's; if none comes, the attach's failure stands.
-			s.st = attachRefused(s.st, err, time.Now(), s.tm)
-			return nil
-		}
-		if !died || retried {
-			return &done{err: err}
-		}
-	}
-}
-
-func (s *session) onChildExit(ctx context.Context) *done {
-	ws := s.child.reap()
-	s.child = nil
-	in := input{kind: inChildExit, code: exitStatus(ws), streamOpen: s.stream != nil,
-		reconnecting: s.stream == nil && s.reconnected != nil}
-	if ws.Signaled() {
-		in.killedBy = unix.SignalName(ws.Signal())
-	}
-	return s.step(ctx, in)
-}
-
-func (s *session) onSignal(sig os.Signal) *done {
-	if s.child != nil {
-		s.child.signal(sig)
-		return nil
-	}
-	if s.st.finished {
-		return &done{code: 0} // the command's status; only mpsd's release was waited for
-	}
-	switch sig {
-	case syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT:
-		// No command to tell: the request is abandoned (closing the
-		// stream gives up the place in the queue).
-		s.status.clear()
-		if n, ok := sig.(syscall.Signal); ok {
-			return &done{code: 128 + int(n)}
-		}
-		return &done{code: ExitFailure}
-	}
-	return nil
-}
-
-func (s *session) onReconnect(ctx context.Context, rc reconnectResult) *done {
-	s.reconnected, s.stopRc, s.rcDone = nil, nil, nil
-	if s.awaySince.IsZero() {
-		s.awaySince = rc.since
-	}
-	if s.st.finished {
-		// The lease is released by the stream's close (cleanup), if mpsd
-		// took it back; whatever mpsd says, the command is done.
-		if rc.stream != nil {
-			_ = rc.stream.Close()
-		}
-		return &done{code: 0}
-	}
-	if rc.gaveUp {
-		s.away(rc.err)
-		rc.err = s.lost()
-	}
-	var ae *api.Error
-	if errors.As(rc.err, &ae) && ae.Code == api.CodeNotFound && s.st.leaseID != "" && !s.started && !s.st.child && s.st.verdict == nil {
-		// mpsd does not know the lease it had queued (or granted, and
-		// the command was held): it was lost with what mpsd had not yet
-		// written when it went. Nothing ran under it, so it is simply
-		// asked for again.
-		if !s.cfg.Quiet {
-			fmt.Fprintf(s.errw, "%slease %s was lost while mpsd was away; requesting a new one\n", s.prefix(), s.st.leaseID)
-		}
-		s.unhold()
-		s.st.lease, s.st.leaseID, s.st.attempt, s.st.revoked, s.st.pending = nil, "", 0, "", nil
-		s.st.phase = phaseQueued
-		s.startReconnect(ctx)
-		return nil
-	}
-	if rc.err != nil {
-		return s.step(ctx, input{kind: inGiveUp, err: rc.err})
-	}
-	if !s.contacted {
-		s.contacted, s.requestedAt = true, time.Now()
-	}
-	s.open(rc.stream)
-	return nil
-}
-
-func (s *session) cancelled(err error) *done {
-	if s.child != nil {
-		s.child.kill()
-		s.child = nil
-	}
-	return &done{err: fmt.Errorf("launcher: %w", err)}
 }
 
 func (s *session) stopTicker() {

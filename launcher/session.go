@@ -3,6 +3,8 @@ package launcher
 import (
 	"errors"
 	"fmt"
+	"os"
+	"syscall"
 	"time"
 
 	"github.com/mpsd/mpsd/api"
@@ -115,8 +117,10 @@ type state struct {
 	final error
 	// verdict is set in phaseVerdictPending.
 	verdict *verdict
-	// finished: the command succeeded while mpsd was away; the session
-	// ends with 0 once the reconnect is over.
+	// started: a command has been released to run under the session's
+	// lease (any attempt); finished: it succeeded while mpsd was away, and
+	// the session ends with 0 once the reconnect is over.
+	started  bool
 	finished bool
 	// The last queued event's view, for the status line.
 	position      int
@@ -142,9 +146,13 @@ const (
 	// inFail: err ends the session, unless a command runs (it is the
 	// user's and outlives a broken daemon).
 	inFail
-	// inGiveUp: the wait for mpsd ends with err; a command that failed
-	// while mpsd was away keeps its own status.
+	// inGiveUp: the wait for mpsd ends with err (a reconnect refused or
+	// out of time); a command that failed while mpsd was away keeps its
+	// own status, and a lease mpsd lost before anything ran under it is
+	// asked for anew.
 	inGiveUp
+	// inSignal: sig arrived (one of those forwarded).
+	inSignal
 )
 
 // input is one thing that happened to the session.
@@ -159,6 +167,8 @@ type input struct {
 	killedBy     string
 	streamOpen   bool
 	reconnecting bool
+
+	sig os.Signal
 }
 
 // actionKind names an effect for run.go to carry out.
@@ -179,6 +189,10 @@ const (
 	actCloseStream
 	// actReconnect starts a reconnect (the stream is gone).
 	actReconnect
+	// actSignal forwards sig to the command.
+	actSignal
+	// actClearStatus clears the status line.
+	actClearStatus
 	// actEnd ends the session with code, or err when set.
 	actEnd
 )
@@ -188,6 +202,7 @@ type action struct {
 	kind  actionKind
 	line  string
 	lease *api.Lease
+	sig   os.Signal
 	code  int
 	err   error
 }
@@ -400,7 +415,38 @@ func step(st state, in input, tm timing) (state, []action) {
 		fail(in.err)
 
 	case inGiveUp:
+		var ae *api.Error
+		if errors.As(in.err, &ae) && ae.Code == api.CodeNotFound && st.leaseID != "" && !st.started && !st.child && st.verdict == nil {
+			// mpsd does not know the lease it had queued (or granted, and
+			// the command was held): it was lost with what mpsd had not
+			// yet written when it went. Nothing ran under it, so it is
+			// simply asked for again.
+			if !tm.quiet {
+				say("lease %s was lost while mpsd was away; requesting a new one", st.leaseID)
+			}
+			acts = append(acts, action{kind: actUnhold}, action{kind: actReconnect})
+			st.lease, st.leaseID, st.attempt, st.revoked, st.pending = nil, "", 0, "", nil
+			st.phase = phaseQueued
+			break
+		}
 		giveUp(in.err)
+
+	case inSignal:
+		switch {
+		case st.child:
+			acts = append(acts, action{kind: actSignal, sig: in.sig})
+		case st.finished:
+			end(0, nil) // the command's status; only mpsd's release was waited for
+		case in.sig == syscall.SIGINT, in.sig == syscall.SIGTERM, in.sig == syscall.SIGHUP, in.sig == syscall.SIGQUIT:
+			// No command to tell: the request is abandoned (closing the
+			// stream gives up the place in the queue).
+			acts = append(acts, action{kind: actClearStatus})
+			code := ExitFailure
+			if n, ok := in.sig.(syscall.Signal); ok {
+				code = 128 + int(n)
+			}
+			end(code, nil)
+		}
 	}
 	return st, acts
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -291,6 +292,32 @@ func TestStep(t *testing.T) {
 					t.Errorf("end %+v", acts[0])
 				}
 			}},
+		{name: "a signal goes to the command",
+			st: running(), in: input{kind: inSignal, now: t0, sig: syscall.SIGUSR1}, phase: phaseRunning, acts: []actionKind{actSignal}},
+		{name: "SIGTERM while queued abandons the request",
+			st: state{}, in: input{kind: inSignal, now: t0, sig: syscall.SIGTERM}, phase: phaseDone, acts: []actionKind{actClearStatus, actEnd},
+			check: func(t *testing.T, _ state, acts []action) {
+				if acts[1].code != 128+int(syscall.SIGTERM) {
+					t.Errorf("end %+v, want 143", acts[1])
+				}
+			}},
+		{name: "SIGUSR1 while queued is ignored",
+			st: state{}, in: input{kind: inSignal, now: t0, sig: syscall.SIGUSR1}, phase: phaseQueued, acts: nil},
+		{name: "a signal after the command finished while mpsd was away ends with its 0",
+			st: state{finished: true, started: true}, in: input{kind: inSignal, now: t0, sig: syscall.SIGINT}, phase: phaseDone, acts: []actionKind{actEnd}},
+		{name: "a queued lease mpsd lost is asked for anew",
+			st:    state{leaseID: "lease-q", attempt: 1},
+			in:    input{kind: inGiveUp, now: t0, err: &api.Error{Code: api.CodeNotFound, Message: "no lease lease-q"}},
+			phase: phaseQueued, acts: []actionKind{actSay, actUnhold, actReconnect},
+			check: func(t *testing.T, st state, acts []action) {
+				if acts[0].line != "lease lease-q was lost while mpsd was away; requesting a new one" || st.leaseID != "" || st.attempt != 0 {
+					t.Errorf("line %q, state %+v", acts[0].line, st)
+				}
+			}},
+		{name: "a lease mpsd lost after its command ran is not asked for anew",
+			st:    func() state { s := running(); s.started, s.child = true, false; return s }(),
+			in:    input{kind: inGiveUp, now: t0, err: &api.Error{Code: api.CodeNotFound, Message: "no lease lease-1"}},
+			phase: phaseDone, acts: []actionKind{actCloseStream, actEnd}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st, acts := step(tc.st, tc.in, tmTest)

@@ -168,3 +168,30 @@ func (s *session) lost() error {
 	}
 	return fmt.Errorf("%w: unreachable for %s: %w", ErrLost, took, s.lastFail)
 }
+
+func (s *session) onReconnect(ctx context.Context, rc reconnectResult) *done {
+	s.reconnected, s.stopRc, s.rcDone = nil, nil, nil
+	if s.awaySince.IsZero() {
+		s.awaySince = rc.since
+	}
+	if s.st.finished {
+		// The lease is released by the stream's close (cleanup), if mpsd
+		// took it back; whatever mpsd says, the command is done.
+		if rc.stream != nil {
+			_ = rc.stream.Close()
+		}
+		return &done{code: 0}
+	}
+	if rc.gaveUp {
+		s.away(rc.err)
+		rc.err = s.lost()
+	}
+	if rc.err != nil {
+		return s.step(ctx, input{kind: inGiveUp, err: rc.err})
+	}
+	if !s.contacted {
+		s.contacted, s.requestedAt = true, time.Now()
+	}
+	s.open(rc.stream)
+	return nil
+}
