@@ -78,12 +78,12 @@ func (s *session) hold(ctx context.Context, lease *api.Lease, c *child, err erro
 			c.kill()
 		}
 	}
-	s.away(err)
-	if s.outageOver() {
-		return s.step(ctx, input{kind: inFail, err: s.lost()})
+	s.conn.away(err)
+	if s.conn.outageOver() {
+		return s.step(ctx, input{kind: inFail, err: s.conn.lost()})
 	}
 	s.held = lease
-	s.holdRetry = time.NewTimer(s.nextWait())
+	s.holdRetry = time.NewTimer(s.conn.nextWait())
 	return nil
 }
 
@@ -92,11 +92,11 @@ func (s *session) hold(ctx context.Context, lease *api.Lease, c *child, err erro
 func (s *session) retryHeld(ctx context.Context) *done {
 	s.holdRetry = nil
 	lease := s.held
-	if lease == nil || s.stream == nil {
+	if lease == nil || s.conn.stream == nil {
 		return nil
 	}
-	if s.outageOver() {
-		return s.step(ctx, input{kind: inFail, err: s.lost()})
+	if s.conn.outageOver() {
+		return s.step(ctx, input{kind: inFail, err: s.conn.lost()})
 	}
 	return s.launch(ctx, lease)
 }
@@ -135,7 +135,7 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 		} else if err = c.start(childEnv(s.cfg.Environ, lease, len(s.req.GPUSelect) > 0)); err == nil {
 			s.child = c
 			s.st.child, s.st.started, s.st.phase = true, true, phaseRunning
-			s.awaySince, s.backoff, s.lastFail = time.Time{}, 0, nil
+			s.conn.awaySince, s.conn.backoff, s.conn.lastFail = time.Time{}, 0, nil
 			return nil
 		}
 		// A trampoline that died while it waited (a signal to the process
@@ -148,7 +148,7 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 		}
 		c.kill()
 		var ae *api.Error
-		if errors.As(err, &ae) && (ae.Code == api.CodeConflict || ae.Code == api.CodeNotFound) && s.stream != nil {
+		if errors.As(err, &ae) && (ae.Code == api.CodeConflict || ae.Code == api.CodeNotFound) && s.conn.stream != nil {
 			// The lease ended between its grant and the attach: a fault
 			// revoked it, and the revoked event (or the error that ends
 			// the lease) is on its way. Wait for it like for a killed
@@ -165,8 +165,8 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 func (s *session) onChildExit(ctx context.Context) *done {
 	ws := s.child.reap()
 	s.child = nil
-	in := input{kind: inChildExit, code: exitStatus(ws), streamOpen: s.stream != nil,
-		reconnecting: s.stream == nil && s.reconnected != nil}
+	in := input{kind: inChildExit, code: exitStatus(ws), streamOpen: s.conn.stream != nil,
+		reconnecting: s.conn.stream == nil && s.conn.reconnected != nil}
 	if ws.Signaled() {
 		in.killedBy = unix.SignalName(ws.Signal())
 	}

@@ -129,6 +129,7 @@ func Run(ctx context.Context, cfg Config) int {
 		status: statusLine{w: errw, on: cfg.Terminal && !cfg.Quiet},
 		tm:     timing{revokeGrace: cfg.RevokeGrace, reconnectTimeout: cfg.ReconnectTimeout, quiet: cfg.Quiet},
 	}
+	s.conn = conn{client: s.client, window: cfg.ReconnectTimeout}
 	code, err := s.run(ctx)
 	if err != nil {
 		fmt.Fprintf(errw, "%s%s\n", s.prefix(), message(err))
@@ -162,14 +163,7 @@ type session struct {
 	tm     timing
 
 	// The stream and its reconnection (stream.go).
-	stream *client.Stream
-	events chan streamMsg
-	stopRd chan struct{}
-	rdDone chan struct{}
-
-	reconnected chan reconnectResult
-	stopRc      chan struct{}
-	rcDone      chan struct{}
+	conn conn
 
 	ticker      *time.Ticker
 	queuedSince time.Time
@@ -177,18 +171,6 @@ type session struct {
 	// requestedAt is when mpsd first answered (--wait counts from it until
 	// the first grant).
 	requestedAt time.Time
-	// contacted: mpsd has answered once; until then a missing socket is
-	// not waited for (no mpsd at all, or another socket meant), unless
-	// the socket was there on an earlier try.
-	contacted bool
-	// An outage: since when mpsd has been unreachable (zero while it
-	// answers; only an event ends an outage), the wait before the next
-	// try, and the last failure, for the line that gives up.
-	awaySince time.Time
-	backoff   time.Duration
-	lastFail  error
-	// sawEvent: the current stream has carried an event.
-	sawEvent bool
 
 	// The command's processes (children.go): the running one, the spare
 	// trampoline started ahead of the grant (nil when none is ready), and
@@ -231,16 +213,16 @@ func (s *session) run(ctx context.Context) (int, error) {
 	}
 
 	s.queuedSince = time.Now()
-	s.startReconnect(sctx)
+	s.conn.startReconnect(sctx, s.request())
 
 	for {
 		var r *done
 		select {
 		case <-ctx.Done():
 			r = s.cancelled(ctx.Err())
-		case m := <-s.events:
+		case m := <-s.conn.events:
 			r = s.onStream(sctx, m)
-		case rc := <-s.reconnected:
+		case rc := <-s.conn.reconnected:
 			r = s.onReconnect(sctx, rc)
 		case <-s.childExited():
 			r = s.onChildExit(sctx)
@@ -295,9 +277,9 @@ func (s *session) apply(ctx context.Context, acts []action) *done {
 		case actRequeued:
 			s.queuedSince = time.Now()
 		case actCloseStream:
-			s.closeStream()
+			s.conn.close()
 		case actReconnect:
-			s.startReconnect(ctx)
+			s.conn.startReconnect(ctx, s.request())
 		case actSignal:
 			if s.child != nil {
 				s.child.signal(a.sig)
@@ -351,8 +333,8 @@ func (s *session) holdRetryC() <-chan time.Time {
 // stream's end.
 func (s *session) onStream(ctx context.Context, m streamMsg) *done {
 	if m.err != nil {
-		empty := !s.sawEvent
-		s.closeStream()
+		empty := !s.conn.sawEvent
+		s.conn.close()
 		in := input{kind: inStreamLost, err: m.err}
 		if !errors.Is(m.err, ErrProtocol) {
 			// mpsd went away (restarting): the outage begins, or goes on
@@ -365,15 +347,15 @@ func (s *session) onStream(ctx context.Context, m streamMsg) *done {
 			if !errors.Is(m.err, io.EOF) {
 				why += ": " + m.err.Error()
 			}
-			s.away(errors.New(why))
-			if empty && s.contacted && s.outageOver() {
-				in.lost = s.lost()
+			s.conn.away(errors.New(why))
+			if empty && s.conn.contacted && s.conn.outageOver() {
+				in.lost = s.conn.lost()
 			}
 		}
 		return s.step(ctx, in)
 	}
 	// An event: mpsd is there (again).
-	s.sawEvent, s.awaySince, s.backoff, s.lastFail = true, time.Time{}, 0, nil
+	s.conn.answered()
 	return s.step(ctx, input{kind: inEvent, ev: m.ev})
 }
 
@@ -393,18 +375,7 @@ func (s *session) cleanup() {
 		s.verdictTimer.Stop()
 	}
 	s.unhold()
-	s.closeStream()
-	if s.rcDone != nil {
-		close(s.stopRc)
-		<-s.rcDone
-		select {
-		case rc := <-s.reconnected:
-			if rc.stream != nil {
-				_ = rc.stream.Close()
-			}
-		default:
-		}
-	}
+	s.conn.stop()
 	if s.child != nil {
 		s.child.kill()
 	}

@@ -16,6 +16,60 @@ import (
 // with backoff, until mpsd answers or the outage has lasted
 // ReconnectTimeout.
 
+// conn is the session's connection to mpsd: the lease stream, its
+// reader, the reconnect under way, and the outage they are in. Its
+// fields belong to run's goroutine, like the session's.
+type conn struct {
+	client *client.Client
+	// window is ReconnectTimeout: how long an outage is waited out.
+	window time.Duration
+
+	stream *client.Stream
+	events chan streamMsg
+	stopRd chan struct{}
+	rdDone chan struct{}
+
+	reconnected chan reconnectResult
+	stopRc      chan struct{}
+	rcDone      chan struct{}
+
+	// contacted: mpsd has answered once; until then a missing socket is
+	// not waited for (no mpsd at all, or another socket meant), unless
+	// the socket was there on an earlier try.
+	contacted bool
+	// An outage: since when mpsd has been unreachable (zero while it
+	// answers; only an event ends an outage), the wait before the next
+	// try, and the last failure, for the line that gives up.
+	awaySince time.Time
+	backoff   time.Duration
+	lastFail  error
+	// sawEvent: the current stream has carried an event.
+	sawEvent bool
+}
+
+// answered records that mpsd sent an event: the outage, if any, is over.
+func (c *conn) answered() {
+	c.sawEvent, c.awaySince, c.backoff, c.lastFail = true, time.Time{}, 0, nil
+}
+
+// stop closes the stream and ends a reconnect under way (closing the
+// stream it may have got). The caller cancels the reconnect's context
+// first, so a request in flight ends at once.
+func (c *conn) stop() {
+	c.close()
+	if c.rcDone != nil {
+		close(c.stopRc)
+		<-c.rcDone
+		select {
+		case rc := <-c.reconnected:
+			if rc.stream != nil {
+				_ = rc.stream.Close()
+			}
+		default:
+		}
+	}
+}
+
 type streamMsg struct {
 	ev  api.Event
 	err error
@@ -31,7 +85,7 @@ type reconnectResult struct {
 }
 
 // open makes st the session's stream and starts its reader.
-func (s *session) open(st *client.Stream) {
+func (c *conn) open(st *client.Stream) {
 	events := make(chan streamMsg)
 	stop := make(chan struct{})
 	rdDone := make(chan struct{})
@@ -49,20 +103,20 @@ func (s *session) open(st *client.Stream) {
 			}
 		}
 	}()
-	s.stream, s.events, s.stopRd, s.rdDone = st, events, stop, rdDone
-	s.sawEvent = false
+	c.stream, c.events, c.stopRd, c.rdDone = st, events, stop, rdDone
+	c.sawEvent = false
 }
 
 // closeStream closes the stream, which releases the lease, and waits for
 // its reader.
-func (s *session) closeStream() {
-	if s.stream == nil {
+func (c *conn) close() {
+	if c.stream == nil {
 		return
 	}
-	_ = s.stream.Close()
-	close(s.stopRd)
-	<-s.rdDone
-	s.stream, s.events, s.stopRd, s.rdDone = nil, nil, nil, nil
+	_ = c.stream.Close()
+	close(c.stopRd)
+	<-c.rdDone
+	c.stream, c.events, c.stopRd, c.rdDone = nil, nil, nil, nil
 }
 
 // startReconnect posts the request (again) until mpsd answers, resuming
@@ -70,18 +124,17 @@ func (s *session) closeStream() {
 // say mpsd is away (ErrUnreachable) are retried with backoff until the
 // outage has lasted ReconnectTimeout; only before mpsd first answered is a
 // missing socket not waited for.
-func (s *session) startReconnect(ctx context.Context) {
-	req := s.request()
+func (c *conn) startReconnect(ctx context.Context, req api.LeaseRequest) {
 	ch := make(chan reconnectResult, 1)
 	stop := make(chan struct{})
 	rcDone := make(chan struct{})
 	var first time.Duration
-	if !s.awaySince.IsZero() && s.lastFail != nil && !s.sawEvent && s.contacted {
+	if !c.awaySince.IsZero() && c.lastFail != nil && !c.sawEvent && c.contacted {
 		// The stream mpsd gave ended before its first event: mpsd is not
 		// back, so the next try waits too.
-		first = s.nextWait()
+		first = c.nextWait()
 	}
-	awaySince, contacted, window := s.awaySince, s.contacted, s.cfg.ReconnectTimeout
+	awaySince, contacted, window := c.awaySince, c.contacted, c.window
 	go func() {
 		defer close(rcDone)
 		since := awaySince
@@ -96,7 +149,7 @@ func (s *session) startReconnect(ctx context.Context) {
 				case <-t.C:
 				}
 			}
-			st, err := s.client.Lease(ctx, req)
+			st, err := c.client.Lease(ctx, req)
 			if err == nil || !errors.Is(err, ErrUnreachable) || (!contacted && client.SocketAbsent(err)) {
 				ch <- reconnectResult{stream: st, err: err, since: since}
 				return
@@ -115,7 +168,7 @@ func (s *session) startReconnect(ctx context.Context) {
 			}
 		}
 	}()
-	s.reconnected, s.stopRc, s.rcDone = ch, stop, rcDone
+	c.reconnected, c.stopRc, c.rcDone = ch, stop, rcDone
 }
 
 // request is the lease request to send now: a resume of the session's
@@ -126,7 +179,7 @@ func (s *session) request() api.LeaseRequest {
 	if s.st.leaseID != "" {
 		req.ResumeLeaseID, req.Attempt = s.st.leaseID, max(s.st.attempt, 1)
 	}
-	if req.WaitMillis > 0 && s.contacted {
+	if req.WaitMillis > 0 && s.conn.contacted {
 		if s.st.granted {
 			req.WaitMillis = 0
 		} else {
@@ -139,40 +192,42 @@ func (s *session) request() api.LeaseRequest {
 
 // away records a failure that says mpsd is gone; the first one starts the
 // outage.
-func (s *session) away(err error) {
-	if s.awaySince.IsZero() {
-		s.awaySince = time.Now()
+func (c *conn) away(err error) {
+	if c.awaySince.IsZero() {
+		c.awaySince = time.Now()
 	}
-	s.lastFail = err
+	c.lastFail = err
 }
 
 // outageOver reports whether mpsd has been away for ReconnectTimeout.
-func (s *session) outageOver() bool {
-	return !s.awaySince.IsZero() && time.Since(s.awaySince) >= s.cfg.ReconnectTimeout
+func (c *conn) outageOver() bool {
+	return !c.awaySince.IsZero() && time.Since(c.awaySince) >= c.window
 }
 
 // nextWait is the backoff before the next try in this outage: 20ms,
 // doubling to 1s, and never past the outage's end.
-func (s *session) nextWait() time.Duration {
-	s.backoff = min(max(2*s.backoff, 20*time.Millisecond), time.Second)
-	return max(0, min(s.backoff, s.cfg.ReconnectTimeout-time.Since(s.awaySince)))
+func (c *conn) nextWait() time.Duration {
+	c.backoff = min(max(2*c.backoff, 20*time.Millisecond), time.Second)
+	return max(0, min(c.backoff, c.window-time.Since(c.awaySince)))
 }
 
 // lost is the error that gives up on mpsd after an outage.
-func (s *session) lost() error {
-	took := time.Since(s.awaySince)
+func (c *conn) lost() error {
+	took := time.Since(c.awaySince)
 	if took >= time.Second {
 		took = took.Round(time.Second)
 	} else {
 		took = took.Round(time.Millisecond)
 	}
-	return fmt.Errorf("%w: unreachable for %s: %w", ErrLost, took, s.lastFail)
+	return fmt.Errorf("%w: unreachable for %s: %w", ErrLost, took, c.lastFail)
 }
 
+// onReconnect takes a reconnect's result: a stream to read, or the
+// failure that ends the wait for mpsd.
 func (s *session) onReconnect(ctx context.Context, rc reconnectResult) *done {
-	s.reconnected, s.stopRc, s.rcDone = nil, nil, nil
-	if s.awaySince.IsZero() {
-		s.awaySince = rc.since
+	s.conn.reconnected, s.conn.stopRc, s.conn.rcDone = nil, nil, nil
+	if s.conn.awaySince.IsZero() {
+		s.conn.awaySince = rc.since
 	}
 	if s.st.finished {
 		// The lease is released by the stream's close (cleanup), if mpsd
@@ -183,15 +238,15 @@ func (s *session) onReconnect(ctx context.Context, rc reconnectResult) *done {
 		return &done{code: 0}
 	}
 	if rc.gaveUp {
-		s.away(rc.err)
-		rc.err = s.lost()
+		s.conn.away(rc.err)
+		rc.err = s.conn.lost()
 	}
 	if rc.err != nil {
 		return s.step(ctx, input{kind: inGiveUp, err: rc.err})
 	}
-	if !s.contacted {
-		s.contacted, s.requestedAt = true, time.Now()
+	if !s.conn.contacted {
+		s.conn.contacted, s.requestedAt = true, time.Now()
 	}
-	s.open(rc.stream)
+	s.conn.open(rc.stream)
 	return nil
 }
