@@ -170,23 +170,29 @@ func (c *Client) Lease(ctx context.Context, req api.LeaseRequest) (*Stream, erro
 		rc.close()
 		return nil, c.requestError(ctx, what, cmpErr(ctx.Err(), err), 0)
 	}
-	return &Stream{rc: rc, dec: api.NewEventDecoder(rc.resp.body)}, nil
+	return &Stream{ctx: ctx, rc: rc, dec: api.NewEventDecoder(rc.resp.body)}, nil
 }
 
 // Stream is one lease's event stream; closing it releases the lease.
 type Stream struct {
+	ctx context.Context
 	rc  *roundTrip
 	dec *api.EventDecoder
 }
 
 // Next returns the next event; see api.EventDecoder.Next for the
 // results. Errors wrap ErrProtocol when mpsd sent a bad line or a bad
-// chunk; io.EOF is an end without an error event (mpsd stopped), and any
-// other error a connection that ended in the middle (mpsd killed).
+// chunk; io.EOF is an end without an error event (mpsd stopped); the
+// Lease context's error once it is done; any other error a connection
+// that ended in the middle (mpsd killed).
 func (s *Stream) Next() (api.Event, error) {
 	ev, err := s.dec.Next()
-	if errors.Is(err, api.ErrInvalid) || errors.Is(err, api.ErrTooLarge) || errors.Is(err, errChunked) {
+	switch {
+	case err == nil, errors.Is(err, io.EOF):
+	case errors.Is(err, api.ErrInvalid) || errors.Is(err, api.ErrTooLarge) || errors.Is(err, errChunked):
 		return api.Event{}, fmt.Errorf("%w: %w", ErrProtocol, err)
+	case s.ctx.Err() != nil:
+		return api.Event{}, s.ctx.Err()
 	}
 	return ev, err
 }

@@ -80,6 +80,41 @@ func TestLeaseStream(t *testing.T) {
 	}
 }
 
+// Cancelling the Lease context ends the stream with the context's error.
+func TestLeaseStreamCancel(t *testing.T) {
+	fake := apitest.New(t, nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	type res struct {
+		st  *Stream
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		st, err := New(fake.Socket).Lease(ctx, api.LeaseRequest{})
+		ch <- res{st, err}
+	}()
+	lc := fake.NextLease(t)
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.st.Close()
+	next := make(chan error, 1)
+	go func() { _, err := r.st.Next(); next <- err }()
+	cancel()
+	select {
+	case err := <-next:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Next after cancel = %v, want context.Canceled", err)
+		}
+	case <-time.After(apitest.Wait):
+		t.Fatal("Next still blocked after cancel")
+	}
+	_ = r.st.Close()
+	lc.WaitReleased(t)
+}
+
 // A stream mpsd ends is io.EOF; one cut in the middle of its body is
 // another error, and a bad line is ErrProtocol.
 func TestLeaseStreamEnds(t *testing.T) {
