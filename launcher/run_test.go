@@ -329,6 +329,68 @@ func TestRunRequeue(t *testing.T) {
 	lc.WaitReleased(t)
 }
 
+// TestRunRevokedPendingGrant: a grant that comes while the revoked
+// command is still dying waits for it; when that grant's attempt is
+// revoked too, it must not run once the command is gone: the requeue's
+// next grant does (the chaos soak's "requeued without a revocation").
+func TestRunRevokedPendingGrant(t *testing.T) {
+	h := newHarness(t, nil)
+	ready := h.readyPipe()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(); _ = w.Close() })
+	h.cfg.Stderr = w
+	stderr := bufio.NewReader(r)
+	nextLine := func(want string) {
+		t.Helper()
+		got := make(chan string, 1)
+		go func() {
+			line, _ := stderr.ReadString('\n')
+			got <- line
+		}()
+		select {
+		case line := <-got:
+			if line != want {
+				t.Fatalf("mps-launch printed %q, want %q", line, want)
+			}
+		case <-time.After(apitest.Wait):
+			t.Fatalf("mps-launch did not print %q", want)
+		}
+	}
+	done := h.start(t.Context(), h.sh(`echo $MPSD_ATTEMPT >> attempts; [ "$MPSD_ATTEMPT" != 1 ] && exit 0; echo ready; exec sleep 1000`)...)
+	lc := h.fake.NextLease(t)
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
+	first := h.fake.NextAttach(t)
+	ready()
+
+	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "fault a"})
+	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
+	nextLine("mps-launch: lease lease-1 revoked (fault a); requeued, attempt 2\n")
+	// Attempt 1's command is still there (nobody killed it yet): the
+	// grant of attempt 2 waits, and is revoked in turn.
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 2))
+	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "fault b"})
+	// mpsd's kill of attempt 1's command, then, once the launcher has
+	// taken the command's exit (reaped it), the requeue.
+	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitExited(t, first.PID)
+	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 3})
+	nextLine("mps-launch: lease lease-1 revoked (fault b); requeued, attempt 3\n")
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 3))
+	h.fake.NextAttach(t)
+	if code := h.wait(done); code != 0 {
+		t.Errorf("exit %d, want 0 from attempt 3", code)
+	}
+	if got := h.read("attempts"); got != "1\n3\n" {
+		t.Errorf("attempts %q, want 1 then 3 (the revoked attempt 2 never runs)", got)
+	}
+	lc.WaitReleased(t)
+}
+
 func TestRunRequeueQuiet(t *testing.T) {
 	h := newHarness(t, nil)
 	h.cfg.Quiet = true
