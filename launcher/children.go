@@ -13,51 +13,78 @@ import (
 )
 
 // The command's processes: the spare trampoline started ahead of the
-// grant, the running command, and a grant held while mpsd is away. The
-// trampoline itself, its pipes and its signals are trampoline.go's.
+// grant, the running command and its signals, the attach and release of
+// a granted lease's trampoline, and a grant held while mpsd is away. The
+// trampoline itself and its pipes are trampoline.go's.
 
-func (s *session) childExited() <-chan struct{} {
-	if s.child == nil {
-		return nil
-	}
-	return s.child.exited
+// children are the session's processes: the command running under the
+// lease (nil when none), and the spare trampoline started ahead of the
+// grant, so that its start overlaps the wait for mpsd (nil when none is
+// ready). Their fields belong to run's goroutine.
+type children struct {
+	self, path   string
+	argv         []string
+	stdin        *os.File
+	stdout       *os.File
+	stderr       *os.File
+	child, spare *child
 }
 
-func (s *session) spareExited() <-chan struct{} {
-	if s.spare == nil {
+// childExited is closed when the running command has ended.
+func (k *children) childExited() <-chan struct{} {
+	if k.child == nil {
 		return nil
 	}
-	return s.spare.exited
+	return k.child.exited
 }
 
-func (s *session) spawnSpare() error {
-	c, err := startChild(s.cfg.Self, s.path, s.cfg.Command, s.cfg.Stdin, s.cfg.Stdout, s.cfg.Stderr)
+// spareExited is closed when the spare trampoline has ended.
+func (k *children) spareExited() <-chan struct{} {
+	if k.spare == nil {
+		return nil
+	}
+	return k.spare.exited
+}
+
+func (k *children) spawnSpare() error {
+	c, err := startChild(k.self, k.path, k.argv, k.stdin, k.stdout, k.stderr)
 	if err != nil {
 		return err
 	}
-	s.spare = c
+	k.spare = c
 	return nil
 }
 
 // takeSpare returns the waiting trampoline, or a new one if there is none
 // or it has died.
-func (s *session) takeSpare() (*child, error) {
-	if s.spare != nil {
+func (k *children) takeSpare() (*child, error) {
+	if k.spare != nil {
 		select {
-		case <-s.spare.exited:
-			s.spare.reap()
-			s.spare = nil
+		case <-k.spare.exited:
+			k.spare.reap()
+			k.spare = nil
 		default:
 		}
 	}
-	if s.spare == nil {
-		if err := s.spawnSpare(); err != nil {
+	if k.spare == nil {
+		if err := k.spawnSpare(); err != nil {
 			return nil, err
 		}
 	}
-	c := s.spare
-	s.spare = nil
+	c := k.spare
+	k.spare = nil
 	return c, nil
+}
+
+// killAll kills what is still running (the command is the session's
+// only while the session lasts: mps-launch never leaves it behind).
+func (k *children) killAll() {
+	if k.child != nil {
+		k.child.kill()
+	}
+	if k.spare != nil {
+		k.spare.kill()
+	}
 }
 
 // hold keeps lease, whose attach of trampoline c failed with err because
@@ -72,8 +99,8 @@ func (s *session) hold(ctx context.Context, lease *api.Lease, c *child, err erro
 	case <-c.exited:
 		c.reap()
 	default:
-		if s.spare == nil {
-			s.spare = c
+		if s.kids.spare == nil {
+			s.kids.spare = c
 		} else {
 			c.kill()
 		}
@@ -117,7 +144,7 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 	s.stopTicker()
 	s.status.clear()
 	for retried := false; ; retried = true {
-		c, err := s.takeSpare()
+		c, err := s.kids.takeSpare()
 		if err != nil {
 			return &done{err: err}
 		}
@@ -133,7 +160,7 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 				return s.hold(ctx, lease, c, err)
 			}
 		} else if err = c.start(childEnv(s.cfg.Environ, lease, len(s.req.GPUSelect) > 0)); err == nil {
-			s.child = c
+			s.kids.child = c
 			s.st.child, s.st.started, s.st.phase = true, true, phaseRunning
 			s.conn.awaySince, s.conn.backoff, s.conn.lastFail = time.Time{}, 0, nil
 			return nil
@@ -163,8 +190,8 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 }
 
 func (s *session) onChildExit(ctx context.Context) *done {
-	ws := s.child.reap()
-	s.child = nil
+	ws := s.kids.child.reap()
+	s.kids.child = nil
 	in := input{kind: inChildExit, code: exitStatus(ws), streamOpen: s.conn.stream != nil,
 		reconnecting: s.conn.stream == nil && s.conn.reconnected != nil}
 	if ws.Signaled() {
@@ -178,9 +205,9 @@ func (s *session) onSignal(ctx context.Context, sig os.Signal) *done {
 }
 
 func (s *session) cancelled(err error) *done {
-	if s.child != nil {
-		s.child.kill()
-		s.child = nil
+	if s.kids.child != nil {
+		s.kids.child.kill()
+		s.kids.child = nil
 	}
 	return &done{err: fmt.Errorf("launcher: %w", err)}
 }

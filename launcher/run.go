@@ -130,6 +130,7 @@ func Run(ctx context.Context, cfg Config) int {
 		tm:     timing{revokeGrace: cfg.RevokeGrace, reconnectTimeout: cfg.ReconnectTimeout, quiet: cfg.Quiet},
 	}
 	s.conn = conn{client: s.client, window: cfg.ReconnectTimeout}
+	s.kids = children{self: cfg.Self, argv: cfg.Command, stdin: cfg.Stdin, stdout: cfg.Stdout, stderr: cfg.Stderr}
 	code, err := s.run(ctx)
 	if err != nil {
 		fmt.Fprintf(errw, "%s%s\n", s.prefix(), message(err))
@@ -172,14 +173,11 @@ type session struct {
 	// the first grant).
 	requestedAt time.Time
 
-	// The command's processes (children.go): the running one, the spare
-	// trampoline started ahead of the grant (nil when none is ready), and
-	// a granted lease whose attach found mpsd gone, its command waiting
-	// unstarted in the spare until mpsd is back or the outage outlasts
-	// ReconnectTimeout; holdRetry re-tries the attach while the stream
-	// stays open.
-	child     *child
-	spare     *child
+	// The command's processes (children.go), and a granted lease whose
+	// attach found mpsd gone, its command waiting unstarted in the spare
+	// until mpsd is back or the outage outlasts ReconnectTimeout;
+	// holdRetry re-tries the attach while the stream stays open.
+	kids      children
 	held      *api.Lease
 	holdRetry *time.Timer
 
@@ -199,7 +197,7 @@ func (s *session) run(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	s.path = path
+	s.path, s.kids.path = path, path
 
 	// Every stream and request of the session lives in sctx, so returning
 	// aborts whatever is still in flight.
@@ -208,7 +206,7 @@ func (s *session) run(ctx context.Context) (int, error) {
 		cancel()
 		s.cleanup()
 	}()
-	if err := s.spawnSpare(); err != nil {
+	if err := s.kids.spawnSpare(); err != nil {
 		return 0, err
 	}
 
@@ -224,13 +222,13 @@ func (s *session) run(ctx context.Context) (int, error) {
 			r = s.onStream(sctx, m)
 		case rc := <-s.conn.reconnected:
 			r = s.onReconnect(sctx, rc)
-		case <-s.childExited():
+		case <-s.kids.childExited():
 			r = s.onChildExit(sctx)
-		case <-s.spareExited():
+		case <-s.kids.spareExited():
 			// A signal to the process group, say, while queued: it
 			// never ran the program; another is started at the grant.
-			s.spare.reap()
-			s.spare = nil
+			s.kids.spare.reap()
+			s.kids.spare = nil
 		case sig := <-s.cfg.Signals:
 			r = s.onSignal(sctx, sig)
 		case <-s.tickC():
@@ -281,8 +279,8 @@ func (s *session) apply(ctx context.Context, acts []action) *done {
 		case actReconnect:
 			s.conn.startReconnect(ctx, s.request())
 		case actSignal:
-			if s.child != nil {
-				s.child.signal(a.sig)
+			if s.kids.child != nil {
+				s.kids.child.signal(a.sig)
 			}
 		case actClearStatus:
 			s.status.clear()
@@ -376,10 +374,5 @@ func (s *session) cleanup() {
 	}
 	s.unhold()
 	s.conn.stop()
-	if s.child != nil {
-		s.child.kill()
-	}
-	if s.spare != nil {
-		s.spare.kill()
-	}
+	s.kids.killAll()
 }
