@@ -23,7 +23,7 @@ all: build
 
 help:
 	@echo "make build        build everything; binaries in $(BIN)/, MPS emulator in $(EMU)/"
-	@echo "make demo         build, then show two tenant groups sharing simulated GPUs: a crash, an Xid, requeues (< 2 min; cgroups as root)"
+	@echo "make demo         build, then show two tenant groups sharing simulated GPUs: a crash, an Xid, requeues (about 20 s, plus 1-3 min of compiling on a first build; cgroups as root)"
 	@echo "make bench        build, run the benchmarks against their baselines (< 10 min; root), write bench/REPORT.md and bench/report.json"
 	@echo "make chaos        the chaos soak for CHAOS_DURATION (default 10m): random faults, invariants checked; CHAOS_SEED replays a run"
 	@echo "make test         fetch NVIDIA's real MPS control daemons and promtool (if reachable), run go test -race ./..., check for this run's leftovers, list the skipped tests"
@@ -39,7 +39,11 @@ build: emu
 	@if [ -n "$$(ls -d cmd/*/ 2>/dev/null)" ]; then $(GO) build -o $(BIN)/ ./cmd/...; fi
 
 # The emulator programs carry the real binaries' names so they drop in via PATH.
+# A first build (no bin/mpsd yet, or an empty Go build cache) compiles the
+# dependencies too, which takes minutes and prints nothing; it says so first.
 emu:
+	@if [ ! -x $(BIN)/mpsd ] || [ -z "$$(ls -A "$$($(GO) env GOCACHE)" 2>/dev/null)" ]; then \
+		echo "make: compiling mpsd, its tools and the MPS emulator; a first build with an empty Go build cache takes a few minutes (later ones seconds)"; fi
 	@mkdir -p $(EMU)
 	@if [ -d internal/mpsemu/cmd ]; then $(GO) build -o $(EMU)/ ./internal/mpsemu/cmd/...; fi
 

@@ -9,6 +9,7 @@ import (
 	"path"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/containerd/cgroups/v3"
@@ -332,7 +333,7 @@ func (m *Cgroups) Unowned() ([]string, error) {
 	}
 	var out []string
 	for _, e := range ents {
-		if e.IsDir() && e.Name() != m.owner {
+		if e.IsDir() && e.Name() != m.owner && !strings.HasPrefix(e.Name(), probePrefix) {
 			out = append(out, path.Join(m.parent, e.Name()))
 		}
 	}
@@ -381,3 +382,33 @@ func removeTree(dir string) error {
 	}
 	return nil
 }
+
+// probePrefix starts the name of the cgroup CheckCreate makes and removes.
+// No lease or group name starts with a dot (validName), so List never
+// sees one, and Unowned leaves it out.
+const probePrefix = ".mpsd-probe-"
+
+// CheckCreate makes one cgroup under the parent in every hierarchy a
+// lease uses, the way Create makes a lease's, and removes it again: what
+// mpsd does with its cgroups works as its user, or an error tells why
+// not before any lease needs one. The parent is made if missing and
+// stays, as it does after a lease's Delete. The error wraps the OS error
+// (errors.Is(err, fs.ErrPermission) for a user that may not) and names
+// the directory that failed.
+func (m *Cgroups) CheckCreate() error {
+	rel := path.Join(m.parent, fmt.Sprintf("%s%d", probePrefix, os.Getpid()))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l := &lease{m: m, rel: rel}
+	// One a killed mpsd of this pid left is gone first.
+	_ = l.remove()
+	err := m.create(rel, Limits{})
+	if rerr := l.remove(); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
+	return err
+}
+
+// ParentDir is the directory of the configured parent in the membership
+// hierarchy (MembershipMount), for messages.
+func (m *Cgroups) ParentDir() string { return m.memberDir(m.parent) }

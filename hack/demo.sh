@@ -26,7 +26,7 @@ START=$SECONDS
 
 for b in "$BIN/mpsd" "$BIN/mpsctl" "$BIN/mps-launch" "$EMU/mpsemu-client" "$EMU/nvidia-cuda-mps-control" "$EMU/nvidia-cuda-mps-server"; do
 	if [[ ! -x $b ]]; then
-		echo "demo: $b is missing; run 'make build' first (or 'make demo')" >&2
+		echo "demo: $b is missing; run 'make demo' (or 'make build' first), which compiles it: a few minutes with an empty Go build cache, seconds after" >&2
 		exit 1
 	fi
 done

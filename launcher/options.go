@@ -131,7 +131,9 @@ func ParseArgs(args []string, getenv func(string) string) (Options, error) {
 			if hasValue {
 				return value, true
 			}
-			if i+1 >= len(args) {
+			// "--" ends the flags: `--group -- cmd` lacks a value, it
+			// does not name a group "--".
+			if i+1 >= len(args) || args[i+1] == "--" {
 				return "", false
 			}
 			i++

@@ -124,6 +124,7 @@ func TestParseArgsErrors(t *testing.T) {
 		{"no arguments", nil, `missing command: mps-launch [flags] -- COMMAND [ARG...]`},
 		{"empty command", []string{"--", ""}, `empty command name`},
 		{"value missing at the end", []string{"--sm"}, `--sm needs a value`},
+		{"value missing before --", []string{"--group", "--", "true"}, `--group needs a value`},
 		{"requeue -1", []string{"--requeue", "-1", "x"}, `--requeue "-1": want a whole number of relaunches, 0 or more`},
 		{"requeue and no-requeue", []string{"--requeue", "2", "--no-requeue", "x"}, `--requeue and --no-requeue exclude each other`},
 		{"wait abc", []string{"--wait", "abc", "x"}, `--wait "abc": want a duration such as 30s, 5m or 1h30m`},

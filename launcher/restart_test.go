@@ -175,6 +175,35 @@ func TestRunResumesQueuedLease(t *testing.T) {
 			t.Errorf("stderr %q, want %q", got, want)
 		}
 	})
+	t.Run("granted while away, revoked on resume", func(t *testing.T) {
+		// mpsd granted the queued lease (and saved the grant) but died
+		// before telling the launcher; the next mpsd found its server gone
+		// and revokes it on the resumed stream. Nothing ran: the launcher
+		// waits for the requeue and runs the command once, as attempt 2.
+		h := newHarness(t, nil)
+		h.cfg.Wait = time.Hour
+		done := h.start(t.Context(), h.sh(`echo $MPSD_ATTEMPT >> marker`)...)
+		lc := h.fake.NextLease(t)
+		lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 1, Group: "g", LeaseID: "lease-q"})
+		lc.End()
+		again := h.fake.NextLease(t)
+		if again.Request.ResumeLeaseID != "lease-q" {
+			t.Fatalf("reconnect request %+v, want resume of lease-q", again.Request)
+		}
+		again.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "MPS server 7 of group g on GPU 0 died while mpsd was away"})
+		again.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
+		again.MustSend(t, api.Event{Type: api.EventQueued, Position: 1, Group: "g", LeaseID: "lease-q"})
+		again.MustSend(t, apitest.Granted(again.Request, "lease-q", 2))
+		if code := h.wait(done); code != 0 {
+			t.Errorf("exit %d, want 0; stderr %s", code, h.read("stderr"))
+		}
+		if got := ranMarker(t, h); got != "2\n" {
+			t.Errorf("the command ran as attempts %q, want once as attempt 2", got)
+		}
+		if got, want := h.read("stderr"), "mps-launch: lease lease-q revoked (MPS server 7 of group g on GPU 0 died while mpsd was away); requeued, attempt 2\n"; got != want {
+			t.Errorf("stderr %q, want %q", got, want)
+		}
+	})
 	t.Run("requeued", func(t *testing.T) {
 		// Waiting for its second run, a lease resumes as attempt 2: mpsd
 		// has nothing to tell it again.

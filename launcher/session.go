@@ -306,7 +306,16 @@ func step(st state, in input, tm timing) (state, []action) {
 			}
 		case api.EventRevoked:
 			if st.lease == nil {
-				fail(fmt.Errorf("%w: revoked before any lease was granted", ErrProtocol))
+				if st.leaseID == "" {
+					fail(fmt.Errorf("%w: revoked before any lease was granted", ErrProtocol))
+					break
+				}
+				// The queued lease this launcher resumed after mpsd
+				// restarted: the previous mpsd granted (and saved) it
+				// without telling us, and it is revoked now. Nothing of ours
+				// ran; its requeue follows.
+				st.revoked = ev.Reason
+				st.phase = phaseRevoked
 				break
 			}
 			st.revoked = ev.Reason
@@ -329,7 +338,7 @@ func step(st state, in input, tm timing) (state, []action) {
 				break
 			}
 			if !tm.quiet {
-				say("lease %s revoked (%s); requeued, attempt %d", leaseIDOf(st.lease), st.revoked, ev.Attempt)
+				say("lease %s revoked (%s); requeued, attempt %d", st.leaseID, st.revoked, ev.Attempt)
 			}
 			st.attempt = ev.Attempt
 			acts = append(acts, action{kind: actRequeued})

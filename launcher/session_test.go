@@ -110,6 +110,13 @@ func TestStep(t *testing.T) {
 			}},
 		{name: "revoked before any grant breaks the protocol",
 			st: state{}, in: evRevoked("x"), acts: []actionKind{actCloseStream, actEnd}, check: protoErr("revoked before any lease was granted")},
+		{name: "a resumed queued lease revoked before its grant was told waits for the requeue",
+			st: state{leaseID: "lease-q", attempt: 1}, in: evRevoked("server died while mpsd was away"), phase: phaseRevoked, acts: nil,
+			check: func(t *testing.T, st state, _ []action) {
+				if st.revoked != "server died while mpsd was away" {
+					t.Errorf("state %+v", st)
+				}
+			}},
 		{name: "requeued without a revocation breaks the protocol",
 			st: state{lease: grant("lease-1", 1)}, in: evRequeued(2), acts: []actionKind{actCloseStream, actEnd}, check: protoErr("requeued without a revocation")},
 		{name: "revoked while the command runs",

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -115,4 +116,34 @@ func exitFromWaitStatus(ws int) (status int, sig syscall.Signal) {
 		return -1, w.Signal()
 	}
 	return -1, 0
+}
+
+// PIDFD_GET_INFO (Linux 6.15) with PIDFD_INFO_EXIT: the wait status of
+// a process already reaped, read through a pidfd held on it.
+const (
+	pidfdInfoExit = 1 << 3
+	// _IOWR(PIDFS_IOCTL_MAGIC 0xFF, 11, struct pidfd_info of 64 bytes)
+	pidfdGetInfo = 0xC040FF0B
+)
+
+// pidfdInfo is struct pidfd_info, PIDFD_INFO_SIZE_VER0.
+type pidfdInfo struct {
+	mask     uint64
+	cgroupID uint64
+	ids      [11]uint32 // pid, tgid, ppid, ruid, rgid, euid, egid, suid, sgid, fsuid, fsgid
+	exitCode int32
+}
+
+// pidfdExit returns the raw wait status of the process behind pidfd fd
+// once its parent has reaped it; ok is false before that, and on kernels
+// without PIDFD_INFO_EXIT.
+func pidfdExit(fd int) (ws int, ok bool) {
+	info := pidfdInfo{mask: pidfdInfoExit}
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), pidfdGetInfo, uintptr(unsafe.Pointer(&info))); errno != 0 {
+		return 0, false
+	}
+	if info.mask&pidfdInfoExit == 0 {
+		return 0, false
+	}
+	return int(info.exitCode), true
 }

@@ -78,10 +78,14 @@ func (d *Daemon) watchFD(pid, fd int, register, onExit func(*proc)) *proc {
 		}
 		exitedNow := fds[0].Revents != 0
 		if exitedNow {
-			// Read the wait status while the process is still a zombie (its
-			// parent may reap it any moment; then it stays unknown).
-			if st, err := readProcStat(d.cfg.ProcRoot, pid); err == nil && st.state == 'Z' {
+			// The wait status: from /proc while the process is a zombie
+			// (or being reaped), else, once its parent has reaped it,
+			// from the pidfd (Linux 6.15); on older kernels a process
+			// reaped first stays unknown.
+			if st, err := readProcStat(d.cfg.ProcRoot, pid); err == nil && (st.state == 'Z' || st.state == 'X') {
 				p.status, p.sig = exitFromWaitStatus(st.exitCode)
+			} else if ws, ok := pidfdExit(fd); ok {
+				p.status, p.sig = exitFromWaitStatus(ws)
 			}
 		}
 		p.mu.Lock()

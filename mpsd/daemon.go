@@ -223,6 +223,9 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d.setConfigLocked(cfg)
 	d.layout = Layout{RunDir: cfg.RunDir, LogDir: cfg.LogDir, StateDir: cfg.StateDir}
+	if err := d.layout.checkWritable(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 
 	d.mpsBase = mpsBase(cfg)
 	if opts.MPS != nil {
@@ -236,8 +239,14 @@ func New(opts Options) (*Daemon, error) {
 		cc.Parent = cfg.Cgroup.Parent
 		cc.Logger = log.With("component", "cgroup")
 		// Checked now, made by Run under this mpsd's instance id.
-		if _, err := cgroup.New(cc); err != nil {
+		m, err := cgroup.New(cc)
+		if err != nil {
 			return nil, fmt.Errorf("cgroups (set cgroup.enabled: false to run without isolation): %w", err)
+		}
+		// Tried now, so a user that may not make cgroups is told at
+		// start, not by every launch after READY.
+		if err := m.CheckCreate(); err != nil {
+			return nil, fmt.Errorf("%w: cgroup.enabled is true but mpsd cannot create cgroups under %s (%s): run mpsd as root, or set cgroup.enabled: false (no isolation)", ErrConfig, m.ParentDir(), errnoText(err))
 		}
 		d.cgCfg = &cc
 	} else {

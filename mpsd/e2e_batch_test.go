@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -98,13 +99,17 @@ func TestGPUSelectAndJobID(t *testing.T) {
 		sel  []string
 		want []string
 	}{
-		{"unknown index", []string{"1", "7"}, []string{"gpu_select", `"7"`, "3 GPU(s)"}},
+		{"unknown index", []string{"1", "7"}, []string{"gpu_select", `"7"`, "no GPU with index 7 (this host has 3 GPUs)"}},
 		{"unknown UUID", []string{"GPU-ffffffff"}, []string{"gpu_select", "GPU-ffffffff"}},
 		{"not a selector", []string{"one"}, []string{"gpu_select", `"one"`}},
 	} {
 		body, _ := json.Marshal(api.LeaseRequest{Group: "a", GPUSelect: c.sel})
 		status, hdr, b := inpPost(t, e.socket, api.PathLeases, body)
 		inpWantError(t, c.name, status, hdr, b, http.StatusUnprocessableEntity, api.CodeRefused, c.want...)
+		// The host's GPU count is said once, by the selector's reason.
+		if n := strings.Count(string(b), "this host has"); n > 1 {
+			t.Errorf("%s: the refusal says the host's GPU count %d times: %s", c.name, n, b)
+		}
 	}
 
 	// The job ids and the confinement are in the state file: after a

@@ -248,15 +248,20 @@ func TestFaultIsolation(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		kind   string // how the watchdog must have seen it
-		inject func(t *testing.T, e *faultEnv)
-		after  func(t *testing.T, e *faultEnv, st api.Status)
+		reason string // what its reason must say of the exit; "" for none
+		// restarting is the recovery's restarting= log field.
+		restarting string
+		inject     func(t *testing.T, e *faultEnv)
+		after      func(t *testing.T, e *faultEnv, st api.Status)
 	}{
-		{"server SIGKILL", faultServerExit, func(t *testing.T, e *faultEnv) {
+		// The same kill is told the same way on every run: the wait
+		// status read through the pidfd, whoever reaps the process.
+		{"server SIGKILL", faultServerExit, "died (killed by SIGKILL)", "nothing", func(t *testing.T, e *faultEnv) {
 			if err := syscall.Kill(e.a0.ServerPIDs[0], syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
 		}, nil},
-		{"control daemon SIGKILL", faultDaemonExit, func(t *testing.T, e *faultEnv) {
+		{"control daemon SIGKILL", faultDaemonExit, "exited (killed by SIGKILL)", "control_daemon", func(t *testing.T, e *faultEnv) {
 			if err := syscall.Kill(e.a0.DaemonPID, syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
@@ -266,7 +271,7 @@ func TestFaultIsolation(t *testing.T) {
 				t.Errorf("no new control daemon: %+v (old %d)", in, e.a0.DaemonPID)
 			}
 		}},
-		{"control daemon SIGSTOP", faultHung, func(t *testing.T, e *faultEnv) {
+		{"control daemon SIGSTOP", faultHung, "", "control_daemon", func(t *testing.T, e *faultEnv) {
 			if err := syscall.Kill(e.a0.DaemonPID, syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
@@ -298,9 +303,16 @@ func TestFaultIsolation(t *testing.T) {
 					t.Errorf("bystander instance %s/%d touched: before %+v, after %+v", g.group, g.gpu, was, now)
 				}
 			}
-			if f := e.firstFault(t); f.kind != tc.kind {
+			f := e.firstFault(t)
+			if f.kind != tc.kind {
 				t.Errorf("first fault %q (%s), want %q", f.kind, f.reason, tc.kind)
 			}
+			if !strings.Contains(f.reason, tc.reason) {
+				t.Errorf("first fault's reason %q does not say %q", f.reason, tc.reason)
+			}
+			// What the recovery restarts, by name, and the failure count,
+			// named as one.
+			e.waitLogAny(" restarting=" + tc.restarting + " failures_in_window=1")
 			if tc.after != nil {
 				tc.after(t, e, st)
 			}

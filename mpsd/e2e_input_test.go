@@ -68,6 +68,11 @@ func TestE2ELaunchBadInput(t *testing.T) {
 	ln.SetUnlinkOnClose(false)
 	_ = ln.Close()
 
+	hostGPUs := fmt.Sprintf("%d GPUs", len(e.d.host.GPUs()))
+	if len(e.d.host.GPUs()) == 1 {
+		hostGPUs = "1 GPU"
+	}
+
 	tests := []struct {
 		name string
 		args []string
@@ -87,6 +92,8 @@ func TestE2ELaunchBadInput(t *testing.T) {
 		{"missing command", []string{"--sm", "10", "--"}, nil, 125, []string{"missing command"}},
 		{"no arguments", nil, nil, 125, []string{"missing command"}},
 		{"unknown group", []string{"--group", "nosuch", "--", "/bin/true"}, nil, 125, []string{`unknown group "nosuch"`, "groups you may use: inference"}},
+		{"group without its value", []string{"--group", "--", "/bin/true"}, nil, 125, []string{"--group needs a value"}},
+		{"unknown GPU index", []string{"--gpu", "7", "--", "/bin/true"}, nil, 125, []string{"no GPU with index 7 (this host has " + hostGPUs + ")"}},
 		// Policy never lets a group accept a request its instances could
 		// not hold (max_mem <= memory, gpus <= gpus_per_instance), so
 		// "larger than any GPU" is refused by the group's limits: it can
@@ -124,6 +131,9 @@ func TestE2ELaunchBadInput(t *testing.T) {
 			t.Logf("exit %d, stderr %q", r.code, r.stderr)
 			if tc.want != nil {
 				inpOneLine(t, r, tc.want...)
+				if n := strings.Count(r.stderr, "this host has"); n > 1 {
+					t.Errorf("stderr says the host's GPUs %d times: %q", n, r.stderr)
+				}
 			} else if r.stderr != "" {
 				t.Errorf("mps-launch added to the command's end: stderr %q", r.stderr)
 			}

@@ -500,6 +500,19 @@ func (d *Daemon) serversLostWhileAway(in *instance) {
 	}
 }
 
+// exitText is how a fault reason says a daemon or server ended, as
+// precisely as it was seen (mps reads the wait status through the
+// pidfd: from /proc while the process is a zombie, else, once its parent
+// reaped it, from the kernel on Linux 6.15+):
+//
+//   - "killed by SIGKILL": the wait status says that signal ended it;
+//   - "exit status N": it exited with status N;
+//   - "exit status not seen": its parent reaped it before mpsd could read
+//     the status (Linux before 6.15 only; there a control daemon's status
+//     may be the one its own last control.log line gave).
+//
+// MPS's own log says "exited with status 0" for a killed server; that
+// line is never the source of a server's.
 func exitText(ev mps.Event) string {
 	if ev.Signal != 0 {
 		if name := unix.SignalName(ev.Signal); name != "" {
@@ -508,9 +521,9 @@ func exitText(ev mps.Event) string {
 		return fmt.Sprintf("killed by signal %d", int(ev.Signal))
 	}
 	if ev.ExitStatus >= 0 {
-		return fmt.Sprintf("status %d", ev.ExitStatus)
+		return fmt.Sprintf("exit status %d", ev.ExitStatus)
 	}
-	return "status unknown"
+	return "exit status not seen"
 }
 
 // retireIfEmptyLocked stops an instance that left the config (or needs a

@@ -85,6 +85,30 @@ func (l Layout) makeDirs() error {
 	return nil
 }
 
+// checkWritable tells, before anything starts, of a directory mpsd could
+// not make or write as its user (makeDirs, then every pipe, log and
+// state file): the directory itself when it exists, else the nearest
+// ancestor that does, where makeDirs would make it.
+func (l Layout) checkWritable() error {
+	for _, d := range []struct{ key, dir string }{{"run_dir", l.RunDir}, {"log_dir", l.LogDir}, {"state_dir", l.StateDir}} {
+		at := d.dir
+		for {
+			if _, err := os.Lstat(at); err == nil || !errors.Is(err, fs.ErrNotExist) {
+				break
+			}
+			up := filepath.Dir(at)
+			if up == at {
+				break
+			}
+			at = up
+		}
+		if err := unix.Faccessat(unix.AT_FDCWD, at, unix.W_OK|unix.X_OK, unix.AT_EACCESS); err != nil {
+			return fmt.Errorf("%s %s: mpsd (uid %d) cannot write %s (%s): run mpsd as root, or set %s: to a directory mpsd's user may write", d.key, d.dir, os.Geteuid(), at, errnoText(err), d.key)
+		}
+	}
+	return nil
+}
+
 // ownDir checks that a directory mpsd found already there is one it
 // could have made: a real directory (not a symlink), owned by mpsd's
 // user, writable by neither group nor others.

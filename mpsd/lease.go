@@ -273,7 +273,9 @@ func (d *Daemon) resolveGPUSelect(sel []string) ([]int, error) {
 	}
 	pos, err := gpusel.Resolve(inv, sels)
 	if err != nil {
-		return nil, fmt.Errorf("gpu_select: %s (this host has %d GPU(s))", oneLine(err), len(inv))
+		// The selector's reason says how many GPUs there are where that
+		// is the point (an unknown index).
+		return nil, fmt.Errorf("gpu_select: %s", oneLine(err))
 	}
 	only := make([]int, len(pos))
 	for i, p := range pos {

@@ -39,6 +39,19 @@ const (
 	restartDaemon
 )
 
+// String is the mode as the log's restarting= field says it.
+func (m restartMode) String() string {
+	switch m {
+	case restartNone:
+		return "nothing"
+	case restartServer:
+		return "servers"
+	case restartDaemon:
+		return "control_daemon"
+	}
+	return fmt.Sprintf("restartMode(%d)", int(m))
+}
+
 // fault is one failure of an instance, as the watchdog acts on it.
 type fault struct {
 	kind    string
@@ -177,7 +190,7 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 		in.p.ServerUp = false
 	}
 	d.mu.Unlock()
-	in.log.Warn("instance failed; recovering", "fault", f.kind, "reason", f.reason, "leases", len(victims), "restart", f.restart)
+	in.log.Warn("instance failed; recovering", "fault", f.kind, "reason", f.reason, "leases", len(victims), "restarting", f.restart, "failures_in_window", failures)
 
 	n := d.revoke(victims, f.reason, revokeHow{dm: dm, servers: servers})
 	in.log.Info("leases revoked and requeued", "leases", n, "took", time.Since(start))

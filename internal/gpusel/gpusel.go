@@ -228,7 +228,11 @@ func (s Selector) resolve(inv []GPU) ([]int, *Error) {
 		case len(inv) == 0:
 			return fail(err, "this host has no GPUs")
 		case s.kind == ByIndex:
-			return fail(err, fmt.Sprintf("no GPU with index %d (this host has %d GPUs)", s.index, len(inv)))
+			n := fmt.Sprintf("%d GPUs", len(inv))
+			if len(inv) == 1 {
+				n = "1 GPU"
+			}
+			return fail(err, fmt.Sprintf("no GPU with index %d (this host has %s)", s.index, n))
 		case s.kind == ByUUID:
 			return fail(err, "no GPU with this UUID")
 		}

@@ -215,6 +215,7 @@ func TestResolveBad(t *testing.T) {
 		want    []want
 	}{
 		{"unknown index", inventory, []string{"4"}, []want{{0, ErrUnknownIndex, "no GPU with index 4 (this host has 4 GPUs)", nil}}},
+		{"unknown index, one GPU", inventory[:1], []string{"4"}, []want{{0, ErrUnknownIndex, "no GPU with index 4 (this host has 1 GPU)", nil}}},
 		{"unknown UUID", inventory, []string{"GPU-cccc3333-0000-0000-0000-000000000000"}, []want{{0, ErrNoMatch, "no GPU with this UUID", nil}}},
 		{"unknown prefix", inventory, []string{"GPU-cc"}, []want{{0, ErrNoMatch, "no GPU UUID starts with it", nil}}},
 		{"UUID-long prefix", inventory, []string{"GPU-aaaa111-10000-0000-0000-000000000000"}, []want{{0, ErrNoMatch, "no GPU UUID starts with it", nil}}},
