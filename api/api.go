@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -33,6 +34,10 @@ const (
 	// PathRequeue revokes one running lease and puts it back at the head
 	// of its group's queue (RequeueRequest). Admins only.
 	PathRequeue = "/v1/requeue"
+	// PathShutdown ends mpsd and what it runs (ShutdownRequest): the
+	// leases are ended, the MPS daemons quit, the compute modes restored,
+	// then mpsd exits. Admins only.
+	PathShutdown = "/v1/shutdown"
 	// PathInjectXid raises a simulated Xid (InjectXidRequest); only an
 	// mpsd running with --simulate accepts it. Admins only.
 	PathInjectXid = "/v1/inject-xid"
@@ -63,7 +68,14 @@ const (
 	EnvAttempt          = "MPSD_ATTEMPT"
 )
 
-const attachSuffix = "/attach"
+const (
+	attachSuffix  = "/attach"
+	releaseSuffix = "/release"
+)
+
+// EnvClientPriority is MPS's client priority in a lease's environment (0
+// normal, 1 below normal), set where the driver's MPS has it.
+const EnvClientPriority = "CUDA_MPS_CLIENT_PRIORITY"
 
 var (
 	// ErrInvalid is wrapped by every decoder and Validate when a message is
@@ -77,6 +89,13 @@ var (
 // path-escaped, though ValidLeaseID ids never need it.
 func AttachPath(id string) string {
 	return PathLeases + "/" + url.PathEscape(id) + attachSuffix
+}
+
+// ReleasePath is where a launcher whose command has ended posts (an empty
+// object) to have lease id released at once; mpsd answers once the lease
+// is gone.
+func ReleasePath(id string) string {
+	return PathLeases + "/" + url.PathEscape(id) + releaseSuffix
 }
 
 // LeaseIDFromAttachPath returns the lease id of an AttachPath, and false
@@ -396,6 +415,12 @@ type Error struct {
 // Error returns the message, which already says what failed.
 func (e *Error) Error() string { return e.Message }
 
+// StatusSchemaVersion is the version of the Status document mpsd sends in
+// Status.SchemaVersion. Within a version fields are only ever added, never
+// renamed, retyped or given another meaning; a change that breaks a reader
+// of the document gets the next version (api/doc.go).
+const StatusSchemaVersion = 1
+
 // Status is the document of GET /v1/status (mpsctl status --json).
 type Status struct {
 	Instances []InstanceStatus `json:"instances"`
@@ -408,6 +433,11 @@ type Status struct {
 	// OwnOnly: the caller is not an admin, so Leases lists only its own
 	// leases, and instances carry no pids (DaemonPID 0, ServerPIDs empty).
 	OwnOnly bool `json:"own_only,omitempty"`
+	// SchemaVersion is StatusSchemaVersion of the mpsd that sent it.
+	SchemaVersion int `json:"schema_version"`
+	// At is mpsd's clock when it made the document: the wait and run times
+	// of the leases are measured from their times to this one.
+	At time.Time `json:"at,omitzero"`
 }
 
 // Instance states.
@@ -442,6 +472,19 @@ type InstanceStatus struct {
 	MemAllocatedBytes int64 `json:"mem_allocated_bytes"`
 	MemBudgetBytes    int64 `json:"mem_budget_bytes"`
 	MaxClients        int   `json:"max_clients"`
+	// Drained: mpsctl drain closed it (until mpsctl resume), whatever
+	// State shows (a quarantine shows first).
+	Drained bool `json:"drained,omitempty"`
+	// QuarantineReason, while State is quarantined, says why: the
+	// failures that quarantined it, the last one's reason among them.
+	QuarantineReason string `json:"quarantine_reason,omitempty"`
+	// DriverVersion is the NVIDIA driver NVML reports ("580.159.04"),
+	// whose generation decides what the instance's MPS offers;
+	// MPSVersion the "binary version" the instance's control daemon
+	// logged at its start ("13000", CUDA 13.0; daemons before 580 log
+	// none). Empty when unknown.
+	DriverVersion string `json:"driver_version,omitempty"`
+	MPSVersion    string `json:"mps_version,omitempty"`
 }
 
 // Lease states.
@@ -463,6 +506,18 @@ type LeaseStatus struct {
 	State      string `json:"state"`
 	// JobID is the LeaseRequest's, when it gave one.
 	JobID string `json:"job_id,omitempty"`
+	// Command is the LeaseRequest's, for display.
+	Command []string `json:"command,omitempty"`
+	// QueuedSince (queued) is when it joined its queue, first or after
+	// its last requeue; RunningSince (running) when this attempt was
+	// granted.
+	QueuedSince  time.Time `json:"queued_since,omitzero"`
+	RunningSince time.Time `json:"running_since,omitzero"`
+	// Position (queued) is its place in its group's queue, 1 next, in the
+	// order mpsd grants in; WaitReason what it waits for, as the queued
+	// event tells its launcher.
+	Position   int    `json:"position,omitempty"`
+	WaitReason string `json:"wait_reason,omitempty"`
 }
 
 // AdminTarget is the body of PathDrain and PathResume: the instances of
@@ -489,6 +544,36 @@ func (t AdminTarget) Validate() error {
 // with its state afterwards.
 type AdminResult struct {
 	Instances []InstanceStatus `json:"instances"`
+	// Lifted (resume) says, for each of Instances in the same order, what
+	// the resume lifted.
+	Lifted []Lifted `json:"lifted,omitempty"`
+}
+
+// Lifted is what a resume lifted from one instance: a drain, a
+// quarantine (and why it had been quarantined), both or nothing.
+type Lifted struct {
+	Drain      bool `json:"drain,omitempty"`
+	Quarantine bool `json:"quarantine,omitempty"`
+	// QuarantineReason is the lifted quarantine's InstanceStatus reason.
+	QuarantineReason string `json:"quarantine_reason,omitempty"`
+}
+
+// ShutdownRequest is the body of PathShutdown, an empty object today.
+type ShutdownRequest struct{}
+
+// ShutdownResult answers PathShutdown once the workloads are ended, the
+// MPS daemons stopped and the compute modes restored; mpsd exits after
+// sending it.
+type ShutdownResult struct {
+	// Revoked is the number of running leases revoked, Withdrawn of
+	// queued requests refused; their launchers were told why.
+	Revoked   int `json:"revoked"`
+	Withdrawn int `json:"withdrawn"`
+	// Daemons is the number of MPS control daemons stopped.
+	Daemons int `json:"daemons"`
+	// Problems lists what did not go cleanly (a daemon that had to be
+	// killed, a compute mode not restored), one line each.
+	Problems []string `json:"problems,omitempty"`
 }
 
 // RequeueRequest is the body of PathRequeue.

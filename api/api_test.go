@@ -386,8 +386,9 @@ func TestStatusKeys(t *testing.T) {
 	st := Status{
 		Instances: []InstanceStatus{{GPUUUID: "GPU-1", GPUIndex: 0, Group: "g", State: InstanceReady, DaemonPID: 10, ServerPIDs: []int{11}, Clients: 1, Restarts: 0,
 			GPUIndexes: []int{0}, GPUUUIDs: []string{"GPU-1"}, SMAllocated: 30, SMBudget: 100, MemAllocatedBytes: 1, MemBudgetBytes: 2, MaxClients: 48}},
-		Leases: []LeaseStatus{{ID: "l", Group: "g", GPUIndexes: []int{0}, UID: 1001, PIDs: []int{12}, SM: 30, MemBytes: 1, Attempt: 1, State: LeaseRunning}},
-		Queue:  map[string]int{"g": 2},
+		Leases:        []LeaseStatus{{ID: "l", Group: "g", GPUIndexes: []int{0}, UID: 1001, PIDs: []int{12}, SM: 30, MemBytes: 1, Attempt: 1, State: LeaseRunning}},
+		Queue:         map[string]int{"g": 2},
+		SchemaVersion: StatusSchemaVersion,
 	}
 	b, err := json.Marshal(st)
 	if err != nil {
@@ -395,7 +396,8 @@ func TestStatusKeys(t *testing.T) {
 	}
 	want := `{"instances":[{"gpu_uuid":"GPU-1","gpu_index":0,"group":"g","state":"ready","daemon_pid":10,"server_pids":[11],"clients":1,"restarts":0,` +
 		`"gpu_indexes":[0],"gpu_uuids":["GPU-1"],"sm_allocated":30,"sm_budget":100,"mem_allocated_bytes":1,"mem_budget_bytes":2,"max_clients":48}],` +
-		`"leases":[{"id":"l","group":"g","gpu_indexes":[0],"uid":1001,"pids":[12],"sm":30,"mem_bytes":1,"attempt":1,"state":"running"}],"queue":{"g":2}}`
+		`"leases":[{"id":"l","group":"g","gpu_indexes":[0],"uid":1001,"pids":[12],"sm":30,"mem_bytes":1,"attempt":1,"state":"running"}],"queue":{"g":2},` +
+		`"schema_version":1}`
 	if string(b) != want {
 		t.Errorf("status JSON\n got %s\nwant %s", b, want)
 	}

@@ -247,3 +247,14 @@ func WriteEvent(w io.Writer, ev Event) error {
 	}
 	return nil
 }
+
+// DecodeShutdownRequest reads one ShutdownRequest (an empty object) from r
+// as strictly as DecodeLeaseRequest; the body of a release (ReleasePath)
+// is read with it too.
+func DecodeShutdownRequest(r io.Reader) (ShutdownRequest, error) {
+	var q ShutdownRequest
+	if err := decodeStrict(r, MaxRequestBytes, "request", &q); err != nil {
+		return ShutdownRequest{}, err
+	}
+	return q, nil
+}

@@ -103,14 +103,36 @@
 // child), 404 CodeNotFound (no such lease), 409 CodeConflict (the lease is
 // not running).
 //
-// GET /v1/status returns a Status document (mpsctl status --json). What it
-// shows depends on who asks: an admin (admins in the config) sees every
+// GET /v1/status returns a Status document (mpsctl status --json). The
+// document is versioned apart from the protocol: Status.SchemaVersion is
+// StatusSchemaVersion. Within a schema version fields are only added
+// (appended to their object; a reader ignores what it does not know),
+// never renamed, retyped, dropped or given another meaning; a change
+// that would break a reader of the document bumps the version, and mpsd
+// says so in the release notes. Queued leases carry their Position in
+// their group's queue (the order mpsd grants in), their QueuedSince and
+// the WaitReason their launcher's queued event gives; running ones their
+// RunningSince (this attempt's grant); both carry the request's Command
+// and JobID. Instances carry Drained and, while quarantined, the
+// QuarantineReason. What it shows depends on who asks: an admin (admins in the config) sees every
 // lease with its uid, pids and job id, and every instance with its daemon
 // and server pids. Anyone else sees only its own leases (in full), the
 // per-group counts of running (Status.Running) and queued (Status.Queue)
 // leases of everyone, and the instances' states and allocations without
 // any pid; Status.OwnOnly says the document is so restricted. Other
 // tenants' uids, pids and job ids are never shown to a non-admin.
+//
+// POST /v1/leases/{id}/release (ReleasePath), body {} (ShutdownRequest),
+// sent by the lease's launcher on a second connection once its command
+// has ended, before it closes the lease stream: mpsd releases the lease
+// as a closed stream would (its processes are killed, its capacity handed
+// back) and answers 200 {} once the lease is gone, so that status no
+// longer shows it by the time the launcher exits. 403 CodeForbidden: not
+// the caller's lease; 404 CodeNotFound: no such lease (it ended already);
+// 409 CodeConflict: it is being revoked (the stream says how that ends),
+// or its processes would not die (it stays, and is released once they
+// do). A launcher that never sends it loses nothing: closing the stream
+// releases the lease too, a moment later.
 //
 // Every request body is one JSON object: null, an array, a number or a
 // string is refused with 400 CodeBadRequest, never taken as an empty
@@ -136,6 +158,20 @@
 // leases; POST /v1/requeue (RequeueRequest) does that to one lease; both
 // answer an AdminResult. POST /v1/inject-xid (InjectXidRequest) raises a
 // simulated Xid and answers {}; an mpsd on real GPUs refuses it with 409
+// CodeConflict. The resume's AdminResult.Lifted says per instance what it
+// lifted: a drain, a quarantine (with the reason it had been quarantined
+// for), both or nothing.
+//
+// POST /v1/shutdown (PathShutdown, admins only), body {}
+// (ShutdownRequest), shuts the host's MPS service down, where SIGTERM
+// stops mpsd only: mpsd refuses new lease requests (503 CodeUnavailable)
+// and grants nothing more; every queued request ends with an error event
+// CodeUnavailable; every running lease is revoked (revoked{reason} naming
+// the shutdown, terminate_client, its cgroup killed) and then ends with an
+// error event CodeUnavailable, not requeued, so mps-launch exits 75 and
+// says why; then the MPS control daemons quit, the GPUs' compute modes are
+// put back, the state file is written (no leases), and mpsd answers a
+// ShutdownResult and exits. A second shutdown while one runs answers 409
 // CodeConflict. 403 CodeForbidden for a caller who is not an admin, 404
 // CodeNotFound when the target names no instance or lease.
 //

@@ -111,3 +111,28 @@ func FuzzDecodeLeaseRequest(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeShutdownRequest: only one JSON object with no fields is a
+// shutdown (or release) request; everything else is refused as invalid
+// or too large.
+func FuzzDecodeShutdownRequest(f *testing.F) {
+	for _, seed := range []string{`{}`, ` {} `, `{"x":1}`, `null`, `[]`, `{}{}`, `"x"`, strings.Repeat(" ", 100) + `{}`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		_, err := DecodeShutdownRequest(bytes.NewReader(body))
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrTooLarge) {
+				t.Fatalf("unexpected error kind: %v", err)
+			}
+			return
+		}
+		if k := jsonKind(body); k != "an object" {
+			t.Fatalf("accepted %s as a request: %q", k, body)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(body, &m); err != nil || len(m) != 0 {
+			t.Fatalf("accepted %q, not an empty object", body)
+		}
+	})
+}

@@ -47,6 +47,15 @@ type freezer interface {
 func (l *lease) killV2(ctx context.Context) error {
 	dir := l.m.v2.dir(l.rel)
 	events := filepath.Join(dir, "cgroup.events")
+	// An empty cgroup has nothing to kill, as on the v1 path: the write
+	// to cgroup.kill (under the kernel's cgroup lock, which every attach
+	// and rmdir on the host contends for) is skipped. Only a member forks
+	// into it, and the caller keeps attaches out while it kills.
+	if b, err := readFile("unified", dir, "cgroup.events"); err == nil {
+		if populated, err := parsePopulated(b); err == nil && !populated {
+			return nil
+		}
+	}
 	in, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		return fmt.Errorf("cgroup: unified: kill %s: inotify: %w", dir, err)

@@ -485,6 +485,10 @@ func (p *Plugin) containerResponse(l *api.Lease, daemonPID int) (*pluginapi.Cont
 		}
 		envs[k] = v
 	}
+	// Set only where the driver's MPS takes it.
+	if v, ok := l.Env[api.EnvClientPriority]; ok {
+		envs[api.EnvClientPriority] = v
+	}
 	envs[EnvVisibleDevices] = strings.Join(l.GPUUUIDs, ",")
 	mounts, err := podMounts(envs[api.EnvPipeDirectory], p.opts.ProcRoot, daemonPID)
 	if err != nil {

@@ -17,6 +17,9 @@ type Host struct {
 	lib  nvml.Interface
 	log  *slog.Logger
 	devs []device // by NVML index; fixed after New
+	// driver is the driver version NVML reported at New ("580.159.04"),
+	// "" when it could not say.
+	driver string
 
 	// mu is read-held around every NVML call made on a caller's behalf and
 	// write-held by Close, so Shutdown never races a call in flight.
@@ -58,6 +61,11 @@ func New(lib nvml.Interface, log *slog.Logger) (*Host, error) {
 		}
 		return nil, err
 	}
+	if v, ret := lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
+		h.driver = v
+	} else {
+		log.Warn("NVML reports no driver version", "err", nvmlErr(ret))
+	}
 	for _, d := range h.devs {
 		log.Debug("gpu found", "index", d.info.Index, "uuid", d.info.UUID, "name", d.info.Name,
 			"memory_bytes", d.info.MemoryTotalBytes, "compute_capability", d.info.ComputeCapability.String(),
@@ -97,6 +105,11 @@ func optional(ret nvml.Return) (ok bool, err error) {
 	}
 	return false, nvmlErr(ret)
 }
+
+// DriverVersion is the NVIDIA driver's version as NVML reported it when
+// the Host was made ("580.159.04"), or "" when NVML could not say. The
+// driver decides what its MPS offers.
+func (h *Host) DriverVersion() string { return h.driver }
 
 func (h *Host) readInventory() error {
 	n, ret := h.lib.DeviceGetCount()

@@ -270,3 +270,30 @@ func TestComputeModeFromNVML(t *testing.T) {
 		}
 	}
 }
+
+// The Host keeps the driver version NVML reports, for what the driver's
+// MPS offers; a library that cannot say leaves it empty.
+func TestHostDriverVersion(t *testing.T) {
+	sim, err := NewSim(SimSpec{GPUs: 1, Model: "h200-141g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := New(sim.NVML(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if got := h.DriverVersion(); got != sim.DriverVersion() || got == "" {
+		t.Errorf("DriverVersion = %q; want the simulated %q", got, sim.DriverVersion())
+	}
+	lib := newFakeLib(fakeDevice("GPU-1"))
+	lib.SystemGetDriverVersionFunc = func() (string, nvml.Return) { return "", nvml.ERROR_NOT_SUPPORTED }
+	h2, err := New(lib, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h2.Close()
+	if got := h2.DriverVersion(); got != "" {
+		t.Errorf("DriverVersion without an answer = %q; want empty", got)
+	}
+}

@@ -26,7 +26,11 @@
 #      within its limits, and records what a client on the host, with the
 #      host's /dev/shm, gets from the same server (expected: it cannot share
 #      memory with it and fails or hangs; whichever happens is recorded as
-#      RECORD, not judged).
+#      RECORD, not judged);
+#   6. step 7 (hack/gpu-check-mps.sh): the versions mpsd reports, the client
+#      priority a lease gets and clients with either priority, and, as
+#      root, the per-server caps of an ACTIVE server of a non-root owner
+#      (a stranger's and the owner's attempts to lift them).
 #
 # Usage, on the GPU host, from a checkout where `make build` has made bin/
 # (the host needs no Go):
@@ -223,6 +227,7 @@ cleanup() {
 			if [[ -d $dir ]]; then say "could not remove cgroup $dir"; else say "removed cgroup $dir"; fi
 		done
 	fi
+	declare -F caps_cleanup >/dev/null && caps_cleanup # step 7's own daemon
 	if [[ -n $LDCONF ]]; then
 		rm -f "$LDCONF" && ldconfig && say "removed $LDCONF and rebuilt the linker cache"
 	fi
@@ -314,7 +319,7 @@ for i in json.load(sys.stdin)["instances"]:
 	*)
 		"$BIN/mpsctl" status 2>/dev/null | awk -v g="$1" -v f="$2" '
 /^INSTANCES/ { s = "i"; next }
-/^LEASES/ { s = "l"; next }
+/^RUNNING/ { s = "l"; next }
 /^QUEUE/ { s = "q"; next }
 s == "i" && $1 == "0" && $3 == g {
 	m["state"] = $4; m["daemon_pid"] = $5; m["server_pids"] = $6; m["clients"] = $7; m["restarts"] = $10
@@ -340,9 +345,9 @@ print(" ".join(str(p) for p in sorted(p for l in json.load(sys.stdin)["leases"] 
 	*)
 		"$BIN/mpsctl" status 2>/dev/null | awk -v g="$1" '
 /^INSTANCES/ { s = "i"; next }
-/^LEASES/ { s = "l"; next }
+/^RUNNING/ { s = "l"; next }
 /^QUEUE/ { s = "q"; next }
-s == "l" && $2 == g && $8 == "running" && $9 != "-" { n = split($9, a, ","); for (i = 1; i <= n; i++) print a[i] }' | sort -n | paste -sd' ' -
+s == "l" && $1 != "ID" && $2 == g && $10 != "-" { n = split($10, a, ","); for (i = 1; i <= n; i++) print a[i] }' | sort -n | paste -sd' ' -
 		;;
 	esac
 }
@@ -859,7 +864,7 @@ fi
 if [[ -n $T_FAULT ]]; then
 	T_DETECT=$(mpsd_log_time 'msg="instance failed; recovering" group=alpha')
 	[[ -n $T_DETECT ]] && timing "fault -> mpsd starts alpha's recovery (mpsd.log)" "$(dt "$T_FAULT" "$T_DETECT")"
-	took=$(grep -m1 'msg="leases revoked and requeued" group=alpha' "$D/mpsd.log" | grep -o 'took=[^ ]*' | cut -d= -f2)
+	took=$(grep -m1 'msg="revocation done" group=alpha' "$D/mpsd.log" | grep -o 'took=[^ ]*' | cut -d= -f2)
 	[[ -n $took ]] && say "mpsd: revoking and requeueing alpha's leases took $took (mpsd.log)"
 fi
 # mpsd acts on a server's fault record only when an NVML Xid on the GPU
@@ -1046,6 +1051,11 @@ if ((K8S)); then
 	if has k8s-host ' ready t='; then how="reached the server and ran"; else how="did not get to run"; fi
 	note "RECORD: a host client (the host's /dev/shm) of gamma's private-/dev/shm server: exit status $rc, $how, after $(dt "$t") s"
 fi
+
+# ========================================================== generation ==
+# Step 7: versions, client priority and per-server caps (hack/gpu-check-mps.sh).
+# shellcheck source=hack/gpu-check-mps.sh
+. "$REPO/hack/gpu-check-mps.sh"
 
 # ============================================================= summary ==
 heading "Summary$([[ $DRY == 1 ]] && echo ' (DRY RUN: simulated GPU; SM and memory figures made up by the stand-ins)')"

@@ -11,8 +11,9 @@ import (
 // Exit statuses of mps-launch besides the command's own (docs/architecture.md#mps-launchs-command-line-and-exit-statuses).
 const (
 	// ExitTempFail (EX_TEMPFAIL): the wait timed out, the requeue
-	// attempts are used up, one of mpsd's limits was hit, or mpsd went
-	// away (restarting) and did not come back within
+	// attempts are used up, one of mpsd's limits was hit, mpsd is shutting
+	// down (mpsctl shutdown ended the lease: the line printed says so), or
+	// mpsd went away (restarting) and did not come back within
 	// Config.ReconnectTimeout; trying later may work, and a batch system
 	// may requeue the job (Slurm's RequeueExit=75).
 	ExitTempFail = 75

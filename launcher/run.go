@@ -239,9 +239,26 @@ func (s *session) run(ctx context.Context) (int, error) {
 			r = s.retryHeld(sctx)
 		}
 		if r != nil {
+			s.release(sctx)
 			return r.code, r.err
 		}
 	}
+}
+
+// releaseTimeout bounds the release request at the end of a session.
+const releaseTimeout = 2 * time.Second
+
+// release has mpsd release the lease whose command has ended, and waits
+// for the answer, so that status no longer shows the lease once
+// mps-launch has exited. Closing the stream (cleanup) releases it anyway;
+// a failure here only leaves that to do it.
+func (s *session) release(ctx context.Context) {
+	if s.conn.stream == nil || s.st.lease == nil || s.kids.child != nil || s.st.revoked != "" {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	_ = s.client.Release(rctx, s.st.lease.ID)
+	cancel()
 }
 
 // step runs the session's step for in and applies its actions.

@@ -67,6 +67,9 @@ type Daemon struct {
 	exited         map[int]time.Time
 	ready          map[int]bool
 	lastExitStatus int
+	// binaryVersion: the version line the daemon logged at its start
+	// (version.go), 0 until read or when it logs none.
+	binaryVersion int
 }
 
 // startWaitDelay bounds how long a finished control process may hold the
@@ -393,6 +396,11 @@ func (d *Daemon) loadReady(logPath string, pid int) {
 		if strings.HasPrefix(l.Message, "Starting control daemon") {
 			mine = l.PID == pid
 			clear(d.ready)
+			d.binaryVersion = 0
+			continue
+		}
+		if v, ok := scanBinaryVersion(l.Message); ok && mine && l.Source == "Control" {
+			d.noteBinaryVersion(l.PID, v)
 			continue
 		}
 		if ev, ok := logEvent(l); ok && mine {

@@ -89,7 +89,7 @@ func eachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
 			fn(t, realBackend(t, gen))
 		})
 	}
-	for _, gen := range emutest.Generations {
+	for _, gen := range append(slices.Clone(emutest.Generations), emutest.EmulatedGenerations...) {
 		t.Run("emu-"+gen, func(t *testing.T) {
 			t.Parallel()
 			fn(t, emuBackend(t, gen))

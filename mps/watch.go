@@ -113,6 +113,10 @@ func (d *Daemon) onLogLine(line string, _ int64) {
 	if !ok || l.Source != "Control" {
 		return
 	}
+	if v, ok := scanBinaryVersion(l.Message); ok {
+		d.noteBinaryVersion(l.PID, v)
+		return
+	}
 	if status, ok := scanExitStatus(l.Message); ok {
 		// Only a hint for the daemon's own exit status, when the pidfd
 		// could not read it; still, only in the daemon's name.

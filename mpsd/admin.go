@@ -98,7 +98,7 @@ func (d *Daemon) serveInjectXid(w http.ResponseWriter, r *http.Request) {
 		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("inject Xid %d on GPU %d: %v", q.Xid, q.GPU, err))
 		return
 	}
-	d.log.Info("simulated Xid injected by admin", "gpu", q.GPU, "xid", q.Xid, "pid", q.PID)
+	d.log.Info("simulated Xid injected by admin", "gpu_index", q.GPU, "xid", q.Xid, "pid", q.PID)
 	w.Header().Set("Content-Type", api.ContentTypeJSON)
 	_, _ = w.Write([]byte("{}\n"))
 }

@@ -53,14 +53,20 @@ func leaseClient(socket string) *http.Client {
 // granted event, telling whether the request was queued first; the lease
 // is held until the returned body is closed.
 func grantQueued(c *http.Client, body string) (interface{ Close() error }, bool, error) {
+	h, _, queued, err := grantLease(c, body)
+	return h, queued, err
+}
+
+// grantLease is grantQueued that also returns the granted lease.
+func grantLease(c *http.Client, body string) (interface{ Close() error }, *api.Lease, bool, error) {
 	resp, err := c.Post("http://mpsd"+api.PathLeases, api.ContentTypeJSON, strings.NewReader(body))
 	if err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
 	if resp.StatusCode != http.StatusOK {
 		e := api.DecodeError(resp.StatusCode, resp.Body)
 		_ = resp.Body.Close()
-		return nil, false, e
+		return nil, nil, false, e
 	}
 	dec := api.NewEventDecoder(resp.Body)
 	queued := false
@@ -68,16 +74,16 @@ func grantQueued(c *http.Client, body string) (interface{ Close() error }, bool,
 		ev, err := dec.Next()
 		if err != nil {
 			_ = resp.Body.Close()
-			return nil, queued, err
+			return nil, nil, queued, err
 		}
 		switch ev.Type {
 		case api.EventGranted:
-			return resp.Body, queued, nil
+			return resp.Body, ev.Lease, queued, nil
 		case api.EventQueued:
 			queued = true
 		case api.EventError:
 			_ = resp.Body.Close()
-			return nil, queued, fmt.Errorf("%s: %s", ev.Code, ev.Message)
+			return nil, nil, queued, fmt.Errorf("%s: %s", ev.Code, ev.Message)
 		}
 	}
 }
@@ -245,7 +251,18 @@ func cycles(b *testing.B, clients, n int, interval time.Duration, op func() (tim
 // BenchmarkLaunchOverhead: what mps-launch adds to a program's run, from
 // exec to exit: `mps-launch --sm 10 --mem 1G -- /bin/true` against
 // `/bin/true`, alternating, one pair per iteration. Reports both runs'
-// medians and p99s and the added time (launched − direct, pair by pair).
+// medians and p99s and the added time (launched − direct, pair by pair;
+// the target is a median of at most 3 ms).
+//
+// After the pairs, as many rounds measure the pieces of the added time
+// that can be taken apart from outside mps-launch: its start-up and exit
+// alone (`mps-launch --help`, which parses its flags and exits, minus a
+// /bin/true run just before), and mpsd's two round trips as a client of
+// the API makes them, each on a connection of its own as mps-launch does:
+// the lease (request to granted event: admission, the state write the
+// grant waits for) and the attach of a waiting child of this process
+// (pidfd and /proc checks, the move into the lease cgroup, the check that
+// it arrived). Each round ends once mpsd has released every lease.
 //
 //	go test -run '^$' -bench LaunchOverhead -benchtime 300x ./mpsd
 func BenchmarkLaunchOverhead(b *testing.B) {
@@ -254,7 +271,7 @@ func BenchmarkLaunchOverhead(b *testing.B) {
 	e.start()
 	launch := filepath.Join(e.bin, "mps-launch")
 	env := append(os.Environ(), api.EnvSocket+"="+e.socket)
-	var direct, launched, added []time.Duration
+	var direct, launched, added, startup, grant, attach []time.Duration
 	runOnce := func(name string, args ...string) time.Duration {
 		cmd := exec.Command(name, args...)
 		cmd.Env = env
@@ -264,14 +281,75 @@ func BenchmarkLaunchOverhead(b *testing.B) {
 		}
 		return time.Since(t0)
 	}
+	c := leaseClient(e.socket)
+	defer c.CloseIdleConnections()
+	const body = `{"sm":10,"mem_bytes":1073741824}`
 	for b.Loop() {
 		d := runOnce("/bin/true")
 		l := runOnce(launch, "--sm", "10", "--mem", "1G", "--", "/bin/true")
 		direct, launched, added = append(direct, d), append(launched, l), append(added, l-d)
 	}
+	// The pieces, apart from the pairs: interleaved, they would change
+	// what the pairs measure (a move into a cgroup costs an RCU grace
+	// period unless another one came just before).
+	for range len(direct) {
+		d := runOnce("/bin/true")
+		startup = append(startup, runOnce(launch, "--help")-d)
+		g, a := launchRoundTrips(b, c, body)
+		grant, attach = append(grant, g), append(attach, a)
+		waitNoLeases(b, e.d)
+	}
 	reportPcts(b, "true", direct)
 	reportPcts(b, "mps-launch", launched)
 	reportPcts(b, "added", added)
+	reportPcts(b, "startup", startup)
+	reportPcts(b, "grant", grant)
+	reportPcts(b, "attach", attach)
+}
+
+// launchRoundTrips takes a lease and attaches a waiting child of this
+// process to it, as mps-launch does, timing each; the lease is released
+// (and the child with it) before it returns.
+func launchRoundTrips(b *testing.B, c *http.Client, body string) (grant, attach time.Duration) {
+	child := exec.Command("/bin/sleep", "3600")
+	if err := child.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = child.Wait() }()
+	defer func() { _ = child.Process.Kill() }()
+	t0 := time.Now()
+	h, lease, _, err := grantLease(c, body)
+	grant = time.Since(t0)
+	if err != nil {
+		b.Fatalf("lease: %v", err)
+	}
+	defer func() { _ = h.Close() }()
+	req, _ := json.Marshal(api.AttachRequest{PID: child.Process.Pid})
+	t0 = time.Now()
+	resp, err := c.Post("http://mpsd"+api.AttachPath(lease.ID), api.ContentTypeJSON, bytes.NewReader(req))
+	if err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+	}
+	attach = time.Since(t0)
+	if err != nil {
+		b.Fatalf("attach pid %d to lease %s: %v", child.Process.Pid, lease.ID, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		b.Fatalf("attach pid %d to lease %s: status %d", child.Process.Pid, lease.ID, resp.StatusCode)
+	}
+	return grant, attach
+}
+
+// waitNoLeases waits until mpsd holds no lease, queued or running.
+func waitNoLeases(b *testing.B, d *Daemon) {
+	deadline := time.Now().Add(waitFor)
+	for liveLeases(d) > 0 {
+		if time.Now().After(deadline) {
+			b.Fatalf("%d leases still held %s after the last release", liveLeases(d), waitFor)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // BenchmarkMPSSetup: mpsd bringing up 8 instances (8 simulated GPUs, one

@@ -160,6 +160,11 @@ type Daemon struct {
 	metrics   *metrics
 	res       *resources // connection caps, mpsd's own exhaustion
 	dur       durability // the state file's health (durability.go)
+	users     userNames  // uid → name, for the lease log lines
+	// shutdownDone is closed once mpsctl shutdown has ended the MPS
+	// service: Run stops then.
+	shutdownDone chan struct{}
+	shutOnce     sync.Once
 
 	mu        sync.Mutex
 	cfg       *policy.Config
@@ -168,6 +173,9 @@ type Daemon struct {
 	queues    map[string][]*lease // queued leases per group, arrival order
 	leases    map[string]*lease   // every lease, queued or running
 	seq       uint64
+	// shuttingDown: mpsctl shutdown is under way; nothing is admitted or
+	// granted any more.
+	shuttingDown bool
 }
 
 // New loads the config, takes the GPU inventory and prepares the cgroup
@@ -186,7 +194,7 @@ func New(opts Options) (*Daemon, error) {
 	if opts.ReconnectGrace <= 0 {
 		opts.ReconnectGrace = DefaultReconnectGrace
 	}
-	d := &Daemon{opts: opts, log: log, proc: opts.ProcRoot, stopping: make(chan struct{}), storeRunning: make(chan struct{}), res: newResources(log)}
+	d := &Daemon{opts: opts, log: log, proc: opts.ProcRoot, stopping: make(chan struct{}), shutdownDone: make(chan struct{}), storeRunning: make(chan struct{}), res: newResources(log)}
 
 	// The full check needs the GPUs: read the file once without them
 	// first, so a config that cannot be used is told before a GPU
@@ -425,6 +433,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.spawn(d.announceReady)
 		select {
 		case <-ctx.Done():
+		case <-d.shutdownDone:
 		case err := <-serveErr:
 			runErr = fmt.Errorf("serve API: %w", err)
 		}
@@ -435,7 +444,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if crash {
 		d.store.freeze()
 	}
-	d.log.Info("mpsd stopping; MPS daemons and workloads keep running", "as_if_killed", crash)
+	select {
+	case <-d.shutdownDone:
+		d.log.Info("mpsd stopping after mpsctl shutdown; MPS daemons and workloads are gone")
+	default:
+		d.log.Info("mpsd stopping; MPS daemons and workloads keep running", "as_if_killed", crash)
+	}
 	d.serving.Store(false)
 	close(d.stopping)
 	if d.srv != nil {

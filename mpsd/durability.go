@@ -87,10 +87,15 @@ func errnoText(err error) string {
 
 // grantsHeldLocked reports whether grants are held because the state
 // file cannot be written.
-func (d *Daemon) grantsHeldLocked() bool { return d.dur.held != "" }
+func (d *Daemon) grantsHeldLocked() bool { return d.dur.held != "" || d.shuttingDown }
 
 // heldReasonLocked is why grants are held, "" when they are not.
-func (d *Daemon) heldReasonLocked() string { return d.dur.held }
+func (d *Daemon) heldReasonLocked() string {
+	if d.shuttingDown {
+		return "mpsd is shutting down"
+	}
+	return d.dur.held
+}
 
 // heldReason is heldReasonLocked for callers without Daemon.mu.
 func (d *Daemon) heldReason() string {
@@ -168,7 +173,8 @@ func (d *Daemon) applyIntentLocked(saved savedState) {
 	for _, key := range saved.Quarantined {
 		if in, ok := d.instances[key]; ok {
 			in.holds.quarantined = true
-			in.log.Warn("instance still quarantined from before the restart; mpsctl resume lifts it")
+			in.quarantinedFor = saved.QuarantineReasons[key]
+			in.log.Warn("instance still quarantined from before the restart; mpsctl resume lifts it", "quarantined_for", in.quarantinedFor)
 		}
 	}
 	for _, key := range saved.Drained {

@@ -2,8 +2,11 @@ package mpsd
 
 import (
 	"bytes"
+	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/cgroup"
 )
 
 // attachLease starts a gated workload as uid and returns its running
@@ -143,5 +147,53 @@ func TestAttachPidReusedBetweenCheckAndMove(t *testing.T) {
 	}
 	if b, _ := os.ReadFile("/proc/" + strconv.Itoa(bystander.Process.Pid) + "/stat"); bytes.Contains(b, []byte(") Z")) {
 		t.Errorf("root process %d was killed with the lease", bystander.Process.Pid)
+	}
+}
+
+// A granted lease's cgroup is made at the grant, before any attach, so the
+// attach on the launch's critical path only moves the process; it goes
+// with the lease. A creation that comes late, after the lease's end has
+// begun (its kill has run), makes nothing: the cgroup would outlive the
+// lease.
+func TestLeaseCgroupMadeAtGrant(t *testing.T) {
+	e := newEnv(t, oneGroup, "")
+	e.start()
+	m, ok := e.d.cg.(*cgroup.Cgroups)
+	if !ok {
+		t.Fatalf("mpsd runs without real cgroups (%T)", e.d.cg)
+	}
+	stream, _, err := grantQueued(leaseClient(e.socket), benchLease)
+	if err != nil {
+		t.Fatalf("lease: %v", err)
+	}
+	st := e.waitStatus("the lease running", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 1 })
+	id := st.Leases[0].ID
+	dir := filepath.Join(m.MembershipMount(), e.leaseCgroup("inference", id))
+	waitPath(t, dir, true)
+	e.d.mu.Lock()
+	l := e.d.leases[id]
+	e.d.mu.Unlock()
+	_ = stream.Close()
+	e.waitStatus("the lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
+	waitPath(t, dir, false)
+	e.d.prepareCgroup(l)
+	if _, err := os.Lstat(dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a creation after the lease's end made %s (lstat: %v)", dir, err)
+	}
+}
+
+// waitPath waits until path exists (or, with exists false, is gone).
+func waitPath(t *testing.T, path string, exists bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		_, err := os.Lstat(path)
+		if (err == nil) == exists {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: exists %v after %s, want %v (lstat: %v)", path, err == nil, waitFor, exists, err)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

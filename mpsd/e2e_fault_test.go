@@ -560,9 +560,15 @@ func TestCrashLoopQuarantine(t *testing.T) {
 	if err := os.Remove(flag); err != nil {
 		t.Fatal(err)
 	}
+	// Status says why, before and after the restart (the state file
+	// keeps the reason), and resume says it lifted the quarantine.
+	why := instanceOf(e.d.Status(), "a", 0).QuarantineReason
+	if !strings.HasPrefix(why, "3 failures in ") {
+		t.Errorf("quarantine reason %q after a restart; want the failures", why)
+	}
 	out := e.admin(t, "resume", "--gpu", "0", "--group", "a")
-	if !strings.Contains(out, "resumed gpu 0") {
-		t.Errorf("mpsctl resume: %q", out)
+	if !strings.Contains(out, "gpu 0 (") || !strings.Contains(out, "group a: quarantine lifted (was: "+why+")") {
+		t.Errorf("mpsctl resume: %q; want the quarantine lifted and why it was", out)
 	}
 	if r := sp.wait(t); r.code != 0 {
 		t.Errorf("second launch after resume: exit %d, terminal %q", r.code, term.String())

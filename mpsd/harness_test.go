@@ -111,9 +111,13 @@ func newEnvGPUs(t testing.TB, gpus int, groups, extra string) *testEnv {
 
 // simulate makes e.opts run on e.gpus simulated GPUs with the emulator in
 // e.emu (read when mpsd starts), as cmd/mpsd does for --simulate.
-func (e *testEnv) simulate() {
+func (e *testEnv) simulate() { e.simulateModel("a100-40g") }
+
+// simulateModel is simulate with GPUs of the given model (and its
+// driver, which the emulated MPS follows).
+func (e *testEnv) simulateModel(model string) {
 	e.t.Helper()
-	sim, err := gpu.NewSim(gpu.SimSpec{GPUs: e.gpus, Model: "a100-40g"})
+	sim, err := gpu.NewSim(gpu.SimSpec{GPUs: e.gpus, Model: model})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -36,6 +36,9 @@ type instance struct {
 	maxMem  int64
 	daemon  *mps.Daemon
 	servers map[int]int // server pid → its uid (-1 unknown)
+	// driver is the NVIDIA driver's version, as NVML reported it
+	// (mpsversion.go).
+	driver string
 	// shutDown: servers a recovery stopped itself (restartServer), by
 	// pid; the channel is closed when their exit is seen. Their exit is
 	// no fault, whatever leases the instance has taken since.
@@ -59,6 +62,9 @@ type instance struct {
 	probeFails int            // failed probes in a row
 	faults     map[string]int // faults reported, by kind
 	restartsBy map[string]int // recoveries, by the kind of fault
+	// quarantinedFor: why it was quarantined (the failures, the last
+	// one's reason), while it is.
+	quarantinedFor string
 
 	metricLabels *instanceLabels // made at the first scrape
 	serverLogOff int64           // where the previous mpsd stopped reading server.log; -1: unknown
@@ -111,6 +117,13 @@ func (in *instance) statusLocked() api.InstanceStatus {
 		MemAllocatedBytes: in.p.Alloc.Mem,
 		MemBudgetBytes:    in.p.Budget.Mem,
 		MaxClients:        in.p.Budget.Clients,
+		Drained:           in.holds.drained,
+	}
+	if in.holds.quarantined {
+		st.QuarantineReason = in.quarantinedFor
+		if st.QuarantineReason == "" {
+			st.QuarantineReason = "unknown (quarantined by an older mpsd)"
+		}
 	}
 	if st.ServerPIDs == nil {
 		st.ServerPIDs = []int{}
@@ -122,6 +135,7 @@ func (in *instance) statusLocked() api.InstanceStatus {
 	if in.daemon != nil {
 		st.DaemonPID = in.daemon.PID()
 	}
+	st.DriverVersion, st.MPSVersion = in.versionsLocked()
 	return st
 }
 
@@ -155,8 +169,9 @@ func (d *Daemon) reconcileLocked(cfg *policy.Config) (added []*instance) {
 				}
 				in.pipeDir = d.layout.PipeDir(g.Name, in.gpus[0].UUID)
 				in.logDir = d.layout.InstanceLogDir(g.Name, in.gpus[0].UUID)
-				in.log = d.log.With("group", g.Name, "gpu", in.gpus[0].UUID)
+				in.log = d.log.With("group", g.Name, "gpu", in.gpus[0].UUID, "gpu_index", in.gpus[0].Index)
 				in.p = policy.Instance{Group: g.Name, GPUs: slices.Clone(set), Multiuser: g.Multiuser}
+				in.driver = d.host.DriverVersion()
 				d.instances[key] = in
 				added = append(added, in)
 			} else if in.p.Multiuser != g.Multiuser {
@@ -241,6 +256,15 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 			if d.ctx.Err() != nil {
 				// Run is closing every handle; this one came too late.
 				d.mu.Unlock()
+				_ = dm.Close()
+				return
+			}
+			if d.shuttingDown {
+				// mpsctl shutdown stopped the other daemons meanwhile.
+				d.mu.Unlock()
+				ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), 30*time.Second)
+				_, _ = dm.Stop(ctx)
+				cancel()
 				_ = dm.Close()
 				return
 			}

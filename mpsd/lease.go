@@ -44,6 +44,15 @@ type lease struct {
 	attempt  int
 	created  time.Time
 	queuedAt time.Time
+	// grantedAt: when the attempt running now was granted (status's run
+	// time); zero while queued.
+	grantedAt time.Time
+	// user is the uid's name for the log ("" when unknown).
+	user string
+	// endWith, set by a revocation that ends the lease instead of
+	// requeueing it (mpsctl shutdown), is the error its launcher is sent
+	// once its processes are gone.
+	endWith *api.Error
 
 	inst       *instance // set while running, revoking or releasing
 	position   int       // last position sent while queued
@@ -172,6 +181,9 @@ func (l *lease) apiLeaseLocked() *api.Lease {
 		api.EnvGroup:            l.group,
 		api.EnvAttempt:          strconv.Itoa(l.attempt),
 	}
+	if p, ok := clientPriority(in.driver, l.req.Priority); ok {
+		al.Env[api.EnvClientPriority] = p
+	}
 	return al
 }
 
@@ -191,6 +203,9 @@ func (r *refusal) Error() string { return r.msg }
 func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.shuttingDown {
+		return nil, &refusal{503, api.CodeUnavailable, "mpsd is shutting down (mpsctl shutdown)"}
+	}
 	cfg := d.cfg
 	name, err := cfg.Access.Choose(c, req.Group)
 	if err != nil {
@@ -242,6 +257,7 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 	l := &lease{
 		id: newLeaseID(name), group: name, uid: c.UID, req: r, command: req.Command, jobID: req.JobID,
 		requeue: requeue, attempt: 1, created: now, queuedAt: now, bound: true, box: newMailbox(d.log), log: d.log,
+		user: d.users.cached(c.UID),
 	}
 	d.leases[l.id] = l
 	d.queues[name] = append(d.queues[name], l)
@@ -409,6 +425,7 @@ func (d *Daemon) grantLocked(l *lease, in *instance) {
 	in.p.Assign(&l.req)
 	in.leases[l.id] = l
 	l.inst = in
+	l.grantedAt = time.Now()
 	l.position, l.waitReason = 0, ""
 	if eff&effPersist != 0 {
 		l.durable = d.store.request()
@@ -418,9 +435,10 @@ func (d *Daemon) grantLocked(l *lease, in *instance) {
 	l.cgMu.Unlock()
 	if eff&effTellGranted != 0 {
 		l.box.push(api.Event{Type: api.EventGranted, Lease: l.apiLeaseLocked()})
+		d.spawn(func() { d.prepareCgroup(l) })
 	}
 	d.observeGrantLocked(l)
-	in.log.Debug("lease granted", "lease", l.id, "job", l.jobID, "uid", l.uid, "sm", l.req.SM, "mem", l.req.Mem, "waited", time.Since(l.queuedAt))
+	in.log.Info("lease granted", l.logAttrs("attempt", l.attempt, "sm", l.req.SM, "mem", l.req.Mem, "waited", l.grantedAt.Sub(l.queuedAt))...)
 }
 
 // dequeueLocked withdraws a queued lease.
@@ -525,7 +543,7 @@ func (d *Daemon) finishRelease(l *lease, why string) {
 	delete(d.leases, l.id)
 	l.inst = nil
 	d.store.request()
-	in.log.Debug("lease released", "lease", l.id, "why", why)
+	in.log.Info("lease released", l.logAttrs("why", why, "ran", time.Since(l.grantedAt))...)
 	d.retireIfEmptyLocked(in)
 	d.scheduleLocked(in.group)
 	d.mu.Unlock()
@@ -542,9 +560,9 @@ const (
 func (d *Daemon) killFailed(l *lease, during string, err error) {
 	d.mu.Lock()
 	d.metrics.killFailures[l.group]++
-	gpus := ""
+	gpus, uuid := "", ""
 	if l.inst != nil {
-		gpus = gpuList(l.inst)
+		gpus, uuid = gpuList(l.inst), l.inst.gpus[0].UUID
 	}
 	d.mu.Unlock()
 	cg := ""
@@ -554,7 +572,7 @@ func (d *Daemon) killFailed(l *lease, during string, err error) {
 	}
 	l.cgMu.Unlock()
 	d.log.Error("lease processes would not die; its capacity stays held and the kill is retried",
-		"lease", l.id, "group", l.group, "gpu", gpus, "cgroup", cg, "during", during, "err", err)
+		"lease", l.id, "group", l.group, "gpu", uuid, "gpu_index", gpus, "cgroup", cg, "during", during, "err", err)
 }
 
 // retryKillLocked marks l stuck in a failed kill and starts the daemon's
@@ -649,7 +667,46 @@ func (d *Daemon) killLease(l *lease) error {
 	return err
 }
 
-// attach moves pid into the lease's cgroup, creating it on first use.
+// prepareCgroup creates the cgroup of a lease just granted, ahead of the
+// attach of its command: the creation (a few directories in every
+// hierarchy, half a millisecond or more) then overlaps the state write,
+// the granted event's way to mps-launch and the attach request, and the
+// attach, on the launch's critical path, only moves the process. It
+// checks what attach checks: a lease whose end has begun gets none (its
+// kill has run or is running, and would miss it). A failure is left to
+// the attach, which tries again and reports it.
+func (d *Daemon) prepareCgroup(l *lease) {
+	l.cgMu.Lock()
+	defer l.cgMu.Unlock()
+	if l.killing || l.closed {
+		return
+	}
+	if err := d.ensureCgroupLocked(l); err != nil {
+		d.log.Debug("lease cgroup not created ahead of the attach", "lease", l.id, "err", err)
+	}
+}
+
+// ensureCgroupLocked creates the lease's cgroup unless it has one (or
+// opens it if it is there already); the caller holds cgMu and has checked
+// that the lease is not ending.
+func (d *Daemon) ensureCgroupLocked(l *lease) error {
+	if l.cg != nil {
+		return nil
+	}
+	id := cgroup.LeaseID{Group: l.group, Lease: l.id}
+	cg, err := d.cg.Create(id, cgroup.Limits{})
+	if errors.Is(err, cgroup.ErrExist) {
+		cg, err = d.cg.Open(id)
+	}
+	if err != nil {
+		return fmt.Errorf("cgroup of lease %s: %w", l.id, err)
+	}
+	l.cg = cg
+	return nil
+}
+
+// attach moves pid into the lease's cgroup, creating it on first use
+// (prepareCgroup normally has).
 // Creating and attaching are quick writes to cgroupfs, done under cgMu so
 // that a kill (which takes the handle under it) sees the pid.
 func (d *Daemon) attach(l *lease, pid int) error {
@@ -661,16 +718,8 @@ func (d *Daemon) attach(l *lease, pid int) error {
 		// the pid into a fresh cgroup no revocation covers.
 		return fmt.Errorf("attach pid %d to lease %s: %w", pid, l.id, errLeaseEnding)
 	}
-	if l.cg == nil {
-		id := cgroup.LeaseID{Group: l.group, Lease: l.id}
-		cg, err := d.cg.Create(id, cgroup.Limits{})
-		if errors.Is(err, cgroup.ErrExist) {
-			cg, err = d.cg.Open(id)
-		}
-		if err != nil {
-			return fmt.Errorf("cgroup of lease %s: %w", l.id, err)
-		}
-		l.cg = cg
+	if err := d.ensureCgroupLocked(l); err != nil {
+		return err
 	}
 	if err := l.cg.Attach(pid); err != nil {
 		return fmt.Errorf("attach pid %d to lease %s: %w", pid, l.id, err)
@@ -679,14 +728,40 @@ func (d *Daemon) attach(l *lease, pid int) error {
 	return nil
 }
 
+// logAttrs are the lease's fields every log line of its grant, release,
+// revocation and requeue carries (lease, job, uid, user), then more; its
+// logger adds group, gpu (the first GPU's UUID, as the metrics label it)
+// and gpu_index.
+func (l *lease) logAttrs(more ...any) []any {
+	return append([]any{"lease", l.id, "job", l.jobID, "uid", l.uid, "user", l.user}, more...)
+}
+
+// logger is the logger of the lease's instance (with its gpu and
+// gpu_index) while it is on one, else mpsd's.
+func (l *lease) logger() *slog.Logger {
+	switch {
+	case l.inst != nil && l.inst.log != nil:
+		return l.inst.log
+	case l.log != nil:
+		return l.log.With("group", l.group)
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
 func (l *lease) statusLocked() api.LeaseStatus {
 	st := api.LeaseStatus{ID: l.id, Group: l.group, UID: l.uid, SM: l.req.SM, MemBytes: l.req.Mem,
-		Attempt: l.attempt, State: api.LeaseQueued, GPUIndexes: []int{}, PIDs: []int{}, JobID: l.jobID}
+		Attempt: l.attempt, State: api.LeaseQueued, GPUIndexes: []int{}, PIDs: []int{}, JobID: l.jobID,
+		Command: l.command}
 	if l.inst != nil {
 		st.State = api.LeaseRunning
+		st.RunningSince = l.grantedAt
 		for _, g := range l.inst.gpus {
 			st.GPUIndexes = append(st.GPUIndexes, g.Index)
 		}
+	} else {
+		// The position and reason last sent to its launcher: status and
+		// mps-launch say the same.
+		st.QueuedSince, st.Position, st.WaitReason = l.queuedAt, l.position, l.waitReason
 	}
 	return st
 }

@@ -25,6 +25,7 @@ var (
 	instLabels = []string{"gpu", "gpu_index", "group"}
 	gpuLabels  = []string{"gpu", "gpu_index"}
 
+	descMPSInfo       = prometheus.NewDesc("mpsd_mps_info", "The NVIDIA driver (NVML) and MPS control binary version (its control.log, 580 and newer; empty before) of the instance; always 1.", append(instLabels[:3:3], "driver_version", "mps_version"), nil)
 	descInstanceUp    = prometheus.NewDesc("mpsd_instance_up", "1 when the instance's MPS control daemon is up and takes clients.", instLabels, nil)
 	descInstanceState = prometheus.NewDesc("mpsd_instance_state", "1 for the instance's current state, 0 for the others.", append(instLabels[:3:3], "state"), nil)
 	descRestarts      = prometheus.NewDesc("mpsd_server_restarts_total", "Recoveries of the instance (revoke, restart, requeue), by the fault that caused them.", append(instLabels[:3:3], "reason"), nil)
@@ -124,7 +125,7 @@ type daemonCollector Daemon
 
 func (c *daemonCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInstanceUp, descInstanceState, descRestarts, descFaults, descQuarantined,
-		descClients, descSM, descMem, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime, descUnverified} {
+		descClients, descSM, descMem, descMPSInfo, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime, descUnverified} {
 		ch <- d
 	}
 }
@@ -217,6 +218,8 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 		emit(descSM, il.base, float64(in.p.Alloc.SM), false)
 		emit(descMem, il.base, float64(in.p.Alloc.Mem), false)
 		emit(descUnverified, il.base, float64(in.unverified), true)
+		driver, mpsVersion := in.versionsLocked()
+		gauge(descMPSInfo, 1, in.gpus[0].UUID, m.gpuIndexStr[in.gpus[0].Index], in.group, driver, mpsVersion)
 	}
 	for _, g := range d.cfg.Groups {
 		gauge(descQueue, float64(len(d.queues[g.Name])), g.Name)

@@ -22,6 +22,9 @@ type revokeHow struct {
 	// finish: the victims are already revoking (a revocation the previous
 	// mpsd began and recorded); it is finished, not begun.
 	finish bool
+	// end: the victims are not requeued but end with this error once
+	// their processes are gone (mpsctl shutdown).
+	end *api.Error
 }
 
 // revoke is the one revocation sequence, for recovery, an operator's
@@ -35,11 +38,13 @@ type revokeHow struct {
 //  3. each victim's launcher is told (revoked);
 //  4. MPS terminates the victims' clients of a live server;
 //  5. each victim's cgroup is killed;
-//  6. each is requeued, or ended (requeue).
+//  6. each is requeued, or ended (requeue); with how.end, ended with
+//     that error.
 //
-// mpsd's own stop revokes nothing: daemons and workloads run on. A
-// revocation it interrupts stays recorded as revoking, and the next mpsd
-// finishes it through here. It returns the victims it took.
+// mpsd's own stop (SIGTERM) revokes nothing: daemons and workloads run
+// on. A revocation it interrupts stays recorded as revoking, and the next
+// mpsd finishes it through here. mpsctl shutdown revokes every running
+// lease through here too, with how.end (shutdown.go). It returns the victims it took.
 func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 	d.mu.Lock()
 	var taken []*lease
@@ -62,8 +67,10 @@ func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 			continue
 		}
 		l.revokedFor = reason
+		l.endWith = how.end
 		persist = persist || eff&effPersist != 0
 		taken = append(taken, l)
+		l.logger().Info("lease revoked", l.logAttrs("attempt", l.attempt, "reason", reason)...)
 	}
 	var written <-chan struct{}
 	if persist {
@@ -154,13 +161,14 @@ func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
 		}
 		exhausted := !force && l.attempt-1 >= l.requeue
 		ev := leaseRequeue
-		if l.abandoned || exhausted {
+		if l.abandoned || exhausted || l.endWith != nil {
 			ev = leaseDrop
 		}
 		eff, err := l.step(ev, reason)
 		if err != nil {
 			continue
 		}
+		log := l.logger() // the instance's, before it is left
 		if in := l.inst; in != nil && eff&effFree != 0 {
 			in.p.Release(&l.req)
 			delete(in.leases, l.id)
@@ -170,10 +178,16 @@ func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
 		switch {
 		case l.abandoned:
 			delete(d.leases, l.id)
+			log.Info("lease ended after its revocation: its launcher left", l.logAttrs("attempt", l.attempt)...)
+		case l.endWith != nil:
+			delete(d.leases, l.id)
+			l.box.push(api.Event{Type: api.EventError, Code: l.endWith.Code, Message: l.endWith.Message})
+			log.Info("lease ended after its revocation", l.logAttrs("attempt", l.attempt, "code", l.endWith.Code)...)
 		case exhausted:
 			delete(d.leases, l.id)
 			l.box.push(api.Event{Type: api.EventError, Code: api.CodeAttemptsExhausted,
 				Message: fmt.Sprintf("lease revoked: %s; no requeue attempts left (%d used)", reason, l.attempt-1)})
+			log.Info("lease ended after its revocation: no requeue attempts left", l.logAttrs("attempt", l.attempt)...)
 		default:
 			l.attempt++
 			l.req.Requeued = true
@@ -184,6 +198,7 @@ func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
 			}
 			d.metrics.requeues[l.group]++
 			d.queues[l.group] = append(d.queues[l.group], l)
+			log.Info("lease requeued", l.logAttrs("attempt", l.attempt)...)
 		}
 	}
 	if len(groups) > 0 {

@@ -40,6 +40,8 @@ func (d *Daemon) newHTTPServer() *http.Server {
 	mux.HandleFunc("POST "+api.PathRestart, d.serveRestart)
 	mux.HandleFunc("POST "+api.PathRequeue, d.serveRequeue)
 	mux.HandleFunc("POST "+api.PathInjectXid, d.serveInjectXid)
+	mux.HandleFunc("POST "+api.PathShutdown, d.serveShutdown)
+	mux.HandleFunc("POST "+api.PathLeases+"/{id}/release", d.serveRelease)
 	return &http.Server{
 		Handler:           d.track(mux),
 		ReadHeaderTimeout: d.opts.RequestTimeout,
@@ -127,6 +129,7 @@ func (d *Daemon) serveLease(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	d.users.resolve(c.UID) // before Daemon.mu: admit and resume read the cache
 	var l *lease
 	if req.ResumeLeaseID != "" {
 		var err error
@@ -228,6 +231,9 @@ func (d *Daemon) endStream(l *lease) {
 func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.shuttingDown {
+		return nil, &refusal{503, api.CodeUnavailable, "mpsd is shutting down (mpsctl shutdown)"}
+	}
 	l, ok := d.leases[req.ResumeLeaseID]
 	if !ok || l.state == leaseReleasing {
 		return nil, &refusal{404, api.CodeNotFound, fmt.Sprintf("lease %s is not known to mpsd (it ended or was lost)", req.ResumeLeaseID)}
@@ -249,6 +255,7 @@ func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, err
 	// A revocation under way may have marked it abandoned (the grace
 	// ran out first): its launcher is back, so it is requeued after all.
 	l.bound, l.awaySince, l.abandoned = true, time.Time{}, false
+	l.user = d.users.cached(l.uid)
 	// The launcher is told where the lease stands now, not every event
 	// since it left: a history replayed across restarts could grant it an
 	// attempt that was revoked long ago.
@@ -359,6 +366,50 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte("{}\n"))
 }
 
+// serveRelease releases the caller's lease at once for a launcher whose
+// command has ended (api.ReleasePath), and answers once the lease is gone:
+// status no longer shows it by the time the launcher exits. Closing the
+// stream does the same, a moment after the launcher is gone.
+func (d *Daemon) serveRelease(w http.ResponseWriter, r *http.Request) {
+	p, _, ok := d.credentials(r)
+	if !ok {
+		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, "cannot identify the caller (no peer credentials)")
+		return
+	}
+	id := r.PathValue("id")
+	if _, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.ShutdownRequest, error) { return api.DecodeShutdownRequest(r.Body) }); !ok {
+		return
+	}
+	d.mu.Lock()
+	l, found := d.leases[id]
+	var state leaseState
+	if found {
+		state = l.state
+	}
+	d.mu.Unlock()
+	switch {
+	case !found:
+		apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no lease %s", id))
+		return
+	case l.uid != p.uid:
+		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("lease %s is not yours", id))
+		return
+	case state == leaseRevoking:
+		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is being revoked", id))
+		return
+	}
+	d.release(l, "its command ended")
+	d.mu.Lock()
+	left := d.leases[id] == l
+	d.mu.Unlock()
+	if left {
+		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is still ending (its processes have not died yet)", id))
+		return
+	}
+	w.Header().Set("Content-Type", api.ContentTypeJSON)
+	_, _ = w.Write([]byte("{}\n"))
+}
+
 // reserveQueued admits one more request of uid towards its
 // limits.queued_per_user, or refuses it; unreserveQueued ends the
 // reservation once the request is queued (or refused).
@@ -417,7 +468,7 @@ func (d *Daemon) serveStatus(w http.ResponseWriter, r *http.Request) {
 // every group's running and queued counts, the instances without pids.
 func ownView(st api.Status, uid uint32) api.Status {
 	out := api.Status{Instances: make([]api.InstanceStatus, 0, len(st.Instances)), Leases: []api.LeaseStatus{},
-		Queue: st.Queue, Running: map[string]int{}, OwnOnly: true}
+		Queue: st.Queue, Running: map[string]int{}, OwnOnly: true, SchemaVersion: st.SchemaVersion, At: st.At}
 	for g := range st.Queue {
 		out.Running[g] = 0
 	}
@@ -439,7 +490,8 @@ func ownView(st api.Status, uid uint32) api.Status {
 // Status is the document of GET /v1/status.
 func (d *Daemon) Status() api.Status {
 	d.mu.Lock()
-	st := api.Status{Instances: []api.InstanceStatus{}, Leases: []api.LeaseStatus{}, Queue: map[string]int{}}
+	st := api.Status{Instances: []api.InstanceStatus{}, Leases: []api.LeaseStatus{}, Queue: map[string]int{},
+		SchemaVersion: api.StatusSchemaVersion, At: time.Now()}
 	for _, in := range d.instanceList() {
 		st.Instances = append(st.Instances, in.statusLocked())
 	}
@@ -540,16 +592,28 @@ func (d *Daemon) setDrained(t api.AdminTarget, drain bool) (api.AdminResult, err
 	defer d.mu.Unlock()
 	res := api.AdminResult{Instances: []api.InstanceStatus{}}
 	groups := map[string]bool{}
+	if !drain {
+		res.Lifted = []api.Lifted{}
+	}
 	for _, in := range insts {
+		var lifted api.Lifted
+		if !drain {
+			lifted.Drain = in.holds.drained
+		}
 		in.holds.drained = drain
 		if !drain && in.holds.quarantined {
+			lifted.Quarantine, lifted.QuarantineReason = true, in.statusLocked().QuarantineReason
 			in.holds.quarantined = false
 			in.failures = nil
+			in.quarantinedFor = ""
 			d.store.request()
-			in.log.Info("quarantine lifted by admin")
+			in.log.Info("quarantine lifted by admin", "was", lifted.QuarantineReason)
 		}
 		groups[in.group] = true
 		res.Instances = append(res.Instances, in.statusLocked())
+		if !drain {
+			res.Lifted = append(res.Lifted, lifted)
+		}
 		verb := "resumed"
 		if drain {
 			verb = "drained"

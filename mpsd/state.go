@@ -39,6 +39,9 @@ type savedState struct {
 	// Quarantined are the keys of quarantined instances: a quarantine
 	// holds until an operator lifts it, restarts included.
 	Quarantined []string `json:"quarantined,omitempty"`
+	// QuarantineReasons: why each quarantined instance was quarantined,
+	// for status (an older mpsd's file has none: the reason is unknown).
+	QuarantineReasons map[string]string `json:"quarantine_reasons,omitempty"`
 	// Drained are the keys of the instances an operator drained (mpsctl
 	// drain): a drain holds until mpsctl resume, restarts included. A
 	// file without it (an older mpsd's) drains nothing.
@@ -90,6 +93,8 @@ type savedLease struct {
 	AwaySince time.Time `json:"away_since,omitzero"`
 	// Ran: the last attempt whose command was attached.
 	Ran int `json:"ran,omitempty"`
+	// Granted: when the running attempt was granted (status's run time).
+	Granted time.Time `json:"granted,omitzero"`
 	// Revoking: a revocation had taken the lease (RevokedFor says why)
 	// and not yet requeued it; the next mpsd finishes it.
 	Revoking bool `json:"revoking,omitempty"`
@@ -138,7 +143,16 @@ type store struct {
 	// run and Run's final flush never overlap).
 	written    bool
 	lastIntent []string
+	// next is the temporary file the next write fills, created by run
+	// after a write's waiters were released: creating a file is most of
+	// a write's cost (on ext4 about half a millisecond, the rename the
+	// rest), and is so kept off the grant's critical path. nil when none
+	// is made yet; run removes it when it stops.
+	next *os.File
 }
+
+// tempPattern names the store's temporary files in the state directory.
+const tempPattern = ".state-*.tmp"
 
 // Bounds of the backoff between retries of a state write that failed.
 const (
@@ -172,6 +186,7 @@ func (s *store) run(ctx context.Context) {
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
+	defer s.dropNext()
 	backoff := storeRetryInitial
 	var lastErr string
 	for {
@@ -187,6 +202,7 @@ func (s *store) run(ctx context.Context) {
 				s.log.Info("state written again; grants resume", "path", s.path)
 			}
 			lastErr, backoff = "", storeRetryInitial
+			s.prepareNext()
 			continue
 		}
 		// Logged when it begins or changes, not at every retry.
@@ -268,9 +284,12 @@ func (s *store) write(st savedState) error {
 	intent := st.intent()
 	sync := !slices.Equal(intent, s.lastIntent) || !s.written
 	dir := filepath.Dir(s.path)
-	f, err := os.CreateTemp(dir, ".state-*.tmp")
-	if err != nil {
-		return fmt.Errorf("write state %s: %w", s.path, err)
+	f := s.next
+	s.next = nil
+	if f == nil {
+		if f, err = os.CreateTemp(dir, tempPattern); err != nil {
+			return fmt.Errorf("write state %s: %w", s.path, err)
+		}
 	}
 	tmp := f.Name()
 	_, err = f.Write(append(b, '\n'))
@@ -302,6 +321,34 @@ func (s *store) write(st savedState) error {
 	return nil
 }
 
+// prepareNext creates the temporary file of the next write, unless there
+// is one; a failure is left to the write, which creates it itself.
+func (s *store) prepareNext() {
+	if s.next != nil {
+		return
+	}
+	s.mu.Lock()
+	frozen := s.frozen
+	s.mu.Unlock()
+	if frozen {
+		return
+	}
+	if f, err := os.CreateTemp(filepath.Dir(s.path), tempPattern); err == nil {
+		s.next = f
+	}
+}
+
+// dropNext removes the temporary file prepared for a write that will not
+// come.
+func (s *store) dropNext() {
+	if s.next == nil {
+		return
+	}
+	_ = s.next.Close()
+	_ = os.Remove(s.next.Name())
+	s.next = nil
+}
+
 // intent is the operator's decisions the state holds, as one comparable
 // list: a change of it is synced to disk.
 func (st savedState) intent() []string {
@@ -316,8 +363,15 @@ func (st savedState) intent() []string {
 }
 
 // load reads the state file. A missing file is an empty state; an
-// unreadable one is moved aside (never deleted) and reported.
+// unreadable one is moved aside (never deleted) and reported. Temporary
+// files a previous mpsd left (it died between creating one and renaming
+// it, or with one prepared) are removed: only the state file counts.
 func (s *store) load() (savedState, error) {
+	if stale, err := filepath.Glob(filepath.Join(filepath.Dir(s.path), tempPattern)); err == nil {
+		for _, p := range stale {
+			_ = os.Remove(p)
+		}
+	}
 	b, err := os.ReadFile(s.path)
 	if errors.Is(err, os.ErrNotExist) {
 		return savedState{Version: stateVersion}, nil
@@ -378,7 +432,7 @@ func (d *Daemon) snapshot() savedState {
 			SM: l.req.SM, MemBytes: l.req.Mem, GPUs: l.req.GPUs, Priority: l.req.Priority, Seq: l.req.Seq,
 			Attempt: l.attempt, Requeue: l.requeue, Command: l.command, Created: l.created, Queued: queued,
 			Only: l.req.Only, JobID: l.jobID, RevokedFor: l.revokedFor, Ran: l.ranAttempt,
-			Revoking: l.state == leaseRevoking, Adopted: d.dur.orphans[l.id],
+			Revoking: l.state == leaseRevoking, Adopted: d.dur.orphans[l.id], Granted: l.grantedAt,
 		}
 		if l.grace != nil {
 			sl.AwaySince = l.awaySince
@@ -392,6 +446,12 @@ func (d *Daemon) snapshot() savedState {
 	for key, in := range d.instances {
 		if in.holds.quarantined {
 			st.Quarantined = append(st.Quarantined, key)
+			if in.quarantinedFor != "" {
+				if st.QuarantineReasons == nil {
+					st.QuarantineReasons = map[string]string{}
+				}
+				st.QuarantineReasons[key] = in.quarantinedFor
+			}
 		}
 		if in.holds.drained {
 			st.Drained = append(st.Drained, key)
@@ -563,7 +623,7 @@ func (d *Daemon) adoptLeases(saved savedState) {
 			id: sl.ID, group: sl.Group, uid: sl.UID, command: sl.Command, jobID: sl.JobID, revokedFor: sl.RevokedFor,
 			req:     policy.Request{Group: sl.Group, UID: sl.UID, SM: sl.SM, Mem: sl.MemBytes, GPUs: sl.GPUs, Priority: sl.Priority, Seq: sl.Seq, Only: sl.Only},
 			requeue: sl.Requeue, attempt: sl.Attempt, created: sl.Created, queuedAt: sl.Created, box: newMailbox(d.log),
-			awaySince: sl.AwaySince, ranAttempt: sl.Ran, log: d.log,
+			awaySince: sl.AwaySince, ranAttempt: sl.Ran, log: d.log, grantedAt: sl.Granted,
 		}
 		if l.awaySince.IsZero() {
 			l.awaySince = time.Now()

@@ -1,6 +1,7 @@
 package mpsd
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -132,4 +133,104 @@ func FuzzDecodeState(f *testing.F) {
 			t.Fatalf("round trip changed the leases")
 		}
 	})
+}
+
+// run prepares the temporary file of the next write once a write is done,
+// so the next grant's write does not create one; that write uses it, and
+// run removes the one it prepared when it stops.
+func TestStorePreparesNextTemp(t *testing.T) {
+	dir := t.TempDir()
+	s := newStore(filepath.Join(dir, "state.json"), sampleState, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		s.run(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-stopped
+	}()
+	temps := func() []string {
+		m, err := filepath.Glob(filepath.Join(dir, tempPattern))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	waitOneTemp := func() string {
+		deadline := time.Now().Add(waitFor)
+		for {
+			if m := temps(); len(m) == 1 {
+				return m[0]
+			} else if len(m) > 1 {
+				t.Fatalf("temporary files %v, want at most one", m)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no temporary file prepared within %s", waitFor)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	used := ""
+	for i := range 3 {
+		ch := s.request()
+		select {
+		case <-ch:
+		case <-time.After(waitFor):
+			t.Fatalf("write %d not done within %s", i, waitFor)
+		}
+		prepared := waitOneTemp()
+		if i > 0 {
+			if prepared == used {
+				t.Fatalf("write %d left the prepared %s where it was: it did not use it", i, prepared)
+			}
+		}
+		used = prepared
+		b, err := os.ReadFile(s.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := decodeState(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Leases) != 1 || got.Leases[0].ID != sampleState().Leases[0].ID {
+			t.Fatalf("write %d: state %+v", i, got)
+		}
+	}
+	cancel()
+	<-stopped
+	if m := temps(); len(m) != 0 {
+		t.Errorf("temporary files %v left after run stopped", m)
+	}
+}
+
+// load removes the temporary files a previous mpsd left, and only them.
+func TestStoreLoadRemovesStaleTemps(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state.json")
+	s := newStore(path, sampleState, slog.New(slog.DiscardHandler))
+	s.request()
+	if err := s.flush(); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(dir, ".state-12345.tmp")
+	other := filepath.Join(dir, "instance-id")
+	for _, p := range []string{stale, other} {
+		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.load(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stale %s still there (stat: %v)", stale, err)
+	}
+	for _, p := range []string{path, other} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s: %v; load removed what is not its temporary file", p, err)
+		}
+	}
 }

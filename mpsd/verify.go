@@ -171,7 +171,7 @@ func (d *Daemon) xidConfirms(ev gpu.XidEvent, alsoReported map[*instance]bool) {
 	d.mu.Unlock()
 	for _, c := range done {
 		if !alsoReported[c.in] && c.f.kind != "" {
-			c.in.log.Info("MPS fault record confirmed by an Xid", "gpu", ev.GPU, "xid", ev.Xid)
+			c.in.log.Info("MPS fault record confirmed by an Xid", "xid_gpu_index", ev.GPU, "xid", ev.Xid)
 			d.reportFault(c.in, c.f)
 		}
 		for _, b := range c.barriers {

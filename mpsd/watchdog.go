@@ -166,6 +166,7 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 		in.failures = append(keep, start)
 		if len(in.failures) >= wd.QuarantineAfter && !in.holds.quarantined {
 			in.holds.quarantined = true
+			in.quarantinedFor = fmt.Sprintf("%d failures in %s; the last: %s", len(in.failures), wd.QuarantineWindow, f.reason)
 			d.store.request()
 			in.log.Error("instance quarantined: it failed too often; mpsctl resume reopens it",
 				"failures", len(in.failures), "window", wd.QuarantineWindow)
@@ -193,7 +194,7 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 	in.log.Warn("instance failed; recovering", "fault", f.kind, "reason", f.reason, "leases", len(victims), "restarting", f.restart, "failures_in_window", failures)
 
 	n := d.revoke(victims, f.reason, revokeHow{dm: dm, servers: servers})
-	in.log.Info("leases revoked and requeued", "leases", n, "took", time.Since(start))
+	in.log.Info("revocation done", "leases", n, "took", time.Since(start))
 
 	// The first failure in the window restarts at once; a crash loop
 	// backs off exponentially.
@@ -440,7 +441,7 @@ func (d *Daemon) onXid(ev gpu.XidEvent) {
 			}
 		}
 		if len(affected) == 0 {
-			d.log.Warn("application Xid names no process of a lease; its instance is left to MPS's own fault signals", "gpu", ev.GPU, "xid", ev.Xid, "pid", ev.PID)
+			d.log.Warn("application Xid names no process of a lease; its instance is left to MPS's own fault signals", "gpu", ev.UUID, "gpu_index", ev.GPU, "xid", ev.Xid, "pid", ev.PID)
 		}
 	}
 	restart := restartNone
@@ -450,7 +451,7 @@ func (d *Daemon) onXid(ev gpu.XidEvent) {
 	d.mu.Lock()
 	d.metrics.xids[[2]uint64{uint64(ev.GPU), ev.Xid}]++
 	d.mu.Unlock()
-	d.log.Warn("GPU Xid", "gpu", ev.GPU, "uuid", ev.UUID, "xid", ev.Xid, "level", ev.Level.String(), "pid", ev.PID, "instances", len(affected))
+	d.log.Warn("GPU Xid", "gpu", ev.UUID, "gpu_index", ev.GPU, "xid", ev.Xid, "level", ev.Level.String(), "pid", ev.PID, "instances", len(affected))
 	reported := map[*instance]bool{}
 	for _, in := range affected {
 		select {

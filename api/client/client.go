@@ -142,6 +142,26 @@ func (c *Client) Attach(ctx context.Context, id string, pid int) error {
 	return err
 }
 
+// Release asks mpsd to release lease id, whose command has ended, and
+// waits for its answer: the lease is gone once it returns nil. A refusal
+// is returned as an *api.Error.
+func (c *Client) Release(ctx context.Context, id string) error {
+	_, err := c.Post(ctx, api.ReleasePath(id), api.ShutdownRequest{}, nil)
+	return err
+}
+
+// Shutdown asks mpsd to shut the host's MPS service down (api.PathShutdown)
+// and returns what it did; mpsd exits after answering. Its answer comes
+// once the leases have ended and the daemons quit: the caller's Timeout
+// and HeaderTimeout must leave room for that.
+func (c *Client) Shutdown(ctx context.Context) (api.ShutdownResult, error) {
+	var res api.ShutdownResult
+	if _, err := c.Post(ctx, api.PathShutdown, api.ShutdownRequest{}, &res); err != nil {
+		return api.ShutdownResult{}, err
+	}
+	return res, nil
+}
+
 // Lease posts req and returns its event stream. The lease (or the place
 // in the queue) is held until the stream is closed, or ctx is done
 // (ctx bounds the stream's whole life; Timeout does not apply). A refusal
@@ -268,17 +288,19 @@ func (c *Client) roundTrip(ctx context.Context, method, path string, body []byte
 	// once, and requestError tells it from mpsd's doing by ctx.Err.
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	rc := &roundTrip{conn: conn, stop: stop, timeout: timeout}
-	headerBy := time.Now().Add(c.headerTimeout())
-	var end time.Time
+	// The deadline in force until the headers: Timeout's (headerDeadline
+	// says so), or the header wait's if that ends first.
+	now := time.Now()
+	headerBy := now.Add(c.headerTimeout())
+	var (
+		end            time.Time
+		headerDeadline time.Duration
+	)
 	if timeout > 0 {
-		end = time.Now().Add(timeout)
-		headerBy = earlier(headerBy, end)
-	}
-	// The deadline in force until the headers: Timeout's, or the header
-	// wait's if that ends first.
-	headerDeadline := timeout
-	if !end.IsZero() && headerBy.Before(end) {
-		headerDeadline = 0
+		end = now.Add(timeout)
+		if !headerBy.Before(end) {
+			headerBy, headerDeadline = end, timeout
+		}
 	}
 	if err := conn.SetDeadline(headerBy); err != nil || ctx.Err() != nil {
 		rc.close()
@@ -309,13 +331,6 @@ func (c *Client) headerTimeout() time.Duration {
 		return c.HeaderTimeout
 	}
 	return DefaultHeaderTimeout
-}
-
-func earlier(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
 }
 
 // cmpErr is the first non-nil error.

@@ -1,8 +1,10 @@
 package mpsctl
 
 import (
+	"context"
 	"time"
 
+	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/api/client"
 )
 
@@ -34,7 +36,25 @@ func NewClient(socket string, timeout time.Duration) *Client {
 		timeout = DefaultTimeout
 	}
 	c := client.New(socket)
-	c.Timeout = timeout
+	// Timeout bounds the whole request, the wait for the answer's
+	// headers included (an admin request answers once it is done).
+	c.Timeout, c.HeaderTimeout = timeout, timeout
 	c.Hint = "; is it running?"
 	return &Client{Client: c}
 }
+
+// Shutdown asks mpsd to shut the host's MPS service down (api.PathShutdown)
+// and returns what it did; mpsd exits after answering. The request waits
+// for the leases to end and the daemons to quit, so it is not bounded by
+// the client's timeout alone: ShutdownTimeout is its bound.
+func (c *Client) Shutdown(ctx context.Context) (api.ShutdownResult, error) {
+	sc := *c.Client
+	sc.Timeout = max(c.Timeout, ShutdownTimeout)
+	sc.HeaderTimeout = sc.Timeout
+	return sc.Shutdown(ctx)
+}
+
+// ShutdownTimeout bounds mpsctl shutdown's request: the leases' kills and
+// the daemons' quits (about 30 s each at most) and mpsd's wait for leases
+// already ending (a minute) fit in it.
+const ShutdownTimeout = 3 * time.Minute

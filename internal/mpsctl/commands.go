@@ -41,9 +41,9 @@ type command struct {
 type runFunc func(ctx context.Context, inv *invocation, args []string) error
 
 // commands is the command table, in the order of the usage text.
-// shutdown joins it as mpsd gains its API path: an admin command over an
-// AdminTarget is one adminCommand entry; one with positional arguments
-// parses them in its runFunc and calls inv.client().Post.
+// An admin command over an AdminTarget is one adminCommand entry; one
+// with positional arguments parses them in its runFunc and calls
+// inv.client().Post.
 var commands = []command{
 	{
 		name:    "status",
@@ -63,7 +63,8 @@ var commands = []command{
 	adminCommand("resume", api.PathResume, "resumed",
 		"reopen drained or quarantined instances",
 		"Reopens the drained or quarantined instances of a GPU, of a group, or of\n"+
-			"that group on that GPU. Admins only."),
+			"that group on that GPU: it lifts a drain and a quarantine alike (--gpu all\n"+
+			"lifts every one), and says per instance what it lifted. Admins only."),
 	adminCommand("restart", api.PathRestart, "restarting",
 		"restart instances, requeueing their leases",
 		"Restarts the MPS control daemons of the instances of a GPU (index, UUID or\n"+
@@ -79,6 +80,18 @@ var commands = []command{
 			"Admins only.",
 		daemon: true,
 		setup:  requeueCommand,
+	},
+	{
+		name:    "shutdown",
+		args:    "",
+		summary: "end the leases, stop MPS and restore compute modes, then stop mpsd",
+		long: "Shuts the host's MPS service down, where SIGTERM stops mpsd only: nothing\n" +
+			"more is granted, queued requests are refused, running leases are revoked\n" +
+			"(their commands stopped, not requeued: mps-launch exits 75 and says why),\n" +
+			"the MPS control daemons quit, the GPUs' compute modes are restored, then\n" +
+			"mpsd exits. Admins only.",
+		daemon: true,
+		setup:  shutdownCommand,
 	},
 	{
 		name:    "inject-xid",
@@ -126,7 +139,7 @@ func statusCommand(fs *flag.FlagSet) runFunc {
 		if *asJSON {
 			return WriteStatusJSON(inv.stdout, raw)
 		}
-		return WriteStatus(inv.stdout, st)
+		return WriteStatus(inv.stdout, st, inv.names())
 	}
 }
 
@@ -158,6 +171,9 @@ func adminCommand(name, path, verb, summary, long string) command {
 				if err != nil {
 					return err
 				}
+				if path == api.PathResume {
+					return WriteResumeResult(inv.stdout, res)
+				}
 				return WriteAdminResult(inv.stdout, verb, res)
 			}
 		},
@@ -181,6 +197,19 @@ func requeueCommand(*flag.FlagSet) runFunc {
 			return err
 		}
 		return WriteRequeueResult(inv.stdout, lease, res)
+	}
+}
+
+func shutdownCommand(*flag.FlagSet) runFunc {
+	return func(ctx context.Context, inv *invocation, args []string) error {
+		if len(args) > 0 {
+			return usagef("unexpected argument %q", args[0])
+		}
+		res, err := inv.client().Shutdown(ctx)
+		if err != nil {
+			return err
+		}
+		return WriteShutdownResult(inv.stdout, res)
 	}
 }
 

@@ -200,3 +200,92 @@ func TestInjectXid(t *testing.T) {
 		})
 	}
 }
+
+// resume says per instance what it lifted; --gpu all lifting a
+// quarantine says so, with why the instance had been quarantined.
+func TestResumeSaysWhatItLifted(t *testing.T) {
+	res := api.AdminResult{
+		Instances: []api.InstanceStatus{
+			{GPUUUID: "GPU-bbbbbbbb", GPUIndex: 1, Group: "a", State: api.InstanceReady},
+			{GPUUUID: "GPU-aaaaaaaa", GPUIndex: 0, Group: "b", State: api.InstanceReady},
+			{GPUUUID: "GPU-aaaaaaaa", GPUIndex: 0, Group: "a", State: api.InstanceReady},
+		},
+		Lifted: []api.Lifted{
+			{},
+			{Drain: true, Quarantine: true, QuarantineReason: "3 failures in 10m0s; the last: hung"},
+			{Drain: true},
+		},
+	}
+	fake := newFake(t, map[string]reply{"POST " + api.PathResume: ok(t, res)})
+	r := mpsctl(t, Config{}, nil, "--socket", fake.socket, "resume", "--gpu", "all")
+	if r.code != ExitOK || r.stderr != "" {
+		t.Fatalf("exit %d, stderr %q; want 0 and nothing", r.code, r.stderr)
+	}
+	want := "gpu 0 (GPU-aaaaaaaa) group a: drain lifted; state ready\n" +
+		"gpu 0 (GPU-aaaaaaaa) group b: drain lifted; quarantine lifted (was: 3 failures in 10m0s; the last: hung); state ready\n" +
+		"gpu 1 (GPU-bbbbbbbb) group a: nothing to lift (neither drained nor quarantined); state ready\n"
+	if r.stdout != want {
+		t.Errorf("stdout:\n%s\nwant:\n%s", r.stdout, want)
+	}
+	body := postedOnce(t, fake, api.PathResume)
+	if got, err := api.DecodeAdminTarget(strings.NewReader(body)); err != nil || got != (api.AdminTarget{GPU: "all"}) {
+		t.Errorf("body %s decodes to %+v, %v", body, got, err)
+	}
+}
+
+// shutdown posts an empty object and prints what mpsd did; a non-admin's
+// refusal is mpsd's one line, exit 1.
+func TestShutdown(t *testing.T) {
+	res := api.ShutdownResult{Revoked: 2, Withdrawn: 1, Daemons: 3, Problems: []string{"GPU 1 group a: control daemon did not quit in time and was killed"}}
+	fake := newFake(t, map[string]reply{"POST " + api.PathShutdown: ok(t, res)})
+	r := mpsctl(t, Config{}, nil, "--socket", fake.socket, "shutdown")
+	if r.code != ExitOK || r.stderr != "" {
+		t.Fatalf("exit %d, stderr %q; want 0 and nothing", r.code, r.stderr)
+	}
+	want := "mpsd shut down: 2 running lease(s) revoked, 1 queued request(s) refused, 3 MPS control daemon(s) stopped, compute modes restored where mpsd had set them\n" +
+		"  problem: GPU 1 group a: control daemon did not quit in time and was killed\n"
+	if r.stdout != want {
+		t.Errorf("stdout:\n%s\nwant:\n%s", r.stdout, want)
+	}
+	if body := postedOnce(t, fake, api.PathShutdown); strings.TrimSpace(body) != "{}" {
+		t.Errorf("shutdown body %q; want {}", body)
+	}
+
+	refused := newFake(t, map[string]reply{"POST " + api.PathShutdown: {status: http.StatusForbidden,
+		body: `{"code":"forbidden","message":"uid 1000 is not an mpsd admin (admins in the config)"}`}})
+	r = mpsctl(t, Config{}, nil, "--socket", refused.socket, "shutdown")
+	if r.code != ExitFailure || r.stderr != "mpsctl: uid 1000 is not an mpsd admin (admins in the config)\n" {
+		t.Errorf("refused shutdown: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := mpsctl(t, Config{}, nil, "--socket", refused.socket, "shutdown", "now"); r.code != ExitUsage {
+		t.Errorf("shutdown now: exit %d; want %d", r.code, ExitUsage)
+	}
+}
+
+// The instances' driver and MPS versions are summed up below their table;
+// a status without them shows no such line.
+func TestWriteStatusVersions(t *testing.T) {
+	st := api.Status{Instances: []api.InstanceStatus{
+		{Group: "a", GPUIndex: 0, DriverVersion: "580.159.04", MPSVersion: "13000"},
+		{Group: "b", GPUIndex: 0, DriverVersion: "580.159.04", MPSVersion: "13000"},
+		{Group: "c", GPUIndex: 1, DriverVersion: "550.163.01"},
+	}}
+	var b strings.Builder
+	if err := WriteStatus(&b, st, nil); err != nil {
+		t.Fatal(err)
+	}
+	want := "  MPS - (driver 550.163.01): 1 instance\n  MPS 13000 (driver 580.159.04): 2 instances\n"
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("status:\n%s\nwant the lines\n%s", b.String(), want)
+	}
+	b.Reset()
+	for i := range st.Instances {
+		st.Instances[i].DriverVersion, st.Instances[i].MPSVersion = "", ""
+	}
+	if err := WriteStatus(&b, st, nil); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "MPS ") {
+		t.Errorf("status without versions names some:\n%s", b.String())
+	}
+}

@@ -3,6 +3,7 @@ package mpsctl
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/internal/units"
@@ -11,11 +12,14 @@ import (
 // statusFixture is a status document of a 4-GPU host, its lists in no
 // particular order (mpsctl sorts them).
 func statusFixture() api.Status {
+	at := time.Date(2026, 3, 4, 12, 0, 0, 0, time.UTC)
 	return api.Status{
+		SchemaVersion: api.StatusSchemaVersion,
+		At:            at,
 		Instances: []api.InstanceStatus{
 			{
 				GPUUUID: "GPU-bbbbbbbb-1111-2222-3333-444444444444", GPUIndex: 1, Group: "inference",
-				State: api.InstanceDraining, DaemonPID: 2100, ServerPIDs: []int{2101}, Clients: 1, Restarts: 0,
+				State: api.InstanceDraining, Drained: true, DaemonPID: 2100, ServerPIDs: []int{2101}, Clients: 1, Restarts: 0,
 				GPUIndexes: []int{1}, GPUUUIDs: []string{"GPU-bbbbbbbb-1111-2222-3333-444444444444"},
 				SMAllocated: 25, SMBudget: 100, MemAllocatedBytes: 8 * units.GiB, MemBudgetBytes: 24 * units.GiB, MaxClients: 16,
 			},
@@ -33,18 +37,24 @@ func statusFixture() api.Status {
 			},
 			{
 				GPUUUID: "GPU-aaaaaaaa-1111-2222-3333-444444444444", GPUIndex: 0, Group: "batch",
-				State: api.InstanceQuarantined, DaemonPID: 1500, ServerPIDs: []int{}, Clients: 0, Restarts: 5,
+				State: api.InstanceQuarantined, Drained: true, QuarantineReason: "5 failures in 10m0s; the last: MPS server 1501 of uid 1002 exited (killed by SIGSEGV)", DaemonPID: 1500, ServerPIDs: []int{}, Clients: 0, Restarts: 5,
 				GPUIndexes: []int{0}, GPUUUIDs: []string{"GPU-aaaaaaaa-1111-2222-3333-444444444444"},
 				SMAllocated: 0, SMBudget: 50, MemAllocatedBytes: 0, MemBudgetBytes: 12 * units.GiB, MaxClients: 8,
 			},
 		},
 		Leases: []api.LeaseStatus{
-			{ID: "l-0003", Group: "inference", GPUIndexes: nil, UID: 1001, PIDs: nil, SM: 25, MemBytes: 8 * units.GiB, Attempt: 1, State: api.LeaseQueued},
-			{ID: "l-0001", Group: "inference", GPUIndexes: []int{0}, UID: 1001, PIDs: []int{3001, 3002}, SM: 50, MemBytes: 12 * units.GiB, Attempt: 2, State: api.LeaseRunning, JobID: "4242.0"},
-			{ID: "l-0002", Group: "inference", GPUIndexes: []int{0}, UID: 0, PIDs: []int{3100}, SM: 25, MemBytes: 8*units.GiB + 512*units.MiB, Attempt: 1, State: api.LeaseRunning},
-			{ID: "b-0001", Group: "batch", GPUIndexes: []int{2, 3}, UID: 1002, PIDs: nil, SM: 50, MemBytes: 10 * units.GiB, Attempt: 1, State: api.LeaseQueued, JobID: "run 7"},
+			{ID: "l-0003", Group: "inference", GPUIndexes: nil, UID: 1001, PIDs: nil, SM: 25, MemBytes: 8 * units.GiB, Attempt: 1, State: api.LeaseQueued,
+				Command: []string{"python3", "serve.py", "--port", "8080"}, QueuedSince: at.Add(-90 * time.Second), Position: 2, WaitReason: "waiting for room; GPU 1 draining"},
+			{ID: "l-0001", Group: "inference", GPUIndexes: []int{0}, UID: 1001, PIDs: []int{3001, 3002}, SM: 50, MemBytes: 12 * units.GiB, Attempt: 2, State: api.LeaseRunning, JobID: "4242.0",
+				Command: []string{"python3", "-c", "import torch; print(torch.cuda.is_available()) and a long tail"}, RunningSince: at.Add(-(2*time.Hour + 3*time.Minute + 4*time.Second))},
+			{ID: "l-0002", Group: "inference", GPUIndexes: []int{0}, UID: 0, PIDs: []int{3100}, SM: 25, MemBytes: 8*units.GiB + 512*units.MiB, Attempt: 1, State: api.LeaseRunning,
+				Command: []string{"./bench"}, RunningSince: at.Add(-1500 * time.Millisecond)},
+			{ID: "b-0001", Group: "batch", GPUIndexes: []int{2, 3}, UID: 1002, PIDs: nil, SM: 50, MemBytes: 10 * units.GiB, Attempt: 1, State: api.LeaseQueued, JobID: "run 7",
+				QueuedSince: at.Add(-5 * time.Minute), Position: 1, WaitReason: "waiting for room; GPU 0 quarantined, GPU 2,3 recovering"},
+			{ID: "l-0004", Group: "inference", UID: 1003, SM: 10, MemBytes: units.GiB, Attempt: 3, State: api.LeaseQueued,
+				Command: []string{"true"}, QueuedSince: at.Add(-2 * time.Second), Position: 1, WaitReason: "waiting for room; GPU 1 draining"},
 		},
-		Queue: map[string]int{"inference": 1, "batch": 1, "idle": 0},
+		Queue: map[string]int{"inference": 2, "batch": 1, "idle": 0},
 	}
 }
 

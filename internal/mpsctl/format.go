@@ -6,10 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 	"unicode"
 
 	"github.com/mpsd/mpsd/api"
@@ -19,11 +22,35 @@ import (
 // none stands for an empty cell.
 const none = "-"
 
-// WriteStatus renders st for people: the INSTANCES, LEASES and QUEUE
-// tables, each sorted stably (instances by GPU then group, leases by group
-// then id, queues by group) whatever order mpsd sent them in.
-func WriteStatus(w io.Writer, st api.Status) error {
+// Names resolves a uid to a user name for status; "" when it has none.
+type Names func(uid uint32) string
+
+// WriteStatus renders st for people: a summary line, then the INSTANCES,
+// RUNNING and QUEUED tables (QUEUE, the counts per group, for a
+// non-admin's view), each sorted stably whatever order mpsd sent them in:
+// instances by GPU then group, running leases by group then id, queued
+// ones by group then their position, the order mpsd grants in. Users are
+// shown by name (names; nil shows uids), falling back to the uid.
+func WriteStatus(w io.Writer, st api.Status, names Names) error {
 	var b bytes.Buffer
+	user := func(uid uint32) string {
+		if names != nil {
+			if n := names(uid); n != "" {
+				return cell(n)
+			}
+		}
+		return strconv.FormatUint(uint64(uid), 10)
+	}
+	var running, queued []api.LeaseStatus
+	for _, l := range st.Leases {
+		if l.State == api.LeaseRunning {
+			running = append(running, l)
+		} else {
+			queued = append(queued, l)
+		}
+	}
+
+	b.WriteString(summary(st, len(running), len(queued)) + "\n\n")
 
 	b.WriteString("INSTANCES\n")
 	if len(st.Instances) == 0 {
@@ -34,64 +61,90 @@ func WriteStatus(w io.Writer, st api.Status) error {
 			return cmp.Or(cmp.Compare(a.GPUIndex, b.GPUIndex), cmp.Compare(a.Group, b.Group), cmp.Compare(a.GPUUUID, b.GPUUUID))
 		})
 		tw := newTable(&b)
-		fmt.Fprintln(tw, "GPU\tUUID\tGROUP\tSTATE\tDAEMON\tSERVERS\tCLIENTS\tSM%\tMEM\tRESTARTS")
+		fmt.Fprintln(tw, "GPU\tUUID\tGROUP\tSTATE\tDAEMON\tSERVERS\tCLIENTS\tSM%\tMEM\tRESTARTS\tNOTE")
 		for _, in := range inst {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d/%d\t%s/%s\t%d\n",
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d/%d\t%s/%s\t%d\t%s\n",
 				instanceGPUs(in), instanceUUIDs(in), cell(in.Group), cell(in.State),
 				pid(in.DaemonPID), pids(in.ServerPIDs),
 				in.Clients, in.MaxClients, in.SMAllocated, in.SMBudget,
 				units.FormatSize(in.MemAllocatedBytes), units.FormatSize(in.MemBudgetBytes),
-				in.Restarts)
+				in.Restarts, instanceNote(in))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+		writeVersions(&b, inst)
 	}
 
-	b.WriteString("\nLEASES\n")
+	own := ""
 	if st.OwnOnly {
-		b.WriteString("  (yours only: mpsd shows other users' leases to admins)\n")
+		own = "  (yours only: mpsd shows other users' leases to admins)\n"
 	}
-	if len(st.Leases) == 0 {
+	b.WriteString("\nRUNNING\n" + own)
+	if len(running) == 0 {
 		b.WriteString("  (none)\n")
 	} else {
-		leases := slices.Clone(st.Leases)
-		slices.SortStableFunc(leases, func(a, b api.LeaseStatus) int {
+		slices.SortStableFunc(running, func(a, b api.LeaseStatus) int {
 			return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(a.ID, b.ID))
 		})
 		tw := newTable(&b)
-		fmt.Fprintln(tw, "ID\tGROUP\tUID\tJOB\tGPUS\tSM%\tMEM\tATTEMPT\tSTATE\tPIDS")
-		for _, l := range leases {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\t%d\t%s\t%s\n",
-				cell(l.ID), cell(l.Group), l.UID, cell(l.JobID), ints(l.GPUIndexes), l.SM,
-				units.FormatSize(l.MemBytes), l.Attempt, cell(l.State), pids(l.PIDs))
+		fmt.Fprintln(tw, "ID\tGROUP\tUSER\tJOB\tGPUS\tSM%\tMEM\tATTEMPT\tRUNNING\tPIDS\tCOMMAND")
+		for _, l := range running {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n",
+				cell(l.ID), cell(l.Group), user(l.UID), cell(l.JobID), ints(l.GPUIndexes), l.SM,
+				units.FormatSize(l.MemBytes), l.Attempt, since(st.At, l.RunningSince), pids(l.PIDs), argvText(l.Command))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
 	}
 
-	b.WriteString("\nQUEUE\n")
-	if len(st.Queue) == 0 {
+	b.WriteString("\nQUEUED\n" + own)
+	if len(queued) == 0 {
 		b.WriteString("  (none)\n")
 	} else {
+		slices.SortStableFunc(queued, func(a, b api.LeaseStatus) int {
+			return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(position(a), position(b)), cmp.Compare(a.ID, b.ID))
+		})
+		tw := newTable(&b)
+		fmt.Fprintln(tw, "GROUP\tPOS\tID\tUSER\tJOB\tSM%\tMEM\tATTEMPT\tWAITING\tCOMMAND")
+		for _, l := range queued {
+			pos := none
+			if l.Position > 0 {
+				pos = strconv.Itoa(l.Position)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\n",
+				cell(l.Group), pos, cell(l.ID), user(l.UID), cell(l.JobID), l.SM,
+				units.FormatSize(l.MemBytes), l.Attempt, since(st.At, l.QueuedSince), argvText(l.Command))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		// What a group's queue waits for, as mps-launch shows it: one
+		// reason per group (mpsd gives its leases the same one).
+		var reasons []string
+		for _, l := range queued {
+			r := cell(l.Group) + ": " + text(l.WaitReason, 200)
+			if l.WaitReason != "" && !slices.Contains(reasons, r) {
+				reasons = append(reasons, r)
+			}
+		}
+		for _, r := range reasons {
+			b.WriteString("  " + r + "\n")
+		}
+	}
+
+	if st.OwnOnly && len(st.Queue) > 0 {
+		b.WriteString("\nQUEUE (everyone's)\n")
 		tw := newTable(&b)
 		groups := make([]string, 0, len(st.Queue))
 		for g := range st.Queue {
 			groups = append(groups, g)
 		}
 		slices.Sort(groups)
-		if st.Running != nil {
-			// A non-admin's view: everyone's counts per group.
-			fmt.Fprintln(tw, "GROUP\tQUEUED\tRUNNING")
-			for _, g := range groups {
-				fmt.Fprintf(tw, "%s\t%d\t%d\n", cell(g), st.Queue[g], st.Running[g])
-			}
-		} else {
-			fmt.Fprintln(tw, "GROUP\tQUEUED")
-			for _, g := range groups {
-				fmt.Fprintf(tw, "%s\t%d\n", cell(g), st.Queue[g])
-			}
+		fmt.Fprintln(tw, "GROUP\tQUEUED\tRUNNING")
+		for _, g := range groups {
+			fmt.Fprintf(tw, "%s\t%d\t%d\n", cell(g), st.Queue[g], st.Running[g])
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -99,6 +152,158 @@ func WriteStatus(w io.Writer, st api.Status) error {
 	}
 	_, err := w.Write(b.Bytes())
 	return err
+}
+
+// summary is status's first line: instances by state, leases running and
+// queued (everyone's, also in a non-admin's view), and the capacity the
+// running leases use of the instances' budgets (per GPU, summed).
+func summary(st api.Status, running, queued int) string {
+	byState := map[string]int{}
+	var smUsed, smBudget, clients, maxClients int
+	var memUsed, memBudget int64
+	for _, in := range st.Instances {
+		byState[in.State]++
+		n := max(len(in.GPUIndexes), 1)
+		smUsed += in.SMAllocated * n
+		smBudget += in.SMBudget * n
+		memUsed += in.MemAllocatedBytes * int64(n)
+		memBudget += in.MemBudgetBytes * int64(n)
+		clients += in.Clients
+		maxClients += in.MaxClients
+	}
+	var states []string
+	for _, s := range []string{api.InstanceReady, api.InstanceStarting, api.InstanceRecovering, api.InstanceDraining, api.InstanceQuarantined} {
+		if byState[s] > 0 {
+			states = append(states, fmt.Sprintf("%d %s", byState[s], s))
+			delete(byState, s)
+		}
+	}
+	for _, s := range slices.Sorted(maps.Keys(byState)) {
+		states = append(states, fmt.Sprintf("%d %s", byState[s], cell(s)))
+	}
+	if len(states) == 0 {
+		states = []string{"none"}
+	}
+	if st.OwnOnly {
+		running, queued = 0, 0
+		for _, n := range st.Running {
+			running += n
+		}
+		for _, n := range st.Queue {
+			queued += n
+		}
+	}
+	pct := func(a, b int64) string {
+		if b <= 0 {
+			return none
+		}
+		return strconv.FormatInt(a*100/b, 10) + "%"
+	}
+	return fmt.Sprintf("instances: %s; leases: %d running, %d queued; used: sm %s, mem %s of %s, clients %d/%d",
+		strings.Join(states, ", "), running, queued, pct(int64(smUsed), int64(smBudget)),
+		units.FormatSize(memUsed), units.FormatSize(memBudget), clients, maxClients)
+}
+
+// instanceNote says what holds an instance besides its state: a drain,
+// and why it is quarantined.
+func instanceNote(in api.InstanceStatus) string {
+	var note []string
+	if in.Drained {
+		note = append(note, "drained")
+	}
+	if in.State == api.InstanceQuarantined {
+		note = append(note, "quarantined: "+text(in.QuarantineReason, 100))
+	}
+	if len(note) == 0 {
+		return none
+	}
+	return strings.Join(note, "; ")
+}
+
+// position orders queued leases without a position (an older mpsd) last.
+func position(l api.LeaseStatus) int {
+	if l.Position <= 0 {
+		return math.MaxInt
+	}
+	return l.Position
+}
+
+// since is the time from t to at, to the second (tenths below ten
+// seconds); "-" when either is unknown.
+func since(at, t time.Time) string {
+	if at.IsZero() || t.IsZero() {
+		return none
+	}
+	d := max(at.Sub(t), 0)
+	if d < 10*time.Second {
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+// maxCommand bounds the command column, in characters.
+const maxCommand = 48
+
+// argvText is a lease's argv for a table's last column: arguments with
+// blanks or quotes quoted, control characters shown as '?', cut to
+// maxCommand characters with an ellipsis.
+func argvText(argv []string) string {
+	if len(argv) == 0 {
+		return none
+	}
+	parts := make([]string, len(argv))
+	for i, a := range argv {
+		if a == "" || strings.ContainsAny(a, " \t\"'\\") {
+			a = strconv.Quote(a)
+		}
+		parts[i] = a
+	}
+	return text(strings.Join(parts, " "), maxCommand)
+}
+
+// text is free text from mpsd for a table: control characters become
+// '?', and it is cut to n characters with an ellipsis; empty is "-".
+func text(s string, n int) string {
+	if s == "" {
+		return none
+	}
+	r := []rune(strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return '?'
+		}
+		return r
+	}, s))
+	if len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return string(r)
+}
+
+// writeVersions adds, below the instances, each driver and MPS version
+// they run on and how many run on it ("MPS 13000 (driver 580.159.04): 2
+// instances"); nothing when mpsd names none.
+func writeVersions(b *bytes.Buffer, inst []api.InstanceStatus) {
+	type ver struct{ mps, driver string }
+	count := map[ver]int{}
+	var order []ver
+	for _, in := range inst {
+		if in.DriverVersion == "" && in.MPSVersion == "" {
+			continue
+		}
+		v := ver{cell(in.MPSVersion), cell(in.DriverVersion)}
+		if count[v] == 0 {
+			order = append(order, v)
+		}
+		count[v]++
+	}
+	slices.SortFunc(order, func(a, b ver) int { return cmp.Or(cmp.Compare(a.driver, b.driver), cmp.Compare(a.mps, b.mps)) })
+	for _, v := range order {
+		n := "instances"
+		if count[v] == 1 {
+			n = "instance"
+		}
+		fmt.Fprintf(b, "  MPS %s (driver %s): %d %s\n", v.mps, v.driver, count[v], n)
+	}
 }
 
 // WriteStatusJSON writes the status document raw as mpsd sent it,
@@ -132,6 +337,60 @@ func WriteAdminResult(w io.Writer, verb string, res api.AdminResult) error {
 	for _, in := range inst {
 		fmt.Fprintf(&b, "%s gpu %s (%s) group %s: state %s\n",
 			verb, instanceGPUs(in), instanceUUIDs(in), cell(in.Group), cell(in.State))
+	}
+	_, err := w.Write(b.Bytes())
+	return err
+}
+
+// WriteResumeResult writes one line per instance a resume touched,
+// saying what it lifted: "gpu 0 (GPU-1234abcd…) group a: drain lifted;
+// quarantine lifted (was: 5 failures in 10m0s; ...); state ready", in the
+// order of WriteStatus. An mpsd that does not say what it lifted (no
+// Lifted list) gets WriteAdminResult's lines.
+func WriteResumeResult(w io.Writer, res api.AdminResult) error {
+	if len(res.Instances) == 0 || len(res.Lifted) != len(res.Instances) {
+		return WriteAdminResult(w, "resumed", res)
+	}
+	order := make([]int, len(res.Instances))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(i, j int) int {
+		a, b := res.Instances[i], res.Instances[j]
+		return cmp.Or(cmp.Compare(a.GPUIndex, b.GPUIndex), cmp.Compare(a.Group, b.Group))
+	})
+	var b bytes.Buffer
+	for _, i := range order {
+		in, l := res.Instances[i], res.Lifted[i]
+		var what []string
+		if l.Drain {
+			what = append(what, "drain lifted")
+		}
+		if l.Quarantine {
+			q := "quarantine lifted"
+			if l.QuarantineReason != "" {
+				q += " (was: " + text(l.QuarantineReason, 200) + ")"
+			}
+			what = append(what, q)
+		}
+		if len(what) == 0 {
+			what = append(what, "nothing to lift (neither drained nor quarantined)")
+		}
+		fmt.Fprintf(&b, "gpu %s (%s) group %s: %s; state %s\n",
+			instanceGPUs(in), instanceUUIDs(in), cell(in.Group), strings.Join(what, "; "), cell(in.State))
+	}
+	_, err := w.Write(b.Bytes())
+	return err
+}
+
+// WriteShutdownResult writes what mpsctl shutdown did, one line, then a
+// line per problem.
+func WriteShutdownResult(w io.Writer, res api.ShutdownResult) error {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "mpsd shut down: %d running lease(s) revoked, %d queued request(s) refused, %d MPS control daemon(s) stopped, compute modes restored where mpsd had set them\n",
+		res.Revoked, res.Withdrawn, res.Daemons)
+	for _, p := range res.Problems {
+		fmt.Fprintf(&b, "  problem: %s\n", text(p, 500))
 	}
 	_, err := w.Write(b.Bytes())
 	return err

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/mpsd/mpsd/api"
 )
@@ -30,50 +31,84 @@ func FuzzStatus(f *testing.F) {
 			return
 		}
 		var b bytes.Buffer
-		if err := WriteStatus(&b, st); err != nil {
+		if err := WriteStatus(&b, st, func(uint32) string { return "" }); err != nil {
 			t.Fatal(err)
 		}
-		lines := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")
+		out := b.String()
+		if strings.ContainsFunc(out, func(r rune) bool { return r != '\n' && unicode.IsControl(r) }) {
+			t.Fatalf("control characters in the table:\n%q", out)
+		}
+		lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+		if !strings.HasPrefix(lines[0], "instances: ") || len(lines) < 2 || lines[1] != "" {
+			t.Fatalf("no summary line first:\n%s", out)
+		}
+		var running, queued int
+		for _, l := range st.Leases {
+			if l.State == api.LeaseRunning {
+				running++
+			} else {
+				queued++
+			}
+		}
+		// Every cell is one word but the last (a note, a command), which
+		// may hold blanks: a row has at least cols fields.
 		sections := []struct {
 			title string
 			rows  int
 			cols  int
+			own   bool
 		}{
-			{"INSTANCES", len(st.Instances), 10},
-			{"LEASES", len(st.Leases), 10},
-			{"QUEUE", len(st.Queue), 2},
+			{"INSTANCES", len(st.Instances), 11, false},
+			{"RUNNING", running, 11, st.OwnOnly},
+			{"QUEUED", queued, 10, st.OwnOnly},
 		}
-		i := 0
+		if st.OwnOnly && len(st.Queue) > 0 {
+			sections = append(sections, struct {
+				title string
+				rows  int
+				cols  int
+				own   bool
+			}{"QUEUE (everyone's)", len(st.Queue), 3, false})
+		}
+		i := 2
 		for n, s := range sections {
 			if n > 0 {
 				if i >= len(lines) || lines[i] != "" {
-					t.Fatalf("no blank line before %s:\n%s", s.title, b.String())
+					t.Fatalf("no blank line before %s:\n%s", s.title, out)
 				}
 				i++
 			}
 			if i >= len(lines) || lines[i] != s.title {
-				t.Fatalf("no %s title at line %d:\n%s", s.title, i, b.String())
+				t.Fatalf("no %s title at line %d:\n%s", s.title, i, out)
 			}
 			i++
+			if s.own {
+				i++ // "(yours only ...)"
+			}
 			if s.rows == 0 {
 				if i >= len(lines) || lines[i] != "  (none)" {
-					t.Fatalf("empty %s not marked:\n%s", s.title, b.String())
+					t.Fatalf("empty %s not marked:\n%s", s.title, out)
 				}
 				i++
 				continue
 			}
 			for r := 0; r <= s.rows; r++ { // the header, then the rows
 				if i >= len(lines) {
-					t.Fatalf("%s: %d rows; want %d:\n%s", s.title, r-1, s.rows, b.String())
+					t.Fatalf("%s: %d rows; want %d:\n%s", s.title, r-1, s.rows, out)
 				}
-				if got := len(strings.Fields(lines[i])); got != s.cols {
+				if got := len(strings.Fields(lines[i])); got < s.cols || (r == 0 && got != s.cols) {
 					t.Fatalf("%s line %q has %d cells; want %d", s.title, lines[i], got, s.cols)
 				}
 				i++
 			}
+			if s.title == "QUEUED" {
+				for i < len(lines) && strings.HasPrefix(lines[i], "  ") { // the wait reasons
+					i++
+				}
+			}
 		}
 		if i != len(lines) {
-			t.Fatalf("%d lines; want %d:\n%s", len(lines), i, b.String())
+			t.Fatalf("%d lines; want %d:\n%s", len(lines), i, out)
 		}
 
 		var j bytes.Buffer

@@ -7,6 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os/user"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -63,6 +65,9 @@ type Config struct {
 	// NVML returns the library check-config reads this host's GPUs
 	// through; nil means nvml.New.
 	NVML func() nvml.Interface
+	// LookupUser resolves a uid to a user name for status; nil means the
+	// host's user database (os/user). "" shows the uid.
+	LookupUser Names
 }
 
 // invocation is one run of one command.
@@ -71,6 +76,30 @@ type invocation struct {
 	cfg            Config
 	socket         string
 	c              *Client
+}
+
+// names resolves uids for status through Config.LookupUser or the
+// host's user database, each uid once.
+func (inv *invocation) names() Names {
+	look := inv.cfg.LookupUser
+	if look == nil {
+		look = func(uid uint32) string {
+			u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
+			if err != nil {
+				return ""
+			}
+			return u.Username
+		}
+	}
+	seen := map[uint32]string{}
+	return func(uid uint32) string {
+		n, ok := seen[uid]
+		if !ok {
+			n = look(uid)
+			seen[uid] = n
+		}
+		return n
+	}
 }
 
 // client connects to the socket chosen by --socket, $MPSD_SOCKET or

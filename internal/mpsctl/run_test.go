@@ -32,7 +32,10 @@ func TestStatus(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fake := newFake(t, map[string]reply{"GET " + api.PathStatus: tc.st})
-			r := mpsctl(t, Config{}, nil, append([]string{"--socket", fake.socket}, tc.args...)...)
+			// uid 1002 has no name: status shows the number.
+			names := map[uint32]string{0: "root", 1001: "alice", 1003: "bob"}
+			cfg := Config{LookupUser: func(uid uint32) string { return names[uid] }}
+			r := mpsctl(t, cfg, nil, append([]string{"--socket", fake.socket}, tc.args...)...)
 			if r.code != ExitOK || r.stderr != "" {
 				t.Fatalf("exit %d, stderr %q; want 0 and nothing", r.code, r.stderr)
 			}

@@ -29,12 +29,13 @@
 // GPUs, inherited by the server; unset means one GPU, UUIDs or indexes
 // otherwise). The emulator's own knobs:
 //
-//	MPSEMU_DRIVER=535|550|555      generation the control program imitates (default:
+//	MPSEMU_DRIVER=535|550|555|580  generation the control program imitates (default:
 //	                               MPSEMU_DRIVER_VERSION's, else 550)
 //	MPSEMU_DRIVER_VERSION=V        the driver the (simulated) GPUs report, e.g.
 //	                               570.172.08: without MPSEMU_DRIVER, the control
 //	                               program imitates the newest generation not newer
-//	                               than V (555 and later: 555). mpsd --simulate sets
+//	                               than V (555 to 579: 555; 580 and later: 580, with
+//	                               the H200's version lines). mpsd --simulate sets
 //	                               it from simulate.model
 //	MPSEMU_DEVICE_MEMORY=SIZE      memory of each emulated GPU (default 40G)
 //	MPSEMU_MAX_CLIENTS=N           clients per server, 1..48 (default 48, MPS's limit)

@@ -1,6 +1,7 @@
 package mpsemu_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -624,5 +625,62 @@ func waitListening(t *testing.T, addr string) {
 			t.Fatalf("nothing listens on %s", addr)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// The 580 generation writes what the H200's 580.159.04 wrote
+// (docs/gpu-probe): the control daemon's binary version line after its
+// start lines, the pinned-default command echoed with a period, and the
+// server's shared memory, binary version and driver lines before the
+// limits it echoes. 555, otherwise the same, writes none of them.
+func TestGeneration580Lines(t *testing.T) {
+	for _, gen := range []string{"580", "555"} {
+		t.Run(gen, func(t *testing.T) {
+			m := newMPS(t, gen, "")
+			m.startDaemon()
+			m.cmd("set_default_active_thread_percentage 50")
+			m.cmd("set_default_device_pinned_mem_limit 0 4096M")
+			m.cmd("start_server -uid 0")
+			m.waitLog("control.log", "NEW SERVER", 1)
+			server := m.serverPID()
+			slog := m.waitLog("server.log", "Server has started", 1)
+			clog := m.waitLog("control.log", "NEW SERVER", 1)
+			want580 := gen == "580"
+			start := "] To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY=" + m.pipe + "\n"
+			i := strings.Index(clog, start)
+			if i < 0 {
+				t.Fatalf("control.log has no start lines:\n%s", clog)
+			}
+			next, _, _ := strings.Cut(clog[i+len(start):], "\n")
+			if got := strings.HasSuffix(next, "] CUDA MPS Control binary version: 13000"); got != want580 {
+				t.Errorf("line after the start lines %q: version line %v, want %v", next, got, want580)
+			}
+			echo := "] Cmd:set_default_device_pinned_mem_limit 0 4096M\n"
+			j := strings.Index(clog, echo)
+			if j < 0 {
+				t.Fatalf("control.log lacks the command:\n%s", clog)
+			}
+			next, _, _ = strings.Cut(clog[j+len(echo):], "\n")
+			if got := strings.HasSuffix(next, "] set_default_device_pinned_mem_limit 0 4096M."); got != want580 {
+				t.Errorf("line after the pinned default %q: echo %v, want %v", next, got, want580)
+			}
+			var lines []string
+			for _, l := range strings.Split(slog, "\n") {
+				if _, msg, ok := strings.Cut(l, fmt.Sprintf("Server %5d] ", server)); ok {
+					lines = append(lines, msg)
+				}
+			}
+			got := strings.Join(lines, "\n")
+			want := "Creating server context on device 0 (MPS Emulated GPU)\n"
+			if want580 {
+				want += fmt.Sprintf("Created anonymous shared memory region mps.shm.0.%d\n", server) +
+					"CUDA MPS Server for Linux/Unix. Binary version: 13000\nDisplay Driver version: 580\n"
+			}
+			want += "Active Threads Percentage set to 50.0\nDevice pinned memory limit for device 0 set to 0x100000000 bytes\nServer Priority set to 0\nServer has started"
+			if !strings.HasPrefix(got, want) {
+				t.Errorf("server.log's server lines:\n%s\nwant them to start with\n%s", got, want)
+			}
+			m.cmd("quit -t 0")
+		})
 	}
 }

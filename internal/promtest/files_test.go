@@ -36,6 +36,7 @@ var (
 	contract   = map[string]metricContract{
 		"mpsd_build_info":                           {labels: []string{"version", "goversion"}},
 		"mpsd_instance_up":                          {labels: instLabels},
+		"mpsd_mps_info":                             {labels: append(slices.Clone(instLabels), "driver_version", "mps_version")},
 		"mpsd_instance_state":                       {labels: append(slices.Clone(instLabels), "state")},
 		"mpsd_server_restarts_total":                {labels: append(slices.Clone(instLabels), "reason")},
 		"mpsd_faults_total":                         {labels: append(slices.Clone(instLabels), "kind")},

@@ -70,15 +70,84 @@ func (tb *table) String() string {
 // emulator's server in standalone mode: it never registers with a daemon,
 // so to either one it is what a server without a GPU is to NVIDIA's daemon.
 // The emulator's daemon is then judged on exactly what the real one can show.
-func targets(bin, gen, realPath string) (real, emu Target) {
+// With a scenario setup (users), the programs run from its shared copy.
+func targets(bin, gen, realPath string, su *setup) (real, emu Target) {
 	standalone := "MPSEMU_SERVER_STANDALONE=1"
+	if su != nil {
+		bin, realPath = su.emuBin, su.real[gen]
+	}
 	real = Target{Name: "real-" + gen, Gen: gen, Control: realPath, BinDir: bin, Env: []string{standalone}}
 	emu = Target{
 		Name: "emu-" + gen, Gen: gen,
 		Control: filepath.Join(bin, emutest.ControlName), BinDir: bin,
 		Env: []string{"MPSEMU_DRIVER=" + gen, standalone},
 	}
+	if su != nil {
+		real.Users, emu.Users, real.RunDir, emu.RunDir = su.users, su.users, su.base, su.base
+	}
 	return real, emu
+}
+
+// Test users, from the range this package's tests own.
+const (
+	uidOwner    = 64800
+	uidMember   = 64801
+	uidStranger = 64802
+)
+
+// setup is what scenarios run as other users need: the users (owner;
+// member, whose process is in owner's group; stranger), a directory they
+// may enter to run scenarios in, and copies there of the programs (the
+// real daemons are fetched under root's home, which others cannot enter).
+type setup struct {
+	base   string
+	emuBin string
+	real   map[string]string // generation → its control program's copy
+	users  map[string]Cred
+}
+
+func newSetup(t *testing.T, bin string) *setup {
+	t.Helper()
+	for _, uid := range []uint32{uidOwner, uidMember, uidStranger} {
+		emutest.User(t, uid)
+	}
+	base := t.TempDir()
+	// t.TempDir's parent is the test's own, made 0700.
+	for _, d := range []string{filepath.Dir(base), base} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	su := &setup{base: base, emuBin: filepath.Join(base, "emu"), real: map[string]string{}, users: map[string]Cred{
+		"owner":    {UID: uidOwner, GID: uidOwner, Groups: []uint32{}},
+		"member":   {UID: uidMember, GID: uidMember, Groups: []uint32{uidOwner}},
+		"stranger": {UID: uidStranger, GID: uidStranger, Groups: []uint32{}},
+	}}
+	copyProgram(t, filepath.Join(bin, emutest.ControlName), su.emuBin)
+	copyProgram(t, filepath.Join(bin, emutest.ServerName), su.emuBin)
+	for _, gen := range emutest.Generations {
+		if path, err := emutest.RealControlPath(gen); err == nil {
+			dir := filepath.Join(base, "real-"+gen)
+			copyProgram(t, path, dir)
+			su.real[gen] = filepath.Join(dir, emutest.ControlName)
+		}
+	}
+	return su
+}
+
+// copyProgram copies the executable src into dir (made 0755), mode 0755.
+func copyProgram(t *testing.T, src, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, filepath.Base(src)), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func applies(sc Scenario, gen string) bool {
@@ -100,6 +169,7 @@ func TestConformance(t *testing.T) {
 		t.Skip("conformance scenarios start servers for uid 0 and 65534: run as root")
 	}
 	bin := emutest.BinDir(t)
+	su := newSetup(t, bin)
 	tb := &table{cells: map[string]map[string]string{}, missing: map[string]string{}}
 	t.Cleanup(func() {
 		out := tb.String()
@@ -119,7 +189,7 @@ func TestConformance(t *testing.T) {
 				tb.mu.Unlock()
 			}
 			realPath := emutest.RealControl(t, gen) // skips, or fails in CI, with the reason
-			realT, emuT := targets(bin, gen, realPath)
+			realT, emuT := targets(bin, gen, realPath, su)
 			for _, sc := range Scenarios {
 				if !applies(sc, gen) {
 					continue
@@ -151,11 +221,11 @@ func runPair(t *testing.T, x, y Target, sc Scenario, each func(a, b Transcript))
 	t.Helper()
 	ctx := context.Background()
 	for attempt := 1; attempt <= 2; attempt++ {
-		a, err := Run(ctx, x, sc, t.TempDir())
+		a, err := Run(ctx, x, sc, runDir(t, x))
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, err := Run(ctx, y, sc, t.TempDir())
+		b, err := Run(ctx, y, sc, runDir(t, y))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -170,6 +240,23 @@ func runPair(t *testing.T, x, y Target, sc Scenario, each func(a, b Transcript))
 	return res, ""
 }
 
+// runDir is a fresh directory for one run of a scenario on x: under its
+// RunDir (where other users may enter), else the test's own.
+func runDir(t *testing.T, x Target) string {
+	t.Helper()
+	if x.RunDir == "" {
+		return t.TempDir()
+	}
+	d, err := os.MkdirTemp(x.RunDir, "run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 // TestHarnessIsDeterministic runs the real daemon twice per scenario: if the
 // two transcripts differ, the harness (not the emulator) is at fault, and
 // every emulator verdict would be noise.
@@ -178,7 +265,8 @@ func TestHarnessIsDeterministic(t *testing.T) {
 		t.Skip("scenarios start servers for uid 0 and 65534: run as root")
 	}
 	bin := emutest.BinDir(t)
-	realT, _ := targets(bin, "550", emutest.RealControl(t, "550"))
+	path := emutest.RealControl(t, "550")
+	realT, _ := targets(bin, "550", path, newSetup(t, bin))
 	for _, sc := range Scenarios {
 		t.Run(sc.Name, func(t *testing.T) {
 			t.Parallel()

@@ -24,6 +24,15 @@
 // cover those against MPS's documentation and what hack/gpu-mps-probe.sh
 // recorded on a real H200 (docs/gpu-probe/).
 //
+// Steps run as root or, with Step.As, as one of three test users the test
+// makes (uids 64800-64802): the daemon's owner (a daemon started as it
+// owns the scenario directory), a member of the owner's group, a stranger.
+// The programs are then run from copies the users may execute. So who may
+// change defaults, quit, or address a server is compared too, wherever a
+// GPU-less daemon decides it: for a pid that is no server every caller
+// gets "Server N not found" before any check of who asks, so the rules for
+// a real server's owner are left to hack/gpu-check.sh (docs/emulator.md).
+//
 // A scenario whose transcripts differ is run again; only a difference that
 // repeats fails. One that does not is logged and marked identical* in the
 // table: NVIDIA's daemon has rare races (a second command to a quitting

@@ -27,6 +27,19 @@ type Target struct {
 	Control string   // path of nvidia-cuda-mps-control
 	BinDir  string   // put first on PATH: holds the nvidia-cuda-mps-server the daemon spawns
 	Env     []string // extra environment, e.g. MPSEMU_DRIVER=550
+	// Users are the unprivileged users steps may run as (Step.As), by
+	// the names scenarios use: "owner", "member" (in owner's group),
+	// "stranger". Control and BinDir must be theirs to run, and the
+	// directory a scenario runs in theirs to enter.
+	Users map[string]Cred
+	// RunDir, when set, is where the test makes each run's directory.
+	RunDir string
+}
+
+// Cred is a user a step runs as.
+type Cred struct {
+	UID, GID uint32
+	Groups   []uint32
 }
 
 // Scenario is a script run against each target.
@@ -65,10 +78,16 @@ type Step struct {
 	sig     syscall.Signal
 	n       int
 	timeout time.Duration
+	user    string // Target.Users name; "" is root
 }
 
 // Timeout sets the step's deadline (default 5 s).
 func (s Step) Timeout(d time.Duration) Step { s.timeout = d; return s }
+
+// As runs the step (a daemon start or a client call) as the target's user
+// of that name instead of root. A daemon started as a user owns the
+// scenario directory and the log directory, as it would its own.
+func (s Step) As(user string) Step { s.user = user; return s }
 
 func daemon(args ...string) Step { return Step{op: opDaemon, args: args} }
 
@@ -121,6 +140,9 @@ type runner struct {
 	// it: from then on its log is not read (NVIDIA's daemon loses lines as
 	// it exits), until a daemon is started again.
 	stopping bool
+	// owner is the user the daemon was started as ("" root): its quit is
+	// obeyed, another user's refused.
+	owner string
 }
 
 // Run executes the scenario against the target in a fresh directory under
@@ -167,7 +189,7 @@ func (r *runner) record(what, text string) {
 // call runs the control program and records its stdout, stderr and status.
 // Output goes to files, not pipes, so a daemon that inherits them cannot
 // keep the call open.
-func (r *runner) call(ctx context.Context, what string, args []string, stdin string, timeout time.Duration) error {
+func (r *runner) call(ctx context.Context, what, user string, args []string, stdin string, timeout time.Duration) error {
 	if timeout == 0 {
 		timeout = defaultTimeout
 	}
@@ -190,6 +212,14 @@ func (r *runner) call(ctx context.Context, what string, args []string, stdin str
 	c := exec.CommandContext(ctx, r.t.Control, args...)
 	c.Env = r.env
 	c.Dir = r.dir
+	if user != "" {
+		cred, ok := r.t.Users[user]
+		if !ok {
+			return fmt.Errorf("%s: no user %q on target %s", what, user, r.t.Name)
+		}
+		c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: cred.UID, Gid: cred.GID, Groups: cred.Groups}}
+		what += " as " + user
+	}
 	c.Stdin = strings.NewReader(stdin)
 	c.Stdout, c.Stderr = outF, errF
 	c.WaitDelay = time.Second
@@ -228,7 +258,11 @@ func (r *runner) step(ctx context.Context, st Step) error {
 	case opDaemon:
 		r.stopping = false
 		before := strings.Count(r.readLog("control.log"), daemonStartLine)
-		if err := r.call(ctx, "daemon "+strings.Join(st.args, " "), st.args, "", st.timeout); err != nil {
+		if err := r.own(st.user); err != nil {
+			return err
+		}
+		r.owner = st.user
+		if err := r.call(ctx, "daemon "+strings.Join(st.args, " "), st.user, st.args, "", st.timeout); err != nil {
 			return err
 		}
 		// NVIDIA's daemon writes its log from another thread: -d can return
@@ -240,13 +274,14 @@ func (r *runner) step(ctx context.Context, st Step) error {
 			})
 		}
 	case opCmd:
-		if strings.HasPrefix(strings.TrimSpace(st.stdin), "quit") {
+		// A quit the daemon obeys (root's or its owner's) ends its log.
+		if strings.HasPrefix(strings.TrimSpace(st.stdin), "quit") && (st.user == "" || st.user == r.owner) {
 			r.snapshotLog(ctx)
 			r.stopping = true
 		}
-		return r.call(ctx, fmt.Sprintf("cmd %q", st.stdin), nil, r.expand(st.stdin), st.timeout)
+		return r.call(ctx, fmt.Sprintf("cmd %q", st.stdin), st.user, nil, r.expand(st.stdin), st.timeout)
 	case opArgv:
-		return r.call(ctx, "argv "+strings.Join(st.args, " "), st.args, "", st.timeout)
+		return r.call(ctx, "argv "+strings.Join(st.args, " "), st.user, st.args, "", st.timeout)
 	case opFiles:
 		r.record("pipe dir", listDir(r.pipe))
 	case opLogDir:
@@ -302,10 +337,33 @@ func (r *runner) step(ctx context.Context, st Step) error {
 	return nil
 }
 
-// expand replaces {server} in a command with the newest live server's pid;
+// own gives the scenario directory and the log directory to user (a
+// daemon started as user creates its pipe directory and writes its logs
+// there); "" leaves them root's.
+func (r *runner) own(user string) error {
+	if user == "" {
+		return nil
+	}
+	cred, ok := r.t.Users[user]
+	if !ok {
+		return fmt.Errorf("daemon: no user %q on target %s", user, r.t.Name)
+	}
+	for _, d := range []string{r.dir, r.logs} {
+		if err := os.Chown(d, int(cred.UID), int(cred.GID)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// expand replaces {server} in a command with the newest live server's
+// pid, and {daemon} with the daemon's (a live process that is no server);
 // the recorded step name keeps the placeholder so it is the same on every
 // target.
 func (r *runner) expand(s string) string {
+	if strings.Contains(s, "{daemon}") {
+		s = strings.ReplaceAll(s, "{daemon}", strconv.Itoa(r.daemonPID()))
+	}
 	if !strings.Contains(s, "{server}") {
 		return s
 	}

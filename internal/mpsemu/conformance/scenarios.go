@@ -271,4 +271,63 @@ var Scenarios = []Scenario{
 		serversAlive(),
 		cmd("quit -t 0"),
 	}},
+	// Non-root callers: 550 and newer refuse default changes to anyone
+	// but root and the daemon's user (a member of its group is no
+	// better than a stranger); 535 lets anyone change them. quit is
+	// refused to them in every generation. Reading defaults is anyone's.
+	{Name: "defaults-nonroot-callers", Steps: append(append([]Step{daemon("-d")},
+		append(changeDefaults("member", "41", "1G", "1"), changeDefaults("stranger", "42", "3G", "0")...)...),
+		cmd("quit").As("stranger"), cmd("quit").As("member"), cmd("quit -t 0").As("stranger"),
+		cmd("get_default_active_thread_percentage", "get_default_device_pinned_mem_limit 0", "get_default_client_priority"),
+		cmd("quit"), waitDaemonExit(),
+	)},
+	// A daemon a user started: that user may change its defaults and
+	// quit it; a member of the user's group, a stranger and root are
+	// answered as for a root daemon (root may do everything).
+	{Name: "defaults-daemon-owner", Steps: append(append([]Step{daemon("-d").As("owner"), files()},
+		append(append(append(changeDefaults("owner", "40", "2G", "1"), changeDefaults("member", "41", "1G", "0")...),
+			changeDefaults("stranger", "42", "3G", "0")...), changeDefaults("", "43", "4G", "0")...)...),
+		cmd("quit").As("stranger"), cmd("quit").As("member"),
+		cmd("start_server -uid 0").As("owner"),
+		cmd("quit").As("owner"), waitDaemonExit(), files(),
+	)},
+	// A server pid that is no server (a pid no process has, and the
+	// daemon's own) is "not found" to every caller, before any check of
+	// who asks: so the per-server rules (a server's owner lifting its own
+	// caps) show only with an ACTIVE server, on a GPU (hack/gpu-check.sh).
+	{Name: "unknown-server-any-caller", Steps: append(append(append([]Step{daemon("-d")},
+		unknownServer("stranger")...), unknownServer("owner")...),
+		append(unknownServer(""), cmd("start_server -uid 0").As("stranger"), cmd("get_server_list"), cmd("quit"))...)},
+}
+
+// changeDefaults: user sets the three defaults, then reads them back.
+func changeDefaults(user, pct, pinned, prio string) []Step {
+	return []Step{
+		cmd("set_default_active_thread_percentage " + pct).As(user),
+		cmd("set_default_device_pinned_mem_limit 0 " + pinned).As(user),
+		cmd("set_default_client_priority " + prio).As(user),
+		cmd("get_default_active_thread_percentage", "get_default_device_pinned_mem_limit 0", "get_default_client_priority").As(user),
+	}
+}
+
+// noServer is above the kernel's largest pid: no process has it.
+const noServer = "9999999"
+
+// unknownServer: user addresses servers that do not exist.
+func unknownServer(user string) []Step {
+	var steps []Step
+	for _, pid := range []string{noServer, "{daemon}"} {
+		steps = append(steps,
+			cmd("set_active_thread_percentage "+pid+" 50").As(user),
+			cmd("get_active_thread_percentage "+pid).As(user),
+			cmd("set_device_pinned_mem_limit "+pid+" 0 1G").As(user),
+			cmd("get_device_pinned_mem_limit "+pid+" 0").As(user),
+			cmd("get_client_list "+pid).As(user),
+			cmd("terminate_client "+pid+" 1").As(user),
+			cmd("shutdown_server "+pid).As(user),
+			cmd("shutdown_server "+pid+" -f").As(user),
+			cmd("get_server_status "+pid).As(user),
+		)
+	}
+	return steps
 }

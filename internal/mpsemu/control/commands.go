@@ -237,6 +237,9 @@ func (d *Daemon) execLocked(c uiConn, uid uint32, line string) {
 			return
 		}
 		d.defaultPinned[dev] = cstr.ParsePinnedLimit(val)
+		if d.gen.EchoesPinnedDefault() {
+			s.note("set_default_device_pinned_mem_limit %d %s.", dev, val)
+		}
 	case "get_default_device_pinned_mem_limit":
 		dev := scanIntDefault(args)
 		switch {

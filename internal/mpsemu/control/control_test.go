@@ -244,7 +244,7 @@ func FuzzCommand(f *testing.F) {
 func TestGenerationForDriver(t *testing.T) {
 	for in, want := range map[string]Generation{
 		"535.261.03": Gen535, "545.29.06": Gen535, "550.163.01": Gen550, "550": Gen550,
-		"555.58.02": Gen555, "570.172.08": Gen555, "580.159.04": Gen555,
+		"555.58.02": Gen555, "570.172.08": Gen555, "580.159.04": Gen580, "590.1": Gen580,
 	} {
 		if g, err := GenerationForDriver(in); err != nil || g != want {
 			t.Errorf("GenerationForDriver(%q) = %v, %v; want %v", in, g, err, want)
@@ -267,6 +267,8 @@ func TestSelectGeneration(t *testing.T) {
 	}{
 		{"", "", DefaultGeneration, false},
 		{"", "570.172.08", Gen555, false},
+		{"", "580.159.04", Gen580, false},
+		{"580", "", Gen580, false},
 		{"", "550.163.01", Gen550, false},
 		{"550", "570.172.08", Gen550, false},
 		{"535", "", Gen535, false},
@@ -296,7 +298,7 @@ func FuzzGenerationForDriver(f *testing.F) {
 			return
 		}
 		major, _, _ := strings.Cut(v, ".")
-		if n, _ := strconv.Atoi(major); g != Gen535 && g != Gen550 && g != Gen555 || n < int(g) {
+		if n, _ := strconv.Atoi(major); g != Gen535 && g != Gen550 && g != Gen555 && g != Gen580 || n < int(g) {
 			t.Fatalf("%q: generation %v", v, g)
 		}
 	})

@@ -251,6 +251,9 @@ func (d *Daemon) run(ready *os.File) int {
 	d.openLogs()
 	d.logf("Starting control daemon using socket %s/%s", d.dirs.pipe, ctlwire.ControlSocket)
 	d.logf("To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY=%s", d.dirs.pipe)
+	if v := d.gen.BinaryVersion(); v != 0 {
+		d.logf("CUDA MPS Control binary version: %d", v)
+	}
 	d.readEnvDefaults()
 
 	priv, err := ctlwire.Listen(d.path(ctlwire.PrivilegedSocket))

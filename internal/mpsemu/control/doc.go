@@ -1,8 +1,9 @@
 // Package control is the emulated nvidia-cuda-mps-control: NVIDIA's MPS
 // control daemon (-d, -f) and its command-line client, byte for byte as the
-// driver generation chosen by MPSEMU_DRIVER (535, 550 or 555) behaves; without
-// it, the generation of MPSEMU_DRIVER_VERSION's driver (the one a simulated
-// GPU reports: 570.172.08 behaves as 555), else 550.
+// driver generation chosen by MPSEMU_DRIVER (535, 550, 555 or 580) behaves;
+// without it, the generation of MPSEMU_DRIVER_VERSION's driver (the one a
+// simulated GPU reports: 570.172.08 behaves as 555, 580.159.04 as 580), else
+// 550.
 //
 // It owns the control daemon's whole observable surface: argument handling,
 // daemonizing (Go cannot fork, so -d re-executes the program and waits on a

@@ -12,11 +12,14 @@ import (
 type Generation int
 
 // Generations seen in Debian: bookworm 535.261.03, trixie 550.163.01,
-// experimental 555.58.02.
+// experimental 555.58.02; and 580.159.04 (CUDA 13.0), seen on an H200
+// (docs/gpu-probe), which behaves as 555 plus the lines it adds to its
+// logs (BinaryVersion, EchoesPinnedDefault).
 const (
 	Gen535 Generation = 535
 	Gen550 Generation = 550
 	Gen555 Generation = 555
+	Gen580 Generation = 580
 )
 
 // DefaultGeneration is used when MPSEMU_DRIVER is unset.
@@ -36,28 +39,37 @@ func ParseGeneration(s string) (Generation, error) {
 		return Gen550, nil
 	case "555":
 		return Gen555, nil
+	case "580":
+		return Gen580, nil
 	}
-	return 0, fmt.Errorf("%w: MPSEMU_DRIVER=%q (want 535, 550 or 555)", ErrGeneration, s)
+	return 0, fmt.Errorf("%w: MPSEMU_DRIVER=%q (want 535, 550, 555 or 580)", ErrGeneration, s)
 }
 
 // GenerationForDriver is the generation the emulator imitates for a
 // driver of version v ("570.172.08", as NVML's SystemGetDriverVersion
 // reports it, or its major alone): the newest one it knows that is not
-// newer than v. Drivers from 555 on all take -multiuser-server; the lines
-// later daemons add (580's binary version line, say) are not written.
-// Drivers older than 535 are not emulated.
+// newer than v. Drivers from 555 on all take -multiuser-server; from 580
+// on they write 580's version lines. Drivers older than 535 are not
+// emulated.
 func GenerationForDriver(v string) (Generation, error) {
 	major, _, _ := strings.Cut(v, ".")
 	n, err := strconv.Atoi(major)
 	if err != nil || major != strconv.Itoa(n) {
 		return 0, fmt.Errorf("%w: driver version %q (want MAJOR[.MINOR...], e.g. 570.172.08)", ErrGeneration, v)
 	}
-	for _, g := range []Generation{Gen555, Gen550, Gen535} {
+	for _, g := range []Generation{Gen580, Gen555, Gen550, Gen535} {
 		if n >= int(g) {
 			return g, nil
 		}
 	}
 	return 0, fmt.Errorf("%w: driver version %q is older than 535, the oldest generation emulated", ErrGeneration, v)
+}
+
+// SelectGeneration is the generation the emulator's programs imitate,
+// from their environment (see selectGeneration): the control program's,
+// and the server's, which inherits the daemon's environment.
+func SelectGeneration(getenv func(string) string) (Generation, error) {
+	return selectGeneration(getenv)
 }
 
 // selectGeneration is the generation of the control program's
@@ -75,6 +87,22 @@ func selectGeneration(getenv func(string) string) (Generation, error) {
 	return DefaultGeneration, nil
 }
 
+// BinaryVersion is the "CUDA MPS Control binary version" a 580 daemon
+// logs as it starts, and its server in server.log: the CUDA version the
+// driver implements (13000 for 13.0, seen on an H200 with 580.159.04).
+// Older generations log none: 0.
+func (g Generation) BinaryVersion() int {
+	if g >= Gen580 {
+		return 13000
+	}
+	return 0
+}
+
+// EchoesPinnedDefault: a 580 daemon logs the accepted command line of
+// set_default_device_pinned_mem_limit again, with a period
+// ("set_default_device_pinned_mem_limit 0 4096M."), seen on an H200.
+func (g Generation) EchoesPinnedDefault() bool { return g >= Gen580 }
+
 // HasPIDFile: 535 writes no nvidia-cuda-mps-control.pid.
 func (g Generation) HasPIDFile() bool { return g >= Gen550 }
 
@@ -85,8 +113,8 @@ func (g Generation) HasServerStatus() bool { return g >= Gen550 }
 // know; older ones run as a client and read stdin.
 func (g Generation) StrictArgv() bool { return g >= Gen555 }
 
-// HasMultiuser: only 555 knows -multiuser-server; older ones treat it as an
-// unknown argument.
+// HasMultiuser: only 555 and newer know -multiuser-server; older ones treat
+// it as an unknown argument.
 func (g Generation) HasMultiuser() bool { return g >= Gen555 }
 
 // LogsForceShutdown: 535 sends SIGINT without logging "Force shutting down".

@@ -112,7 +112,7 @@ func (d *Daemon) startServerLocked(uid int32) *srv {
 		if errors.As(err, &errno) {
 			msg = errno.Error()
 		}
-		if d.gen == Gen555 {
+		if d.gen >= Gen555 {
 			d.logf("Failed to start server using uid %d, error: %s", uid, msg)
 		} else {
 			d.logf("Failed to start server using uid %d. %s", uid, msg)

@@ -29,6 +29,11 @@ const (
 // fetch script tries to fetch, oldest first.
 var Generations = []string{"535", "550", "555"}
 
+// EmulatedGenerations are generations only the emulator has here: 580,
+// seen on an H200 (docs/gpu-probe) but packaged nowhere a GPU-less
+// machine can fetch it. Suites run them on the emulator alone.
+var EmulatedGenerations = []string{"580"}
+
 var (
 	buildOnce sync.Once
 	buildDir  string

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mpsd/mpsd/internal/mpsemu/control"
 	"github.com/mpsd/mpsd/internal/mpsemu/cstr"
 )
 
@@ -47,6 +48,13 @@ type Config struct {
 	// reset"). 0 recovers at once (MPSEMU_FAULT_RESET, default
 	// DefaultFaultReset from the environment).
 	FaultReset time.Duration
+	// BinaryVersion is the CUDA version a 580 server logs at its start
+	// with the driver's major (DriverMajor); 0 logs neither, as the
+	// emulator does for older generations (no GPU-less machine can show
+	// a real server's log): MPSEMU_DRIVER or MPSEMU_DRIVER_VERSION,
+	// inherited from the daemon, as the control program reads them.
+	BinaryVersion int
+	DriverMajor   int
 }
 
 // DefaultFaultReset is FaultReset unless MPSEMU_FAULT_RESET says
@@ -61,7 +69,9 @@ const DefaultFaultReset = 0
 // ConfigFromEnv reads the server's environment: CUDA_MPS_PIPE_DIRECTORY,
 // CUDA_VISIBLE_DEVICES, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE,
 // CUDA_MPS_CLIENT_PRIORITY, MPSEMU_DEVICE_MEMORY, MPSEMU_MAX_CLIENTS,
-// MPSEMU_FAULT_RESET.
+// MPSEMU_FAULT_RESET, MPSEMU_DRIVER and MPSEMU_DRIVER_VERSION (an unknown
+// generation is the control program's to refuse: the server then logs as
+// the older generations do).
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	cfg := Config{
 		PipeDir:      getenv("CUDA_MPS_PIPE_DIRECTORY"),
@@ -103,6 +113,9 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		}
 	}
 	cfg.Standalone = getenv("MPSEMU_SERVER_STANDALONE") == "1"
+	if g, err := control.SelectGeneration(getenv); err == nil && g.BinaryVersion() != 0 {
+		cfg.BinaryVersion, cfg.DriverMajor = g.BinaryVersion(), int(g)
+	}
 	if v := getenv("CUDA_MPS_CLIENT_PRIORITY"); v == "1" {
 		cfg.Priority = 1
 	}

@@ -138,6 +138,13 @@ func (s *Server) logContextsLocked(verb string) {
 // started, in a real server's words and order.
 func (s *Server) logStartedLocked() {
 	s.logContextsLocked("Creating")
+	if s.cfg.BinaryVersion != 0 {
+		// A 580 server on an H200 (docs/gpu-probe); the region's name
+		// carries the server's uid (0 there) and pid.
+		s.logfLocked("Created anonymous shared memory region mps.shm.%d.%d", s.cfg.UID, s.cfg.PID)
+		s.logfLocked("CUDA MPS Server for Linux/Unix. Binary version: %d", s.cfg.BinaryVersion)
+		s.logfLocked("Display Driver version: %d", s.cfg.DriverMajor)
+	}
 	if s.sm != 100 {
 		s.logfLocked("Active Threads Percentage set to %.1f", s.sm)
 	}

@@ -1,0 +1,217 @@
+package mpsd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/apihttp"
+	"github.com/mpsd/mpsd/mps"
+)
+
+// shutdownDrainMax bounds how long a shutdown waits for the leases that
+// were already ending (a recovery's revocation, a release) and for
+// recoveries under way before it stops the daemons anyway.
+const shutdownDrainMax = time.Minute
+
+// errShutdownBusy: a shutdown is under way already.
+var errShutdownBusy = errors.New("a shutdown is already under way")
+
+// serveShutdown is mpsctl shutdown (api.PathShutdown): the whole MPS
+// service of the host ends, and then mpsd does. SIGTERM, by contrast,
+// stops mpsd only.
+func (d *Daemon) serveShutdown(w http.ResponseWriter, r *http.Request) {
+	if !d.requireAdmin(w, r) {
+		return
+	}
+	if _, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.ShutdownRequest, error) { return api.DecodeShutdownRequest(r.Body) }); !ok {
+		return
+	}
+	_, c, _ := d.credentials(r)
+	res, err := d.shutdown(c.UID)
+	if err != nil {
+		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, err.Error())
+		return
+	}
+	// The whole answer, its length known, is sent before Run is told to
+	// stop (which closes the connections): the client never sees it cut.
+	var body bytes.Buffer
+	if err := jsonEncode(&body, res); err != nil {
+		apihttp.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
+	} else {
+		w.Header().Set("Content-Type", api.ContentTypeJSON)
+		w.Header().Set("Content-Length", strconv.Itoa(body.Len()))
+		_, _ = w.Write(body.Bytes())
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+	}
+	d.shutOnce.Do(func() { close(d.shutdownDone) })
+}
+
+// shutdown ends the host's MPS service, in the order the leases and MPS
+// need:
+//
+//  1. no lease is granted or admitted any more (shuttingDown);
+//  2. every queued request ends with CodeUnavailable;
+//  3. every running lease is revoked through revoke (its launcher told,
+//     terminate_client, its cgroup killed) and ends with CodeUnavailable
+//     instead of being requeued;
+//  4. leases already ending, and recoveries under way, are waited for
+//     (at most shutdownDrainMax);
+//  5. every control daemon quits (mps.Daemon.Stop);
+//  6. the GPUs' compute modes are put back.
+//
+// The state file is written as Run stops, with no leases left.
+func (d *Daemon) shutdown(uid uint32) (api.ShutdownResult, error) {
+	d.mu.Lock()
+	if d.shuttingDown {
+		d.mu.Unlock()
+		return api.ShutdownResult{}, errShutdownBusy
+	}
+	d.shuttingDown = true
+	reason := fmt.Sprintf("mpsd is shutting down (mpsctl shutdown by uid %d)", uid)
+	res := api.ShutdownResult{}
+	res.Withdrawn = d.failQueuedLocked(reason)
+	type batch struct {
+		victims []*lease
+		how     revokeHow
+	}
+	var batches []batch
+	running := 0
+	for _, in := range d.instanceList() {
+		var victims []*lease
+		for _, l := range in.leases {
+			if l.state == leaseRunning {
+				victims = append(victims, l)
+			}
+		}
+		if len(victims) == 0 {
+			continue
+		}
+		running += len(victims)
+		slices.SortFunc(victims, func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
+		batches = append(batches, batch{victims, revokeHow{dm: in.daemon, servers: slices.Sorted(maps.Keys(in.servers)),
+			end: &api.Error{Code: api.CodeUnavailable, Message: reason + "; the lease was revoked and its command stopped"}}})
+	}
+	d.mu.Unlock()
+	d.log.Info("mpsd shutting down: ending the leases, then the MPS daemons", "by_uid", uid, "running", running, "queued", res.Withdrawn)
+
+	var revoked atomic.Int64
+	var wg sync.WaitGroup
+	for _, b := range batches {
+		wg.Go(func() { revoked.Add(int64(d.revoke(b.victims, reason, b.how))) })
+	}
+	wg.Wait()
+	res.Revoked = int(revoked.Load())
+
+	if left := d.awaitQuiet(reason); left != "" {
+		res.Problems = append(res.Problems, left)
+		d.log.Warn("shutdown goes on without waiting longer", "left", left)
+	}
+
+	d.mu.Lock()
+	var stops []*instance
+	var dms []*mps.Daemon
+	for _, in := range d.instanceList() {
+		if in.life != instUp || in.daemon == nil {
+			continue
+		}
+		if _, err := in.step(instEvStop, "mpsctl shutdown"); err != nil {
+			continue
+		}
+		stops = append(stops, in)
+		dms = append(dms, in.daemon)
+		in.daemon = nil
+		clear(in.servers)
+		in.p.ServerUp = false
+	}
+	d.mu.Unlock()
+	problems := make([]string, len(stops))
+	for i, in := range stops {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), 30*time.Second)
+			rep, err := dms[i].Stop(ctx)
+			cancel()
+			_ = dms[i].Close()
+			in.log.Info("control daemon stopped for the shutdown", "graceful", rep.Graceful, "killed_servers", len(rep.KilledServers), "err", err)
+			switch {
+			case err != nil:
+				problems[i] = fmt.Sprintf("GPU %s group %s: control daemon: %v", gpuList(in), in.group, err)
+			case !rep.Graceful && !rep.AlreadyExited:
+				problems[i] = fmt.Sprintf("GPU %s group %s: control daemon did not quit in time and was killed", gpuList(in), in.group)
+			}
+			d.mu.Lock()
+			_, _ = in.step(instEvGone, "mpsctl shutdown")
+			d.mu.Unlock()
+		})
+	}
+	wg.Wait()
+	res.Daemons = len(stops)
+	for _, p := range problems {
+		if p != "" {
+			res.Problems = append(res.Problems, p)
+		}
+	}
+	if err := d.host.RestoreComputeModes(); err != nil {
+		res.Problems = append(res.Problems, err.Error())
+		d.log.Error("shutdown: compute modes not restored", "err", err)
+	}
+	d.log.Info("MPS service shut down; mpsd exits", "revoked", res.Revoked, "withdrawn", res.Withdrawn, "daemons", res.Daemons, "problems", len(res.Problems))
+	return res, nil
+}
+
+// failQueuedLocked ends every queued request with CodeUnavailable and
+// returns how many there were.
+func (d *Daemon) failQueuedLocked(reason string) int {
+	n := 0
+	for g, q := range d.queues {
+		d.queues[g] = nil
+		for _, l := range q {
+			l.logger().Info("lease request withdrawn", l.logAttrs("reason", reason)...)
+			d.failLocked(l, api.CodeUnavailable, reason+"; the request was not granted")
+			n++
+		}
+	}
+	return n
+}
+
+// awaitQuiet waits until no lease is left and no recovery or bring-up
+// of a daemon is under way, failing whatever a recovery requeues
+// meanwhile; it returns what is left after shutdownDrainMax, "" when
+// nothing is.
+func (d *Daemon) awaitQuiet(reason string) string {
+	deadline := time.NewTimer(shutdownDrainMax)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		d.mu.Lock()
+		d.failQueuedLocked(reason)
+		busy := 0
+		for _, in := range d.instanceList() {
+			if in.life == instRecovering || (in.life == instStarting && in.daemon != nil) {
+				busy++
+			}
+		}
+		leases := len(d.leases)
+		d.mu.Unlock()
+		if leases == 0 && busy == 0 {
+			return ""
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			return fmt.Sprintf("%d lease(s) still ending and %d instance(s) still recovering after %s", leases, busy, shutdownDrainMax)
+		}
+	}
+}
