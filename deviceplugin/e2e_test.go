@@ -187,6 +187,7 @@ func TestAllocate(t *testing.T) {
 		api.EnvLeaseID:          lease.ID,
 		api.EnvGroup:            "a",
 		EnvVisibleDevices:       uuid[0],
+		"CUDA_VISIBLE_DEVICES":  uuid[0],
 	}
 	if len(resp.Envs) != len(wantEnv) {
 		t.Errorf("envs %v, want %v", resp.Envs, wantEnv)

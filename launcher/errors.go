@@ -39,6 +39,10 @@ var (
 	// ErrLost is wrapped when the connection to mpsd ended and could not
 	// be made again within Config.ReconnectTimeout.
 	ErrLost = errors.New("launcher: lost mpsd")
+	// ErrUnsafeEnv is wrapped when the lease's environment would let MPS
+	// run the command without its limits (mpsenv.ErrFallsOpen says how);
+	// the command is not started.
+	ErrUnsafeEnv = errors.New("launcher: the lease's MPS environment would not hold the command to its limits")
 )
 
 // ExitCode is the exit status mps-launch reports for err (never 0):

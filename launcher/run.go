@@ -427,7 +427,7 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 		cancel()
 		if err != nil {
 			err = fmt.Errorf("launcher: attach pid %d to lease %s: %w", c.pid, lease.ID, err)
-		} else if err = c.start(childEnv(s.cfg.Environ, lease, len(s.req.GPUSelect) > 0)); err == nil {
+		} else if err = s.startCommand(c, lease); err == nil {
 			s.child = c
 			return nil
 		}

@@ -26,7 +26,6 @@ var designPending = []string{
 	"launcher/doc.go",
 	"launcher/errors.go",
 	"mpsd/daemon.go",
-	"mpsd/lease.go",
 }
 
 // Every file of the repository cites only docs that exist: a Markdown
