@@ -12,6 +12,7 @@ import (
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
+	"github.com/mpsd/mpsd/mps"
 )
 
 // Test uids of the caps tests (this file's range: 64850-64899).
@@ -152,5 +153,53 @@ func (e *testEnv) waitLogLine(ss ...string) {
 			e.t.Fatalf("mpsd logged no line with all of %q within %s", ss, waitFor)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// capsUIDDefaults changes the daemon's defaults on a 535 daemon.
+const capsUIDDefaults = 64852
+
+// NVIDIA's 535 daemon lets any user change its defaults, which the next
+// server starts with. A tenant lifts the default thread percentage to 100
+// before its first launch; its server starts at 100, and mpsd, checking
+// the caps of every new server once it is ready, sets it back to the
+// group's max_sm at once (the drift is logged as seen at the server's
+// start and counted).
+func TestServerCapsAppliedAtStart(t *testing.T) {
+	tenant := emutest.User(t, capsUIDDefaults)
+	e := newEnvGPUs(t, 1, fmt.Sprintf(`  a:
+    users: [%s]
+    memory: 10G
+    max_sm: 40
+`, tenant), "watchdog:\n  probe_interval: 10m\n  backoff_initial: 50ms\n  backoff_max: 1s\n")
+	// No probe runs within the test: only the check at the server's start
+	// can set the cap back.
+	base := e.opts.MPS
+	e.opts.MPS = func(c mps.Config, l Layout) (mps.Config, error) {
+		c, err := base(c, l)
+		c.Env = append(c.Env, "MPSEMU_DRIVER=535")
+		return c, err
+	}
+	e.start()
+	st := e.waitStatus("the instance up", func(st api.Status) bool {
+		return len(st.Instances) == 1 && st.Instances[0].State == api.InstanceReady
+	})
+	uuid := st.Instances[0].GPUUUID
+	if got := e.ctl(t, capsUIDDefaults, "a", uuid, "set_default_active_thread_percentage 100"); got != "100.0" {
+		t.Fatalf("the tenant's set_default_active_thread_percentage on 535 answered %q, want 100.0", got)
+	}
+	client := filepath.Join(e.emu, "mpsemu-client")
+	startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", client, "--duration", "1m"), capsUIDDefaults))
+	st = e.waitStatus("its server", func(st api.Status) bool { return len(st.Instances[0].ServerPIDs) == 1 })
+	sa := strconv.Itoa(st.Instances[0].ServerPIDs[0])
+	e.waitLogLine("MPS server's cap drifted from the group's", "group=a", "server="+sa, "cap=thread_percentage", "got=100", `seen_at="server start"`)
+	e.waitStatus("the cap set back", func(api.Status) bool {
+		return e.ctl(t, 0, "a", uuid, "get_active_thread_percentage "+sa) == "40.0"
+	})
+	if n := e.limMetric("mpsd_mps_cap_drift_total", map[string]string{"group": "a", "cap": "thread_percentage"}); n != 1 {
+		t.Errorf("%v thread_percentage drifts counted, want 1", n)
+	}
+	if n := e.limMetric("mpsd_mps_cap_drift_total", map[string]string{"group": "a", "cap": "pinned_memory"}); n != 0 {
+		t.Errorf("%v pinned_memory drifts counted, want 0 (the tenant changed none)", n)
 	}
 }
