@@ -144,6 +144,9 @@ func (d *Daemon) enforceCaps(in *instance, dm *mps.Daemon, pid int, when string)
 		mem[i] = wantMem
 	}
 	if _, err := dm.SetServerCaps(ctx, pid, wantSM, mem); err != nil {
+		if errors.Is(err, mps.ErrServerNotFound) {
+			return err // it exited meanwhile: nothing to hold to the caps
+		}
 		in.log.Error("could not set an MPS server's caps back to the group's; the next probe tries again", "server", pid, "server_uid", uid, "err", err)
 		return fmt.Errorf("set caps of server %d: %w", pid, err)
 	}
