@@ -535,7 +535,7 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 				// nor be given up while mpsd may come back.
 				return s.hold(lease, c, err)
 			}
-		} else if err = c.start(childEnv(s.cfg.Environ, lease, len(s.req.GPUSelect) > 0)); err == nil {
+		} else if err = s.startCommand(c, lease); err == nil {
 			s.child, s.started = c, true
 			s.awaySince, s.backoff, s.lastFail = time.Time{}, 0, nil
 			return nil
