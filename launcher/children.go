@@ -159,7 +159,7 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 				// nor be given up while mpsd may come back.
 				return s.hold(ctx, lease, c, err)
 			}
-		} else if err = c.start(childEnv(s.cfg.Environ, lease, len(s.req.GPUSelect) > 0)); err == nil {
+		} else if err = s.startCommand(c, lease); err == nil {
 			s.kids.child = c
 			s.st.child, s.st.started, s.st.phase = true, true, phaseRunning
 			s.conn.awaySince, s.conn.backoff, s.conn.lastFail = time.Time{}, 0, nil

@@ -49,6 +49,10 @@ var (
 	// a first request found mpsd's socket but no mpsd answering. It is
 	// temporary (ExitTempFail).
 	ErrLost = errors.New("launcher: gave up on mpsd")
+	// ErrUnsafeEnv is wrapped when the lease's environment would let MPS
+	// run the command without its limits (mpsenv.ErrFallsOpen says how);
+	// the command is not started.
+	ErrUnsafeEnv = errors.New("launcher: the lease's MPS environment would not hold the command to its limits")
 )
 
 // ExitCode is the exit status mps-launch reports for err (never 0):

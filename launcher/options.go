@@ -41,8 +41,9 @@ Runs COMMAND on a GPU shared through CUDA MPS, under a lease from mpsd.
 Inside a Slurm job ($SLURM_JOB_ID set) the job's allocation gives the
 defaults: --job $SLURM_JOB_ID.$SLURM_STEP_ID (.STEP only in a step), --sm
 $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (gres/mps), --gpu $SLURM_STEP_GPUS, else
-$SLURM_JOB_GPUS, else $CUDA_VISIBLE_DEVICES. Flags override them. With a
-GPU list, COMMAND's CUDA_VISIBLE_DEVICES names the lease's GPUs by UUID.
+$SLURM_JOB_GPUS, else $CUDA_VISIBLE_DEVICES. Flags override them.
+COMMAND's CUDA_VISIBLE_DEVICES names the lease's GPUs by UUID; the lease's
+MPS variables replace the caller's (mps-launch says which it ignored).
 mps-launch refuses to run as another user than $SLURM_JOB_UID.
 Exit status: COMMAND's; 128+N if it died by signal N; 125 launcher or mpsd
 error, or no mpsd socket; 126 COMMAND not executable; 127 COMMAND not found;

@@ -597,6 +597,7 @@ func Granted(req api.LeaseRequest, id string, attempt int) api.Event {
 			api.EnvPipeDirectory:    "/run/mpsd/" + group + "/GPU-fake-0/pipe",
 			api.EnvThreadPercentage: strconv.Itoa(sm),
 			api.EnvPinnedMemLimit:   "0=" + limit,
+			"CUDA_VISIBLE_DEVICES":  "GPU-fake-0",
 			api.EnvLeaseID:          id,
 			api.EnvGroup:            group,
 			api.EnvAttempt:          strconv.Itoa(attempt),
