@@ -30,9 +30,10 @@ Runs COMMAND on a GPU shared through CUDA MPS, under a lease from mpsd.
   --requeue N     relaunch at most N times if a fault revokes the lease
                   (default: the group's requeue_attempts)
   --no-requeue    never relaunch
-  --wait DURATION give up after waiting this long in the queue (e.g. 90s, 5m;
-                  default: wait for ever)
-  --no-wait       give up at once if the GPU is full
+  --wait DURATION give up after waiting this long in the queue, or for an
+                  mpsd that does not answer (e.g. 90s, 5m; default: wait for
+                  ever in the queue, a minute for mpsd)
+  --no-wait       give up at once if the GPU is full or mpsd does not answer
   --job ID        tag the lease with batch job ID (mpsctl status shows it)
   --no-slurm      ignore the Slurm job's environment (see below)
   --socket PATH   mpsd's socket (default $MPSD_SOCKET, else /run/mpsd/mpsd.sock)

@@ -396,6 +396,37 @@ func TestRunGivesUpOnMpsd(t *testing.T) {
 	}
 }
 
+// --wait and --no-wait bound the wait for an mpsd that never answered:
+// mps-launch waits that long for a lease, mpsd's absence included.
+func TestRunWaitBoundsFirstContact(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		set    func(*Options)
+		reason string
+	}{
+		{"--no-wait", func(o *Options) { o.NoWait = true }, "--no-wait was given"},
+		{"--wait", func(o *Options) { o.Wait = 200 * time.Millisecond }, "--wait 200ms ran out"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			h.cfg.ReconnectTimeout = time.Hour // only the flag may end the wait
+			h.cfg.Socket = staleSocket(t, h.dir)
+			tc.set(&h.cfg.Options)
+			done := h.start(t.Context(), h.sh("echo ran > marker")...)
+			if code := h.wait(done); code != ExitTempFail {
+				t.Errorf("exit %d, want %d; stderr %s", code, ExitTempFail, h.read("stderr"))
+			}
+			want := regexp.MustCompile(`^mps-launch: gave up on mpsd: unreachable for \S+, and ` + regexp.QuoteMeta(tc.reason) + `: cannot reach mpsd at \S+: connection refused`)
+			if got := h.read("stderr"); !want.MatchString(got) {
+				t.Errorf("stderr %q, want it to match %q", got, want)
+			}
+			if got := ranMarker(t, h); got != "" {
+				t.Errorf("the command ran (%q)", got)
+			}
+		})
+	}
+}
+
 // staleSocket makes a unix socket file in dir that nothing listens on.
 func staleSocket(t *testing.T, dir string) string {
 	t.Helper()

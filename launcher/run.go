@@ -130,6 +130,12 @@ func Run(ctx context.Context, cfg Config) int {
 		tm:     timing{revokeGrace: cfg.RevokeGrace, reconnectTimeout: cfg.ReconnectTimeout, quiet: cfg.Quiet},
 	}
 	s.conn = conn{client: s.client, window: cfg.ReconnectTimeout}
+	switch {
+	case cfg.NoWait:
+		s.conn.firstWindow, s.conn.firstWhy = time.Nanosecond, "--no-wait was given"
+	case cfg.Wait > 0:
+		s.conn.firstWindow, s.conn.firstWhy = cfg.Wait, "--wait "+cfg.Wait.String()+" ran out"
+	}
 	s.kids = children{self: cfg.Self, argv: cfg.Command, stdin: cfg.Stdin, stdout: cfg.Stdout, stderr: cfg.Stderr}
 	code, err := s.run(ctx)
 	if err != nil {

@@ -23,6 +23,14 @@ type conn struct {
 	client *client.Client
 	// window is ReconnectTimeout: how long an outage is waited out.
 	window time.Duration
+	// firstWindow, when set, bounds the wait before mpsd first answered:
+	// --wait's duration (mps-launch waits that long for a lease, mpsd's
+	// absence included), or a nanosecond for --no-wait (no waiting at all).
+	firstWindow time.Duration
+	// firstWhy names the flag that set firstWindow, for the line that gives up.
+	firstWhy string
+	// everAnswered: mpsd has sent an event on some stream.
+	everAnswered bool
 
 	stream *client.Stream
 	events chan streamMsg
@@ -50,6 +58,16 @@ type conn struct {
 // answered records that mpsd sent an event: the outage, if any, is over.
 func (c *conn) answered() {
 	c.sawEvent, c.awaySince, c.backoff, c.lastFail = true, time.Time{}, 0, nil
+	c.everAnswered = true
+}
+
+// outageWindow is how long the current outage is waited out: window, or
+// less before mpsd first answered when --wait or --no-wait says so.
+func (c *conn) outageWindow() time.Duration {
+	if !c.everAnswered && c.firstWindow > 0 {
+		return min(c.window, c.firstWindow)
+	}
+	return c.window
 }
 
 // stop closes the stream and ends a reconnect under way (closing the
@@ -134,7 +152,7 @@ func (c *conn) startReconnect(ctx context.Context, req api.LeaseRequest) {
 		// back, so the next try waits too.
 		first = c.nextWait()
 	}
-	awaySince, contacted, window := c.awaySince, c.contacted, c.window
+	awaySince, contacted, window := c.awaySince, c.contacted, c.outageWindow()
 	go func() {
 		defer close(rcDone)
 		since := awaySince
@@ -201,14 +219,14 @@ func (c *conn) away(err error) {
 
 // outageOver reports whether mpsd has been away for ReconnectTimeout.
 func (c *conn) outageOver() bool {
-	return !c.awaySince.IsZero() && time.Since(c.awaySince) >= c.window
+	return !c.awaySince.IsZero() && time.Since(c.awaySince) >= c.outageWindow()
 }
 
 // nextWait is the backoff before the next try in this outage: 20ms,
 // doubling to 1s, and never past the outage's end.
 func (c *conn) nextWait() time.Duration {
 	c.backoff = min(max(2*c.backoff, 20*time.Millisecond), time.Second)
-	return max(0, min(c.backoff, c.window-time.Since(c.awaySince)))
+	return max(0, min(c.backoff, c.outageWindow()-time.Since(c.awaySince)))
 }
 
 // lost is the error that gives up on mpsd after an outage.
@@ -218,6 +236,9 @@ func (c *conn) lost() error {
 		took = took.Round(time.Second)
 	} else {
 		took = took.Round(time.Millisecond)
+	}
+	if !c.everAnswered && c.firstWindow > 0 && c.firstWindow < c.window {
+		return fmt.Errorf("%w: unreachable for %s, and %s: %w", ErrLost, took, c.firstWhy, c.lastFail)
 	}
 	return fmt.Errorf("%w: unreachable for %s: %w", ErrLost, took, c.lastFail)
 }
