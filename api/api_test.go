@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -363,18 +362,6 @@ func TestDecodeError(t *testing.T) {
 				t.Errorf("DecodeError = %+v, want %+v", *got, tc.want)
 			}
 		})
-	}
-}
-
-func TestWriteError(t *testing.T) {
-	rec := httptest.NewRecorder()
-	WriteError(rec, http.StatusForbidden, CodeForbidden, "pid 9 is not your child")
-	if rec.Code != http.StatusForbidden || rec.Header().Get("Content-Type") != ContentTypeJSON {
-		t.Errorf("status %d, content type %q", rec.Code, rec.Header().Get("Content-Type"))
-	}
-	got := DecodeError(rec.Code, rec.Body)
-	if got.Code != CodeForbidden || got.Message != "pid 9 is not your child" {
-		t.Errorf("round trip = %+v", got)
 	}
 }
 

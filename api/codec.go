@@ -7,7 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
+	"strconv"
+	"strings"
 )
 
 // DecodeLeaseRequest reads one LeaseRequest from r strictly: at most
@@ -84,7 +85,7 @@ func DecodeError(status int, r io.Reader) *Error {
 	body, _ := io.ReadAll(io.LimitReader(r, MaxEventBytes))
 	var e Error
 	if err := json.Unmarshal(body, &e); err != nil || e.Message == "" {
-		return &Error{Code: CodeInternal, Message: fmt.Sprintf("mpsd answered %d %s", status, http.StatusText(status))}
+		return &Error{Code: CodeInternal, Message: strings.TrimSpace("mpsd answered " + strconv.Itoa(status) + " " + statusText[status])}
 	}
 	if e.Code == "" {
 		e.Code = CodeInternal
@@ -212,6 +213,19 @@ func ParseEvent(line []byte) (Event, error) {
 	return ev, nil
 }
 
+// statusText names the HTTP statuses a proxy or a broken mpsd may answer
+// with, for DecodeError's message (package api does not link net/http:
+// mps-launch starts faster without it).
+var statusText = map[int]string{
+	400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+	405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict", 413: "Request Entity Too Large",
+	429: "Too Many Requests", 500: "Internal Server Error", 501: "Not Implemented",
+	502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
+}
+
+// flusher is net/http's Flusher, named here without linking net/http.
+type flusher interface{ Flush() }
+
 // WriteEvent validates ev and writes it as one line to w, then flushes w
 // if it is an http.Flusher, so the client sees each event as it happens.
 func WriteEvent(w io.Writer, ev Event) error {
@@ -228,18 +242,10 @@ func WriteEvent(w io.Writer, ev Event) error {
 	if _, err := w.Write(append(line, '\n')); err != nil {
 		return fmt.Errorf("api: write %s event: %w", ev.Type, err)
 	}
-	if f, ok := w.(http.Flusher); ok {
+	if f, ok := w.(flusher); ok {
 		f.Flush()
 	}
 	return nil
-}
-
-// WriteError answers a non-stream request with status and an Error body.
-func WriteError(w http.ResponseWriter, status int, code ErrorCode, message string) {
-	body, _ := json.Marshal(Error{Code: code, Message: message})
-	w.Header().Set("Content-Type", ContentTypeJSON)
-	w.WriteHeader(status)
-	_, _ = w.Write(append(body, '\n'))
 }
 
 // DecodeShutdownRequest reads one ShutdownRequest (an empty object) from r

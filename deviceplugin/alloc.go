@@ -16,6 +16,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/mpsenv"
 	"github.com/mpsd/mpsd/mps"
 )
 
@@ -490,6 +491,14 @@ func (p *Plugin) containerResponse(l *api.Lease, daemonPID int) (*pluginapi.Cont
 		envs[api.EnvClientPriority] = v
 	}
 	envs[EnvVisibleDevices] = strings.Join(l.GPUUUIDs, ",")
+	// The GPUs as the container's CUDA client enumerates them, which the
+	// lease's pinned memory limits are relative to (mpsenv).
+	envs[mpsenv.VisibleDevices] = strings.Join(l.GPUUUIDs, ",")
+	if err := mpsenv.Check(func(k string) (string, bool) { v, ok := envs[k]; return v, ok }); err != nil {
+		// A container under this environment would run without (some
+		// of) the lease's limits: refuse it rather than start it so.
+		return nil, fmt.Errorf("deviceplugin: lease %s: %w", l.ID, err)
+	}
 	mounts, err := podMounts(envs[api.EnvPipeDirectory], p.opts.ProcRoot, daemonPID)
 	if err != nil {
 		return nil, err

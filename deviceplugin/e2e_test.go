@@ -188,7 +188,8 @@ func TestAllocate(t *testing.T) {
 		api.EnvGroup:            "a",
 		EnvVisibleDevices:       uuid[0],
 		// The simulated driver's MPS takes it; the group's priority is 0.
-		api.EnvClientPriority: "0",
+		api.EnvClientPriority:  "0",
+		"CUDA_VISIBLE_DEVICES": uuid[0],
 	}
 	if len(resp.Envs) != len(wantEnv) {
 		t.Errorf("envs %v, want %v", resp.Envs, wantEnv)

@@ -1,18 +1,12 @@
 package deviceplugin
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
-	"strings"
-	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/client"
 )
 
 // MPSD is what the plugin needs of mpsd: its status and lease streams.
@@ -38,98 +32,36 @@ type LeaseStream interface {
 
 var _ MPSD = (*Client)(nil)
 
-// maxStatusBytes bounds a status document (mpsctl's bound).
-const maxStatusBytes = 32 << 20
-
-// Client speaks mpsd's HTTP API over its unix socket. Every request gets
-// its own connection: a lease stream's connection is the lease.
+// Client is the plugin's view of package client's Client: every request
+// on its own connection, a lease stream's connection being the lease.
 type Client struct {
-	socket string
-	hc     *http.Client
+	c *client.Client
 }
 
 // NewClient talks to mpsd at the unix socket path.
 func NewClient(socket string) *Client {
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
-		},
-		DisableKeepAlives:  true,
-		DisableCompression: true,
-		// mpsd answers the headers at once, before queueing.
-		ResponseHeaderTimeout: 10 * time.Second,
-	}
-	return &Client{socket: socket, hc: &http.Client{Transport: tr}}
+	return &Client{c: client.New(socket)}
 }
 
 // Status fetches GET /v1/status.
 func (c *Client) Status(ctx context.Context) (api.Status, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://mpsd"+api.PathStatus, nil)
+	st, _, err := c.c.Status(ctx)
 	if err != nil {
-		return api.Status{}, fmt.Errorf("deviceplugin: status request: %w", err)
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return api.Status{}, fmt.Errorf("deviceplugin: mpsd status via %s: %w", c.socket, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return api.Status{}, api.DecodeError(resp.StatusCode, resp.Body)
-	}
-	var st api.Status
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxStatusBytes)).Decode(&st); err != nil {
-		return api.Status{}, fmt.Errorf("deviceplugin: mpsd status via %s: %w", c.socket, err)
+		return api.Status{}, fmt.Errorf("deviceplugin: mpsd status: %w", err)
 	}
 	return st, nil
 }
 
 // Lease posts req to POST /v1/leases. ctx bounds the stream's whole life.
+// A refusal before the stream starts is an *api.Error, as it is.
 func (c *Client) Lease(ctx context.Context, lr api.LeaseRequest) (LeaseStream, error) {
-	body, err := json.Marshal(lr)
+	st, err := c.c.Lease(ctx, lr)
 	if err != nil {
-		return nil, fmt.Errorf("deviceplugin: encode lease request: %w", err)
+		var ae *api.Error
+		if errors.As(err, &ae) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("deviceplugin: lease: %w", err)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://mpsd"+api.PathLeases, bytes.NewReader(body))
-	if err != nil {
-		cancel()
-		return nil, fmt.Errorf("deviceplugin: lease request: %w", err)
-	}
-	req.Header.Set("Content-Type", api.ContentTypeJSON)
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		cancel()
-		return nil, fmt.Errorf("deviceplugin: lease via %s: %w", c.socket, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		defer cancel()
-		defer resp.Body.Close()
-		return nil, api.DecodeError(resp.StatusCode, resp.Body)
-	}
-	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, api.ContentTypeNDJSON) {
-		_ = resp.Body.Close()
-		cancel()
-		return nil, fmt.Errorf("deviceplugin: lease stream has content type %q, want %s", ct, api.ContentTypeNDJSON)
-	}
-	return &stream{body: resp.Body, cancel: cancel, dec: api.NewEventDecoder(resp.Body)}, nil
-}
-
-type stream struct {
-	body   io.ReadCloser
-	cancel context.CancelFunc
-	dec    *api.EventDecoder
-}
-
-func (s *stream) Next() (api.Event, error) {
-	ev, err := s.dec.Next()
-	if err != nil && !errors.Is(err, io.EOF) {
-		return api.Event{}, fmt.Errorf("deviceplugin: lease stream: %w", err)
-	}
-	return ev, err
-}
-
-func (s *stream) Close() error {
-	s.cancel()
-	return s.body.Close()
+	return st, nil
 }

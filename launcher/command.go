@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/mpsenv"
 )
 
 // lookPath resolves the command name as a shell would, against the
@@ -77,27 +78,42 @@ func executable(p string) error {
 // MPSD_ATTEMPT taken from the lease itself so they always match the run.
 // The trampoline's own variable is dropped so a nested mps-launch behaves.
 //
-// With pinGPUs (the request named its GPUs, as a Slurm job does) the
-// command's CUDA_VISIBLE_DEVICES becomes the lease's GPU UUIDs: the
-// caller's value names GPUs of the host (Slurm's indexes), but a client of
-// an MPS server enumerates only that server's GPUs, so an index such as 1
-// would select no device there. UUIDs mean the same GPU in both.
-func childEnv(caller []string, lease *api.Lease, pinGPUs bool) []string {
+// The command's CUDA_VISIBLE_DEVICES is the lease's GPU UUIDs (mpsd sets
+// it in the lease's environment; from a lease without it, mps-launch takes
+// GPUUUIDs): the caller's value names GPUs of the host (Slurm's indexes),
+// but a client of an MPS server enumerates only that server's GPUs, so an
+// index such as 1 would select no device there, and the lease's
+// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT entries are ordinals of the devices it
+// names: a list that makes one of them name a device the client cannot see
+// makes MPS drop every pinned limit. The caller's value stays only when the
+// lease names no GPU.
+//
+// conflicts lists, as "NAME=value", the caller's MPS variables that the
+// lease's replaced with another value (see startCommand).
+func childEnv(caller []string, lease *api.Lease) (env, conflicts []string) {
 	set := make(map[string]string, len(lease.Env)+4)
 	for k, v := range lease.Env {
 		set[k] = v
 	}
-	if pinGPUs && len(lease.GPUUUIDs) > 0 {
+	if _, ok := set[EnvVisibleDevices]; !ok && len(lease.GPUUUIDs) > 0 {
 		set[EnvVisibleDevices] = strings.Join(lease.GPUUUIDs, ",")
 	}
 	set[api.EnvLeaseID] = lease.ID
 	set[api.EnvGroup] = lease.Group
 	set[api.EnvAttempt] = strconv.Itoa(lease.Attempt)
 
-	env := make([]string, 0, len(caller)+len(set))
+	env = make([]string, 0, len(caller)+len(set))
+	seen := map[string]bool{}
 	for _, kv := range caller {
-		k, _, _ := strings.Cut(kv, "=")
-		if _, ok := set[k]; ok || k == trampolineEnv {
+		k, v, _ := strings.Cut(kv, "=")
+		if lv, ok := set[k]; ok {
+			if slices.Contains(mpsenv.Names, k) && v != lv && !seen[k] {
+				conflicts = append(conflicts, kv)
+			}
+			seen[k] = true
+			continue
+		}
+		if k == trampolineEnv {
 			continue
 		}
 		env = append(env, kv)
@@ -110,7 +126,32 @@ func childEnv(caller []string, lease *api.Lease, pinGPUs bool) []string {
 	for _, k := range keys {
 		env = append(env, k+"="+set[k])
 	}
-	return env
+	return env, conflicts
+}
+
+// startCommand releases trampoline c to exec the command of a run of
+// lease, in childEnv's environment. A caller's MPS variable the lease
+// replaced is reported on stderr, once per run (but CUDA_VISIBLE_DEVICES
+// when the request's GPUs came from it): the command runs with the
+// lease's. If the environment would still let MPS run the command without
+// its limits (mpsenv.Check: no pipe directory, a memory limit naming a
+// device the command does not see), the command is not started: the error
+// wraps ErrUnsafeEnv.
+func (s *session) startCommand(c *child, lease *api.Lease) error {
+	env, conflicts := childEnv(s.cfg.Environ, lease)
+	if err := mpsenv.Check(mpsenv.Lookup(env)); err != nil {
+		return fmt.Errorf("%w: lease %s: %w", ErrUnsafeEnv, lease.ID, err)
+	}
+	for _, kv := range conflicts {
+		k, _, _ := strings.Cut(kv, "=")
+		if k == EnvVisibleDevices && len(s.req.GPUSelect) > 0 {
+			// The request's GPUs were read from it (Slurm's): the lease's
+			// UUIDs are the same GPUs, named as the client sees them.
+			continue
+		}
+		fmt.Fprintf(s.errw, "%signoring %s from the environment: the lease sets %s=%s\n", s.prefix(), kv, k, getenv(env, k))
+	}
+	return c.start(env)
 }
 
 // getenv looks name up in an environment list; the first entry wins, as

@@ -70,10 +70,11 @@ func TestLookPath(t *testing.T) {
 }
 
 func TestChildEnv(t *testing.T) {
-	lease := &api.Lease{ID: "l-9", Group: "inference", SM: 30, MemBytes: 1 << 30, Attempt: 2, Env: map[string]string{
+	lease := &api.Lease{ID: "l-9", Group: "inference", SM: 30, MemBytes: 1 << 30, Attempt: 2, GPUUUIDs: []string{"GPU-1"}, Env: map[string]string{
 		api.EnvPipeDirectory:    "/run/mpsd/inference/GPU-1/pipe",
 		api.EnvThreadPercentage: "30",
 		api.EnvPinnedMemLimit:   "0=1024M",
+		EnvVisibleDevices:       "GPU-1",
 		api.EnvAttempt:          "7", // the lease's own fields win over its env
 	}}
 	caller := []string{
@@ -82,6 +83,9 @@ func TestChildEnv(t *testing.T) {
 		"HOME=/root",
 		trampolineEnv + "=1",
 		"MPSD_GROUP=stale",
+		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30", // the same value: no conflict
+		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2G,1=2G",
+		"CUDA_VISIBLE_DEVICES=1",
 		"EMPTY=",
 	}
 	want := []string{
@@ -91,36 +95,45 @@ func TestChildEnv(t *testing.T) {
 		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30",
 		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M",
 		"CUDA_MPS_PIPE_DIRECTORY=/run/mpsd/inference/GPU-1/pipe",
+		"CUDA_VISIBLE_DEVICES=GPU-1",
 		"MPSD_ATTEMPT=2",
 		"MPSD_GROUP=inference",
 		"MPSD_LEASE_ID=l-9",
 	}
-	if got := childEnv(caller, lease, false); !slices.Equal(got, want) {
+	got, conflicts := childEnv(caller, lease)
+	if !slices.Equal(got, want) {
 		t.Errorf("childEnv\n got %q\nwant %q", got, want)
+	}
+	wantConflicts := []string{"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2G,1=2G", "CUDA_VISIBLE_DEVICES=1"}
+	if !slices.Equal(conflicts, wantConflicts) {
+		t.Errorf("conflicts %q, want %q", conflicts, wantConflicts)
 	}
 }
 
-// TestChildEnvPinGPUs: a request confined to GPUs hands the command the
-// lease's GPUs by UUID in place of the caller's (Slurm's) host indexes;
-// without a GPU list, or without UUIDs in the lease, the caller's value
-// stays.
-func TestChildEnvPinGPUs(t *testing.T) {
+// TestChildEnvVisibleDevices: the command sees the lease's GPUs by UUID in
+// place of the caller's (Slurm's) host indexes, from the lease's
+// environment or, from a lease without it, its GPU list; only a lease
+// naming no GPU leaves the caller's value.
+func TestChildEnvVisibleDevices(t *testing.T) {
 	caller := []string{"PATH=/usr/bin", "CUDA_VISIBLE_DEVICES=1,3"}
-	lease := func(uuids ...string) *api.Lease {
-		return &api.Lease{ID: "l-1", Group: "g", GPUUUIDs: uuids, Attempt: 1}
+	lease := func(env string, uuids ...string) *api.Lease {
+		l := &api.Lease{ID: "l-1", Group: "g", GPUUUIDs: uuids, Attempt: 1, Env: map[string]string{}}
+		if env != "" {
+			l.Env[EnvVisibleDevices] = env
+		}
+		return l
 	}
 	for _, tc := range []struct {
 		name  string
 		lease *api.Lease
-		pin   bool
 		want  string
 	}{
-		{"pinned", lease("GPU-b", "GPU-d"), true, "CUDA_VISIBLE_DEVICES=GPU-b,GPU-d"},
-		{"no GPU list", lease("GPU-b"), false, "CUDA_VISIBLE_DEVICES=1,3"},
-		{"lease without UUIDs", lease(), true, "CUDA_VISIBLE_DEVICES=1,3"},
+		{"from the lease's environment", lease("GPU-b,GPU-d", "GPU-b", "GPU-d"), "CUDA_VISIBLE_DEVICES=GPU-b,GPU-d"},
+		{"from its GPU list", lease("", "GPU-b", "GPU-d"), "CUDA_VISIBLE_DEVICES=GPU-b,GPU-d"},
+		{"lease without GPUs", lease(""), "CUDA_VISIBLE_DEVICES=1,3"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			env := childEnv(caller, tc.lease, tc.pin)
+			env, _ := childEnv(caller, tc.lease)
 			var got []string
 			for _, kv := range env {
 				if strings.HasPrefix(kv, "CUDA_VISIBLE_DEVICES=") {

@@ -1,8 +1,17 @@
 // Package launcher is the library behind mps-launch: flag and size parsing,
-// the lease client that talks to mpsd over its unix socket (the protocol of
-// package api), running the user's command with the MPS environment of a
-// granted lease, and the requeue loop that relaunches the command when
-// mpsd requeues the lease. cmd/mps-launch only calls Main.
+// the lease stream to mpsd over its unix socket (package api's protocol,
+// through package client), running the user's command with the MPS
+// environment of a granted lease, and the requeue loop that relaunches the
+// command when mpsd requeues the lease. cmd/mps-launch only calls Main.
+//
+// A run is a session whose decisions are one pure function, step
+// (session.go): from its state (a phase: queued, launching, running,
+// revoked, verdictPending, detached, done; the lease; a pending verdict)
+// and an input (an event, the stream's loss, the command's exit, a
+// signal, the verdict's due time) to the next state and the actions that
+// carry it out. run.go's loop applies them; stream.go owns the stream and
+// its reconnection (conn), children.go the command's processes
+// (children) and the attach that releases them.
 //
 // What it owns:
 //   - the command line of docs/architecture.md#mps-launchs-command-line-and-exit-statuses (ParseArgs, one line per bad input)

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/client"
 )
 
 // Exit statuses of mps-launch besides the command's own (docs/architecture.md#mps-launchs-command-line-and-exit-statuses).
@@ -29,24 +30,29 @@ var (
 	// ErrUsage is wrapped by every ParseArgs error: bad flag, bad value,
 	// missing command.
 	ErrUsage = errors.New("launcher: usage")
-	// ErrUnreachable is wrapped when mpsd's socket cannot be connected
-	// to, or mpsd ended the connection before it answered (reset, EOF,
-	// no response headers in time): what a restarting mpsd looks like.
-	ErrUnreachable = errors.New("launcher: cannot reach mpsd")
+	// ErrUnreachable is package client's: wrapped when mpsd's socket
+	// cannot be connected to, or mpsd ended the connection before it
+	// answered (reset, EOF, no response headers in time): what a
+	// restarting mpsd looks like.
+	ErrUnreachable = client.ErrUnreachable
 	// ErrCommandNotFound is wrapped when the command is not on PATH or
 	// its path does not exist.
 	ErrCommandNotFound = errors.New("launcher: command not found")
 	// ErrNotExecutable is wrapped when the command exists but cannot be
 	// executed (no permission, a directory).
 	ErrNotExecutable = errors.New("launcher: command not executable")
-	// ErrProtocol is wrapped when mpsd's answers break the protocol of
-	// package api.
-	ErrProtocol = errors.New("launcher: protocol violation")
+	// ErrProtocol is package client's: wrapped when mpsd's answers break
+	// the protocol of package api.
+	ErrProtocol = client.ErrProtocol
 	// ErrLost is wrapped when mpsd stayed unreachable for
 	// Config.ReconnectTimeout: after a stream ended, an attach failed, or
 	// a first request found mpsd's socket but no mpsd answering. It is
 	// temporary (ExitTempFail).
 	ErrLost = errors.New("launcher: gave up on mpsd")
+	// ErrUnsafeEnv is wrapped when the lease's environment would let MPS
+	// run the command without its limits (mpsenv.ErrFallsOpen says how);
+	// the command is not started.
+	ErrUnsafeEnv = errors.New("launcher: the lease's MPS environment would not hold the command to its limits")
 )
 
 // ExitCode is the exit status mps-launch reports for err (never 0):

@@ -30,18 +30,21 @@ Runs COMMAND on a GPU shared through CUDA MPS, under a lease from mpsd.
   --requeue N     relaunch at most N times if a fault revokes the lease
                   (default: the group's requeue_attempts)
   --no-requeue    never relaunch
-  --wait DURATION give up after waiting this long in the queue (e.g. 90s, 5m;
-                  default: wait for ever)
-  --no-wait       give up at once if the GPU is full
+  --wait DURATION give up after waiting this long in the queue, or for an
+                  mpsd that does not answer (e.g. 90s, 5m; default: wait for
+                  ever in the queue, a minute for mpsd)
+  --no-wait       give up at once if the GPU is full or mpsd does not answer
   --job ID        tag the lease with batch job ID (mpsctl status shows it)
   --no-slurm      ignore the Slurm job's environment (see below)
   --socket PATH   mpsd's socket (default $MPSD_SOCKET, else /run/mpsd/mpsd.sock)
   --quiet         no status or requeue lines on stderr
+  --version       print the version (module version, commit, Go) and exit
 Inside a Slurm job ($SLURM_JOB_ID set) the job's allocation gives the
 defaults: --job $SLURM_JOB_ID.$SLURM_STEP_ID (.STEP only in a step), --sm
 $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (gres/mps), --gpu $SLURM_STEP_GPUS, else
-$SLURM_JOB_GPUS, else $CUDA_VISIBLE_DEVICES. Flags override them. With a
-GPU list, COMMAND's CUDA_VISIBLE_DEVICES names the lease's GPUs by UUID.
+$SLURM_JOB_GPUS, else $CUDA_VISIBLE_DEVICES. Flags override them.
+COMMAND's CUDA_VISIBLE_DEVICES names the lease's GPUs by UUID; the lease's
+MPS variables replace the caller's (mps-launch says which it ignored).
 mps-launch refuses to run as another user than $SLURM_JOB_UID.
 Exit status: COMMAND's; 128+N if it died by signal N; 125 launcher or mpsd
 error, or no mpsd socket; 126 COMMAND not executable; 127 COMMAND not found;
@@ -92,8 +95,11 @@ const (
 	EnvVisibleDevices = "CUDA_VISIBLE_DEVICES"
 )
 
-// errHelp is returned by ParseArgs for --help.
-var errHelp = errors.New("launcher: help requested")
+// errHelp is returned by ParseArgs for --help, errVersion for --version.
+var (
+	errHelp    = errors.New("launcher: help requested")
+	errVersion = errors.New("launcher: version requested")
+)
 
 // ParseArgs reads mps-launch's arguments. getenv supplies MPSD_SOCKET
 // and, inside a Slurm job (SLURM_JOB_ID set, no --no-slurm), the defaults
@@ -140,6 +146,8 @@ func ParseArgs(args []string, getenv func(string) string) (Options, error) {
 		switch name {
 		case "h", "help":
 			return Options{}, errHelp
+		case "version":
+			return Options{}, errVersion
 		case "quiet":
 			if !noValue() {
 				return usage("%s takes no value", flag)

@@ -237,6 +237,11 @@ func TestParseArgsHelp(t *testing.T) {
 			t.Errorf("ParseArgs(%s) = %v, want errHelp", a, err)
 		}
 	}
+	for _, a := range []string{"--version", "-version"} {
+		if _, err := ParseArgs([]string{a}, noEnv); !errors.Is(err, errVersion) {
+			t.Errorf("ParseArgs(%s) = %v, want errVersion", a, err)
+		}
+	}
 }
 
 func TestOptionsLeaseRequest(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpsd/mpsd/api"
-	"github.com/mpsd/mpsd/launcher/launchertest"
+	"github.com/mpsd/mpsd/api/apitest"
 )
 
 // The tests of mps-launch across mpsd restarts: requests that mpsd drops
@@ -19,8 +19,8 @@ import (
 // resumed by id, a command held between its grant and its attach, and the
 // exit status of giving up.
 
-func dropName(how launchertest.Drop) string {
-	if how == launchertest.DropReset {
+func dropName(how apitest.Drop) string {
+	if how == apitest.DropReset {
 		return "reset"
 	}
 	return "EOF"
@@ -30,7 +30,7 @@ func dropName(how launchertest.Drop) string {
 // closes before its answer (it died with the request in flight) is sent
 // again, on the first request and on a reconnect alike.
 func TestRunRetriesDroppedLeaseRequest(t *testing.T) {
-	for _, how := range []launchertest.Drop{launchertest.DropEOF, launchertest.DropReset} {
+	for _, how := range []apitest.Drop{apitest.DropEOF, apitest.DropReset} {
 		t.Run("first request/"+dropName(how), func(t *testing.T) {
 			h := newHarness(t, nil)
 			h.fake.DropLeases(how, 2)
@@ -41,7 +41,7 @@ func TestRunRetriesDroppedLeaseRequest(t *testing.T) {
 			if lc.Request.ResumeLeaseID != "" {
 				t.Errorf("request %+v resumes a lease it never had", lc.Request)
 			}
-			lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+			lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 			if code := h.wait(done); code != 0 {
 				t.Errorf("exit %d, want 0; stderr %s", code, h.read("stderr"))
 			}
@@ -63,7 +63,7 @@ func TestRunRetriesDroppedLeaseRequest(t *testing.T) {
 			if again.Request.ResumeLeaseID != "lease-q" || again.Request.Attempt != 1 {
 				t.Errorf("reconnect request %+v, want resume of lease-q attempt 1", again.Request)
 			}
-			again.MustSend(t, launchertest.Granted(again.Request, "lease-q", 1))
+			again.MustSend(t, apitest.Granted(again.Request, "lease-q", 1))
 			if code := h.wait(done); code != 0 {
 				t.Errorf("exit %d, want 0; stderr %s", code, h.read("stderr"))
 			}
@@ -77,7 +77,7 @@ func TestRunRetriesDroppedLeaseRequest(t *testing.T) {
 // is waited out, not taken for no mpsd at all.
 func TestRunFirstRequestDroppedThenSocketGone(t *testing.T) {
 	h := newHarness(t, nil)
-	h.fake.DropLeases(launchertest.DropEOF, 1)
+	h.fake.DropLeases(apitest.DropEOF, 1)
 	done := h.start(t.Context(), "/bin/true")
 	h.fake.NextDrop(t)
 	away := h.fake.Socket + ".away"
@@ -94,7 +94,7 @@ func TestRunFirstRequestDroppedThenSocketGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	lc := h.fake.NextLease(t)
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	if code := h.wait(done); code != 0 {
 		t.Errorf("exit %d, want 0; stderr %s", code, h.read("stderr"))
 	}
@@ -109,7 +109,7 @@ func TestRunRetriesStreamCutBeforeFirstEvent(t *testing.T) {
 	lc := h.fake.NextLease(t)
 	lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 2, LeaseID: "lease-q"})
 	lc.Cut()
-	for i, end := range []func(*launchertest.LeaseConn){(*launchertest.LeaseConn).Cut, (*launchertest.LeaseConn).End} {
+	for i, end := range []func(*apitest.LeaseConn){(*apitest.LeaseConn).Cut, (*apitest.LeaseConn).End} {
 		again := h.fake.NextLease(t)
 		if again.Request.ResumeLeaseID != "lease-q" {
 			t.Errorf("reconnect %d: request %+v, want resume of lease-q", i, again.Request)
@@ -121,7 +121,7 @@ func TestRunRetriesStreamCutBeforeFirstEvent(t *testing.T) {
 		t.Errorf("last reconnect: request %+v, want resume of lease-q", last.Request)
 	}
 	last.MustSend(t, api.Event{Type: api.EventQueued, Position: 1, LeaseID: "lease-q"})
-	last.MustSend(t, launchertest.Granted(last.Request, "lease-q", 1))
+	last.MustSend(t, apitest.Granted(last.Request, "lease-q", 1))
 	if code := h.wait(done); code != 0 {
 		t.Errorf("exit %d, want 0; stderr %s", code, h.read("stderr"))
 	}
@@ -148,7 +148,7 @@ func TestRunResumesQueuedLease(t *testing.T) {
 			t.Errorf("reconnect request waits %d ms, want what is left of the hour", r.WaitMillis)
 		}
 		again.MustSend(t, api.Event{Type: api.EventQueued, Position: 7, Group: "g", LeaseID: "lease-q"})
-		again.MustSend(t, launchertest.Granted(again.Request, "lease-q", 1))
+		again.MustSend(t, apitest.Granted(again.Request, "lease-q", 1))
 		if code := h.wait(done); code != 0 {
 			t.Errorf("exit %d, want 0; stderr %s", code, h.read("stderr"))
 		}
@@ -167,7 +167,7 @@ func TestRunResumesQueuedLease(t *testing.T) {
 		if fresh.Request.ResumeLeaseID != "" || fresh.Request.Attempt != 0 {
 			t.Errorf("request after the loss %+v, want a new one", fresh.Request)
 		}
-		fresh.MustSend(t, launchertest.Granted(fresh.Request, "lease-2", 1))
+		fresh.MustSend(t, apitest.Granted(fresh.Request, "lease-2", 1))
 		if code := h.wait(done); code != 0 {
 			t.Errorf("exit %d, want 0; stderr %s", code, h.read("stderr"))
 		}
@@ -193,7 +193,7 @@ func TestRunResumesQueuedLease(t *testing.T) {
 		again.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "MPS server 7 of group g on GPU 0 died while mpsd was away"})
 		again.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
 		again.MustSend(t, api.Event{Type: api.EventQueued, Position: 1, Group: "g", LeaseID: "lease-q"})
-		again.MustSend(t, launchertest.Granted(again.Request, "lease-q", 2))
+		again.MustSend(t, apitest.Granted(again.Request, "lease-q", 2))
 		if code := h.wait(done); code != 0 {
 			t.Errorf("exit %d, want 0; stderr %s", code, h.read("stderr"))
 		}
@@ -212,7 +212,7 @@ func TestRunResumesQueuedLease(t *testing.T) {
 		h.cfg.Quiet = true
 		done := h.start(t.Context(), h.sh(`[ "$MPSD_ATTEMPT" = 2 ]`)...)
 		lc := h.fake.NextLease(t)
-		lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+		lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 		a := h.fake.NextAttach(t)
 		lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "server died"})
 		if err := unix.Kill(a.PID, unix.SIGKILL); err != nil { // mpsd's cgroup kill
@@ -225,7 +225,7 @@ func TestRunResumesQueuedLease(t *testing.T) {
 		if again.Request.ResumeLeaseID != "lease-1" || again.Request.Attempt != 2 {
 			t.Errorf("reconnect request %+v, want resume of lease-1 attempt 2", again.Request)
 		}
-		again.MustSend(t, launchertest.Granted(again.Request, "lease-1", 2))
+		again.MustSend(t, apitest.Granted(again.Request, "lease-1", 2))
 		if code := h.wait(done); code != 0 {
 			t.Errorf("exit %d, want 0 from attempt 2; stderr %s", code, h.read("stderr"))
 		}
@@ -247,13 +247,13 @@ func ranMarker(t *testing.T, h *harness) string {
 // the stream stays open, through the resumed lease's grant after a
 // restart.
 func TestRunHoldsCommandUntilAttach(t *testing.T) {
-	for _, how := range []launchertest.Drop{launchertest.DropEOF, launchertest.DropReset} {
+	for _, how := range []apitest.Drop{apitest.DropEOF, apitest.DropReset} {
 		t.Run("stream open/"+dropName(how), func(t *testing.T) {
 			h := newHarness(t, nil)
 			done := h.start(t.Context(), h.sh("echo ran >> marker")...)
 			lc := h.fake.NextLease(t)
 			h.fake.DropAttaches(how, 2)
-			lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+			lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 			h.fake.NextDrop(t)
 			h.fake.NextDrop(t)
 			if a := h.fake.NextAttach(t); a.LeaseID != "lease-1" {
@@ -274,8 +274,8 @@ func TestRunHoldsCommandUntilAttach(t *testing.T) {
 		h := newHarness(t, nil)
 		done := h.start(t.Context(), h.sh("echo ran >> marker")...)
 		lc := h.fake.NextLease(t)
-		h.fake.DropAttaches(launchertest.DropReset, 1<<20)
-		lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+		h.fake.DropAttaches(apitest.DropReset, 1<<20)
+		lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 		// Two attaches dropped: the launcher holds the command and
 		// retries; it has neither started it nor given up.
 		h.fake.NextDrop(t)
@@ -294,7 +294,7 @@ func TestRunHoldsCommandUntilAttach(t *testing.T) {
 			t.Errorf("reconnect request %+v, want resume of lease-1 attempt 1", again.Request)
 		}
 		h.fake.DropAttaches(0, 0) // the new mpsd serves attaches
-		again.MustSend(t, launchertest.Granted(again.Request, "lease-1", 1))
+		again.MustSend(t, apitest.Granted(again.Request, "lease-1", 1))
 		if a := h.fake.NextAttach(t); a.LeaseID != "lease-1" {
 			t.Errorf("attach %+v", a)
 		}
@@ -312,13 +312,13 @@ func TestRunHoldsCommandUntilAttach(t *testing.T) {
 		h.cfg.Quiet = true
 		done := h.start(t.Context(), h.sh(`echo "$MPSD_ATTEMPT" >> marker`)...)
 		lc := h.fake.NextLease(t)
-		h.fake.DropAttaches(launchertest.DropEOF, 1<<20)
-		lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+		h.fake.DropAttaches(apitest.DropEOF, 1<<20)
+		lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 		h.fake.NextDrop(t)
 		lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "server died"})
 		lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
 		h.fake.DropAttaches(0, 0)
-		lc.MustSend(t, launchertest.Granted(lc.Request, "lease-2", 2))
+		lc.MustSend(t, apitest.Granted(lc.Request, "lease-2", 2))
 		if code := h.wait(done); code != 0 {
 			t.Errorf("exit %d, want 0; stderr %s", code, h.read("stderr"))
 		}
@@ -346,22 +346,22 @@ func TestRunGivesUpOnMpsd(t *testing.T) {
 		// regular expression).
 		run func(t *testing.T, h *harness) string
 		// onLease, if set, serves every lease stream.
-		onLease func(*launchertest.LeaseConn)
+		onLease func(*apitest.LeaseConn)
 	}{
 		{name: "requests reset", run: func(t *testing.T, h *harness) string {
 			lc := h.fake.NextLease(t)
 			lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 1, LeaseID: "lease-q"})
-			h.fake.DropLeases(launchertest.DropReset, 1<<20)
+			h.fake.DropLeases(apitest.DropReset, 1<<20)
 			lc.End()
 			return `cannot reach mpsd at \S+: connection reset before mpsd answered` + hint
 		}},
-		{name: "streams without events", onLease: func(*launchertest.LeaseConn) {}, run: func(t *testing.T, h *harness) string {
+		{name: "streams without events", onLease: func(*apitest.LeaseConn) {}, run: func(t *testing.T, h *harness) string {
 			return `the lease stream ended before its first event`
 		}},
 		{name: "attach held", run: func(t *testing.T, h *harness) string {
 			lc := h.fake.NextLease(t)
-			h.fake.DropAttaches(launchertest.DropEOF, 1<<20)
-			lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+			h.fake.DropAttaches(apitest.DropEOF, 1<<20)
+			lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 			t.Cleanup(func() { lc.WaitReleased(t) })
 			return `attach pid \d+ to lease lease-1: cannot reach mpsd at \S+: mpsd closed the connection before answering` + hint
 		}},
@@ -388,6 +388,37 @@ func TestRunGivesUpOnMpsd(t *testing.T) {
 			}
 			if got := h.read("stderr"); !gaveUp(last).MatchString(got) {
 				t.Errorf("stderr %q, want it to match %q", got, gaveUp(last))
+			}
+			if got := ranMarker(t, h); got != "" {
+				t.Errorf("the command ran (%q)", got)
+			}
+		})
+	}
+}
+
+// --wait and --no-wait bound the wait for an mpsd that never answered:
+// mps-launch waits that long for a lease, mpsd's absence included.
+func TestRunWaitBoundsFirstContact(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		set    func(*Options)
+		reason string
+	}{
+		{"--no-wait", func(o *Options) { o.NoWait = true }, "--no-wait was given"},
+		{"--wait", func(o *Options) { o.Wait = 200 * time.Millisecond }, "--wait 200ms ran out"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			h.cfg.ReconnectTimeout = time.Hour // only the flag may end the wait
+			h.cfg.Socket = staleSocket(t, h.dir)
+			tc.set(&h.cfg.Options)
+			done := h.start(t.Context(), h.sh("echo ran > marker")...)
+			if code := h.wait(done); code != ExitTempFail {
+				t.Errorf("exit %d, want %d; stderr %s", code, ExitTempFail, h.read("stderr"))
+			}
+			want := regexp.MustCompile(`^mps-launch: gave up on mpsd: unreachable for \S+, and ` + regexp.QuoteMeta(tc.reason) + `: cannot reach mpsd at \S+: connection refused`)
+			if got := h.read("stderr"); !want.MatchString(got) {
+				t.Errorf("stderr %q, want it to match %q", got, want)
 			}
 			if got := ranMarker(t, h); got != "" {
 				t.Errorf("the command ran (%q)", got)
@@ -427,9 +458,9 @@ func TestRunCommandDoneWhileMpsdAway(t *testing.T) {
 		h.cfg.Stdin = stdinR
 		done := h.start(t.Context(), h.sh("read line; exit 0")...)
 		lc := h.fake.NextLease(t)
-		lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+		lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 		a := h.fake.NextAttach(t)
-		h.fake.DropLeases(launchertest.DropReset, 1<<20) // mpsd is away
+		h.fake.DropLeases(apitest.DropReset, 1<<20) // mpsd is away
 		lc.End()
 		h.fake.NextDrop(t)
 		if _, err := stdinW.WriteString("go\n"); err != nil {
@@ -456,9 +487,9 @@ func TestRunCommandDoneWhileMpsdAway(t *testing.T) {
 		h.cfg.ReconnectTimeout = 200 * time.Millisecond
 		done := h.start(t.Context(), h.sh("sleep 0.1")...)
 		lc := h.fake.NextLease(t)
-		lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+		lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 		h.fake.NextAttach(t)
-		h.fake.DropLeases(launchertest.DropReset, 1<<20)
+		h.fake.DropLeases(apitest.DropReset, 1<<20)
 		lc.End()
 		if code := h.wait(done); code != 0 {
 			t.Errorf("exit %d, want the command's 0; stderr %s", code, h.read("stderr"))
@@ -470,16 +501,16 @@ func TestRunCommandDoneWhileMpsdAway(t *testing.T) {
 }
 
 // waitExited waits until pid is gone (reaped), failing the test after
-// launchertest.Wait.
+// apitest.Wait.
 func waitExited(t *testing.T, pid int) {
 	t.Helper()
-	deadline := time.Now().Add(launchertest.Wait)
+	deadline := time.Now().Add(apitest.Wait)
 	for {
 		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); os.IsNotExist(err) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("pid %d still there after %s", pid, launchertest.Wait)
+			t.Fatalf("pid %d still there after %s", pid, apitest.Wait)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -16,23 +16,24 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/apitest"
+	"github.com/mpsd/mpsd/internal/buildinfo"
 	"github.com/mpsd/mpsd/internal/units"
-	"github.com/mpsd/mpsd/launcher/launchertest"
 )
 
 // harness runs Run in-process against a fake mpsd, with the command's
 // stdout and mps-launch's stderr going to files of the test.
 type harness struct {
 	t       *testing.T
-	fake    *launchertest.Server
+	fake    *apitest.Server
 	dir     string
 	signals chan os.Signal
 	cfg     Config
 }
 
-func newHarness(t *testing.T, onLease func(*launchertest.LeaseConn)) *harness {
+func newHarness(t *testing.T, onLease func(*apitest.LeaseConn)) *harness {
 	t.Helper()
-	h := &harness{t: t, fake: launchertest.New(t, onLease), dir: t.TempDir(), signals: make(chan os.Signal, 4)}
+	h := &harness{t: t, fake: apitest.New(t, onLease), dir: t.TempDir(), signals: make(chan os.Signal, 4)}
 	h.cfg = Config{
 		Options: Options{Requeue: -1, Socket: h.fake.Socket},
 		Stdout:  h.create("stdout"),
@@ -77,8 +78,8 @@ func (h *harness) wait(ch <-chan int) int {
 	select {
 	case code := <-ch:
 		return code
-	case <-time.After(launchertest.Wait):
-		h.t.Fatalf("Run did not return within %s", launchertest.Wait)
+	case <-time.After(apitest.Wait):
+		h.t.Fatalf("Run did not return within %s", apitest.Wait)
 		return -1
 	}
 }
@@ -106,7 +107,7 @@ func TestRunGrantedLease(t *testing.T) {
 		t.Errorf("peer pid %d, want the launcher %d", lc.PeerPID, os.Getpid())
 	}
 	lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 1})
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	a := h.fake.NextAttach(t)
 	if a.LeaseID != "lease-1" || a.PeerPID != os.Getpid() {
 		t.Errorf("attach %+v", a)
@@ -141,7 +142,7 @@ func TestRunExitStatus(t *testing.T) {
 		{"SIGTERM", "kill -TERM $$", 143},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, launchertest.Grant)
+			h := newHarness(t, apitest.Grant)
 			h.cfg.RevokeGrace = time.Millisecond // SIGKILL: no revocation is coming
 			if code := h.wait(h.start(t.Context(), h.sh(tc.script)...)); code != tc.want {
 				t.Errorf("exit %d, want %d; stderr: %s", code, tc.want, h.read("stderr"))
@@ -191,7 +192,7 @@ func TestRunUnreachable(t *testing.T) {
 }
 
 func TestRunStdinPassthrough(t *testing.T) {
-	h := newHarness(t, launchertest.Grant)
+	h := newHarness(t, apitest.Grant)
 	in := "line one\nline two\x00binary\xff\n"
 	if err := os.WriteFile(h.path("in"), []byte(in), 0o600); err != nil {
 		t.Fatal(err)
@@ -232,7 +233,7 @@ func (h *harness) readyPipe() func() {
 			if line != "ready\n" {
 				h.t.Fatalf("command printed %q, want ready", line)
 			}
-		case <-time.After(launchertest.Wait):
+		case <-time.After(apitest.Wait):
 			h.t.Fatal("command never got ready")
 		}
 	}
@@ -252,7 +253,7 @@ func (h *harness) quietStdin() {
 func TestRunForwardsSignals(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1} {
 		t.Run(sig.String(), func(t *testing.T) {
-			h := newHarness(t, launchertest.Grant)
+			h := newHarness(t, apitest.Grant)
 			ready := h.readyPipe()
 			h.quietStdin()
 			n := strconv.Itoa(int(sig))
@@ -299,7 +300,7 @@ func TestRunRequeue(t *testing.T) {
 	if lc.Request.RequeueAttempts != nil {
 		t.Errorf("requeue_attempts sent without --requeue: %d", *lc.Request.RequeueAttempts)
 	}
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	first := h.fake.NextAttach(t)
 	ready()
 
@@ -310,7 +311,7 @@ func TestRunRequeue(t *testing.T) {
 	}
 	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
 	lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 1})
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 2))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 2))
 	second := h.fake.NextAttach(t)
 	if second.PID == first.PID {
 		t.Errorf("attempt 2 reused pid %d: not a fresh process", first.PID)
@@ -328,6 +329,68 @@ func TestRunRequeue(t *testing.T) {
 	lc.WaitReleased(t)
 }
 
+// TestRunRevokedPendingGrant: a grant that comes while the revoked
+// command is still dying waits for it; when that grant's attempt is
+// revoked too, it must not run once the command is gone: the requeue's
+// next grant does (the chaos soak's "requeued without a revocation").
+func TestRunRevokedPendingGrant(t *testing.T) {
+	h := newHarness(t, nil)
+	ready := h.readyPipe()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(); _ = w.Close() })
+	h.cfg.Stderr = w
+	stderr := bufio.NewReader(r)
+	nextLine := func(want string) {
+		t.Helper()
+		got := make(chan string, 1)
+		go func() {
+			line, _ := stderr.ReadString('\n')
+			got <- line
+		}()
+		select {
+		case line := <-got:
+			if line != want {
+				t.Fatalf("mps-launch printed %q, want %q", line, want)
+			}
+		case <-time.After(apitest.Wait):
+			t.Fatalf("mps-launch did not print %q", want)
+		}
+	}
+	done := h.start(t.Context(), h.sh(`echo $MPSD_ATTEMPT >> attempts; [ "$MPSD_ATTEMPT" != 1 ] && exit 0; echo ready; exec sleep 1000`)...)
+	lc := h.fake.NextLease(t)
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
+	first := h.fake.NextAttach(t)
+	ready()
+
+	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "fault a"})
+	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
+	nextLine("mps-launch: lease lease-1 revoked (fault a); requeued, attempt 2\n")
+	// Attempt 1's command is still there (nobody killed it yet): the
+	// grant of attempt 2 waits, and is revoked in turn.
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 2))
+	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "fault b"})
+	// mpsd's kill of attempt 1's command, then, once the launcher has
+	// taken the command's exit (reaped it), the requeue.
+	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitExited(t, first.PID)
+	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 3})
+	nextLine("mps-launch: lease lease-1 revoked (fault b); requeued, attempt 3\n")
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 3))
+	h.fake.NextAttach(t)
+	if code := h.wait(done); code != 0 {
+		t.Errorf("exit %d, want 0 from attempt 3", code)
+	}
+	if got := h.read("attempts"); got != "1\n3\n" {
+		t.Errorf("attempts %q, want 1 then 3 (the revoked attempt 2 never runs)", got)
+	}
+	lc.WaitReleased(t)
+}
+
 func TestRunRequeueQuiet(t *testing.T) {
 	h := newHarness(t, nil)
 	h.cfg.Quiet = true
@@ -338,13 +401,13 @@ func TestRunRequeueQuiet(t *testing.T) {
 	if lc.Request.RequeueAttempts == nil || *lc.Request.RequeueAttempts != 1 {
 		t.Errorf("requeue_attempts %v, want 1", lc.Request.RequeueAttempts)
 	}
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	a := h.fake.NextAttach(t)
 	ready()
 	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "Xid 79"})
 	// This time the new grant arrives before the old process is gone.
 	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 2))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 2))
 	if err := syscall.Kill(a.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -363,7 +426,7 @@ func TestRunAttemptsExhausted(t *testing.T) {
 	ready := h.readyPipe()
 	done := h.start(t.Context(), h.sh(`echo ready; exec sleep 1000`)...)
 	lc := h.fake.NextLease(t)
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	a := h.fake.NextAttach(t)
 	ready()
 	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "MPS server crashed"})
@@ -395,7 +458,7 @@ func TestRunSlurmJob(t *testing.T) {
 		t.Errorf("request gpu_select %q job_id %q, want [1] and 42.0", lc.Request.GPUSelect, lc.Request.JobID)
 	}
 	for attempt := 1; attempt <= 2; attempt++ {
-		lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", attempt))
+		lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", attempt))
 		a := h.fake.NextAttach(t)
 		ready()
 		lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "MPS server on GPU 1 crashed"})
@@ -481,7 +544,7 @@ func TestRunAttachRefused(t *testing.T) {
 	done := h.start(t.Context(), h.sh("echo ran > marker")...)
 	lc := h.fake.NextLease(t)
 	h.fake.RefuseAttach("lease-1", api.Error{Code: api.CodeForbidden, Message: "pid is not a child of the caller"})
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	if code := h.wait(done); code != ExitFailure {
 		t.Errorf("exit %d, want %d", code, ExitFailure)
 	}
@@ -497,13 +560,13 @@ func TestRunAttachRefused(t *testing.T) {
 func TestRunReconnect(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		answer func(t *testing.T, lc *launchertest.LeaseConn)
+		answer func(t *testing.T, lc *apitest.LeaseConn)
 		stderr string
 	}{
-		{"lease re-adopted", func(t *testing.T, lc *launchertest.LeaseConn) {
-			lc.MustSend(t, launchertest.Granted(api.LeaseRequest{SM: 25}, "lease-1", 1))
+		{"lease re-adopted", func(t *testing.T, lc *apitest.LeaseConn) {
+			lc.MustSend(t, apitest.Granted(api.LeaseRequest{SM: 25}, "lease-1", 1))
 		}, ""},
-		{"lease lost", func(t *testing.T, lc *launchertest.LeaseConn) {
+		{"lease lost", func(t *testing.T, lc *apitest.LeaseConn) {
 			lc.MustSend(t, api.Event{Type: api.EventError, Code: api.CodeNotFound, Message: "no lease lease-1"})
 			lc.WaitReleased(t) // the error was taken in before the command ends
 		}, "mps-launch: no lease lease-1; the command keeps running without a lease\n"},
@@ -519,7 +582,7 @@ func TestRunReconnect(t *testing.T) {
 			h.cfg.Stdin = stdinR
 			done := h.start(t.Context(), h.sh(`read line; exit 4`)...)
 			lc := h.fake.NextLease(t)
-			lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+			lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 			h.fake.NextAttach(t)
 			lc.End() // mpsd restarts
 
@@ -551,7 +614,7 @@ func TestRunReconnectWhileQueued(t *testing.T) {
 	if again.Request.ResumeLeaseID != "" {
 		t.Errorf("resumed %q without ever holding a lease", again.Request.ResumeLeaseID)
 	}
-	again.MustSend(t, launchertest.Granted(again.Request, "lease-2", 1))
+	again.MustSend(t, apitest.Granted(again.Request, "lease-2", 1))
 	if code := h.wait(done); code != 0 {
 		t.Errorf("exit %d, want 0; stderr %s", code, h.read("stderr"))
 	}
@@ -619,7 +682,7 @@ func TestRunStatusLineClearedOnGrant(t *testing.T) {
 	done := h.start(t.Context(), h.sh("echo out >&2")...)
 	lc := h.fake.NextLease(t)
 	lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 1, Group: "g"})
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	if code := h.wait(done); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
@@ -636,7 +699,7 @@ func TestRunCancel(t *testing.T) {
 	defer cancel()
 	done := h.start(ctx, h.sh("echo ready; exec sleep 1000")...)
 	lc := h.fake.NextLease(t)
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	a := h.fake.NextAttach(t)
 	ready()
 	cancel()
@@ -653,25 +716,6 @@ func TestRunCancel(t *testing.T) {
 	lc.WaitReleased(t)
 }
 
-func TestClientLeaseRefusedBeforeStream(t *testing.T) {
-	fake := launchertest.New(t, nil)
-	c := NewClient(fake.Socket)
-	// The fake decodes as strictly as mpsd, so an invalid request gets the
-	// 400 Error body instead of a stream.
-	_, err := c.Lease(t.Context(), api.LeaseRequest{SM: 500})
-	var apiErr *api.Error
-	if !errors.As(err, &apiErr) || apiErr.Code != api.CodeBadRequest || !strings.Contains(apiErr.Message, "sm 500") {
-		t.Fatalf("Lease = %v, want a bad_request api.Error", err)
-	}
-	if ExitCode(err) != ExitFailure {
-		t.Errorf("ExitCode = %d", ExitCode(err))
-	}
-	err = c.Attach(t.Context(), "lease-9", os.Getpid())
-	if !errors.As(err, &apiErr) || apiErr.Code != api.CodeNotFound {
-		t.Errorf("Attach to an unknown lease = %v, want not_found", err)
-	}
-}
-
 // TestRunRevokeAfterKill: the kill can reach the command before the
 // revoked event reaches mps-launch; the SIGKILL grace must still turn it
 // into a requeue rather than exit 137.
@@ -681,7 +725,7 @@ func TestRunRevokeAfterKill(t *testing.T) {
 	ready := h.readyPipe()
 	done := h.start(t.Context(), h.sh(`[ "$MPSD_ATTEMPT" = 2 ] && exit 0; echo ready; exec sleep 1000`)...)
 	lc := h.fake.NextLease(t)
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	a := h.fake.NextAttach(t)
 	ready()
 	if err := syscall.Kill(a.PID, syscall.SIGKILL); err != nil {
@@ -689,7 +733,7 @@ func TestRunRevokeAfterKill(t *testing.T) {
 	}
 	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "fault"})
 	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 2))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 2))
 	if code := h.wait(done); code != 0 {
 		t.Errorf("exit %d, want 0 from attempt 2; stderr: %s", code, h.read("stderr"))
 	}
@@ -704,11 +748,11 @@ func TestRunRevokeAfterFailure(t *testing.T) {
 	h.cfg.RevokeGrace = time.Hour // only the event may end the grace here
 	done := h.start(t.Context(), h.sh(`[ "$MPSD_ATTEMPT" = 2 ] && exit 0; exit 86`)...)
 	lc := h.fake.NextLease(t)
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	h.fake.NextAttach(t)
 	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "server died"})
 	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 2))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 2))
 	if code := h.wait(done); code != 0 {
 		t.Errorf("exit %d, want 0 from attempt 2; stderr: %s", code, h.read("stderr"))
 	}
@@ -726,10 +770,10 @@ func TestRunFailureThenMpsdStops(t *testing.T) {
 	h.cfg.RevokeGrace = time.Hour // only mpsd's word may end the grace here
 	done := h.start(t.Context(), h.sh(`[ "$MPSD_ATTEMPT" = 2 ] && exit 0; exit 86`)...)
 	lc := h.fake.NextLease(t)
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	a := h.fake.NextAttach(t)
 	// mps-launch has reaped its failed command once its pid is gone.
-	deadline := time.Now().Add(launchertest.Wait)
+	deadline := time.Now().Add(apitest.Wait)
 	for {
 		if _, err := os.Stat("/proc/" + strconv.Itoa(a.PID)); os.IsNotExist(err) {
 			break
@@ -746,7 +790,7 @@ func TestRunFailureThenMpsdStops(t *testing.T) {
 	}
 	again.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "server died"})
 	again.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
-	again.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 2))
+	again.MustSend(t, apitest.Granted(lc.Request, "lease-1", 2))
 	if code := h.wait(done); code != 0 {
 		t.Errorf("exit %d, want 0 from attempt 2; stderr: %s", code, h.read("stderr"))
 	}
@@ -761,13 +805,13 @@ func TestRunRevokedBeforeAttach(t *testing.T) {
 	done := h.start(t.Context(), h.sh(`exit 0`)...)
 	lc := h.fake.NextLease(t)
 	h.fake.RefuseAttach("lease-1", api.Error{Code: api.CodeConflict, Message: "lease lease-1 is not running"})
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	// The refused attach is not recorded; the revocation comes after it.
 	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "server died"})
 	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
 	// Another id, so this grant's attach is not refused whenever the
 	// first one happens.
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-2", 2))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-2", 2))
 	if code := h.wait(done); code != 0 {
 		t.Errorf("exit %d, want 0 from attempt 2; stderr: %s", code, h.read("stderr"))
 	}
@@ -780,7 +824,7 @@ func TestRunFailureWithoutRevoke(t *testing.T) {
 	h.cfg.RevokeGrace = 20 * time.Millisecond
 	done := h.start(t.Context(), h.sh(`exit 3`)...)
 	lc := h.fake.NextLease(t)
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	h.fake.NextAttach(t)
 	if code := h.wait(done); code != 3 {
 		t.Errorf("exit %d, want the command's 3", code)
@@ -797,7 +841,7 @@ func TestRunKilledWhileStreamEnds(t *testing.T) {
 	ready := h.readyPipe()
 	done := h.start(t.Context(), h.sh(`echo ready; exec sleep 1000`)...)
 	lc := h.fake.NextLease(t)
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	a := h.fake.NextAttach(t)
 	ready()
 	if err := syscall.Kill(a.PID, syscall.SIGKILL); err != nil {
@@ -817,11 +861,11 @@ func TestRunKilledWhileStreamEnds(t *testing.T) {
 		}
 		// mps-launch may have seen its command's end and closed this
 		// stream already: the send may fail, the exit status may not.
-		_ = again.Send(launchertest.Granted(lc.Request, "lease-1", 1))
+		_ = again.Send(apitest.Granted(lc.Request, "lease-1", 1))
 		if code := h.wait(done); code != 137 {
 			t.Errorf("exit %d, want 137", code)
 		}
-	case <-time.After(launchertest.Wait):
+	case <-time.After(apitest.Wait):
 		t.Fatal("mps-launch neither ended nor reconnected")
 	}
 }
@@ -840,6 +884,8 @@ func TestMainUsage(t *testing.T) {
 		stderr string
 	}{
 		{"help", []string{"--help"}, nil, 0, Usage, ""},
+		{"version", []string{"--version"}, nil, 0, buildinfo.Read().Line("mps-launch") + "\n", ""},
+		{"version before a command", []string{"--version", "--", "/bin/false"}, nil, 0, buildinfo.Read().Line("mps-launch") + "\n", ""},
 		{"bad flag", []string{"--sm", "0", "--", "/bin/true"}, nil, ExitFailure, "", "mps-launch: --sm \"0\": want a whole percentage from 1 to 100\n"},
 		{"missing command", []string{"--sm", "10"}, nil, ExitFailure, "", "mps-launch: missing command: mps-launch [flags] -- COMMAND [ARG...]\n"},
 		{"socket from the environment", []string{"/bin/true"}, nil, ExitFailure, "", unreachable},
@@ -920,7 +966,7 @@ func TestRunSpareTrampoline(t *testing.T) {
 			if err := syscall.Kill(spares[0], sig); err != nil {
 				t.Fatal(err)
 			}
-			lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+			lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 			a := h.fake.NextAttach(t)
 			if sig != syscall.SIGKILL && a.PID != spares[0] {
 				t.Errorf("attached pid %d, want the waiting trampoline %d: %v killed it", a.PID, spares[0], sig)
@@ -952,10 +998,10 @@ func TestRunProgramFDs(t *testing.T) {
 	h.quietStdin()
 	done := h.start(t.Context(), h.sh("echo ready; read line")...)
 	lc := h.fake.NextLease(t)
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-1", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	a := h.fake.NextAttach(t)
 	ready()
-	got, want := launchertest.ProgramFDs(t, a.PID)
+	got, want := apitest.ProgramFDs(t, a.PID)
 	if !slices.Equal(got, want) {
 		t.Errorf("the program has descriptors %v, want %v", got, want)
 	}

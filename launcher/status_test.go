@@ -7,13 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpsd/mpsd/launcher/launchertest"
+	"github.com/mpsd/mpsd/api/apitest"
 )
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
 func TestIsTerminal(t *testing.T) {
-	_, slave := launchertest.OpenPTY(t)
+	_, slave := apitest.OpenPTY(t)
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpsd/mpsd/launcher/launchertest"
+	"github.com/mpsd/mpsd/api/apitest"
 )
 
 // TestTrampolineSignalRightAfterRelease: mps-launch forwards a signal as
@@ -44,7 +44,7 @@ func TestTrampolineSignalRightAfterRelease(t *testing.T) {
 		c.signal(syscall.SIGTERM)
 		select {
 		case <-c.exited:
-		case <-time.After(launchertest.Wait):
+		case <-time.After(apitest.Wait):
 			c.kill()
 			t.Fatalf("run %d: SIGTERM sent right after the release was lost", i)
 		}

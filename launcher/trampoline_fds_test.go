@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/mpsd/mpsd/launcher/launchertest"
+	"github.com/mpsd/mpsd/api/apitest"
 )
 
 // inheritable opens name and gives it a descriptor without close-on-exec,
@@ -82,7 +82,7 @@ func TestTrampolinePassesCallerFDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = stdoutW.Close()
-	if err := stdoutR.SetReadDeadline(time.Now().Add(launchertest.Wait)); err != nil {
+	if err := stdoutR.SetReadDeadline(time.Now().Add(apitest.Wait)); err != nil {
 		t.Fatal(err)
 	}
 	// "done" comes once cat has ended; then only read runs, which opens
@@ -93,7 +93,7 @@ func TestTrampolinePassesCallerFDs(t *testing.T) {
 			t.Fatalf("the program wrote %q, %v; want %q (read from its descriptor %d)", line, err, want, fd)
 		}
 	}
-	got, want := launchertest.ProgramFDs(t, c.pid)
+	got, want := apitest.ProgramFDs(t, c.pid)
 	if !slices.Contains(want, fd) {
 		t.Fatalf("this process's descriptor %d is not inheritable: %v", fd, want)
 	}

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpsd/mpsd/launcher/launchertest"
+	"github.com/mpsd/mpsd/api/apitest"
 )
 
 // startMarked starts the test binary as a trampoline for path and argv;
@@ -47,7 +47,7 @@ func waitChild(t *testing.T, c *child) int {
 	select {
 	case <-c.exited:
 		return exitStatus(c.reap())
-	case <-time.After(launchertest.Wait):
+	case <-time.After(apitest.Wait):
 		t.Fatal("trampoline did not end")
 		return -1
 	}
@@ -181,11 +181,11 @@ func TestTrampolineWithoutCommand(t *testing.T) {
 // waitIgnoring waits until the trampoline pid ignores sig (or, built
 // without cgo, catches it), the state it keeps while it waits for its
 // release. The kernel has no event for a change of disposition, so this
-// polls /proc/pid/status, bounded by launchertest.Wait; no assertion
+// polls /proc/pid/status, bounded by apitest.Wait; no assertion
 // depends on how long it takes.
 func waitIgnoring(t *testing.T, pid int, sig syscall.Signal) {
 	t.Helper()
-	deadline := time.Now().Add(launchertest.Wait)
+	deadline := time.Now().Add(apitest.Wait)
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	for {

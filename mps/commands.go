@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/mpsd/mpsd/internal/units"
@@ -262,4 +263,117 @@ func (d *Daemon) SetDefaultClientPriority(ctx context.Context, prio int) error {
 // DefaultClientPriority returns the default client priority.
 func (d *Daemon) DefaultClientPriority(ctx context.Context) (int, error) {
 	return parsed(ctx, d, "get_default_client_priority", parseInt)
+}
+
+// ServerCaps is a running server's limits as the daemon reports them: its
+// thread percentage and, per device ordinal of the server, its pinned
+// memory limit in bytes (0: none set; one of 1 GiB or more floored to
+// whole GiB, as the daemon prints it).
+type ServerCaps struct {
+	ThreadPercentage float64
+	PinnedMem        []int64
+}
+
+// ReportedPinnedMem is what the daemon reports of a pinned memory limit of
+// b bytes set through this package: whole GiB (floored) from 1 GiB on,
+// else whole MiB.
+func ReportedPinnedMem(b int64) int64 {
+	if b >= units.GiB {
+		return b / units.GiB * units.GiB
+	}
+	return b / units.MiB * units.MiB
+}
+
+// ServerCaps reads a running server's thread percentage and the pinned
+// memory limits of its devices 0..devices-1 with one call of the control
+// program (get_active_thread_percentage, get_device_pinned_mem_limit),
+// falling back to one call per device when a device has no limit (the
+// daemon then prints nothing for it). ErrServerNotReady while the server
+// initializes (the daemon prints nothing), ErrServerNotFound for a server
+// the daemon does not know.
+func (d *Daemon) ServerCaps(ctx context.Context, serverPID, devices int) (ServerCaps, error) {
+	if devices < 1 || devices > maxServerDevices {
+		return ServerCaps{}, &CommandError{Command: "get_device_pinned_mem_limit", PipeDir: d.cfg.PipeDir, Err: fmt.Errorf("%w: %d devices", ErrInvalidValue, devices)}
+	}
+	lines := []string{"get_active_thread_percentage " + strconv.Itoa(serverPID)}
+	for dev := range devices {
+		lines = append(lines, fmt.Sprintf("get_device_pinned_mem_limit %d %d", serverPID, dev))
+	}
+	out, err := d.commands(ctx, lines...)
+	if err != nil {
+		return ServerCaps{}, err
+	}
+	got := outputLines(out)
+	if len(got) == 0 {
+		return ServerCaps{}, &CommandError{Command: lines[0], PipeDir: d.cfg.PipeDir, Err: ErrServerNotReady}
+	}
+	if len(got) > len(lines) {
+		return ServerCaps{}, &CommandError{Command: strings.Join(lines, "; "), PipeDir: d.cfg.PipeDir, Output: out, Err: ErrUnexpectedOutput}
+	}
+	p, err := parsePercent(got[0])
+	if err != nil {
+		return ServerCaps{}, &CommandError{Command: lines[0], PipeDir: d.cfg.PipeDir, Output: out, Err: err}
+	}
+	caps := ServerCaps{ThreadPercentage: p, PinnedMem: make([]int64, devices)}
+	if len(got) == len(lines) {
+		for i, l := range got[1:] {
+			b, _, err := parseMemLimit(l)
+			if err != nil {
+				return ServerCaps{}, &CommandError{Command: lines[i+1], PipeDir: d.cfg.PipeDir, Output: out, Err: err}
+			}
+			caps.PinnedMem[i] = b
+		}
+		return caps, nil
+	}
+	// A device without a limit answered nothing: which one, only a call
+	// per device says.
+	for dev := range devices {
+		b, _, err := d.DevicePinnedMemLimit(ctx, serverPID, dev)
+		if err != nil {
+			return ServerCaps{}, err
+		}
+		caps.PinnedMem[dev] = b
+	}
+	return caps, nil
+}
+
+// maxServerDevices bounds the devices of one server a call names.
+const maxServerDevices = 64
+
+// SetServerCaps sets a running server's thread percentage and the pinned
+// memory limit of each of its devices (memBytes[dev], sent as whole MiB)
+// with one call of the control program, then reads them back (ServerCaps)
+// and returns what the server now holds. ErrInvalidValue when it holds
+// other values than those set (the daemon refused one); the per-server
+// errors of ServerCaps otherwise. Setting on a server that still
+// initializes changes nothing (the daemon prints nothing): that read-back
+// says ErrServerNotReady.
+func (d *Daemon) SetServerCaps(ctx context.Context, serverPID int, p float64, memBytes []int64) (ServerCaps, error) {
+	if math.IsNaN(p) || !(p > 0 && p <= 100) || len(memBytes) < 1 || len(memBytes) > maxServerDevices {
+		return ServerCaps{}, &CommandError{Command: "set_active_thread_percentage", PipeDir: d.cfg.PipeDir, Err: fmt.Errorf("%w: %v%% on %d devices", ErrInvalidValue, p, len(memBytes))}
+	}
+	lines := []string{fmt.Sprintf("set_active_thread_percentage %d %s", serverPID, formatPercent(p))}
+	for dev, b := range memBytes {
+		v, err := memValue(dev, b)
+		if err != nil {
+			return ServerCaps{}, &CommandError{Command: "set_device_pinned_mem_limit", PipeDir: d.cfg.PipeDir, Err: err}
+		}
+		lines = append(lines, fmt.Sprintf("set_device_pinned_mem_limit %d %d %s", serverPID, dev, v))
+	}
+	if _, err := d.commands(ctx, lines...); err != nil {
+		return ServerCaps{}, err
+	}
+	caps, err := d.ServerCaps(ctx, serverPID, len(memBytes))
+	if err != nil {
+		return caps, err
+	}
+	if math.Abs(caps.ThreadPercentage-p) > 0.05+1e-9 {
+		return caps, &CommandError{Command: lines[0], PipeDir: d.cfg.PipeDir, Err: fmt.Errorf("%w: server kept %.1f%%", ErrInvalidValue, caps.ThreadPercentage)}
+	}
+	for dev, b := range memBytes {
+		if caps.PinnedMem[dev] != ReportedPinnedMem(b) {
+			return caps, &CommandError{Command: lines[dev+1], PipeDir: d.cfg.PipeDir, Err: fmt.Errorf("%w: server kept %d bytes", ErrInvalidValue, caps.PinnedMem[dev])}
+		}
+	}
+	return caps, nil
 }

@@ -542,8 +542,19 @@ func (d *Daemon) Close() error {
 // memory: EMFILE, ENFILE, EAGAIN, ENOMEM), which says nothing about the
 // daemon and never wraps the others. Prefer the typed methods.
 func (d *Daemon) Command(ctx context.Context, line string) (string, error) {
-	if strings.ContainsAny(line, "\n\r") {
-		return "", &CommandError{Command: line, PipeDir: d.cfg.PipeDir, Err: fmt.Errorf("%w: command contains a newline", ErrInvalidValue)}
+	return d.commands(ctx, line)
+}
+
+// commands sends several command lines in one call of the control
+// program, which answers them in order (one session reads stdin to EOF);
+// the output is theirs together. Errors are Command's, their Command the
+// lines joined by "; ".
+func (d *Daemon) commands(ctx context.Context, lines ...string) (string, error) {
+	line := strings.Join(lines, "; ")
+	for _, l := range lines {
+		if strings.ContainsAny(l, "\n\r") {
+			return "", &CommandError{Command: line, PipeDir: d.cfg.PipeDir, Err: fmt.Errorf("%w: command contains a newline", ErrInvalidValue)}
+		}
 	}
 	select {
 	case <-d.stop:
@@ -553,7 +564,7 @@ func (d *Daemon) Command(ctx context.Context, line string) (string, error) {
 	// Always stdin: 555 rejects commands given as arguments.
 	cmd := exec.CommandContext(ctx, d.cfg.ControlPath)
 	cmd.Env = d.clientEnv
-	cmd.Stdin = strings.NewReader(line + "\n")
+	cmd.Stdin = strings.NewReader(strings.Join(lines, "\n") + "\n")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = startWaitDelay

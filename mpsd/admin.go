@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/apihttp"
 	"github.com/mpsd/mpsd/gpu"
 )
 
@@ -16,7 +17,7 @@ func adminError(w http.ResponseWriter, err error) {
 	if errors.Is(err, gpu.ErrBadSelector) || errors.Is(err, gpu.ErrAmbiguousSelector) {
 		status, code = http.StatusBadRequest, api.CodeBadRequest
 	}
-	api.WriteError(w, status, code, err.Error())
+	apihttp.WriteError(w, status, code, err.Error())
 }
 
 // serveRestart restarts the control daemons of the instances named, as the
@@ -61,7 +62,7 @@ func (d *Daemon) serveRequeue(w http.ResponseWriter, r *http.Request) {
 	l, found := d.leases[q.Lease]
 	if !found || l.state != leaseRunning {
 		d.mu.Unlock()
-		api.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no running lease %s", q.Lease))
+		apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no running lease %s", q.Lease))
 		return
 	}
 	in := l.inst
@@ -73,7 +74,7 @@ func (d *Daemon) serveRequeue(w http.ResponseWriter, r *http.Request) {
 	// The same sequence as a fault's: revoking is recorded (and written)
 	// before the launcher is told or anything is killed.
 	if d.revoke([]*lease{l}, reason, how) == 0 {
-		api.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no running lease %s (it ended or another revocation took it)", q.Lease))
+		apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no running lease %s (it ended or another revocation took it)", q.Lease))
 		return
 	}
 	writeJSON(w, res)
@@ -90,11 +91,11 @@ func (d *Daemon) serveInjectXid(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if d.opts.XidInjector == nil {
-		api.WriteError(w, http.StatusConflict, api.CodeConflict, "inject-xid works only on simulated GPUs (mpsd --simulate); this mpsd runs on real ones")
+		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, "inject-xid works only on simulated GPUs (mpsd --simulate); this mpsd runs on real ones")
 		return
 	}
 	if err := d.opts.XidInjector.InjectXid(q.GPU, q.Xid, q.PID); err != nil {
-		api.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("inject Xid %d on GPU %d: %v", q.Xid, q.GPU, err))
+		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("inject Xid %d on GPU %d: %v", q.Xid, q.GPU, err))
 		return
 	}
 	d.log.Info("simulated Xid injected by admin", "gpu_index", q.GPU, "xid", q.Xid, "pid", q.PID)

@@ -19,7 +19,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/mpsd/mpsd/api"
-	"github.com/mpsd/mpsd/launcher/launchertest"
+	"github.com/mpsd/mpsd/api/apitest"
 )
 
 // ptyReader collects what mps-launch writes on a terminal.
@@ -70,7 +70,7 @@ func TestCapacityQueue(t *testing.T) {
 	}
 	e.waitStatus("four running leases", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 4 })
 
-	master, slave := launchertest.OpenPTY(t)
+	master, slave := apitest.OpenPTY(t)
 	term := readPTY(master)
 	args, openFifth := e.gate("e")
 	fifth := e.launch(append([]string{"--sm", "40", "--mem", "1G", "--"}, args...)...)

@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpsd/mpsd/api"
-	"github.com/mpsd/mpsd/launcher/launchertest"
+	"github.com/mpsd/mpsd/api/apitest"
 )
 
 // durTmpfsState mounts a small tmpfs as the env's state directory (before
@@ -142,7 +142,7 @@ func TestStateDirFull(t *testing.T) {
 		t.Errorf("--wait 1s while the state directory is full: exit %d, stderr %q; want 75 naming the directory", r.code, r.stderr)
 	}
 	// The next one waits in the queue with that reason.
-	master, slave := launchertest.OpenPTY(t)
+	master, slave := apitest.OpenPTY(t)
 	term := readPTY(master)
 	argsB, startedB, openB := e.durGated("b")
 	lb := e.launch(append([]string{"--sm", "10", "--mem", "1G", "--"}, argsB...)...)

@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/apitest"
 	"github.com/mpsd/mpsd/gpu"
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
-	"github.com/mpsd/mpsd/launcher/launchertest"
 )
 
 // faultGroups: group a on both GPUs, group b on both but filled on GPU 0
@@ -528,7 +528,7 @@ func TestCrashLoopQuarantine(t *testing.T) {
 	e.waitStatus("the first lease running on GPU 1", func(st api.Status) bool {
 		return len(st.Leases) == 1 && st.Leases[0].State == api.LeaseRunning && st.Leases[0].GPUIndexes[0] == 1
 	})
-	master, slave := launchertest.OpenPTY(t)
+	master, slave := apitest.OpenPTY(t)
 	term := readPTY(master)
 	second := e.launch("--sm", "60", "--mem", "1G", "--", client, "--duration", "500ms")
 	second.Stderr = slave

@@ -108,8 +108,10 @@ func TestE2ELaunchBadInput(t *testing.T) {
 			[]string{nowhere}},
 		{"daemon not running (MPSD_SOCKET)", []string{"--", "/bin/true"}, []string{api.EnvSocket + "=" + nowhere}, 125,
 			[]string{nowhere}},
-		{"daemon gone (stale socket)", []string{"--socket", stale, "--", "/bin/true"}, nil, 125,
-			[]string{stale, "connection refused"}},
+		// A stale socket is an mpsd that stopped (it leaves its socket):
+		// waited for as a restart, here not at all.
+		{"daemon gone (stale socket)", []string{"--socket", stale, "--no-wait", "--", "/bin/true"}, nil, 75,
+			[]string{stale, "connection refused", "--no-wait was given"}},
 		{"command not found (path)", []string{"--", filepath.Join(e.dir, "no-such-program")}, nil, 127,
 			[]string{"no-such-program"}},
 		{"command not found (PATH)", []string{"--", "mpsd-no-such-program"}, nil, 127,

@@ -237,36 +237,37 @@ func TestPipeDirClosedToOtherGroups(t *testing.T) {
 	}
 }
 
-// isoBuildAPICall builds testdata/apicall, which speaks to mpsd's socket as
-// whichever uid runs it, into the env's directory (reachable by test uids).
+// isoBuildAPICall puts the API caller (apiCallMain, the test binary
+// itself), which speaks to mpsd's socket through package client as
+// whichever uid runs it, into the env's directory (reachable by test
+// uids).
 func (e *testEnv) isoBuildAPICall() string {
 	e.t.Helper()
-	out := filepath.Join(e.dir, "apicall")
-	cmd := exec.Command("go", "build", "-o", out, "./testdata/apicall")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		e.t.Fatalf("go build ./testdata/apicall: %v\n%s", err, b)
+	out, err := apiCallBinary(e.dir)
+	if err != nil {
+		e.t.Fatalf("API caller: %v", err)
 	}
 	return out
 }
 
-// isoAPICall posts body to path as uid and returns the status and the
-// body. With child, the caller starts a child of its own first, {child} in
-// body becomes its pid, and childCgroup is where that child was after the
-// answer.
-func (e *testEnv) isoAPICall(helper string, uid uint32, path, body string, child bool) (status int, resp []byte, childCgroup string) {
+// isoAPICall posts body to path as uid and returns mpsd's error code (""
+// when it accepted the request) and the answer's body or the error's
+// message. With child, the caller starts a child of its own first,
+// {child} in body becomes its pid, and childCgroup is where that child
+// was after the answer.
+func (e *testEnv) isoAPICall(helper string, uid uint32, path, body string, child bool) (code api.ErrorCode, resp []byte, childCgroup string) {
 	e.t.Helper()
 	args := []string{"-socket", e.socket, "-path", path, "-body", body}
 	if child {
 		args = append(args, "-child")
 	}
-	r := run(e.t, asUID(exec.Command(helper, args...), uid))
+	r := run(e.t, asUID(apiCallCmd(helper, args...), uid))
 	if r.code != 0 {
 		e.t.Fatalf("apicall %s as uid %d: exit %d, stderr %q", path, uid, r.code, r.stderr)
 	}
-	code, rest, _ := strings.Cut(r.stdout, "\n")
-	n, err := strconv.Atoi(code)
-	if err != nil {
-		e.t.Fatalf("apicall printed %q", r.stdout)
+	first, rest, _ := strings.Cut(r.stdout, "\n")
+	if first != "ok" {
+		code = api.ErrorCode(first)
 	}
 	for _, line := range strings.Split(r.stderr, "\n") {
 		if cg, ok := strings.CutPrefix(line, "cgroup "); ok {
@@ -276,7 +277,7 @@ func (e *testEnv) isoAPICall(helper string, uid uint32, path, body string, child
 	if child && childCgroup == "" {
 		e.t.Fatalf("apicall did not report its child's cgroup: %q", r.stderr)
 	}
-	return n, []byte(rest), childCgroup
+	return code, []byte(rest), childCgroup
 }
 
 // A user cannot move a process into another user's lease, not even its
@@ -313,10 +314,8 @@ func TestAttachOtherUsersLeaseForbidden(t *testing.T) {
 	// accepted but for the lease belonging to someone else.
 	for _, uid := range []uint32{isoUIDB, 64004, isoUIDNone} {
 		code, body, cg := e.isoAPICall(helper, uid, attach, `{"pid":{child}}`, true)
-		if code != 403 {
-			t.Errorf("attach to uid %d's lease as uid %d: status %d %s, want 403", isoUIDA, uid, code, body)
-		} else if ae := api.DecodeError(code, bytes.NewReader(body)); ae.Code != api.CodeForbidden {
-			t.Errorf("attach as uid %d: code %q (%s), want %q", uid, ae.Code, ae.Message, api.CodeForbidden)
+		if code != api.CodeForbidden {
+			t.Errorf("attach to uid %d's lease as uid %d: %q %s, want %q", isoUIDA, uid, code, body, api.CodeForbidden)
 		}
 		if cg == leaseCgroup {
 			t.Errorf("uid %d's child was moved into uid %d's lease cgroup", uid, isoUIDA)
@@ -324,24 +323,24 @@ func TestAttachOtherUsersLeaseForbidden(t *testing.T) {
 	}
 	// Nor may another user name the owner's own workload.
 	code, body, _ := e.isoAPICall(helper, isoUIDB, attach, fmt.Sprintf(`{"pid":%d}`, l.PIDs[0]), false)
-	if code != 403 {
-		t.Errorf("attach of the owner's pid as uid %d: status %d %s, want 403", isoUIDB, code, body)
+	if code != api.CodeForbidden {
+		t.Errorf("attach of the owner's pid as uid %d: %q %s, want forbidden", isoUIDB, code, body)
 	}
 	// Nor may another user take the lease over by "resuming" it.
 	code, body, _ = e.isoAPICall(helper, isoUIDB, api.PathLeases, fmt.Sprintf(`{"group":"a","resume_lease_id":%q,"attempt":1}`, l.ID), false)
-	if code != 403 {
-		t.Errorf("resume of uid %d's lease as uid %d: status %d %s, want 403", isoUIDA, isoUIDB, code, body)
+	if code != api.CodeForbidden {
+		t.Errorf("resume of uid %d's lease as uid %d: %q %s, want forbidden", isoUIDA, isoUIDB, code, body)
 	}
 	code, body, _ = e.isoAPICall(helper, 64004, api.PathLeases, fmt.Sprintf(`{"resume_lease_id":%q,"attempt":1}`, l.ID), false)
-	if code != 403 {
-		t.Errorf("resume of uid %d's lease as uid 64004: status %d %s, want 403", isoUIDA, code, body)
+	if code != api.CodeForbidden {
+		t.Errorf("resume of uid %d's lease as uid 64004: %q %s, want forbidden", isoUIDA, code, body)
 	}
 	// The control: the owner attaching its own child the same way is
 	// accepted and the child lands in the lease cgroup, so the refusals
 	// above were for the lease's owner, not for the request.
 	code, body, cg := e.isoAPICall(helper, isoUIDA, attach, `{"pid":{child}}`, true)
-	if code != 200 {
-		t.Errorf("attach of its own child as the owner uid %d: status %d %s, want 200", isoUIDA, code, body)
+	if code != "" {
+		t.Errorf("attach of its own child as the owner uid %d: %q %s, want it accepted", isoUIDA, code, body)
 	}
 	if cg != leaseCgroup {
 		t.Errorf("owner's attached child is in %s, want %s", cg, leaseCgroup)

@@ -252,14 +252,14 @@ func TestReleaseOnlyByOwner(t *testing.T) {
 	p := startProc(t, e.launch(append([]string{"--mem", "1G", "--"}, work...)...))
 	st := e.waitStatus("the lease running", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 1 })
 	id := st.Leases[0].ID
-	if code, body, _ := e.isoAPICall(helper, opUIDMember, api.ReleasePath(id), "{}", false); code != 403 || !strings.Contains(string(body), "not yours") {
-		t.Errorf("release of root's lease by uid %d: %d %s; want 403", opUIDMember, code, body)
+	if code, body, _ := e.isoAPICall(helper, opUIDMember, api.ReleasePath(id), "{}", false); code != api.CodeForbidden || !strings.Contains(string(body), "not yours") {
+		t.Errorf("release of root's lease by uid %d: %q %s; want forbidden", opUIDMember, code, body)
 	}
-	if code, _, _ := e.isoAPICall(helper, opUIDMember, api.ReleasePath("a-000000000000"), "{}", false); code != 404 {
-		t.Errorf("release of no lease: %d; want 404", code)
+	if code, _, _ := e.isoAPICall(helper, opUIDMember, api.ReleasePath("a-000000000000"), "{}", false); code != api.CodeNotFound {
+		t.Errorf("release of no lease: %q; want not_found", code)
 	}
-	if code, body, _ := e.isoAPICall(helper, opUIDMember, api.ReleasePath(id), `{"x":1}`, false); code != 400 {
-		t.Errorf("release with an unknown field: %d %s; want 400", code, body)
+	if code, body, _ := e.isoAPICall(helper, opUIDMember, api.ReleasePath(id), `{"x":1}`, false); code != api.CodeBadRequest {
+		t.Errorf("release with an unknown field: %q %s; want bad_request", code, body)
 	}
 	if st := e.d.Status(); countLeases(st, api.LeaseRunning) != 1 {
 		t.Fatalf("refused releases ended the lease: %+v", st.Leases)

@@ -94,6 +94,9 @@ type instance struct {
 	// reconAgain: it runs once more when done; reconEvent: a client event
 	// asked for it since the last one began.
 	reconRunning, reconAgain, reconEvent bool
+	// capDrifts counts, by cap (caps.go), the times a server's cap was
+	// found off the group's and set back (mpsd_mps_cap_drift_total).
+	capDrifts map[string]uint64
 }
 
 func (in *instance) markTried() { in.triedOnce.Do(func() { close(in.tried) }) }
@@ -391,6 +394,11 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 			delete(in.shutDown, ev.PID) // a new server under a reused pid
 			// Recorded, so that a crash of mpsd does not hide its death.
 			d.store.request()
+			if current {
+				// A verified server (a child of the daemon): the group's
+				// caps are checked on it once it is ready (caps.go).
+				d.spawn(func() { d.serverStartedCaps(in, dm, ev.PID) })
+			}
 		case mps.ServerExited:
 			clients = in.serverExitedLocked(ev.PID)
 		}

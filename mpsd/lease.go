@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/cgroup"
 	"github.com/mpsd/mpsd/internal/gpusel"
+	"github.com/mpsd/mpsd/internal/mpsenv"
 	"github.com/mpsd/mpsd/policy"
 )
 
@@ -167,26 +169,36 @@ func newLeaseID(group string) string {
 }
 
 // apiLeaseLocked is the granted lease as its launcher sees it, with the
-// environment of docs/architecture.md#environment-of-a-lease.
+// environment of docs/architecture.md#environment-of-a-lease. The MPS
+// variables come from mpsenv, built from the GPUs the client sees (the
+// instance's, by UUID, in its server's order), so their limits name only
+// those devices. Should mpsenv refuse them (a GPU without a UUID), the
+// lease carries none: mps-launch and the device plugin refuse a lease
+// without them rather than run its command with no MPS limits.
 func (l *lease) apiLeaseLocked() *api.Lease {
 	in := l.inst
 	al := &api.Lease{ID: l.id, Group: l.group, SM: l.req.SM, MemBytes: l.req.Mem, Attempt: l.attempt}
-	limits := make([]string, len(in.gpus))
-	for i, g := range in.gpus {
+	for _, g := range in.gpus {
 		al.GPUIndexes = append(al.GPUIndexes, g.Index)
 		al.GPUUUIDs = append(al.GPUUUIDs, g.UUID)
-		// Whole MiB: what policy charged (mem is rounded down to MiB) is
-		// exactly what MPS enforces.
-		limits[i] = strconv.Itoa(i) + "=" + strconv.FormatInt(l.req.Mem>>20, 10) + "M"
 	}
 	al.Env = map[string]string{
-		api.EnvPipeDirectory:    in.pipeDir,
-		api.EnvThreadPercentage: strconv.Itoa(l.req.SM),
-		api.EnvPinnedMemLimit:   strings.Join(limits, ","),
-		api.EnvLeaseID:          l.id,
-		api.EnvGroup:            l.group,
-		api.EnvAttempt:          strconv.Itoa(l.attempt),
+		api.EnvLeaseID: l.id,
+		api.EnvGroup:   l.group,
+		api.EnvAttempt: strconv.Itoa(l.attempt),
 	}
+	dev, err := mpsenv.NewDevices(al.GPUUUIDs)
+	var c mpsenv.Client
+	if err == nil {
+		// Whole MiB: what policy charged (mem is rounded down to MiB) is
+		// exactly what MPS enforces.
+		c, err = mpsenv.NewClient(in.pipeDir, dev, l.req.SM, l.req.Mem)
+	}
+	if err != nil {
+		l.log.Error("no MPS environment can be made for the lease; its launcher will refuse it", "lease", l.id, "group", l.group, "err", err)
+		return al
+	}
+	maps.Copy(al.Env, c.Env())
 	if p, ok := clientPriority(in.driver, l.req.Priority); ok {
 		al.Env[api.EnvClientPriority] = p
 	}

@@ -47,6 +47,7 @@ var (
 	descReconKilled   = prometheus.NewDesc("mpsd_unreconciled_clients_terminated_total", "Processes of mpsd_unreconciled_clients_total that mpsd ended (the group's reconcile: terminate), by kind.", []string{"group", "kind"}, nil)
 	descLeaseMemUsed  = prometheus.NewDesc("mpsd_lease_memory_used_bytes", "Device memory NVML reports for the group's running leases' processes, summed per lease on its GPU where it is highest, and over the group's leases.", []string{"group"}, nil)
 	descLeaseMemByID  = prometheus.NewDesc("mpsd_lease_memory_used_bytes_by_lease", "Device memory NVML reports for one running lease's processes, summed on its GPU where it is highest (metrics.per_lease: true only).", []string{"group", "lease"}, nil)
+	descCapDrift      = prometheus.NewDesc("mpsd_mps_cap_drift_total", "Times a cap of an MPS server of the instance (cap: thread_percentage, pinned_memory) was found off the group's max_sm or max_mem and set back: its owner changed it, or the server started with other defaults.", append(instLabels[:3:3], "cap"), nil)
 	descReloadOK      = prometheus.NewDesc("mpsd_config_last_reload_success", "1 if the last config reload (or the initial load) succeeded.", nil, nil)
 	descReloadTime    = prometheus.NewDesc("mpsd_config_last_reload_timestamp_seconds", "When the config was last loaded or reload attempted.", nil, nil)
 )
@@ -135,7 +136,7 @@ type daemonCollector Daemon
 
 func (c *daemonCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInstanceUp, descInstanceState, descRestarts, descFaults, descQuarantined,
-		descClients, descSM, descMem, descMPSInfo, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime, descUnverified, descUnreconciled, descReconKilled, descLeaseMemUsed, descLeaseMemByID} {
+		descClients, descSM, descMem, descMPSInfo, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime, descUnverified, descCapDrift, descUnreconciled, descReconKilled, descLeaseMemUsed, descLeaseMemByID} {
 		ch <- d
 	}
 }
@@ -147,6 +148,7 @@ type instanceLabels struct {
 	states   [][]*dto.LabelPair // by instanceStates
 	restarts [][]*dto.LabelPair // by faultKinds, label reason
 	faults   [][]*dto.LabelPair // by faultKinds, label kind
+	caps     [][]*dto.LabelPair // by capKinds, label cap
 }
 
 func newInstanceLabels(in *instance, index string) *instanceLabels {
@@ -155,7 +157,12 @@ func newInstanceLabels(in *instance, index string) *instanceLabels {
 	// kind, reason or state.
 	base := []*dto.LabelPair{pair("gpu", in.gpus[0].UUID), pair("gpu_index", index), pair("group", in.group)}
 	with := func(n, v string) []*dto.LabelPair { return append(base[:3:3], pair(n, v)) }
+	// cap sorts before gpu.
+	withFirst := func(n, v string) []*dto.LabelPair { return append([]*dto.LabelPair{pair(n, v)}, base...) }
 	il := &instanceLabels{base: base}
+	for _, c := range capKinds {
+		il.caps = append(il.caps, withFirst("cap", c))
+	}
 	for _, st := range instanceStates {
 		il.states = append(il.states, with("state", st.String()))
 	}
@@ -203,7 +210,7 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 	m := d.metrics
 	d.mu.Lock()
 	// One allocation for all of the instance series of this scrape.
-	per := 7 + len(instanceStates) + 2*len(faultKinds)
+	per := 7 + len(instanceStates) + 2*len(faultKinds) + len(capKinds)
 	fm := make([]fastMetric, 0, per*len(d.instances))
 	emit := func(desc *prometheus.Desc, labels []*dto.LabelPair, v float64, isCounter bool) {
 		fm = append(fm, fastMetric{desc: desc, labels: labels, value: v, counter: isCounter})
@@ -230,6 +237,9 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 		emit(descUnverified, il.base, float64(in.unverified), true)
 		driver, mpsVersion := in.versionsLocked()
 		gauge(descMPSInfo, 1, in.gpus[0].UUID, m.gpuIndexStr[in.gpus[0].Index], in.group, driver, mpsVersion)
+		for i, c := range capKinds {
+			emit(descCapDrift, il.caps[i], float64(in.capDrifts[c]), true)
+		}
 	}
 	memUsed := map[string]uint64{}
 	for _, l := range d.leases {

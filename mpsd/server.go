@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/apihttp"
 	"github.com/mpsd/mpsd/cgroup"
 	"github.com/mpsd/mpsd/internal/units"
 	"github.com/mpsd/mpsd/policy"
@@ -61,7 +62,7 @@ func (d *Daemon) newHTTPServer() *http.Server {
 func (d *Daemon) track(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !d.enter() {
-			api.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "mpsd is stopping")
+			apihttp.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "mpsd is stopping")
 			return
 		}
 		defer d.leave()
@@ -111,7 +112,7 @@ func readBody[T any](w http.ResponseWriter, r *http.Request, timeout time.Durati
 			w.Header().Set("Connection", "close")
 			status, msg = http.StatusRequestTimeout, fmt.Sprintf("request body not received within %s", timeout)
 		}
-		api.WriteError(w, status, code, msg)
+		apihttp.WriteError(w, status, code, msg)
 		return v, false
 	}
 	_ = rc.SetReadDeadline(time.Time{})
@@ -121,7 +122,7 @@ func readBody[T any](w http.ResponseWriter, r *http.Request, timeout time.Durati
 func (d *Daemon) serveLease(w http.ResponseWriter, r *http.Request) {
 	p, c, ok := d.credentials(r)
 	if !ok {
-		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, "cannot identify the caller (no peer credentials)")
+		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, "cannot identify the caller (no peer credentials)")
 		return
 	}
 	req, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.LeaseRequest, error) { return api.DecodeLeaseRequest(r.Body) })
@@ -135,13 +136,13 @@ func (d *Daemon) serveLease(w http.ResponseWriter, r *http.Request) {
 		if l, err = d.resume(c, req); err != nil {
 			var rf *refusal
 			errors.As(err, &rf)
-			api.WriteError(w, rf.status, rf.code, rf.msg)
+			apihttp.WriteError(w, rf.status, rf.code, rf.msg)
 			return
 		}
 	} else {
 		if rf := d.reserveQueued(c.UID); rf != nil {
 			d.log.Info("lease refused", "uid", c.UID, "pid", p.pid, "group", req.Group, "reason", rf.msg)
-			api.WriteError(w, rf.status, rf.code, rf.msg)
+			apihttp.WriteError(w, rf.status, rf.code, rf.msg)
 			return
 		}
 		var err error
@@ -151,7 +152,7 @@ func (d *Daemon) serveLease(w http.ResponseWriter, r *http.Request) {
 			var rf *refusal
 			errors.As(err, &rf)
 			d.log.Info("lease refused", "uid", c.UID, "pid", p.pid, "group", req.Group, "reason", rf.msg)
-			api.WriteError(w, rf.status, rf.code, rf.msg)
+			apihttp.WriteError(w, rf.status, rf.code, rf.msg)
 			return
 		}
 	}
@@ -287,7 +288,7 @@ func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, err
 func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 	p, _, ok := d.credentials(r)
 	if !ok {
-		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, "cannot identify the caller (no peer credentials)")
+		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, "cannot identify the caller (no peer credentials)")
 		return
 	}
 	id := r.PathValue("id")
@@ -306,13 +307,13 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 	d.mu.Unlock()
 	switch {
 	case !found:
-		api.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no lease %s", id))
+		apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no lease %s", id))
 		return
 	case l.uid != p.uid:
-		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("lease %s is not yours", id))
+		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("lease %s is not yours", id))
 		return
 	case !running:
-		api.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is not running", id))
+		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is not running", id))
 		return
 	}
 	// Only the caller's own child: a user must never move someone else's
@@ -323,21 +324,21 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 	h, err := openPid(d.proc, req.PID)
 	switch {
 	case errors.Is(err, unix.ESRCH) || errors.Is(err, os.ErrNotExist):
-		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, notChild)
+		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, notChild)
 		return
 	case err != nil:
 		d.log.Error("attach: cannot hold the pid", "lease", id, "pid", req.PID, "err", err)
-		api.WriteError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("pid %d: %v", req.PID, err))
+		apihttp.WriteError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("pid %d: %v", req.PID, err))
 		return
 	}
 	defer h.close()
 	st, err := readProcStatus(d.proc, req.PID)
 	if err != nil || st.ppid != p.pid || st.uid != p.uid {
-		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, notChild)
+		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, notChild)
 		return
 	}
 	if !h.alive() {
-		api.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("pid %d has exited; nothing was attached", req.PID))
+		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("pid %d has exited; nothing was attached", req.PID))
 		return
 	}
 	pid := req.PID
@@ -347,15 +348,15 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 	if err := d.attach(l, pid); err != nil {
 		if errors.Is(err, errLeaseEnding) {
 			// Revoked or released since the look above.
-			api.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is not running", id))
+			apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is not running", id))
 			return
 		}
 		d.log.Error("attach failed", "lease", id, "pid", pid, "err", err)
-		api.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
+		apihttp.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
 		return
 	}
 	if err := d.attachedSame(l, h, pid, p.pid); err != nil {
-		api.WriteError(w, http.StatusConflict, api.CodeConflict, err.Error())
+		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, err.Error())
 		return
 	}
 	d.mu.Lock()
@@ -372,7 +373,7 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 func (d *Daemon) serveRelease(w http.ResponseWriter, r *http.Request) {
 	p, _, ok := d.credentials(r)
 	if !ok {
-		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, "cannot identify the caller (no peer credentials)")
+		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, "cannot identify the caller (no peer credentials)")
 		return
 	}
 	id := r.PathValue("id")
@@ -388,13 +389,13 @@ func (d *Daemon) serveRelease(w http.ResponseWriter, r *http.Request) {
 	d.mu.Unlock()
 	switch {
 	case !found:
-		api.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no lease %s", id))
+		apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no lease %s", id))
 		return
 	case l.uid != p.uid:
-		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("lease %s is not yours", id))
+		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("lease %s is not yours", id))
 		return
 	case state == leaseRevoking:
-		api.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is being revoked", id))
+		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is being revoked", id))
 		return
 	}
 	d.release(l, "its command ended")
@@ -402,7 +403,7 @@ func (d *Daemon) serveRelease(w http.ResponseWriter, r *http.Request) {
 	left := d.leases[id] == l
 	d.mu.Unlock()
 	if left {
-		api.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is still ending (its processes have not died yet)", id))
+		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is still ending (its processes have not died yet)", id))
 		return
 	}
 	w.Header().Set("Content-Type", api.ContentTypeJSON)
@@ -520,7 +521,7 @@ func (d *Daemon) requireAdmin(w http.ResponseWriter, r *http.Request) bool {
 	admin := ok && d.cfg.Access.Admin(c)
 	d.mu.Unlock()
 	if !admin {
-		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("uid %d is not an mpsd admin (admins in the config)", c.UID))
+		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("uid %d is not an mpsd admin (admins in the config)", c.UID))
 	}
 	return admin
 }
@@ -541,7 +542,7 @@ func (d *Daemon) serveAdmin(w http.ResponseWriter, r *http.Request, drain bool) 
 	// Saved before the answer: a drain (or resume) mpsctl reports holds
 	// across any restart of mpsd.
 	if err := d.persistIntent(r.Context()); err != nil {
-		api.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())
+		apihttp.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())
 		return
 	}
 	writeJSON(w, res)
@@ -630,7 +631,7 @@ func (d *Daemon) setDrained(t api.AdminTarget, drain bool) (api.AdminResult, err
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", api.ContentTypeJSON)
 	if err := jsonEncode(w, v); err != nil {
-		api.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
+		apihttp.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
 	}
 }
 

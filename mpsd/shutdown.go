@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/apihttp"
 	"github.com/mpsd/mpsd/mps"
 )
 
@@ -38,14 +39,14 @@ func (d *Daemon) serveShutdown(w http.ResponseWriter, r *http.Request) {
 	_, c, _ := d.credentials(r)
 	res, err := d.shutdown(c.UID)
 	if err != nil {
-		api.WriteError(w, http.StatusConflict, api.CodeConflict, err.Error())
+		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, err.Error())
 		return
 	}
 	// The whole answer, its length known, is sent before Run is told to
 	// stop (which closes the connections): the client never sees it cut.
 	var body bytes.Buffer
 	if err := jsonEncode(&body, res); err != nil {
-		api.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
+		apihttp.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
 	} else {
 		w.Header().Set("Content-Type", api.ContentTypeJSON)
 		w.Header().Set("Content-Length", strconv.Itoa(body.Len()))

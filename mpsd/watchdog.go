@@ -380,6 +380,8 @@ func (d *Daemon) probe(in *instance, timeout time.Duration, failures int) {
 		in.probeFails = 0
 		d.mu.Unlock()
 		d.localResourceOK(whereProbe)
+		// The daemon answers: its servers' caps are checked too.
+		d.probeCaps(in, dm)
 		d.reconcileSoon(in, false) // reconcile.go
 		return
 	}

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
-	"github.com/mpsd/mpsd/launcher/launchertest"
+	"github.com/mpsd/mpsd/api/apitest"
 )
 
 // TestCallerFDs: descriptors 3 to 9 that the caller passes (as a shell's
@@ -23,7 +23,7 @@ import (
 // file, and the program has no others than the caller's. The trampoline
 // once put its own pipes at 3 and 4, closing the caller's.
 func TestCallerFDs(t *testing.T) {
-	fake := launchertest.New(t, launchertest.Grant)
+	fake := apitest.New(t, apitest.Grant)
 	dir := t.TempDir()
 	cmd := exec.Command(bin, "--", "sh", "-c",
 		`for i in 3 4 5 6 7 8 9; do read -r line <&$i && echo "$i: $line"; done; echo $$; read line; exit 0`)
@@ -73,7 +73,7 @@ func TestCallerFDs(t *testing.T) {
 	}
 	// The caller's: 0 to 9 here, and what this process passes on
 	// without close-on-exec (cmd inherits that too).
-	got, inherited := launchertest.ProgramFDs(t, pid)
+	got, inherited := apitest.ProgramFDs(t, pid)
 	want := []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
 	for _, fd := range inherited {
 		if !slices.Contains(want, fd) {
@@ -120,7 +120,7 @@ func serveListener() int {
 // socket activation passes it, LISTEN_FDS=1) reaches the program through
 // mps-launch, and the program accepts a connection on it.
 func TestSocketActivated(t *testing.T) {
-	fake := launchertest.New(t, launchertest.Grant)
+	fake := apitest.New(t, apitest.Grant)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -157,7 +157,7 @@ func TestSocketActivated(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := c.SetReadDeadline(time.Now().Add(launchertest.Wait)); err != nil {
+	if err := c.SetReadDeadline(time.Now().Add(apitest.Wait)); err != nil {
 		t.Fatal(err)
 	}
 	line, err := bufio.NewReader(c).ReadString('\n')
@@ -169,7 +169,7 @@ func TestSocketActivated(t *testing.T) {
 		if err != nil {
 			t.Errorf("mps-launch: %v; stderr %q", err, stderr.String())
 		}
-	case <-time.After(launchertest.Wait):
+	case <-time.After(apitest.Wait):
 		_ = cmd.Process.Kill()
 		<-done
 		t.Errorf("mps-launch did not end; stderr %q", stderr.String())
@@ -180,7 +180,7 @@ func TestSocketActivated(t *testing.T) {
 // starts with SIGHUP ignored too, and a hangup that reaches mps-launch is
 // not passed on; the signals mps-launch was not started ignoring still are.
 func TestSignalsIgnoredAtStart(t *testing.T) {
-	fake := launchertest.New(t, launchertest.Grant)
+	fake := apitest.New(t, apitest.Grant)
 	// The shell ignores SIGHUP and execs mps-launch with it ignored, as
 	// nohup does.
 	cmd := exec.Command("/bin/sh", "-c", `trap '' HUP; exec "$0" "$@"`, bin, "--", "/bin/sh", "-c",

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,8 +21,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/apitest"
 	"github.com/mpsd/mpsd/launcher"
-	"github.com/mpsd/mpsd/launcher/launchertest"
 )
 
 // bin is the real mps-launch, built once for all tests.
@@ -79,7 +80,7 @@ func launch(t testing.TB, socket string, stdin string, args ...string) result {
 }
 
 func TestExitStatus(t *testing.T) {
-	fake := launchertest.New(t, launchertest.Grant)
+	fake := apitest.New(t, apitest.Grant)
 	dir := t.TempDir()
 	plain := filepath.Join(dir, "plain")
 	if err := os.WriteFile(plain, []byte("#!/bin/sh\n"), 0o644); err != nil {
@@ -146,8 +147,17 @@ func TestHelp(t *testing.T) {
 	}
 }
 
+// TestVersion: the built binary names itself, its build and its Go.
+func TestVersion(t *testing.T) {
+	r := launch(t, "", "", "--version")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "mps-launch ") || !strings.Contains(r.stdout, " commit ") ||
+		!strings.Contains(r.stdout, runtime.Version()) || strings.Count(r.stdout, "\n") != 1 || r.stderr != "" {
+		t.Errorf("--version: exit %d stdout %q stderr %q, want 0 and one line naming the build", r.code, r.stdout, r.stderr)
+	}
+}
+
 func TestStdinStdoutPassthrough(t *testing.T) {
-	fake := launchertest.New(t, launchertest.Grant)
+	fake := apitest.New(t, apitest.Grant)
 	in := strings.Repeat("some input \x00\xff\n", 5000) // more than a pipe buffer
 	r := launch(t, fake.Socket, in, "--", "sh", "-c", "cat; echo to-stderr >&2")
 	if r.code != 0 || r.stdout != in || r.stderr != "to-stderr\n" {
@@ -156,7 +166,7 @@ func TestStdinStdoutPassthrough(t *testing.T) {
 }
 
 func TestCommandStartsInsideLease(t *testing.T) {
-	fake := launchertest.New(t, nil)
+	fake := apitest.New(t, nil)
 	cmd := exec.Command(bin, "--sm", "30", "--mem", "8G", "--", "sh", "-c", `echo "$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE $CUDA_MPS_PINNED_DEVICE_MEM_LIMIT $MPSD_ATTEMPT"`)
 	cmd.Env = []string{"PATH=/usr/bin:/bin", api.EnvSocket + "=" + fake.Socket}
 	var out bytes.Buffer
@@ -165,7 +175,7 @@ func TestCommandStartsInsideLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	lc := fake.NextLease(t)
-	lc.MustSend(t, launchertest.Granted(lc.Request, "lease-7", 1))
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-7", 1))
 	a := fake.NextAttach(t)
 	if a.PeerPID != cmd.Process.Pid {
 		t.Errorf("attach sent by pid %d, want mps-launch %d", a.PeerPID, cmd.Process.Pid)
@@ -185,7 +195,7 @@ func TestCommandStartsInsideLease(t *testing.T) {
 }
 
 func TestSignalForwarding(t *testing.T) {
-	fake := launchertest.New(t, launchertest.Grant)
+	fake := apitest.New(t, apitest.Grant)
 	marker := filepath.Join(t.TempDir(), "marker")
 	// read blocks on a pipe nobody writes to; the trap interrupts it.
 	cmd := exec.Command(bin, "--", "sh", "-c", `trap 'echo term > `+marker+`; exit 7' TERM; echo ready; read line`)
@@ -224,7 +234,7 @@ func TestSignalForwarding(t *testing.T) {
 // none of its own (the release and exec pipes, the socket to mpsd, the Go
 // runtime's).
 func TestProgramFDs(t *testing.T) {
-	fake := launchertest.New(t, launchertest.Grant)
+	fake := apitest.New(t, apitest.Grant)
 	cmd := exec.Command(bin, "--", "sh", "-c", `echo $$; read line; exit 0`)
 	cmd.Env = []string{"PATH=/usr/bin:/bin", api.EnvSocket + "=" + fake.Socket}
 	out, err := cmd.StdoutPipe()
@@ -255,14 +265,14 @@ func TestProgramFDs(t *testing.T) {
 		t.Fatalf("command printed %q: %v", line, err)
 	}
 	// cmd passed 0, 1 and 2, and what this process inherited.
-	got, want := launchertest.ProgramFDs(t, pid)
+	got, want := apitest.ProgramFDs(t, pid)
 	if !slices.Equal(got, want) {
 		t.Errorf("the program has descriptors %v, want %v", got, want)
 	}
 }
 
 func TestSignalWhileQueued(t *testing.T) {
-	fake := launchertest.New(t, nil)
+	fake := apitest.New(t, nil)
 	cmd := exec.Command(bin, "--", "/bin/true")
 	cmd.Env = []string{"PATH=/usr/bin:/bin", api.EnvSocket + "=" + fake.Socket}
 	if err := cmd.Start(); err != nil {
@@ -290,7 +300,7 @@ func TestWaitLimits(t *testing.T) {
 		{"wait 1s", []string{"--wait", "1s"}, func(r api.LeaseRequest) bool { return r.WaitMillis == 1000 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fake := launchertest.New(t, func(lc *launchertest.LeaseConn) {
+			fake := apitest.New(t, func(lc *apitest.LeaseConn) {
 				if !tc.ok(lc.Request) {
 					_ = lc.Send(api.Event{Type: api.EventError, Code: api.CodeBadRequest, Message: "test: unexpected request"})
 					return
@@ -309,8 +319,8 @@ func TestWaitLimits(t *testing.T) {
 // TestStatusLineOnTerminal runs mps-launch with stderr on a pseudo
 // terminal: the queue status appears there, rewritten in place.
 func TestStatusLineOnTerminal(t *testing.T) {
-	master, slave := launchertest.OpenPTY(t)
-	fake := launchertest.New(t, nil)
+	master, slave := apitest.OpenPTY(t)
+	fake := apitest.New(t, nil)
 	cmd := exec.Command(bin, "--group", "g", "--", "/bin/true")
 	cmd.Env = []string{"PATH=/usr/bin:/bin", api.EnvSocket + "=" + fake.Socket}
 	cmd.Stderr = slave
@@ -347,7 +357,7 @@ func TestStatusLineOnTerminal(t *testing.T) {
 // floor of any Go launcher: the binary starting and exiting, with no
 // lease. Besides ns/op it reports the median and p99.
 func BenchmarkTrue(b *testing.B) {
-	fake := launchertest.New(b, launchertest.Grant)
+	fake := apitest.New(b, apitest.Grant)
 	env := []string{"PATH=/usr/bin:/bin", api.EnvSocket + "=" + fake.Socket}
 	for _, bc := range []struct {
 		name string

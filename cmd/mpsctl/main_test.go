@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/apihttp"
 	"github.com/mpsd/mpsd/internal/mpsctl"
 )
 
@@ -117,11 +118,11 @@ func fakeMPSD(t *testing.T) string {
 		_ = json.NewEncoder(w).Encode(api.Status{Instances: []api.InstanceStatus{inst}, Leases: []api.LeaseStatus{}, Queue: map[string]int{"inference": 0}})
 	})
 	mux.HandleFunc("POST "+api.PathDrain, func(w http.ResponseWriter, _ *http.Request) {
-		api.WriteError(w, http.StatusForbidden, api.CodeForbidden, "uid 1000 is not an mpsd admin")
+		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, "uid 1000 is not an mpsd admin")
 	})
 	mux.HandleFunc("POST "+api.PathResume, func(w http.ResponseWriter, r *http.Request) {
 		if _, err := api.DecodeAdminTarget(r.Body); err != nil {
-			api.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+			apihttp.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 			return
 		}
 		w.Header().Set("Content-Type", api.ContentTypeJSON)
@@ -129,7 +130,7 @@ func fakeMPSD(t *testing.T) string {
 	})
 	mux.HandleFunc("POST "+api.PathRestart, func(w http.ResponseWriter, r *http.Request) {
 		if _, err := api.DecodeAdminTarget(r.Body); err != nil {
-			api.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+			apihttp.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 			return
 		}
 		restarted := inst
@@ -140,17 +141,17 @@ func fakeMPSD(t *testing.T) string {
 	mux.HandleFunc("POST "+api.PathRequeue, func(w http.ResponseWriter, r *http.Request) {
 		q, err := api.DecodeRequeueRequest(r.Body)
 		if err != nil {
-			api.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+			apihttp.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 			return
 		}
-		api.WriteError(w, http.StatusNotFound, api.CodeNotFound, "no lease "+q.Lease)
+		apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, "no lease "+q.Lease)
 	})
 	mux.HandleFunc("POST "+api.PathInjectXid, func(w http.ResponseWriter, r *http.Request) {
 		if _, err := api.DecodeInjectXidRequest(r.Body); err != nil {
-			api.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+			apihttp.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 			return
 		}
-		api.WriteError(w, http.StatusConflict, api.CodeConflict, "inject-xid needs mpsd --simulate")
+		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, "inject-xid needs mpsd --simulate")
 	})
 	return serve(t, mux)
 }

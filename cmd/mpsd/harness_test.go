@@ -3,12 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/client"
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
 )
 
@@ -186,28 +183,10 @@ func (p *proc) wait(t testing.TB) int {
 	return -1
 }
 
-// apiClient talks to the mpsd serving socket, a connection a request.
-func apiClient(socket string) *http.Client {
-	return &http.Client{Transport: &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
-		},
-	}}
-}
-
-func jsonDecode(r io.Reader, v any) error { return json.NewDecoder(r).Decode(v) }
-
 // apiStatus asks the mpsd serving socket for its status.
 func apiStatus(socket string) (api.Status, error) {
-	var st api.Status
-	resp, err := apiClient(socket).Get("http://mpsd" + api.PathStatus)
-	if err != nil {
-		return st, err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	return st, jsonDecode(resp.Body, &st)
+	st, _, err := client.New(socket).Status(context.Background())
+	return st, err
 }
 
 func instancesUp(st api.Status, want int) bool {

@@ -101,24 +101,19 @@ func TestBinarySIGTERM(t *testing.T) {
 	cmd := exec.Command(filepath.Join(e.bin, "mpsd"), "--config", e.cfgPath, "--simulate")
 	cmd.Stderr = e.log
 	p := startProc(t, cmd)
-	c := apiClient(e.socket)
 	deadline := time.Now().Add(waitFor)
 	var st api.Status
 	for {
-		resp, err := c.Get("http://mpsd" + api.PathStatus)
-		if err == nil {
-			err = jsonDecode(resp.Body, &st)
-			_ = resp.Body.Close()
-			if err == nil && len(st.Instances) == 2 && st.Instances[0].DaemonPID > 0 && st.Instances[1].DaemonPID > 0 {
-				break
-			}
+		var err error
+		st, err = apiStatus(e.socket)
+		if err == nil && len(st.Instances) == 2 && st.Instances[0].DaemonPID > 0 && st.Instances[1].DaemonPID > 0 {
+			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("mpsd not serving: %v", err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	c.CloseIdleConnections()
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

@@ -5,19 +5,16 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
-	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"go.uber.org/goleak"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/apitest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -56,50 +53,29 @@ type request struct {
 	method, path, contentType, body string
 }
 
-// fakeMPSD serves canned replies, keyed "METHOD PATH", on a unix socket in
-// a temporary directory, and records the requests.
+// fakeMPSD is package apitest's fake mpsd serving canned replies, keyed
+// "METHOD PATH", and recording the requests.
 type fakeMPSD struct {
 	socket string
-	mu     sync.Mutex
-	reqs   []request
+	srv    *apitest.Server
 }
 
 func newFake(t *testing.T, replies map[string]reply) *fakeMPSD {
 	t.Helper()
-	f := &fakeMPSD{socket: filepath.Join(t.TempDir(), "s.sock")}
-	ln, err := net.Listen("unix", f.socket)
-	if err != nil {
-		t.Fatal(err)
+	srv := apitest.New(t, nil)
+	for key, rep := range replies {
+		method, path, _ := strings.Cut(key, " ")
+		srv.Answer(method, path, apitest.Answer{Status: rep.status, Body: rep.body, ContentType: rep.contentType})
 	}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		f.mu.Lock()
-		f.reqs = append(f.reqs, request{r.Method, r.URL.Path, r.Header.Get("Content-Type"), string(b)})
-		f.mu.Unlock()
-		rep, ok := replies[r.Method+" "+r.URL.Path]
-		if !ok {
-			api.WriteError(w, http.StatusNotFound, api.CodeNotFound, "fake mpsd: no "+r.Method+" "+r.URL.Path)
-			return
-		}
-		ct := rep.contentType
-		if ct == "" {
-			ct = api.ContentTypeJSON
-		}
-		w.Header().Set("Content-Type", ct)
-		w.WriteHeader(rep.status)
-		_, _ = io.WriteString(w, rep.body)
-	}))
-	srv.Listener.Close()
-	srv.Listener = ln
-	srv.Start()
-	t.Cleanup(srv.Close)
-	return f
+	return &fakeMPSD{socket: srv.Socket, srv: srv}
 }
 
 func (f *fakeMPSD) requests() []request {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return append([]request(nil), f.reqs...)
+	var reqs []request
+	for _, r := range f.srv.Requests() {
+		reqs = append(reqs, request{r.Method, r.Path, r.ContentType, r.Body})
+	}
+	return reqs
 }
 
 // ok answers 200 with v as JSON.

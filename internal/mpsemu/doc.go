@@ -25,9 +25,11 @@
 // /var/log/nvidia-mps), CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and
 // CUDA_MPS_CLIENT_PRIORITY (on the daemon: defaults; on a client: can only
 // lower), CUDA_MPS_PINNED_DEVICE_MEM_LIMIT ("0=8G,1=512M", ordinals or
-// UUIDs, per client, can only lower), CUDA_VISIBLE_DEVICES (the daemon's
-// GPUs, inherited by the server; unset means one GPU, UUIDs or indexes
-// otherwise). The emulator's own knobs:
+// UUIDs of the devices the client sees, per client, can only lower; one
+// entry naming a device the client does not see drops every entry, as
+// NVIDIA documents), CUDA_VISIBLE_DEVICES (the daemon's GPUs, inherited by
+// the server; unset means one GPU, UUIDs or indexes otherwise; on a
+// client, which of its server's devices it sees). The emulator's own knobs:
 //
 //	MPSEMU_DRIVER=535|550|555|580  generation the control program imitates (default:
 //	                               MPSEMU_DRIVER_VERSION's, else 550)

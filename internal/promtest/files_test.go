@@ -54,6 +54,7 @@ var (
 		"mpsd_config_last_reload_success":            {},
 		"mpsd_config_last_reload_timestamp_seconds":  {},
 		"mpsd_unverified_mps_records_total":          {labels: instLabels},
+		"mpsd_mps_cap_drift_total":                   {labels: append(slices.Clone(instLabels), "cap")},
 		"mpsd_leases_kill_stuck":                     {},
 		"mpsd_cgroup_kill_failures_total":            {labels: []string{"group"}},
 		"mpsd_local_resource_errors_total":           {labels: []string{"where"}},
@@ -72,6 +73,7 @@ var (
 		"state":  {"starting", "ready", "recovering", "quarantined", "draining"},
 		"reason": faultKinds,
 		"kind":   append(slices.Clone(faultKinds), reconKinds...),
+		"cap":    {"thread_percentage", "pinned_memory"},
 	}
 	faultKinds = []string{"daemon_exit", "server_exit", "fatal_exception", "server_fault", "start_failed", "hung", "xid", "admin_restart"}
 	// The kinds of mpsd_unreconciled_clients_total.

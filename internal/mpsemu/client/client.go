@@ -77,10 +77,15 @@ func cudaErr(code int, format string, args ...any) *Error {
 
 // Options is what one client run does.
 type Options struct {
-	PipeDir     string
-	PID         int
-	EnvSM       string // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE as set, "" if unset
-	EnvPinned   string // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT as set
+	PipeDir   string
+	PID       int
+	EnvSM     string // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE as set, "" if unset
+	EnvPinned string // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT as set
+	// EnvVisible is CUDA_VISIBLE_DEVICES as set, HasVisible whether it is:
+	// the client sees the server's devices it selects (indexes are the
+	// server's, 0..n-1), and its pinned limits are relative to them.
+	EnvVisible  string
+	HasVisible  bool
 	Alloc       uint64 // bytes to allocate, 0 for none
 	AllocDevice int
 	Duration    time.Duration // how long to stay connected after setup
@@ -258,7 +263,8 @@ func connect(ctx context.Context, opts Options) (*emuwire.Conn, emuwire.Msg, err
 	if err != nil {
 		return nil, emuwire.Msg{}, cudaErr(ErrConnectionFailed, "no MPS server for %s: %v", opts.PipeDir, err)
 	}
-	err = s.Send(emuwire.Msg{Op: emuwire.OpClientHello, PID: opts.PID, EnvSM: opts.EnvSM, EnvPinned: opts.EnvPinned})
+	err = s.Send(emuwire.Msg{Op: emuwire.OpClientHello, PID: opts.PID, EnvSM: opts.EnvSM, EnvPinned: opts.EnvPinned,
+		EnvVisible: opts.EnvVisible, HasVisible: opts.HasVisible})
 	var w emuwire.Msg
 	if err == nil {
 		w, err = recv(ctx, s)

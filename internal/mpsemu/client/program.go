@@ -17,6 +17,13 @@ import (
 //
 //	mpsemu-client [--alloc SIZE] [--device N] [--duration D] [--fault-after D]
 func Main(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	return MainEnv(args, func(k string) (string, bool) { v := getenv(k); return v, v != "" }, stdout, stderr)
+}
+
+// MainEnv is Main with a lookup that tells an empty variable from an
+// unset one (CUDA_VISIBLE_DEVICES="" selects no device, unset all).
+func MainEnv(args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) int {
+	getenv := func(k string) string { v, _ := lookup(k); return v }
 	fs := flag.NewFlagSet("mpsemu-client", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	alloc := fs.String("alloc", "", "allocate `SIZE` (8G, 512M, 1.5G, bytes) on --device")
@@ -39,6 +46,7 @@ func Main(args []string, getenv func(string) string, stdout, stderr io.Writer) i
 		Duration:    *duration,
 		FaultAfter:  *faultAfter,
 	}
+	opts.EnvVisible, opts.HasVisible = lookup("CUDA_VISIBLE_DEVICES")
 	if opts.PipeDir == "" {
 		opts.PipeDir = "/tmp/nvidia-mps"
 	}

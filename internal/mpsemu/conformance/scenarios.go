@@ -149,6 +149,34 @@ var Scenarios = []Scenario{
 		cmd("get_active_thread_percentage {server}"),
 		cmd("quit -t 0"),
 	}},
+	// The per-server pinned memory commands in the form mps sends them
+	// (mps.SetServerCaps: whole MiB), against no server and against one
+	// still initializing (what a GPU-less daemon can show).
+	{Name: "server-pinned-mem", Steps: []Step{
+		daemon("-d"),
+		cmd("get_device_pinned_mem_limit 1 0"),
+		cmd("set_device_pinned_mem_limit 1 0 8192M"),
+		cmd("get_device_pinned_mem_limit"),
+		cmd("set_device_pinned_mem_limit"),
+		cmd("start_server -uid 0"), waitLog("Starting new server", 1),
+		cmd("set_device_pinned_mem_limit {server} 0 8192M"),
+		cmd("get_device_pinned_mem_limit {server} 0"),
+		cmd("get_device_pinned_mem_limit {server}"),
+		cmd("set_device_pinned_mem_limit {server} 7 1G"),
+		cmd("set_device_pinned_mem_limit {server} 0"),
+		cmd("quit -t 0"),
+	}},
+	// mps.ServerCaps and SetServerCaps send a server's caps as several
+	// commands in one session: the daemon answers them in order.
+	{Name: "server-caps-one-session", Steps: []Step{
+		daemon("-d"),
+		cmd("get_active_thread_percentage 1", "get_device_pinned_mem_limit 1 0", "get_device_pinned_mem_limit 1 1"),
+		cmd("set_active_thread_percentage 1 40", "set_device_pinned_mem_limit 1 0 20480M"),
+		cmd("start_server -uid 0"), waitLog("Starting new server", 1),
+		cmd("get_active_thread_percentage {server}", "get_device_pinned_mem_limit {server} 0", "get_device_pinned_mem_limit {server} 1"),
+		cmd("set_active_thread_percentage {server} 40", "set_device_pinned_mem_limit {server} 0 20480M", "set_device_pinned_mem_limit {server} 1 20480M"),
+		cmd("quit -t 0"),
+	}},
 	{Name: "client-list-and-terminate", Steps: []Step{
 		daemon("-d"),
 		cmd("get_client_list"),

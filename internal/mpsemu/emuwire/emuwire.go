@@ -91,7 +91,11 @@ type Msg struct {
 	Priority  int      `json:"priority,omitempty"`
 	EnvSM     string   `json:"env_sm,omitempty"`     // client's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
 	EnvPinned string   `json:"env_pinned,omitempty"` // client's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
-	Multiuser bool     `json:"multiuser,omitempty"`
+	// EnvVisible is the client's CUDA_VISIBLE_DEVICES; HasVisible says it
+	// is set (an empty value selects no device, an unset one all).
+	EnvVisible string `json:"env_visible,omitempty"`
+	HasVisible bool   `json:"has_visible,omitempty"`
+	Multiuser  bool   `json:"multiuser,omitempty"`
 }
 
 // Conn carries Msgs over a stream socket. Send is safe for concurrent use;

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -188,30 +189,77 @@ func ParseSize(s string) (uint64, error) {
 	return uint64(v), nil
 }
 
+// ClientDevices is what a client with CUDA_VISIBLE_DEVICES env (has: set
+// at all) sees of a server's devices, as positions in devices: unset, all
+// of them; else each entry in turn, a full UUID or a unique UUID prefix
+// (with "GPU-" or "MIG-"), or an index of the server's devices, which the
+// server renumbers 0..n-1 (NVIDIA's MPS guide: an index of the host's
+// would be wrong there); the list ends at the first entry that selects
+// nothing or a device already listed, as CUDA's does.
+func ClientDevices(env string, has bool, devices []string) []int {
+	if !has {
+		out := make([]int, len(devices))
+		for i := range out {
+			out[i] = i
+		}
+		return out
+	}
+	var out []int
+	for _, f := range strings.Split(env, ",") {
+		f = strings.TrimSpace(f)
+		idx := -1
+		if n, err := strconv.Atoi(f); err == nil {
+			if n >= 0 && n < len(devices) {
+				idx = n
+			}
+		} else if strings.HasPrefix(f, "GPU-") || strings.HasPrefix(f, "MIG-") {
+			for i, u := range devices {
+				if u == f || strings.HasPrefix(u, f) {
+					if idx >= 0 && u != f {
+						idx = -1 // ambiguous prefix
+						break
+					}
+					idx = i
+					if u == f {
+						break
+					}
+				}
+			}
+		}
+		if idx < 0 || slices.Contains(out, idx) {
+			return out
+		}
+		out = append(out, idx)
+	}
+	return out
+}
+
 // ClientLimits parses a client's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
-// ("0=8G,1=512M", keys are ordinals or device UUIDs, values in MPS's loose
-// syntax) into a per-device limit in bytes, 0 where none is given. Entries
-// that name no device are ignored, as CUDA does.
-func ClientLimits(env string, devices []string) []uint64 {
-	out := make([]uint64, len(devices))
+// ("0=8G,1=512M", keys are ordinals of the devices the client sees or
+// their UUIDs, values in MPS's loose syntax) into a limit in bytes per
+// device of visible (the client's devices, by UUID), 0 where none is
+// given. One entry whose key names no device the client sees (an ordinal
+// past its devices, a UUID it does not see, anything else) drops every
+// limit, as MPS does (NVIDIA measured 96,768 MiB allocatable under a
+// 10 GiB cap): the client is then held only by its server's limits.
+// Entries without '=' are ignored; of two for one device the later wins.
+func ClientLimits(env string, visible []string) []uint64 {
+	out := make([]uint64, len(visible))
+	if strings.TrimSpace(env) == "" {
+		return out
+	}
 	for _, e := range strings.Split(env, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(e), "=")
 		if !ok {
 			continue
 		}
 		k = strings.TrimSpace(k)
-		idx := -1
+		idx := slices.Index(visible, k)
 		if n, err := strconv.Atoi(k); err == nil {
 			idx = n
-		} else {
-			for i, u := range devices {
-				if u == k {
-					idx = i
-				}
-			}
 		}
-		if idx < 0 || idx >= len(devices) {
-			continue
+		if idx < 0 || idx >= len(visible) {
+			return make([]uint64, len(visible))
 		}
 		out[idx] = cstr.ParsePinnedLimit(strings.TrimSpace(v))
 	}

@@ -38,6 +38,7 @@ func (s State) String() string {
 // CUDA error numbers the server hands out.
 const (
 	ErrMemoryAllocation  = 2
+	ErrNoDevice          = 100
 	ErrIllegalAddress    = 700
 	ErrConnectionFailed  = 805
 	ErrServerNotReady    = 807
@@ -48,7 +49,8 @@ const (
 type client struct {
 	pid   int
 	conn  *emuwire.Conn
-	mem   []uint64 // limit per device
+	devs  []int    // the server's devices the client sees, in its order
+	mem   []uint64 // limit per device of devs
 	used  []uint64
 	order int
 }
@@ -431,19 +433,27 @@ func (s *Server) admit(conn *emuwire.Conn, hello emuwire.Msg) (*client, emuwire.
 	if p, n := cstr.Strtod(hello.EnvSM); hello.EnvSM != "" && n > 0 && cstr.ValidPercent(p) && p < sm {
 		sm = p
 	}
-	own := ClientLimits(hello.EnvPinned, s.cfg.Devices)
-	mem := make([]uint64, len(s.cfg.Devices))
-	for i := range mem {
+	devs := ClientDevices(hello.EnvVisible, hello.HasVisible, s.cfg.Devices)
+	if len(devs) == 0 {
+		return refuse(ErrNoDevice, "CUDA_VISIBLE_DEVICES selects none of the server's devices")
+	}
+	uuids := make([]string, len(devs))
+	for i, d := range devs {
+		uuids[i] = s.cfg.Devices[d]
+	}
+	own := ClientLimits(hello.EnvPinned, uuids)
+	mem := make([]uint64, len(devs))
+	for i, d := range devs {
 		mem[i] = s.cfg.DeviceMemory
-		if s.pinned[i] > 0 && s.pinned[i] < mem[i] {
-			mem[i] = s.pinned[i]
+		if s.pinned[d] > 0 && s.pinned[d] < mem[i] {
+			mem[i] = s.pinned[d]
 		}
 		if own[i] > 0 && own[i] < mem[i] {
 			mem[i] = own[i]
 		}
 	}
 	s.seq++
-	c := &client{pid: hello.PID, conn: conn, mem: mem, used: make([]uint64, len(mem)), order: s.seq}
+	c := &client{pid: hello.PID, conn: conn, devs: devs, mem: mem, used: make([]uint64, len(mem)), order: s.seq}
 	s.clients[c.pid] = c
 	s.notifyLocked()
 	s.reportProcsLocked()
@@ -457,11 +467,11 @@ func (s *Server) admit(conn *emuwire.Conn, hello emuwire.Msg) (*client, emuwire.
 	s.logfLocked("Received new client request for {PID: %d, Context ID: 0}", c.pid)
 	s.logfLocked("Client {PID: %d, Context ID: 1} connected", c.pid)
 	s.logfLocked("Creating worker thread for client {PID: %d, Context ID: 1}", c.pid)
-	for _, uuid := range s.cfg.Devices {
+	for _, uuid := range uuids {
 		s.logfLocked("Device %s (uuid %s) is associated", DeviceName, uuid)
 	}
 	s.logfLocked("Status of client {PID: %d, Context ID: 1} is ACTIVE", c.pid)
-	return c, emuwire.Msg{Op: emuwire.OpWelcome, ServerPID: s.cfg.PID, SM: sm, Mem: mem, UUIDs: s.cfg.Devices}
+	return c, emuwire.Msg{Op: emuwire.OpWelcome, ServerPID: s.cfg.PID, SM: sm, Mem: mem, UUIDs: uuids}
 }
 
 func (s *Server) serveClient(conn *emuwire.Conn) {
@@ -497,12 +507,13 @@ func (s *Server) alloc(c *client, m emuwire.Msg) emuwire.Msg {
 	if m.Dev < 0 || m.Dev >= len(c.mem) {
 		return emuwire.Msg{Op: emuwire.OpError, Err: 101, Text: "invalid device ordinal"}
 	}
+	d := c.devs[m.Dev]
 	if c.used[m.Dev]+m.Bytes > c.mem[m.Dev] || c.used[m.Dev]+m.Bytes < c.used[m.Dev] ||
-		s.used[m.Dev]+m.Bytes > s.cfg.DeviceMemory {
+		s.used[d]+m.Bytes > s.cfg.DeviceMemory {
 		return emuwire.Msg{Op: emuwire.OpError, Err: ErrMemoryAllocation, Text: "out of memory"}
 	}
 	c.used[m.Dev] += m.Bytes
-	s.used[m.Dev] += m.Bytes
+	s.used[d] += m.Bytes
 	s.reportProcsLocked()
 	return emuwire.Msg{Op: emuwire.OpOK}
 }
@@ -518,8 +529,14 @@ func (s *Server) reportProcsLocked() {
 	for i, uuid := range s.cfg.Devices {
 		mem := make([]uint64, len(pids))
 		for j, pid := range pids {
-			if c := s.clients[pid]; c != nil && i < len(c.used) {
-				mem[j] = c.used[i]
+			c := s.clients[pid]
+			if c == nil {
+				continue
+			}
+			for k, dev := range c.devs { // the client's ordinals → the server's devices
+				if dev == i && k < len(c.used) {
+					mem[j] += c.used[k]
+				}
 			}
 		}
 		_ = s.daemon.Send(emuwire.Msg{Op: emuwire.OpProcs, UUIDs: []string{uuid}, PIDs: pids, Mem: mem})
@@ -597,7 +614,7 @@ func (s *Server) resetDone(gen int) {
 func (s *Server) dropLocked(c *client) {
 	delete(s.clients, c.pid)
 	for i, u := range c.used {
-		s.used[i] -= u
+		s.used[c.devs[i]] -= u
 	}
 	c.used = make([]uint64, len(c.used))
 	s.reportProcsLocked()

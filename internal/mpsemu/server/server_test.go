@@ -274,7 +274,10 @@ func TestClientEnvOnlyLowersLimits(t *testing.T) {
 		{"second device in MiB", "", "1=512M", 50, []uint64{8 * G, 512 << 20}},
 		{"by UUID", "", "GPU-bbbbbbbb-0000-4000-8000-000000000001=2G", 50, []uint64{8 * G, 2 * G}},
 		{"loose syntax: T is MiB", "", "1=3T", 50, []uint64{8 * G, 3 << 20}},
-		{"unknown device ignored", "", "7=1G,0=1G", 50, []uint64{1 * G, 40 * G}},
+		// MPS drops every pinned limit of a client for one entry naming a
+		// device it cannot see: only the server's limits hold.
+		{"an unknown device drops every limit", "", "7=1G,0=1G", 50, []uint64{8 * G, 40 * G}},
+		{"an unknown UUID drops every limit", "", "0=1G,GPU-zz=1G", 50, []uint64{8 * G, 40 * G}},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

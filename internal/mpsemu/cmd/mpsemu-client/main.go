@@ -8,4 +8,4 @@ import (
 	"github.com/mpsd/mpsd/internal/mpsemu/client"
 )
 
-func main() { os.Exit(client.Main(os.Args[1:], os.Getenv, os.Stdout, os.Stderr)) }
+func main() { os.Exit(client.MainEnv(os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)) }

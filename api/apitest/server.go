@@ -1,4 +1,4 @@
-package launchertest
+package apitest
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/apihttp"
 	"github.com/mpsd/mpsd/internal/units"
 )
 
@@ -38,11 +39,13 @@ type Server struct {
 	attaches chan Attach
 	dropped  chan string
 
-	mu      sync.Mutex
-	granted map[string]bool
-	refuse  map[string]api.Error
-	resumes map[string]api.Error
-	drops   map[requestKind]drop
+	mu       sync.Mutex
+	answers  map[string]Answer
+	requests []Request
+	granted  map[string]bool
+	refuse   map[string]api.Error
+	resumes  map[string]api.Error
+	drops    map[requestKind]drop
 }
 
 // Drop is how the fake drops a request, as an mpsd that dies with the
@@ -105,6 +108,7 @@ func New(t testing.TB, onLease func(*LeaseConn)) *Server {
 		refuse:   map[string]api.Error{},
 		resumes:  map[string]api.Error{},
 		drops:    map[requestKind]drop{},
+		answers:  map[string]Answer{},
 	}
 	inner, err := net.Listen("unix", s.Socket)
 	if err != nil {
@@ -114,6 +118,7 @@ func New(t testing.TB, onLease func(*LeaseConn)) *Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+api.PathLeases, s.serveLease)
 	mux.HandleFunc("POST "+api.PathLeases+"/{id}/attach", s.serveAttach)
+	mux.HandleFunc("/", s.serveAnswer)
 	s.srv = httptest.NewUnstartedServer(mux)
 	s.srv.Listener = ln
 	s.srv.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
@@ -197,7 +202,7 @@ func (s *Server) NextDrop(t testing.TB) string {
 	case p := <-s.dropped:
 		return p
 	case <-time.After(Wait):
-		t.Fatalf("launchertest: no request dropped within %s", Wait)
+		t.Fatalf("apitest: no request dropped within %s", Wait)
 		return ""
 	}
 }
@@ -236,7 +241,7 @@ type dropConn struct {
 }
 
 // errDropped is what the server reads from a dropped connection.
-var errDropped = errors.New("launchertest: connection dropped")
+var errDropped = errors.New("apitest: connection dropped")
 
 func (c *dropConn) Read(b []byte) (int, error) {
 	if c.checked || !c.s.dropping() {
@@ -275,6 +280,55 @@ func (c *dropConn) Read(b []byte) (int, error) {
 	return 0, errDropped
 }
 
+// Answer is a canned answer of the fake to a request other than a lease
+// stream or an attach (status, admin requests).
+type Answer struct {
+	Status int
+	// Body is written as it is; ContentType defaults to JSON.
+	Body        string
+	ContentType string
+}
+
+// Request is a request the fake answered from its canned answers.
+type Request struct {
+	Method, Path, ContentType, Body string
+}
+
+// Answer makes the fake answer every `METHOD PATH` request with a (a
+// request with no answer gets 404 not_found).
+func (s *Server) Answer(method, path string, a Answer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.answers[method+" "+path] = a
+}
+
+// Requests lists the requests answered from the canned answers (or
+// refused for want of one), in order.
+func (s *Server) Requests() []Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Request(nil), s.requests...)
+}
+
+func (s *Server) serveAnswer(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(io.LimitReader(r.Body, api.MaxRequestBytes+1))
+	s.mu.Lock()
+	s.requests = append(s.requests, Request{r.Method, r.URL.Path, r.Header.Get("Content-Type"), string(b)})
+	a, ok := s.answers[r.Method+" "+r.URL.Path]
+	s.mu.Unlock()
+	if !ok {
+		apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, "fake mpsd: no "+r.Method+" "+r.URL.Path)
+		return
+	}
+	ct := a.ContentType
+	if ct == "" {
+		ct = api.ContentTypeJSON
+	}
+	w.Header().Set("Content-Type", ct)
+	w.WriteHeader(a.Status)
+	_, _ = io.WriteString(w, a.Body)
+}
+
 // RefuseResume makes a lease request that resumes lease id fail with e
 // before the stream starts, as mpsd refuses a lease it does not know
 // (CodeNotFound, 404).
@@ -299,7 +353,7 @@ func (s *Server) NextLease(t testing.TB) *LeaseConn {
 	case lc := <-s.leases:
 		return lc
 	case <-time.After(Wait):
-		t.Fatalf("launchertest: no lease request within %s", Wait)
+		t.Fatalf("apitest: no lease request within %s", Wait)
 		return nil
 	}
 }
@@ -316,7 +370,7 @@ func (s *Server) NextAttach(t testing.TB) Attach {
 	case a := <-s.attaches:
 		return a
 	case <-time.After(Wait):
-		t.Fatalf("launchertest: no attach within %s", Wait)
+		t.Fatalf("apitest: no attach within %s", Wait)
 		return Attach{}
 	}
 }
@@ -325,10 +379,10 @@ func (s *Server) serveLease(w http.ResponseWriter, r *http.Request) {
 	req, err := api.DecodeLeaseRequest(r.Body)
 	switch {
 	case errors.Is(err, api.ErrTooLarge):
-		api.WriteError(w, http.StatusRequestEntityTooLarge, api.CodeTooLarge, err.Error())
+		apihttp.WriteError(w, http.StatusRequestEntityTooLarge, api.CodeTooLarge, err.Error())
 		return
 	case err != nil:
-		api.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+		apihttp.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 		return
 	}
 	s.mu.Lock()
@@ -339,7 +393,7 @@ func (s *Server) serveLease(w http.ResponseWriter, r *http.Request) {
 		if refusal.Code == api.CodeNotFound {
 			status = http.StatusNotFound
 		}
-		api.WriteError(w, status, refusal.Code, refusal.Message)
+		apihttp.WriteError(w, status, refusal.Code, refusal.Message)
 		return
 	}
 	w.Header().Set("Content-Type", api.ContentTypeNDJSON)
@@ -382,24 +436,24 @@ func (s *Server) serveAttach(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	req, err := api.DecodeAttachRequest(r.Body)
 	if err != nil {
-		api.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+		apihttp.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 		return
 	}
 	s.mu.Lock()
 	known, refusal := s.granted[id], s.refuse[id]
 	s.mu.Unlock()
 	if !known {
-		api.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no lease %s", id))
+		apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no lease %s", id))
 		return
 	}
 	if refusal.Message != "" {
-		api.WriteError(w, http.StatusForbidden, refusal.Code, refusal.Message)
+		apihttp.WriteError(w, http.StatusForbidden, refusal.Code, refusal.Message)
 		return
 	}
 	cred, _ := r.Context().Value(credKey{}).(*unix.Ucred)
 	ppid, err := parentPID(req.PID)
 	if cred == nil || err != nil || ppid != int(cred.Pid) {
-		api.WriteError(w, http.StatusForbidden, api.CodeForbidden,
+		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden,
 			fmt.Sprintf("pid %d is not a child of the caller", req.PID))
 		return
 	}
@@ -422,11 +476,11 @@ func parentPID(pid int) (int, error) {
 	// the fields after the last ')' are "state ppid ...".
 	i := strings.LastIndexByte(string(b), ')')
 	if i < 0 {
-		return 0, fmt.Errorf("launchertest: /proc/%d/stat: no command name", pid)
+		return 0, fmt.Errorf("apitest: /proc/%d/stat: no command name", pid)
 	}
 	f := strings.Fields(string(b[i+1:]))
 	if len(f) < 2 {
-		return 0, fmt.Errorf("launchertest: /proc/%d/stat: unexpected format", pid)
+		return 0, fmt.Errorf("apitest: /proc/%d/stat: unexpected format", pid)
 	}
 	return strconv.Atoi(f[1])
 }
@@ -452,7 +506,7 @@ func (c *LeaseConn) Send(ev api.Event) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ended {
-		return errors.New("launchertest: stream already ended")
+		return errors.New("apitest: stream already ended")
 	}
 	if ev.Type == api.EventGranted && ev.Lease != nil {
 		c.srv.mu.Lock()
@@ -468,7 +522,7 @@ func (c *LeaseConn) SendRaw(line string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ended {
-		return errors.New("launchertest: stream already ended")
+		return errors.New("apitest: stream already ended")
 	}
 	if _, err := io.WriteString(c.w, line+"\n"); err != nil {
 		return err
@@ -481,7 +535,7 @@ func (c *LeaseConn) SendRaw(line string) error {
 func (c *LeaseConn) MustSend(t testing.TB, ev api.Event) {
 	t.Helper()
 	if err := c.Send(ev); err != nil {
-		t.Fatalf("launchertest: send %s: %v", ev.Type, err)
+		t.Fatalf("apitest: send %s: %v", ev.Type, err)
 	}
 }
 
@@ -517,7 +571,7 @@ func (c *LeaseConn) WaitReleased(t testing.TB) {
 	select {
 	case <-c.released:
 	case <-time.After(Wait):
-		t.Fatalf("launchertest: lease not released within %s", Wait)
+		t.Fatalf("apitest: lease not released within %s", Wait)
 	}
 }
 
@@ -543,6 +597,7 @@ func Granted(req api.LeaseRequest, id string, attempt int) api.Event {
 			api.EnvPipeDirectory:    "/run/mpsd/" + group + "/GPU-fake-0/pipe",
 			api.EnvThreadPercentage: strconv.Itoa(sm),
 			api.EnvPinnedMemLimit:   "0=" + limit,
+			"CUDA_VISIBLE_DEVICES":  "GPU-fake-0",
 			api.EnvLeaseID:          id,
 			api.EnvGroup:            group,
 			api.EnvAttempt:          strconv.Itoa(attempt),
@@ -575,13 +630,13 @@ func openFDs(t testing.TB, pid int, inheritable bool) []int {
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
 	names, err := os.ReadDir(dir)
 	if err != nil {
-		t.Fatalf("launchertest: %v", err)
+		t.Fatalf("apitest: %v", err)
 	}
 	var fds []int
 	for _, n := range names {
 		fd, err := strconv.Atoi(n.Name())
 		if err != nil {
-			t.Fatalf("launchertest: %s/%s: %v", dir, n.Name(), err)
+			t.Fatalf("apitest: %s/%s: %v", dir, n.Name(), err)
 		}
 		if inheritable {
 			info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%d", pid, fd))

@@ -1,0 +1,384 @@
+package launcher
+
+import (
+	"errors"
+	"io"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+)
+
+// The step function's tables: (state, input) → (state, actions), without
+// processes or sockets. Each row is one decision of the session that
+// run_test.go and restart_test.go prove end to end with a real
+// trampoline.
+
+var (
+	t0     = time.Unix(1_000_000, 0)
+	tmTest = timing{revokeGrace: time.Second, reconnectTimeout: time.Minute}
+)
+
+func grant(id string, attempt int) *api.Lease { return &api.Lease{ID: id, Attempt: attempt} }
+
+func evGranted(l *api.Lease) input {
+	return input{kind: inEvent, now: t0, ev: api.Event{Type: api.EventGranted, Lease: l}}
+}
+func evRevoked(reason string) input {
+	return input{kind: inEvent, now: t0, ev: api.Event{Type: api.EventRevoked, Reason: reason}}
+}
+func evRequeued(attempt int) input {
+	return input{kind: inEvent, now: t0, ev: api.Event{Type: api.EventRequeued, Attempt: attempt}}
+}
+func evQueued(pos int, id string) input {
+	return input{kind: inEvent, now: t0, ev: api.Event{Type: api.EventQueued, Position: pos, Group: "g", LeaseID: id}}
+}
+func childExit(code int, streamOpen, reconnecting bool) input {
+	return input{kind: inChildExit, now: t0, code: code, streamOpen: streamOpen, reconnecting: reconnecting}
+}
+
+// running is the state of a command running under lease-1, attempt 1.
+func running() state {
+	l := grant("lease-1", 1)
+	return state{phase: phaseRunning, lease: l, leaseID: l.ID, attempt: 1, granted: true, child: true}
+}
+
+func kinds(acts []action) []actionKind {
+	var ks []actionKind
+	for _, a := range acts {
+		ks = append(ks, a.kind)
+	}
+	return ks
+}
+
+func endOf(acts []action) (action, bool) {
+	for _, a := range acts {
+		if a.kind == actEnd {
+			return a, true
+		}
+	}
+	return action{}, false
+}
+
+func TestStep(t *testing.T) {
+	protoErr := func(sub string) func(*testing.T, state, []action) {
+		return func(t *testing.T, st state, acts []action) {
+			t.Helper()
+			a, ok := endOf(acts)
+			if !ok || !errors.Is(a.err, ErrProtocol) || !strings.Contains(a.err.Error(), sub) || st.phase != phaseDone {
+				t.Errorf("want an end with a protocol violation %q; got %+v, phase %s", sub, acts, st.phase)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		st    state
+		in    input
+		phase phase
+		acts  []actionKind
+		check func(*testing.T, state, []action)
+	}{
+		{name: "queued event shows the queue and names the lease to resume",
+			st: state{}, in: evQueued(3, "lease-q"), phase: phaseQueued, acts: []actionKind{actShowQueue},
+			check: func(t *testing.T, st state, _ []action) {
+				if st.leaseID != "lease-q" || st.attempt != 1 || st.position != 3 || st.group != "g" {
+					t.Errorf("state %+v", st)
+				}
+			}},
+		{name: "queued event while a revoked command dies leaves the status line alone",
+			st: func() state { s := running(); s.phase, s.revoked = phaseRevoked, "xid 79"; return s }(),
+			in: evQueued(1, ""), phase: phaseRevoked, acts: nil},
+		{name: "grant launches",
+			st: state{}, in: evGranted(grant("lease-1", 1)), phase: phaseLaunching, acts: []actionKind{actUnhold, actLaunch},
+			check: func(t *testing.T, st state, acts []action) {
+				if acts[1].lease.ID != "lease-1" || st.lease.ID != "lease-1" || !st.granted || st.revoked != "" {
+					t.Errorf("state %+v", st)
+				}
+			}},
+		{name: "grant while the command runs confirms its lease",
+			st: running(), in: evGranted(grant("lease-1", 1)), phase: phaseRunning, acts: nil},
+		{name: "grant of another lease while the command runs breaks the protocol; the command runs on",
+			st: running(), in: evGranted(grant("lease-2", 1)), phase: phaseDetached, acts: []actionKind{actCloseStream, actSay},
+			check: func(t *testing.T, _ state, acts []action) {
+				if !strings.Contains(acts[1].line, "granted lease lease-2 while the command runs under lease lease-1") ||
+					!strings.HasSuffix(acts[1].line, "the command keeps running without a lease") {
+					t.Errorf("line %q", acts[1].line)
+				}
+			}},
+		{name: "revoked before any grant breaks the protocol",
+			st: state{}, in: evRevoked("x"), acts: []actionKind{actCloseStream, actEnd}, check: protoErr("revoked before any lease was granted")},
+		{name: "a resumed queued lease revoked before its grant was told waits for the requeue",
+			st: state{leaseID: "lease-q", attempt: 1}, in: evRevoked("server died while mpsd was away"), phase: phaseRevoked, acts: nil,
+			check: func(t *testing.T, st state, _ []action) {
+				if st.revoked != "server died while mpsd was away" {
+					t.Errorf("state %+v", st)
+				}
+			}},
+		{name: "requeued without a revocation breaks the protocol",
+			st: state{lease: grant("lease-1", 1)}, in: evRequeued(2), acts: []actionKind{actCloseStream, actEnd}, check: protoErr("requeued without a revocation")},
+		{name: "revoked while the command runs",
+			st: running(), in: evRevoked("xid 79"), phase: phaseRevoked, acts: []actionKind{actUnhold},
+			check: func(t *testing.T, st state, _ []action) {
+				if st.revoked != "xid 79" || !st.child {
+					t.Errorf("state %+v", st)
+				}
+			}},
+		{name: "requeued after a revocation says so",
+			st: func() state { s := running(); s.phase, s.revoked = phaseRevoked, "xid 79"; return s }(),
+			in: evRequeued(2), phase: phaseRevoked, acts: []actionKind{actSay, actRequeued},
+			check: func(t *testing.T, st state, acts []action) {
+				if acts[0].line != "lease lease-1 revoked (xid 79); requeued, attempt 2" || st.attempt != 2 {
+					t.Errorf("line %q, attempt %d", acts[0].line, st.attempt)
+				}
+			}},
+		{name: "grant while the revoked command dies waits",
+			st: func() state { s := running(); s.phase, s.revoked = phaseRevoked, "xid 79"; return s }(),
+			in: evGranted(grant("lease-1", 2)), phase: phaseRevoked, acts: nil,
+			check: func(t *testing.T, st state, _ []action) {
+				if st.pending == nil || st.pending.Attempt != 2 || st.attempt != 2 {
+					t.Errorf("state %+v", st)
+				}
+			}},
+		{name: "the revoked command's exit launches the pending grant",
+			st: func() state {
+				s := running()
+				s.phase, s.revoked, s.pending = phaseRevoked, "xid 79", grant("lease-1", 2)
+				return s
+			}(),
+			in: childExit(137, true, false), phase: phaseLaunching, acts: []actionKind{actUnhold, actLaunch},
+			check: func(t *testing.T, st state, acts []action) {
+				if acts[1].lease.Attempt != 2 || st.revoked != "" || st.pending != nil {
+					t.Errorf("state %+v", st)
+				}
+			}},
+		{name: "the revoked command's exit with no grant yet waits for the requeue",
+			st: func() state { s := running(); s.phase, s.revoked = phaseRevoked, "xid 79"; return s }(),
+			in: childExit(137, true, false), phase: phaseRevoked, acts: nil},
+		{name: "the revoked command's exit after an error event ends with the error",
+			st: func() state {
+				s := running()
+				s.phase, s.revoked, s.final = phaseRevoked, "xid 79", &api.Error{Code: api.CodeAttemptsExhausted, Message: "no more"}
+				return s
+			}(),
+			in: childExit(137, false, false), phase: phaseDone, acts: []actionKind{actEnd},
+			check: func(t *testing.T, _ state, acts []action) {
+				if ExitCode(acts[0].err) != ExitTempFail {
+					t.Errorf("end %+v, want attempts exhausted (75)", acts[0])
+				}
+			}},
+		{name: "success ends at once",
+			st: running(), in: childExit(0, true, false), phase: phaseDone, acts: []actionKind{actEnd}},
+		{name: "success while mpsd is away waits for the lease's hand-back",
+			st: running(), in: childExit(0, false, true), phase: phaseRunning, acts: nil,
+			check: func(t *testing.T, st state, _ []action) {
+				if !st.finished || st.child {
+					t.Errorf("state %+v", st)
+				}
+			}},
+		{name: "failure waits RevokeGrace for a revocation",
+			st: running(), in: childExit(3, true, false), phase: phaseVerdictPending, acts: nil,
+			check: func(t *testing.T, st state, _ []action) {
+				if v := st.verdict; v == nil || v.code != 3 || v.why != verdictFailed || !v.until.Equal(t0.Add(time.Second)) {
+					t.Errorf("verdict %+v", st.verdict)
+				}
+			}},
+		{name: "failure while mpsd is away waits for the resumed lease",
+			st: running(), in: func() input { in := childExit(137, false, true); in.killedBy = "SIGKILL"; return in }(),
+			phase: phaseVerdictPending, acts: nil,
+			check: func(t *testing.T, st state, _ []action) {
+				if v := st.verdict; v == nil || v.why != verdictAway || v.killedBy != "SIGKILL" || !v.until.Equal(t0.Add(time.Minute+time.Second)) {
+					t.Errorf("verdict %+v", st.verdict)
+				}
+			}},
+		{name: "failure of a detached command is its own",
+			st: func() state { s := running(); s.phase = phaseDetached; return s }(),
+			in: childExit(3, false, false), phase: phaseDone, acts: []actionKind{actEnd},
+			check: func(t *testing.T, _ state, acts []action) {
+				if acts[0].code != 3 || acts[0].err != nil {
+					t.Errorf("end %+v", acts[0])
+				}
+			}},
+		{name: "a revocation during the verdict's wait makes the failure mpsd's",
+			st: func() state {
+				s := running()
+				s.child, s.phase, s.verdict = false, phaseVerdictPending, &verdict{code: 137, why: verdictFailed, until: t0}
+				return s
+			}(),
+			in: evRevoked("server died"), phase: phaseRevoked, acts: []actionKind{actUnhold},
+			check: func(t *testing.T, st state, _ []action) {
+				if st.verdict != nil {
+					t.Errorf("verdict %+v kept", st.verdict)
+				}
+			}},
+		{name: "the verdict's end is the command's status",
+			st: func() state {
+				s := running()
+				s.child, s.phase, s.verdict = false, phaseVerdictPending, &verdict{code: 3, why: verdictFailed, until: t0}
+				return s
+			}(),
+			in: input{kind: inVerdictDue, now: t0}, phase: phaseDone, acts: []actionKind{actEnd},
+			check: func(t *testing.T, _ state, acts []action) {
+				if acts[0].code != 3 {
+					t.Errorf("end %+v", acts[0])
+				}
+			}},
+		{name: "the verdict's end says a kill while mpsd was away",
+			st: func() state {
+				s := running()
+				s.child, s.phase = false, phaseVerdictPending
+				s.verdict = &verdict{code: 137, why: verdictAway, killedBy: "SIGKILL", until: t0}
+				return s
+			}(),
+			in: input{kind: inVerdictDue, now: t0}, phase: phaseDone, acts: []actionKind{actSay, actEnd},
+			check: func(t *testing.T, _ state, acts []action) {
+				if acts[0].line != "the command was killed by SIGKILL while mpsd was away (exit status 137)" || acts[1].code != 137 {
+					t.Errorf("acts %+v", acts)
+				}
+			}},
+		{name: "the resumed lease confirmed during the wait: the failure was the command's",
+			st: func() state {
+				s := running()
+				s.child, s.phase, s.verdict = false, phaseVerdictPending, &verdict{code: 3, why: verdictAway, until: t0}
+				return s
+			}(),
+			in: evGranted(grant("lease-1", 1)), phase: phaseDone, acts: []actionKind{actEnd}},
+		{name: "a refused attach's verdict ends with its error",
+			st: attachRefused(state{lease: grant("lease-1", 1), leaseID: "lease-1", attempt: 1, granted: true},
+				&api.Error{Code: api.CodeConflict, Message: "lease ended"}, t0, tmTest),
+			in: input{kind: inVerdictDue, now: t0}, phase: phaseDone, acts: []actionKind{actEnd},
+			check: func(t *testing.T, _ state, acts []action) {
+				var ae *api.Error
+				if !errors.As(acts[0].err, &ae) || ae.Code != api.CodeConflict {
+					t.Errorf("end %+v", acts[0])
+				}
+			}},
+		{name: "stream lost while the command runs: reconnect",
+			st: running(), in: input{kind: inStreamLost, now: t0, err: io.EOF}, phase: phaseRunning, acts: []actionKind{actCloseStream, actReconnect}},
+		{name: "stream lost during a failure's wait: the wait lasts the outage",
+			st: func() state {
+				s := running()
+				s.child, s.phase, s.verdict = false, phaseVerdictPending, &verdict{code: 3, why: verdictFailed, until: t0}
+				return s
+			}(),
+			in: input{kind: inStreamLost, now: t0, err: io.EOF}, phase: phaseVerdictPending, acts: []actionKind{actCloseStream, actReconnect},
+			check: func(t *testing.T, st state, _ []action) {
+				if v := st.verdict; v.why != verdictAway || !v.until.Equal(t0.Add(time.Minute+time.Second)) {
+					t.Errorf("verdict %+v", v)
+				}
+			}},
+		{name: "a bad line while queued ends the session",
+			st: state{}, in: input{kind: inStreamLost, now: t0, err: errors.Join(ErrProtocol, errors.New("bad line"))},
+			phase: phaseDone, acts: []actionKind{actCloseStream, actCloseStream, actEnd}},
+		{name: "error event while queued ends the session",
+			st:    state{},
+			in:    input{kind: inEvent, now: t0, ev: api.Event{Type: api.EventError, Code: api.CodeWaitTimeout, Message: "waited 1s"}},
+			phase: phaseDone, acts: []actionKind{actCloseStream, actEnd},
+			check: func(t *testing.T, _ state, acts []action) {
+				if ExitCode(acts[1].err) != ExitTempFail {
+					t.Errorf("end %+v, want a temporary error", acts[1])
+				}
+			}},
+		{name: "error event while the command runs detaches it",
+			st:    running(),
+			in:    input{kind: inEvent, now: t0, ev: api.Event{Type: api.EventError, Code: api.CodeInternal, Message: "broken"}},
+			phase: phaseDetached, acts: []actionKind{actCloseStream, actSay}},
+		{name: "giving up on mpsd while queued ends with the loss",
+			st: state{}, in: input{kind: inGiveUp, now: t0, err: ErrLost}, phase: phaseDone, acts: []actionKind{actCloseStream, actEnd}},
+		{name: "giving up on mpsd during a failure's wait: the failure is the command's own",
+			st: func() state {
+				s := running()
+				s.child, s.phase, s.verdict = false, phaseVerdictPending, &verdict{code: 3, why: verdictAway, until: t0}
+				return s
+			}(),
+			in: input{kind: inGiveUp, now: t0, err: ErrLost}, phase: phaseDone, acts: []actionKind{actEnd},
+			check: func(t *testing.T, _ state, acts []action) {
+				if acts[0].code != 3 || acts[0].err != nil {
+					t.Errorf("end %+v", acts[0])
+				}
+			}},
+		{name: "a signal goes to the command",
+			st: running(), in: input{kind: inSignal, now: t0, sig: syscall.SIGUSR1}, phase: phaseRunning, acts: []actionKind{actSignal}},
+		{name: "SIGTERM while queued abandons the request",
+			st: state{}, in: input{kind: inSignal, now: t0, sig: syscall.SIGTERM}, phase: phaseDone, acts: []actionKind{actClearStatus, actEnd},
+			check: func(t *testing.T, _ state, acts []action) {
+				if acts[1].code != 128+int(syscall.SIGTERM) {
+					t.Errorf("end %+v, want 143", acts[1])
+				}
+			}},
+		{name: "SIGUSR1 while queued is ignored",
+			st: state{}, in: input{kind: inSignal, now: t0, sig: syscall.SIGUSR1}, phase: phaseQueued, acts: nil},
+		{name: "a signal after the command finished while mpsd was away ends with its 0",
+			st: state{finished: true, started: true}, in: input{kind: inSignal, now: t0, sig: syscall.SIGINT}, phase: phaseDone, acts: []actionKind{actEnd}},
+		{name: "a queued lease mpsd lost is asked for anew",
+			st:    state{leaseID: "lease-q", attempt: 1},
+			in:    input{kind: inGiveUp, now: t0, err: &api.Error{Code: api.CodeNotFound, Message: "no lease lease-q"}},
+			phase: phaseQueued, acts: []actionKind{actSay, actUnhold, actReconnect},
+			check: func(t *testing.T, st state, acts []action) {
+				if acts[0].line != "lease lease-q was lost while mpsd was away; requesting a new one" || st.leaseID != "" || st.attempt != 0 {
+					t.Errorf("line %q, state %+v", acts[0].line, st)
+				}
+			}},
+		{name: "a lease mpsd lost after its command ran is not asked for anew",
+			st:    func() state { s := running(); s.started, s.child = true, false; return s }(),
+			in:    input{kind: inGiveUp, now: t0, err: &api.Error{Code: api.CodeNotFound, Message: "no lease lease-1"}},
+			phase: phaseDone, acts: []actionKind{actCloseStream, actEnd}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, acts := step(tc.st, tc.in, tmTest)
+			if got := kinds(acts); !slices.Equal(got, tc.acts) {
+				t.Errorf("actions %v, want %v (%+v)", got, tc.acts, acts)
+			}
+			if tc.check == nil || tc.phase != 0 {
+				if st.phase != tc.phase {
+					t.Errorf("phase %s, want %s", st.phase, tc.phase)
+				}
+			}
+			if tc.check != nil {
+				tc.check(t, st, acts)
+			}
+		})
+	}
+}
+
+// TestStepRevokedDropsPendingGrant is the chaos soak's sequence: a grant
+// that arrives while the previous command is still dying waits; a
+// revocation of that grant's attempt must drop it, or the command's exit
+// launches it (clearing the revocation) and the requeue that follows is
+// taken for a protocol violation.
+func TestStepRevokedDropsPendingGrant(t *testing.T) {
+	st := running()
+	var acts []action
+	for i, in := range []input{
+		evRevoked("xid 79"),            // attempt 1 revoked; its command is being killed
+		evRequeued(2),                  // requeued
+		evGranted(grant("lease-1", 2)), // attempt 2 granted while attempt 1's command dies
+		evRevoked("xid 79 again"),      // attempt 2 revoked before it ran
+		childExit(137, true, false),    // attempt 1's command is gone
+		evRequeued(3),                  // requeued again: not a violation
+		evGranted(grant("lease-1", 3)), // attempt 3 granted
+	} {
+		st, acts = step(st, in, tmTest)
+		if a, ok := endOf(acts); ok {
+			t.Fatalf("input %d (%v %s) ended the session: %+v", i, in.kind, in.ev.Type, a)
+		}
+		switch i {
+		case 3:
+			if st.pending != nil {
+				t.Fatalf("after the second revocation the grant of attempt %d still waits", st.pending.Attempt)
+			}
+		case 4:
+			if slices.Contains(kinds(acts), actLaunch) {
+				t.Fatalf("the revoked attempt 2 was launched: %+v", acts)
+			}
+		}
+	}
+	if got := kinds(acts); !slices.Equal(got, []actionKind{actUnhold, actLaunch}) || acts[1].lease.Attempt != 3 {
+		t.Fatalf("last actions %+v, want attempt 3 launched", acts)
+	}
+	if st.phase != phaseLaunching || st.attempt != 3 {
+		t.Errorf("phase %s attempt %d, want launching 3", st.phase, st.attempt)
+	}
+}

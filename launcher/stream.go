@@ -1,0 +1,273 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/client"
+)
+
+// The lease stream and its reconnection: one stream at a time, read by
+// one goroutine that sends each event (or the end) to run's loop; a
+// reconnect that posts the request again, resuming the session's lease,
+// with backoff, until mpsd answers or the outage has lasted
+// ReconnectTimeout.
+
+// conn is the session's connection to mpsd: the lease stream, its
+// reader, the reconnect under way, and the outage they are in. Its
+// fields belong to run's goroutine, like the session's.
+type conn struct {
+	client *client.Client
+	// window is ReconnectTimeout: how long an outage is waited out.
+	window time.Duration
+	// firstWindow, when set, bounds the wait before mpsd first answered:
+	// --wait's duration (mps-launch waits that long for a lease, mpsd's
+	// absence included), or a nanosecond for --no-wait (no waiting at all).
+	firstWindow time.Duration
+	// firstWhy names the flag that set firstWindow, for the line that gives up.
+	firstWhy string
+	// everAnswered: mpsd has sent an event on some stream.
+	everAnswered bool
+
+	stream *client.Stream
+	events chan streamMsg
+	stopRd chan struct{}
+	rdDone chan struct{}
+
+	reconnected chan reconnectResult
+	stopRc      chan struct{}
+	rcDone      chan struct{}
+
+	// contacted: mpsd has answered once; until then a missing socket is
+	// not waited for (no mpsd at all, or another socket meant), unless
+	// the socket was there on an earlier try.
+	contacted bool
+	// An outage: since when mpsd has been unreachable (zero while it
+	// answers; only an event ends an outage), the wait before the next
+	// try, and the last failure, for the line that gives up.
+	awaySince time.Time
+	backoff   time.Duration
+	lastFail  error
+	// sawEvent: the current stream has carried an event.
+	sawEvent bool
+}
+
+// answered records that mpsd sent an event: the outage, if any, is over.
+func (c *conn) answered() {
+	c.sawEvent, c.awaySince, c.backoff, c.lastFail = true, time.Time{}, 0, nil
+	c.everAnswered = true
+}
+
+// outageWindow is how long the current outage is waited out: window, or
+// less before mpsd first answered when --wait or --no-wait says so.
+func (c *conn) outageWindow() time.Duration {
+	if !c.everAnswered && c.firstWindow > 0 {
+		return min(c.window, c.firstWindow)
+	}
+	return c.window
+}
+
+// stop closes the stream and ends a reconnect under way (closing the
+// stream it may have got). The caller cancels the reconnect's context
+// first, so a request in flight ends at once.
+func (c *conn) stop() {
+	c.close()
+	if c.rcDone != nil {
+		close(c.stopRc)
+		<-c.rcDone
+		select {
+		case rc := <-c.reconnected:
+			if rc.stream != nil {
+				_ = rc.stream.Close()
+			}
+		default:
+		}
+	}
+}
+
+type streamMsg struct {
+	ev  api.Event
+	err error
+}
+
+type reconnectResult struct {
+	stream *client.Stream
+	err    error
+	// gaveUp: err is the last failure of a reconnect that ran out of
+	// time. since is when its failures began (zero if none).
+	gaveUp bool
+	since  time.Time
+}
+
+// open makes st the session's stream and starts its reader.
+func (c *conn) open(st *client.Stream) {
+	events := make(chan streamMsg)
+	stop := make(chan struct{})
+	rdDone := make(chan struct{})
+	go func() {
+		defer close(rdDone)
+		for {
+			ev, err := st.Next()
+			select {
+			case events <- streamMsg{ev: ev, err: err}:
+			case <-stop:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	c.stream, c.events, c.stopRd, c.rdDone = st, events, stop, rdDone
+	c.sawEvent = false
+}
+
+// closeStream closes the stream, which releases the lease, and waits for
+// its reader.
+func (c *conn) close() {
+	if c.stream == nil {
+		return
+	}
+	_ = c.stream.Close()
+	close(c.stopRd)
+	<-c.rdDone
+	c.stream, c.events, c.stopRd, c.rdDone = nil, nil, nil, nil
+}
+
+// startReconnect posts the request (again) until mpsd answers, resuming
+// the lease the session waits as or holds if there is one. Failures that
+// say mpsd is away (ErrUnreachable) are retried with backoff until the
+// outage has lasted ReconnectTimeout; only before mpsd first answered is a
+// missing socket not waited for.
+func (c *conn) startReconnect(ctx context.Context, req api.LeaseRequest) {
+	ch := make(chan reconnectResult, 1)
+	stop := make(chan struct{})
+	rcDone := make(chan struct{})
+	var first time.Duration
+	if !c.awaySince.IsZero() && c.lastFail != nil && !c.sawEvent && c.contacted {
+		// The stream mpsd gave ended before its first event: mpsd is not
+		// back, so the next try waits too.
+		first = c.nextWait()
+	}
+	awaySince, contacted, window := c.awaySince, c.contacted, c.outageWindow()
+	go func() {
+		defer close(rcDone)
+		since := awaySince
+		backoff, wait := max(first, 10*time.Millisecond), first
+		for {
+			if wait > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-stop:
+					t.Stop()
+					return
+				case <-t.C:
+				}
+			}
+			st, err := c.client.Lease(ctx, req)
+			if err == nil || !errors.Is(err, ErrUnreachable) || (!contacted && client.SocketAbsent(err)) {
+				ch <- reconnectResult{stream: st, err: err, since: since}
+				return
+			}
+			// A socket that refused or dropped the request was there: an
+			// mpsd going away may remove it while it restarts.
+			contacted = contacted || !client.SocketAbsent(err)
+			if since.IsZero() {
+				since = time.Now()
+			}
+			backoff = min(2*backoff, time.Second)
+			wait = min(backoff, window-time.Since(since))
+			if wait <= 0 {
+				ch <- reconnectResult{err: err, gaveUp: true, since: since}
+				return
+			}
+		}
+	}()
+	c.reconnected, c.stopRc, c.rcDone = ch, stop, rcDone
+}
+
+// request is the lease request to send now: a resume of the session's
+// lease if mpsd has named one, else a new request; --wait counts from
+// mpsd's first answer until a grant.
+func (s *session) request() api.LeaseRequest {
+	req := s.req
+	if s.st.leaseID != "" {
+		req.ResumeLeaseID, req.Attempt = s.st.leaseID, max(s.st.attempt, 1)
+	}
+	if req.WaitMillis > 0 && s.conn.contacted {
+		if s.st.granted {
+			req.WaitMillis = 0
+		} else {
+			left := time.Duration(req.WaitMillis)*time.Millisecond - time.Since(s.requestedAt)
+			req.WaitMillis = max(1, left.Milliseconds())
+		}
+	}
+	return req
+}
+
+// away records a failure that says mpsd is gone; the first one starts the
+// outage.
+func (c *conn) away(err error) {
+	if c.awaySince.IsZero() {
+		c.awaySince = time.Now()
+	}
+	c.lastFail = err
+}
+
+// outageOver reports whether mpsd has been away for ReconnectTimeout.
+func (c *conn) outageOver() bool {
+	return !c.awaySince.IsZero() && time.Since(c.awaySince) >= c.outageWindow()
+}
+
+// nextWait is the backoff before the next try in this outage: 20ms,
+// doubling to 1s, and never past the outage's end.
+func (c *conn) nextWait() time.Duration {
+	c.backoff = min(max(2*c.backoff, 20*time.Millisecond), time.Second)
+	return max(0, min(c.backoff, c.outageWindow()-time.Since(c.awaySince)))
+}
+
+// lost is the error that gives up on mpsd after an outage.
+func (c *conn) lost() error {
+	took := time.Since(c.awaySince)
+	if took >= time.Second {
+		took = took.Round(time.Second)
+	} else {
+		took = took.Round(time.Millisecond)
+	}
+	if !c.everAnswered && c.firstWindow > 0 && c.firstWindow < c.window {
+		return fmt.Errorf("%w: unreachable for %s, and %s: %w", ErrLost, took, c.firstWhy, c.lastFail)
+	}
+	return fmt.Errorf("%w: unreachable for %s: %w", ErrLost, took, c.lastFail)
+}
+
+// onReconnect takes a reconnect's result: a stream to read, or the
+// failure that ends the wait for mpsd.
+func (s *session) onReconnect(ctx context.Context, rc reconnectResult) *done {
+	s.conn.reconnected, s.conn.stopRc, s.conn.rcDone = nil, nil, nil
+	if s.conn.awaySince.IsZero() {
+		s.conn.awaySince = rc.since
+	}
+	if s.st.finished {
+		// The lease is released by the stream's close (cleanup), if mpsd
+		// took it back; whatever mpsd says, the command is done.
+		if rc.stream != nil {
+			_ = rc.stream.Close()
+		}
+		return &done{code: 0}
+	}
+	if rc.gaveUp {
+		s.conn.away(rc.err)
+		rc.err = s.conn.lost()
+	}
+	if rc.err != nil {
+		return s.step(ctx, input{kind: inGiveUp, err: rc.err})
+	}
+	if !s.conn.contacted {
+		s.conn.contacted, s.requestedAt = true, time.Now()
+	}
+	s.conn.open(rc.stream)
+	return nil
+}
