@@ -329,9 +329,24 @@ func TestContainedFaultRequeuesTheServersClients(t *testing.T) {
 		if i != 1 {
 			return []string{client, "--duration", "3s"}
 		}
-		// The faulting client faults on its first run only.
-		return []string{"/bin/sh", "-c", `if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" --fault-after 300ms --duration 1m; else exec "$0" --duration 1s; fi`, client}
+		// The faulting client faults on its first run only, when the
+		// test signals it, once every client is placed.
+		return []string{"/bin/sh", "-c", `if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" --fault-on-usr1 --duration 1m; else exec "$0" --duration 1s; fi`, client}
 	})
+	faulting := 0
+	for _, l := range e.d.Status().Leases {
+		if strings.Contains(strings.Join(l.Command, " "), "--fault-on-usr1") {
+			for _, pid := range l.PIDs {
+				if err := syscall.Kill(pid, syscall.SIGUSR1); err != nil {
+					t.Fatal(err)
+				}
+				faulting++
+			}
+		}
+	}
+	if faulting != 1 {
+		t.Fatalf("signalled %d processes of the faulting lease; want its one client", faulting)
+	}
 	st := e.waitStatus("a/0 recovered", func(st api.Status) bool {
 		in := instanceOf(st, "a", 0)
 		return in.Restarts >= 1 && in.State == api.InstanceReady

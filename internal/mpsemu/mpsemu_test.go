@@ -300,6 +300,29 @@ func TestFaultContainmentProcesses(t *testing.T) {
 	}
 }
 
+// --fault-on-usr1 faults the client when the test says, not before: it
+// stays connected until SIGUSR1, then it and its server's other clients
+// get the sticky error.
+func TestFaultOnSignal(t *testing.T) {
+	m := newMPS(t, "550", "", "MPSEMU_FAULT_RESET=0")
+	m.startDaemon()
+	a := m.start(-1, emutest.ClientName, "--duration", "1m")
+	a.line(t)
+	c := m.start(-1, emutest.ClientName, "--duration", "1m", "--fault-on-usr1")
+	c.line(t)
+	if got := m.cmd("get_server_status " + strconv.Itoa(m.serverPID())); got != "ACTIVE\n" {
+		t.Fatalf("before the signal: %q; want ACTIVE", got)
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range []*proc{a, c} {
+		if code := p.wait(t); code != 70 || !strings.Contains(p.stderr.String(), "CUDA error 700 cudaErrorIllegalAddress") {
+			t.Errorf("client %d: exit %d, stderr %q; want 70 and error 700", i, code, p.stderr.String())
+		}
+	}
+}
+
 func TestMaxClientsProcesses(t *testing.T) {
 	m := newMPS(t, "550", "", "MPSEMU_MAX_CLIENTS=2")
 	m.startDaemon()

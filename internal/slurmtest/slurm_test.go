@@ -624,12 +624,18 @@ exec mps-launch --no-requeue -- mpsemu-client
 		})
 		crashServer(t, waitFile(t, out, "mpsemu-client: pid="))
 		c.waitJob(id, "requeued", func(j map[string]string) bool { return j["Restarts"] == "1" && j["JobState"] == "PENDING" })
+		requeued := time.Now()
 		log := waitFile(t, out, "no requeue attempts left")
 		if !regexp.MustCompile(`(?m)^mps-launch: job ` + id + `: lease revoked: .+; no requeue attempts left \(0 used\)$`).MatchString(log) {
 			t.Errorf("the batch job's output does not name the job in the failure:\n%s", log)
 		}
 		// Slurm holds a requeued job back (EligibleTime, two minutes in
-		// 22.05); move it to now, as an operator may.
+		// 22.05); move it to now, as an operator may. Not within the
+		// second of the requeue, though: slurmd revokes the first run's
+		// job credential, to the second, and kills a run whose credential
+		// was made in that same second ("Job credential revoked", exit 1).
+		// This waits for the clock, not for a state.
+		time.Sleep(time.Until(requeued.Truncate(time.Second).Add(2 * time.Second)))
 		c.mustRun("scontrol", "update", "JobId="+id, "StartTime=now")
 		j := c.waitJob(id, "ended", func(j map[string]string) bool { return ended[j["JobState"]] })
 		if j["JobState"] != "COMPLETED" || j["ExitCode"] != "0:0" || j["Restarts"] != "1" {

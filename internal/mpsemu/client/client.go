@@ -90,6 +90,9 @@ type Options struct {
 	AllocDevice int
 	Duration    time.Duration // how long to stay connected after setup
 	FaultAfter  time.Duration // raise a fatal fault after this long; 0: never
+	// FaultNow raises a fatal fault when it receives (once), so a test
+	// can fault a client at the moment it chooses; nil: never.
+	FaultNow <-chan struct{}
 }
 
 // Run connects, reports the limits on out and behaves as opts say. It
@@ -177,9 +180,10 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		}
 	}
 
-	if opts.Duration == 0 && opts.FaultAfter == 0 {
+	if opts.Duration == 0 && opts.FaultAfter == 0 && opts.FaultNow == nil {
 		return nil
 	}
+	faultNow := opts.FaultNow
 	var durC, faultC <-chan time.Time
 	if opts.Duration > 0 {
 		t := time.NewTimer(opts.Duration)
@@ -198,6 +202,11 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		case <-durC:
 			return nil
 		case <-faultC:
+			if err := conn.Send(emuwire.Msg{Op: emuwire.OpFault}); err != nil {
+				return lost(err)
+			}
+		case <-faultNow:
+			faultNow = nil
 			if err := conn.Send(emuwire.Msg{Op: emuwire.OpFault}); err != nil {
 				return lost(err)
 			}

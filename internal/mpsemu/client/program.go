@@ -15,7 +15,7 @@ import (
 
 // Main is the mpsemu-client program; it returns the exit status (doc.go).
 //
-//	mpsemu-client [--alloc SIZE] [--device N] [--duration D] [--fault-after D]
+//	mpsemu-client [--alloc SIZE] [--device N] [--duration D] [--fault-after D] [--fault-on-usr1]
 func Main(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	return MainEnv(args, func(k string) (string, bool) { v := getenv(k); return v, v != "" }, stdout, stderr)
 }
@@ -30,6 +30,7 @@ func MainEnv(args []string, lookup func(string) (string, bool), stdout, stderr i
 	device := fs.Int("device", 0, "device ordinal for --alloc")
 	duration := fs.Duration("duration", 0, "stay connected this long after setup")
 	faultAfter := fs.Duration("fault-after", 0, "raise a fatal GPU fault after this long")
+	faultOnUSR1 := fs.Bool("fault-on-usr1", false, "raise a fatal GPU fault when SIGUSR1 arrives (once)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -74,9 +75,34 @@ func MainEnv(args []string, lookup func(string) (string, bool), stdout, stderr i
 		case <-ctx.Done():
 		}
 	}()
+	faultDone := make(chan struct{})
+	if *faultOnUSR1 {
+		usr1 := make(chan os.Signal, 1)
+		signal.Notify(usr1, syscall.SIGUSR1)
+		defer signal.Stop(usr1)
+		now := make(chan struct{}, 1)
+		opts.FaultNow = now
+		go func() {
+			defer close(faultDone)
+			for {
+				select {
+				case <-usr1:
+					select {
+					case now <- struct{}{}:
+					default:
+					}
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+	} else {
+		close(faultDone)
+	}
 	err := Run(ctx, opts, stdout)
 	cancel()
 	<-watchDone
+	<-faultDone
 
 	var cerr *Error
 	switch {
