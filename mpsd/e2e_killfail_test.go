@@ -131,7 +131,7 @@ func TestRevokeKillFailureHoldsCapacity(t *testing.T) {
 	if got := st.Instances[0].MemAllocatedBytes; got != 12<<30 {
 		t.Fatalf("instance holds %d bytes while lease a's kill fails, want lease a's 12G", got)
 	}
-	for _, pid := range a.PIDs {
+	for _, pid := range gateShells(t, a.PIDs) {
 		if err := syscall.Kill(pid, 0); err != nil {
 			t.Fatalf("lease a's pid %d: %v; the test's kill failure should have left it running", pid, err)
 		}
@@ -202,7 +202,7 @@ func TestReleaseKillFailureRetried(t *testing.T) {
 	if got := st.Instances[0].MemAllocatedBytes; got != 12<<30 {
 		t.Fatalf("instance holds %d bytes while lease a's kill fails, want lease a's 12G", got)
 	}
-	for _, pid := range a.PIDs {
+	for _, pid := range gateShells(t, a.PIDs) {
 		if err := syscall.Kill(pid, 0); err != nil {
 			t.Fatalf("lease a's pid %d: %v; the test's kill failure should have left it running", pid, err)
 		}

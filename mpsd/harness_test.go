@@ -390,6 +390,25 @@ func countLeases(st api.Status, state string) int {
 	return n
 }
 
+// gateShells are the pids of pids (a lease's processes, as status listed
+// them) that are still a gate's shell: the gate's short-lived sleeps come
+// and go, so a check that the workload survived looks at the shell. It
+// fails the test when none is left.
+func gateShells(t *testing.T, pids []int) []int {
+	t.Helper()
+	var shells []int
+	for _, pid := range pids {
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err == nil && strings.TrimSpace(string(comm)) != "sleep" {
+			shells = append(shells, pid)
+		}
+	}
+	if len(shells) == 0 {
+		t.Fatalf("no gate shell left among %v: the workload died", pids)
+	}
+	return shells
+}
+
 // gate is a workload that runs until the test opens its gate file.
 func (e *testEnv) gate(name string) (args []string, open func()) {
 	path := filepath.Join(e.dir, "gate-"+name)
