@@ -543,9 +543,27 @@ func listDir(dir string) string {
 		if err != nil {
 			continue
 		}
-		fmt.Fprintf(&b, "%s %s size=%d\n", e.Name(), fi.Mode(), sizeOf(fi))
+		fmt.Fprintf(&b, "%s %s size=%d\n", e.Name(), fi.Mode(), sizeIn(dir, fi))
 	}
 	return b.String()
+}
+
+// reNumber is a run of digits: a log's pids and times, whose lengths vary
+// from run to run (pids wrap at pid_max, here 32768: 4 or 5 digits).
+var reNumber = regexp.MustCompile(`\d+`)
+
+// sizeIn is sizeOf, but a log's size counts every number as one digit, so
+// that two logs with the same lines have the same size whatever pids the
+// processes that wrote them got.
+func sizeIn(dir string, fi fs.FileInfo) int64 {
+	if !fi.Mode().IsRegular() || !strings.HasSuffix(fi.Name(), ".log") {
+		return sizeOf(fi)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, fi.Name()))
+	if err != nil {
+		return sizeOf(fi)
+	}
+	return int64(len(reNumber.ReplaceAll(b, []byte("0"))))
 }
 
 // sizeOf reports sizes only for regular files; a socket's or FIFO's size
