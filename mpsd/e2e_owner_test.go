@@ -42,7 +42,7 @@ func TestSecondMpsdLeavesFirstsLeases(t *testing.T) {
 		t.Fatalf("both mpsds have instance id %s", e1.d.instanceID)
 	}
 
-	for _, pid := range l.PIDs {
+	for _, pid := range gateShells(t, l.PIDs) {
 		if err := syscall.Kill(pid, 0); err != nil {
 			t.Fatalf("workload pid %d of the first mpsd is gone after the second started: %v", pid, err)
 		}
