@@ -225,3 +225,48 @@ func TestForgedMPSRecordsAreCounted(t *testing.T) {
 	_ = lease.cmd.Process.Signal(syscall.SIGTERM)
 	lease.wait(t)
 }
+
+// A control daemon the watchdog restarts is recorded at once, with no
+// lease to write the state for: else a crash of mpsd before the next
+// write leaves the state naming the dead daemon, and the next mpsd takes
+// the live one for a stranger, stops it and revokes its leases.
+func TestRestartedDaemonRecordedAtOnce(t *testing.T) {
+	e := newEnv(t, oneGroup, "")
+	e.start()
+	st := e.waitStatus("instances ready", isoAllReady)
+	old := st.Instances[0]
+	// savedDaemonFor waits (within waitFor) for the state file to name
+	// want for some instance, and returns that instance's key.
+	savedDaemonFor := func(want savedDaemon) string {
+		t.Helper()
+		deadline := time.Now().Add(waitFor)
+		for {
+			if b, err := os.ReadFile(filepath.Join(e.dir, "state", "state.json")); err == nil {
+				var st savedState
+				if json.Unmarshal(b, &st) == nil {
+					for k, sd := range st.Daemons {
+						if sd == want {
+							return k
+						}
+					}
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the state file never names daemon %+v", want)
+			}
+			time.Sleep(20 * time.Millisecond) // a file: nothing to wait on
+		}
+	}
+	key := savedDaemonFor(savedDaemon{PID: old.DaemonPID, StartTime: startTimeOf(t, old.DaemonPID)})
+	if err := syscall.Kill(old.DaemonPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	st = e.waitStatus("a new daemon", func(st api.Status) bool {
+		in := st.Instances[0]
+		return in.State == api.InstanceReady && in.DaemonPID != 0 && in.DaemonPID != old.DaemonPID
+	})
+	pid := st.Instances[0].DaemonPID
+	if got := savedDaemonFor(savedDaemon{PID: pid, StartTime: startTimeOf(t, pid)}); got != key {
+		t.Errorf("the restarted daemon is saved for %s, want %s", got, key)
+	}
+}

@@ -276,6 +276,11 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 				return
 			}
 			in.daemon, in.logHandled = dm, dm.ServerLogStart()
+			// Saved at once: a crash before the next write would leave the
+			// state naming the daemon this one replaced, and the next mpsd
+			// would take this live daemon for a stranger and revoke its
+			// leases.
+			d.store.request()
 			if f := in.pending; f != nil {
 				// Reported while there was no daemon yet: its recovery
 				// takes over the instance now.

@@ -298,6 +298,9 @@ func (d *Daemon) restartDaemon(in *instance, old *mps.Daemon) {
 			}
 			in.daemon, in.logHandled = dm, dm.ServerLogStart()
 			in.probeFails = 0
+			// Saved at once, as in bringUp: the next mpsd adopts only the
+			// daemon the state file names.
+			d.store.request()
 			d.mu.Unlock()
 			in.log.Info("control daemon restarted", "how", how, "daemon_pid", dm.PID())
 			d.spawn(func() { d.watchInstance(in, dm) })
