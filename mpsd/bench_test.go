@@ -94,6 +94,15 @@ const benchGroup = `  inference:
     max_clients: 48
 `
 
+// benchLimits lifts the per-user caps on connections and queued requests
+// (128 and 64 by default): the benchmarks' clients are one user, root,
+// and measure admission, not the caps that protect it.
+const benchLimits = `limits:
+  connections: 4096
+  connections_per_user: 4096
+  queued_per_user: 4096
+`
+
 // benchLease is the request every lease benchmark makes.
 const benchLease = `{"sm":1,"mem_bytes":67108864}`
 
@@ -140,7 +149,7 @@ func liveLeases(d *Daemon) int {
 //
 //	go test -run '^$' -bench Admission -benchtime 5000x ./mpsd
 func BenchmarkAdmission(b *testing.B) {
-	e := newEnvGPUs(b, 48, benchGroup, "")
+	e := newEnvGPUs(b, 48, benchGroup, benchLimits)
 	e.opts.Logger = slog.New(slog.NewTextHandler(e.log, nil)) // info, as in production
 	e.start()
 	for _, n := range []int{1, 100, 1000} {
@@ -629,7 +638,7 @@ func BenchmarkFootprint(b *testing.B) {
 	for g := range footprintGroups {
 		fmt.Fprintf(&groups, "  g%d:\n    users: [root]\n    memory: 4G\n", g)
 	}
-	e := newEnvGPUs(b, 8, groups.String(), "")
+	e := newEnvGPUs(b, 8, groups.String(), benchLimits)
 	for b.Loop() {
 		footprint(b, e, 1000, 10*time.Second)
 	}
