@@ -225,9 +225,21 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 			}
 		}
 	}
-	leased := d.leasedPids(maxAge)
+	// The leases' processes are read (or their last reading taken) only
+	// when some process is to be looked up: an instance whose GPUs show
+	// none costs no walk of the leases' cgroups.
+	var leased map[int]leaseAt
+	resolve := func(pids []int) {
+		if len(pids) == 0 {
+			return
+		}
+		if leased == nil {
+			leased = d.leasedPids(maxAge)
+		}
+		leased = d.resolveLeased(pids, leased)
+	}
 	if !needMPS {
-		leased = d.resolveLeased(nvmlClients, leased)
+		resolve(nvmlClients)
 		for _, pid := range nvmlClients {
 			if at, ok := leased[pid]; !ok || !onGPU[at.inst] {
 				needMPS = true
@@ -248,7 +260,7 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 			view.clients[server] = clients
 			listed = append(listed, clients...)
 		}
-		leased = d.resolveLeased(listed, leased)
+		resolve(listed)
 	}
 	var nvmlPids []int
 	for _, g := range view.gpus {
@@ -256,7 +268,7 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 			nvmlPids = append(nvmlPids, pm.PID)
 		}
 	}
-	leased = d.resolveLeased(nvmlPids, leased)
+	resolve(nvmlPids)
 	d.checkLeaseMemory(in, dm, own, procs, leased)
 	servers := d.serverSnapshot()
 	found := joinReconcile(view, servers, leased, procs)
@@ -447,6 +459,8 @@ const reconLeasedAge = 5
 type leasedSnapshot struct {
 	pids map[int]leaseAt
 	at   time.Time
+	// refreshing: a reconciliation is reading every cgroup again.
+	refreshing bool
 }
 
 // leasedPids is the processes of every placed lease, from their cgroups:
@@ -455,10 +469,20 @@ type leasedSnapshot struct {
 func (d *Daemon) leasedPids(maxAge time.Duration) map[int]leaseAt {
 	d.reconMu.Lock()
 	snap := d.reconLeased
-	d.reconMu.Unlock()
-	if snap.pids != nil && time.Since(snap.at) < maxAge {
+	if snap.pids != nil && (time.Since(snap.at) < maxAge || (maxAge > 0 && snap.refreshing)) {
+		// Fresh enough, or another reconciliation is reading every
+		// cgroup right now: one walk at a time, whatever the number of
+		// instances whose probes asked.
+		d.reconMu.Unlock()
 		return snap.pids
 	}
+	d.reconLeased.refreshing = true
+	d.reconMu.Unlock()
+	defer func() {
+		d.reconMu.Lock()
+		d.reconLeased.refreshing = false
+		d.reconMu.Unlock()
+	}()
 	type placed struct {
 		l               *lease
 		inst, group, id string
@@ -478,7 +502,7 @@ func (d *Daemon) leasedPids(maxAge time.Duration) map[int]leaseAt {
 		}
 	}
 	d.reconMu.Lock()
-	d.reconLeased = leasedSnapshot{pids: leased, at: time.Now()}
+	d.reconLeased = leasedSnapshot{pids: leased, at: time.Now(), refreshing: true}
 	d.reconMu.Unlock()
 	return leased
 }
