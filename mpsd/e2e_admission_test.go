@@ -374,18 +374,10 @@ func TestAdoptedLeaseWithoutLauncher(t *testing.T) {
 func shellPIDs(st api.Status) []int {
 	var out []int
 	for _, l := range st.Leases {
-		out = append(out, shellsAmong(l.PIDs)...)
-	}
-	return out
-}
-
-// shellsAmong are the pids that run a shell (a gate's, whose sleeps come
-// and go).
-func shellsAmong(pids []int) []int {
-	var out []int
-	for _, pid := range pids {
-		if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); strings.TrimSpace(string(comm)) == "sh" {
-			out = append(out, pid)
+		for _, pid := range l.PIDs {
+			if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); strings.TrimSpace(string(comm)) == "sh" {
+				out = append(out, pid)
+			}
 		}
 	}
 	return out
