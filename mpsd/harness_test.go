@@ -391,9 +391,10 @@ func countLeases(st api.Status, state string) int {
 }
 
 // gateShells are the pids of pids (a lease's processes, as status listed
-// them) that are still a gate's shell: the gate's short-lived sleeps come
-// and go, so a check that the workload survived looks at the shell. It
-// fails the test when none is left.
+// them) that are alive and not one of the gate's short-lived sleeps: the
+// gate's shell, or the trampoline that would exec it (still mps-launch
+// when its launcher died first, which is why shellPIDs' test of "sh" is
+// not this one). It fails the test when none is left.
 func gateShells(t *testing.T, pids []int) []int {
 	t.Helper()
 	var shells []int
