@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -435,16 +437,47 @@ func (d *Daemon) probeUntilUp(ctx context.Context) error {
 	}
 }
 
+// applyDefaults sets cfg's defaults with one call of the control program
+// (the daemon answers the commands of one session in order): the thread
+// percentage, which the daemon echoes with the value it now holds (its
+// old one when it refused the new), then the pinned memory limit of each
+// device, which print nothing.
 func (d *Daemon) applyDefaults(ctx context.Context) error {
-	if p := d.cfg.DefaultThreadPercentage; p > 0 {
-		if _, err := d.SetDefaultActiveThreadPercentage(ctx, p); err != nil {
-			return fmt.Errorf("mps: apply default thread percentage: %w", err)
-		}
+	var lines []string
+	p := d.cfg.DefaultThreadPercentage
+	if p > 0 {
+		lines = append(lines, "set_default_active_thread_percentage "+formatPercent(p))
 	}
-	for dev, b := range d.cfg.DefaultPinnedMem {
-		if err := d.SetDefaultDevicePinnedMemLimit(ctx, dev, b); err != nil {
-			return fmt.Errorf("mps: apply default pinned memory of device %d: %w", dev, err)
+	for _, dev := range slices.Sorted(maps.Keys(d.cfg.DefaultPinnedMem)) {
+		v, err := memValue(dev, d.cfg.DefaultPinnedMem[dev])
+		if err != nil {
+			return fmt.Errorf("mps: apply default pinned memory of device %d: %w", dev, &CommandError{Command: "set_default_device_pinned_mem_limit", PipeDir: d.cfg.PipeDir, Err: err})
 		}
+		lines = append(lines, fmt.Sprintf("set_default_device_pinned_mem_limit %d %s", dev, v))
+	}
+	if len(lines) == 0 {
+		return nil
+	}
+	out, err := d.commands(ctx, lines...)
+	if err != nil {
+		return fmt.Errorf("mps: apply defaults: %w", err)
+	}
+	got := outputLines(out)
+	if p > 0 {
+		if len(got) == 0 {
+			return fmt.Errorf("mps: apply default thread percentage: %w", &CommandError{Command: lines[0], PipeDir: d.cfg.PipeDir, Output: out, Err: fmt.Errorf("%w: no percentage echoed", ErrUnexpectedOutput)})
+		}
+		held, err := parsePercent(got[0])
+		if err != nil {
+			return fmt.Errorf("mps: apply default thread percentage: %w", &CommandError{Command: lines[0], PipeDir: d.cfg.PipeDir, Output: out, Err: err})
+		}
+		if math.Abs(held-p) > 0.05+1e-9 {
+			return fmt.Errorf("mps: apply default thread percentage: %w", &CommandError{Command: lines[0], PipeDir: d.cfg.PipeDir, Output: got[0], Err: fmt.Errorf("%w: daemon kept %.1f", ErrInvalidValue, held)})
+		}
+		got = got[1:]
+	}
+	if len(got) != 0 {
+		return fmt.Errorf("mps: apply default pinned memory: %w", &CommandError{Command: strings.Join(lines, "; "), PipeDir: d.cfg.PipeDir, Output: out, Err: ErrUnexpectedOutput})
 	}
 	return nil
 }
