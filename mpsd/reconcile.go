@@ -461,6 +461,9 @@ type leasedSnapshot struct {
 	at   time.Time
 	// refreshing: a reconciliation is reading every cgroup again.
 	refreshing bool
+	// found: processes looked up one by one since the reading
+	// (resolveLeased), and the lease each is in.
+	found map[int]leaseAt
 }
 
 // leasedPids is the processes of every placed lease, from their cgroups:
@@ -507,31 +510,54 @@ func (d *Daemon) leasedPids(maxAge time.Duration) map[int]leaseAt {
 	return leased
 }
 
-// resolveLeased returns leased with the pids it lacks looked up one by
-// one (leaseOfPid); leased itself when it lacks none. Without a unified
+// resolveLeased returns leased with the pids it lacks looked up
+// (leaseOfPids); leased itself when it lacks none. Without a unified
 // cgroup hierarchy to look a process up in, every cgroup is read again.
+// What a look-up finds is kept with the reading of every cgroup until
+// the next one (leasedSnapshot.found): a burst of client events looks
+// each new client up once, not at every reconciliation it causes.
 func (d *Daemon) resolveLeased(pids []int, leased map[int]leaseAt) map[int]leaseAt {
 	var out map[int]leaseAt
+	var lookup []int
+	seen := map[int]bool{}
+	d.reconMu.Lock()
+	reading := d.reconLeased.at
 	for _, pid := range pids {
-		if _, ok := leased[pid]; ok {
+		if _, ok := leased[pid]; ok || seen[pid] {
 			continue
 		}
-		if out != nil {
-			if _, ok := out[pid]; ok {
-				continue
+		seen[pid] = true
+		if at, ok := d.reconLeased.found[pid]; ok {
+			if out == nil {
+				out = maps.Clone(leased)
 			}
+			out[pid] = at
+			continue
 		}
-		at, ok, known := d.leaseOfPid(pid)
+		lookup = append(lookup, pid)
+	}
+	d.reconMu.Unlock()
+	if len(lookup) > 0 {
+		ats, known := d.leaseOfPids(lookup)
 		if !known {
 			return d.leasedPids(0)
 		}
-		if !ok {
-			continue
+		if len(ats) > 0 {
+			if out == nil {
+				out = maps.Clone(leased)
+			}
+			maps.Copy(out, ats)
+			d.reconMu.Lock()
+			// Kept only with the reading it completes: a reading made
+			// meanwhile is newer than these look-ups.
+			if d.reconLeased.at.Equal(reading) {
+				if d.reconLeased.found == nil {
+					d.reconLeased.found = map[int]leaseAt{}
+				}
+				maps.Copy(d.reconLeased.found, ats)
+			}
+			d.reconMu.Unlock()
 		}
-		if out == nil {
-			out = maps.Clone(leased)
-		}
-		out[pid] = at
 	}
 	if out == nil {
 		return leased
@@ -543,32 +569,49 @@ func (d *Daemon) resolveLeased(pids []int, leased map[int]leaseAt) map[int]lease
 // /proc/PID/cgroup's cgroup v2 line. known is false when that cannot
 // tell: no unified hierarchy (v1, or cgroups disabled).
 func (d *Daemon) leaseOfPid(pid int) (at leaseAt, ok, known bool) {
-	path, err := unifiedCgroup(d.proc, pid)
-	if err != nil {
-		return leaseAt{}, false, true // gone
+	ats, known := d.leaseOfPids([]int{pid})
+	at, ok = ats[pid]
+	return at, ok, known
+}
+
+// leaseOfPids is leaseOfPid for several pids: their /proc/PID/cgroup are
+// read first, without Daemon.mu, then matched against every placed
+// lease's cgroup in one pass under it. A pid that is gone, or in no
+// lease's cgroup, is not in the map.
+func (d *Daemon) leaseOfPids(pids []int) (ats map[int]leaseAt, known bool) {
+	paths := make(map[int]string, len(pids))
+	for _, pid := range pids {
+		if path, err := unifiedCgroup(d.proc, pid); err == nil {
+			paths[pid] = path
+		}
 	}
+	ats = map[int]leaseAt{}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	known = false
+	byPath := map[string]leaseAt{}
 	for _, in := range d.instances {
 		for _, l := range in.leases {
-			p := d.leaseUnifiedCgroup(l)
-			if p == "" {
-				continue
-			}
-			known = true
-			if path == p || strings.HasPrefix(path, p+"/") { // nested cgroups are the lease's too
-				return leaseAt{lease: l.id, inst: in.key, group: l.group}, true, true
+			if p := d.leaseUnifiedCgroup(l); p != "" {
+				byPath[p] = leaseAt{lease: l.id, inst: in.key, group: l.group}
 			}
 		}
 	}
-	if !known {
+	if len(byPath) == 0 {
 		// No lease has a cgroup v2 path: either none has a cgroup yet
 		// (then nothing is leased) or there is no unified hierarchy.
 		m, isCgroups := d.cg.(*cgroup.Cgroups)
-		known = isCgroups && m.Mode() != cgroup.ModeV1
+		return ats, isCgroups && m.Mode() != cgroup.ModeV1
 	}
-	return leaseAt{}, false, known
+	for pid, path := range paths {
+		// The lease's own cgroup or one nested in it: the lease's too.
+		for p := path; strings.HasPrefix(p, "/") && p != "/"; p = filepath.Dir(p) {
+			if at, ok := byPath[p]; ok {
+				ats[pid] = at
+				break
+			}
+		}
+	}
+	return ats, true
 }
 
 // bypassGroup is the group a process beside MPS on GPU g is reported
