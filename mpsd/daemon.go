@@ -207,14 +207,30 @@ func New(opts Options) (*Daemon, error) {
 	// The full check needs the GPUs: read the file once without them
 	// first, so a config that cannot be used is told before a GPU
 	// inventory that fails.
-	if _, err := policy.LoadFile(opts.ConfigPath, policy.Host{Users: opts.Users}); err != nil {
+	pre, err := policy.LoadFile(opts.ConfigPath, policy.Host{Users: opts.Users})
+	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	// The cgroup check (a cgroup made and removed in every hierarchy, the
+	// slowest part of New) needs only the cgroup section, which the GPUs
+	// do not change: it runs while they are inventoried and the config is
+	// checked against them. Its result is used where it was always
+	// taken, below; New never returns while it runs.
+	var cgCheck <-chan cgroupCheck
+	if pre.Cgroup.Enabled {
+		ch := make(chan cgroupCheck, 1)
+		cgCheck = ch
+		go func() { ch <- checkCgroups(opts.Cgroup, pre.Cgroup, log) }()
+		defer func() {
+			if cgCheck != nil {
+				<-cgCheck
+			}
+		}()
 	}
 	lib := opts.NVML
 	if lib == nil {
 		lib = nvml.New()
 	}
-	var err error
 	d.host, err = gpu.New(lib, log.With("component", "gpu"))
 	if err != nil {
 		return nil, fmt.Errorf("GPU inventory: %w", err)
@@ -251,20 +267,22 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d.mpsBase.Runner = opts.mpsRunner
 	if cfg.Cgroup.Enabled {
-		cc := opts.Cgroup
-		cc.Parent = cfg.Cgroup.Parent
-		cc.Logger = log.With("component", "cgroup")
-		// Checked now, made by Run under this mpsd's instance id.
-		m, err := cgroup.New(cc)
-		if err != nil {
-			return nil, fmt.Errorf("cgroups (set cgroup.enabled: false to run without isolation): %w", err)
+		var c cgroupCheck
+		if cgCheck != nil {
+			c = <-cgCheck
+			cgCheck = nil
 		}
-		// Tried now, so a user that may not make cgroups is told at
-		// start, not by every launch after READY.
-		if err := m.CheckCreate(); err != nil {
-			return nil, fmt.Errorf("%w: cgroup.enabled is true but mpsd cannot create cgroups under %s (%s): run mpsd as root, or set cgroup.enabled: false (no isolation)", ErrConfig, m.ParentDir(), errnoText(err))
+		if c.section != cfg.Cgroup {
+			// The file changed between the two reads: checked again.
+			c = checkCgroups(opts.Cgroup, cfg.Cgroup, log)
 		}
-		d.cgCfg = &cc
+		if c.newErr != nil {
+			return nil, fmt.Errorf("cgroups (set cgroup.enabled: false to run without isolation): %w", c.newErr)
+		}
+		if c.createErr != nil {
+			return nil, fmt.Errorf("%w: cgroup.enabled is true but mpsd cannot create cgroups under %s (%s): run mpsd as root, or set cgroup.enabled: false (no isolation)", ErrConfig, c.parentDir, errnoText(c.createErr))
+		}
+		d.cgCfg = &c.cfg
 	} else {
 		d.cg = cgroup.NewDisabled(log)
 	}
@@ -272,6 +290,35 @@ func New(opts Options) (*Daemon, error) {
 	d.initDurability()
 	ok = true
 	return d, nil
+}
+
+// cgroupCheck is the outcome of checkCgroups.
+type cgroupCheck struct {
+	section   policy.CgroupConfig // the config's cgroup section checked
+	cfg       cgroup.Config       // the backend's, for Run
+	newErr    error               // cgroup.New's
+	createErr error               // CheckCreate's
+	parentDir string
+}
+
+// checkCgroups checks the cgroup backend of a config's cgroup section as
+// New requires: the hierarchies are there (cgroup.New; Run makes the
+// manager under this mpsd's instance id), and mpsd may make cgroups under
+// the parent (CheckCreate), so that a user that may not is told at start,
+// not by every launch after READY.
+func checkCgroups(base cgroup.Config, section policy.CgroupConfig, log *slog.Logger) cgroupCheck {
+	cc := base
+	cc.Parent = section.Parent
+	cc.Logger = log.With("component", "cgroup")
+	c := cgroupCheck{section: section, cfg: cc}
+	m, err := cgroup.New(cc)
+	if err != nil {
+		c.newErr = err
+		return c
+	}
+	c.parentDir = m.ParentDir()
+	c.createErr = m.CheckCreate()
+	return c
 }
 
 // Close releases what New took (the GPUs' library) when Run is not to
