@@ -11,13 +11,8 @@ import (
 // (`Inference:` beside `inference:`, `Memory:` beside `memory:`). Viper
 // folds keys to lower case, so it would merge them silently and one
 // value would replace the other; an operator who wrote both meant two
-// things, and is told which lines clash. data has already been read by
-// viper, so a YAML error here is ignored (viper reported it).
-func caseCollisions(data []byte) []Problem {
-	var doc yaml.Node
-	if yaml.Unmarshal(data, &doc) != nil {
-		return nil
-	}
+// things, and is told which lines clash. doc is the file's parsed tree.
+func caseCollisions(doc *yaml.Node) []Problem {
 	var ps []Problem
 	var walk func(n *yaml.Node, path string)
 	walk = func(n *yaml.Node, path string) {
@@ -50,6 +45,6 @@ func caseCollisions(data []byte) []Problem {
 			}
 		}
 	}
-	walk(&doc, "")
+	walk(doc, "")
 	return ps
 }

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spf13/viper"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/mpsd/mpsd/internal/units"
 )
@@ -116,17 +116,30 @@ func (d *decoder) readYAML(data []byte) (map[string]any, bool) {
 		d.problem("", "line %d: a second YAML document; a config is one document", line)
 		return nil, false
 	}
-	if ps := caseCollisions(data); len(ps) > 0 {
+	// Parsed once: the same tree is checked for keys that differ only in
+	// case and is what viper reads (as its own ReadConfig would decode
+	// it).
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		d.problem("", "%v", err)
+		return nil, false
+	}
+	if ps := caseCollisions(&doc); len(ps) > 0 {
 		d.problems = append(d.problems, ps...)
 		return nil, false
 	}
-	v := viper.NewWithOptions(viper.KeyDelimiter(keyDelim))
-	v.SetConfigType("yaml")
-	if err := v.ReadConfig(bytes.NewReader(data)); err != nil {
-		var pe viper.ConfigParseError
-		if errors.As(err, &pe) {
-			err = pe.Unwrap()
+	top := map[string]any{}
+	if doc.Kind != 0 {
+		if err := doc.Decode(&top); err != nil {
+			d.problem("", "%v", err)
+			return nil, false
 		}
+	}
+	if top == nil { // a document of null
+		top = map[string]any{}
+	}
+	v := viper.NewWithOptions(viper.KeyDelimiter(keyDelim))
+	if err := v.MergeConfigMap(top); err != nil {
 		d.problem("", "%v", err)
 		return nil, false
 	}
