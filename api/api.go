@@ -172,6 +172,13 @@ type LeaseRequest struct {
 	// JobID names the batch job the lease belongs to (a Slurm job id, a
 	// pod), for status and logs; mpsd does not interpret it.
 	JobID string `json:"job_id,omitempty"`
+	// WillAttach says the client attaches its command's process once
+	// granted (mps-launch does): mpsd then makes the lease's cgroup at the
+	// grant, while the grant travels and the command starts, so that the
+	// attach only moves the process. Without it the cgroup is made at the
+	// first attach, and a lease nothing is attached to (a device plugin's,
+	// an API client's) costs no cgroup.
+	WillAttach bool `json:"will_attach,omitempty"`
 }
 
 // Bounds of the batch-system fields of a LeaseRequest.

@@ -403,6 +403,8 @@ func (o Options) LeaseRequest() api.LeaseRequest {
 		Command:   o.Command,
 		GPUSelect: o.GPUSelect,
 		JobID:     o.JobID,
+		// mps-launch attaches its command as soon as it is granted.
+		WillAttach: true,
 	}
 	if o.Requeue >= 0 {
 		n := o.Requeue
