@@ -175,6 +175,13 @@ type LeaseRequest struct {
 	// JobID names the batch job the lease belongs to (a Slurm job id, a
 	// pod), for status and logs; mpsd does not interpret it.
 	JobID string `json:"job_id,omitempty"`
+	// WillAttach says the client attaches its command's process once
+	// granted (mps-launch does): mpsd then makes the lease's cgroup at the
+	// grant, while the grant travels and the command starts, so that the
+	// attach only moves the process. Without it the cgroup is made at the
+	// first attach, and a lease nothing is attached to (a device plugin's,
+	// an API client's) costs no cgroup.
+	WillAttach bool `json:"will_attach,omitempty"`
 	// Procs is how many CUDA processes the lease runs (a server with
 	// that many workers): its SM share is divided among them, each
 	// process getting CUDA_MPS_ACTIVE_THREAD_PERCENTAGE sm/procs rounded

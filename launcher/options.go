@@ -419,6 +419,8 @@ func (o Options) LeaseRequest() api.LeaseRequest {
 		GPUSelect: o.GPUSelect,
 		JobID:     o.JobID,
 		Procs:     o.Procs,
+		// mps-launch attaches its command as soon as it is granted.
+		WillAttach: true,
 	}
 	if o.Requeue >= 0 {
 		n := o.Requeue

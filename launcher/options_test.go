@@ -259,16 +259,16 @@ func TestOptionsLeaseRequest(t *testing.T) {
 		o    Options
 		want api.LeaseRequest
 	}{
-		{"defaults", Options{Requeue: -1, Command: []string{"a"}}, api.LeaseRequest{Command: []string{"a"}}},
+		{"defaults", Options{Requeue: -1, Command: []string{"a"}}, api.LeaseRequest{WillAttach: true, Command: []string{"a"}}},
 		{"everything", Options{SM: 30, Mem: units.GiB, GPUs: 2, Group: "g", Requeue: 2, Wait: time.Second, Command: []string{"a", "b"}},
-			api.LeaseRequest{SM: 30, MemBytes: units.GiB, GPUs: 2, Group: "g", RequeueAttempts: &two, WaitMillis: 1000, Command: []string{"a", "b"}}},
-		{"no requeue is an explicit 0", Options{Requeue: 0, Command: []string{"a"}}, api.LeaseRequest{RequeueAttempts: &zero, Command: []string{"a"}}},
-		{"sub-millisecond wait rounds up", Options{Requeue: -1, Wait: time.Microsecond, Command: []string{"a"}}, api.LeaseRequest{WaitMillis: 1, Command: []string{"a"}}},
-		{"1.5ms rounds up", Options{Requeue: -1, Wait: 1500 * time.Microsecond, Command: []string{"a"}}, api.LeaseRequest{WaitMillis: 2, Command: []string{"a"}}},
-		{"no-wait", Options{Requeue: -1, NoWait: true, Command: []string{"a"}}, api.LeaseRequest{NoWait: true, Command: []string{"a"}}},
+			api.LeaseRequest{WillAttach: true, SM: 30, MemBytes: units.GiB, GPUs: 2, Group: "g", RequeueAttempts: &two, WaitMillis: 1000, Command: []string{"a", "b"}}},
+		{"no requeue is an explicit 0", Options{Requeue: 0, Command: []string{"a"}}, api.LeaseRequest{WillAttach: true, RequeueAttempts: &zero, Command: []string{"a"}}},
+		{"sub-millisecond wait rounds up", Options{Requeue: -1, Wait: time.Microsecond, Command: []string{"a"}}, api.LeaseRequest{WillAttach: true, WaitMillis: 1, Command: []string{"a"}}},
+		{"1.5ms rounds up", Options{Requeue: -1, Wait: 1500 * time.Microsecond, Command: []string{"a"}}, api.LeaseRequest{WillAttach: true, WaitMillis: 2, Command: []string{"a"}}},
+		{"no-wait", Options{Requeue: -1, NoWait: true, Command: []string{"a"}}, api.LeaseRequest{WillAttach: true, NoWait: true, Command: []string{"a"}}},
 		{"GPUs and job", Options{Requeue: -1, GPUSelect: []string{"1", "GPU-ab"}, JobID: "42.0", Command: []string{"a"}},
-			api.LeaseRequest{GPUSelect: []string{"1", "GPU-ab"}, JobID: "42.0", Command: []string{"a"}}},
-		{"procs", Options{Requeue: -1, SM: 30, Procs: 4, Command: []string{"a"}}, api.LeaseRequest{SM: 30, Procs: 4, Command: []string{"a"}}},
+			api.LeaseRequest{WillAttach: true, GPUSelect: []string{"1", "GPU-ab"}, JobID: "42.0", Command: []string{"a"}}},
+		{"procs", Options{Requeue: -1, SM: 30, Procs: 4, Command: []string{"a"}}, api.LeaseRequest{WillAttach: true, SM: 30, Procs: 4, Command: []string{"a"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := tc.o.LeaseRequest()

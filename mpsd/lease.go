@@ -31,7 +31,10 @@ type lease struct {
 	req     policy.Request
 	command []string
 	jobID   string
-	log     *slog.Logger
+	// willAttach: the client said it attaches a process once granted
+	// (api.LeaseRequest.WillAttach); the grant then makes the cgroup.
+	willAttach bool
+	log        *slog.Logger
 	// state is where the lease is in its life (leasestate.go); it
 	// changes only through step.
 	state leaseState
@@ -288,7 +291,7 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 	r.Seq = d.seq
 	now := time.Now()
 	l := &lease{
-		id: newLeaseID(name), group: name, uid: c.UID, req: r, command: req.Command, jobID: req.JobID,
+		id: newLeaseID(name), group: name, uid: c.UID, req: r, command: req.Command, jobID: req.JobID, willAttach: req.WillAttach,
 		requeue: requeue, attempt: 1, created: now, queuedAt: now, bound: true, box: newMailbox(d.log), log: d.log,
 		user: d.users.cached(c.UID),
 	}
@@ -468,7 +471,9 @@ func (d *Daemon) grantLocked(l *lease, in *instance) {
 	l.cgMu.Unlock()
 	if eff&effTellGranted != 0 {
 		l.box.push(api.Event{Type: api.EventGranted, Lease: l.apiLeaseLocked()})
-		d.spawn(func() { d.prepareCgroup(l) })
+		if l.willAttach {
+			d.spawn(func() { d.prepareCgroup(l) })
+		}
 	}
 	d.observeGrantLocked(l)
 	in.log.Info("lease granted", l.logAttrs("attempt", l.attempt, "sm", l.req.SM, "mem", l.req.Mem, "waited", l.grantedAt.Sub(l.queuedAt))...)
@@ -678,18 +683,24 @@ func (d *Daemon) killLease(l *lease) error {
 	}
 	l.killing = true
 	l.cgMu.Unlock()
-	if p, err := cg.Pids(); err == nil {
-		l.cgMu.Lock()
-		l.pids = p
-		l.cgMu.Unlock()
-	}
-	ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
-	err := cg.Kill(ctx)
-	cancel()
+	// Most leases end empty (the command exited and the launcher then
+	// released): Delete removes an empty cgroup at once, and refuses a
+	// populated one, which is then killed and deleted.
+	err := cg.Delete()
 	if err != nil {
-		err = fmt.Errorf("kill lease %s: %w", l.id, err)
-	} else if err = cg.Delete(); err != nil {
-		err = fmt.Errorf("delete cgroup of lease %s: %w", l.id, err)
+		if p, err := cg.Pids(); err == nil {
+			l.cgMu.Lock()
+			l.pids = p
+			l.cgMu.Unlock()
+		}
+		ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
+		err = cg.Kill(ctx)
+		cancel()
+		if err != nil {
+			err = fmt.Errorf("kill lease %s: %w", l.id, err)
+		} else if err = cg.Delete(); err != nil {
+			err = fmt.Errorf("delete cgroup of lease %s: %w", l.id, err)
+		}
 	}
 	l.cgMu.Lock()
 	l.killing = false
@@ -700,8 +711,9 @@ func (d *Daemon) killLease(l *lease) error {
 	return err
 }
 
-// prepareCgroup creates the cgroup of a lease just granted, ahead of the
-// attach of its command: the creation (a few directories in every
+// prepareCgroup creates the cgroup of a lease just granted whose client
+// said it will attach (api.LeaseRequest.WillAttach), ahead of the attach
+// of its command: the creation (a few directories in every
 // hierarchy, half a millisecond or more) then overlaps the state write,
 // the granted event's way to mps-launch and the attach request, and the
 // attach, on the launch's critical path, only moves the process. It
