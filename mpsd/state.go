@@ -104,6 +104,9 @@ type savedLease struct {
 	// Adopted: re-adopted from its cgroup, which no state file recorded
 	// (durability.go); its launcher's attempt is taken at its resume.
 	Adopted bool `json:"adopted,omitempty"`
+	// Procs: the processes its sm is divided among (LeaseRequest.Procs),
+	// when more than 1; absent, 1.
+	Procs int `json:"procs,omitempty"`
 }
 
 // store writes the state file atomically (see write) from a snapshot
@@ -411,7 +414,7 @@ func decodeState(b []byte) (savedState, error) {
 		if err := api.ValidLeaseID(l.ID); err != nil {
 			return savedState{}, fmt.Errorf("lease %q: %w", l.ID, err)
 		}
-		if l.Attempt < 1 || l.SM < 1 || l.SM > 100 || l.MemBytes < 0 || l.GPUs < 1 {
+		if l.Attempt < 1 || l.SM < 1 || l.SM > 100 || l.MemBytes < 0 || l.GPUs < 1 || l.Procs < 0 || l.Procs > l.SM {
 			return savedState{}, fmt.Errorf("lease %s: values out of range", l.ID)
 		}
 	}
@@ -444,6 +447,9 @@ func (d *Daemon) snapshot() savedState {
 			Attempt: l.attempt, Requeue: l.requeue, Command: l.command, Created: l.created, Queued: queued,
 			Only: l.req.Only, JobID: l.jobID, RevokedFor: l.revokedFor, Ran: l.ranAttempt,
 			Revoking: l.state == leaseRevoking, Adopted: d.dur.orphans[l.id], Granted: l.grantedAt,
+		}
+		if l.req.Procs > 1 {
+			sl.Procs = l.req.Procs
 		}
 		if l.grace != nil {
 			sl.AwaySince = l.awaySince
@@ -633,7 +639,7 @@ func (d *Daemon) adoptLeases(saved savedState) {
 		in, ok := d.instances[sl.Instance]
 		l := &lease{
 			id: sl.ID, group: sl.Group, uid: sl.UID, command: sl.Command, jobID: sl.JobID, revokedFor: sl.RevokedFor,
-			req:     policy.Request{Group: sl.Group, UID: sl.UID, SM: sl.SM, Mem: sl.MemBytes, GPUs: sl.GPUs, Priority: sl.Priority, Seq: sl.Seq, Only: sl.Only},
+			req:     policy.Request{Group: sl.Group, UID: sl.UID, SM: sl.SM, Mem: sl.MemBytes, GPUs: sl.GPUs, Procs: max(sl.Procs, 1), Priority: sl.Priority, Seq: sl.Seq, Only: sl.Only},
 			requeue: sl.Requeue, attempt: sl.Attempt, created: sl.Created, queuedAt: sl.Created, box: newMailbox(d.log),
 			awaySince: sl.AwaySince, ranAttempt: sl.Ran, log: d.log, grantedAt: sl.Granted,
 		}

@@ -177,6 +177,10 @@ func (l *savedLease) appendJSON(b []byte) ([]byte, error) {
 	if l.Adopted {
 		b = append(b, `,"adopted":true`...)
 	}
+	if l.Procs != 0 {
+		b = append(b, `,"procs":`...)
+		b = strconv.AppendInt(b, int64(l.Procs), 10)
+	}
 	return append(b, '}'), nil
 }
 

@@ -23,6 +23,7 @@ func fullState() savedState {
 			Command: []string{"python", "serve.py", `--name="a<b>&c"`, "tab\there", "\x00\x1f\x7f", "nl\n", "\xff\xfe", "\u2028\u2029", "é😀"},
 			Created: t0, Only: []int{0, 3}, JobID: "slurm-1234", RevokedFor: "server crashed (Xid 79)",
 			AwaySince: t0.Add(time.Second), Ran: 2, Granted: t0.Add(2 * time.Second), Revoking: true, Queued: true, Adopted: true,
+			Procs: 3,
 		}, {ID: "l-2", Group: "g", SM: 1, Attempt: 1, GPUs: 1, Created: t0.In(time.FixedZone("x", 3600))}},
 		Quarantined:       []string{"g/0", "g/1"},
 		QuarantineReasons: map[string]string{"g/1": "Xid 79", "g/0": "daemon \"hung\""},
@@ -64,7 +65,7 @@ func assertSameAsJSON(t *testing.T, st savedState) {
 
 func validLeases(st savedState) bool {
 	for _, l := range st.Leases {
-		if l.Attempt < 1 || l.SM < 1 || l.SM > 100 || l.MemBytes < 0 || l.GPUs < 1 {
+		if l.Attempt < 1 || l.SM < 1 || l.SM > 100 || l.MemBytes < 0 || l.GPUs < 1 || l.Procs < 0 || l.Procs > l.SM {
 			return false
 		}
 	}
@@ -94,7 +95,7 @@ func TestStateEncodingIsJSONs(t *testing.T) {
 		big.Leases = append(big.Leases, savedLease{
 			ID: "l-" + strings.Repeat("x", i%7), Group: "g", Instance: "g/1", UID: r.Uint32(), SM: 1 + r.IntN(100),
 			MemBytes: r.Int64(), GPUs: 1, Seq: r.Uint64(), Attempt: 1, Created: time.Now(), Granted: time.Now(),
-			Command: []string{"./infer", "--batch", strings.Repeat("é", i%5)}, Queued: i%2 == 0,
+			Command: []string{"./infer", "--batch", strings.Repeat("é", i%5)}, Queued: i%2 == 0, Procs: i % 3,
 		})
 	}
 	assertSameAsJSON(t, big)

@@ -576,7 +576,8 @@ func (c *LeaseConn) WaitReleased(t testing.TB) {
 }
 
 // Granted is a granted event for the request, as mpsd would make it: the
-// request's sm and mem (or 25% and 1G), one GPU, and the MPS environment.
+// request's sm and mem (or 25% and 1G), one GPU, and the MPS environment
+// (the thread percentage sm divided among the request's procs).
 func Granted(req api.LeaseRequest, id string, attempt int) api.Event {
 	sm, mem := req.SM, req.MemBytes
 	if sm == 0 {
@@ -590,12 +591,14 @@ func Granted(req api.LeaseRequest, id string, attempt int) api.Event {
 		group = "default"
 	}
 	limit, _ := units.MPSLimit(mem)
+	procs := max(req.Procs, 1)
 	return api.Event{Type: api.EventGranted, Lease: &api.Lease{
 		ID: id, Group: group, GPUIndexes: []int{0}, GPUUUIDs: []string{"GPU-fake-0"},
-		SM: sm, MemBytes: mem, Attempt: attempt,
+		SM: sm, MemBytes: mem, Attempt: attempt, Procs: req.Procs,
 		Env: map[string]string{
 			api.EnvPipeDirectory:    "/run/mpsd/" + group + "/GPU-fake-0/pipe",
-			api.EnvThreadPercentage: strconv.Itoa(sm),
+			api.EnvThreadPercentage: strconv.Itoa(sm / procs),
+			api.EnvProcs:            strconv.Itoa(procs),
 			api.EnvPinnedMemLimit:   "0=" + limit,
 			"CUDA_VISIBLE_DEVICES":  "GPU-fake-0",
 			api.EnvLeaseID:          id,
