@@ -206,6 +206,11 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 	}
 	d.mu.Unlock()
 
+	// A process that started after this moment is not one the lists
+	// below name, whatever its pid: the one they named ended and its pid
+	// was taken again (pids wrap), by a process that may be another
+	// lease's, which no finding may touch.
+	listedAt, clockErr := bootTicks()
 	procs := map[int][]gpu.ProcessMemory{}
 	// NVML's MPS client list tells which GPU a client uses, not which
 	// server: on a GPU of several instances, a client event reads MPS's
@@ -283,6 +288,11 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 		h, facts, err := verifyProc(d.proc, f.pid)
 		if err != nil {
 			continue // gone: nothing to report
+		}
+		if clockErr == nil && h.start > listedAt {
+			in.log.Debug("reconcile: a listed pid names a process started since; not the one listed", "pid", f.pid, "kind", f.kind)
+			h.close()
+			continue
 		}
 		// Where the process is now, read while the pidfd holds it: a
 		// reading of the cgroups from before it was attached (or before
