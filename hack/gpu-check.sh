@@ -361,7 +361,8 @@ print(" ".join(str(p) for p in sorted(p for l in json.load(sys.stdin)["leases"] 
 /^INSTANCES/ { s = "i"; next }
 /^RUNNING/ { s = "l"; next }
 /^QUEUE/ { s = "q"; next }
-s == "l" && $1 != "ID" && $2 == g && $10 != "-" { n = split($10, a, ","); for (i = 1; i <= n; i++) print a[i] }' | sort -n | paste -sd' ' -
+s == "l" && $1 == "ID" { for (i = 1; i <= NF; i++) if ($i == "PIDS") c = i; next }
+s == "l" && c && $2 == g && $c ~ /^[0-9][0-9,]*$/ { n = split($c, a, ","); for (i = 1; i <= n; i++) print a[i] }' | sort -n | paste -sd' ' -
 		;;
 	esac
 }
