@@ -66,6 +66,9 @@ const (
 	EnvLeaseID          = "MPSD_LEASE_ID"
 	EnvGroup            = "MPSD_GROUP"
 	EnvAttempt          = "MPSD_ATTEMPT"
+	// EnvProcs is the number of processes the lease's SM share is divided
+	// among (LeaseRequest.Procs; 1 unless it said more).
+	EnvProcs = "MPSD_PROCS"
 )
 
 const (
@@ -172,6 +175,20 @@ type LeaseRequest struct {
 	// JobID names the batch job the lease belongs to (a Slurm job id, a
 	// pod), for status and logs; mpsd does not interpret it.
 	JobID string `json:"job_id,omitempty"`
+	// WillAttach says the client attaches its command's process once
+	// granted (mps-launch does): mpsd then makes the lease's cgroup at the
+	// grant, while the grant travels and the command starts, so that the
+	// attach only moves the process. Without it the cgroup is made at the
+	// first attach, and a lease nothing is attached to (a device plugin's,
+	// an API client's) costs no cgroup.
+	WillAttach bool `json:"will_attach,omitempty"`
+	// Procs is how many CUDA processes the lease runs (a server with
+	// that many workers): its SM share is divided among them, each
+	// process getting CUDA_MPS_ACTIVE_THREAD_PERCENTAGE sm/procs rounded
+	// down, and each counts as one of the instance's clients. 1 to
+	// MaxProcs, and at most the lease's sm (so no process gets under 1%);
+	// 0 means 1.
+	Procs int `json:"procs,omitempty"`
 }
 
 // Bounds of the batch-system fields of a LeaseRequest.
@@ -179,6 +196,11 @@ const (
 	MaxGPUSelect = 64
 	MaxJobIDLen  = 128
 )
+
+// MaxProcs bounds LeaseRequest.Procs: MPS serves at most 48 clients per
+// GPU (policy.MaxClientsLimit), so a lease cannot run more processes on
+// one; a group's max_clients may bound it lower.
+const MaxProcs = 48
 
 // Validate checks the ranges the protocol fixes; the group's own limits
 // are mpsd's policy, not checked here. The error wraps ErrInvalid and names
@@ -219,6 +241,11 @@ func (r LeaseRequest) Validate() error {
 		}
 	} else if r.Attempt != 0 {
 		why = append(why, "attempt is only sent with resume_lease_id")
+	}
+	if r.Procs < 0 || r.Procs > MaxProcs {
+		why = append(why, fmt.Sprintf("procs %d: want 1 to %d processes (MPS serves at most %d clients per GPU), or 0 for 1", r.Procs, MaxProcs, MaxProcs))
+	} else if r.SM > 0 && r.Procs > r.SM {
+		why = append(why, fmt.Sprintf("procs %d is more than sm %d: each process would get under 1%% of the SMs", r.Procs, r.SM))
 	}
 	if len(r.GPUSelect) > MaxGPUSelect {
 		why = append(why, fmt.Sprintf("gpu_select has %d entries, more than %d", len(r.GPUSelect), MaxGPUSelect))
@@ -264,6 +291,10 @@ type Lease struct {
 	MemBytes   int64             `json:"mem_bytes"`
 	Attempt    int               `json:"attempt"`
 	Env        map[string]string `json:"env"`
+	// Procs is the request's Procs (absent: 1): SM is divided among that
+	// many processes, and Env's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is each
+	// one's part.
+	Procs int `json:"procs,omitempty"`
 }
 
 // Validate checks the lease's id, ranges and environment.
@@ -282,6 +313,9 @@ func (l *Lease) Validate() error {
 	}
 	if l.Attempt < 1 {
 		return fmt.Errorf("%w: lease %s: attempt %d: attempts count from 1", ErrInvalid, l.ID, l.Attempt)
+	}
+	if l.Procs < 0 || l.Procs > MaxProcs || l.Procs > l.SM {
+		return fmt.Errorf("%w: lease %s: procs %d: want 1 to %d, at most its sm %d", ErrInvalid, l.ID, l.Procs, MaxProcs, l.SM)
 	}
 	for k, v := range l.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
@@ -489,6 +523,10 @@ type InstanceStatus struct {
 	// none). Empty when unknown.
 	DriverVersion string `json:"driver_version,omitempty"`
 	MPSVersion    string `json:"mps_version,omitempty"`
+	// ClientsAllocated is the clients the running leases are charged of
+	// MaxClients: one per declared process (LeaseRequest.Procs), where
+	// Clients counts the leases. An mpsd before it sends none.
+	ClientsAllocated int `json:"clients_allocated,omitempty"`
 }
 
 // Lease states.
@@ -526,6 +564,18 @@ type LeaseStatus struct {
 	// lease's processes, summed over them, on the lease's GPU where it is
 	// highest (what is held to MemBytes); absent until mpsd has read it.
 	MemUsedBytes *uint64 `json:"mem_used_bytes,omitempty"`
+	// Procs is how many processes SM is divided among (LeaseRequest.Procs,
+	// 1 unless it said more); SMPerProcess each one's part, the
+	// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE its processes are given (SM/Procs
+	// rounded down). An mpsd before them sends neither: read 0 as 1 and SM.
+	Procs        int `json:"procs,omitempty"`
+	SMPerProcess int `json:"sm_per_process,omitempty"`
+	// Clients (running) is how many MPS client processes of the lease
+	// mpsd last saw on its GPUs (NVML's MPS clients and MPS's client lists,
+	// joined with the lease's cgroup); absent until mpsd has looked. More
+	// than Procs means the lease runs more workers than it declared, each
+	// with SMPerProcess: together they can take more than SM.
+	Clients *int `json:"clients,omitempty"`
 }
 
 // AdminTarget is the body of PathDrain and PathResume: the instances of

@@ -43,8 +43,11 @@
 //     loses a lease a client was told of). Lease.Env is the MPS environment
 //     of the workload (CUDA_MPS_PIPE_DIRECTORY,
 //     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,
-//     MPSD_LEASE_ID, MPSD_GROUP, MPSD_ATTEMPT); the client adds it to the
-//     caller's environment. Attempts count from 1.
+//     MPSD_LEASE_ID, MPSD_GROUP, MPSD_ATTEMPT, MPSD_PROCS); the client adds
+//     it to the caller's environment. Attempts count from 1. A lease of
+//     LeaseRequest.Procs N processes has its SM divided among them: the
+//     thread percentage of Env is each process's part, sm/N rounded down
+//     (Lease.Procs says N).
 //   - revoked{reason}: a fault took the lease's instance down. mpsd sends
 //     this before it stops the lease's processes (terminate_client, then
 //     killing the lease's cgroup), so a client that sees its command die
@@ -85,6 +88,18 @@
 // Only a socket that is not there at all, before it was ever found, fails
 // at once (exit 125): that is no mpsd, or another socket meant.
 //
+// Several processes: LeaseRequest.Procs declares how many CUDA processes
+// the lease runs (a server with N workers, each an MPS client). mpsd
+// admits the lease's whole sm and mem as for one, charges it N of the
+// instance's clients (max_clients), and gives every process the thread
+// percentage sm/N rounded down; N above sm, above MaxProcs or above the
+// group's max_clients is refused with the bound. MPS limits each process:
+// a lease that starts more processes than it declared gets sm/N for each
+// of them, so together they can take more than sm; status shows, per
+// running lease, the MPS clients mpsd saw (LeaseStatus.Clients) beside
+// Procs. The memory limit is the lease's whole mem for each process, and
+// mpsd holds the sum over the lease's processes to it.
+//
 // Batch systems: LeaseRequest.GPUSelect confines a lease to the GPUs a job
 // was given (NVML indexes, UUIDs or prefixes; unknown ones are refused with
 // CodeRefused); LeaseRequest.JobID tags it with the job, shown in status.
@@ -112,8 +127,10 @@
 // says so in the release notes. Queued leases carry their Position in
 // their group's queue (the order mpsd grants in), their QueuedSince and
 // the WaitReason their launcher's queued event gives; running ones their
-// RunningSince (this attempt's grant); both carry the request's Command
-// and JobID. Instances carry Drained and, while quarantined, the
+// RunningSince (this attempt's grant), the device memory NVML reports for
+// their processes (MemUsedBytes) and the MPS clients seen among them
+// (Clients); both carry the request's Command and JobID, their SM share
+// and the Procs it is divided among (SMPerProcess each). Instances carry Drained and, while quarantined, the
 // QuarantineReason. What it shows depends on who asks: an admin (admins in the config) sees every
 // lease with its uid, pids and job id, and every instance with its daemon
 // and server pids. Anyone else sees only its own leases (in full), the

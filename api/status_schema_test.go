@@ -17,15 +17,18 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 // file shows each key of schema version StatusSchemaVersion.
 func fullStatus() Status {
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	clients := 5
 	return Status{
 		Instances: []InstanceStatus{{GPUUUID: "GPU-1", GPUIndex: 0, Group: "g", State: InstanceQuarantined, DaemonPID: 10, ServerPIDs: []int{11}, Clients: 1, Restarts: 5,
 			GPUIndexes: []int{0}, GPUUUIDs: []string{"GPU-1"}, SMAllocated: 30, SMBudget: 100, MemAllocatedBytes: 1, MemBudgetBytes: 2, MaxClients: 48,
-			Drained: true, QuarantineReason: "5 failures in 10m0s; the last: MPS server exited"}},
+			Drained: true, QuarantineReason: "5 failures in 10m0s; the last: MPS server exited", ClientsAllocated: 4}},
 		Leases: []LeaseStatus{
 			{ID: "l", Group: "g", GPUIndexes: []int{0}, UID: 1001, PIDs: []int{12}, SM: 30, MemBytes: 1, Attempt: 2, State: LeaseRunning,
-				JobID: "42", Command: []string{"python", "train.py"}, RunningSince: at.Add(-time.Minute)},
+				JobID: "42", Command: []string{"python", "train.py"}, RunningSince: at.Add(-time.Minute),
+				Procs: 4, SMPerProcess: 7, Clients: &clients},
 			{ID: "m", Group: "g", GPUIndexes: []int{}, UID: 1002, PIDs: []int{}, SM: 10, MemBytes: 1, Attempt: 1, State: LeaseQueued,
-				Command: []string{"true"}, QueuedSince: at.Add(-time.Second), Position: 1, WaitReason: "waiting for room; GPU 0 quarantined"},
+				Command: []string{"true"}, QueuedSince: at.Add(-time.Second), Position: 1, WaitReason: "waiting for room; GPU 0 quarantined",
+				Procs: 1, SMPerProcess: 10},
 		},
 		Queue:         map[string]int{"g": 1},
 		Running:       map[string]int{"g": 1},

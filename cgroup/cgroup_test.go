@@ -242,6 +242,15 @@ func TestAttachNestedKillDelete(t *testing.T) {
 		if err := l.Delete(); !errors.Is(err, ErrNotEmpty) {
 			t.Fatalf("Delete with processes = %v, want ErrNotEmpty", err)
 		}
+		// The refused Delete removed nothing: the lease, its limits and
+		// its nested cgroup are all still there.
+		for _, r := range []string{rel, nestedRel} {
+			for _, d := range m.dirs(r) {
+				if !exists(d.path) {
+					t.Errorf("%s: %s removed by a Delete refused for its processes", d.hierarchy, d.path)
+				}
+			}
+		}
 		mustKill(t, l)
 		for _, p := range []*proc{outer, inner} {
 			var ee *exec.ExitError

@@ -117,18 +117,20 @@ func (l *lease) Kill(ctx context.Context) error {
 func (l *lease) Delete() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	pids, err := l.pids()
-	switch {
-	case errors.Is(err, ErrNotExist):
-	case err != nil:
-		return err
-	case len(pids) > 0:
-		return fmt.Errorf("cgroup: delete %s: %d processes, first %d: %w", l.m.memberDir(l.rel), len(pids), pids[0], ErrNotEmpty)
-	}
 	l.m.mu.Lock()
 	defer l.m.mu.Unlock()
-	if err := l.remove(); err != nil {
-		return err
+	if !l.rmdirs() {
+		pids, err := l.pids()
+		switch {
+		case errors.Is(err, ErrNotExist):
+		case err != nil:
+			return err
+		case len(pids) > 0:
+			return fmt.Errorf("cgroup: delete %s: %d processes, first %d: %w", l.m.memberDir(l.rel), len(pids), pids[0], ErrNotEmpty)
+		}
+		if err := l.remove(); err != nil {
+			return err
+		}
 	}
 	// The group directory goes with its last lease; the parent may be a
 	// delegated subtree mpsd does not own, so it stays.
@@ -140,6 +142,22 @@ func (l *lease) Delete() error {
 	}
 	l.m.log.Debug("lease cgroup deleted", "lease", l.id.String())
 	return nil
+}
+
+// rmdirs removes the lease directory from every hierarchy, membership
+// last, with one rmdir each, and says whether all are gone. The kernel
+// refuses to remove a cgroup that holds a process or a cgroup (EBUSY), so
+// this cannot lose a process that forks meanwhile; on the first refusal
+// it stops, and Delete looks at what is left (most leases end empty, and
+// are so removed without reading their directories).
+func (l *lease) rmdirs() bool {
+	dirs := l.m.dirs(l.rel)
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := unix.Rmdir(dirs[i].path); err != nil && !errors.Is(err, unix.ENOENT) {
+			return false
+		}
+	}
+	return true
 }
 
 // remove removes the lease directory from every hierarchy, membership last

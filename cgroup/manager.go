@@ -243,6 +243,15 @@ func (m *Cgroups) Create(id LeaseID, lim Limits) (Lease, error) {
 }
 
 func (m *Cgroups) create(rel string, lim Limits) error {
+	if lim == (Limits{}) {
+		// Nothing to write: the cgroup is its directories, one mkdir in
+		// each hierarchy (what the library would do, less its walk up
+		// the path and its writes of nothing). Its group directory
+		// missing, it goes the library's way, which makes parents.
+		if done, err := m.mkdirs(rel); done {
+			return err
+		}
+	}
 	if m.v2 != nil {
 		res := &cgroup2.Resources{}
 		if m.v1 == nil {
@@ -259,6 +268,25 @@ func (m *Cgroups) create(rel string, lim Limits) error {
 		return m.v1.create(rel, lim)
 	}
 	return nil
+}
+
+// mkdirs makes rel in every hierarchy, membership first, with one mkdir
+// each; done is false, with nothing made, when the parent is missing in
+// the first hierarchy. A directory already there is taken, as MkdirAll
+// takes it (cpu and cpuacct are one directory where they share a
+// hierarchy; Create has checked that the membership one is new).
+func (m *Cgroups) mkdirs(rel string) (done bool, err error) {
+	for i, d := range m.dirs(rel) {
+		err := unix.Mkdir(d.path, 0o755)
+		switch {
+		case err == nil, errors.Is(err, unix.EEXIST):
+		case i == 0 && errors.Is(err, unix.ENOENT):
+			return false, nil
+		default:
+			return true, fmt.Errorf("cgroup: %s: create %s: %w", d.hierarchy, d.path, err)
+		}
+	}
+	return true, nil
 }
 
 // Open implements Manager.

@@ -2,8 +2,9 @@
 # hack/gpu-check.sh: check mpsd on a real GPU host, in one prepared run of
 # about a minute (at most 5).
 #
-# mpsd runs with real NVML and NVIDIA's real MPS: two tenant groups, alpha
-# and beta, each with its own MPS control daemon on GPU 0. The script
+# mpsd runs with real NVML and NVIDIA's real MPS: tenant groups alpha, beta
+# and delta (gamma too as root, step 6), each with its own MPS control
+# daemon on GPU 0. The script
 #   1. compiles two tiny CUDA programs with nvcc (hack/cuda/gpu_check_client.cu,
 #      which reads its SM count and memory, allocates and spins, and
 #      hack/cuda/gpu_check_fault.cu, which triggers an illegal-address fault);
@@ -30,7 +31,19 @@
 #   6. step 7 (hack/gpu-check-mps.sh): the versions mpsd reports, the client
 #      priority a lease gets and clients with either priority, and, as
 #      root, the per-server caps of an ACTIVE server of a non-root owner
-#      (a stranger's and the owner's attempts to lift them).
+#      (a stranger's and the owner's attempts to lift them);
+#   7. step 8 (hack/gpu-check-limits.sh), in a group of its own, delta
+#      (memory_grace 2s, reconcile: terminate), whose clients run as a
+#      non-root uid: the memory mpsd reads through NVML for a lease whose
+#      client holds 1 GiB, and whether NVML lists MPS clients' pids or only
+#      the server's (RECORD); a command under `mps-launch --mem 2G` that
+#      sets CUDA_MPS_PINNED_DEVICE_MEM_LIMIT itself with an entry for a
+#      device it cannot see (MPS then drops every pinned limit) and holds
+#      3 GiB: MPS refuses it or mpsd revokes the lease ("memory limit
+#      exceeded", exit 125), and what a raw client with that entry gets
+#      (RECORD); a client started on delta's pipe directory without
+#      mps-launch is reported and ended while a leased bystander of the
+#      same server runs on.
 #
 # Usage, on the GPU host, from a checkout where `make build` has made bin/
 # (the host needs no Go):
@@ -45,7 +58,7 @@
 # It uses GPU 0 only, in its own directories under /tmp (MPS socket paths
 # are limited to 107 bytes), never touches MPS's default directories, and
 # never changes the GPU's compute mode or resets it. However it ends it stops
-# mpsd, the launchers and clients, quits both groups' MPS control daemons,
+# mpsd, the launchers and clients, quits every group's MPS control daemon,
 # removes its cgroups and its temporary directories. One thing it may change
 # on the host, and undoes on exit: mpsd passes only PATH, HOME, LANG, TZ and
 # LC_* to the MPS daemons, so when libcuda.so.1 is found only through
@@ -174,6 +187,7 @@ cleanup() {
 	for p in "${termed[@]}"; do
 		stop_pid "$p" "$BIN/mps-launch"
 	done
+	declare -F limits_cleanup >/dev/null && limits_cleanup # step 8's client without a launcher
 	# SIGTERM stops mpsd only; its MPS daemons run on by design.
 	if [[ -n $MPSD_PID ]] && kill -0 "$MPSD_PID" 2>/dev/null; then
 		kill -TERM "$MPSD_PID" 2>/dev/null
@@ -347,7 +361,8 @@ print(" ".join(str(p) for p in sorted(p for l in json.load(sys.stdin)["leases"] 
 /^INSTANCES/ { s = "i"; next }
 /^RUNNING/ { s = "l"; next }
 /^QUEUE/ { s = "q"; next }
-s == "l" && $1 != "ID" && $2 == g && $10 != "-" { n = split($10, a, ","); for (i = 1; i <= n; i++) print a[i] }' | sort -n | paste -sd' ' -
+s == "l" && $1 == "ID" { for (i = 1; i <= NF; i++) if ($i == "PIDS") c = i; next }
+s == "l" && c && $2 == g && $c ~ /^[0-9][0-9,]*$/ { n = split($c, a, ","); for (i = 1; i <= n; i++) print a[i] }' | sort -n | paste -sd' ' -
 		;;
 	esac
 }
@@ -506,23 +521,43 @@ if [[ $DRY == 1 ]]; then
 	cat >"$CLIENT" <<EOF
 #!/usr/bin/env bash
 # Dry-run stand-in for gpu_check_client: same output lines, figures made up
-# from the MPS environment; the MPS connection is the emulator's client.
-info=0 alloc=0 dur=0
+# from the MPS environment; the MPS connection is the emulator's client,
+# which holds what --alloc got with --hold (so the simulated NVML reports it).
+info=0 alloc=0 dur=0 hold=0 got=0
 while (( \$# )); do
 	case \$1 in
 	--info) info=1 ;;
 	--alloc) alloc=\$2; shift ;;
+	--hold) hold=1 ;;
 	--duration) dur=\$2; shift ;;
 	esac
 	shift
 done
 pct=\${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE:-100}
-lim=\${CUDA_MPS_PINNED_DEVICE_MEM_LIMIT:-}
-lim=\${lim#0=}; lim=\${lim%M}
+# mib VALUE: a pinned limit in MiB, read as MPS reads it (G is GiB, any
+# other suffix MiB).
+mib() { [[ \$1 =~ ^([0-9]+)(.*)\$ ]] || return 1; if [[ \${BASH_REMATCH[2]} == G ]]; then echo \$(( BASH_REMATCH[1] * 1024 )); else echo "\${BASH_REMATCH[1]}"; fi; }
+# The client's pinned limit: its own entries, as the emulator reads them
+# (one naming a device it does not see, here anything but 0 or its UUID,
+# drops them all), under its server's (the daemon's default: the group's
+# max_mem).
+lim=143155 own=''
+IFS=, read -r -a ents <<<"\${CUDA_MPS_PINNED_DEVICE_MEM_LIMIT:-}"
+for e in "\${ents[@]}"; do
+	[[ \$e == *=* ]] || continue
+	k=\${e%%=*}
+	if [[ \$k != 0 && \$k != "\${CUDA_VISIBLE_DEVICES:-}" ]]; then own=''; break; fi
+	own=\$(mib "\${e#*=}")
+done
+if (( ! info )); then
+	srv=\$(echo get_default_device_pinned_mem_limit 0 | CUDA_MPS_PIPE_DIRECTORY=\${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps} timeout 5 "$EMU/nvidia-cuda-mps-control" 2>/dev/null)
+	srv=\$(mib "\$srv") && (( srv < lim )) && lim=\$srv
+fi
+[[ -n \$own ]] && (( own < lim )) && lim=\$own
 t() { date +%s.%3N; }
 echo "client[\$\$] start t=\$(t) attempt=\${MPSD_ATTEMPT:--} env_sm=\${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE:--} env_mem=\${CUDA_MPS_PINNED_DEVICE_MEM_LIMIT:--} pipe=\${CUDA_MPS_PIPE_DIRECTORY:--}"
 sms=\$(( 132 * \${pct%.*} / 100 / 2 * 2 ))
-free=\$(( \${lim:-143155} - 271 ))
+free=\$(( lim - 271 ))
 echo "client[\$\$] ready t=\$(t) attempt=\${MPSD_ATTEMPT:--} sm_count=\$sms mem_total_mib=143155 mem_free_mib=\$free devices=1 name=stand-in"
 (( info )) && exit 0
 if [[ \$alloc != 0 ]]; then
@@ -533,6 +568,7 @@ if [[ \$alloc != 0 ]]; then
 fi
 if [[ \$dur != 0 ]]; then
 	echo "client[\$\$] spinning t=\$(t) for \$dur s"
+	(( hold && got > 0 )) && exec "$EMU/mpsemu-client" --alloc "\${got}M" --duration "\${dur}s"
 	exec "$EMU/mpsemu-client" --duration "\${dur}s"
 fi
 EOF
@@ -598,6 +634,14 @@ if ((UID_NOW == 0)) && command -v unshare >/dev/null 2>&1 && command -v mount >/
 else
 	note "step 6 (the Kubernetes mode's private /dev/shm) needs root, unshare and mount: skipped"
 fi
+# Step 8's group, delta: a short memory_grace, reconcile: terminate. Its
+# clients run as LIM_UID: mpsd never ends root's processes, so as root that
+# is a bare uid (GPU_CHECK_TENANT_UID, default 64850; no account needed).
+LIM_GRACE_S=2
+LIM_UID=$UID_NOW
+((UID_NOW == 0)) && LIM_UID=${GPU_CHECK_TENANT_UID:-64850}
+LIM_USERS="\"$UID_NOW\""
+((LIM_UID != UID_NOW)) && LIM_USERS+=", \"$LIM_UID\""
 write_config() {
 	{
 		cat <<EOF
@@ -627,6 +671,14 @@ groups:
     memory: 16G
     max_mem: 8G
     requeue_attempts: 2
+  delta:
+    users: [$LIM_USERS]
+    gpus: ["0"]
+    sm_percent: 100
+    memory: 16G
+    max_mem: 8G
+    memory_grace: ${LIM_GRACE_S}s
+    reconcile: terminate
 EOF
 		if ((K8S)); then
 			cat <<EOF
@@ -1056,6 +1108,12 @@ fi
 # Step 7: versions, client priority and per-server caps (hack/gpu-check-mps.sh).
 # shellcheck source=hack/gpu-check-mps.sh
 . "$REPO/hack/gpu-check-mps.sh"
+
+# ============================================================== limits ==
+# Step 8: memory per lease as NVML and mpsd see it, the invalid-entry
+# escape, an unleased client (hack/gpu-check-limits.sh).
+# shellcheck source=hack/gpu-check-limits.sh
+. "$REPO/hack/gpu-check-limits.sh"
 
 # ============================================================= summary ==
 heading "Summary$([[ $DRY == 1 ]] && echo ' (DRY RUN: simulated GPU; SM and memory figures made up by the stand-ins)')"

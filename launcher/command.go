@@ -142,6 +142,9 @@ func (s *session) startCommand(c *child, lease *api.Lease) error {
 	if err := mpsenv.Check(mpsenv.Lookup(env)); err != nil {
 		return fmt.Errorf("%w: lease %s: %w", ErrUnsafeEnv, lease.ID, err)
 	}
+	if err := checkShare(env, lease, s.req.Procs); err != nil {
+		return fmt.Errorf("%w: lease %s: %w", ErrUnsafeEnv, lease.ID, err)
+	}
 	for _, kv := range conflicts {
 		k, _, _ := strings.Cut(kv, "=")
 		if k == EnvVisibleDevices && len(s.req.GPUSelect) > 0 {
@@ -152,6 +155,26 @@ func (s *session) startCommand(c *child, lease *api.Lease) error {
 		fmt.Fprintf(s.errw, "%signoring %s from the environment: the lease sets %s=%s\n", s.prefix(), kv, k, getenv(env, k))
 	}
 	return c.start(env)
+}
+
+// checkShare holds a command of procs processes (--procs) to its part of
+// the lease's share: the lease must be one of that many processes and
+// give each at most its SM divided by them (mpsenv.WorkerPercentage); a
+// lease that did not divide it would let the processes together take
+// procs times the share. Nothing to check for one process. Errors wrap
+// mpsenv.ErrFallsOpen.
+func checkShare(env []string, lease *api.Lease, procs int) error {
+	if procs <= 1 {
+		return nil
+	}
+	if lease.Procs != procs {
+		return fmt.Errorf("%w: the lease divides its share among %d processes, not the %d of --procs", mpsenv.ErrFallsOpen, max(lease.Procs, 1), procs)
+	}
+	pct, err := mpsenv.WorkerPercentage(lease.SM, procs)
+	if err != nil {
+		return fmt.Errorf("%w: %w", mpsenv.ErrFallsOpen, err)
+	}
+	return mpsenv.CheckShare(mpsenv.Lookup(env), pct)
 }
 
 // getenv looks name up in an environment list; the first entry wins, as

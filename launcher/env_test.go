@@ -76,3 +76,56 @@ func TestRunRefusesUnsafeLeaseEnv(t *testing.T) {
 		})
 	}
 }
+
+// TestRunDividesShareAmongProcs: with --procs 4 the command's environment
+// gives each process a quarter of --sm (rounded down) and names the
+// count; a lease that does not divide the share (an mpsd that ignored
+// procs, a percentage above the part, none at all: each process would get
+// its server's default) is refused: the command never runs, exit 125.
+func TestRunDividesShareAmongProcs(t *testing.T) {
+	h := newHarness(t, nil)
+	h.cfg.SM, h.cfg.Procs = 30, 4
+	done := h.start(t.Context(), h.sh(`echo "$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE|$MPSD_PROCS" > env`)...)
+	lc := h.fake.NextLease(t)
+	if lc.Request.Procs != 4 || lc.Request.SM != 30 {
+		t.Errorf("request %+v, want sm 30 and procs 4", lc.Request)
+	}
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
+	if code := h.wait(done); code != 0 {
+		t.Fatalf("exit %d; stderr %s", code, h.read("stderr"))
+	}
+	if got, want := h.read("env"), "7|4\n"; got != want {
+		t.Errorf("command environment %q, want %q", got, want)
+	}
+	lc.WaitReleased(t)
+
+	for _, tc := range []struct {
+		name string
+		mut  func(*api.Lease)
+		says string
+	}{
+		{"the lease is for one process", func(l *api.Lease) { l.Procs = 0; l.Env[api.EnvThreadPercentage] = "30" }, "among 1 processes, not the 4 of --procs"},
+		{"the whole share for each", func(l *api.Lease) { l.Env[api.EnvThreadPercentage] = "30" }, `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="30" is no percentage in (0, 7]`},
+		{"no percentage", func(l *api.Lease) { delete(l.Env, api.EnvThreadPercentage) }, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is unset"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			h.cfg.SM, h.cfg.Procs = 30, 4
+			done := h.start(t.Context(), h.sh("echo ran > marker")...)
+			lc := h.fake.NextLease(t)
+			ev := apitest.Granted(lc.Request, "lease-1", 1)
+			tc.mut(ev.Lease)
+			lc.MustSend(t, ev)
+			if code := h.wait(done); code != ExitFailure {
+				t.Errorf("exit %d, want %d", code, ExitFailure)
+			}
+			if s := h.read("stderr"); !strings.Contains(s, "lease lease-1") || !strings.Contains(s, tc.says) {
+				t.Errorf("stderr %q, want it to name the lease and say %q", s, tc.says)
+			}
+			if _, err := os.Stat(h.path("marker")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the command ran under a share it would exceed (%v)", err)
+			}
+			lc.WaitReleased(t)
+		})
+	}
+}

@@ -15,7 +15,7 @@ import (
 
 // Usage is the synopsis mps-launch prints for --help.
 const Usage = `usage: mps-launch [--sm PCT] [--mem SIZE] [--gpus N] [--gpu LIST] [--group NAME]
-                  [--requeue N|--no-requeue] [--wait DURATION|--no-wait]
+                  [--procs N] [--requeue N|--no-requeue] [--wait DURATION|--no-wait]
                   [--job ID] [--no-slurm] [--socket PATH] [--quiet]
                   -- COMMAND [ARG...]
 
@@ -27,6 +27,10 @@ Runs COMMAND on a GPU shared through CUDA MPS, under a lease from mpsd.
   --gpu LIST      run only on these GPUs: NVML indexes, GPU UUIDs or UUID
                   prefixes, comma-separated (default: any of the group's)
   --group NAME    tenant group (default: your only or first group)
+  --procs N       COMMAND runs N CUDA processes (a server's workers), 1-48:
+                  each gets --sm divided by N, rounded down (at most --sm
+                  processes), so together they keep to --sm; each may use
+                  --mem, and mpsd holds their sum to --mem (default 1)
   --requeue N     relaunch at most N times if a fault revokes the lease
                   (default: the group's requeue_attempts)
   --no-requeue    never relaunch
@@ -61,6 +65,9 @@ type Options struct {
 	Mem   int64
 	GPUs  int
 	Group string
+	// Procs is --procs: how many CUDA processes the command runs, among
+	// which the SM share is divided; 0 when not given (1).
+	Procs int
 	// Requeue is the --requeue cap; -1 when neither --requeue nor
 	// --no-requeue was given (the group's default applies).
 	Requeue int
@@ -173,7 +180,7 @@ func ParseArgs(args []string, getenv func(string) string) (Options, error) {
 			}
 			o.NoSlurm = true
 			continue
-		case "sm", "mem", "gpus", "gpu", "group", "requeue", "wait", "socket", "job":
+		case "sm", "mem", "gpus", "gpu", "group", "procs", "requeue", "wait", "socket", "job":
 		default:
 			return usage("unknown flag %s (mps-launch --help lists the flags)", strings.SplitN(arg, "=", 2)[0])
 		}
@@ -203,6 +210,12 @@ func ParseArgs(args []string, getenv func(string) string) (Options, error) {
 				return usage("--gpus %q: want a whole number of GPUs, 1 or more", v)
 			}
 			o.GPUs = n
+		case "procs":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > api.MaxProcs {
+				return usage("--procs %q: want a whole number of processes from 1 to %d (MPS serves at most %d clients per GPU)", v, api.MaxProcs, api.MaxProcs)
+			}
+			o.Procs = n
 		case "gpu":
 			sel, reason := parseGPUList(v)
 			if reason != "" {
@@ -248,6 +261,8 @@ func ParseArgs(args []string, getenv func(string) string) (Options, error) {
 		return usage("--requeue and --no-requeue exclude each other")
 	case waitSet && o.NoWait:
 		return usage("--wait and --no-wait exclude each other")
+	case o.SM > 0 && o.Procs > o.SM:
+		return usage("--procs %d is more than --sm %d: each process would get under 1%% of the SMs (at most %d processes for --sm %d)", o.Procs, o.SM, o.SM, o.SM)
 	}
 	o.Command = args[i:]
 	if len(o.Command) == 0 {
@@ -403,6 +418,9 @@ func (o Options) LeaseRequest() api.LeaseRequest {
 		Command:   o.Command,
 		GPUSelect: o.GPUSelect,
 		JobID:     o.JobID,
+		Procs:     o.Procs,
+		// mps-launch attaches its command as soon as it is granted.
+		WillAttach: true,
 	}
 	if o.Requeue >= 0 {
 		n := o.Requeue

@@ -51,6 +51,9 @@ func TestParseArgs(t *testing.T) {
 		{"gpu and job", []string{"--gpu", "0, GPU-1a2b ,3", "--job=run-7", "./infer"}, nil,
 			def(func(o *Options) { o.GPUSelect, o.JobID = []string{"0", "GPU-1a2b", "3"}, "run-7" })},
 		{"gpu all", []string{"--gpu=all", "./infer"}, nil, def(func(o *Options) { o.GPUSelect = []string{"all"} })},
+		{"procs", []string{"--sm", "30", "--procs", "4", "./infer"}, nil, def(func(o *Options) { o.SM, o.Procs = 30, 4 })},
+		{"procs as many as sm", []string{"--sm=8", "--procs=8", "./infer"}, nil, def(func(o *Options) { o.SM, o.Procs = 8, 8 })},
+		{"procs with the group's sm", []string{"--procs", "48", "./infer"}, nil, def(func(o *Options) { o.Procs = 48 })},
 		{"no-slurm outside a job", []string{"--no-slurm", "./infer"}, nil, def(func(o *Options) { o.NoSlurm = true })},
 		{"Slurm variables outside a job are not read", []string{"./infer"},
 			map[string]string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50", "CUDA_VISIBLE_DEVICES": "1", "SLURM_JOB_UID": "1001", "SLURM_STEP_GPUS": "1"},
@@ -116,6 +119,10 @@ func TestParseArgsErrors(t *testing.T) {
 		{"mem 0", []string{"--mem", "0", "x"}, `--mem "0": below 1M, the smallest limit MPS enforces`},
 		{"mem too big", []string{"--mem", "99999999999T", "x"}, `--mem "99999999999T": more than 9223372036854775807 bytes`},
 		{"gpus 0", []string{"--gpus", "0", "x"}, `--gpus "0": want a whole number of GPUs, 1 or more`},
+		{"procs 0", []string{"--procs", "0", "x"}, `--procs "0": want a whole number of processes from 1 to 48 (MPS serves at most 48 clients per GPU)`},
+		{"procs 49", []string{"--procs", "49", "x"}, `--procs "49": want a whole number of processes from 1 to 48 (MPS serves at most 48 clients per GPU)`},
+		{"procs abc", []string{"--procs=abc", "x"}, `--procs "abc": want a whole number of processes from 1 to 48 (MPS serves at most 48 clients per GPU)`},
+		{"procs over sm", []string{"--sm", "3", "--procs", "4", "x"}, `--procs 4 is more than --sm 3: each process would get under 1% of the SMs (at most 3 processes for --sm 3)`},
 		{"gpus -1", []string{"--gpus=-1", "x"}, `--gpus "-1": want a whole number of GPUs, 1 or more`},
 		{"unknown flag", []string{"--frobnicate", "x"}, `unknown flag --frobnicate (mps-launch --help lists the flags)`},
 		{"unknown flag with value", []string{"--frob=1", "x"}, `unknown flag --frob (mps-launch --help lists the flags)`},
@@ -252,15 +259,16 @@ func TestOptionsLeaseRequest(t *testing.T) {
 		o    Options
 		want api.LeaseRequest
 	}{
-		{"defaults", Options{Requeue: -1, Command: []string{"a"}}, api.LeaseRequest{Command: []string{"a"}}},
+		{"defaults", Options{Requeue: -1, Command: []string{"a"}}, api.LeaseRequest{WillAttach: true, Command: []string{"a"}}},
 		{"everything", Options{SM: 30, Mem: units.GiB, GPUs: 2, Group: "g", Requeue: 2, Wait: time.Second, Command: []string{"a", "b"}},
-			api.LeaseRequest{SM: 30, MemBytes: units.GiB, GPUs: 2, Group: "g", RequeueAttempts: &two, WaitMillis: 1000, Command: []string{"a", "b"}}},
-		{"no requeue is an explicit 0", Options{Requeue: 0, Command: []string{"a"}}, api.LeaseRequest{RequeueAttempts: &zero, Command: []string{"a"}}},
-		{"sub-millisecond wait rounds up", Options{Requeue: -1, Wait: time.Microsecond, Command: []string{"a"}}, api.LeaseRequest{WaitMillis: 1, Command: []string{"a"}}},
-		{"1.5ms rounds up", Options{Requeue: -1, Wait: 1500 * time.Microsecond, Command: []string{"a"}}, api.LeaseRequest{WaitMillis: 2, Command: []string{"a"}}},
-		{"no-wait", Options{Requeue: -1, NoWait: true, Command: []string{"a"}}, api.LeaseRequest{NoWait: true, Command: []string{"a"}}},
+			api.LeaseRequest{WillAttach: true, SM: 30, MemBytes: units.GiB, GPUs: 2, Group: "g", RequeueAttempts: &two, WaitMillis: 1000, Command: []string{"a", "b"}}},
+		{"no requeue is an explicit 0", Options{Requeue: 0, Command: []string{"a"}}, api.LeaseRequest{WillAttach: true, RequeueAttempts: &zero, Command: []string{"a"}}},
+		{"sub-millisecond wait rounds up", Options{Requeue: -1, Wait: time.Microsecond, Command: []string{"a"}}, api.LeaseRequest{WillAttach: true, WaitMillis: 1, Command: []string{"a"}}},
+		{"1.5ms rounds up", Options{Requeue: -1, Wait: 1500 * time.Microsecond, Command: []string{"a"}}, api.LeaseRequest{WillAttach: true, WaitMillis: 2, Command: []string{"a"}}},
+		{"no-wait", Options{Requeue: -1, NoWait: true, Command: []string{"a"}}, api.LeaseRequest{WillAttach: true, NoWait: true, Command: []string{"a"}}},
 		{"GPUs and job", Options{Requeue: -1, GPUSelect: []string{"1", "GPU-ab"}, JobID: "42.0", Command: []string{"a"}},
-			api.LeaseRequest{GPUSelect: []string{"1", "GPU-ab"}, JobID: "42.0", Command: []string{"a"}}},
+			api.LeaseRequest{WillAttach: true, GPUSelect: []string{"1", "GPU-ab"}, JobID: "42.0", Command: []string{"a"}}},
+		{"procs", Options{Requeue: -1, SM: 30, Procs: 4, Command: []string{"a"}}, api.LeaseRequest{WillAttach: true, SM: 30, Procs: 4, Command: []string{"a"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := tc.o.LeaseRequest()
@@ -284,6 +292,7 @@ func FuzzParseArgs(f *testing.F) {
 		"--mem\x001.5G\x00--requeue\x003\x00--wait\x0090s\x00x", "--no-requeue\x00--quiet\x00--\x00-x",
 		"--wait\x000.0001ms\x00x", "--mem\x0018446744073709551616\x00x", "",
 		"--gpu\x000,GPU-1a\x00--job\x0042.0\x00x", "--gpu\x00,\x00x", "--job\x00\x00x", "--no-slurm\x00x",
+		"--sm\x0030\x00--procs\x004\x00x", "--sm\x003\x00--procs\x004\x00x", "--procs\x0049\x00x",
 	} {
 		f.Add(seed)
 	}

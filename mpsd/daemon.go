@@ -172,7 +172,9 @@ type Daemon struct {
 	xidAt     map[int]time.Time   // GPU index → its last Xid (verify.go)
 	queues    map[string][]*lease // queued leases per group, arrival order
 	leases    map[string]*lease   // every lease, queued or running
-	seq       uint64
+	// snapshotOrder is snapshot's scratch list of the leases (under mu).
+	snapshotOrder []*lease
+	seq           uint64
 	// reconSeen: reconciliation's findings reported so far and still
 	// there (reconcile.go).
 	reconSeen map[reconKey]bool

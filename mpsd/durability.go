@@ -259,6 +259,9 @@ type orphanHint struct {
 	sm      int
 	mem     int64
 	attempt int
+	// procs: the processes sm was divided among (MPSD_PROCS); sm is then
+	// the whole lease's, each process's part times procs.
+	procs int
 }
 
 // readOrphanHint reads the hint of a lease's processes, the oldest first.
@@ -322,6 +325,11 @@ func (h *orphanHint) fromEnv(leaseID string, environ []byte) {
 	h.pipeDir = env[api.EnvPipeDirectory]
 	h.sm, _ = strconv.Atoi(env[api.EnvThreadPercentage])
 	h.attempt, _ = strconv.Atoi(env[api.EnvAttempt])
+	if n, err := strconv.Atoi(env[api.EnvProcs]); err == nil && n > 1 && n <= api.MaxProcs && h.sm >= 1 {
+		// Each process had sm/procs, rounded down: the lease had at
+		// least this much (charged up to procs-1 percent short).
+		h.procs, h.sm = n, h.sm*n
+	}
 	// "0=1024M,1=1024M": the limit per GPU, the same on each.
 	if first, _, _ := strings.Cut(env[api.EnvPinnedMemLimit], ","); first != "" {
 		if _, v, ok := strings.Cut(first, "="); ok {
@@ -361,6 +369,10 @@ func (d *Daemon) adoptOrphan(id cgroup.LeaseID, cg cgroup.Lease, pids []int) {
 	if h.mem > 0 && h.mem <= in.maxMem {
 		mem = h.mem
 	}
+	procs := 1
+	if h.procs > 1 && h.procs <= sm && h.procs <= in.p.Budget.Clients {
+		procs = h.procs
+	}
 	uid := uint32(0) // nobody's but root's, when no process says
 	if h.haveUID {
 		uid = h.uid
@@ -370,7 +382,7 @@ func (d *Daemon) adoptOrphan(id cgroup.LeaseID, cg cgroup.Lease, pids []int) {
 	now := time.Now()
 	l := &lease{
 		id: id.Lease, group: id.Group, uid: uid, requeue: g.RequeueAttempts, attempt: attempt, ranAttempt: attempt,
-		req:     policy.Request{Group: id.Group, UID: uid, SM: sm, Mem: mem, GPUs: len(in.gpus), Priority: g.Priority, Seq: d.seq},
+		req:     policy.Request{Group: id.Group, UID: uid, SM: sm, Mem: mem, GPUs: len(in.gpus), Procs: procs, Priority: g.Priority, Seq: d.seq},
 		created: now, queuedAt: now, awaySince: now, box: newMailbox(d.log), log: d.log,
 		// Taken up running, as a saved running lease is: its processes run.
 		state: leaseRunning,
@@ -385,7 +397,7 @@ func (d *Daemon) adoptOrphan(id cgroup.LeaseID, cg cgroup.Lease, pids []int) {
 	// Recorded before its launcher is told of it.
 	l.durable = d.store.request()
 	in.log.Warn("lease cgroup under this mpsd's id is in no state file (unwritable, truncated or lost); its workload is re-adopted and kept for its launcher",
-		"lease", l.id, "cgroup", cg.Path(), "uid", uid, "sm", sm, "mem", mem, "processes", len(pids), "grace", d.opts.ReconnectGrace)
+		"lease", l.id, "cgroup", cg.Path(), "uid", uid, "sm", sm, "mem", mem, "procs", procs, "processes", len(pids), "grace", d.opts.ReconnectGrace)
 }
 
 // resumeOrphanLocked takes a re-adopted orphan's attempt from its

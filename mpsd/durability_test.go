@@ -214,6 +214,13 @@ func TestOrphanHintFromEnv(t *testing.T) {
 	if other != (orphanHint{}) {
 		t.Errorf("another lease's environment gave %+v", other)
 	}
+	// A lease of 4 processes gave each 7% of its 30%: charged 28%, 4
+	// processes.
+	var procs orphanHint
+	procs.fromEnv("g-0123456789ab", []byte(strings.ReplaceAll(env, api.EnvThreadPercentage+"=30", api.EnvThreadPercentage+"=7")+api.EnvProcs+"=4\x00"))
+	if procs.sm != 28 || procs.procs != 4 {
+		t.Errorf("hint of a lease of 4 processes: %+v, want sm 28, procs 4", procs)
+	}
 }
 
 func FuzzOrphanHintFromEnv(f *testing.F) {
@@ -224,6 +231,9 @@ func FuzzOrphanHintFromEnv(f *testing.F) {
 		h.fromEnv("g-1", b)
 		if h.mem < 0 {
 			t.Fatalf("negative memory %d", h.mem)
+		}
+		if h.procs < 0 || h.procs > api.MaxProcs {
+			t.Fatalf("procs %d", h.procs)
 		}
 	})
 }

@@ -150,11 +150,12 @@ func TestAttachPidReusedBetweenCheckAndMove(t *testing.T) {
 	}
 }
 
-// A granted lease's cgroup is made at the grant, before any attach, so the
-// attach on the launch's critical path only moves the process; it goes
-// with the lease. A creation that comes late, after the lease's end has
-// begun (its kill has run), makes nothing: the cgroup would outlive the
-// lease.
+// A granted lease whose client will attach (mps-launch says so) has its
+// cgroup made at the grant, before any attach, so the attach on the
+// launch's critical path only moves the process; it goes with the lease.
+// A lease whose client did not say so (a device plugin's) gets none until
+// an attach. A creation that comes late, after the lease's end has begun
+// (its kill has run), makes nothing: the cgroup would outlive the lease.
 func TestLeaseCgroupMadeAtGrant(t *testing.T) {
 	e := newEnv(t, oneGroup, "")
 	e.start()
@@ -162,19 +163,38 @@ func TestLeaseCgroupMadeAtGrant(t *testing.T) {
 	if !ok {
 		t.Fatalf("mpsd runs without real cgroups (%T)", e.d.cg)
 	}
-	stream, _, err := grantQueued(leaseClient(e.socket), benchLease)
+	c := leaseClient(e.socket)
+	plain, _, err := grantQueued(c, benchLease)
 	if err != nil {
 		t.Fatalf("lease: %v", err)
 	}
 	st := e.waitStatus("the lease running", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 1 })
-	id := st.Leases[0].ID
+	plainID := st.Leases[0].ID
+	stream, _, err := grantQueued(c, `{"sm":1,"mem_bytes":67108864,"will_attach":true}`)
+	if err != nil {
+		t.Fatalf("lease: %v", err)
+	}
+	st = e.waitStatus("both leases running", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 2 })
+	var id string
+	for _, l := range st.Leases {
+		if l.ID != plainID {
+			id = l.ID
+		}
+	}
 	dir := filepath.Join(m.MembershipMount(), e.leaseCgroup("inference", id))
 	waitPath(t, dir, true)
+	// Made after the plain lease's grant: had that lease's grant made
+	// one, it would be there too.
+	plainDir := filepath.Join(m.MembershipMount(), e.leaseCgroup("inference", plainID))
+	if _, err := os.Lstat(plainDir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a lease whose client did not say it will attach has a cgroup at its grant (lstat %s: %v)", plainDir, err)
+	}
+	_ = plain.Close()
 	e.d.mu.Lock()
 	l := e.d.leases[id]
 	e.d.mu.Unlock()
 	_ = stream.Close()
-	e.waitStatus("the lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
+	e.waitStatus("the leases released", func(st api.Status) bool { return len(st.Leases) == 0 })
 	waitPath(t, dir, false)
 	e.d.prepareCgroup(l)
 	if _, err := os.Lstat(dir); !errors.Is(err, fs.ErrNotExist) {

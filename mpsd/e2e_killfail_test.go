@@ -188,8 +188,11 @@ func TestReleaseKillFailureRetried(t *testing.T) {
 
 	gateA, _ := e.gate("a")
 	pa := startProc(t, e.launch(append([]string{"--sm", "10", "--mem", "12G", "--"}, gateA...)...))
-	st := e.waitStatus("lease a running", func(st api.Status) bool {
-		return countLeases(st, api.LeaseRunning) == 1 && len(st.Leases[0].PIDs) > 0
+	// The command itself runs (the trampoline became the shell): a
+	// trampoline whose launcher dies before releasing it exits, its
+	// cgroup empties, and the release has nothing to kill.
+	st := e.waitStatus("lease a's command running", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && len(shellPIDs(st)) > 0
 	})
 	a := st.Leases[0]
 	s.target.Store(a.ID)

@@ -125,6 +125,7 @@ func (in *instance) statusLocked() api.InstanceStatus {
 		MemBudgetBytes:    in.p.Budget.Mem,
 		MaxClients:        in.p.Budget.Clients,
 		Drained:           in.holds.drained,
+		ClientsAllocated:  in.p.Alloc.Clients,
 	}
 	if in.holds.quarantined {
 		st.QuarantineReason = in.quarantinedFor

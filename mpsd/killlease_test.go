@@ -16,6 +16,7 @@ type slowCgroup struct {
 	killing chan struct{} // closed when Kill begins
 	release chan struct{} // Kill returns once it is closed
 	deleted bool
+	killed  bool
 }
 
 func (c *slowCgroup) ID() cgroup.LeaseID           { return cgroup.LeaseID{Group: "g", Lease: "g-1"} }
@@ -27,11 +28,21 @@ func (c *slowCgroup) Stats() (cgroup.Stats, error) { return cgroup.Stats{}, nil 
 func (c *slowCgroup) Limits() (cgroup.Limits, error) {
 	return cgroup.Limits{}, nil
 }
-func (c *slowCgroup) Delete() error { c.deleted = true; return nil }
+
+// Delete refuses while the lease's processes are there, as the real one
+// does.
+func (c *slowCgroup) Delete() error {
+	if !c.killed {
+		return cgroup.ErrNotEmpty
+	}
+	c.deleted = true
+	return nil
+}
 func (c *slowCgroup) Kill(ctx context.Context) error {
 	close(c.killing)
 	select {
 	case <-c.release:
+		c.killed = true
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

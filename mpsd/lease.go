@@ -31,7 +31,10 @@ type lease struct {
 	req     policy.Request
 	command []string
 	jobID   string
-	log     *slog.Logger
+	// willAttach: the client said it attaches a process once granted
+	// (api.LeaseRequest.WillAttach); the grant then makes the cgroup.
+	willAttach bool
+	log        *slog.Logger
 	// state is where the lease is in its life (leasestate.go); it
 	// changes only through step.
 	state leaseState
@@ -73,6 +76,11 @@ type lease struct {
 	// memUsed: the most device memory its processes held on one of its
 	// GPUs at the last reading; nil before one.
 	memUsed *uint64
+	// clients: how many MPS clients of its processes the last reading saw
+	// (reconcile.go); nil before one. More than req.Procs: it runs more
+	// workers than it declared, and clientsOver is set (logged once).
+	clients     *int
+	clientsOver bool
 	// durable is closed once the state file records the grant, so a
 	// launcher is never told of a lease a crash could lose.
 	durable <-chan struct{}
@@ -172,12 +180,15 @@ func newLeaseID(group string) string {
 // environment of docs/architecture.md#environment-of-a-lease. The MPS
 // variables come from mpsenv, built from the GPUs the client sees (the
 // instance's, by UUID, in its server's order), so their limits name only
-// those devices. Should mpsenv refuse them (a GPU without a UUID), the
+// those devices; its thread percentage is the lease's share divided among
+// its declared processes (mpsenv.WorkerPercentage). Should mpsenv refuse
+// them (a GPU without a UUID, a share too small to divide), the
 // lease carries none: mps-launch and the device plugin refuse a lease
 // without them rather than run its command with no MPS limits.
 func (l *lease) apiLeaseLocked() *api.Lease {
 	in := l.inst
-	al := &api.Lease{ID: l.id, Group: l.group, SM: l.req.SM, MemBytes: l.req.Mem, Attempt: l.attempt}
+	procs := l.req.Clients()
+	al := &api.Lease{ID: l.id, Group: l.group, SM: l.req.SM, MemBytes: l.req.Mem, Attempt: l.attempt, Procs: procs}
 	for _, g := range in.gpus {
 		al.GPUIndexes = append(al.GPUIndexes, g.Index)
 		al.GPUUUIDs = append(al.GPUUUIDs, g.UUID)
@@ -186,13 +197,20 @@ func (l *lease) apiLeaseLocked() *api.Lease {
 		api.EnvLeaseID: l.id,
 		api.EnvGroup:   l.group,
 		api.EnvAttempt: strconv.Itoa(l.attempt),
+		api.EnvProcs:   strconv.Itoa(procs),
 	}
 	dev, err := mpsenv.NewDevices(al.GPUUUIDs)
 	var c mpsenv.Client
+	var pct int
+	if err == nil {
+		// Each of the lease's processes gets its part of the share: MPS
+		// limits every client process, not the lease.
+		pct, err = mpsenv.WorkerPercentage(l.req.SM, procs)
+	}
 	if err == nil {
 		// Whole MiB: what policy charged (mem is rounded down to MiB) is
 		// exactly what MPS enforces.
-		c, err = mpsenv.NewClient(in.pipeDir, dev, l.req.SM, l.req.Mem)
+		c, err = mpsenv.NewClient(in.pipeDir, dev, pct, l.req.Mem)
 	}
 	if err != nil {
 		l.log.Error("no MPS environment can be made for the lease; its launcher will refuse it", "lease", l.id, "group", l.group, "err", err)
@@ -234,7 +252,7 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 		return nil, &refusal{403, api.CodeRefused, msg}
 	}
 	g, _ := cfg.Group(name)
-	r, err := g.NewRequest(c.UID, policy.Demand{SM: req.SM, Mem: req.MemBytes, GPUs: req.GPUs})
+	r, err := g.NewRequest(c.UID, policy.Demand{SM: req.SM, Mem: req.MemBytes, GPUs: req.GPUs, Procs: req.Procs})
 	if err != nil {
 		// Beyond what the group lets one client have: no amount of waiting
 		// helps, so say so in the words the user looks for.
@@ -273,7 +291,7 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 	r.Seq = d.seq
 	now := time.Now()
 	l := &lease{
-		id: newLeaseID(name), group: name, uid: c.UID, req: r, command: req.Command, jobID: req.JobID,
+		id: newLeaseID(name), group: name, uid: c.UID, req: r, command: req.Command, jobID: req.JobID, willAttach: req.WillAttach,
 		requeue: requeue, attempt: 1, created: now, queuedAt: now, bound: true, box: newMailbox(d.log), log: d.log,
 		user: d.users.cached(c.UID),
 	}
@@ -453,7 +471,9 @@ func (d *Daemon) grantLocked(l *lease, in *instance) {
 	l.cgMu.Unlock()
 	if eff&effTellGranted != 0 {
 		l.box.push(api.Event{Type: api.EventGranted, Lease: l.apiLeaseLocked()})
-		d.spawn(func() { d.prepareCgroup(l) })
+		if l.willAttach {
+			d.spawn(func() { d.prepareCgroup(l) })
+		}
 	}
 	d.observeGrantLocked(l)
 	in.log.Info("lease granted", l.logAttrs("attempt", l.attempt, "sm", l.req.SM, "mem", l.req.Mem, "waited", l.grantedAt.Sub(l.queuedAt))...)
@@ -663,18 +683,24 @@ func (d *Daemon) killLease(l *lease) error {
 	}
 	l.killing = true
 	l.cgMu.Unlock()
-	if p, err := cg.Pids(); err == nil {
-		l.cgMu.Lock()
-		l.pids = p
-		l.cgMu.Unlock()
-	}
-	ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
-	err := cg.Kill(ctx)
-	cancel()
+	// Most leases end empty (the command exited and the launcher then
+	// released): Delete removes an empty cgroup at once, and refuses a
+	// populated one, which is then killed and deleted.
+	err := cg.Delete()
 	if err != nil {
-		err = fmt.Errorf("kill lease %s: %w", l.id, err)
-	} else if err = cg.Delete(); err != nil {
-		err = fmt.Errorf("delete cgroup of lease %s: %w", l.id, err)
+		if p, err := cg.Pids(); err == nil {
+			l.cgMu.Lock()
+			l.pids = p
+			l.cgMu.Unlock()
+		}
+		ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
+		err = cg.Kill(ctx)
+		cancel()
+		if err != nil {
+			err = fmt.Errorf("kill lease %s: %w", l.id, err)
+		} else if err = cg.Delete(); err != nil {
+			err = fmt.Errorf("delete cgroup of lease %s: %w", l.id, err)
+		}
 	}
 	l.cgMu.Lock()
 	l.killing = false
@@ -685,8 +711,9 @@ func (d *Daemon) killLease(l *lease) error {
 	return err
 }
 
-// prepareCgroup creates the cgroup of a lease just granted, ahead of the
-// attach of its command: the creation (a few directories in every
+// prepareCgroup creates the cgroup of a lease just granted whose client
+// said it will attach (api.LeaseRequest.WillAttach), ahead of the attach
+// of its command: the creation (a few directories in every
 // hierarchy, half a millisecond or more) then overlaps the state write,
 // the granted event's way to mps-launch and the attach request, and the
 // attach, on the launch's critical path, only moves the process. It
@@ -767,9 +794,10 @@ func (l *lease) logger() *slog.Logger {
 }
 
 func (l *lease) statusLocked() api.LeaseStatus {
+	procs := l.req.Clients()
 	st := api.LeaseStatus{ID: l.id, Group: l.group, UID: l.uid, SM: l.req.SM, MemBytes: l.req.Mem,
 		Attempt: l.attempt, State: api.LeaseQueued, GPUIndexes: []int{}, PIDs: []int{}, JobID: l.jobID,
-		Command: l.command}
+		Command: l.command, Procs: procs, SMPerProcess: l.req.SM / procs}
 	if l.inst != nil {
 		st.State = api.LeaseRunning
 		st.RunningSince = l.grantedAt
@@ -779,6 +807,10 @@ func (l *lease) statusLocked() api.LeaseStatus {
 		if l.memUsed != nil {
 			v := *l.memUsed
 			st.MemUsedBytes = &v
+		}
+		if l.clients != nil {
+			n := *l.clients
+			st.Clients = &n
 		}
 	} else {
 		// The position and reason last sent to its launcher: status and

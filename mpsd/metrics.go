@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -56,6 +58,32 @@ var faultKinds = []string{faultDaemonExit, faultServerExit, faultFatalException,
 
 var instanceStates = []policy.InstanceState{policy.InstanceStarting, policy.InstanceReady, policy.InstanceRecovering, policy.InstanceQuarantined, policy.InstanceDraining}
 
+// The orders the exposition sorts the kinds of faultKinds, instanceStates,
+// capKinds and reconKinds in. A scrape emits its series in the exposition's
+// order (instances by GPU and group, then these): the registry's sort then
+// finds them sorted.
+var (
+	faultOrder = sortedOrder(faultKinds)
+	stateOrder = sortedOrder(func() (names []string) {
+		for _, st := range instanceStates {
+			names = append(names, st.String())
+		}
+		return names
+	}())
+	capOrder   = sortedOrder(capKinds)
+	reconOrder = sortedOrder(reconKinds)
+)
+
+// sortedOrder is the indexes of names, in the order of the names.
+func sortedOrder(names []string) []int {
+	order := make([]int, len(names))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(names[a], names[b]) })
+	return order
+}
+
 // metrics is the daemon's counters that live outside instances, and its
 // registry. Guarded by Daemon.mu except the histogram, which locks itself.
 type metrics struct {
@@ -74,6 +102,13 @@ type metrics struct {
 	reloadAt        time.Time
 	gpuUUIDs        []string
 	gpuIndexStr     []string
+	// gpuLabels are each GPU's label pairs (gpu, gpu_index), by index;
+	// groupLabels each group's of the config groupLabelsOf.
+	gpuLabels     [][]*dto.LabelPair
+	groupLabels   map[string]*groupLabels
+	groupLabelsOf *policy.Config
+	// instances is a scrape's list of the instances, kept for the next.
+	instances []*instance
 
 	// What outsiders make mpsd hold and mpsd's own exhaustion; these lock
 	// themselves.
@@ -103,6 +138,7 @@ func newMetrics(d *Daemon) *metrics {
 	for _, g := range d.host.GPUs() {
 		m.gpuUUIDs = append(m.gpuUUIDs, g.UUID)
 		m.gpuIndexStr = append(m.gpuIndexStr, strconv.Itoa(g.Index))
+		m.gpuLabels = append(m.gpuLabels, []*dto.LabelPair{labelPair("gpu", g.UUID), labelPair("gpu_index", strconv.Itoa(g.Index))})
 	}
 	version := "(devel)"
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
@@ -141,6 +177,11 @@ func (c *daemonCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
+// labelPair is one label of a series.
+func labelPair(name, value string) *dto.LabelPair {
+	return &dto.LabelPair{Name: &name, Value: &value}
+}
+
 // instanceLabels are an instance's label pairs, made once: a scrape of
 // many instances then allocates little beyond the values.
 type instanceLabels struct {
@@ -149,16 +190,19 @@ type instanceLabels struct {
 	restarts [][]*dto.LabelPair // by faultKinds, label reason
 	faults   [][]*dto.LabelPair // by faultKinds, label kind
 	caps     [][]*dto.LabelPair // by capKinds, label cap
+	// info is mpsd_mps_info's, made again when the versions it was made
+	// of (infoOf) change.
+	info   []*dto.LabelPair
+	infoOf [2]string
 }
 
 func newInstanceLabels(in *instance, index string) *instanceLabels {
-	pair := func(n, v string) *dto.LabelPair { return &dto.LabelPair{Name: &n, Value: &v} }
 	// Sorted by name, as the exposition needs: gpu, gpu_index, group, then
 	// kind, reason or state.
-	base := []*dto.LabelPair{pair("gpu", in.gpus[0].UUID), pair("gpu_index", index), pair("group", in.group)}
-	with := func(n, v string) []*dto.LabelPair { return append(base[:3:3], pair(n, v)) }
+	base := []*dto.LabelPair{labelPair("gpu", in.gpus[0].UUID), labelPair("gpu_index", index), labelPair("group", in.group)}
+	with := func(n, v string) []*dto.LabelPair { return append(base[:3:3], labelPair(n, v)) }
 	// cap sorts before gpu.
-	withFirst := func(n, v string) []*dto.LabelPair { return append([]*dto.LabelPair{pair(n, v)}, base...) }
+	withFirst := func(n, v string) []*dto.LabelPair { return append([]*dto.LabelPair{labelPair(n, v)}, base...) }
 	il := &instanceLabels{base: base}
 	for _, c := range capKinds {
 		il.caps = append(il.caps, withFirst("cap", c))
@@ -173,6 +217,62 @@ func newInstanceLabels(in *instance, index string) *instanceLabels {
 	return il
 }
 
+// infoLabels are the labels of the instance's mpsd_mps_info for these
+// versions. A scrape still writing the previous ones keeps them: they are
+// replaced, never changed.
+func (il *instanceLabels) infoLabels(driver, mpsVersion string) []*dto.LabelPair {
+	if il.info == nil || il.infoOf != [2]string{driver, mpsVersion} {
+		// driver_version sorts before gpu, mps_version after group.
+		il.info = append(append([]*dto.LabelPair{labelPair("driver_version", driver)}, il.base...), labelPair("mps_version", mpsVersion))
+		il.infoOf = [2]string{driver, mpsVersion}
+	}
+	return il.info
+}
+
+// instancesInOrderLocked are the instances in the order of their labels
+// (gpu, gpu_index, group), each with its label pairs made.
+func (m *metrics) instancesInOrderLocked(instances map[string]*instance) []*instance {
+	m.instances = m.instances[:0]
+	for _, in := range instances {
+		if in.metricLabels == nil {
+			in.metricLabels = newInstanceLabels(in, m.gpuIndexStr[in.gpus[0].Index])
+		}
+		m.instances = append(m.instances, in)
+	}
+	slices.SortFunc(m.instances, func(a, b *instance) int {
+		if c := strings.Compare(a.gpus[0].UUID, b.gpus[0].UUID); c != 0 {
+			return c
+		}
+		return strings.Compare(a.group, b.group)
+	})
+	return m.instances
+}
+
+// groupLabels are a configured group's label pairs.
+type groupLabels struct {
+	index int                // in the config's groups
+	base  []*dto.LabelPair   // group
+	kinds [][]*dto.LabelPair // by reconKinds: group, kind
+}
+
+func newGroupLabels(index int, group string) *groupLabels {
+	gl := &groupLabels{index: index, base: []*dto.LabelPair{labelPair("group", group)}}
+	for _, k := range reconKinds {
+		gl.kinds = append(gl.kinds, append(gl.base[:1:1], labelPair("kind", k)))
+	}
+	return gl
+}
+
+// The counter and gauges of the values most series have (a fault never
+// seen, a state the instance is not in), shared by every scrape: what
+// Write gives the registry is only read (the protobuf encoder's size cache
+// is written atomically), as the label pairs made beforehand are.
+var (
+	counterZero = &dto.Counter{Value: new(0.0)}
+	gaugeZero   = &dto.Gauge{Value: new(0.0)}
+	gaugeOne    = &dto.Gauge{Value: new(1.0)}
+)
+
 // fastMetric is a const metric over label pairs made beforehand.
 type fastMetric struct {
 	desc    *prometheus.Desc
@@ -185,9 +285,16 @@ func (m *fastMetric) Desc() *prometheus.Desc { return m.desc }
 
 func (m *fastMetric) Write(out *dto.Metric) error {
 	out.Label = m.labels
-	if m.counter {
+	switch {
+	case m.counter && m.value == 0:
+		out.Counter = counterZero
+	case m.counter:
 		out.Counter = &dto.Counter{Value: &m.value}
-	} else {
+	case m.value == 0:
+		out.Gauge = gaugeZero
+	case m.value == 1:
+		out.Gauge = gaugeOne
+	default:
 		out.Gauge = &dto.Gauge{Value: &m.value}
 	}
 	return nil
@@ -209,24 +316,25 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	m := d.metrics
 	d.mu.Lock()
-	// One allocation for all of the instance series of this scrape.
-	per := 7 + len(instanceStates) + 2*len(faultKinds) + len(capKinds)
-	fm := make([]fastMetric, 0, per*len(d.instances))
+	// One allocation for the series of this scrape over label pairs made
+	// beforehand: the instances', the groups', the daemon's and the GPUs'.
+	perInstance := 7 + len(instanceStates) + 2*len(faultKinds) + len(capKinds)
+	perGroup := 5 + 2*len(reconKinds)
+	fm := make([]fastMetric, 0, perInstance*len(d.instances)+perGroup*len(d.cfg.Groups)+3+2*len(m.gpuLabels))
 	emit := func(desc *prometheus.Desc, labels []*dto.LabelPair, v float64, isCounter bool) {
 		fm = append(fm, fastMetric{desc: desc, labels: labels, value: v, counter: isCounter})
 	}
-	for _, in := range d.instances {
-		if in.metricLabels == nil {
-			in.metricLabels = newInstanceLabels(in, m.gpuIndexStr[in.gpus[0].Index])
-		}
+	insts := m.instancesInOrderLocked(d.instances)
+	for _, in := range insts {
 		il := in.metricLabels
 		state := in.placementState()
 		emit(descInstanceUp, il.base, b2f(in.daemonUp() && state == policy.InstanceReady), false)
-		for i, st := range instanceStates {
-			emit(descInstanceState, il.states[i], b2f(state == st), false)
+		for _, i := range stateOrder {
+			emit(descInstanceState, il.states[i], b2f(state == instanceStates[i]), false)
 		}
 		// Every kind, zeros included, so increase() sees the first one.
-		for i, kind := range faultKinds {
+		for _, i := range faultOrder {
+			kind := faultKinds[i]
 			emit(descRestarts, il.restarts[i], float64(in.restartsBy[kind]), true)
 			emit(descFaults, il.faults[i], float64(in.faults[kind]), true)
 		}
@@ -235,32 +343,45 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 		emit(descSM, il.base, float64(in.p.Alloc.SM), false)
 		emit(descMem, il.base, float64(in.p.Alloc.Mem), false)
 		emit(descUnverified, il.base, float64(in.unverified), true)
-		driver, mpsVersion := in.versionsLocked()
-		gauge(descMPSInfo, 1, in.gpus[0].UUID, m.gpuIndexStr[in.gpus[0].Index], in.group, driver, mpsVersion)
-		for i, c := range capKinds {
-			emit(descCapDrift, il.caps[i], float64(in.capDrifts[c]), true)
+		emit(descMPSInfo, il.infoLabels(in.versionsLocked()), 1, false)
+	}
+	// cap is the first label of these: by cap, then instance.
+	for _, i := range capOrder {
+		for _, in := range insts {
+			emit(descCapDrift, in.metricLabels.caps[i], float64(in.capDrifts[capKinds[i]]), true)
 		}
 	}
-	memUsed := map[string]uint64{}
+	// One pass over the leases: their memory in use by group, and those
+	// whose kill is stuck.
+	groups := m.groupLabelsLocked(d.cfg)
+	memUsed := make([]uint64, len(d.cfg.Groups))
+	stuck := 0
 	for _, l := range d.leases {
-		if l.inst != nil && l.memUsed != nil {
-			memUsed[l.group] += *l.memUsed
-			if d.cfg.Metrics.PerLease {
-				gauge(descLeaseMemByID, float64(*l.memUsed), l.group, l.id)
-			}
+		if l.killStuck {
+			stuck++
+		}
+		if l.inst == nil || l.memUsed == nil {
+			continue
+		}
+		if gl := groups[l.group]; gl != nil {
+			memUsed[gl.index] += *l.memUsed
+		}
+		if d.cfg.Metrics.PerLease {
+			gauge(descLeaseMemByID, float64(*l.memUsed), l.group, l.id)
 		}
 	}
-	for _, g := range d.cfg.Groups {
-		gauge(descLeaseMemUsed, float64(memUsed[g.Name]), g.Name)
-		gauge(descQueue, float64(len(d.queues[g.Name])), g.Name)
-		counter(descGranted, float64(m.granted[g.Name]), g.Name)
-		counter(descRequeues, float64(m.requeues[g.Name]), g.Name)
-		counter(descKillFailures, float64(m.killFailures[g.Name]), g.Name)
+	for i, g := range d.cfg.Groups {
+		gl := groups[g.Name]
+		emit(descLeaseMemUsed, gl.base, float64(memUsed[i]), false)
+		emit(descQueue, gl.base, float64(len(d.queues[g.Name])), false)
+		emit(descGranted, gl.base, float64(m.granted[g.Name]), true)
+		emit(descRequeues, gl.base, float64(m.requeues[g.Name]), true)
+		emit(descKillFailures, gl.base, float64(m.killFailures[g.Name]), true)
 		// Every kind, zeros included, so increase() sees the first one.
-		for _, kind := range reconKinds {
-			k := [2]string{g.Name, kind}
-			counter(descUnreconciled, float64(m.unreconciled[k]), g.Name, kind)
-			counter(descReconKilled, float64(m.reconTerminated[k]), g.Name, kind)
+		for _, j := range reconOrder {
+			k := [2]string{g.Name, reconKinds[j]}
+			emit(descUnreconciled, gl.kinds[j], float64(m.unreconciled[k]), true)
+			emit(descReconKilled, gl.kinds[j], float64(m.reconTerminated[k]), true)
 		}
 	}
 	// Findings of no group (a bypass by a process of no member), and of
@@ -271,18 +392,13 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(descReconKilled, float64(m.reconTerminated[k]), k[0], k[1])
 		}
 	}
-	stuck := 0
-	for _, l := range d.leases {
-		if l.killStuck {
-			stuck++
-		}
-	}
-	gauge(descKillStuck, float64(stuck))
+	emit(descKillStuck, nil, float64(stuck), false)
 	for k, n := range m.xids {
 		counter(descXid, float64(n), m.gpuUUIDs[k[0]], m.gpuIndexStr[k[0]], strconv.FormatUint(k[1], 10))
 	}
-	gauge(descReloadOK, b2f(m.reloadOK))
-	gauge(descReloadTime, float64(m.reloadAt.UnixNano())/1e9)
+	emit(descReloadOK, nil, b2f(m.reloadOK), false)
+	emit(descReloadTime, nil, float64(m.reloadAt.UnixNano())/1e9, false)
+	clear(insts) // kept for its room, not its instances
 	d.mu.Unlock()
 	for i := range fm {
 		ch <- &fm[i]
@@ -290,16 +406,20 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 
 	// NVML is read outside the lock: a slow GPU must not stall admission.
 	usage, _ := d.host.UsageAll()
+	sent := len(fm)
 	for _, u := range usage {
-		if u.Index < 0 || u.Index >= len(m.gpuUUIDs) {
+		if u.Index < 0 || u.Index >= len(m.gpuLabels) {
 			continue
 		}
 		if u.MemoryUsedBytes != nil {
-			gauge(descGPUMem, float64(*u.MemoryUsedBytes), m.gpuUUIDs[u.Index], m.gpuIndexStr[u.Index])
+			emit(descGPUMem, m.gpuLabels[u.Index], float64(*u.MemoryUsedBytes), false)
 		}
 		if u.Utilization != nil {
-			gauge(descGPUUtil, *u.Utilization, m.gpuUUIDs[u.Index], m.gpuIndexStr[u.Index])
+			emit(descGPUUtil, m.gpuLabels[u.Index], *u.Utilization, false)
 		}
+	}
+	for i := sent; i < len(fm); i++ {
+		ch <- &fm[i]
 	}
 }
 
@@ -384,6 +504,20 @@ func (m *metrics) groupsChangedLocked(cfg *policy.Config) {
 	for _, g := range cfg.Groups {
 		m.wait.WithLabelValues(g.Name)
 	}
+	m.groupLabelsLocked(cfg)
+}
+
+// groupLabelsLocked are the label pairs of cfg's groups, by name, made
+// once per config.
+func (m *metrics) groupLabelsLocked(cfg *policy.Config) map[string]*groupLabels {
+	if m.groupLabelsOf != cfg {
+		m.groupLabels = make(map[string]*groupLabels, len(cfg.Groups))
+		for i, g := range cfg.Groups {
+			m.groupLabels[g.Name] = newGroupLabels(i, g.Name)
+		}
+		m.groupLabelsOf = cfg
+	}
+	return m.groupLabels
 }
 
 // observeGrantLocked records a grant for the metrics.

@@ -1,14 +1,18 @@
 package mpsd
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -18,11 +22,14 @@ import (
 )
 
 // designMetrics are the names docs/architecture.md#metrics-and-systemd promises.
+// (mpsd_lease_memory_used_bytes_by_lease only with metrics.per_lease).
 var designMetrics = []string{
 	"mpsd_instance_up", "mpsd_server_restarts_total", "mpsd_faults_total", "mpsd_quarantined",
 	"mpsd_clients", "mpsd_sm_allocated_percent", "mpsd_memory_allocated_bytes", "mpsd_queue_length",
 	"mpsd_requeues_total", "mpsd_admission_wait_seconds", "mpsd_gpu_xid_errors_total",
 	"mpsd_gpu_memory_used_bytes", "mpsd_gpu_utilization_ratio", "mpsd_config_last_reload_success", "mpsd_build_info",
+	"mpsd_mps_info", "mpsd_mps_cap_drift_total", "mpsd_lease_memory_used_bytes", "mpsd_unreconciled_clients_total",
+	"mpsd_unreconciled_clients_terminated_total", "mpsd_state_writable", "mpsd_state_write_failures_total",
 }
 
 func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
@@ -189,4 +196,114 @@ func TestMetricsEndpoint(t *testing.T) {
 		v, _ := value(scrape(t, addr), "mpsd_config_last_reload_success", nil)
 		return v == 0
 	})
+}
+
+// Scrapes at once, in the protobuf and text formats Prometheus asks for,
+// while the state they show changes: each shows one moment of it (every
+// instance's mpsd_mps_info with the driver of that moment, every
+// instance's Xid fault count the same), and nothing a scrape hands on is
+// written after (the label pairs and the zero and one values scrapes
+// share; go test -race).
+func TestScrapesAtOnce(t *testing.T) {
+	e := newEnvGPUs(t, 8, `  inference:
+    users: [root]
+    memory: 20G
+`, "")
+	d, err := New(e.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = d.host.Close() }()
+	d.mu.Lock()
+	d.instances, d.queues, d.leases = map[string]*instance{}, map[string][]*lease{}, map[string]*lease{}
+	d.reconcileLocked(d.cfg)
+	for _, in := range d.instances {
+		if _, err := in.step(instEvUp, "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	instances := len(d.instances)
+	d.mu.Unlock()
+
+	// Changes until the scrapes are done.
+	done, changed := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(changed)
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			d.mu.Lock()
+			for _, in := range d.instances {
+				in.driver = "580." + strconv.Itoa(i%3)
+				in.faults[faultXid]++
+			}
+			d.mu.Unlock()
+			runtime.Gosched()
+		}
+	}()
+	h := promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{})
+	scrapeAs := func(accept string) error {
+		req := httptest.NewRequest("GET", "/metrics", nil)
+		req.Header.Set("Accept", accept)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if w.Code != http.StatusOK {
+			return fmt.Errorf("scrape: %d %s", w.Code, w.Body)
+		}
+		dec := expfmt.NewDecoder(w.Body, expfmt.ResponseFormat(w.Result().Header))
+		drivers, xids := map[string]int{}, map[float64]int{}
+		for {
+			var mf dto.MetricFamily
+			if err := dec.Decode(&mf); err == io.EOF {
+				break
+			} else if err != nil {
+				return err
+			}
+			for _, m := range mf.GetMetric() {
+				labels := map[string]string{}
+				for _, lp := range m.GetLabel() {
+					labels[lp.GetName()] = lp.GetValue()
+				}
+				switch {
+				case mf.GetName() == "mpsd_mps_info":
+					drivers[labels["driver_version"]]++
+				case mf.GetName() == "mpsd_faults_total" && labels["kind"] == faultXid:
+					xids[m.GetCounter().GetValue()]++
+				}
+			}
+		}
+		if len(drivers) != 1 || len(xids) != 1 {
+			return fmt.Errorf("one scrape shows several moments: drivers %v, Xid fault counts %v", drivers, xids)
+		}
+		for _, n := range drivers {
+			if n != instances {
+				return fmt.Errorf("mpsd_mps_info of %d instances, want %d", n, instances)
+			}
+		}
+		return nil
+	}
+	const scrapes = 20
+	errs := make(chan error, 2)
+	for _, accept := range []string{
+		"application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited",
+		"text/plain;version=0.0.4",
+	} {
+		go func() {
+			var err error
+			for i := 0; i < scrapes && err == nil; i++ {
+				err = scrapeAs(accept)
+			}
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	close(done)
+	<-changed
 }

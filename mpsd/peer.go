@@ -131,6 +131,22 @@ func procStartTime(proc string, pid int) (uint64, error) {
 	return parseStatStart(b)
 }
 
+// userHZ is the unit of /proc's process start times: clock ticks, fixed
+// at 100 a second for every architecture's user ABI (sysconf(_SC_CLK_TCK)).
+const userHZ = 100
+
+// bootTicks is the time since boot in the clock ticks of a process's
+// start time (/proc/PID/stat field 22, which the kernel counts on
+// CLOCK_BOOTTIME), rounded down: a process whose start time is larger
+// started after the call.
+func bootTicks() (uint64, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0, fmt.Errorf("clock_gettime(CLOCK_BOOTTIME): %w", err)
+	}
+	return uint64(ts.Sec)*userHZ + uint64(ts.Nsec)/(1e9/userHZ), nil
+}
+
 func parseStatStart(b []byte) (uint64, error) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {

@@ -200,3 +200,32 @@ func FuzzParseStatStart(f *testing.F) {
 		}
 	})
 }
+
+// bootTicks counts on the clock of /proc's start times: a process started
+// between two readings has a start time between them, so reconciliation
+// can tell a process that took a listed pid after the listing.
+func TestBootTicksIsProcStartClock(t *testing.T) {
+	for range 20 {
+		before, err := bootTicks()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("sleep", "10")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		start, err := procStartTime("/proc", cmd.Process.Pid)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		after, err := bootTicks()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if start < before || start > after {
+			t.Fatalf("a child's start time %d is not within the readings before (%d) and after (%d) it", start, before, after)
+		}
+	}
+}

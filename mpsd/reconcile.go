@@ -206,6 +206,11 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 	}
 	d.mu.Unlock()
 
+	// A process that started after this moment is not one the lists
+	// below name, whatever its pid: the one they named ended and its pid
+	// was taken again (pids wrap), by a process that may be another
+	// lease's, which no finding may touch.
+	listedAt, clockErr := bootTicks()
 	procs := map[int][]gpu.ProcessMemory{}
 	// NVML's MPS client list tells which GPU a client uses, not which
 	// server: on a GPU of several instances, a client event reads MPS's
@@ -270,6 +275,7 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 	}
 	resolve(nvmlPids)
 	d.checkLeaseMemory(in, dm, own, procs, leased)
+	d.noteLeaseClients(in, leaseClients(in.key, procs, view.clients, leased))
 	servers := d.serverSnapshot()
 	found := joinReconcile(view, servers, leased, procs)
 
@@ -283,6 +289,11 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 		h, facts, err := verifyProc(d.proc, f.pid)
 		if err != nil {
 			continue // gone: nothing to report
+		}
+		if clockErr == nil && h.start > listedAt {
+			in.log.Debug("reconcile: a listed pid names a process started since; not the one listed", "pid", f.pid, "kind", f.kind)
+			h.close()
+			continue
 		}
 		// Where the process is now, read while the pidfd holds it: a
 		// reading of the cgroups from before it was attached (or before
@@ -433,6 +444,64 @@ func (d *Daemon) checkLeaseMemory(in *instance, dm *mps.Daemon, servers []int, p
 		l.log.Error("lease revoked: "+memoryExceeded, "lease", l.id, "detail", why[i])
 		d.revoke([]*lease{l}, memoryExceeded, revokeHow{dm: dm, servers: servers,
 			end: &api.Error{Code: api.CodeLimitExceeded, Message: why[i]}})
+	}
+}
+
+// leaseClients counts the MPS client processes of each lease placed on
+// instance inst: the pids NVML lists as MPS clients on the instance's GPUs
+// (procs) and those MPS's client lists of its servers name (lists, when
+// they were read), that the lease's cgroup holds (leased). A process on
+// several GPUs, or in both sources, counts once. Pure.
+func leaseClients(inst string, procs map[int][]gpu.ProcessMemory, lists map[int][]int, leased map[int]leaseAt) map[string]int {
+	seen := map[int]bool{}
+	n := map[string]int{}
+	count := func(pid int) {
+		if seen[pid] {
+			return
+		}
+		seen[pid] = true
+		if at, ok := leased[pid]; ok && at.inst == inst {
+			n[at.lease]++
+		}
+	}
+	for _, list := range procs {
+		for _, pm := range list {
+			if pm.Kind == gpu.ProcessMPSClient && pm.PID > 0 {
+				count(pm.PID)
+			}
+		}
+	}
+	for _, pids := range lists {
+		for _, pid := range pids {
+			if pid > 0 {
+				count(pid)
+			}
+		}
+	}
+	return n
+}
+
+// noteLeaseClients records, for each lease on in, how many MPS clients
+// of its processes the reading saw (status's clients), and logs once a
+// running lease that runs more than it declared (--procs): MPS gives each
+// of them the lease's share divided by its procs, so together they take
+// more than the lease was admitted with. mpsd cannot stop a lease from
+// starting more; it reports it.
+func (d *Daemon) noteLeaseClients(in *instance, counts map[string]int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, l := range in.leases {
+		n := counts[l.id]
+		l.clients = &n
+		procs := l.req.Clients()
+		switch over := n > procs && l.state == leaseRunning; {
+		case over && !l.clientsOver:
+			l.logger().Warn("lease runs more MPS clients than the processes it declared; each has its share divided by them, so together they take more than the lease's sm",
+				l.logAttrs("clients", n, "procs", procs, "sm", l.req.SM, "sm_per_process", l.req.SM/procs)...)
+			l.clientsOver = true
+		case !over:
+			l.clientsOver = false
+		}
 	}
 }
 

@@ -49,6 +49,32 @@ func TestJoinReconcile(t *testing.T) {
 	}
 }
 
+// leaseClients counts each lease's MPS client processes on the instance:
+// from NVML's MPS client lists and MPS's own, a process on two GPUs or in
+// both once; compute processes, the servers and other instances' leases
+// not at all.
+func TestLeaseClients(t *testing.T) {
+	leased := map[int]leaseAt{
+		11: {lease: "a-1", inst: "a/0"}, 12: {lease: "a-1", inst: "a/0"}, 13: {lease: "a-1", inst: "a/0"},
+		14: {lease: "a-1", inst: "a/0"}, 15: {lease: "a-1", inst: "a/0"}, // its front end, no client
+		21: {lease: "a-2", inst: "a/0"},
+		31: {lease: "b-1", inst: "b/0"}, // another instance's, on the same GPU
+	}
+	procs := map[int][]gpu.ProcessMemory{
+		0: {{PID: 100, Kind: gpu.ProcessCompute}, {PID: 11, Kind: gpu.ProcessMPSClient}, {PID: 12, Kind: gpu.ProcessMPSClient},
+			{PID: 31, Kind: gpu.ProcessMPSClient}, {PID: 15, Kind: gpu.ProcessCompute}, {PID: 99, Kind: gpu.ProcessMPSClient}},
+		1: {{PID: 11, Kind: gpu.ProcessMPSClient}, {PID: 13, Kind: gpu.ProcessMPSClient}},
+	}
+	lists := map[int][]int{100: {12, 14, 21}}
+	got := leaseClients("a/0", procs, lists, leased)
+	if want := map[string]int{"a-1": 4, "a-2": 1}; !reflect.DeepEqual(got, want) {
+		t.Errorf("leaseClients = %v, want %v", got, want)
+	}
+	if got := leaseClients("a/0", nil, nil, nil); len(got) != 0 {
+		t.Errorf("leaseClients of nothing = %v", got)
+	}
+}
+
 // reconBenchInputs is a host of instances instances with leases leases
 // spread over them, every lease's process a client of its instance's one
 // server and listed by NVML, as a busy host looks when all is well.

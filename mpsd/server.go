@@ -244,6 +244,7 @@ func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, err
 	if l.bound {
 		return nil, &refusal{409, api.CodeConflict, fmt.Sprintf("lease %s is held by another connection", req.ResumeLeaseID)}
 	}
+	l.willAttach = req.WillAttach
 	d.resumeOrphanLocked(l, req)
 	if req.Attempt > l.attempt {
 		return nil, &refusal{404, api.CodeNotFound, fmt.Sprintf("lease %s is at attempt %d, not %d", l.id, l.attempt, req.Attempt)}

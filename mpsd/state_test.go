@@ -15,7 +15,7 @@ import (
 func sampleState() savedState {
 	return savedState{Version: stateVersion, Leases: []savedLease{{
 		ID: "inference-0123456789ab", Group: "inference", Instance: "inference/0", UID: 1001,
-		SM: 30, MemBytes: 8 << 30, GPUs: 1, Seq: 7, Attempt: 2, Requeue: 3,
+		SM: 30, MemBytes: 8 << 30, GPUs: 1, Seq: 7, Attempt: 2, Requeue: 3, Procs: 4,
 		Command: []string{"./infer", "--model", "x"}, Created: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC),
 	}}}
 }
@@ -74,6 +74,8 @@ func TestStoreLoad(t *testing.T) {
 		{"newer version", `{"version":2,"leases":[]}`, 0, "version 2"},
 		{"trailing data", `{"version":1,"leases":[]} {}`, 0, "data after"},
 		{"bad lease id", `{"version":1,"leases":[{"id":"../x","group":"g","instance":"g/0","uid":1,"sm":10,"mem_bytes":1,"gpus":1,"attempt":1}]}`, 0, "lease"},
+		{"procs", `{"version":1,"leases":[{"id":"g-1","group":"g","instance":"g/0","uid":1,"sm":10,"mem_bytes":1048576,"gpus":1,"attempt":1,"procs":4}]}`, 1, ""},
+		{"procs over sm", `{"version":1,"leases":[{"id":"g-1","group":"g","instance":"g/0","uid":1,"sm":3,"mem_bytes":1,"gpus":1,"attempt":1,"procs":4}]}`, 0, "out of range"},
 		{"sm out of range", `{"version":1,"leases":[{"id":"g-1","group":"g","instance":"g/0","uid":1,"sm":0,"mem_bytes":1,"gpus":1,"attempt":1}]}`, 0, "out of range"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

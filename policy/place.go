@@ -76,6 +76,11 @@ type Request struct {
 	// GPUs is how many GPUs the client needs; an instance with fewer
 	// cannot hold it.
 	GPUs int
+	// Procs is how many MPS client processes the lease runs: each is a
+	// client of the server, so it takes Procs of the instance's clients
+	// (0, a lease saved before procs existed, counts as 1). SM is the
+	// lease's whole share, divided among them.
+	Procs int
 	// Only, when not nil, confines the request to instances whose GPUs
 	// (NVML indexes) are all in it: the GPUs a batch system gave the job.
 	Only []int
@@ -88,6 +93,9 @@ type Request struct {
 	// requeued lease's original Seq.
 	Seq uint64
 }
+
+// Clients is how many of an instance's clients r takes: Procs, at least 1.
+func (r *Request) Clients() int { return max(r.Procs, 1) }
 
 // QueueOrder compares requests in queue order: higher Priority first,
 // then requeued before fresh, then earlier arrival (lower Seq). It suits
@@ -123,7 +131,7 @@ func Head(queue []Request) int {
 //
 // A candidate belongs to r's group, has at least r.GPUs GPUs, all of them
 // in r.Only when that is set, is ready,
-// has room for r.SM, r.Mem and one more client within its budget, and runs
+// has room for r.SM, r.Mem and r.Clients() more clients within its budget, and runs
 // no server of another uid that still has clients (unless multiuser).
 // Among candidates, those needing no server change come first (an idle
 // server of another uid must be replaced); then binpack takes the least
@@ -132,7 +140,7 @@ func Head(queue []Request) int {
 //
 // When none is a candidate, the error is ErrNeverFits if no instance of
 // the group could hold r even empty and ready (no instance, too few GPUs,
-// budgets smaller than r, a zero client budget), ErrOnlyClosed if the
+// budgets smaller than r, a client budget below r.Clients()), ErrOnlyClosed if the
 // only ones that could are drained or quarantined, else ErrNoRoomNow. The
 // errors are the bare sentinels: Place allocates nothing.
 func Place(r *Request, instances []Instance, mode Placement) (int, error) {
@@ -146,14 +154,14 @@ func Place(r *Request, instances []Instance, mode Placement) (int, error) {
 	for i := range instances {
 		in := &instances[i]
 		if in.Group != r.Group || len(in.GPUs) < r.GPUs || !r.allows(in.GPUs) ||
-			r.SM > in.Budget.SM || r.Mem > in.Budget.Mem || in.Budget.Clients < 1 {
+			r.SM > in.Budget.SM || r.Mem > in.Budget.Mem || in.Budget.Clients < r.Clients() {
 			continue
 		}
 		ever = true
 		if in.State != InstanceDraining && in.State != InstanceQuarantined {
 			reopens = true
 		}
-		if in.State != InstanceReady || in.Alloc.Clients >= in.Budget.Clients {
+		if in.State != InstanceReady || in.Alloc.Clients+r.Clients() > in.Budget.Clients {
 			continue
 		}
 		freeSM := in.Budget.SM - in.Alloc.SM - r.SM
@@ -261,7 +269,7 @@ func after(queue []Request, prev int) int {
 func (in *Instance) Assign(r *Request) {
 	in.Alloc.SM += r.SM
 	in.Alloc.Mem += r.Mem
-	in.Alloc.Clients++
+	in.Alloc.Clients += r.Clients()
 	if !in.Multiuser {
 		in.ServerUp, in.ServerUID = true, r.UID
 	}
@@ -272,5 +280,5 @@ func (in *Instance) Assign(r *Request) {
 func (in *Instance) Release(r *Request) {
 	in.Alloc.SM -= r.SM
 	in.Alloc.Mem -= r.Mem
-	in.Alloc.Clients--
+	in.Alloc.Clients -= r.Clients()
 }

@@ -47,6 +47,12 @@ func TestPlace(t *testing.T) {
 			[]Instance{ready("a", 0, Usage{SM: 75, Mem: 30 * gib, Clients: 3})}, Binpack, -1, ErrNoRoomNow},
 		{"48th client", req("a", 1, 1, 1<<20), []Instance{ready("a", 0, Usage{SM: 47, Mem: 47 << 20, Clients: 47})}, Binpack, 0, nil},
 		{"49th client", req("a", 1, 1, 1<<20), []Instance{ready("a", 0, Usage{SM: 48, Mem: 48 << 20, Clients: 48})}, Binpack, -1, ErrNoRoomNow},
+		{"4 processes in the last 4 clients", Request{Group: "a", UID: 1, SM: 4, Mem: 1 << 20, GPUs: 1, Procs: 4},
+			[]Instance{ready("a", 0, Usage{SM: 44, Mem: 44 << 20, Clients: 44})}, Binpack, 0, nil},
+		{"4 processes in the last 3 clients", Request{Group: "a", UID: 1, SM: 4, Mem: 1 << 20, GPUs: 1, Procs: 4},
+			[]Instance{ready("a", 0, Usage{SM: 45, Mem: 45 << 20, Clients: 45})}, Binpack, -1, ErrNoRoomNow},
+		{"more processes than the client budget", Request{Group: "a", UID: 1, SM: 10, Mem: 1 << 20, GPUs: 1, Procs: 9},
+			[]Instance{{Group: "a", GPUs: []int{0}, State: InstanceReady, Budget: Usage{SM: 100, Mem: gib, Clients: 8}}}, Binpack, -1, ErrNeverFits},
 		{"over budget after a reload shrank it", req("a", 1, 1, 1<<20),
 			[]Instance{ready("a", 0, Usage{SM: 100, Mem: 50 * gib, Clients: 1})}, Binpack, -1, ErrNoRoomNow},
 		{"zero memory budget", req("a", 1, 1, 1<<20),
@@ -212,9 +218,10 @@ func TestNextPassesRequestsForClosedInstances(t *testing.T) {
 func TestAssignRelease(t *testing.T) {
 	in := ready("a", 0, Usage{})
 	r1, r2 := req("a", 7, 30, 4*gib), req("a", 7, 20, 2*gib)
+	r2.Procs = 4 // four clients, sharing its 20%
 	in.Assign(&r1)
 	in.Assign(&r2)
-	if want := (Usage{SM: 50, Mem: 6 * gib, Clients: 2}); in.Alloc != want || !in.ServerUp || in.ServerUID != 7 {
+	if want := (Usage{SM: 50, Mem: 6 * gib, Clients: 5}); in.Alloc != want || !in.ServerUp || in.ServerUID != 7 {
 		t.Fatalf("after Assign: %+v", in)
 	}
 	in.Release(&r1)
@@ -280,6 +287,9 @@ func TestPlaceNeverOvercommits(t *testing.T) {
 					Group: groups[rng.IntN(len(groups))], UID: uint32(rng.IntN(3)),
 					SM: 1 + rng.IntN(60), Mem: int64(1+rng.IntN(24)) * gib, GPUs: 1 + rng.IntN(2),
 				}
+				if rng.IntN(4) == 0 { // a server of several processes
+					r.Procs = rng.IntN(9)
+				}
 				i, err := Place(&r, instances, mode)
 				fits, ever := bruteForce(&r, instances)
 				switch {
@@ -323,11 +333,12 @@ func TestPlaceNeverOvercommits(t *testing.T) {
 // any could ever hold it, straight from the rules.
 func bruteForce(r *Request, instances []Instance) (fits []int, ever bool) {
 	for i, in := range instances {
-		if in.Group != r.Group || len(in.GPUs) < r.GPUs || in.Budget.Clients == 0 || r.SM > in.Budget.SM || r.Mem > in.Budget.Mem {
+		procs := max(r.Procs, 1)
+		if in.Group != r.Group || len(in.GPUs) < r.GPUs || in.Budget.Clients < procs || r.SM > in.Budget.SM || r.Mem > in.Budget.Mem {
 			continue
 		}
 		ever = true
-		room := in.State == InstanceReady && in.Alloc.Clients+1 <= in.Budget.Clients &&
+		room := in.State == InstanceReady && in.Alloc.Clients+procs <= in.Budget.Clients &&
 			in.Alloc.SM+r.SM <= in.Budget.SM && in.Alloc.Mem+r.Mem <= in.Budget.Mem
 		uidOK := in.Multiuser || !in.ServerUp || in.ServerUID == r.UID || in.Alloc.Clients == 0
 		if room && uidOK {

@@ -16,6 +16,9 @@ type Demand struct {
 	Mem int64
 	// GPUs is how many GPUs; default 1.
 	GPUs int
+	// Procs is how many MPS client processes the lease runs (mps-launch
+	// --procs), among which its SM share is divided; default 1.
+	Procs int
 }
 
 // NewRequest checks a demand of uid against the group and completes it
@@ -26,7 +29,10 @@ type Demand struct {
 // A demand the group never allows fails with an error wrapping
 // ErrInvalidRequest that lists every reason in plain words: sm outside
 // 1-100 or above max_sm, mem negative, below 1M or above max_mem, gpus
-// negative or more than the group's instances have.
+// negative or more than the group's instances have, procs outside 1 to
+// MaxClientsLimit, above sm (each process's share, sm/procs, would be
+// under 1%) or above max_clients (each process is a client of the
+// server).
 func (g *Group) NewRequest(uid uint32, d Demand) (Request, error) {
 	var why []string
 	sm := d.SM
@@ -61,8 +67,19 @@ func (g *Group) NewRequest(uid uint32, d Demand) (Request, error) {
 		why = append(why, fmt.Sprintf("gpus %d is more than group %q's instances have (gpus_per_instance %d)",
 			gpus, g.Name, g.GPUsPerInstance))
 	}
+	procs := d.Procs
+	switch {
+	case procs == 0:
+		procs = 1
+	case procs < 1 || procs > MaxClientsLimit:
+		why = append(why, fmt.Sprintf("procs %d: want 1 to %d processes (MPS serves at most %d clients per GPU)", procs, MaxClientsLimit, MaxClientsLimit))
+	case procs > sm && sm >= 1:
+		why = append(why, fmt.Sprintf("procs %d is more than sm %d: each process would get sm/procs, under 1%% of the SMs (at most %d processes for sm %d)", procs, sm, sm, sm))
+	case procs > g.MaxClients:
+		why = append(why, fmt.Sprintf("procs %d is more than group %q serves per instance (max_clients %d)", procs, g.Name, g.MaxClients))
+	}
 	if len(why) > 0 {
 		return Request{}, fmt.Errorf("%w: %s", ErrInvalidRequest, strings.Join(why, "; "))
 	}
-	return Request{Group: g.Name, UID: uid, SM: sm, Mem: mem, GPUs: gpus, Priority: g.Priority}, nil
+	return Request{Group: g.Name, UID: uid, SM: sm, Mem: mem, GPUs: gpus, Procs: procs, Priority: g.Priority}, nil
 }

@@ -10,7 +10,7 @@ import (
 )
 
 func TestNewRequest(t *testing.T) {
-	g := Group{Name: "inference", GPUsPerInstance: 2, SMPercent: 100, Memory: 40 * gib, MaxClients: 48,
+	g := Group{Name: "inference", GPUsPerInstance: 2, SMPercent: 100, Memory: 40 * gib, MaxClients: 16,
 		DefaultSM: 25, DefaultMem: 8 * gib, MaxSM: 50, MaxMem: 20 * gib, Priority: 7}
 	for _, tc := range []struct {
 		name string
@@ -19,10 +19,17 @@ func TestNewRequest(t *testing.T) {
 		// errs are substrings the error must contain, in order.
 		errs []string
 	}{
-		{"defaults", Demand{}, Request{Group: "inference", UID: 42, SM: 25, Mem: 8 * gib, GPUs: 1, Priority: 7}, nil},
-		{"explicit", Demand{SM: 50, Mem: 20 * gib, GPUs: 2}, Request{Group: "inference", UID: 42, SM: 50, Mem: 20 * gib, GPUs: 2, Priority: 7}, nil},
-		{"smallest", Demand{SM: 1, Mem: units.MiB}, Request{Group: "inference", UID: 42, SM: 1, Mem: units.MiB, GPUs: 1, Priority: 7}, nil},
-		{"mem rounded down to MiB", Demand{Mem: 3*units.MiB + 5}, Request{Group: "inference", UID: 42, SM: 25, Mem: 3 * units.MiB, GPUs: 1, Priority: 7}, nil},
+		{"defaults", Demand{}, Request{Group: "inference", UID: 42, SM: 25, Mem: 8 * gib, GPUs: 1, Procs: 1, Priority: 7}, nil},
+		{"explicit", Demand{SM: 50, Mem: 20 * gib, GPUs: 2}, Request{Group: "inference", UID: 42, SM: 50, Mem: 20 * gib, GPUs: 2, Procs: 1, Priority: 7}, nil},
+		{"smallest", Demand{SM: 1, Mem: units.MiB}, Request{Group: "inference", UID: 42, SM: 1, Mem: units.MiB, GPUs: 1, Procs: 1, Priority: 7}, nil},
+		{"mem rounded down to MiB", Demand{Mem: 3*units.MiB + 5}, Request{Group: "inference", UID: 42, SM: 25, Mem: 3 * units.MiB, GPUs: 1, Procs: 1, Priority: 7}, nil},
+		{"procs share the sm", Demand{SM: 30, Procs: 4}, Request{Group: "inference", UID: 42, SM: 30, Mem: 8 * gib, GPUs: 1, Procs: 4, Priority: 7}, nil},
+		{"one percent each", Demand{SM: 8, Procs: 8}, Request{Group: "inference", UID: 42, SM: 8, Mem: 8 * gib, GPUs: 1, Procs: 8, Priority: 7}, nil},
+		{"procs over sm", Demand{SM: 8, Procs: 9}, Request{}, []string{"procs 9 is more than sm 8: each process would get sm/procs, under 1% of the SMs (at most 8 processes for sm 8)"}},
+		{"procs over the default sm", Demand{Procs: 26}, Request{}, []string{"procs 26 is more than sm 25"}},
+		{"procs over max_clients", Demand{SM: 50, Procs: 17}, Request{}, []string{`procs 17 is more than group "inference" serves per instance (max_clients 16)`}},
+		{"procs over MPS's clients", Demand{SM: 50, Procs: 49}, Request{}, []string{"procs 49: want 1 to 48 processes (MPS serves at most 48 clients per GPU)"}},
+		{"procs negative", Demand{Procs: -1}, Request{}, []string{"procs -1: want 1 to 48"}},
 		{"sm over 100", Demand{SM: 120}, Request{}, []string{"sm 120 is not a percentage from 1 to 100"}},
 		{"sm negative", Demand{SM: -1}, Request{}, []string{"sm -1 is not a percentage"}},
 		{"sm over max_sm", Demand{SM: 51}, Request{}, []string{`sm 51 is more than group "inference" allows one client (max_sm 50)`}},

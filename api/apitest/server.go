@@ -42,10 +42,14 @@ type Server struct {
 	mu       sync.Mutex
 	answers  map[string]Answer
 	requests []Request
-	granted  map[string]bool
-	refuse   map[string]api.Error
-	resumes  map[string]api.Error
-	drops    map[requestKind]drop
+	// granted: the leases a granted event named; running: those whose
+	// last event was a grant, not a revocation (mpsd attaches nothing to
+	// a lease being revoked).
+	granted map[string]bool
+	running map[string]bool
+	refuse  map[string]api.Error
+	resumes map[string]api.Error
+	drops   map[requestKind]drop
 }
 
 // Drop is how the fake drops a request, as an mpsd that dies with the
@@ -105,6 +109,7 @@ func New(t testing.TB, onLease func(*LeaseConn)) *Server {
 		attaches: make(chan Attach, 64),
 		dropped:  make(chan string, 256),
 		granted:  map[string]bool{},
+		running:  map[string]bool{},
 		refuse:   map[string]api.Error{},
 		resumes:  map[string]api.Error{},
 		drops:    map[requestKind]drop{},
@@ -440,10 +445,14 @@ func (s *Server) serveAttach(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mu.Lock()
-	known, refusal := s.granted[id], s.refuse[id]
+	known, running, refusal := s.granted[id], s.running[id], s.refuse[id]
 	s.mu.Unlock()
 	if !known {
 		apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no lease %s", id))
+		return
+	}
+	if !running {
+		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is not running", id))
 		return
 	}
 	if refusal.Message != "" {
@@ -499,18 +508,28 @@ type LeaseConn struct {
 	w     http.ResponseWriter
 	ended bool
 	cut   bool
+	lease string // the lease the stream's last grant named
 }
 
-// Send writes ev to the stream. A granted lease becomes attachable.
+// Send writes ev to the stream. A granted lease becomes attachable, and a
+// revoked one is not until its next grant, as with mpsd (an attach to it
+// is refused: 409, CodeConflict).
 func (c *LeaseConn) Send(ev api.Event) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ended {
 		return errors.New("apitest: stream already ended")
 	}
-	if ev.Type == api.EventGranted && ev.Lease != nil {
+	switch {
+	case ev.Type == api.EventGranted && ev.Lease != nil:
+		c.lease = ev.Lease.ID
 		c.srv.mu.Lock()
 		c.srv.granted[ev.Lease.ID] = true
+		c.srv.running[ev.Lease.ID] = true
+		c.srv.mu.Unlock()
+	case ev.Type == api.EventRevoked && c.lease != "":
+		c.srv.mu.Lock()
+		c.srv.running[c.lease] = false
 		c.srv.mu.Unlock()
 	}
 	return api.WriteEvent(c.w, ev)
@@ -576,7 +595,8 @@ func (c *LeaseConn) WaitReleased(t testing.TB) {
 }
 
 // Granted is a granted event for the request, as mpsd would make it: the
-// request's sm and mem (or 25% and 1G), one GPU, and the MPS environment.
+// request's sm and mem (or 25% and 1G), one GPU, and the MPS environment
+// (the thread percentage sm divided among the request's procs).
 func Granted(req api.LeaseRequest, id string, attempt int) api.Event {
 	sm, mem := req.SM, req.MemBytes
 	if sm == 0 {
@@ -590,12 +610,14 @@ func Granted(req api.LeaseRequest, id string, attempt int) api.Event {
 		group = "default"
 	}
 	limit, _ := units.MPSLimit(mem)
+	procs := max(req.Procs, 1)
 	return api.Event{Type: api.EventGranted, Lease: &api.Lease{
 		ID: id, Group: group, GPUIndexes: []int{0}, GPUUUIDs: []string{"GPU-fake-0"},
-		SM: sm, MemBytes: mem, Attempt: attempt,
+		SM: sm, MemBytes: mem, Attempt: attempt, Procs: req.Procs,
 		Env: map[string]string{
 			api.EnvPipeDirectory:    "/run/mpsd/" + group + "/GPU-fake-0/pipe",
-			api.EnvThreadPercentage: strconv.Itoa(sm),
+			api.EnvThreadPercentage: strconv.Itoa(sm / procs),
+			api.EnvProcs:            strconv.Itoa(procs),
 			api.EnvPinnedMemLimit:   "0=" + limit,
 			"CUDA_VISIBLE_DEVICES":  "GPU-fake-0",
 			api.EnvLeaseID:          id,

@@ -1,13 +1,14 @@
 // gpu_check_client: the well-behaved CUDA client of hack/gpu-check.sh.
 //
-//   gpu_check_client [--info] [--alloc GIB] [--duration SECONDS]
+//   gpu_check_client [--info] [--alloc GIB [--hold]] [--duration SECONDS]
 //
 // It prints what it sees of the GPU (SM count from
 // cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount), memory from
 // cudaMemGetInfo) and the MPS environment mps-launch gave it; with --alloc
 // it allocates up to GIB GiB in 256 MiB chunks and reports how much
 // succeeded (a failed cudaMalloc ends the allocation, not the program);
-// then it frees that memory and runs small kernels for SECONDS.
+// then it frees that memory (with --hold: keeps it until it exits, so
+// that NVML and mpsd see it held) and runs small kernels for SECONDS.
 // --info only prints what it sees.
 //
 // Lines are "client[PID] WHAT key=value ...", with t= in seconds since the
@@ -54,18 +55,20 @@ __global__ void spin(unsigned long long cycles, int *out) {
 }
 
 static void usage() {
-	fprintf(stderr, "usage: gpu_check_client [--info] [--alloc GIB] [--duration SECONDS]\n");
+	fprintf(stderr, "usage: gpu_check_client [--info] [--alloc GIB [--hold]] [--duration SECONDS]\n");
 	exit(2);
 }
 
 int main(int argc, char **argv) {
-	bool info = false;
+	bool info = false, hold = false;
 	double alloc_gib = 0, duration = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--info")) {
 			info = true;
 		} else if (!strcmp(argv[i], "--alloc") && i + 1 < argc) {
 			alloc_gib = atof(argv[++i]);
+		} else if (!strcmp(argv[i], "--hold")) {
+			hold = true;
 		} else if (!strcmp(argv[i], "--duration") && i + 1 < argc) {
 			duration = atof(argv[++i]);
 		} else {
@@ -90,9 +93,9 @@ int main(int argc, char **argv) {
 	       env("MPSD_ATTEMPT"), sms, total >> 20, freeb >> 20, n, p.name);
 	if (info) return 0;
 
+	std::vector<void *> ptrs; // what --hold keeps until the end
 	if (alloc_gib > 0) {
 		size_t want = (size_t)(alloc_gib * 1024), got = 0;
-		std::vector<void *> ptrs;
 		cudaError_t stop = cudaSuccess;
 		while (got < want) {
 			void *ptr = NULL;
@@ -107,8 +110,11 @@ int main(int argc, char **argv) {
 		}
 		printf("client[%d] alloc t=%.3f requested_mib=%zu got_mib=%zu stopped=%s error=%d %s\n", pid, wall(), want, got,
 		       stop == cudaSuccess ? "no" : "yes", (int)stop, stop == cudaSuccess ? "-" : cudaGetErrorName(stop));
-		for (void *ptr : ptrs) {
-			if ((e = cudaFree(ptr)) != cudaSuccess) fail("cudaFree", e);
+		if (!hold) {
+			for (void *ptr : ptrs) {
+				if ((e = cudaFree(ptr)) != cudaSuccess) fail("cudaFree", e);
+			}
+			ptrs.clear();
 		}
 	}
 
@@ -127,6 +133,9 @@ int main(int argc, char **argv) {
 			kernels++;
 		}
 		printf("client[%d] done t=%.3f spun %.1f s, %ld kernels, ok\n", pid, wall(), mono() - t0, kernels);
+	}
+	for (void *ptr : ptrs) {
+		if ((e = cudaFree(ptr)) != cudaSuccess) fail("cudaFree", e);
 	}
 	return 0;
 }

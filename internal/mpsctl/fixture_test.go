@@ -34,6 +34,7 @@ func statusFixture() api.Status {
 				State: api.InstanceReady, DaemonPID: 1000, ServerPIDs: []int{1001, 1002}, Clients: 3, Restarts: 1,
 				GPUIndexes: []int{0}, GPUUUIDs: []string{"GPU-aaaaaaaa-1111-2222-3333-444444444444"},
 				SMAllocated: 75, SMBudget: 100, MemAllocatedBytes: 20*units.GiB + 512*units.MiB, MemBudgetBytes: 24 * units.GiB, MaxClients: 16,
+				ClientsAllocated: 6,
 			},
 			{
 				GPUUUID: "GPU-aaaaaaaa-1111-2222-3333-444444444444", GPUIndex: 0, Group: "batch",
@@ -44,11 +45,13 @@ func statusFixture() api.Status {
 		},
 		Leases: []api.LeaseStatus{
 			{ID: "l-0003", Group: "inference", GPUIndexes: nil, UID: 1001, PIDs: nil, SM: 25, MemBytes: 8 * units.GiB, Attempt: 1, State: api.LeaseQueued,
-				Command: []string{"python3", "serve.py", "--port", "8080"}, QueuedSince: at.Add(-90 * time.Second), Position: 2, WaitReason: "waiting for room; GPU 1 draining"},
+				Command: []string{"python3", "serve.py", "--port", "8080"}, QueuedSince: at.Add(-90 * time.Second), Position: 2, WaitReason: "waiting for room; GPU 1 draining",
+				Procs: 2, SMPerProcess: 12},
 			{ID: "l-0001", Group: "inference", GPUIndexes: []int{0}, UID: 1001, PIDs: []int{3001, 3002}, SM: 50, MemBytes: 12 * units.GiB, Attempt: 2, State: api.LeaseRunning, JobID: "4242.0",
-				Command: []string{"python3", "-c", "import torch; print(torch.cuda.is_available()) and a long tail"}, RunningSince: at.Add(-(2*time.Hour + 3*time.Minute + 4*time.Second))},
+				Command: []string{"python3", "-c", "import torch; print(torch.cuda.is_available()) and a long tail"}, RunningSince: at.Add(-(2*time.Hour + 3*time.Minute + 4*time.Second)),
+				Procs: 4, SMPerProcess: 12, Clients: intp(5), MemUsedBytes: uint64p(uint64(9*units.GiB + 256*units.MiB))},
 			{ID: "l-0002", Group: "inference", GPUIndexes: []int{0}, UID: 0, PIDs: []int{3100}, SM: 25, MemBytes: 8*units.GiB + 512*units.MiB, Attempt: 1, State: api.LeaseRunning,
-				Command: []string{"./bench"}, RunningSince: at.Add(-1500 * time.Millisecond)},
+				Command: []string{"./bench"}, RunningSince: at.Add(-1500 * time.Millisecond), Procs: 1, SMPerProcess: 25, Clients: intp(1), MemUsedBytes: uint64p(0)},
 			{ID: "b-0001", Group: "batch", GPUIndexes: []int{2, 3}, UID: 1002, PIDs: nil, SM: 50, MemBytes: 10 * units.GiB, Attempt: 1, State: api.LeaseQueued, JobID: "run 7",
 				QueuedSince: at.Add(-5 * time.Minute), Position: 1, WaitReason: "waiting for room; GPU 0 quarantined, GPU 2,3 recovering"},
 			{ID: "l-0004", Group: "inference", UID: 1003, SM: 10, MemBytes: units.GiB, Attempt: 3, State: api.LeaseQueued,
@@ -57,6 +60,10 @@ func statusFixture() api.Status {
 		Queue: map[string]int{"inference": 2, "batch": 1, "idle": 0},
 	}
 }
+
+func intp(n int) *int { return &n }
+
+func uint64p(n uint64) *uint64 { return &n }
 
 // withUnknownField adds a field a newer mpsd might send to a JSON object.
 func withUnknownField(t *testing.T, r reply) reply {

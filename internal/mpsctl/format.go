@@ -30,7 +30,11 @@ type Names func(uid uint32) string
 // non-admin's view), each sorted stably whatever order mpsd sent them in:
 // instances by GPU then group, running leases by group then id, queued
 // ones by group then their position, the order mpsd grants in. Users are
-// shown by name (names; nil shows uids), falling back to the uid.
+// shown by name (names; nil shows uids), falling back to the uid. A
+// running lease shows its SM share and how it is divided (PROCS: "4x7%",
+// four processes of 7% each), the MPS clients mpsd saw of it (CLIENTS,
+// "5!" and a line below the table when more than its processes) and its
+// memory limit and use (MEM, USED).
 func WriteStatus(w io.Writer, st api.Status, names Names) error {
 	var b bytes.Buffer
 	user := func(uid uint32) string {
@@ -66,7 +70,7 @@ func WriteStatus(w io.Writer, st api.Status, names Names) error {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d/%d\t%s/%s\t%d\t%s\n",
 				instanceGPUs(in), instanceUUIDs(in), cell(in.Group), cell(in.State),
 				pid(in.DaemonPID), pids(in.ServerPIDs),
-				in.Clients, in.MaxClients, in.SMAllocated, in.SMBudget,
+				instanceClients(in), in.MaxClients, in.SMAllocated, in.SMBudget,
 				units.FormatSize(in.MemAllocatedBytes), units.FormatSize(in.MemBudgetBytes),
 				in.Restarts, instanceNote(in))
 		}
@@ -88,14 +92,22 @@ func WriteStatus(w io.Writer, st api.Status, names Names) error {
 			return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(a.ID, b.ID))
 		})
 		tw := newTable(&b)
-		fmt.Fprintln(tw, "ID\tGROUP\tUSER\tJOB\tGPUS\tSM%\tMEM\tATTEMPT\tRUNNING\tPIDS\tCOMMAND")
+		fmt.Fprintln(tw, "ID\tGROUP\tUSER\tJOB\tGPUS\tSM%\tPROCS\tCLIENTS\tMEM\tUSED\tATTEMPT\tRUNNING\tPIDS\tCOMMAND")
 		for _, l := range running {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n",
-				cell(l.ID), cell(l.Group), user(l.UID), cell(l.JobID), ints(l.GPUIndexes), l.SM,
-				units.FormatSize(l.MemBytes), l.Attempt, since(st.At, l.RunningSince), pids(l.PIDs), argvText(l.Command))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n",
+				cell(l.ID), cell(l.Group), user(l.UID), cell(l.JobID), ints(l.GPUIndexes), l.SM, procsText(l), clientsText(l),
+				units.FormatSize(l.MemBytes), memUsed(l), l.Attempt, since(st.At, l.RunningSince), pids(l.PIDs), argvText(l.Command))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
+		}
+		// A lease that runs more MPS clients than it declared: each has its
+		// part of the share, so together they take more than the share.
+		for _, l := range running {
+			if n, procs := clientsSeen(l), leaseProcs(l); n > procs {
+				fmt.Fprintf(&b, "  %s: %d MPS clients, more than its %d declared processes (--procs): at %d%% each they can take %d%%, over its sm %d%%\n",
+					cell(l.ID), n, procs, perProcess(l), n*perProcess(l), l.SM)
+			}
 		}
 	}
 
@@ -107,14 +119,14 @@ func WriteStatus(w io.Writer, st api.Status, names Names) error {
 			return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(position(a), position(b)), cmp.Compare(a.ID, b.ID))
 		})
 		tw := newTable(&b)
-		fmt.Fprintln(tw, "GROUP\tPOS\tID\tUSER\tJOB\tSM%\tMEM\tATTEMPT\tWAITING\tCOMMAND")
+		fmt.Fprintln(tw, "GROUP\tPOS\tID\tUSER\tJOB\tSM%\tPROCS\tMEM\tATTEMPT\tWAITING\tCOMMAND")
 		for _, l := range queued {
 			pos := none
 			if l.Position > 0 {
 				pos = strconv.Itoa(l.Position)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\n",
-				cell(l.Group), pos, cell(l.ID), user(l.UID), cell(l.JobID), l.SM,
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\n",
+				cell(l.Group), pos, cell(l.ID), user(l.UID), cell(l.JobID), l.SM, procsText(l),
 				units.FormatSize(l.MemBytes), l.Attempt, since(st.At, l.QueuedSince), argvText(l.Command))
 		}
 		if err := tw.Flush(); err != nil {
@@ -168,7 +180,7 @@ func summary(st api.Status, running, queued int) string {
 		smBudget += in.SMBudget * n
 		memUsed += in.MemAllocatedBytes * int64(n)
 		memBudget += in.MemBudgetBytes * int64(n)
-		clients += in.Clients
+		clients += instanceClients(in)
 		maxClients += in.MaxClients
 	}
 	var states []string
@@ -202,6 +214,62 @@ func summary(st api.Status, running, queued int) string {
 	return fmt.Sprintf("instances: %s; leases: %d running, %d queued; used: sm %s, mem %s of %s, clients %d/%d",
 		strings.Join(states, ", "), running, queued, pct(int64(smUsed), int64(smBudget)),
 		units.FormatSize(memUsed), units.FormatSize(memBudget), clients, maxClients)
+}
+
+// instanceClients is how many of its max_clients an instance's leases
+// take: one per declared process (an mpsd before clients_allocated sends
+// only the number of leases, one each).
+func instanceClients(in api.InstanceStatus) int { return max(in.ClientsAllocated, in.Clients) }
+
+// leaseProcs is how many processes a lease's share is divided among (1
+// from an mpsd before procs).
+func leaseProcs(l api.LeaseStatus) int { return max(l.Procs, 1) }
+
+// perProcess is each process's part of a lease's share.
+func perProcess(l api.LeaseStatus) int {
+	if l.SMPerProcess > 0 {
+		return l.SMPerProcess
+	}
+	return l.SM / leaseProcs(l)
+}
+
+// procsText is a lease's processes and each one's share of the SMs:
+// "4x7%" for 30% divided among 4; "1" for one process, which has all.
+func procsText(l api.LeaseStatus) string {
+	if p := leaseProcs(l); p > 1 {
+		return fmt.Sprintf("%dx%d%%", p, perProcess(l))
+	}
+	return "1"
+}
+
+// clientsSeen is the MPS clients mpsd saw of the lease; -1 when unknown.
+func clientsSeen(l api.LeaseStatus) int {
+	if l.Clients == nil {
+		return -1
+	}
+	return *l.Clients
+}
+
+// clientsText is the MPS clients seen of a lease, with "!" when more than
+// its declared processes; "-" before mpsd has looked.
+func clientsText(l api.LeaseStatus) string {
+	n := clientsSeen(l)
+	switch {
+	case n < 0:
+		return none
+	case n > leaseProcs(l):
+		return strconv.Itoa(n) + "!"
+	}
+	return strconv.Itoa(n)
+}
+
+// memUsed is the device memory NVML reports for a lease's processes;
+// "-" before mpsd has read it.
+func memUsed(l api.LeaseStatus) string {
+	if l.MemUsedBytes == nil || *l.MemUsedBytes > math.MaxInt64 {
+		return none
+	}
+	return units.FormatSize(int64(*l.MemUsedBytes))
 }
 
 // instanceNote says what holds an instance besides its state: a drain,

@@ -59,8 +59,8 @@ func FuzzStatus(f *testing.F) {
 			own   bool
 		}{
 			{"INSTANCES", len(st.Instances), 11, false},
-			{"RUNNING", running, 11, st.OwnOnly},
-			{"QUEUED", queued, 10, st.OwnOnly},
+			{"RUNNING", running, 14, st.OwnOnly},
+			{"QUEUED", queued, 11, st.OwnOnly},
 		}
 		if st.OwnOnly && len(st.Queue) > 0 {
 			sections = append(sections, struct {
@@ -101,8 +101,8 @@ func FuzzStatus(f *testing.F) {
 				}
 				i++
 			}
-			if s.title == "QUEUED" {
-				for i < len(lines) && strings.HasPrefix(lines[i], "  ") { // the wait reasons
+			if s.title == "QUEUED" || s.title == "RUNNING" {
+				for i < len(lines) && strings.HasPrefix(lines[i], "  ") { // the wait reasons, the leases over their procs
 					i++
 				}
 			}

@@ -15,6 +15,11 @@
 //	CUDA_MPS_ACTIVE_THREAD_PERCENTAGE 30
 //	CUDA_MPS_PIPE_DIRECTORY           /run/mpsd/…/pipe
 //
+// A lease whose share is divided among several client processes (mps-launch
+// --procs N) gives each the thread percentage WorkerPercentage(sm, N),
+// sm/N rounded down, so the N together stay within sm; CheckShare holds a
+// client to it.
+//
 // The limit's keys are ordinals relative to CUDA_VISIBLE_DEVICES, the form
 // every driver generation reads (UUID keys are documented only for newer
 // ones); CUDA_VISIBLE_DEVICES names UUIDs, which mean the same device to

@@ -113,6 +113,24 @@ func NewClient(pipeDir string, dev Devices, sm int, memBytes int64) (Client, err
 	return Client{dev: dev, pipeDir: pipeDir, sm: sm, memMiB: memBytes / mib}, nil
 }
 
+// WorkerPercentage is the thread percentage of each of procs client
+// processes that share a lease of sm percent: sm/procs, rounded down, so
+// that procs processes together never hold more than sm. It fails with an
+// error wrapping ErrInvalid when sm is not 1 to 100, procs is below 1, or
+// the share would be under 1% (procs above sm): MPS has no smaller share,
+// and a percentage of 0 is one it ignores.
+func WorkerPercentage(sm, procs int) (int, error) {
+	switch {
+	case sm < 1 || sm > 100:
+		return 0, fmt.Errorf("%w: thread percentage %d (want 1 to 100)", ErrInvalid, sm)
+	case procs < 1:
+		return 0, fmt.Errorf("%w: %d processes (want 1 or more)", ErrInvalid, procs)
+	case procs > sm:
+		return 0, fmt.Errorf("%w: %d processes sharing %d%%: each would get under 1%% (at most %d processes)", ErrInvalid, procs, sm, sm)
+	}
+	return sm / procs, nil
+}
+
 // Env is the client's variables (Names), to replace whatever the caller's
 // environment holds under those names.
 func (c Client) Env() map[string]string {
@@ -187,6 +205,24 @@ func Check(getenv func(string) (string, bool)) error {
 	}
 	if i := slices.Index(seen, false); i >= 0 {
 		return fmt.Errorf("%w: %s has no entry for visible device %d (%s)", ErrFallsOpen, PinnedMemLimit, i, visible[i])
+	}
+	return nil
+}
+
+// CheckShare says whether a client with environment getenv is held to a
+// thread percentage of at most limit, the share of each process of a
+// lease whose SM share is divided among several (WorkerPercentage): the
+// variable must be set, since a client without one gets its server's
+// default, the whole group's cap. Errors wrap ErrFallsOpen and name the
+// variable. Check's other rules still apply; CheckShare adds this one.
+func CheckShare(getenv func(string) (string, bool), limit int) error {
+	v, ok := getenv(ThreadPercentage)
+	if !ok {
+		return fmt.Errorf("%w: %s is unset: each process would get its MPS server's default, not its %d%%", ErrFallsOpen, ThreadPercentage, limit)
+	}
+	p, err := strconv.ParseFloat(v, 64)
+	if err != nil || !(p > 0 && p <= float64(limit)) {
+		return fmt.Errorf("%w: %s=%q is no percentage in (0, %d]: the lease's processes together could take more than its share", ErrFallsOpen, ThreadPercentage, v, limit)
 	}
 	return nil
 }

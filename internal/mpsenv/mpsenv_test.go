@@ -172,3 +172,75 @@ func FuzzNewClient(f *testing.F) {
 		}
 	})
 }
+
+// TestWorkerPercentage: a share divided among its processes is rounded
+// down, so that together they never take more; a division that would
+// leave a process under 1% is refused.
+func TestWorkerPercentage(t *testing.T) {
+	for _, tc := range []struct {
+		sm, procs, want int
+	}{
+		{30, 1, 30}, {30, 4, 7}, {100, 48, 2}, {8, 8, 1}, {1, 1, 1}, {100, 3, 33},
+		{8, 9, 0}, {30, 0, 0}, {30, -1, 0}, {0, 1, 0}, {101, 1, 0},
+	} {
+		got, err := WorkerPercentage(tc.sm, tc.procs)
+		switch {
+		case tc.want == 0 && !errors.Is(err, ErrInvalid):
+			t.Errorf("WorkerPercentage(%d, %d) = %d, %v; want ErrInvalid", tc.sm, tc.procs, got, err)
+		case tc.want != 0 && (err != nil || got != tc.want):
+			t.Errorf("WorkerPercentage(%d, %d) = %d, %v; want %d", tc.sm, tc.procs, got, err, tc.want)
+		case tc.want != 0 && got*tc.procs > tc.sm:
+			t.Errorf("WorkerPercentage(%d, %d) = %d: %d processes take more than %d", tc.sm, tc.procs, got, tc.procs, tc.sm)
+		}
+	}
+	if _, err := WorkerPercentage(8, 9); err == nil || !strings.Contains(err.Error(), "at most 8 processes") {
+		t.Errorf("WorkerPercentage(8, 9) = %v, want it to name the bound", err)
+	}
+}
+
+// TestCheckShare: a client of a divided share is held to it; a missing
+// percentage (the server's default) or a larger one falls open.
+func TestCheckShare(t *testing.T) {
+	for _, tc := range []struct {
+		pct string // "-": unset
+		ok  bool
+	}{
+		{"7", true}, {"6.5", true}, {"1", true}, {"8", false}, {"30", false}, {"-", false}, {"0", false}, {"", false}, {"x", false},
+	} {
+		vars := map[string]string{PipeDirectory: "/p", ThreadPercentage: tc.pct}
+		if tc.pct == "-" {
+			delete(vars, ThreadPercentage)
+		}
+		err := CheckShare(env(vars), 7)
+		if tc.ok != (err == nil) || err != nil && (!errors.Is(err, ErrFallsOpen) || !strings.Contains(err.Error(), ThreadPercentage)) {
+			t.Errorf("CheckShare(%s=%q, 7) = %v; want ok %v (else ErrFallsOpen naming the variable)", ThreadPercentage, tc.pct, err, tc.ok)
+		}
+	}
+}
+
+// FuzzWorkerPercentage: whatever share WorkerPercentage gives, the
+// environment NewClient makes of it passes Check and CheckShare, and the
+// processes together hold no more than the lease's share.
+func FuzzWorkerPercentage(f *testing.F) {
+	f.Add(30, 4)
+	f.Fuzz(func(t *testing.T, sm, procs int) {
+		pct, err := WorkerPercentage(sm, procs)
+		if err != nil {
+			return
+		}
+		if pct < 1 || pct*procs > sm {
+			t.Fatalf("WorkerPercentage(%d, %d) = %d", sm, procs, pct)
+		}
+		dev, _ := NewDevices([]string{"GPU-a"})
+		c, err := NewClient("/p", dev, pct, 1<<30)
+		if err != nil {
+			t.Fatalf("NewClient refused WorkerPercentage(%d, %d) = %d: %v", sm, procs, pct, err)
+		}
+		if err := Check(env(c.Env())); err != nil {
+			t.Fatal(err)
+		}
+		if err := CheckShare(env(c.Env()), pct); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

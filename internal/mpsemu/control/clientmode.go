@@ -96,11 +96,14 @@ func runClient(pipeDir string, stdin io.Reader, stdout, stderr io.Writer) int {
 	select {
 	case status = <-result:
 	case <-sendFailed:
-		// The reader usually learns why at once (the daemon is gone);
-		// only a connection that stays silent gets the message.
+		// The reader usually learns why at once (the daemon is gone, or
+		// answered and closed); only a connection that stays silent gets
+		// the message. A second, not a tenth: on a loaded machine the
+		// reader of a daemon that answered was once later than that, and
+		// the answer was taken for a failure.
 		select {
 		case status = <-result:
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(time.Second):
 			flush()
 			io.WriteString(stderr, msgCannotSend)
 			return 1
