@@ -428,11 +428,18 @@ func (m *Cgroups) CheckCreate() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	l := &lease{m: m, rel: rel}
-	// One a killed mpsd of this pid left is gone first.
-	_ = l.remove()
+	// One a killed mpsd of this pid left is gone first. The probe holds
+	// nothing: one rmdir in each hierarchy removes it, as Delete removes
+	// an empty lease, and only what that leaves (a tree someone made in
+	// it) is walked.
+	if !l.rmdirs() {
+		_ = l.remove()
+	}
 	err := m.create(rel, Limits{})
-	if rerr := l.remove(); rerr != nil {
-		err = errors.Join(err, rerr)
+	if !l.rmdirs() {
+		if rerr := l.remove(); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
 	}
 	return err
 }
