@@ -271,10 +271,20 @@ func (r LeaseRequest) Validate() error {
 type AttachRequest struct {
 	// PID is the caller's child to move into the lease's cgroup.
 	PID int `json:"pid"`
+	// Attempt is the run the child is for, the attempt of the grant the
+	// caller acts on: mpsd refuses the attach (409, CodeConflict) when the
+	// lease is at another, so a child started for an attempt that was
+	// revoked and granted again elsewhere meanwhile never joins the new
+	// one (it would run with the old instance's MPS environment). 0, from
+	// a client older than the field, is not checked.
+	Attempt int `json:"attempt,omitempty"`
 }
 
 // Validate checks that PID can name another process.
 func (a AttachRequest) Validate() error {
+	if a.Attempt < 0 {
+		return fmt.Errorf("%w: attach: attempt %d", ErrInvalid, a.Attempt)
+	}
 	if a.PID <= 1 {
 		return fmt.Errorf("%w: attach: pid %d is not a child process", ErrInvalid, a.PID)
 	}

@@ -149,7 +149,7 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 			return &done{err: err}
 		}
 		actx, cancel := context.WithTimeout(ctx, s.cfg.AttachTimeout)
-		err = s.client.Attach(actx, lease.ID, c.pid)
+		err = s.client.Attach(actx, lease.ID, lease.Attempt, c.pid)
 		cancel()
 		if err != nil {
 			err = fmt.Errorf("launcher: attach pid %d to lease %s: %w", c.pid, lease.ID, err)

@@ -409,6 +409,9 @@ func (d *Daemon) resumeOrphanLocked(l *lease, req api.LeaseRequest) {
 	delete(d.dur.orphans, l.id)
 	if req.Attempt >= 1 {
 		l.attempt, l.ranAttempt = req.Attempt, req.Attempt
+		l.cgMu.Lock()
+		l.cgAttempt = req.Attempt
+		l.cgMu.Unlock()
 	}
 }
 

@@ -2,8 +2,10 @@ package mpsd
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io/fs"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -216,4 +218,54 @@ func waitPath(t *testing.T, path string, exists bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// An attach names the attempt its child was started for: once the lease
+// was revoked and granted again (an admin requeue here; a server's crash
+// in the soak, where the new grant was on another GPU), a child of the old
+// attempt is refused, and nothing joins the lease's cgroup; one of the
+// current attempt is taken.
+func TestAttachOfARevokedAttemptRefused(t *testing.T) {
+	e := newEnv(t, oneGroup, "")
+	e.start()
+	c := leaseClient(e.socket)
+	h, lease, _, err := grantLease(c, `{"sm":1,"mem_bytes":67108864,"will_attach":true}`)
+	if err != nil {
+		t.Fatalf("lease: %v", err)
+	}
+	defer func() { _ = h.Close() }()
+	e.admin(t, "requeue", lease.ID)
+	e.waitStatus("the lease granted again, attempt 2", func(st api.Status) bool {
+		return len(st.Leases) == 1 && st.Leases[0].State == api.LeaseRunning && st.Leases[0].Attempt == 2
+	})
+	child := exec.Command("sleep", "60")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = child.Wait() }()
+	defer func() { _ = child.Process.Kill() }()
+	post := func(attempt int) (int, api.Error) {
+		body, _ := json.Marshal(api.AttachRequest{PID: child.Process.Pid, Attempt: attempt})
+		resp, err := c.Post("http://mpsd"+api.AttachPath(lease.ID), api.ContentTypeJSON, bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		var e api.Error
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		return resp.StatusCode, e
+	}
+	if code, ae := post(1); code != http.StatusConflict || ae.Code != api.CodeConflict || !strings.Contains(ae.Message, "attempt 2, not 1") {
+		t.Fatalf("attach for attempt 1 of a lease at attempt 2: %d %+v; want 409 naming both attempts", code, ae)
+	}
+	st := e.waitStatus("the lease", func(api.Status) bool { return true })
+	if len(st.Leases) != 1 || len(st.Leases[0].PIDs) != 0 {
+		t.Fatalf("after the refused attach the lease holds %v, want nothing", st.Leases)
+	}
+	if code, ae := post(2); code != http.StatusOK {
+		t.Fatalf("attach for the lease's attempt 2: %d %+v; want 200", code, ae)
+	}
+	e.waitStatus("the child in the lease", func(st api.Status) bool {
+		return len(st.Leases) == 1 && slices.Contains(st.Leases[0].PIDs, child.Process.Pid)
+	})
 }

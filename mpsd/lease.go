@@ -104,6 +104,9 @@ type lease struct {
 	// joins it until its next grant. attach refuses both.
 	killing bool
 	closed  bool
+	// cgAttempt is the attempt last granted (set with closed cleared): an
+	// attach for another is refused.
+	cgAttempt int
 }
 
 // running: placed on an instance (running, revoking or releasing).
@@ -468,6 +471,7 @@ func (d *Daemon) grantLocked(l *lease, in *instance) {
 	}
 	l.cgMu.Lock()
 	l.closed = false // its new attempt's command may join
+	l.cgAttempt = l.attempt
 	l.cgMu.Unlock()
 	if eff&effTellGranted != 0 {
 		l.box.push(api.Event{Type: api.EventGranted, Lease: l.apiLeaseLocked()})
@@ -664,6 +668,9 @@ func (d *Daemon) retryKillLocked(l *lease, then func()) {
 // nothing joins it.
 var errLeaseEnding = errors.New("the lease is ending: its processes are being killed")
 
+// errStaleAttempt: an attach names an attempt the lease is no longer at.
+var errStaleAttempt = errors.New("the lease has been granted again since")
+
 // killLease empties and removes the lease's cgroup. The handle is taken
 // under cgMu and the kill (up to 30 s) runs without it, so status, Xid
 // handling and attaches to other leases never wait on it; an attach to
@@ -754,9 +761,14 @@ func (d *Daemon) ensureCgroupLocked(l *lease) error {
 // (prepareCgroup normally has).
 // Creating and attaching are quick writes to cgroupfs, done under cgMu so
 // that a kill (which takes the handle under it) sees the pid.
-func (d *Daemon) attach(l *lease, pid int) error {
+func (d *Daemon) attach(l *lease, attempt, pid int) error {
 	l.cgMu.Lock()
 	defer l.cgMu.Unlock()
+	if attempt != 0 && attempt != l.cgAttempt {
+		// A child started for an attempt since revoked, the lease granted
+		// again (perhaps elsewhere): it must not run under the new one.
+		return fmt.Errorf("attach pid %d to lease %s: for attempt %d, the lease is at %d: %w", pid, l.id, attempt, l.cgAttempt, errStaleAttempt)
+	}
 	if l.killing || l.closed {
 		// Checked here, not only by the caller's look at the lease's
 		// state: a kill that began and ended since would otherwise let

@@ -191,6 +191,9 @@ func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
 			log.Info("lease ended after its revocation: no requeue attempts left", l.logAttrs("attempt", l.attempt)...)
 		default:
 			l.attempt++
+			l.cgMu.Lock()
+			l.cgAttempt = l.attempt // no child of the revoked attempt joins
+			l.cgMu.Unlock()
 			l.req.Requeued = true
 			l.queuedAt = time.Now()
 			l.position, l.waitReason = 0, ""

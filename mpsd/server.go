@@ -346,7 +346,11 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 	if d.opts.attachSwap != nil {
 		pid = d.opts.attachSwap(pid)
 	}
-	if err := d.attach(l, pid); err != nil {
+	if err := d.attach(l, req.Attempt, pid); err != nil {
+		if errors.Is(err, errStaleAttempt) {
+			apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is at attempt %d, not %d: nothing was attached", id, attempt, req.Attempt))
+			return
+		}
 		if errors.Is(err, errLeaseEnding) {
 			// Revoked or released since the look above.
 			apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is not running", id))

@@ -640,7 +640,7 @@ func (d *Daemon) adoptLeases(saved savedState) {
 		l := &lease{
 			id: sl.ID, group: sl.Group, uid: sl.UID, command: sl.Command, jobID: sl.JobID, revokedFor: sl.RevokedFor,
 			req:     policy.Request{Group: sl.Group, UID: sl.UID, SM: sl.SM, Mem: sl.MemBytes, GPUs: sl.GPUs, Procs: max(sl.Procs, 1), Priority: sl.Priority, Seq: sl.Seq, Only: sl.Only},
-			requeue: sl.Requeue, attempt: sl.Attempt, created: sl.Created, queuedAt: sl.Created, box: newMailbox(d.log),
+			requeue: sl.Requeue, attempt: sl.Attempt, cgAttempt: sl.Attempt, created: sl.Created, queuedAt: sl.Created, box: newMailbox(d.log),
 			awaySince: sl.AwaySince, ranAttempt: sl.Ran, log: d.log, grantedAt: sl.Granted,
 		}
 		if l.awaySince.IsZero() {

@@ -135,10 +135,11 @@ func (c *Client) InjectXid(ctx context.Context, req api.InjectXidRequest) error 
 	return err
 }
 
-// Attach asks mpsd to move pid, a child of this process, into the cgroup
-// of lease id. A refusal is returned as an *api.Error.
-func (c *Client) Attach(ctx context.Context, id string, pid int) error {
-	_, err := c.Post(ctx, api.AttachPath(id), api.AttachRequest{PID: pid}, nil)
+// Attach asks mpsd to move pid, a child of this process started for the
+// lease's run attempt, into the cgroup of lease id. A refusal (one for a
+// lease now at another attempt included) is returned as an *api.Error.
+func (c *Client) Attach(ctx context.Context, id string, attempt, pid int) error {
+	_, err := c.Post(ctx, api.AttachPath(id), api.AttachRequest{PID: pid, Attempt: attempt}, nil)
 	return err
 }
 

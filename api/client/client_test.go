@@ -32,7 +32,7 @@ func TestLeaseRefusedBeforeStream(t *testing.T) {
 	if !errors.As(err, &apiErr) || apiErr.Code != api.CodeBadRequest || !strings.Contains(apiErr.Message, "sm 500") {
 		t.Fatalf("Lease = %v, want a bad_request api.Error", err)
 	}
-	err = c.Attach(t.Context(), "lease-9", os.Getpid())
+	err = c.Attach(t.Context(), "lease-9", 1, os.Getpid())
 	if !errors.As(err, &apiErr) || apiErr.Code != api.CodeNotFound {
 		t.Errorf("Attach to an unknown lease = %v, want not_found", err)
 	}
@@ -65,7 +65,7 @@ func TestLeaseStream(t *testing.T) {
 	if ev, err := r.st.Next(); err != nil || ev.Type != api.EventGranted || ev.Lease.ID != "lease-1" {
 		t.Fatalf("Next = %+v, %v", ev, err)
 	}
-	if err := c.Attach(t.Context(), "lease-1", os.Getpid()); err == nil {
+	if err := c.Attach(t.Context(), "lease-1", 1, os.Getpid()); err == nil {
 		t.Error("attach of the test process itself (not a child) accepted")
 	}
 	// Close unblocks a Next in another goroutine.
