@@ -167,6 +167,12 @@ func (l *lease) remove() error {
 	var errs []error
 	for i := len(dirs) - 1; i >= 0; i-- {
 		d := dirs[i]
+		if i == 0 && len(errs) > 0 {
+			// Another hierarchy is still busy (an exited process not yet
+			// reaped stays in a v1 cgroup): the membership directory stays,
+			// and with it the lease, listed, killable and deleted again.
+			break
+		}
 		if err := removeTree(d.path); err != nil {
 			if errors.Is(err, unix.EBUSY) {
 				err = fmt.Errorf("%w: %w", ErrNotEmpty, err)

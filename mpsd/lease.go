@@ -668,6 +668,31 @@ func (d *Daemon) retryKillLocked(l *lease, then func()) {
 // nothing joins it.
 var errLeaseEnding = errors.New("the lease is ending: its processes are being killed")
 
+// deleteReaped deletes a lease cgroup whose kill has just emptied it. A
+// process that has exited but is not yet reaped by its parent still keeps
+// a v1 hierarchy's directory busy (the unified one already reads empty),
+// and there is no event for its reaping on v1: Delete is tried again,
+// from a millisecond apart up to 50 ms apart, for at most a second
+// (within ctx), before it counts as a failed kill.
+func deleteReaped(ctx context.Context, cg cgroup.Lease) error {
+	wait := time.Millisecond
+	deadline := time.Now().Add(time.Second)
+	for {
+		err := cg.Delete()
+		if err == nil || !errors.Is(err, cgroup.ErrNotEmpty) || time.Now().After(deadline) {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+	}
+}
+
 // errStaleAttempt: an attach names an attempt the lease is no longer at.
 var errStaleAttempt = errors.New("the lease has been granted again since")
 
@@ -702,12 +727,12 @@ func (d *Daemon) killLease(l *lease) error {
 		}
 		ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
 		err = cg.Kill(ctx)
-		cancel()
 		if err != nil {
 			err = fmt.Errorf("kill lease %s: %w", l.id, err)
-		} else if err = cg.Delete(); err != nil {
+		} else if err = deleteReaped(ctx, cg); err != nil {
 			err = fmt.Errorf("delete cgroup of lease %s: %w", l.id, err)
 		}
+		cancel()
 	}
 	l.cgMu.Lock()
 	l.killing = false
