@@ -160,6 +160,15 @@ func (l *lease) rmdirs() bool {
 	return true
 }
 
+// removeEmpty removes a cgroup that holds no process: one rmdir in each
+// hierarchy, and a walk of what that leaves (cgroups made inside it).
+func (l *lease) removeEmpty() error {
+	if l.rmdirs() {
+		return nil
+	}
+	return l.remove()
+}
+
 // remove removes the lease directory from every hierarchy, membership last
 // so a lease that fails half way is still listed and can be retried.
 func (l *lease) remove() error {

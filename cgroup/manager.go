@@ -432,14 +432,10 @@ func (m *Cgroups) CheckCreate() error {
 	// nothing: one rmdir in each hierarchy removes it, as Delete removes
 	// an empty lease, and only what that leaves (a tree someone made in
 	// it) is walked.
-	if !l.rmdirs() {
-		_ = l.remove()
-	}
+	_ = l.removeEmpty()
 	err := m.create(rel, Limits{})
-	if !l.rmdirs() {
-		if rerr := l.remove(); rerr != nil {
-			err = errors.Join(err, rerr)
-		}
+	if rerr := l.removeEmpty(); rerr != nil {
+		err = errors.Join(err, rerr)
 	}
 	return err
 }
