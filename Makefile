@@ -25,7 +25,7 @@ help:
 	@echo "make build        build everything; binaries in $(BIN)/, MPS emulator in $(EMU)/"
 	@echo "make demo         build, then show two tenant groups sharing simulated GPUs: a crash, an Xid, requeues (about 20 s, plus 1-3 min of compiling on a first build; cgroups as root)"
 	@echo "make bench        build, run the benchmarks against their baselines (< 10 min; root), write bench/REPORT.md and bench/report.json"
-	@echo "make chaos        the chaos soak for CHAOS_DURATION (default 10m): random faults, invariants checked; CHAOS_SEED replays a run"
+	@echo "make chaos        the chaos soak for CHAOS_DURATION (default 10m): random faults, invariants checked; CHAOS_SEED replays a run; a failed run keeps mpsd's log under chaos-out/"
 	@echo "make test         fetch NVIDIA's real MPS control daemons and promtool (if reachable), run go test -race ./..., check for this run's leftovers, list the skipped tests"
 	@echo "make lint         gofmt, go vet, staticcheck (architecture rules run as tests)"
 	@echo "make fetch-mps    fetch NVIDIA's real nvidia-cuda-mps-control into $(MPSD_NVIDIA_MPS_CACHE)"
@@ -63,8 +63,9 @@ demo: build
 
 CHAOS_DURATION ?= 10m
 chaos: build testrun
+	@mkdir -p chaos-out
 	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) MPSD_BIN_DIR=$(CURDIR)/bin MPSD_CHAOS_DURATION=$(CHAOS_DURATION) $(if $(CHAOS_SEED),MPSD_CHAOS_SEED=$(CHAOS_SEED)) \
-		GO=$(GO) $(TESTRUN) -race -count=1 -timeout 60m -run '^TestChaosSoak$$' -v ./mpsd
+		GO=$(GO) $(TESTRUN) -race -count=1 -timeout 60m -artifacts -outputdir $(CURDIR)/chaos-out -run '^TestChaosSoak$$' -v ./mpsd
 
 # One go test per benchmark, each with its own -benchtime (its number of
 # samples); bench/report reads their output and writes the report. A

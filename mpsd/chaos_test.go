@@ -358,7 +358,25 @@ func TestChaosSoak(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("replay with MPSD_CHAOS_SEED=%d", seed)
+		keepLog(t, e.log.Name())
 	}
+}
+
+// keepLog copies mpsd's whole log (all its restarts) into the test's
+// artifact directory, kept under -outputdir when go test runs with
+// -artifacts (make chaos does), so a failed soak can be read in full.
+func keepLog(t *testing.T, path string) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Errorf("keeping mpsd's log: %v", err)
+		return
+	}
+	kept := filepath.Join(t.ArtifactDir(), "mpsd.log")
+	if err := os.WriteFile(kept, b, 0o644); err != nil {
+		t.Errorf("keeping mpsd's log: %v", err)
+		return
+	}
+	t.Logf("mpsd's log (%d bytes): %s", len(b), kept)
 }
 
 // chaosMark starts every soak command's shell: it says on stderr that the
