@@ -58,6 +58,13 @@ type Config struct {
 	// error wrapping ErrNoDaemon and ErrUnverifiedDaemon. Nil accepts the
 	// verified holder of control_lock. Start ignores it.
 	Expect *DaemonIdentity
+	// AnswerTimeout, on Adopt: how long the daemon found has to answer
+	// its first probe and the capability check before it counts as hung
+	// (an error wrapping ErrTimeout). It starts once the handle's own work
+	// (reading the control log) is done, so a slow read of a long log is
+	// never taken for a daemon that does not answer. 0: ctx alone bounds
+	// the answer.
+	AnswerTimeout time.Duration
 	// Runner starts the control program; default ExecRunner.
 	Runner Runner
 	// ProcRoot is where /proc is mounted; default /proc.

@@ -1,6 +1,7 @@
 package mps
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -365,6 +366,11 @@ func attach(ctx context.Context, cfg Config, fd int, id DaemonIdentity, how stri
 		}
 		return d, nil
 	}
+	if cfg.AnswerTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.AnswerTimeout)
+		defer cancel()
+	}
 	if err := d.probeUntilUp(ctx); err != nil {
 		return fail(err)
 	}
@@ -384,13 +390,25 @@ func attach(ctx context.Context, cfg Config, fd int, id DaemonIdentity, how stri
 
 // loadReady marks servers of this daemon that logged Ready before adoption,
 // for the ServerStatus fallback on daemons without get_server_status.
+//
+// The log is read as a stream, a line at a time: it is as long as the
+// daemon's life (anyone may write lines to it through the world-writable
+// log FIFO), so neither its size nor one long line may decide how much
+// memory mpsd takes. A line over maxReadyLine is not a log line the
+// daemon wrote and is skipped.
 func (d *Daemon) loadReady(logPath string, pid int) {
-	b, err := os.ReadFile(logPath)
+	f, err := os.Open(logPath)
 	if err != nil {
 		return
 	}
+	defer f.Close()
 	mine := false
-	for _, line := range strings.Split(string(b), "\n") {
+	r := bufio.NewReaderSize(f, 64<<10)
+	for {
+		line, err := readBoundedLine(r, maxReadyLine)
+		if err != nil {
+			return
+		}
 		l, ok := ParseLogLine(line)
 		if !ok {
 			continue
@@ -412,6 +430,37 @@ func (d *Daemon) loadReady(logPath string, pid int) {
 			case ServerExited:
 				delete(d.ready, ev.PID)
 			}
+		}
+	}
+}
+
+// maxReadyLine bounds a control.log line loadReady parses.
+const maxReadyLine = 16 << 10
+
+// readBoundedLine returns r's next line without its newline (and a
+// trailing CR or NULs); a line longer than limit is skipped whole and
+// returned as "". It returns io.EOF at the end (a last line without its
+// newline is dropped: it may still be being written).
+func readBoundedLine(r *bufio.Reader, limit int) (string, error) {
+	var line []byte
+	over := false
+	for {
+		chunk, err := r.ReadSlice('\n')
+		switch {
+		case err == nil:
+			if over || len(line)+len(chunk) > limit+1 {
+				return "", nil
+			}
+			line = append(line, chunk[:len(chunk)-1]...)
+			return string(bytes.Trim(line, "\x00\r")), nil
+		case errors.Is(err, bufio.ErrBufferFull):
+			if !over && len(line)+len(chunk) <= limit {
+				line = append(line, chunk...)
+			} else {
+				over, line = true, nil
+			}
+		default:
+			return "", err
 		}
 	}
 }

@@ -345,12 +345,19 @@ func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, e
 		d.mu.Lock()
 		wd := d.cfg.Watchdog
 		d.mu.Unlock()
-		actx, acancel := context.WithTimeout(ctx, max(wd.ProbeTimeout*time.Duration(wd.ProbeFailures), time.Second))
-		dm, err := mps.Adopt(actx, cfg)
-		acancel()
+		// The limit is the daemon's to answer in: mpsd's own work of
+		// adopting it (reading its control log, as long as the daemon's
+		// life) is not counted, or a busy host would have a live daemon
+		// taken for hung and stopped with every client on it.
+		limit := max(wd.ProbeTimeout*time.Duration(wd.ProbeFailures), time.Second)
+		t0 := time.Now()
+		acfg := cfg
+		acfg.AnswerTimeout = limit
+		dm, err := mps.Adopt(ctx, acfg)
 		if err == nil {
 			return dm, "adopted", nil
 		}
+		cfg.Logger.Warn("adopting the running MPS control daemon failed", "pipe_dir", cfg.PipeDir, "took", time.Since(t0), "limit", limit, "err", err)
 		if cfg.Expect != nil && errors.Is(err, mps.ErrUnverifiedDaemon) {
 			// The daemon the previous mpsd ran is gone; whatever holds the
 			// pipe directory now is no daemon of those leases: a verified
