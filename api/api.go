@@ -182,6 +182,15 @@ type LeaseRequest struct {
 	// first attach, and a lease nothing is attached to (a device plugin's,
 	// an API client's) costs no cgroup.
 	WillAttach bool `json:"will_attach,omitempty"`
+	// AttachPID is a waiting child of the caller (mps-launch's
+	// trampoline) that mpsd moves into the lease's cgroup with its first
+	// grant, as an attach of that attempt would, checked as one is (the
+	// caller's own child, of its uid, alive): the grant then names it in
+	// Lease.AttachedPID and no attach round trip is needed. A pid that
+	// fails the checks is not attached and the grant does not name it
+	// (the client's own attach then says why). Ignored on a resume. 0:
+	// none.
+	AttachPID int `json:"attach_pid,omitempty"`
 	// Procs is how many CUDA processes the lease runs (a server with
 	// that many workers): its SM share is divided among them, each
 	// process getting CUDA_MPS_ACTIVE_THREAD_PERCENTAGE sm/procs rounded
@@ -224,6 +233,9 @@ func (r LeaseRequest) Validate() error {
 	}
 	if r.NoWait && r.WaitMillis != 0 {
 		why = append(why, "no_wait and wait_ms exclude each other")
+	}
+	if r.AttachPID < 0 {
+		why = append(why, fmt.Sprintf("attach_pid %d is negative", r.AttachPID))
 	}
 	n := 0
 	for _, a := range r.Command {
@@ -305,6 +317,9 @@ type Lease struct {
 	// many processes, and Env's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is each
 	// one's part.
 	Procs int `json:"procs,omitempty"`
+	// AttachedPID is the LeaseRequest.AttachPID that mpsd moved into the
+	// lease's cgroup with this grant (absent: none was).
+	AttachedPID int `json:"attached_pid,omitempty"`
 }
 
 // Validate checks the lease's id, ranges and environment.

@@ -148,9 +148,13 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 		if err != nil {
 			return &done{err: err}
 		}
-		actx, cancel := context.WithTimeout(ctx, s.cfg.AttachTimeout)
-		err = s.client.Attach(actx, lease.ID, lease.Attempt, c.pid)
-		cancel()
+		if c != s.attachAsked || lease.AttachedPID != c.pid {
+			// Not attached with the grant (another trampoline was named,
+			// or mpsd refused it): attached now.
+			actx, cancel := context.WithTimeout(ctx, s.cfg.AttachTimeout)
+			err = s.client.Attach(actx, lease.ID, lease.Attempt, c.pid)
+			cancel()
+		}
 		if err != nil {
 			err = fmt.Errorf("launcher: attach pid %d to lease %s: %w", c.pid, lease.ID, err)
 			if errors.Is(err, ErrUnreachable) {

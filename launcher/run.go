@@ -183,9 +183,14 @@ type session struct {
 	// attach found mpsd gone, its command waiting unstarted in the spare
 	// until mpsd is back or the outage outlasts ReconnectTimeout;
 	// holdRetry re-tries the attach while the stream stays open.
-	kids      children
-	held      *api.Lease
-	holdRetry *time.Timer
+	kids children
+	// attachAsked is the trampoline the last new request asked mpsd to
+	// attach with its grant (api.LeaseRequest.AttachPID): a grant naming
+	// its pid has it in the lease's cgroup already. Compared as the
+	// process, not the pid, which a later trampoline could reuse.
+	attachAsked *child
+	held        *api.Lease
+	holdRetry   *time.Timer
 
 	// verdictTimer fires at st.verdict.until (verdictAt).
 	verdictTimer *time.Timer

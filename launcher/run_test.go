@@ -291,6 +291,70 @@ func TestRunAbandonWhileQueued(t *testing.T) {
 	}
 }
 
+// TestRunAttachedWithGrant: the request names the waiting trampoline
+// (attach_pid); a grant that says mpsd attached it is run without an
+// attach round trip, one that names another pid is attached as usual,
+// and a resume never names one.
+func TestRunAttachedWithGrant(t *testing.T) {
+	t.Run("attached", func(t *testing.T) {
+		h := newHarness(t, nil)
+		done := h.start(t.Context(), h.sh(`echo "$MPSD_ATTEMPT" > ran`)...)
+		lc := h.fake.NextLease(t)
+		pid := lc.Request.AttachPID
+		if pid <= 0 {
+			t.Fatalf("request %+v names no trampoline to attach", lc.Request)
+		}
+		if ppid, err := apitest.ParentPID(pid); err != nil || ppid != os.Getpid() {
+			t.Fatalf("attach_pid %d: parent %d (%v), want the launcher %d", pid, ppid, err, os.Getpid())
+		}
+		ev := apitest.Granted(lc.Request, "lease-1", 1)
+		ev.Lease.AttachedPID = pid
+		lc.MustSend(t, ev)
+		if code := h.wait(done); code != 0 {
+			t.Fatalf("exit %d; stderr: %s", code, h.read("stderr"))
+		}
+		if got := h.read("ran"); got != "1\n" {
+			t.Errorf("the command wrote %q, want attempt 1", got)
+		}
+		if n := len(h.fake.Attaches()); n != 0 {
+			t.Errorf("%d attach requests after a grant that attached the trampoline, want none", n)
+		}
+		lc.WaitReleased(t)
+	})
+	t.Run("another pid", func(t *testing.T) {
+		h := newHarness(t, nil)
+		done := h.start(t.Context(), h.sh(`true`)...)
+		lc := h.fake.NextLease(t)
+		ev := apitest.Granted(lc.Request, "lease-1", 1)
+		ev.Lease.AttachedPID = lc.Request.AttachPID + 1
+		lc.MustSend(t, ev)
+		if a := h.fake.NextAttach(t); a.PID != lc.Request.AttachPID {
+			t.Errorf("attached pid %d, want the trampoline %d", a.PID, lc.Request.AttachPID)
+		}
+		if code := h.wait(done); code != 0 {
+			t.Fatalf("exit %d; stderr: %s", code, h.read("stderr"))
+		}
+		lc.WaitReleased(t)
+	})
+	t.Run("resume", func(t *testing.T) {
+		h := newHarness(t, nil)
+		h.cfg.ReconnectTimeout = apitest.Wait
+		done := h.start(t.Context(), h.sh(`true`)...)
+		lc := h.fake.NextLease(t)
+		lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 1, LeaseID: "lease-1"})
+		lc.Cut()
+		lc2 := h.fake.NextLease(t)
+		if lc2.Request.ResumeLeaseID == "" || lc2.Request.AttachPID != 0 {
+			t.Errorf("reconnect request %+v: want a resume without attach_pid", lc2.Request)
+		}
+		lc2.MustSend(t, apitest.Granted(lc2.Request, "lease-1", 1))
+		h.fake.NextAttach(t)
+		if code := h.wait(done); code != 0 {
+			t.Fatalf("exit %d; stderr: %s", code, h.read("stderr"))
+		}
+	})
+}
+
 func TestRunRequeue(t *testing.T) {
 	h := newHarness(t, nil)
 	ready := h.readyPipe()

@@ -196,6 +196,10 @@ func (s *session) request() api.LeaseRequest {
 	req := s.req
 	if s.st.leaseID != "" {
 		req.ResumeLeaseID, req.Attempt = s.st.leaseID, max(s.st.attempt, 1)
+	} else if s.kids.spare != nil {
+		// mpsd attaches the waiting trampoline with the grant: one round
+		// trip less before the command runs.
+		req.AttachPID, s.attachAsked = s.kids.spare.pid, s.kids.spare
 	}
 	if req.WaitMillis > 0 && s.conn.contacted {
 		if s.st.granted {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net/http"
 	"os"
@@ -268,4 +269,66 @@ func TestAttachOfARevokedAttemptRefused(t *testing.T) {
 	e.waitStatus("the child in the lease", func(st api.Status) bool {
 		return len(st.Leases) == 1 && slices.Contains(st.Leases[0].PIDs, child.Process.Pid)
 	})
+}
+
+// A lease request's attach_pid is attached with the grant, checked as an
+// attach is: the caller's own child lands in the lease's cgroup and the
+// grant names it; a process that is not the caller's child (the test's
+// own, root's) is left where it was and the grant names no pid, so the
+// client's own attach meets the refusal.
+func TestAttachWithGrant(t *testing.T) {
+	const owner = 64165
+	e := newEnv(t, `  a:
+    users: ["`+strconv.Itoa(owner)+`"]
+    memory: 10G
+`, "")
+	e.start()
+	helper := e.isoBuildAPICall()
+	lease := func(t *testing.T, body string, child bool) (api.Event, string, string) {
+		t.Helper()
+		args := []string{"-socket", e.socket, "-path", api.PathLeases, "-body", body}
+		if child {
+			args = append(args, "-child")
+		}
+		r := run(t, asUID(apiCallCmd(helper, args...), owner))
+		code, msg, _ := strings.Cut(r.stdout, "\n")
+		if r.code != 0 || code != "ok" {
+			t.Fatalf("lease request %s: exit %d, %q (%s); stderr %s", body, r.code, code, msg, r.stderr)
+		}
+		var ev api.Event
+		if err := json.Unmarshal([]byte(msg), &ev); err != nil || ev.Type != api.EventGranted || ev.Lease == nil {
+			t.Fatalf("lease request %s: first event %q (%v), want a grant", body, msg, err)
+		}
+		var childPID, cg string
+		for line := range strings.SplitSeq(r.stderr, "\n") {
+			if v, ok := strings.CutPrefix(line, "child "); ok {
+				childPID = v
+			}
+			if v, ok := strings.CutPrefix(line, "cgroup "); ok {
+				cg = v
+			}
+		}
+		return ev, childPID, cg
+	}
+	t.Run("own child", func(t *testing.T) {
+		ev, pid, cg := lease(t, `{"sm":10,"mem_bytes":1073741824,"will_attach":true,"attach_pid":{child}}`, true)
+		if strconv.Itoa(ev.Lease.AttachedPID) != pid {
+			t.Errorf("grant names attached pid %d, want the child %s", ev.Lease.AttachedPID, pid)
+		}
+		if want := e.leaseCgroup("a", ev.Lease.ID); cg != want {
+			t.Errorf("the child is in %s after the grant, want the lease cgroup %s", cg, want)
+		}
+	})
+	t.Run("not a child", func(t *testing.T) {
+		self := os.Getpid()
+		before := cgroupOf(t, self)
+		ev, _, _ := lease(t, fmt.Sprintf(`{"sm":10,"mem_bytes":1073741824,"attach_pid":%d}`, self), false)
+		if ev.Lease.AttachedPID != 0 {
+			t.Errorf("grant names attached pid %d for a process that is not the caller's child", ev.Lease.AttachedPID)
+		}
+		if after := cgroupOf(t, self); after != before {
+			t.Errorf("the test process moved from %s to %s", before, after)
+		}
+	})
+	e.waitStatus("the leases released", func(st api.Status) bool { return len(st.Leases) == 0 })
 }

@@ -156,13 +156,16 @@ func (d *Daemon) serveLease(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	d.streamLease(w, r, l, req)
+	d.streamLease(w, r, l, req, p)
 }
 
 // streamLease writes the lease's events until it ends with an error, its
 // launcher goes away (the lease is released) or mpsd stops (it is kept
 // for the launcher to resume).
-func (d *Daemon) streamLease(w http.ResponseWriter, r *http.Request, l *lease, req api.LeaseRequest) {
+//
+// The first grant of a new request attaches its attach_pid, if any,
+// before the event is written: the launcher then has no attach to send.
+func (d *Daemon) streamLease(w http.ResponseWriter, r *http.Request, l *lease, req api.LeaseRequest, p peer) {
 	w.Header().Set("Content-Type", api.ContentTypeNDJSON)
 	w.WriteHeader(http.StatusOK)
 	if f, ok := w.(http.Flusher); ok {
@@ -175,6 +178,10 @@ func (d *Daemon) streamLease(w http.ResponseWriter, r *http.Request, l *lease, r
 		waitC = t.C
 	}
 	ctx := r.Context()
+	attachPID := req.AttachPID
+	if req.ResumeLeaseID != "" {
+		attachPID = 0
+	}
 	for {
 		for _, ev := range l.box.take() {
 			if ev.Type == api.EventGranted {
@@ -186,6 +193,10 @@ func (d *Daemon) streamLease(w http.ResponseWriter, r *http.Request, l *lease, r
 					return
 				}
 				waitC = nil
+				if pid := attachPID; pid != 0 && ev.Lease != nil {
+					attachPID = 0
+					ev = d.attachAtGrant(l, p, ev, pid)
+				}
 			}
 			if err := api.WriteEvent(w, ev); err != nil {
 				d.endStream(l)
@@ -206,6 +217,20 @@ func (d *Daemon) streamLease(w http.ResponseWriter, r *http.Request, l *lease, r
 			return
 		}
 	}
+}
+
+// attachAtGrant moves pid into the lease that ev grants, as an attach of
+// its attempt, and returns ev naming it; if the attach is refused, ev as
+// it was (the launcher's own attach then meets the refusal and says it).
+func (d *Daemon) attachAtGrant(l *lease, p peer, ev api.Event, pid int) api.Event {
+	if rf := d.attachChild(l, p, l.id, ev.Lease.Attempt, ev.Lease.Attempt, pid); rf != nil {
+		d.log.Debug("attach with the grant refused", "lease", l.id, "group", l.group, "pid", pid, "attempt", ev.Lease.Attempt, "reason", rf.msg)
+		return ev
+	}
+	al := *ev.Lease
+	al.AttachedPID = pid
+	ev.Lease = &al
+	return ev
 }
 
 // endStream: the stream is over without an error event. If mpsd is
@@ -317,58 +342,62 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is not running", id))
 		return
 	}
+	if rf := d.attachChild(l, p, id, attempt, req.Attempt, req.PID); rf != nil {
+		apihttp.WriteError(w, rf.status, rf.code, rf.msg)
+		return
+	}
+	w.Header().Set("Content-Type", api.ContentTypeJSON)
+	_, _ = w.Write([]byte("{}\n"))
+}
+
+// attachChild moves pid, which must be a living child of the caller p of
+// p's uid, into lease l (id) for attempt want (0: the lease's current),
+// as an attach request or a lease request's attach_pid asks; attempt is
+// the lease's attempt as the caller last read it. It refuses with what to
+// answer.
+func (d *Daemon) attachChild(l *lease, p peer, id string, attempt, want, pid int) *refusal {
 	// Only the caller's own child: a user must never move someone else's
 	// process (or its own unrelated one) into a lease. The pidfd comes
 	// first: what /proc says of the pid is the pidfd's process's only if
 	// that process is still alive after the reading.
-	notChild := fmt.Sprintf("pid %d is not a child of the calling process %d", req.PID, p.pid)
-	h, err := openPid(d.proc, req.PID)
+	notChild := fmt.Sprintf("pid %d is not a child of the calling process %d", pid, p.pid)
+	h, err := openPid(d.proc, pid)
 	switch {
 	case errors.Is(err, unix.ESRCH) || errors.Is(err, os.ErrNotExist):
-		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, notChild)
-		return
+		return &refusal{http.StatusForbidden, api.CodeForbidden, notChild}
 	case err != nil:
-		d.log.Error("attach: cannot hold the pid", "lease", id, "pid", req.PID, "err", err)
-		apihttp.WriteError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("pid %d: %v", req.PID, err))
-		return
+		d.log.Error("attach: cannot hold the pid", "lease", id, "pid", pid, "err", err)
+		return &refusal{http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("pid %d: %v", pid, err)}
 	}
 	defer h.close()
-	st, err := readProcStatus(d.proc, req.PID)
+	st, err := readProcStatus(d.proc, pid)
 	if err != nil || st.ppid != p.pid || st.uid != p.uid {
-		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, notChild)
-		return
+		return &refusal{http.StatusForbidden, api.CodeForbidden, notChild}
 	}
 	if !h.alive() {
-		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("pid %d has exited; nothing was attached", req.PID))
-		return
+		return &refusal{http.StatusConflict, api.CodeConflict, fmt.Sprintf("pid %d has exited; nothing was attached", pid)}
 	}
-	pid := req.PID
 	if d.opts.attachSwap != nil {
 		pid = d.opts.attachSwap(pid)
 	}
-	if err := d.attach(l, req.Attempt, pid); err != nil {
+	if err := d.attach(l, want, pid); err != nil {
 		if errors.Is(err, errStaleAttempt) {
-			apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is at attempt %d, not %d: nothing was attached", id, attempt, req.Attempt))
-			return
+			return &refusal{http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is at attempt %d, not %d: nothing was attached", id, attempt, want)}
 		}
 		if errors.Is(err, errLeaseEnding) {
-			// Revoked or released since the look above.
-			apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is not running", id))
-			return
+			// Revoked or released since the caller's look.
+			return &refusal{http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is not running", id)}
 		}
 		d.log.Error("attach failed", "lease", id, "pid", pid, "err", err)
-		apihttp.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
-		return
+		return &refusal{http.StatusInternalServerError, api.CodeInternal, err.Error()}
 	}
 	if err := d.attachedSame(l, h, pid, p.pid); err != nil {
-		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, err.Error())
-		return
+		return &refusal{http.StatusConflict, api.CodeConflict, err.Error()}
 	}
 	d.mu.Lock()
 	l.ranAttempt = attempt
 	d.mu.Unlock()
-	w.Header().Set("Content-Type", api.ContentTypeJSON)
-	_, _ = w.Write([]byte("{}\n"))
+	return nil
 }
 
 // serveRelease releases the caller's lease at once for a launcher whose

@@ -475,6 +475,23 @@ func (s *Server) serveAttach(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte("{}\n"))
 }
 
+// Attaches returns the attaches accepted and not yet taken by NextAttach,
+// without waiting.
+func (s *Server) Attaches() []Attach {
+	var as []Attach
+	for {
+		select {
+		case a := <-s.attaches:
+			as = append(as, a)
+		default:
+			return as
+		}
+	}
+}
+
+// ParentPID is the parent of pid, as /proc/pid/stat says.
+func ParentPID(pid int) (int, error) { return parentPID(pid) }
+
 // parentPID reads the parent of pid from /proc/pid/stat.
 func parentPID(pid int) (int, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
