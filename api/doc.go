@@ -118,6 +118,16 @@
 // child), 404 CodeNotFound (no such lease), 409 CodeConflict (the lease is
 // not running).
 //
+// A lease request may name the process to attach instead
+// (LeaseRequest.AttachPID): mpsd attaches it with the lease's first grant,
+// with the same checks, before it writes that granted event, and the
+// event's Lease.AttachedPID names it; the attach request is then not
+// needed. A pid that fails a check is left where it is and the grant
+// names none: the client attaches as above and meets the refusal. An mpsd
+// older than the field refuses the request with 400 CodeBadRequest naming
+// "attach_pid" (it decodes strictly); mps-launch then asks again without
+// it.
+//
 // GET /v1/status returns a Status document (mpsctl status --json). The
 // document is versioned apart from the protocol: Status.SchemaVersion is
 // StatusSchemaVersion. Within a schema version fields are only added

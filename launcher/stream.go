@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/mpsd/mpsd/api"
@@ -168,6 +169,13 @@ func (c *conn) startReconnect(ctx context.Context, req api.LeaseRequest) {
 				}
 			}
 			st, err := c.client.Lease(ctx, req)
+			if req.AttachPID != 0 && refusesAttachPID(err) {
+				// An mpsd older than this launcher (upgraded, not yet
+				// restarted) knows no attach_pid: asked again without
+				// it, the trampoline is attached after the grant.
+				req.AttachPID = 0
+				continue
+			}
 			if err == nil || !errors.Is(err, ErrUnreachable) || (!contacted && client.SocketAbsent(err)) {
 				ch <- reconnectResult{stream: st, err: err, since: since}
 				return
@@ -187,6 +195,14 @@ func (c *conn) startReconnect(ctx context.Context, req api.LeaseRequest) {
 		}
 	}()
 	c.reconnected, c.stopRc, c.rcDone = ch, stop, rcDone
+}
+
+// refusesAttachPID reports whether err is mpsd refusing a lease request
+// for its attach_pid field, as one from before that field does (it
+// decodes requests strictly).
+func refusesAttachPID(err error) bool {
+	var ae *api.Error
+	return errors.As(err, &ae) && ae.Code == api.CodeBadRequest && strings.Contains(ae.Message, `"attach_pid"`)
 }
 
 // request is the lease request to send now: a resume of the session's

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"math"
@@ -324,8 +325,9 @@ func attach(ctx context.Context, cfg Config, fd int, id DaemonIdentity, how stri
 	}
 
 	logPath := filepath.Join(cfg.LogDir, controlLog)
-	if adopted {
-		d.loadReady(logPath, pid)
+	if adopted && probe {
+		// Up to logOff: the follower reads from there on.
+		d.loadReady(logPath, pid, logOff)
 	}
 	ready := make(chan error, 1)
 	lf := newLogFollower(logPath, logOff, log, d.onLogLine)
@@ -366,19 +368,28 @@ func attach(ctx context.Context, cfg Config, fd int, id DaemonIdentity, how stri
 		}
 		return d, nil
 	}
-	if cfg.AnswerTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cfg.AnswerTimeout)
-		defer cancel()
+	// Each call to the daemon gets AnswerTimeout of its own; the
+	// handle's own reading between them (server.log since the offset) is
+	// not charged to it.
+	answer := func() (context.Context, context.CancelFunc) {
+		if cfg.AnswerTimeout > 0 {
+			return context.WithTimeout(ctx, cfg.AnswerTimeout)
+		}
+		return ctx, func() {}
 	}
-	if err := d.probeUntilUp(ctx); err != nil {
+	pctx, cancel := answer()
+	err = d.probeUntilUp(pctx)
+	cancel()
+	if err != nil {
 		return fail(err)
 	}
 	if err := startServerLog(); err != nil {
 		return fail(err)
 	}
 	d.caps.PIDFile = fileExists(filepath.Join(cfg.PipeDir, pidFileName))
-	if _, err := d.Command(ctx, "get_server_status"); errors.Is(err, ErrUnknownCommand) {
+	pctx, cancel = answer()
+	defer cancel()
+	if _, err := d.Command(pctx, "get_server_status"); errors.Is(err, ErrUnknownCommand) {
 		d.caps.ServerStatus = false
 	} else if errors.Is(err, ErrInvalidValue) || err == nil {
 		d.caps.ServerStatus = true // "A server PID is required"
@@ -396,15 +407,20 @@ func attach(ctx context.Context, cfg Config, fd int, id DaemonIdentity, how stri
 // log FIFO), so neither its size nor one long line may decide how much
 // memory mpsd takes. A line over maxReadyLine is not a log line the
 // daemon wrote and is skipped.
-func (d *Daemon) loadReady(logPath string, pid int) {
+func (d *Daemon) loadReady(logPath string, pid int, end int64) {
 	f, err := os.Open(logPath)
 	if err != nil {
 		return
 	}
 	defer f.Close()
 	mine := false
-	r := bufio.NewReaderSize(f, 64<<10)
-	for {
+	r := bufio.NewReaderSize(io.LimitReader(f, end), 64<<10)
+	deadline := time.Now().Add(loadReadyBudget)
+	for n := 0; ; n++ {
+		if n%4096 == 0 && n > 0 && time.Now().After(deadline) {
+			d.log.Warn("mps: adopt: control log too long to read to its end; servers it told of before are learned from the daemon", "path", logPath, "read_for", loadReadyBudget)
+			return
+		}
 		line, err := readBoundedLine(r, maxReadyLine)
 		if err != nil {
 			return
@@ -419,11 +435,14 @@ func (d *Daemon) loadReady(logPath string, pid int) {
 			d.binaryVersion = 0
 			continue
 		}
-		if v, ok := scanBinaryVersion(l.Message); ok && mine && l.Source == "Control" {
+		if !mine {
+			continue
+		}
+		if v, ok := scanBinaryVersion(l.Message); ok && l.Source == "Control" {
 			d.noteBinaryVersion(l.PID, v)
 			continue
 		}
-		if ev, ok := logEvent(l); ok && mine {
+		if ev, ok := logEvent(l); ok {
 			switch ev.Kind {
 			case ServerReady:
 				d.ready[ev.PID] = true
@@ -434,11 +453,15 @@ func (d *Daemon) loadReady(logPath string, pid int) {
 	}
 }
 
-// maxReadyLine bounds a control.log line loadReady parses.
-const maxReadyLine = 16 << 10
+// maxReadyLine bounds a control.log line loadReady parses;
+// loadReadyBudget how long it reads.
+const (
+	maxReadyLine    = 16 << 10
+	loadReadyBudget = 5 * time.Second
+)
 
-// readBoundedLine returns r's next line without its newline (and a
-// trailing CR or NULs); a line longer than limit is skipped whole and
+// readBoundedLine returns r's next line without its newline (and CRs or
+// NULs at either end, as the log follower trims them); a line longer than limit is skipped whole and
 // returned as "". It returns io.EOF at the end (a last line without its
 // newline is dropped: it may still be being written).
 func readBoundedLine(r *bufio.Reader, limit int) (string, error) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -52,11 +53,11 @@ func TestLoadReadyFloodedLog(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	d := &Daemon{pid: daemon, ready: map[int]bool{}}
+	d := &Daemon{pid: daemon, ready: map[int]bool{}, log: slog.New(slog.DiscardHandler)}
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	d.loadReady(path, daemon)
+	d.loadReady(path, daemon, fileSize(t, path))
 	runtime.ReadMemStats(&after)
 	if got := after.TotalAlloc - before.TotalAlloc; got > 4<<20 {
 		t.Errorf("loadReady allocated %d MiB for a %d MiB log; want it streamed", got>>20, fileSize(t, path)>>20)
@@ -66,6 +67,17 @@ func TestLoadReadyFloodedLog(t *testing.T) {
 	}
 	if d.binaryVersion != 13000 {
 		t.Errorf("binary version %d, want 13000", d.binaryVersion)
+	}
+	// Only up to the offset the log follower starts at: what comes after
+	// is the follower's.
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d = &Daemon{pid: daemon, ready: map[int]bool{}, log: slog.New(slog.DiscardHandler)}
+	d.loadReady(path, daemon, int64(bytes.Index(b, []byte("NEW SERVER 31: Ready"))))
+	if len(d.ready) != 0 {
+		t.Errorf("ready servers %v read past the end it was given, want none", d.ready)
 	}
 }
 

@@ -381,7 +381,12 @@ func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, e
 	}
 	dm, err := mps.Start(ctx, cfg)
 	if errors.Is(err, mps.ErrAlreadyRunning) {
-		dm, err = mps.Adopt(ctx, cfg)
+		d.mu.Lock()
+		wd := d.cfg.Watchdog
+		d.mu.Unlock()
+		acfg := cfg
+		acfg.AnswerTimeout = max(wd.ProbeTimeout*time.Duration(wd.ProbeFailures), time.Second)
+		dm, err = mps.Adopt(ctx, acfg)
 		return dm, "adopted", err
 	}
 	if err != nil {

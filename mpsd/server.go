@@ -223,6 +223,16 @@ func (d *Daemon) streamLease(w http.ResponseWriter, r *http.Request, l *lease, r
 // its attempt, and returns ev naming it; if the attach is refused, ev as
 // it was (the launcher's own attach then meets the refusal and says it).
 func (d *Daemon) attachAtGrant(l *lease, p peer, ev api.Event, pid int) api.Event {
+	// Running at that attempt still, as an attach request is checked: a
+	// revocation that began since the grant was queued (it waits for a
+	// state write, then asks MPS to end the clients) must not have a
+	// client started under it.
+	d.mu.Lock()
+	current := l.state == leaseRunning && l.attempt == ev.Lease.Attempt
+	d.mu.Unlock()
+	if !current {
+		return ev
+	}
 	if rf := d.attachChild(l, p, l.id, ev.Lease.Attempt, ev.Lease.Attempt, pid); rf != nil {
 		d.log.Debug("attach with the grant refused", "lease", l.id, "group", l.group, "pid", pid, "attempt", ev.Lease.Attempt, "reason", rf.msg)
 		return ev

@@ -1,7 +1,9 @@
 package apitest
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -50,6 +52,9 @@ type Server struct {
 	refuse  map[string]api.Error
 	resumes map[string]api.Error
 	drops   map[requestKind]drop
+	// refusedFields are lease-request fields the fake refuses as an
+	// older mpsd's strict decoder does (RefuseLeaseField).
+	refusedFields []string
 }
 
 // Drop is how the fake drops a request, as an mpsd that dies with the
@@ -380,8 +385,33 @@ func (s *Server) NextAttach(t testing.TB) Attach {
 	}
 }
 
+// RefuseLeaseField makes the fake answer a lease request that has the
+// field name with mpsd's 400 for an unknown field, as an mpsd older than
+// the field does.
+func (s *Server) RefuseLeaseField(name string) {
+	s.mu.Lock()
+	s.refusedFields = append(s.refusedFields, name)
+	s.mu.Unlock()
+}
+
 func (s *Server) serveLease(w http.ResponseWriter, r *http.Request) {
-	req, err := api.DecodeLeaseRequest(r.Body)
+	body, err := io.ReadAll(io.LimitReader(r.Body, api.MaxRequestBytes+1))
+	if err != nil {
+		apihttp.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+		return
+	}
+	var fields map[string]json.RawMessage
+	_ = json.Unmarshal(body, &fields)
+	s.mu.Lock()
+	refusedFields := slices.Clone(s.refusedFields)
+	s.mu.Unlock()
+	for _, f := range refusedFields {
+		if _, ok := fields[f]; ok {
+			apihttp.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, fmt.Sprintf("lease request: json: unknown field %q", f))
+			return
+		}
+	}
+	req, err := api.DecodeLeaseRequest(bytes.NewReader(body))
 	switch {
 	case errors.Is(err, api.ErrTooLarge):
 		apihttp.WriteError(w, http.StatusRequestEntityTooLarge, api.CodeTooLarge, err.Error())
