@@ -46,6 +46,11 @@ const (
 	ContentTypeJSON = "application/json"
 	// ContentTypeNDJSON is the type of the lease event stream.
 	ContentTypeNDJSON = "application/x-ndjson"
+	// HeaderLeaseID names, in a lease stream's answer, the lease the
+	// stream is for, before any event: a client whose stream ends before
+	// its first event (mpsd killed between a grant's state write and its
+	// event) resumes that lease by id instead of asking anew.
+	HeaderLeaseID = "Mpsd-Lease-Id"
 
 	// MaxRequestBytes bounds a request body; mpsd answers 413 beyond it.
 	MaxRequestBytes = 64 << 10

@@ -153,6 +153,9 @@ const (
 	inGiveUp
 	// inSignal: sig arrived (one of those forwarded).
 	inSignal
+	// inLeaseNamed: a new stream's answer named its lease (leaseID),
+	// before any event.
+	inLeaseNamed
 )
 
 // input is one thing that happened to the session.
@@ -169,6 +172,8 @@ type input struct {
 	reconnecting bool
 
 	sig os.Signal
+
+	leaseID string
 }
 
 // actionKind names an effect for run.go to carry out.
@@ -418,6 +423,14 @@ func step(st state, in input, tm timing) (state, []action) {
 	case inVerdictDue:
 		if st.verdict != nil {
 			endVerdict()
+		}
+
+	case inLeaseNamed:
+		if st.leaseID == "" && st.lease == nil {
+			// A reconnect before the first event resumes it: mpsd may
+			// have granted it, and attached the trampoline, just before
+			// it went.
+			st.leaseID, st.attempt = in.leaseID, max(st.attempt, 1)
 		}
 
 	case inFail:

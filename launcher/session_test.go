@@ -88,6 +88,20 @@ func TestStep(t *testing.T) {
 					t.Errorf("state %+v", st)
 				}
 			}},
+		{name: "a stream that names its lease makes a reconnect resume it",
+			st: state{}, in: input{kind: inLeaseNamed, leaseID: "lease-n"}, phase: phaseQueued, acts: nil,
+			check: func(t *testing.T, st state, _ []action) {
+				if st.leaseID != "lease-n" || st.attempt != 1 || st.lease != nil {
+					t.Errorf("state %+v", st)
+				}
+			}},
+		{name: "a stream naming a lease while one runs changes nothing",
+			st: running(), in: input{kind: inLeaseNamed, leaseID: "lease-n"}, phase: phaseRunning, acts: nil,
+			check: func(t *testing.T, st state, _ []action) {
+				if st.leaseID != "lease-1" {
+					t.Errorf("state %+v", st)
+				}
+			}},
 		{name: "queued event while a revoked command dies leaves the status line alone",
 			st: func() state { s := running(); s.phase, s.revoked = phaseRevoked, "xid 79"; return s }(),
 			in: evQueued(1, ""), phase: phaseRevoked, acts: nil},

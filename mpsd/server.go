@@ -167,6 +167,7 @@ func (d *Daemon) serveLease(w http.ResponseWriter, r *http.Request) {
 // before the event is written: the launcher then has no attach to send.
 func (d *Daemon) streamLease(w http.ResponseWriter, r *http.Request, l *lease, req api.LeaseRequest, p peer) {
 	w.Header().Set("Content-Type", api.ContentTypeNDJSON)
+	w.Header().Set(api.HeaderLeaseID, l.id)
 	w.WriteHeader(http.StatusOK)
 	if f, ok := w.(http.Flusher); ok {
 		f.Flush()

@@ -191,15 +191,24 @@ func (c *Client) Lease(ctx context.Context, req api.LeaseRequest) (*Stream, erro
 		rc.close()
 		return nil, c.requestError(ctx, what, cmpErr(ctx.Err(), err), 0)
 	}
-	return &Stream{ctx: ctx, rc: rc, dec: api.NewEventDecoder(rc.resp.body)}, nil
+	id := rc.resp.leaseID
+	if api.ValidLeaseID(id) != nil {
+		id = "" // not a lease id: as if mpsd had named none
+	}
+	return &Stream{ctx: ctx, rc: rc, dec: api.NewEventDecoder(rc.resp.body), leaseID: id}, nil
 }
 
 // Stream is one lease's event stream; closing it releases the lease.
 type Stream struct {
-	ctx context.Context
-	rc  *roundTrip
-	dec *api.EventDecoder
+	ctx     context.Context
+	rc      *roundTrip
+	dec     *api.EventDecoder
+	leaseID string
 }
+
+// LeaseID is the lease mpsd named in the stream's answer (api.HeaderLeaseID),
+// or "" if it named none (an mpsd from before the header).
+func (s *Stream) LeaseID() string { return s.leaseID }
 
 // Next returns the next event; see api.EventDecoder.Next for the
 // results. Errors wrap ErrProtocol when mpsd sent a bad line or a bad

@@ -51,6 +51,7 @@ func encodeRequest(method, path, accept string, body []byte) []byte {
 type response struct {
 	status      int
 	contentType string
+	leaseID     string // api.HeaderLeaseID
 	body        io.Reader
 }
 
@@ -94,6 +95,8 @@ func readResponse(r io.Reader) (*response, error) {
 			switch strings.ToLower(name) {
 			case "content-type":
 				resp.contentType = value
+			case "mpsd-lease-id":
+				resp.leaseID = value
 			case "content-length":
 				v, err := strconv.ParseInt(value, 10, 64)
 				if err != nil || v < 0 || (length >= 0 && v != length) {
