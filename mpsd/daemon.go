@@ -549,6 +549,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			runErr = errors.Join(runErr, err)
 		}
 	}
+	d.store.close()
 	d.log.Info("mpsd stopped")
 	return runErr
 }

@@ -53,6 +53,7 @@ func TestStoreFailedWriteHoldsWaiters(t *testing.T) {
 	want := sampleState()
 	var h healthLog
 	s := newStore(filepath.Join(dir, "state.json"), func() savedState { return want }, slog.New(slog.DiscardHandler))
+	defer s.close()
 	s.onHealth = h.add
 
 	first := s.request()
@@ -112,6 +113,7 @@ func TestStoreRunRetries(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
 	var h healthLog
 	s := newStore(filepath.Join(dir, "state.json"), sampleState, slog.New(slog.DiscardHandler))
+	defer s.close()
 	s.onHealth = h.add
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan struct{})
@@ -151,6 +153,7 @@ func TestStoreRunRetries(t *testing.T) {
 func TestStoreFrozenReleasesNobody(t *testing.T) {
 	dir := t.TempDir()
 	s := newStore(filepath.Join(dir, "state.json"), sampleState, slog.New(slog.DiscardHandler))
+	defer s.close()
 	s.freeze()
 	ch := s.request()
 	if err := s.flush(); err != nil {

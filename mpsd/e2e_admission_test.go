@@ -441,10 +441,7 @@ func TestAwayLeaseGraceSurvivesRestarts(t *testing.T) {
 	p.waitQuiet(waitFor)
 	awaySince := func() time.Time {
 		t.Helper()
-		b, err := os.ReadFile(filepath.Join(e.dir, "state", "state.json"))
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := e.stateBytes()
 		var st savedState
 		if err := json.Unmarshal(b, &st); err != nil {
 			t.Fatal(err)

@@ -157,11 +157,7 @@ func TestAdminRequeueRecordsRevokingFirst(t *testing.T) {
 	s.target.Store("")
 	saved := make(chan savedLease, 1)
 	s.check = func(bool) {
-		b, err := os.ReadFile(filepath.Join(e.dir, "state", "state.json"))
-		if err != nil {
-			return
-		}
-		st, err := decodeState(b)
+		st, err := decodeState(e.stateBytes())
 		if err != nil {
 			return
 		}

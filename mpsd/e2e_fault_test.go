@@ -812,7 +812,7 @@ func serverDiesWhileMpsdDown(t *testing.T, crash bool) {
 		// that has the server.
 		deadline := time.Now().Add(waitFor)
 		for {
-			b, _ := os.ReadFile(filepath.Join(e.dir, "state", "state.json"))
+			b := e.stateBytes()
 			var saved savedState
 			if json.Unmarshal(b, &saved) == nil {
 				if _, ok := saved.Servers[instanceKey("a", []int{0})][server]; ok {
@@ -862,22 +862,17 @@ func TestRevocationFinishedAfterCrash(t *testing.T) {
 	e.stop()
 	// As the dead mpsd would have left it, had it died just after taking
 	// the lease for a fault.
-	path := filepath.Join(e.dir, "state", "state.json")
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := e.stateBytes()
 	var st savedState
 	if err := json.Unmarshal(b, &st); err != nil || len(st.Leases) != 1 {
 		t.Fatalf("state %s: %v", b, err)
 	}
 	st.Leases[0].Revoking, st.Leases[0].RevokedFor = true, "MPS server 1 of group a on GPU 0 died (test)"
-	if b, err = json.Marshal(st); err != nil {
+	b, err := json.Marshal(st)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	e.setState(b)
 	e.start()
 	wantRequeuedAndDone(t, p, "died (test)")
 	e.noLeaks(t)

@@ -1,7 +1,9 @@
 package mpsd
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -19,14 +21,11 @@ import (
 	"github.com/mpsd/mpsd/internal/mpsemu/mpslog"
 )
 
-// readState and writeState edit the state file between mpsd runs, as a
+// readState and writeState edit the state between mpsd runs, as a
 // previous mpsd (or an older one) would have left it.
 func readState(t *testing.T, e *testEnv) savedState {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(e.dir, "state", "state.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := e.stateBytes()
 	var st savedState
 	if err := json.Unmarshal(b, &st); err != nil {
 		t.Fatalf("state %s: %v", b, err)
@@ -40,8 +39,41 @@ func writeState(t *testing.T, e *testEnv, st savedState) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(e.dir, "state", "state.json"), b, 0o600); err != nil {
-		t.Fatal(err)
+	e.setState(b)
+}
+
+// stateBytes is the state as the next mpsd would load it, read without
+// touching anything (mpsd may be running): the journal's last whole
+// record, else the state file; nil if neither is there.
+func (e *testEnv) stateBytes() []byte {
+	return stateBytesAt(filepath.Join(e.dir, "state", "state.json"))
+}
+
+// stateBytesAt is stateBytes of the state file at path.
+func stateBytesAt(path string) []byte {
+	if jb, err := os.ReadFile(path + journalSuffix); err == nil {
+		recs := bytes.SplitAfter(jb, []byte("\n"))
+		for i := len(recs) - 1; i >= 0; i-- {
+			if r := recs[i]; len(r) > 0 && r[len(r)-1] == '\n' {
+				if _, err := decodeState(r); err == nil {
+					return r
+				}
+			}
+		}
+	}
+	b, _ := os.ReadFile(path)
+	return b
+}
+
+// setState makes b the state (mpsd stopped): the state file, no journal.
+func (e *testEnv) setState(b []byte) {
+	e.t.Helper()
+	path := filepath.Join(e.dir, "state", "state.json")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := os.Remove(path + journalSuffix); err != nil && !errors.Is(err, os.ErrNotExist) {
+		e.t.Fatal(err)
 	}
 }
 
@@ -241,7 +273,7 @@ func TestRestartedDaemonRecordedAtOnce(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(waitFor)
 		for {
-			if b, err := os.ReadFile(filepath.Join(e.dir, "state", "state.json")); err == nil {
+			if b := e.stateBytes(); b != nil {
 				var st savedState
 				if json.Unmarshal(b, &st) == nil {
 					for k, sd := range st.Daemons {

@@ -85,8 +85,10 @@ func TestMissingStateLeavesCgroupsAlone(t *testing.T) {
 	want := e.leaseCgroup("inference", l.ID)
 	e.d.crashStop.Store(true)
 	e.stop()
-	if err := os.Remove(filepath.Join(e.dir, "state", "state.json")); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"state.json", "state.json" + journalSuffix} {
+		if err := os.Remove(filepath.Join(e.dir, "state", name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
 	}
 	e.start()
 	// The gate shell: the sleeps it runs come and go.

@@ -109,8 +109,11 @@ type savedLease struct {
 	Procs int `json:"procs,omitempty"`
 }
 
-// store writes the state file atomically (see write) from a snapshot
-// taken when a write is due. Writes are
+// store keeps the state (see write) from a snapshot taken when a write is
+// due: each write appends the whole state as one line to the journal
+// beside the state file, and every so often (compaction) the state file
+// itself is replaced and the journal emptied. The last whole record of the
+// journal, if it has one, is the state; else the state file is. Writes are
 // batched: every change since the last write goes in the next one, so a
 // burst of grants costs one fsync, and each grant waits only for the write
 // that covers it.
@@ -148,13 +151,31 @@ type store struct {
 	lastIntent []string
 	// buf is the last write's encoding, its memory reused by the next.
 	buf []byte
-	// next is the temporary file the next write fills, created by run
-	// after a write's waiters were released: creating a file is most of
-	// a write's cost (on ext4 about half a millisecond, the rename the
-	// rest), and is so kept off the grant's critical path. nil when none
-	// is made yet; run removes it when it stops.
+	// next is the temporary file the next compaction fills, created by
+	// run after a write's waiters were released, off the grant's critical
+	// path. nil when none is made yet; run removes it when it stops.
 	next *os.File
+	// j is the journal, open for appending (nil until the first write,
+	// which compacts); jsize is its length; jbroken says a write to it
+	// failed part way, so the next write compacts (and so cuts the torn
+	// record off).
+	j       *os.File
+	jsize   int64
+	jbroken bool
+	// jbytes and jrecords bound the journal (journalMinBytes and
+	// journalRecords; tests lower them).
+	jbytes, jrecords int64
 }
+
+// journalSuffix names the journal: the state file's path with it.
+const journalSuffix = ".journal"
+
+// journalMinBytes is the least the journal grows to before a write
+// compacts it; it may also grow to journalRecords records.
+const (
+	journalMinBytes = 4 << 20
+	journalRecords  = 32
+)
 
 // tempPattern names the store's temporary files in the state directory.
 const tempPattern = ".state-*.tmp"
@@ -166,7 +187,7 @@ const (
 )
 
 func newStore(path string, snapshot func() savedState, log *slog.Logger) *store {
-	return &store{path: path, snapshot: snapshot, log: log, kick: make(chan struct{}, 1)}
+	return &store{path: path, snapshot: snapshot, log: log, kick: make(chan struct{}, 1), jbytes: journalMinBytes, jrecords: journalRecords}
 }
 
 // request asks for a write of the state as it will be after the caller's
@@ -274,13 +295,17 @@ func (s *store) freeze() {
 	s.mu.Unlock()
 }
 
-// write replaces the state file atomically (temp file and rename). It
-// syncs to disk only when the operator's intent (quarantines, drains)
-// changed: a lease cannot outlive the machine (its processes die with
-// it), so its record need only survive mpsd, which the page cache
-// guarantees once the rename is done; a drain or a quarantine is an
-// operator's decision that must survive a reboot. Skipping the two fsyncs
-// per grant keeps them off every launch's critical path.
+// write records st: one write(2) of a line appended to the journal, which
+// a crash of mpsd cannot take back once it returns (the page cache holds
+// it), and costs no rename: replacing a file by rename makes ext4 flush
+// the new file's data first (auto_da_alloc), about a millisecond that
+// every grant and release would wait for. The journal is synced only when
+// the operator's intent (quarantines, drains) changed: a lease cannot
+// outlive the machine (its processes die with it), so its record need
+// only survive mpsd; a drain or a quarantine is an operator's decision
+// that must survive a reboot. The first write, one after a failed one, and
+// one that would take the journal past its bound (journalMinBytes, or
+// journalRecords records of this size) compact instead.
 func (s *store) write(st savedState) error {
 	b, err := st.appendJSON(s.buf[:0])
 	if err != nil {
@@ -290,9 +315,43 @@ func (s *store) write(st savedState) error {
 	s.buf = b
 	intent := st.intent()
 	sync := !slices.Equal(intent, s.lastIntent) || !s.written
+	limit := max(s.jbytes, s.jrecords*int64(len(b)))
+	if s.j == nil || s.jbroken || !s.written || s.jsize+int64(len(b)) > limit {
+		err = s.compact(b)
+	} else {
+		err = s.appendRecord(b, sync)
+	}
+	if err != nil {
+		return err
+	}
+	// Only a write that is done counts: one that failed is synced again.
+	s.lastIntent, s.written = intent, true
+	return nil
+}
+
+// appendRecord appends one record to the journal.
+func (s *store) appendRecord(b []byte, sync bool) error {
+	n, err := s.j.Write(b)
+	s.jsize += int64(n)
+	if err == nil && sync {
+		err = s.j.Sync()
+	}
+	if err != nil {
+		s.jbroken = true
+		return fmt.Errorf("write state journal %s: %w", s.path+journalSuffix, err)
+	}
+	return nil
+}
+
+// compact replaces the state file atomically with b (temp file, fsync,
+// rename, fsync of the directory) and then empties the journal, synced
+// too: after a power loss the journal never holds records older than the
+// state file, and the state file is never empty.
+func (s *store) compact(b []byte) error {
 	dir := filepath.Dir(s.path)
 	f := s.next
 	s.next = nil
+	var err error
 	if f == nil {
 		if f, err = os.CreateTemp(dir, tempPattern); err != nil {
 			return fmt.Errorf("write state %s: %w", s.path, err)
@@ -300,7 +359,7 @@ func (s *store) write(st savedState) error {
 	}
 	tmp := f.Name()
 	_, err = f.Write(b)
-	if err == nil && sync {
+	if err == nil {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
@@ -313,19 +372,57 @@ func (s *store) write(st savedState) error {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("write state %s: %w", s.path, err)
 	}
-	if sync {
-		d, err := os.Open(dir)
-		if err == nil {
-			err = d.Sync()
-			_ = d.Close()
-		}
-		if err != nil {
-			return fmt.Errorf("write state %s: sync its directory: %w", s.path, err)
-		}
+	// The rename is durable before the journal is emptied: a power loss
+	// between the two leaves the new state file and records at most as
+	// new, never the old file without the records that followed it.
+	if err := syncDir(dir); err != nil {
+		return fmt.Errorf("write state %s: sync its directory: %w", s.path, err)
 	}
-	// Only a write that is done counts: one that failed is synced again.
-	s.lastIntent, s.written = intent, true
+	jpath := s.path + journalSuffix
+	opened := false
+	if s.j == nil {
+		s.j, err = os.OpenFile(jpath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+		if err != nil {
+			s.j = nil
+			return fmt.Errorf("open state journal %s: %w", jpath, err)
+		}
+		opened = true
+	}
+	err = s.j.Truncate(0)
+	if err == nil {
+		err = s.j.Sync()
+	}
+	if err == nil && opened {
+		// Its name too, once: a synced record in a journal whose entry
+		// a power loss took would be lost with it.
+		err = syncDir(dir)
+	}
+	if err != nil {
+		s.jbroken = true
+		return fmt.Errorf("empty state journal %s: %w", jpath, err)
+	}
+	s.jsize, s.jbroken = 0, false
 	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// close closes the journal (Run calls it last).
+func (s *store) close() {
+	if s.j != nil {
+		_ = s.j.Close()
+		s.j = nil
+	}
 }
 
 // prepareNext creates the temporary file of the next write, unless there
@@ -379,6 +476,25 @@ func (s *store) load() (savedState, error) {
 			_ = os.Remove(p)
 		}
 	}
+	st, err := s.loadFile()
+	jst, ok, jerr := s.loadJournal()
+	switch {
+	case jerr != nil:
+		return st, errors.Join(err, jerr)
+	case ok && err != nil:
+		// The journal's last record is newer than any state file, and
+		// whole: nothing is lost.
+		s.log.Warn("state file unreadable; its journal's last record is the state", "err", err)
+		return jst, nil
+	case ok:
+		return jst, nil
+	}
+	return st, err
+}
+
+// loadFile reads the state file: a missing one is an empty state, an
+// unreadable one is moved aside.
+func (s *store) loadFile() (savedState, error) {
 	b, err := os.ReadFile(s.path)
 	if errors.Is(err, os.ErrNotExist) {
 		return savedState{Version: stateVersion}, nil
@@ -393,6 +509,50 @@ func (s *store) load() (savedState, error) {
 		return savedState{Version: stateVersion}, fmt.Errorf("state %s (moved to %s): %w", s.path, aside, err)
 	}
 	return st, nil
+}
+
+// loadJournal returns the journal's last whole record, if it has one. A
+// record a crash cut short (or one a failed write left) is skipped, as is
+// anything else that is not a state; a journal that cannot be read is
+// moved aside and reported, like an unreadable state file. The journal is
+// root's and bounded by compaction (journalMinBytes, journalRecords), so
+// it is read whole.
+func (s *store) loadJournal() (savedState, bool, error) {
+	path := s.path + journalSuffix
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return savedState{}, false, nil
+	}
+	if err != nil {
+		aside := path + ".bad-" + time.Now().UTC().Format("20060102T150405")
+		_ = os.Rename(path, aside)
+		return savedState{}, false, fmt.Errorf("read state journal %s (moved to %s): %w", path, aside, err)
+	}
+	skipped := 0
+	for len(b) > 0 {
+		rec := b
+		b = b[:0]
+		if i := bytes.LastIndexByte(rec[:len(rec)-1], '\n'); i >= 0 {
+			b, rec = rec[:i+1], rec[i+1:]
+		}
+		if rec[len(rec)-1] != '\n' {
+			skipped += len(rec) // no newline: cut short by a crash
+			continue
+		}
+		st, err := decodeState(rec)
+		if err != nil {
+			skipped += len(rec)
+			continue
+		}
+		if skipped > 0 {
+			s.log.Info("state journal: a last record cut short is ignored (mpsd stopped while writing it, before anyone was told of it)", "path", path, "bytes", skipped)
+		}
+		return st, true, nil
+	}
+	if skipped > 0 {
+		s.log.Info("state journal holds no whole record; the state file is the state", "path", path, "bytes", skipped)
+	}
+	return savedState{}, false, nil
 }
 
 // decodeState parses a state file strictly: one document of this

@@ -1,12 +1,15 @@
 package mpsd
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +27,7 @@ func TestStoreRoundTrip(t *testing.T) {
 	dir := t.TempDir()
 	want := sampleState()
 	s := newStore(filepath.Join(dir, "state.json"), func() savedState { return want }, slog.New(slog.DiscardHandler))
+	defer s.close()
 	done := s.request()
 	if err := s.flush(); err != nil {
 		t.Fatal(err)
@@ -42,10 +46,15 @@ func TestStoreRoundTrip(t *testing.T) {
 	if string(gb) != string(wb) {
 		t.Errorf("loaded %s, want %s", gb, wb)
 	}
-	// No temporary file is left next to it.
+	// No temporary file is left next to it: the state file and its
+	// journal only.
 	ents, _ := os.ReadDir(dir)
-	if len(ents) != 1 {
-		t.Errorf("directory holds %d entries, want only the state file", len(ents))
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if !slices.Equal(names, []string{"state.json", "state.json" + journalSuffix}) {
+		t.Errorf("directory holds %v, want only the state file and its journal", names)
 	}
 	// A flush with nothing requested writes nothing.
 	if err := os.Remove(s.path); err != nil {
@@ -56,6 +65,106 @@ func TestStoreRoundTrip(t *testing.T) {
 	}
 	if _, err := os.Stat(s.path); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("flush without a request wrote the file: %v", err)
+	}
+	if fi, err := os.Stat(s.path + journalSuffix); err != nil || fi.Size() != 0 {
+		t.Errorf("flush without a request wrote the journal: %v, %v", fi, err)
+	}
+	s.close()
+}
+
+// Writes after the first append one record each to the journal (the state
+// file stays as the first wrote it), and load takes the journal's last
+// whole record: past a record a crash cut short, and over a state file
+// that is unreadable (moved aside all the same). Past its bound a write
+// compacts: the state file is the state again and the journal is empty.
+func TestStoreJournal(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state.json")
+	n := 0
+	snap := func() savedState {
+		st := sampleState()
+		st.Drained = []string{fmt.Sprintf("g/%d", n)}
+		return st
+	}
+	s := newStore(path, snap, slog.New(slog.DiscardHandler))
+	defer s.close()
+	write := func() {
+		t.Helper()
+		n++
+		s.request()
+		if err := s.flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	drained := func(st savedState) string { return strings.Join(st.Drained, ",") }
+	load := func() savedState {
+		t.Helper()
+		st, err := newStore(path, nil, slog.New(slog.DiscardHandler)).load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	write() // compacts: the state file
+	first, _ := os.ReadFile(path)
+	for range 3 {
+		write()
+	}
+	if b, _ := os.ReadFile(path); !bytes.Equal(b, first) {
+		t.Errorf("the state file changed on a write that should append: %s", b)
+	}
+	jb, _ := os.ReadFile(path + journalSuffix)
+	if c := bytes.Count(jb, []byte("\n")); c != 3 {
+		t.Errorf("journal holds %d records, want 3", c)
+	}
+	if got := drained(load()); got != "g/4" {
+		t.Errorf("loaded drains %q, want the last write's g/4", got)
+	}
+	// A record cut short (mpsd killed in the middle of the write).
+	f, err := os.OpenFile(path+journalSuffix, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(`{"version":1,"leases":[],"drained":["g/9`); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	if got := drained(load()); got != "g/4" {
+		t.Errorf("loaded drains %q past a torn record, want g/4", got)
+	}
+	// An unreadable state file: the journal has the state.
+	if err := os.WriteFile(path, []byte("{garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := drained(load()); got != "g/4" {
+		t.Errorf("loaded drains %q over a bad state file, want the journal's g/4", got)
+	}
+	if aside, _ := filepath.Glob(path + ".bad-*"); len(aside) != 1 {
+		t.Errorf("bad state file not moved aside: %v", aside)
+	}
+	// Compaction: with a bound of two records, the write that would make
+	// a third replaces the state file and empties the journal (cutting
+	// the torn record off too).
+	s.jbytes, s.jrecords = 0, 2
+	s.jbroken = true // as a failed write leaves it
+	write()
+	if b, _ := os.ReadFile(path); !strings.Contains(string(b), `"g/5"`) {
+		t.Errorf("after a compaction the state file holds %s, want g/5", b)
+	}
+	if jb, _ := os.ReadFile(path + journalSuffix); len(jb) != 0 {
+		t.Errorf("after a compaction the journal holds %q", jb)
+	}
+	write()
+	write()
+	if jb, _ := os.ReadFile(path + journalSuffix); bytes.Count(jb, []byte("\n")) != 2 {
+		t.Errorf("journal holds %q, want two records", jb)
+	}
+	write() // past the bound: compacts
+	if jb, _ := os.ReadFile(path + journalSuffix); len(jb) != 0 {
+		t.Errorf("past its bound the journal holds %q, want it compacted", jb)
+	}
+	if got := drained(load()); got != "g/8" {
+		t.Errorf("loaded drains %q, want g/8", got)
 	}
 }
 
@@ -143,6 +252,8 @@ func FuzzDecodeState(f *testing.F) {
 func TestStorePreparesNextTemp(t *testing.T) {
 	dir := t.TempDir()
 	s := newStore(filepath.Join(dir, "state.json"), sampleState, slog.New(slog.DiscardHandler))
+	s.jbytes, s.jrecords = 0, 0 // every write compacts
+	defer s.close()
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan struct{})
 	go func() {
@@ -213,6 +324,7 @@ func TestStoreLoadRemovesStaleTemps(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "state.json")
 	s := newStore(path, sampleState, slog.New(slog.DiscardHandler))
+	defer s.close()
 	s.request()
 	if err := s.flush(); err != nil {
 		t.Fatal(err)
