@@ -357,7 +357,9 @@ func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, e
 		if err == nil {
 			return dm, "adopted", nil
 		}
-		cfg.Logger.Warn("adopting the running MPS control daemon failed", "pipe_dir", cfg.PipeDir, "took", time.Since(t0), "limit", limit, "err", err)
+		if !errors.Is(err, mps.ErrNoDaemon) || errors.Is(err, mps.ErrUnverifiedDaemon) {
+			cfg.Logger.Warn("adopting the running MPS control daemon failed", "pipe_dir", cfg.PipeDir, "took", time.Since(t0), "limit", limit, "err", err)
+		}
 		if cfg.Expect != nil && errors.Is(err, mps.ErrUnverifiedDaemon) {
 			// The daemon the previous mpsd ran is gone; whatever holds the
 			// pipe directory now is no daemon of those leases: a verified

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -299,13 +300,24 @@ func leaseOfJob(st api.Status, job string) (api.LeaseStatus, bool) {
 // crashServer SIGKILLs the MPS server of the client whose limits line
 // ("mpsemu-client: pid=P server=S ...") is in out: a crashed MPS server,
 // as the watchdog sees one.
-func crashServer(t testing.TB, out string) {
+func crashServer(t testing.TB, e *mpsdEnv, out string) {
 	t.Helper()
 	m := regexp.MustCompile(`mpsemu-client: pid=\d+ server=(\d+) `).FindStringSubmatch(out)
 	if m == nil {
 		t.Fatalf("no client limits line in:\n%s", out)
 	}
 	pid, _ := strconv.Atoi(m[1])
+	// Once mpsd has verified the server: a server killed before that is
+	// one mpsd cannot tell from a record anyone could forge (its pidfd
+	// can no longer be opened), and is no fault of its to act on.
+	e.waitStatus(fmt.Sprintf("MPS server %d verified", pid), func(st api.Status) bool {
+		for _, in := range st.Instances {
+			if slices.Contains(in.ServerPIDs, pid) {
+				return true
+			}
+		}
+		return false
+	})
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill MPS server %d: %v", pid, err)
 	}

@@ -589,7 +589,7 @@ func TestSlurm(t *testing.T) {
 			l, ok := leaseOfJob(st, id+".0")
 			return ok && l.State == api.LeaseRunning
 		})
-		crashServer(t, waitFile(t, filepath.Join(dir, "relaunch.out"), "mpsemu-client: pid="))
+		crashServer(t, e, waitFile(t, filepath.Join(dir, "relaunch.out"), "mpsemu-client: pid="))
 		if code := c.wait("relaunch", done, &code); code != 0 {
 			t.Fatalf("exit %d; stderr:\n%s", code, c.read("relaunch.err"))
 		}
@@ -622,7 +622,7 @@ exec mps-launch --no-requeue -- mpsemu-client
 			l, ok := leaseOfJob(st, id)
 			return ok && l.State == api.LeaseRunning
 		})
-		crashServer(t, waitFile(t, out, "mpsemu-client: pid="))
+		crashServer(t, e, waitFile(t, out, "mpsemu-client: pid="))
 		c.waitJob(id, "requeued", func(j map[string]string) bool { return j["Restarts"] == "1" && j["JobState"] == "PENDING" })
 		requeued := time.Now()
 		log := waitFile(t, out, "no requeue attempts left")
