@@ -24,6 +24,16 @@ import (
 	"github.com/mpsd/mpsd/cgroup"
 )
 
+// newOwnerEnv is an mpsd (not started) whose one group, a, has uid as
+// its only user.
+func newOwnerEnv(t *testing.T, uid uint32) *testEnv {
+	t.Helper()
+	return newEnv(t, `  a:
+    users: ["`+strconv.Itoa(int(uid))+`"]
+    memory: 10G
+`, "")
+}
+
 // attachLease starts a gated workload as uid and returns its running
 // lease, the lease cgroup's v2 path and the gate's opener.
 func (e *testEnv) attachLease(uid uint32) (*proc, api.LeaseStatus, string, func()) {
@@ -48,10 +58,7 @@ func (e *testEnv) attachLease(uid uint32) (*proc, api.LeaseStatus, string, func(
 // already reaped; nothing lands in the lease.
 func TestAttachExitedPidRefused(t *testing.T) {
 	const owner = 64161
-	e := newEnv(t, `  a:
-    users: ["`+strconv.Itoa(owner)+`"]
-    memory: 10G
-`, "")
+	e := newOwnerEnv(t, owner)
 	e.start()
 	helper := e.isoBuildAPICall()
 	p, l, leaseCgroup, open := e.attachLease(owner)
@@ -99,10 +106,7 @@ func waitExited(t *testing.T, pid int) {
 // was, and releasing the lease does not kill it.
 func TestAttachPidReusedBetweenCheckAndMove(t *testing.T) {
 	const owner = 64162
-	e := newEnv(t, `  a:
-    users: ["`+strconv.Itoa(owner)+`"]
-    memory: 10G
-`, "")
+	e := newOwnerEnv(t, owner)
 	bystander := exec.Command("/bin/sleep", "600")
 	if err := bystander.Start(); err != nil {
 		t.Fatal(err)
@@ -278,10 +282,7 @@ func TestAttachOfARevokedAttemptRefused(t *testing.T) {
 // client's own attach meets the refusal.
 func TestAttachWithGrant(t *testing.T) {
 	const owner = 64165
-	e := newEnv(t, `  a:
-    users: ["`+strconv.Itoa(owner)+`"]
-    memory: 10G
-`, "")
+	e := newOwnerEnv(t, owner)
 	e.start()
 	helper := e.isoBuildAPICall()
 	lease := func(t *testing.T, body string, child bool) (api.Event, string, string) {

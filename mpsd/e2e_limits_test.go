@@ -494,10 +494,7 @@ func TestConnectionTotalCapLeavesRootRoom(t *testing.T) {
 // granted as an empty request.
 func TestNonObjectLeaseRequestRefused(t *testing.T) {
 	const member = 64164
-	e := newEnv(t, `  a:
-    users: ["`+strconv.Itoa(member)+`"]
-    memory: 10G
-`, "")
+	e := newOwnerEnv(t, member)
 	e.start()
 	e.waitStatus("every instance ready", isoAllReady)
 	helper := e.isoBuildAPICall()
