@@ -21,7 +21,9 @@
 // field, out-of-range value, over-size body) it answers a 4xx or 5xx status
 // with an Error body. Otherwise it answers 200 with Content-Type
 // application/x-ndjson at once, before queueing (clients time out waiting
-// for the headers), and streams Events, one JSON object per line, each
+// for the headers), with the lease's id in the Mpsd-Lease-Id header
+// (HeaderLeaseID: a client whose stream ends before its first event
+// resumes that lease), and streams Events, one JSON object per line, each
 // flushed as it is written; blank lines are keep-alives and are skipped.
 // The events of one connection follow this grammar:
 //

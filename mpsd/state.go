@@ -345,8 +345,10 @@ func (s *store) appendRecord(b []byte, sync bool) error {
 
 // compact replaces the state file atomically with b (temp file, fsync,
 // rename, fsync of the directory) and then empties the journal, synced
-// too: after a power loss the journal never holds records older than the
-// state file, and the state file is never empty.
+// too. The state file is never left empty. A crash or power loss between
+// the rename and the emptying leaves the journal ending at the write
+// before b, which is what load then takes: b's waiters were not yet told
+// of it, so nothing anyone was told of is lost.
 func (s *store) compact(b []byte) error {
 	dir := filepath.Dir(s.path)
 	f := s.next
@@ -373,8 +375,8 @@ func (s *store) compact(b []byte) error {
 		return fmt.Errorf("write state %s: %w", s.path, err)
 	}
 	// The rename is durable before the journal is emptied: a power loss
-	// between the two leaves the new state file and records at most as
-	// new, never the old file without the records that followed it.
+	// between the two never leaves the old file without the records that
+	// followed it.
 	if err := syncDir(dir); err != nil {
 		return fmt.Errorf("write state %s: sync its directory: %w", s.path, err)
 	}
