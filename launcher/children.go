@@ -153,6 +153,11 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 			// or mpsd refused it): attached now.
 			actx, cancel := context.WithTimeout(ctx, s.cfg.AttachTimeout)
 			err = s.client.Attach(actx, lease.ID, lease.Attempt, c.pid)
+			if refusesField(err, "attempt") {
+				// An mpsd from before attempts were named (upgraded, not
+				// yet restarted): it attaches to whatever attempt runs.
+				err = s.client.Attach(actx, lease.ID, 0, c.pid)
+			}
 			cancel()
 		}
 		if err != nil {

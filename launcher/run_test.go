@@ -1074,3 +1074,32 @@ func TestRunProgramFDs(t *testing.T) {
 		t.Errorf("exit %d, want %d", code, 128+int(syscall.SIGTERM))
 	}
 }
+
+// An mpsd older than this launcher (upgraded but not yet restarted)
+// refuses the fields it does not know, attach_pid, will_attach or an
+// attach's attempt: the launcher asks again without them and the command
+// runs under its lease as before.
+func TestRunOlderMpsd(t *testing.T) {
+	for _, field := range []string{"attach_pid", "will_attach", "attempt"} {
+		t.Run(field, func(t *testing.T) {
+			h := newHarness(t, nil)
+			h.fake.RefuseField(field)
+			done := h.start(t.Context(), h.sh(`true`)...)
+			lc := h.fake.NextLease(t)
+			if field != "attempt" && (lc.Request.AttachPID != 0 || lc.Request.WillAttach) {
+				t.Errorf("the request the older mpsd took: %+v", lc.Request)
+			}
+			lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
+			if a := h.fake.NextAttach(t); a.LeaseID != "lease-1" {
+				t.Errorf("attach %+v", a)
+			}
+			if code := h.wait(done); code != 0 {
+				t.Fatalf("exit %d; stderr: %s", code, h.read("stderr"))
+			}
+			if s := h.read("stderr"); s != "" {
+				t.Errorf("stderr %q, want nothing", s)
+			}
+			lc.WaitReleased(t)
+		})
+	}
+}

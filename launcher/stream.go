@@ -169,11 +169,12 @@ func (c *conn) startReconnect(ctx context.Context, req api.LeaseRequest) {
 				}
 			}
 			st, err := c.client.Lease(ctx, req)
-			if req.AttachPID != 0 && refusesAttachPID(err) {
+			if (req.AttachPID != 0 || req.WillAttach) && refusesField(err, "attach_pid", "will_attach") {
 				// An mpsd older than this launcher (upgraded, not yet
-				// restarted) knows no attach_pid: asked again without
-				// it, the trampoline is attached after the grant.
-				req.AttachPID = 0
+				// restarted) knows neither hint: asked again without
+				// them, the trampoline is attached after the grant and
+				// the cgroup made at the attach.
+				req.AttachPID, req.WillAttach = 0, false
 				continue
 			}
 			if err == nil || !errors.Is(err, ErrUnreachable) || (!contacted && client.SocketAbsent(err)) {
@@ -197,12 +198,20 @@ func (c *conn) startReconnect(ctx context.Context, req api.LeaseRequest) {
 	c.reconnected, c.stopRc, c.rcDone = ch, stop, rcDone
 }
 
-// refusesAttachPID reports whether err is mpsd refusing a lease request
-// for its attach_pid field, as one from before that field does (it
+// refusesField reports whether err is mpsd refusing a request for one of
+// the named fields as unknown, as one from before those fields does (it
 // decodes requests strictly).
-func refusesAttachPID(err error) bool {
+func refusesField(err error, names ...string) bool {
 	var ae *api.Error
-	return errors.As(err, &ae) && ae.Code == api.CodeBadRequest && strings.Contains(ae.Message, `"attach_pid"`)
+	if !errors.As(err, &ae) || ae.Code != api.CodeBadRequest {
+		return false
+	}
+	for _, n := range names {
+		if strings.Contains(ae.Message, `unknown field "`+n+`"`) {
+			return true
+		}
+	}
+	return false
 }
 
 // request is the lease request to send now: a resume of the session's

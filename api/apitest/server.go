@@ -53,7 +53,7 @@ type Server struct {
 	resumes map[string]api.Error
 	drops   map[requestKind]drop
 	// refusedFields are lease-request fields the fake refuses as an
-	// older mpsd's strict decoder does (RefuseLeaseField).
+	// older mpsd's strict decoder does (RefuseField).
 	refusedFields []string
 }
 
@@ -385,20 +385,22 @@ func (s *Server) NextAttach(t testing.TB) Attach {
 	}
 }
 
-// RefuseLeaseField makes the fake answer a lease request that has the
-// field name with mpsd's 400 for an unknown field, as an mpsd older than
-// the field does.
-func (s *Server) RefuseLeaseField(name string) {
+// RefuseField makes the fake answer a lease or attach request that has
+// the field name with mpsd's 400 for an unknown field, as an mpsd older
+// than the field does.
+func (s *Server) RefuseField(name string) {
 	s.mu.Lock()
 	s.refusedFields = append(s.refusedFields, name)
 	s.mu.Unlock()
 }
 
-func (s *Server) serveLease(w http.ResponseWriter, r *http.Request) {
+// readRefusing reads r's body, or answers the 400 of a refused field
+// (RefuseField) and returns false.
+func (s *Server) readRefusing(w http.ResponseWriter, r *http.Request, what string) ([]byte, bool) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, api.MaxRequestBytes+1))
 	if err != nil {
 		apihttp.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
-		return
+		return nil, false
 	}
 	var fields map[string]json.RawMessage
 	_ = json.Unmarshal(body, &fields)
@@ -407,9 +409,17 @@ func (s *Server) serveLease(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	for _, f := range refusedFields {
 		if _, ok := fields[f]; ok {
-			apihttp.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, fmt.Sprintf("lease request: json: unknown field %q", f))
-			return
+			apihttp.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, fmt.Sprintf("%s: json: unknown field %q", what, f))
+			return nil, false
 		}
+	}
+	return body, true
+}
+
+func (s *Server) serveLease(w http.ResponseWriter, r *http.Request) {
+	body, ok := s.readRefusing(w, r, "lease request")
+	if !ok {
+		return
 	}
 	req, err := api.DecodeLeaseRequest(bytes.NewReader(body))
 	switch {
@@ -469,7 +479,11 @@ func (s *Server) serveLease(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) serveAttach(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	req, err := api.DecodeAttachRequest(r.Body)
+	body, ok := s.readRefusing(w, r, "attach request")
+	if !ok {
+		return
+	}
+	req, err := api.DecodeAttachRequest(bytes.NewReader(body))
 	if err != nil {
 		apihttp.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 		return
