@@ -414,14 +414,15 @@ func (d *Daemon) loadReady(logPath string, pid int, end int64) {
 	}
 	defer f.Close()
 	mine := false
-	r := bufio.NewReaderSize(io.LimitReader(f, end), 64<<10)
-	deadline := time.Now().Add(loadReadyBudget)
-	for n := 0; ; n++ {
-		if n%4096 == 0 && n > 0 && time.Now().After(deadline) {
+	// The budget is checked at every read, so no line, however long,
+	// outlasts it.
+	r := bufio.NewReaderSize(&deadlineReader{r: io.LimitReader(f, end), deadline: time.Now().Add(loadReadyBudget)}, 64<<10)
+	for {
+		line, err := readBoundedLine(r, maxReadyLine)
+		if errors.Is(err, errReadBudget) {
 			d.log.Warn("mps: adopt: control log too long to read to its end; servers it told of before are learned from the daemon", "path", logPath, "read_for", loadReadyBudget)
 			return
 		}
-		line, err := readBoundedLine(r, maxReadyLine)
 		if err != nil {
 			return
 		}
@@ -454,15 +455,30 @@ func (d *Daemon) loadReady(logPath string, pid int, end int64) {
 }
 
 // maxReadyLine bounds a control.log line loadReady parses;
-// loadReadyBudget how long it reads.
-const (
-	maxReadyLine    = 16 << 10
-	loadReadyBudget = 5 * time.Second
-)
+// loadReadyBudget how long it reads (a variable for tests).
+const maxReadyLine = 16 << 10
+
+var loadReadyBudget = 5 * time.Second
+
+// errReadBudget ends a deadlineReader's reading.
+var errReadBudget = errors.New("mps: read budget spent")
+
+// deadlineReader reads r until deadline, then fails with errReadBudget.
+type deadlineReader struct {
+	r        io.Reader
+	deadline time.Time
+}
+
+func (d *deadlineReader) Read(p []byte) (int, error) {
+	if time.Now().After(d.deadline) {
+		return 0, errReadBudget
+	}
+	return d.r.Read(p)
+}
 
 // readBoundedLine returns r's next line without its newline (and CRs or
-// NULs at either end, as the log follower trims them); a line longer than limit is skipped whole and
-// returned as "". It returns io.EOF at the end (a last line without its
+// NULs at either end, as the log follower trims them); a line longer than
+// limit is skipped whole and returned as "". It returns io.EOF at the end (a last line without its
 // newline is dropped: it may still be being written).
 func readBoundedLine(r *bufio.Reader, limit int) (string, error) {
 	var line []byte

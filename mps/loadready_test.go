@@ -81,6 +81,28 @@ func TestLoadReadyFloodedLog(t *testing.T) {
 	}
 }
 
+// The budget holds however the log is made: spent, the read stops (here
+// before a 64 MiB line without a newline), having learned nothing more.
+func TestLoadReadyBudget(t *testing.T) {
+	path := filepath.Join(t.TempDir(), controlLog)
+	line := "[2026-12-01 10:00:00.000 Control 4242] Starting control daemon\n" + strings.Repeat("y", 64<<20)
+	if err := os.WriteFile(path, []byte(line), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := loadReadyBudget
+	loadReadyBudget = 0
+	defer func() { loadReadyBudget = old }()
+	d := &Daemon{pid: 4242, ready: map[int]bool{}, log: slog.New(slog.DiscardHandler)}
+	r := &deadlineReader{r: strings.NewReader("x"), deadline: time.Now().Add(-time.Second)}
+	if _, err := r.Read(make([]byte, 1)); !errors.Is(err, errReadBudget) {
+		t.Fatalf("a spent budget reads on: %v", err)
+	}
+	d.loadReady(path, 4242, fileSize(t, path))
+	if len(d.ready) != 0 || d.binaryVersion != 0 {
+		t.Errorf("learned %v, version %d with no budget", d.ready, d.binaryVersion)
+	}
+}
+
 func fileSize(t *testing.T, path string) int64 {
 	fi, err := os.Stat(path)
 	if err != nil {
