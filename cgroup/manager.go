@@ -271,16 +271,18 @@ func (m *Cgroups) create(rel string, lim Limits) error {
 }
 
 // mkdirs makes rel in every hierarchy, membership first, with one mkdir
-// each; done is false, with nothing made, when the parent is missing in
-// the first hierarchy. A directory already there is taken, as MkdirAll
+// each; done is false when the parent is missing in a hierarchy (what was
+// made before it stays, and the library's way, which makes parents, takes
+// it as it takes any directory already there). A directory already there
+// is taken, as MkdirAll
 // takes it (cpu and cpuacct are one directory where they share a
 // hierarchy; Create has checked that the membership one is new).
 func (m *Cgroups) mkdirs(rel string) (done bool, err error) {
-	for i, d := range m.dirs(rel) {
+	for _, d := range m.dirs(rel) {
 		err := unix.Mkdir(d.path, 0o755)
 		switch {
 		case err == nil, errors.Is(err, unix.EEXIST):
-		case i == 0 && errors.Is(err, unix.ENOENT):
+		case errors.Is(err, unix.ENOENT):
 			return false, nil
 		default:
 			return true, fmt.Errorf("cgroup: %s: create %s: %w", d.hierarchy, d.path, err)
