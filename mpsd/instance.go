@@ -339,21 +339,19 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, error) {
 	ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
 	defer cancel()
+	// A daemon that is there answers within what the watchdog allows a
+	// probe, or counts as hung. The limit is the daemon's to answer in:
+	// mpsd's own work of adopting it (reading its control log, as long as
+	// the daemon's life) is not counted, or a busy host would have a live
+	// daemon taken for hung and stopped with every client on it.
+	d.mu.Lock()
+	wd := d.cfg.Watchdog
+	d.mu.Unlock()
+	limit := max(wd.ProbeTimeout*time.Duration(wd.ProbeFailures), time.Second)
+	adoptCfg := func() mps.Config { c := cfg; c.AnswerTimeout = limit; return c }
 	if adopt {
-		// A daemon that is there answers within what the watchdog allows
-		// a probe, or counts as hung.
-		d.mu.Lock()
-		wd := d.cfg.Watchdog
-		d.mu.Unlock()
-		// The limit is the daemon's to answer in: mpsd's own work of
-		// adopting it (reading its control log, as long as the daemon's
-		// life) is not counted, or a busy host would have a live daemon
-		// taken for hung and stopped with every client on it.
-		limit := max(wd.ProbeTimeout*time.Duration(wd.ProbeFailures), time.Second)
 		t0 := time.Now()
-		acfg := cfg
-		acfg.AnswerTimeout = limit
-		dm, err := mps.Adopt(ctx, acfg)
+		dm, err := mps.Adopt(ctx, adoptCfg())
 		if err == nil {
 			return dm, "adopted", nil
 		}
@@ -383,12 +381,7 @@ func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, e
 	}
 	dm, err := mps.Start(ctx, cfg)
 	if errors.Is(err, mps.ErrAlreadyRunning) {
-		d.mu.Lock()
-		wd := d.cfg.Watchdog
-		d.mu.Unlock()
-		acfg := cfg
-		acfg.AnswerTimeout = max(wd.ProbeTimeout*time.Duration(wd.ProbeFailures), time.Second)
-		dm, err = mps.Adopt(ctx, acfg)
+		dm, err = mps.Adopt(ctx, adoptCfg()) // cfg as it is now: Expect dropped, if it was
 		return dm, "adopted", err
 	}
 	if err != nil {

@@ -696,6 +696,19 @@ func deleteReaped(ctx context.Context, cg cgroup.Lease) error {
 // errStaleAttempt: an attach names an attempt the lease is no longer at.
 var errStaleAttempt = errors.New("the lease has been granted again since")
 
+// staleAttemptError is an attach refused for an attempt the lease is no
+// longer at; it wraps errStaleAttempt.
+type staleAttemptError struct {
+	lease     string
+	at, asked int
+}
+
+func (e *staleAttemptError) Error() string {
+	return fmt.Sprintf("lease %s is at attempt %d, not %d: nothing was attached", e.lease, e.at, e.asked)
+}
+
+func (e *staleAttemptError) Unwrap() error { return errStaleAttempt }
+
 // killLease empties and removes the lease's cgroup. The handle is taken
 // under cgMu and the kill (up to 30 s) runs without it, so status, Xid
 // handling and attaches to other leases never wait on it; an attach to
@@ -792,7 +805,7 @@ func (d *Daemon) attach(l *lease, attempt, pid int) error {
 	if attempt != 0 && attempt != l.cgAttempt {
 		// A child started for an attempt since revoked, the lease granted
 		// again (perhaps elsewhere): it must not run under the new one.
-		return fmt.Errorf("attach pid %d to lease %s: for attempt %d, the lease is at %d: %w", pid, l.id, attempt, l.cgAttempt, errStaleAttempt)
+		return &staleAttemptError{lease: l.id, at: l.cgAttempt, asked: attempt}
 	}
 	if l.killing || l.closed {
 		// Checked here, not only by the caller's look at the lease's

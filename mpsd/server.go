@@ -234,7 +234,7 @@ func (d *Daemon) attachAtGrant(l *lease, p peer, ev api.Event, pid int) api.Even
 	if !current {
 		return ev
 	}
-	if rf := d.attachChild(l, p, l.id, ev.Lease.Attempt, ev.Lease.Attempt, pid); rf != nil {
+	if rf := d.attachChild(l, p, ev.Lease.Attempt, ev.Lease.Attempt, pid); rf != nil {
 		d.log.Debug("attach with the grant refused", "lease", l.id, "group", l.group, "pid", pid, "attempt", ev.Lease.Attempt, "reason", rf.msg)
 		return ev
 	}
@@ -353,7 +353,7 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is not running", id))
 		return
 	}
-	if rf := d.attachChild(l, p, id, attempt, req.Attempt, req.PID); rf != nil {
+	if rf := d.attachChild(l, p, attempt, req.Attempt, req.PID); rf != nil {
 		apihttp.WriteError(w, rf.status, rf.code, rf.msg)
 		return
 	}
@@ -362,11 +362,12 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 }
 
 // attachChild moves pid, which must be a living child of the caller p of
-// p's uid, into lease l (id) for attempt want (0: the lease's current),
+// p's uid, into lease l for attempt want (0: the lease's current),
 // as an attach request or a lease request's attach_pid asks; attempt is
 // the lease's attempt as the caller last read it. It refuses with what to
 // answer.
-func (d *Daemon) attachChild(l *lease, p peer, id string, attempt, want, pid int) *refusal {
+func (d *Daemon) attachChild(l *lease, p peer, attempt, want, pid int) *refusal {
+	id := l.id
 	// Only the caller's own child: a user must never move someone else's
 	// process (or its own unrelated one) into a lease. The pidfd comes
 	// first: what /proc says of the pid is the pidfd's process's only if
@@ -393,7 +394,7 @@ func (d *Daemon) attachChild(l *lease, p peer, id string, attempt, want, pid int
 	}
 	if err := d.attach(l, want, pid); err != nil {
 		if errors.Is(err, errStaleAttempt) {
-			return &refusal{http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is at attempt %d, not %d: nothing was attached", id, attempt, want)}
+			return &refusal{http.StatusConflict, api.CodeConflict, err.Error()}
 		}
 		if errors.Is(err, errLeaseEnding) {
 			// Revoked or released since the caller's look.

@@ -714,10 +714,7 @@ func loadInstanceID(stateDir string) (string, error) {
 		_ = os.Remove(path)
 		return "", fmt.Errorf("write %s: %w", path, err)
 	}
-	if dir, err := os.Open(stateDir); err == nil {
-		_ = dir.Sync()
-		_ = dir.Close()
-	}
+	_ = syncDir(stateDir)
 	return id, nil
 }
 

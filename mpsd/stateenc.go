@@ -188,14 +188,7 @@ func (l *savedLease) appendJSON(b []byte) ([]byte, error) {
 // nanoseconds, quoted); a time it cannot encode is its error, as it is
 // json.Marshal's.
 func appendJSONTime(b []byte, t time.Time) ([]byte, error) {
-	if y := t.Year(); y < 0 || y > 9999 {
-		m, err := t.MarshalJSON()
-		if err != nil {
-			return nil, err
-		}
-		return append(b, m...), nil
-	}
-	if _, off := t.Zone(); off%60 != 0 {
+	if _, off := t.Zone(); t.Year() < 0 || t.Year() > 9999 || off%60 != 0 {
 		m, err := t.MarshalJSON()
 		if err != nil {
 			return nil, err

@@ -7,6 +7,8 @@ import (
 	"io"
 	"strconv"
 	"strings"
+
+	"github.com/mpsd/mpsd/api"
 )
 
 // The HTTP/1.1 subset mpsd's API needs (RFC 9112): one request per
@@ -45,6 +47,9 @@ func encodeRequest(method, path, accept string, body []byte) []byte {
 	b.Write(body)
 	return []byte(b.String())
 }
+
+// leaseIDHeader is api.HeaderLeaseID as the header switch compares it.
+var leaseIDHeader = strings.ToLower(api.HeaderLeaseID)
 
 // response is an answer's status, the headers the client uses, and its
 // body, decoded from its framing.
@@ -95,7 +100,7 @@ func readResponse(r io.Reader) (*response, error) {
 			switch strings.ToLower(name) {
 			case "content-type":
 				resp.contentType = value
-			case "mpsd-lease-id":
+			case leaseIDHeader:
 				resp.leaseID = value
 			case "content-length":
 				v, err := strconv.ParseInt(value, 10, 64)
