@@ -126,9 +126,10 @@
 // event's Lease.AttachedPID names it; the attach request is then not
 // needed. A pid that fails a check is left where it is and the grant
 // names none: the client attaches as above and meets the refusal. An mpsd
-// older than the field refuses the request with 400 CodeBadRequest naming
-// "attach_pid" (it decodes strictly); mps-launch then asks again without
-// it.
+// older than a field refuses the request with 400 CodeBadRequest naming it
+// as unknown (it decodes strictly); for attach_pid and will_attach (lease
+// request) and attempt (attach request), hints an older mpsd does without,
+// mps-launch then asks again without them.
 //
 // GET /v1/status returns a Status document (mpsctl status --json). The
 // document is versioned apart from the protocol: Status.SchemaVersion is
