@@ -156,11 +156,14 @@ type Daemon struct {
 	// crashStop (tests): stop as a SIGKILL would leave things: no state
 	// write once asked to stop, no final snapshot.
 	crashStop atomic.Bool
-	ready     atomic.Bool // every instance was up once (READY=1, /readyz)
-	metrics   *metrics
-	res       *resources // connection caps, mpsd's own exhaustion
-	dur       durability // the state file's health (durability.go)
-	users     userNames  // uid → name, for the lease log lines
+	// supervisors counts the instances' supervisor goroutines running
+	// (supervisor.go): one per instance.
+	supervisors atomic.Int32
+	ready       atomic.Bool // every instance was up once (READY=1, /readyz)
+	metrics     *metrics
+	res         *resources // connection caps, mpsd's own exhaustion
+	dur         durability // the state file's health (durability.go)
+	users       userNames  // uid → name, for the lease log lines
 	// shutdownDone is closed once mpsctl shutdown has ended the MPS
 	// service: Run stops then.
 	shutdownDone chan struct{}
@@ -449,7 +452,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.log.Warn("the GPUs' Xid events are not registered after 10s; starting the instances anyway")
 	}
 	for _, in := range insts {
-		d.spawn(func() { d.bringUp(in, true) })
+		d.spawn(func() { d.supervise(in) })
 	}
 	firstTry := time.After(2 * time.Minute)
 	for _, in := range insts {
@@ -463,7 +466,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.spawn(func() { d.store.run(d.ctx) }) {
 		close(d.storeRunning)
 	}
-	d.spawn(d.probeLoop)
 	watchErr := make(chan error, 1)
 	d.spawn(func() { watchErr <- d.watcher.Run(d.ctx) })
 	var runErr error

@@ -9,7 +9,10 @@
 // holds that close an instance to placements); every change goes through
 // their step method, and an illegal one is logged and reported. Every
 // revocation (a fault's, an operator's, one a restart finds unfinished)
-// goes through Daemon.revoke (revoke.go).
+// goes through Daemon.revoke (revoke.go). Each instance has one
+// supervisor goroutine (supervisor.go) that alone brings its daemon up,
+// recovers it, probes it and stops it, one piece at a time; faults and
+// stop requests only ask it.
 //
 // It never runs external programs itself (that is package mps) and never
 // decides policy (that is package policy): it applies decisions.

@@ -3,6 +3,7 @@ package mpsd
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"net/http"
 	"os"
@@ -243,6 +244,10 @@ func TestReloadTouchesOnlyWhatChanged(t *testing.T) {
 	if len(before) != 4 {
 		t.Fatalf("instances %v, want 2 groups × 2 GPUs", before)
 	}
+	// One supervisor goroutine per instance (supervisor.go).
+	if n := e.d.supervisors.Load(); n != 4 {
+		t.Errorf("%d instance supervisors run, want 4", n)
+	}
 
 	e.writeConfig(groupsAB("15G"), "")
 	st := e.waitStatus("group b's new budget", func(st api.Status) bool {
@@ -295,6 +300,9 @@ func TestReloadTouchesOnlyWhatChanged(t *testing.T) {
 			emutestWaitGone(t, pid)
 		}
 	}
+	// b's two supervisors ended with its instances; c's two began.
+	waitCond(t, "one supervisor per instance after the reload", func() bool { return e.d.supervisors.Load() == 4 },
+		func() string { return fmt.Sprintf("%d supervisors run", e.d.supervisors.Load()) })
 	// A bad edit is refused and the config in force stays.
 	if err := os.WriteFile(e.cfgPath, []byte("version: 1\ngroups: {a: {memroy: 1G}}\n"), 0o644); err != nil {
 		t.Fatal(err)

@@ -50,14 +50,21 @@ type instance struct {
 	// changes only through step. holds close the instance to placements.
 	life  lifecycle
 	holds holds
-	// bringing: a bringUp goroutine runs for it (at most one does).
-	bringing bool
+
+	// The supervisor's (supervisor.go): kick wakes it; done is closed
+	// when it ends; stopReq is a stop asked of it; probeCancel cuts its
+	// probe under way short; capsProbing: a caps check a probe began runs.
+	kick        chan struct{}
+	done        chan struct{}
+	stopReq     *stopRequest
+	probeCancel context.CancelFunc
+	capsProbing bool
 
 	tried     chan struct{} // closed after the first start attempt
 	triedOnce sync.Once
 
 	// The watchdog's state (watchdog.go).
-	pending    *fault         // a fault for the recovery (or bring-up) under way to handle next
+	pending    *fault         // a fault for the supervisor to handle next
 	failures   []time.Time    // failures within the quarantine window
 	probeFails int            // failed probes in a row
 	faults     map[string]int // faults reported, by kind
@@ -148,7 +155,7 @@ func (in *instance) statusLocked() api.InstanceStatus {
 }
 
 // reconcileLocked makes the instance set match cfg: new instances are
-// created (and started by the caller through bringUp), existing ones take
+// created (and started by the caller through supervise), existing ones take
 // the new budgets without being touched, and instances cfg no longer has
 // retire once their leases are gone.
 func (d *Daemon) reconcileLocked(cfg *policy.Config) (added []*instance) {
@@ -167,6 +174,8 @@ func (d *Daemon) reconcileLocked(cfg *policy.Config) (added []*instance) {
 					servers:      map[int]int{},
 					leases:       map[string]*lease{},
 					tried:        make(chan struct{}),
+					kick:         make(chan struct{}, 1),
+					done:         make(chan struct{}),
 					faults:       map[string]int{},
 					restartsBy:   map[string]int{},
 					serverLogOff: -1,
@@ -236,24 +245,19 @@ func (d *Daemon) mpsConfig(in *instance) mps.Config {
 }
 
 // bringUp adopts the instance's running daemon or starts one, retrying
-// with the watchdog's backoff until it answers or mpsd stops. It runs
-// without Daemon.mu: starting a daemon waits on processes.
+// with the watchdog's backoff until it answers or mpsd stops. It runs in
+// the instance's supervisor, without Daemon.mu: starting a daemon waits on
+// processes.
 func (d *Daemon) bringUp(in *instance, adopt bool) {
 	defer in.markTried()
 	d.mu.Lock()
-	if in.bringing || in.life != instStarting {
+	if in.life != instStarting {
 		d.mu.Unlock()
 		return
 	}
-	in.bringing = true
 	cfg := d.mpsConfig(in)
 	wd := d.cfg.Watchdog
 	d.mu.Unlock()
-	defer func() {
-		d.mu.Lock()
-		in.bringing = false
-		d.mu.Unlock()
-	}()
 
 	backoff := wd.BackoffInitial
 	for attempt := 1; ; attempt++ {
@@ -284,11 +288,9 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 			d.store.request()
 			if f := in.pending; f != nil {
 				// Reported while there was no daemon yet: its recovery
-				// takes over the instance now.
-				in.pending = nil
-				if _, err := in.step(instEvFault, f.kind); err == nil {
-					d.startRecoveryLocked(in, *f)
-				}
+				// takes over the instance once the bring-up is done
+				// (the supervisor runs it next).
+				_, _ = in.step(instEvFault, f.kind)
 			}
 			d.mu.Unlock()
 			d.spawn(func() { d.watchInstance(in, dm) })
@@ -580,16 +582,16 @@ func exitText(ev mps.Event) string {
 }
 
 // retireIfEmptyLocked stops an instance that left the config (or needs a
-// restart for a changed start option) once its last lease has ended.
+// restart for a changed start option) once its last lease has ended: its
+// supervisor stops the daemon, then starts a new one or ends.
 func (d *Daemon) retireIfEmptyLocked(in *instance) {
 	if len(in.leases) > 0 || in.life != instUp || (!in.holds.retiring && !in.holds.restartPending) {
 		return
 	}
-	if _, err := in.step(instEvStop, "empty and held for a stop"); err != nil {
+	restart := in.holds.restartPending && !in.holds.retiring
+	if !in.askStopLocked(&stopRequest{dm: in.daemon, restart: restart, why: "empty and held for a stop"}) {
 		return
 	}
-	dm := in.daemon
-	restart := in.holds.restartPending && !in.holds.retiring
 	if !restart {
 		delete(d.instances, in.key)
 	}
@@ -600,23 +602,4 @@ func (d *Daemon) retireIfEmptyLocked(in *instance) {
 			in.p.Multiuser = g.Multiuser
 		}
 	}
-	d.spawn(func() {
-		if dm != nil {
-			ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
-			rep, err := dm.Stop(ctx)
-			cancel()
-			_ = dm.Close()
-			in.log.Info("control daemon stopped", "graceful", rep.Graceful, "err", err)
-		}
-		d.mu.Lock()
-		ev := instEvGone
-		if restart {
-			ev = instEvRestart
-		}
-		eff, err := in.step(ev, "daemon stopped")
-		d.mu.Unlock()
-		if err == nil && eff&effBringUp != 0 {
-			d.bringUp(in, false)
-		}
-	})
 }

@@ -57,7 +57,7 @@ func (d *Daemon) onReload(r policy.Reload) {
 	}
 	d.mu.Unlock()
 	for _, in := range added {
-		d.spawn(func() { d.bringUp(in, true) })
+		d.spawn(func() { d.supervise(in) })
 	}
 	d.log.Info("config reloaded")
 }

@@ -15,7 +15,6 @@ import (
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/api/apihttp"
-	"github.com/mpsd/mpsd/mps"
 )
 
 // shutdownDrainMax bounds how long a shutdown waits for the leases that
@@ -119,18 +118,21 @@ func (d *Daemon) shutdown(uid uint32) (api.ShutdownResult, error) {
 		d.log.Warn("shutdown goes on without waiting longer", "left", left)
 	}
 
+	// Each daemon is stopped by its instance's supervisor, the one owner
+	// of its life cycle; they stop in parallel.
 	d.mu.Lock()
 	var stops []*instance
-	var dms []*mps.Daemon
+	var reqs []*stopRequest
 	for _, in := range d.instanceList() {
 		if in.life != instUp || in.daemon == nil {
 			continue
 		}
-		if _, err := in.step(instEvStop, "mpsctl shutdown"); err != nil {
+		req := &stopRequest{dm: in.daemon, why: "mpsctl shutdown", shutdown: true, done: make(chan stopResult, 1)}
+		if !in.askStopLocked(req) {
 			continue
 		}
 		stops = append(stops, in)
-		dms = append(dms, in.daemon)
+		reqs = append(reqs, req)
 		in.daemon = nil
 		clear(in.servers)
 		in.p.ServerUp = false
@@ -138,24 +140,28 @@ func (d *Daemon) shutdown(uid uint32) (api.ShutdownResult, error) {
 	d.mu.Unlock()
 	problems := make([]string, len(stops))
 	for i, in := range stops {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), 30*time.Second)
-			rep, err := dms[i].Stop(ctx)
-			cancel()
-			_ = dms[i].Close()
-			in.log.Info("control daemon stopped for the shutdown", "graceful", rep.Graceful, "killed_servers", len(rep.KilledServers), "err", err)
-			switch {
-			case err != nil:
-				problems[i] = fmt.Sprintf("GPU %s group %s: control daemon: %v", gpuList(in), in.group, err)
-			case !rep.Graceful && !rep.AlreadyExited:
-				problems[i] = fmt.Sprintf("GPU %s group %s: control daemon did not quit in time and was killed", gpuList(in), in.group)
+		var r stopResult
+		select {
+		case r = <-reqs[i].done:
+		case <-in.done:
+			// Its supervisor ended before it took the request (mpsd is
+			// stopping): the daemon is stopped here.
+			select {
+			case r = <-reqs[i].done:
+			default:
+				ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), 30*time.Second)
+				r.rep, r.err = reqs[i].dm.Stop(ctx)
+				cancel()
+				_ = reqs[i].dm.Close()
 			}
-			d.mu.Lock()
-			_, _ = in.step(instEvGone, "mpsctl shutdown")
-			d.mu.Unlock()
-		})
+		}
+		switch {
+		case r.err != nil:
+			problems[i] = fmt.Sprintf("GPU %s group %s: control daemon: %v", gpuList(in), in.group, r.err)
+		case !r.rep.Graceful && !r.rep.AlreadyExited:
+			problems[i] = fmt.Sprintf("GPU %s group %s: control daemon did not quit in time and was killed", gpuList(in), in.group)
+		}
 	}
-	wg.Wait()
 	res.Daemons = len(stops)
 	for _, p := range problems {
 		if p != "" {

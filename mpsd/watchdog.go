@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/mpsd/mpsd/gpu"
@@ -72,10 +71,13 @@ type fault struct {
 	leases []string
 }
 
-// reportFault starts the recovery of an instance, or, if one is under
-// way, leaves the fault for it to handle next. It never blocks: recovery
-// waits on processes, in its own goroutine, and holds Daemon.mu only
-// between those waits.
+// reportFault records a fault of an instance for its supervisor
+// (supervisor.go) and wakes it. An instance that is up (or has its daemon
+// while starting) becomes recovering at once, which closes it to new
+// placements; during a recovery, or a bring-up that has no daemon yet, the
+// fault waits in pending to be handled next, the strongest restart kept.
+// It never blocks: the recovery waits on processes in the supervisor,
+// which holds Daemon.mu only between those waits.
 func (d *Daemon) reportFault(in *instance, f fault) {
 	if d.opts.faultHook != nil {
 		d.opts.faultHook(in, f)
@@ -95,24 +97,19 @@ func (d *Daemon) reportFault(in *instance, f fault) {
 		in.logHandled = max(in.logHandled, f.logOffset+1)
 	}
 	in.faults[f.kind]++
-	if in.life == instRecovering || (in.life == instStarting && in.daemon == nil) {
-		// The recovery under way handles it next; a bring-up that has no
-		// daemon yet hands it to a recovery once it has one.
-		if in.pending == nil || f.restart > in.pending.restart {
-			in.pending = &f
+	if in.pending == nil || f.restart > in.pending.restart {
+		in.pending = &f
+	}
+	if in.life == instUp || (in.life == instStarting && in.daemon != nil) {
+		if _, err := in.step(instEvFault, f.kind); err != nil {
+			return
 		}
-		return
 	}
-	if _, err := in.step(instEvFault, f.kind); err != nil {
-		return
+	if in.probeCancel != nil {
+		// A probe under way would keep the recovery waiting.
+		in.probeCancel()
 	}
-	d.startRecoveryLocked(in, f)
-}
-
-// startRecoveryLocked runs the recovery of an instance that has just
-// become recovering.
-func (d *Daemon) startRecoveryLocked(in *instance, f fault) {
-	d.spawn(func() { d.recover(in, f) })
+	in.kickLocked()
 }
 
 // unhandledLocked notes a fault mpsd is stopping too soon to handle. One
@@ -123,33 +120,9 @@ func (in *instance) unhandledLocked(f fault) {
 	in.log.Warn("fault left for the next mpsd", "fault", f.kind, "reason", f.reason, "read_again", f.fromServerLog)
 }
 
-// recover handles f and every fault that arrives meanwhile, then reopens
-// the instance unless it was quarantined.
-func (d *Daemon) recover(in *instance, f fault) {
-	for {
-		d.recoverOnce(in, f)
-		d.mu.Lock()
-		next := in.pending
-		in.pending = nil
-		if next != nil && d.ctx.Err() != nil {
-			in.unhandledLocked(*next)
-		}
-		if next == nil || d.ctx.Err() != nil {
-			// Without a daemon (mpsd stopped before one answered) it
-			// stays recovering: the next mpsd takes it up.
-			if in.daemon != nil {
-				if eff, err := in.step(instEvRecovered, "faults handled"); err == nil && eff&effSchedule != 0 {
-					d.scheduleLocked(in.group)
-				}
-			}
-			d.mu.Unlock()
-			return
-		}
-		d.mu.Unlock()
-		f = *next
-	}
-}
-
+// recoverOnce handles one fault in the instance's supervisor: it counts
+// the failure (quarantine), revokes the victims and restarts what the
+// fault needs.
 func (d *Daemon) recoverOnce(in *instance, f fault) {
 	start := time.Now()
 	d.mu.Lock()
@@ -313,97 +286,6 @@ func (d *Daemon) restartDaemon(in *instance, old *mps.Daemon) {
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, wd.BackoffMax)
-	}
-}
-
-// probeLoop probes every ready instance each probe interval; probe
-// failures in a row past the configured count mark the daemon hung.
-func (d *Daemon) probeLoop() {
-	d.mu.Lock()
-	interval := d.cfg.Watchdog.ProbeInterval
-	d.mu.Unlock()
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	probing := map[*instance]bool{}
-	var pmu sync.Mutex
-	for {
-		select {
-		case <-d.ctx.Done():
-			return
-		case <-t.C:
-		}
-		d.mu.Lock()
-		wd := d.cfg.Watchdog
-		if wd.ProbeInterval != interval {
-			interval = wd.ProbeInterval
-			t.Reset(interval)
-		}
-		var due []*instance
-		for _, in := range d.instances {
-			if in.life == instUp && in.daemon != nil {
-				due = append(due, in)
-			}
-		}
-		d.mu.Unlock()
-		for _, in := range due {
-			pmu.Lock()
-			busy := probing[in]
-			probing[in] = true
-			pmu.Unlock()
-			if busy {
-				continue
-			}
-			d.spawn(func() {
-				defer func() { pmu.Lock(); delete(probing, in); pmu.Unlock() }()
-				d.probe(in, wd.ProbeTimeout, wd.ProbeFailures)
-			})
-		}
-	}
-}
-
-func (d *Daemon) probe(in *instance, timeout time.Duration, failures int) {
-	d.mu.Lock()
-	dm := in.daemon
-	d.mu.Unlock()
-	if dm == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(d.ctx, timeout)
-	err := dm.Probe(ctx)
-	cancel()
-	if d.ctx.Err() != nil {
-		return
-	}
-	d.mu.Lock()
-	if in.daemon != dm {
-		d.mu.Unlock()
-		return
-	}
-	if err == nil {
-		in.probeFails = 0
-		d.mu.Unlock()
-		d.localResourceOK(whereProbe)
-		// The daemon answers: its servers' caps are checked too.
-		d.probeCaps(in, dm)
-		d.reconcileSoon(in, false) // reconcile.go
-		return
-	}
-	if isLocalResource(err) {
-		// mpsd could not run the probe at all (out of descriptors or
-		// processes): that is mpsd's failure and says nothing of the
-		// daemon, so it does not count towards a hung-daemon restart.
-		d.mu.Unlock()
-		d.localResourceError(whereProbe, err)
-		in.log.Warn("probe not run: mpsd is out of local resources; not counted against the daemon", "err", err)
-		return
-	}
-	in.probeFails++
-	n := in.probeFails
-	d.mu.Unlock()
-	in.log.Warn("probe failed", "failures_in_a_row", n, "err", err)
-	if n >= failures {
-		d.reportFault(in, fault{kind: faultHung, restart: restartDaemon,
-			reason: fmt.Sprintf("MPS control daemon of group %s on GPU %d stopped answering (%d probes failed)", in.group, in.gpus[0].Index, n)})
 	}
 }
 

@@ -1,0 +1,284 @@
+package mpsd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mpsd/mpsd/mps"
+)
+
+// Each instance has one supervisor goroutine (supervise), started with the
+// instance and ending when the instance is stopped for good or mpsd stops.
+// It alone does the instance's life-cycle work, one piece at a time: the
+// bring-up (start or adopt the daemon, with retries), each recovery (revoke
+// the victims, restart what the fault needs), each probe, and the stop of
+// the daemon (to restart it for a changed start option, for good when the
+// instance left the config, or for mpsctl shutdown). Two of these never
+// overlap, so none has to guess what another is doing.
+//
+// Others only ask: reportFault records the fault and steps the instance to
+// recovering at once (it takes no new lease from then on), a stop request
+// is left in stopReq, and both kick the supervisor. A fault also cuts a
+// probe under way short, so its recovery waits for no probe timeout.
+//
+// Besides the supervisor, an instance has short-lived workers it does not
+// wait for: the reader of the daemon's events (watchInstance, one per
+// daemon handle, ending when the handle closes), the caps checks and the
+// reconciliations. Each goes through Daemon.spawn and stops on mpsd's
+// cancel.
+
+// supAction is the supervisor's next piece of work.
+type supAction uint8
+
+const (
+	// supWait: nothing is due; wait for a kick, a probe tick or mpsd's stop.
+	supWait supAction = iota
+	// supStop: stop the daemon (stopReq), then start a new one or end.
+	supStop
+	// supRecover: handle the pending fault.
+	supRecover
+	// supExit: the instance is stopped for good; the supervisor ends.
+	supExit
+)
+
+func (a supAction) String() string {
+	switch a {
+	case supWait:
+		return "wait"
+	case supStop:
+		return "stop"
+	case supRecover:
+		return "recover"
+	case supExit:
+		return "exit"
+	}
+	return fmt.Sprintf("supAction(%d)", uint8(a))
+}
+
+// supervisorNext decides the supervisor's next piece of work from the
+// instance's lifecycle, whether a fault waits for a recovery and whether a
+// stop is asked for. It is pure:
+//
+//	| lifecycle  | fault pending | stop asked | next    |
+//	|------------|---------------|------------|---------|
+//	| stopped    | any           | any        | exit    |
+//	| stopping   | any           | yes        | stop    |
+//	| recovering | yes           | any        | recover |
+//	| any other  |               |            | wait    |
+//
+// A stop is asked only of an instance stepped to stopping, which takes no
+// fault any more (reportFault drops it); a fault is pending on a starting
+// instance only while it has no daemon, and the bring-up, which owns the
+// supervisor then, hands it on as a recovery once it has one.
+func supervisorNext(c lifecycle, faultPending, stopAsked bool) supAction {
+	switch {
+	case c == instStopped:
+		return supExit
+	case c == instStopping && stopAsked:
+		return supStop
+	case c == instRecovering && faultPending:
+		return supRecover
+	}
+	return supWait
+}
+
+// stopRequest asks an instance's supervisor to stop its daemon; the
+// instance is stepped to stopping by whoever asks, under Daemon.mu.
+type stopRequest struct {
+	dm *mps.Daemon
+	// restart: a new daemon starts after this one stopped (a start
+	// option changed); else the instance is gone.
+	restart bool
+	why     string
+	// shutdown: mpsctl shutdown asks; the stop outlives mpsd's cancel.
+	shutdown bool
+	// done, if set, gets the stop's outcome.
+	done chan stopResult
+}
+
+type stopResult struct {
+	rep mps.StopReport
+	err error
+}
+
+// kickLocked wakes the instance's supervisor (under Daemon.mu); a kick
+// already waiting is enough.
+func (in *instance) kickLocked() {
+	select {
+	case in.kick <- struct{}{}:
+	default:
+	}
+}
+
+// askStopLocked steps the instance to stopping and has its supervisor
+// stop dm (under Daemon.mu). False: the instance cannot stop now (it is
+// not up).
+func (in *instance) askStopLocked(req *stopRequest) bool {
+	if _, err := in.step(instEvStop, req.why); err != nil {
+		return false
+	}
+	in.stopReq = req
+	in.kickLocked()
+	return true
+}
+
+// supervise is the instance's supervisor goroutine (see above).
+func (d *Daemon) supervise(in *instance) {
+	d.supervisors.Add(1)
+	defer d.supervisors.Add(-1)
+	defer close(in.done)
+	d.bringUp(in, true)
+	d.mu.Lock()
+	interval := d.cfg.Watchdog.ProbeInterval
+	d.mu.Unlock()
+	probe := time.NewTicker(interval)
+	defer probe.Stop()
+	for {
+		d.mu.Lock()
+		next := supervisorNext(in.life, in.pending != nil, in.stopReq != nil)
+		if d.ctx.Err() != nil && next != supStop {
+			// A stop asked for by mpsctl shutdown is still done; nothing
+			// else is begun once mpsd stops.
+			next = supExit
+		}
+		switch next {
+		case supExit:
+			if f := in.pending; f != nil && in.life != instStopped {
+				in.unhandledLocked(*f)
+			}
+			d.mu.Unlock()
+			return
+		case supStop:
+			req := in.stopReq
+			in.stopReq = nil
+			d.mu.Unlock()
+			if d.stopInstance(in, req) {
+				d.bringUp(in, false)
+			}
+			continue
+		case supRecover:
+			f := *in.pending
+			in.pending = nil
+			d.mu.Unlock()
+			d.recoverOnce(in, f)
+			d.mu.Lock()
+			if in.pending == nil && in.daemon != nil && in.life == instRecovering {
+				// Every fault that came meanwhile is handled too. Without a
+				// daemon (mpsd stopped before one answered) it stays
+				// recovering: the next mpsd takes it up.
+				if eff, err := in.step(instEvRecovered, "faults handled"); err == nil && eff&effSchedule != 0 {
+					d.scheduleLocked(in.group)
+				}
+			}
+			d.mu.Unlock()
+			continue
+		}
+		d.mu.Unlock()
+		select {
+		case <-d.ctx.Done():
+		case <-in.kick:
+		case <-probe.C:
+			d.mu.Lock()
+			wd := d.cfg.Watchdog
+			d.mu.Unlock()
+			if wd.ProbeInterval != interval {
+				interval = wd.ProbeInterval
+				probe.Reset(interval)
+			}
+			d.probe(in, wd.ProbeTimeout, wd.ProbeFailures)
+		}
+	}
+}
+
+// stopInstance stops the daemon a stop request names and steps the
+// instance on: to starting again (true: the caller brings a new daemon
+// up) or to stopped.
+func (d *Daemon) stopInstance(in *instance, req *stopRequest) (bringUp bool) {
+	var res stopResult
+	if req.dm != nil {
+		parent := d.ctx
+		if req.shutdown {
+			parent = context.WithoutCancel(d.ctx)
+		}
+		ctx, cancel := context.WithTimeout(parent, 30*time.Second)
+		res.rep, res.err = req.dm.Stop(ctx)
+		cancel()
+		_ = req.dm.Close()
+		in.log.Info("control daemon stopped", "why", req.why, "graceful", res.rep.Graceful, "killed_servers", len(res.rep.KilledServers), "err", res.err)
+	}
+	d.mu.Lock()
+	ev := instEvGone
+	if req.restart {
+		ev = instEvRestart
+	}
+	eff, err := in.step(ev, "daemon stopped")
+	d.mu.Unlock()
+	if req.done != nil {
+		req.done <- res
+	}
+	return err == nil && eff&effBringUp != 0
+}
+
+// probe asks the instance's daemon whether it answers, if the instance is
+// up; failures in a row past the configured count mark the daemon hung. A
+// fault reported meanwhile cuts the probe short, and an interrupted probe
+// counts for nothing.
+func (d *Daemon) probe(in *instance, timeout time.Duration, failures int) {
+	d.mu.Lock()
+	dm := in.daemon
+	if in.life != instUp || dm == nil {
+		d.mu.Unlock()
+		return
+	}
+	ctx, cancel := context.WithTimeout(d.ctx, timeout)
+	defer cancel()
+	in.probeCancel = cancel
+	d.mu.Unlock()
+	err := dm.Probe(ctx)
+	d.mu.Lock()
+	in.probeCancel = nil
+	if d.ctx.Err() != nil || errors.Is(ctx.Err(), context.Canceled) || in.daemon != dm {
+		d.mu.Unlock()
+		return
+	}
+	if err == nil {
+		in.probeFails = 0
+		caps := !in.capsProbing
+		in.capsProbing = true
+		d.mu.Unlock()
+		d.localResourceOK(whereProbe)
+		// The daemon answers: its servers' caps are checked too, by a
+		// worker, so that a fault meanwhile waits for no MPS command.
+		if caps && !d.spawn(func() {
+			d.probeCaps(in, dm)
+			d.mu.Lock()
+			in.capsProbing = false
+			d.mu.Unlock()
+		}) {
+			d.mu.Lock()
+			in.capsProbing = false
+			d.mu.Unlock()
+		}
+		d.reconcileSoon(in, false) // reconcile.go
+		return
+	}
+	if isLocalResource(err) {
+		// mpsd could not run the probe at all (out of descriptors or
+		// processes): that is mpsd's failure and says nothing of the
+		// daemon, so it does not count towards a hung-daemon restart.
+		d.mu.Unlock()
+		d.localResourceError(whereProbe, err)
+		in.log.Warn("probe not run: mpsd is out of local resources; not counted against the daemon", "err", err)
+		return
+	}
+	in.probeFails++
+	n := in.probeFails
+	d.mu.Unlock()
+	in.log.Warn("probe failed", "failures_in_a_row", n, "err", err)
+	if n >= failures {
+		d.reportFault(in, fault{kind: faultHung, restart: restartDaemon,
+			reason: fmt.Sprintf("MPS control daemon of group %s on GPU %d stopped answering (%d probes failed)", in.group, in.gpus[0].Index, n)})
+	}
+}
