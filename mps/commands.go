@@ -130,7 +130,7 @@ func (d *Daemon) setPercent(ctx context.Context, line string, p float64) (float6
 	if err != nil {
 		return got, err
 	}
-	if math.IsNaN(p) || math.Abs(got-p) > 0.05+1e-9 {
+	if !SamePercent(got, p) {
 		return got, &CommandError{Command: line, PipeDir: d.cfg.PipeDir, Output: strconv.FormatFloat(got, 'f', 1, 64), Err: fmt.Errorf("%w: daemon kept %.1f", ErrInvalidValue, got)}
 	}
 	return got, nil
@@ -176,7 +176,7 @@ func (d *Daemon) SetActiveThreadPercentage(ctx context.Context, serverPID int, p
 	if err != nil {
 		return got, err
 	}
-	if math.IsNaN(p) || math.Abs(got-p) > 0.05+1e-9 {
+	if !SamePercent(got, p) {
 		return got, &CommandError{Command: line, PipeDir: d.cfg.PipeDir, Err: fmt.Errorf("%w: server kept %.1f", ErrInvalidValue, got)}
 	}
 	return got, nil
@@ -367,7 +367,7 @@ func (d *Daemon) SetServerCaps(ctx context.Context, serverPID int, p float64, me
 	if err != nil {
 		return caps, err
 	}
-	if math.Abs(caps.ThreadPercentage-p) > 0.05+1e-9 {
+	if !SamePercent(caps.ThreadPercentage, p) {
 		return caps, &CommandError{Command: lines[0], PipeDir: d.cfg.PipeDir, Err: fmt.Errorf("%w: server kept %.1f%%", ErrInvalidValue, caps.ThreadPercentage)}
 	}
 	for dev, b := range memBytes {

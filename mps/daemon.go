@@ -559,7 +559,7 @@ func (d *Daemon) applyDefaults(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("mps: apply default thread percentage: %w", &CommandError{Command: lines[0], PipeDir: d.cfg.PipeDir, Output: out, Err: err})
 		}
-		if math.Abs(held-p) > 0.05+1e-9 {
+		if !SamePercent(held, p) {
 			return fmt.Errorf("mps: apply default thread percentage: %w", &CommandError{Command: lines[0], PipeDir: d.cfg.PipeDir, Output: got[0], Err: fmt.Errorf("%w: daemon kept %.1f", ErrInvalidValue, held)})
 		}
 		got = got[1:]

@@ -104,6 +104,13 @@ func parseServerState(out string) (ServerState, error) {
 	return StateUnknown, fmt.Errorf("%w: server status %q", ErrUnexpectedOutput, lines[0])
 }
 
+// SamePercent reports whether a thread percentage the daemon printed
+// (as %.1f) is the one asked for: within half a tenth, and float noise.
+// A NaN is no percentage and the same as nothing.
+func SamePercent(printed, asked float64) bool {
+	return !math.IsNaN(printed) && !math.IsNaN(asked) && math.Abs(printed-asked) <= 0.05+1e-9
+}
+
 // parsePercent parses a thread percentage the daemon prints as %.1f.
 func parsePercent(out string) (float64, error) {
 	lines := outputLines(out)

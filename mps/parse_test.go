@@ -2,6 +2,7 @@ package mps
 
 import (
 	"errors"
+	"math"
 	"os"
 	"os/exec"
 	"slices"
@@ -282,4 +283,28 @@ func FuzzOutputParsers(f *testing.F) {
 		_, _ = parseInt(out)
 		_, _ = parseProcStat(out)
 	})
+}
+
+// TestSamePercent: the daemon prints percentages with one decimal, so a
+// value within half a tenth is the one asked for, and no more; a NaN is
+// never the same.
+func TestSamePercent(t *testing.T) {
+	for _, tc := range []struct {
+		printed, asked float64
+		want           bool
+	}{
+		{30, 30, true},
+		{33.3, 100.0 / 3, true},
+		{66.7, 200.0 / 3, true},
+		{30.1, 30.05, true},
+		{30.1, 30, false},
+		{29.9, 30, false},
+		{100, 99.9, false},
+		{math.NaN(), 30, false},
+		{30, math.NaN(), false},
+	} {
+		if got := SamePercent(tc.printed, tc.asked); got != tc.want {
+			t.Errorf("SamePercent(%v, %v) = %v, want %v", tc.printed, tc.asked, got, tc.want)
+		}
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
 	"slices"
 	"time"
 
@@ -112,7 +111,7 @@ func (d *Daemon) enforceCaps(in *instance, dm *mps.Daemon, pid int, when string)
 		return err
 	}
 	var drifts []string
-	if math.Abs(caps.ThreadPercentage-wantSM) > 0.05+1e-9 {
+	if !mps.SamePercent(caps.ThreadPercentage, wantSM) {
 		drifts = append(drifts, capThreads)
 		in.log.Warn("MPS server's cap drifted from the group's; setting it back",
 			"server", pid, "server_uid", uid, "cap", capThreads, "want", wantSM, "got", caps.ThreadPercentage, "seen_at", when)

@@ -440,7 +440,10 @@ func classifyChaosEnd(code int, stderr string) (chaosEnd, string) {
 	var reason string
 	for _, line := range strings.Split(stderr, "\n") {
 		msg, ok := strings.CutPrefix(line, "mps-launch: ")
-		if !ok || strings.Contains(msg, "); requeued, attempt ") {
+		if !ok || strings.Contains(msg, "); requeued, attempt ") || strings.HasSuffix(msg, " was lost while mpsd was away; requesting a new one") {
+			// Progress, not an end: the lease was requeued, or a lease
+			// mpsd had not yet written when it went is asked for anew
+			// (nothing ran under it).
 			continue
 		}
 		reason = msg
@@ -565,6 +568,8 @@ func TestClassifyChaosEnd(t *testing.T) {
 	}{
 		{"completed", 0, ran, endCompleted},
 		{"completed after a requeue", 0, ran + requeued + ran, endCompleted},
+		{"completed after its unwritten lease was asked for anew", 0, "mps-launch: lease l-0 was lost while mpsd was away; requesting a new one\n" + ran, endCompleted},
+		{"lost, asked for anew, then mpsd unreachable", 125, "mps-launch: lease l-0 was lost while mpsd was away; requesting a new one\n" + lost, endUnreachableBeforeGrant},
 		{"unreachable at the first request", 125, unreach, endUnreachableBeforeGrant},
 		{"lost while queued", 125, lost, endUnreachableBeforeGrant},
 		{"lost while the command ran", 125, ran + lost, endUnreachableAfterGrant},
