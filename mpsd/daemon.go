@@ -159,11 +159,13 @@ type Daemon struct {
 	// supervisors counts the instances' supervisor goroutines running
 	// (supervisor.go): one per instance.
 	supervisors atomic.Int32
-	ready       atomic.Bool // every instance was up once (READY=1, /readyz)
-	metrics     *metrics
-	res         *resources // connection caps, mpsd's own exhaustion
-	dur         durability // the state file's health (durability.go)
-	users       userNames  // uid → name, for the lease log lines
+	// probes times every instance's probes (supervisor.go).
+	probes  probeClock
+	ready   atomic.Bool // every instance was up once (READY=1, /readyz)
+	metrics *metrics
+	res     *resources // connection caps, mpsd's own exhaustion
+	dur     durability // the state file's health (durability.go)
+	users   userNames  // uid → name, for the lease log lines
 	// shutdownDone is closed once mpsctl shutdown has ended the MPS
 	// service: Run stops then.
 	shutdownDone chan struct{}
@@ -451,6 +453,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	case <-time.After(10 * time.Second):
 		d.log.Warn("the GPUs' Xid events are not registered after 10s; starting the instances anyway")
 	}
+	d.spawn(d.runProbeClock)
 	for _, in := range insts {
 		d.spawn(func() { d.supervise(in) })
 	}

@@ -64,7 +64,7 @@ type instance struct {
 	triedOnce sync.Once
 
 	// The watchdog's state (watchdog.go).
-	pending    *fault         // a fault for the supervisor to handle next
+	pending    []fault        // faults for the supervisor's next recovery
 	failures   []time.Time    // failures within the quarantine window
 	probeFails int            // failed probes in a row
 	faults     map[string]int // faults reported, by kind
@@ -286,11 +286,11 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 			// would take this live daemon for a stranger and revoke its
 			// leases.
 			d.store.request()
-			if f := in.pending; f != nil {
-				// Reported while there was no daemon yet: its recovery
+			if len(in.pending) > 0 {
+				// Reported while there was no daemon yet: their recovery
 				// takes over the instance once the bring-up is done
 				// (the supervisor runs it next).
-				_, _ = in.step(instEvFault, f.kind)
+				_, _ = in.step(instEvFault, in.pending[0].kind)
 			}
 			d.mu.Unlock()
 			d.spawn(func() { d.watchInstance(in, dm) })

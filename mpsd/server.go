@@ -308,7 +308,7 @@ func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, err
 		l.box.push(api.Event{Type: api.EventRequeued, Attempt: l.attempt})
 	}
 	switch {
-	case l.state == leaseRunning && (l.inst.life == instRecovering || l.inst.pending != nil):
+	case l.state == leaseRunning && (l.inst.life == instRecovering || len(l.inst.pending) > 0):
 		// A fault was found on its instance (one logged while mpsd was
 		// away, say) and its recovery has yet to take the lease: the
 		// revocation is on its way, a confirmation now would be false.

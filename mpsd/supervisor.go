@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/mpsd/mpsd/mps"
@@ -18,16 +19,19 @@ import (
 // instance left the config, or for mpsctl shutdown). Two of these never
 // overlap, so none has to guess what another is doing.
 //
-// Others only ask: reportFault records the fault and steps the instance to
-// recovering at once (it takes no new lease from then on), a stop request
-// is left in stopReq, and both kick the supervisor. A fault also cuts a
-// probe under way short, so its recovery waits for no probe timeout.
+// Others only ask: reportFault records the fault and steps an instance
+// that is up (or has its daemon while starting) to recovering at once (it
+// takes no new lease from then on), a stop request is left in stopReq, and
+// both kick the supervisor. Both also cut a probe under way short, so what
+// they ask waits for no probe timeout.
 //
 // Besides the supervisor, an instance has short-lived workers it does not
 // wait for: the reader of the daemon's events (watchInstance, one per
 // daemon handle, ending when the handle closes), the caps checks and the
 // reconciliations. Each goes through Daemon.spawn and stops on mpsd's
-// cancel.
+// cancel. The probes of every instance are timed by one clock
+// (probeClock), so that an idle mpsd wakes once a probe interval, not once
+// per instance.
 
 // supAction is the supervisor's next piece of work.
 type supAction uint8
@@ -120,6 +124,9 @@ func (in *instance) askStopLocked(req *stopRequest) bool {
 		return false
 	}
 	in.stopReq = req
+	if in.probeCancel != nil {
+		in.probeCancel()
+	}
 	in.kickLocked()
 	return true
 }
@@ -129,24 +136,34 @@ func (d *Daemon) supervise(in *instance) {
 	d.supervisors.Add(1)
 	defer d.supervisors.Add(-1)
 	defer close(in.done)
-	d.bringUp(in, true)
-	d.mu.Lock()
-	interval := d.cfg.Watchdog.ProbeInterval
-	d.mu.Unlock()
-	probe := time.NewTicker(interval)
-	defer probe.Stop()
+	d.bringUpOrRetire(in, true)
 	for {
 		d.mu.Lock()
-		next := supervisorNext(in.life, in.pending != nil, in.stopReq != nil)
-		if d.ctx.Err() != nil && next != supStop {
+		next := supervisorNext(in.life, len(in.pending) > 0, in.stopReq != nil)
+		stopping := d.ctx.Err() != nil
+		switch {
+		case stopping && next == supStop && !in.stopReq.shutdown:
+			// Stopping mpsd stops no MPS daemon: a retirement or restart
+			// asked for just before is left to the next mpsd, which finds
+			// the daemon running.
+			req := in.stopReq
+			in.stopReq = nil
+			d.mu.Unlock()
+			if req.dm != nil {
+				_ = req.dm.Close()
+			}
+			return
+		case stopping && next != supStop:
 			// A stop asked for by mpsctl shutdown is still done; nothing
 			// else is begun once mpsd stops.
 			next = supExit
 		}
 		switch next {
 		case supExit:
-			if f := in.pending; f != nil && in.life != instStopped {
-				in.unhandledLocked(*f)
+			if in.life != instStopped {
+				for _, f := range in.pending {
+					in.unhandledLocked(f)
+				}
 			}
 			d.mu.Unlock()
 			return
@@ -155,40 +172,98 @@ func (d *Daemon) supervise(in *instance) {
 			in.stopReq = nil
 			d.mu.Unlock()
 			if d.stopInstance(in, req) {
-				d.bringUp(in, false)
+				d.bringUpOrRetire(in, false)
 			}
 			continue
 		case supRecover:
-			f := *in.pending
+			pending := in.pending
 			in.pending = nil
 			d.mu.Unlock()
-			d.recoverOnce(in, f)
+			d.recoverOnce(in, pending)
 			d.mu.Lock()
-			if in.pending == nil && in.daemon != nil && in.life == instRecovering {
+			if len(in.pending) == 0 && in.daemon != nil && in.life == instRecovering {
 				// Every fault that came meanwhile is handled too. Without a
 				// daemon (mpsd stopped before one answered) it stays
 				// recovering: the next mpsd takes it up.
 				if eff, err := in.step(instEvRecovered, "faults handled"); err == nil && eff&effSchedule != 0 {
 					d.scheduleLocked(in.group)
 				}
+				// Its last lease may have gone during the recovery.
+				d.retireIfEmptyLocked(in)
 			}
 			d.mu.Unlock()
 			continue
 		}
+		tick := d.probes.next()
 		d.mu.Unlock()
 		select {
 		case <-d.ctx.Done():
 		case <-in.kick:
-		case <-probe.C:
+		case <-tick:
 			d.mu.Lock()
 			wd := d.cfg.Watchdog
 			d.mu.Unlock()
-			if wd.ProbeInterval != interval {
-				interval = wd.ProbeInterval
-				probe.Reset(interval)
-			}
 			d.probe(in, wd.ProbeTimeout, wd.ProbeFailures)
 		}
+	}
+}
+
+// bringUpOrRetire brings the daemon up; an instance that left the config
+// meanwhile, and has no lease, is then retired.
+func (d *Daemon) bringUpOrRetire(in *instance, adopt bool) {
+	d.bringUp(in, adopt)
+	d.mu.Lock()
+	d.retireIfEmptyLocked(in)
+	d.mu.Unlock()
+}
+
+// probeClock ticks every probe interval for every instance's supervisor:
+// one timer for all, whose tick closes the channel the supervisors wait on.
+type probeClock struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// next is the channel closed at the next tick.
+func (c *probeClock) next() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ch == nil {
+		c.ch = make(chan struct{})
+	}
+	return c.ch
+}
+
+func (c *probeClock) tick() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ch != nil {
+		close(c.ch)
+		c.ch = nil
+	}
+}
+
+// runProbeClock ticks d.probes every watchdog.probe_interval (as the
+// config says now) until mpsd stops.
+func (d *Daemon) runProbeClock() {
+	d.mu.Lock()
+	interval := d.cfg.Watchdog.ProbeInterval
+	d.mu.Unlock()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-t.C:
+		}
+		d.probes.tick()
+		d.mu.Lock()
+		if now := d.cfg.Watchdog.ProbeInterval; now != interval {
+			interval = now
+			t.Reset(interval)
+		}
+		d.mu.Unlock()
 	}
 }
 

@@ -2,6 +2,7 @@ package mpsd
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 )
 
@@ -88,7 +89,7 @@ func TestReportFaultCutsProbeShort(t *testing.T) {
 	if in.life != instRecovering {
 		t.Errorf("instance is %s after a fault, want recovering", in.life)
 	}
-	if in.pending == nil || in.pending.kind != faultServerExit {
+	if len(in.pending) != 1 || in.pending[0].kind != faultServerExit {
 		t.Errorf("pending = %+v, want the fault for the supervisor", in.pending)
 	}
 	select {
@@ -96,12 +97,12 @@ func TestReportFaultCutsProbeShort(t *testing.T) {
 	default:
 		t.Error("the supervisor was not woken")
 	}
-	// A second fault during the recovery waits, the strongest restart
-	// kept, and does not step the instance again.
+	// More faults during the recovery wait beside it, each with its own
+	// victims, and do not step the instance again.
+	d.reportFault(in, fault{kind: faultStartFailed, uids: []uint32{7}, reason: "uid 7"})
 	d.reportFault(in, fault{kind: faultHung, restart: restartDaemon, reason: "hung"})
-	d.reportFault(in, fault{kind: faultXid, restart: restartServer, reason: "xid"})
-	if in.pending.kind != faultHung || in.life != instRecovering {
-		t.Errorf("after two more faults: pending %s, life %s; want hung, recovering", in.pending.kind, in.life)
+	if len(in.pending) != 3 || in.life != instRecovering {
+		t.Errorf("after two more faults: %d pending, life %s; want 3, recovering", len(in.pending), in.life)
 	}
 	// A stopping instance takes no fault.
 	st := &instance{key: "g/1", life: instStopping, faults: map[string]int{}, kick: make(chan struct{}, 1)}
@@ -109,4 +110,87 @@ func TestReportFaultCutsProbeShort(t *testing.T) {
 	if st.pending != nil || st.faults[faultServerExit] != 0 {
 		t.Error("a stopping instance took a fault")
 	}
+}
+
+// TestCombineFaults: faults pending together are one recovery with the
+// strongest restart, an operator's only if all were, and each lease is a
+// victim of the first fault that names it: a fault limited to one uid or
+// to some leases hides no other fault's victims.
+func TestCombineFaults(t *testing.T) {
+	startX := fault{kind: faultStartFailed, uids: []uint32{1000}, reason: "no server for uid 1000"}
+	startY := fault{kind: faultStartFailed, uids: []uint32{2000}, reason: "no server for uid 2000"}
+	ended := fault{kind: faultServerFault, leases: []string{"l-a"}, reason: "fault record"}
+	exit := fault{kind: faultServerExit, reason: "server died"}
+	admin := fault{kind: faultAdmin, restart: restartDaemon, admin: true, reason: "admin"}
+
+	if got := combineFaults([]fault{startX, admin}); got.kind != faultAdmin || got.restart != restartDaemon || got.admin {
+		t.Errorf("start_failed + admin restart = %s restart %s admin %v; want admin_restart, control_daemon, not an operator's only", got.kind, got.restart, got.admin)
+	}
+	if got := combineFaults([]fault{admin, admin}); !got.admin {
+		t.Error("two operator restarts counted towards quarantine")
+	}
+	if got := combineFaults([]fault{startX, startY}); got.kind != faultStartFailed || got.reason != startX.reason {
+		t.Errorf("two start failures = %s %q; want the first", got.kind, got.reason)
+	}
+
+	for _, tc := range []struct {
+		name   string
+		fs     []fault
+		lease  string
+		uid    uint32
+		victim bool
+		reason string
+	}{
+		{"second uid's start failure", []fault{startX, startY}, "l-y", 2000, true, startY.reason},
+		{"first uid's start failure", []fault{startX, startY}, "l-x", 1000, true, startX.reason},
+		{"a third uid", []fault{startX, startY}, "l-z", 3000, false, ""},
+		{"named lease", []fault{ended, exit}, "l-a", 1000, true, ended.reason},
+		{"other lease of the dead server", []fault{ended, exit}, "l-b", 1000, true, exit.reason},
+		{"lease the record alone does not name", []fault{ended}, "l-b", 1000, false, ""},
+	} {
+		f, ok := faultVictim(tc.fs, tc.lease, tc.uid)
+		if ok != tc.victim || f.reason != tc.reason {
+			t.Errorf("%s: victim %v (%q), want %v (%q)", tc.name, ok, f.reason, tc.victim, tc.reason)
+		}
+	}
+}
+
+// TestUnhandledFaultReadAgain: a server.log fault left pending when mpsd
+// stops moves the saved offset back to its line, so the next mpsd reads
+// it again, even though its report had moved the offset past it.
+func TestUnhandledFaultReadAgain(t *testing.T) {
+	d := &Daemon{ctx: t.Context()}
+	in := &instance{key: "g/0", life: instStarting, faults: map[string]int{}, kick: make(chan struct{}, 1), logHandled: 100,
+		log: slog.New(slog.DiscardHandler)}
+	d.reportFault(in, fault{kind: faultServerFault, fromServerLog: true, logOffset: 500})
+	if in.logHandled != 501 {
+		t.Fatalf("logHandled %d after the report, want 501", in.logHandled)
+	}
+	in.unhandledLocked(in.pending[0])
+	if in.logHandled != 500 {
+		t.Errorf("logHandled %d after mpsd stopped with the fault pending, want 500 (its line)", in.logHandled)
+	}
+}
+
+// TestProbeClock: one tick wakes every waiter at once; a waiter after the
+// tick waits for the next one.
+func TestProbeClock(t *testing.T) {
+	var c probeClock
+	a, b := c.next(), c.next()
+	c.tick()
+	for i, ch := range []<-chan struct{}{a, b} {
+		select {
+		case <-ch:
+		default:
+			t.Errorf("waiter %d not woken by the tick", i)
+		}
+	}
+	later := c.next()
+	select {
+	case <-later:
+		t.Error("a waiter after the tick was woken by it")
+	default:
+	}
+	c.tick()
+	<-later
 }

@@ -75,7 +75,8 @@ type fault struct {
 // (supervisor.go) and wakes it. An instance that is up (or has its daemon
 // while starting) becomes recovering at once, which closes it to new
 // placements; during a recovery, or a bring-up that has no daemon yet, the
-// fault waits in pending to be handled next, the strongest restart kept.
+// fault waits in pending to be handled next, with every other fault
+// pending (one recovery handles them all).
 // It never blocks: the recovery waits on processes in the supervisor,
 // which holds Daemon.mu only between those waits.
 func (d *Daemon) reportFault(in *instance, f fault) {
@@ -97,9 +98,9 @@ func (d *Daemon) reportFault(in *instance, f fault) {
 		in.logHandled = max(in.logHandled, f.logOffset+1)
 	}
 	in.faults[f.kind]++
-	if in.pending == nil || f.restart > in.pending.restart {
-		in.pending = &f
-	}
+	// Every fault waits with its own victims: the recovery takes them all
+	// (a fault limited to one uid or some leases must not hide another's).
+	in.pending = append(in.pending, f)
 	if in.life == instUp || (in.life == instStarting && in.daemon != nil) {
 		if _, err := in.step(instEvFault, f.kind); err != nil {
 			return
@@ -117,13 +118,48 @@ func (d *Daemon) reportFault(in *instance, f fault) {
 // it); one left pending behind a recovery needs nothing more, since that
 // recovery took every lease of the instance, the only ones it concerns.
 func (in *instance) unhandledLocked(f fault) {
+	if f.fromServerLog && in.logHandled >= 0 {
+		// Its line is read again by the next mpsd: the offset saved at
+		// the stop goes back to it.
+		in.logHandled = min(in.logHandled, f.logOffset)
+	}
 	in.log.Warn("fault left for the next mpsd", "fault", f.kind, "reason", f.reason, "read_again", f.fromServerLog)
 }
 
-// recoverOnce handles one fault in the instance's supervisor: it counts
-// the failure (quarantine), revokes the victims and restarts what the
-// fault needs.
-func (d *Daemon) recoverOnce(in *instance, f fault) {
+// combineFaults is one recovery of the faults pending together (pure):
+// the restart is the strongest one's, and so are the kind and reason the
+// log, the metrics and quarantine see; it counts as an operator's only if
+// every fault was one. The victims stay each fault's own (faultVictim).
+func combineFaults(fs []fault) fault {
+	main := fs[0]
+	admin := true
+	for _, f := range fs {
+		if f.restart > main.restart {
+			main = f
+		}
+		admin = admin && f.admin
+	}
+	main.admin = admin
+	return main
+}
+
+// faultVictim is the first of fs that names lease l (of uid), and whether
+// one does: a fault without uids or leases names every lease of the
+// instance.
+func faultVictim(fs []fault, id string, uid uint32) (fault, bool) {
+	for _, f := range fs {
+		if (f.uids == nil || slices.Contains(f.uids, uid)) && (f.leases == nil || slices.Contains(f.leases, id)) {
+			return f, true
+		}
+	}
+	return fault{}, false
+}
+
+// recoverOnce handles the faults pending together in the instance's
+// supervisor, as one failure: it counts it (quarantine), revokes every
+// fault's victims and restarts what the strongest fault needs.
+func (d *Daemon) recoverOnce(in *instance, pending []fault) {
+	f := combineFaults(pending)
 	start := time.Now()
 	d.mu.Lock()
 	wd := d.cfg.Watchdog
@@ -149,13 +185,26 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 	// A lease already ending (its launcher left, release is killing it;
 	// or another revocation has it) is its owner's to finish; every other
 	// lease of the instance the fault names is a victim.
-	var victims []*lease
+	// Each victim is told the reason of the fault that named it.
+	byReason := map[string][]*lease{}
+	var reasons []string
+	victims := 0
 	for _, l := range in.leases {
-		if l.state == leaseRunning && (f.uids == nil || slices.Contains(f.uids, l.uid)) && (f.leases == nil || slices.Contains(f.leases, l.id)) {
-			victims = append(victims, l)
+		if l.state != leaseRunning {
+			continue
+		}
+		if vf, ok := faultVictim(pending, l.id, l.uid); ok {
+			if byReason[vf.reason] == nil {
+				reasons = append(reasons, vf.reason)
+			}
+			byReason[vf.reason] = append(byReason[vf.reason], l)
+			victims++
 		}
 	}
-	slices.SortFunc(victims, func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
+	slices.Sort(reasons)
+	for _, r := range reasons {
+		slices.SortFunc(byReason[r], func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
+	}
 	dm := in.daemon
 	servers := slices.Sorted(maps.Keys(in.servers))
 	if f.restart == restartDaemon {
@@ -164,9 +213,12 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 		in.p.ServerUp = false
 	}
 	d.mu.Unlock()
-	in.log.Warn("instance failed; recovering", "fault", f.kind, "reason", f.reason, "leases", len(victims), "restarting", f.restart, "failures_in_window", failures)
+	in.log.Warn("instance failed; recovering", "fault", f.kind, "reason", f.reason, "faults", len(pending), "leases", victims, "restarting", f.restart, "failures_in_window", failures)
 
-	n := d.revoke(victims, f.reason, revokeHow{dm: dm, servers: servers})
+	n := 0
+	for _, r := range reasons {
+		n += d.revoke(byReason[r], r, revokeHow{dm: dm, servers: servers})
+	}
 	in.log.Info("revocation done", "leases", n, "took", time.Since(start))
 
 	// The first failure in the window restarts at once; a crash loop
@@ -237,9 +289,9 @@ func (d *Daemon) recoverOnce(in *instance, f fault) {
 	cancel()
 	if err != nil && d.ctx.Err() == nil {
 		d.mu.Lock()
-		if in.pending == nil || in.pending.restart < restartDaemon {
-			in.pending = &fault{kind: faultHung, restart: restartDaemon, admin: true,
-				reason: fmt.Sprintf("MPS control daemon of group %s on GPU %d does not answer after a fault: %v", in.group, in.gpus[0].Index, err)}
+		if !slices.ContainsFunc(in.pending, func(p fault) bool { return p.restart == restartDaemon }) {
+			in.pending = append(in.pending, fault{kind: faultHung, restart: restartDaemon, admin: true,
+				reason: fmt.Sprintf("MPS control daemon of group %s on GPU %d does not answer after a fault: %v", in.group, in.gpus[0].Index, err)})
 		}
 		d.mu.Unlock()
 	}
