@@ -25,6 +25,9 @@ type revokeHow struct {
 	// end: the victims are not requeued but end with this error once
 	// their processes are gone (mpsctl shutdown).
 	end *api.Error
+	// reasons, by lease id, overrides the reason for those victims: a
+	// recovery of several faults tells each victim its own fault's.
+	reasons map[string]string
 }
 
 // revoke is the one revocation sequence, for recovery, an operator's
@@ -48,29 +51,36 @@ type revokeHow struct {
 func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 	d.mu.Lock()
 	var taken []*lease
+	why := map[*lease]string{}
 	persist := false
 	for _, l := range victims {
 		if d.leases[l.id] != l {
 			continue // ended meanwhile
 		}
+		r := reason
+		if o, ok := how.reasons[l.id]; ok {
+			r = o
+		}
 		if how.finish {
 			if l.state == leaseRevoking {
 				taken = append(taken, l)
+				why[l] = r
 			}
 			continue
 		}
 		if l.state != leaseRunning {
 			continue
 		}
-		eff, err := l.step(leaseRevoke, reason)
+		eff, err := l.step(leaseRevoke, r)
 		if err != nil {
 			continue
 		}
-		l.revokedFor = reason
+		l.revokedFor = r
 		l.endWith = how.end
 		persist = persist || eff&effPersist != 0
 		taken = append(taken, l)
-		l.logger().Info("lease revoked", l.logAttrs("attempt", l.attempt, "reason", reason)...)
+		why[l] = r
+		l.logger().Info("lease revoked", l.logAttrs("attempt", l.attempt, "reason", r)...)
 	}
 	var written <-chan struct{}
 	if persist {
@@ -95,7 +105,7 @@ func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 		}
 	}
 	for _, l := range taken {
-		l.box.push(api.Event{Type: api.EventRevoked, Reason: reason})
+		l.box.push(api.Event{Type: api.EventRevoked, Reason: why[l]})
 	}
 	if dm := how.dm; dm != nil && !dm.Exited() {
 		mine := map[int]bool{}
@@ -135,7 +145,7 @@ func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 		})
 	}
 	wg.Wait()
-	d.requeue(taken, reason, how.force)
+	d.requeue(taken, why, how.force)
 	return len(taken)
 }
 
@@ -146,7 +156,9 @@ func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 // them) or its launcher left meanwhile. One whose kill failed stays on its
 // instance, holding its capacity, until a retry of the kill succeeds;
 // only then is it requeued.
-func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
+//
+// why is each victim's reason, as its revocation told it.
+func (d *Daemon) requeue(victims []*lease, why map[*lease]string, force bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	groups := map[string]bool{}
@@ -154,9 +166,10 @@ func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
 		if d.leases[l.id] != l || l.state != leaseRevoking {
 			continue // ended meanwhile
 		}
+		reason := why[l]
 		if l.killStuck {
 			l.killStuck = false // retryKillLocked's to set while it runs
-			d.retryKillLocked(l, func() { d.requeue([]*lease{l}, reason, force) })
+			d.retryKillLocked(l, func() { d.requeue([]*lease{l}, map[*lease]string{l: reason}, force) })
 			continue
 		}
 		exhausted := !force && l.attempt-1 >= l.requeue
@@ -174,6 +187,9 @@ func (d *Daemon) requeue(victims []*lease, reason string, force bool) {
 			delete(in.leases, l.id)
 			l.inst = nil
 			l.memUsed, l.memOverSince = nil, time.Time{} // read anew where it runs next
+			// An operator's requeue of a retiring instance's last lease
+			// (or a kill retried after its recovery) empties it.
+			d.retireIfEmptyLocked(in)
 		}
 		groups[l.group] = true
 		switch {

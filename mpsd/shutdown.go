@@ -127,7 +127,7 @@ func (d *Daemon) shutdown(uid uint32) (api.ShutdownResult, error) {
 		if in.life != instUp || in.daemon == nil {
 			continue
 		}
-		req := &stopRequest{dm: in.daemon, why: "mpsctl shutdown", shutdown: true, done: make(chan stopResult, 1)}
+		req := &stopRequest{dm: in.daemon, why: "mpsctl shutdown", done: make(chan stopResult, 1)}
 		if !in.askStopLocked(req) {
 			continue
 		}

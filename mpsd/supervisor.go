@@ -96,8 +96,6 @@ type stopRequest struct {
 	// option changed); else the instance is gone.
 	restart bool
 	why     string
-	// shutdown: mpsctl shutdown asks; the stop outlives mpsd's cancel.
-	shutdown bool
 	// done, if set, gets the stop's outcome.
 	done chan stopResult
 }
@@ -140,22 +138,11 @@ func (d *Daemon) supervise(in *instance) {
 	for {
 		d.mu.Lock()
 		next := supervisorNext(in.life, len(in.pending) > 0, in.stopReq != nil)
-		stopping := d.ctx.Err() != nil
-		switch {
-		case stopping && next == supStop && !in.stopReq.shutdown:
-			// Stopping mpsd stops no MPS daemon: a retirement or restart
-			// asked for just before is left to the next mpsd, which finds
-			// the daemon running.
-			req := in.stopReq
-			in.stopReq = nil
-			d.mu.Unlock()
-			if req.dm != nil {
-				_ = req.dm.Close()
-			}
-			return
-		case stopping && next != supStop:
-			// A stop asked for by mpsctl shutdown is still done; nothing
-			// else is begun once mpsd stops.
+		if d.ctx.Err() != nil && next != supStop {
+			// A stop already asked for is still done (the instance is
+			// empty: it was asked for a retirement, a restart or mpsctl
+			// shutdown, and the next mpsd would not know the daemon);
+			// nothing else is begun once mpsd stops.
 			next = supExit
 		}
 		switch next {
@@ -171,7 +158,8 @@ func (d *Daemon) supervise(in *instance) {
 			req := in.stopReq
 			in.stopReq = nil
 			d.mu.Unlock()
-			if d.stopInstance(in, req) {
+			if d.stopInstance(in, req) && d.ctx.Err() == nil {
+				// (Once mpsd stops, the next one starts the new daemon.)
 				d.bringUpOrRetire(in, false)
 			}
 			continue
@@ -273,11 +261,9 @@ func (d *Daemon) runProbeClock() {
 func (d *Daemon) stopInstance(in *instance, req *stopRequest) (bringUp bool) {
 	var res stopResult
 	if req.dm != nil {
-		parent := d.ctx
-		if req.shutdown {
-			parent = context.WithoutCancel(d.ctx)
-		}
-		ctx, cancel := context.WithTimeout(parent, 30*time.Second)
+		// The stop outlives mpsd's cancel: the daemon quits gracefully
+		// (its instance is empty), not killed for want of time.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), 30*time.Second)
 		res.rep, res.err = req.dm.Stop(ctx)
 		cancel()
 		_ = req.dm.Close()

@@ -185,26 +185,26 @@ func (d *Daemon) recoverOnce(in *instance, pending []fault) {
 	// A lease already ending (its launcher left, release is killing it;
 	// or another revocation has it) is its owner's to finish; every other
 	// lease of the instance the fault names is a victim.
-	// Each victim is told the reason of the fault that named it.
-	byReason := map[string][]*lease{}
-	var reasons []string
-	victims := 0
+	// One revocation takes every victim (all recorded revoking in one
+	// state write before anything is killed); each is told the reason of
+	// the fault that named it.
+	var victims []*lease
+	var reasons map[string]string
 	for _, l := range in.leases {
 		if l.state != leaseRunning {
 			continue
 		}
 		if vf, ok := faultVictim(pending, l.id, l.uid); ok {
-			if byReason[vf.reason] == nil {
-				reasons = append(reasons, vf.reason)
+			victims = append(victims, l)
+			if vf.reason != f.reason {
+				if reasons == nil {
+					reasons = map[string]string{}
+				}
+				reasons[l.id] = vf.reason
 			}
-			byReason[vf.reason] = append(byReason[vf.reason], l)
-			victims++
 		}
 	}
-	slices.Sort(reasons)
-	for _, r := range reasons {
-		slices.SortFunc(byReason[r], func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
-	}
+	slices.SortFunc(victims, func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
 	dm := in.daemon
 	servers := slices.Sorted(maps.Keys(in.servers))
 	if f.restart == restartDaemon {
@@ -213,12 +213,9 @@ func (d *Daemon) recoverOnce(in *instance, pending []fault) {
 		in.p.ServerUp = false
 	}
 	d.mu.Unlock()
-	in.log.Warn("instance failed; recovering", "fault", f.kind, "reason", f.reason, "faults", len(pending), "leases", victims, "restarting", f.restart, "failures_in_window", failures)
+	in.log.Warn("instance failed; recovering", "fault", f.kind, "reason", f.reason, "faults", len(pending), "leases", len(victims), "restarting", f.restart, "failures_in_window", failures)
 
-	n := 0
-	for _, r := range reasons {
-		n += d.revoke(byReason[r], r, revokeHow{dm: dm, servers: servers})
-	}
+	n := d.revoke(victims, f.reason, revokeHow{dm: dm, servers: servers, reasons: reasons})
 	in.log.Info("revocation done", "leases", n, "took", time.Since(start))
 
 	// The first failure in the window restarts at once; a crash loop

@@ -1,0 +1,84 @@
+package mpsd
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/mpsd/mpsd/api"
+)
+
+// Faults pending together are one recovery that takes every fault's own
+// victims and tells each its own fault's reason: a fault limited to some
+// leases does not hide another's, whatever order they came in.
+func TestPendingFaultsKeepTheirVictims(t *testing.T) {
+	e := newEnvGPUs(t, 1, oneGroup, "")
+	e.start()
+	gateA, openA := e.gate("a")
+	gateB, openB := e.gate("b")
+	gateC, openC := e.gate("c")
+	pa := startProc(t, e.launch(append([]string{"--sm", "10", "--mem", "1G", "--"}, gateA...)...))
+	pb := startProc(t, e.launch(append([]string{"--sm", "10", "--mem", "1G", "--"}, gateB...)...))
+	pc := startProc(t, e.launch(append([]string{"--sm", "10", "--mem", "1G", "--"}, gateC...)...))
+	e.waitStatus("three leases running", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 3 })
+	// a and b are named by a fault each; c by none.
+	var a, b, c string
+	e.d.mu.Lock()
+	var in *instance
+	for _, i := range e.d.instances {
+		in = i
+	}
+	for _, l := range in.leases {
+		switch cmd := strings.Join(l.command, " "); {
+		case strings.Contains(cmd, "gate-a"):
+			a = l.id
+		case strings.Contains(cmd, "gate-b"):
+			b = l.id
+		case strings.Contains(cmd, "gate-c"):
+			c = l.id
+		}
+	}
+	if a == "" || b == "" || c == "" {
+		e.d.mu.Unlock()
+		t.Fatalf("leases a %q b %q c %q: not told apart by their commands", a, b, c)
+	}
+	// Both reported before the supervisor looks, as when they come
+	// during a bring-up or another recovery.
+	in.pending = append(in.pending,
+		fault{kind: faultServerFault, leases: []string{a}, reason: "fault record naming a"},
+		fault{kind: faultServerFault, leases: []string{b}, reason: "fault record naming b"})
+	if _, err := in.step(instEvFault, "test"); err != nil {
+		e.d.mu.Unlock()
+		t.Fatal(err)
+	}
+	in.kickLocked()
+	e.d.mu.Unlock()
+
+	e.waitStatus("a and b requeued and running again", func(st api.Status) bool {
+		n := 0
+		for _, l := range st.Leases {
+			if (l.ID == a || l.ID == b) && l.Attempt == 2 && l.State == api.LeaseRunning {
+				n++
+			}
+		}
+		return n == 2
+	})
+	openA()
+	openB()
+	openC()
+	ra, rb, rc := pa.wait(t), pb.wait(t), pc.wait(t)
+	for _, tc := range []struct {
+		name string
+		r    result
+		want string
+	}{
+		{"a", ra, "(fault record naming a); requeued, attempt 2"},
+		{"b", rb, "(fault record naming b); requeued, attempt 2"},
+	} {
+		if tc.r.code != 0 || !strings.Contains(tc.r.stderr, tc.want) {
+			t.Errorf("lease %s's launcher: exit %d, stderr %q; want exit 0 and %q", tc.name, tc.r.code, tc.r.stderr, tc.want)
+		}
+	}
+	if rc.code != 0 || strings.Contains(rc.stderr, "revoked") {
+		t.Errorf("lease c, named by no fault: exit %d, stderr %q; want it untouched", rc.code, rc.stderr)
+	}
+}
