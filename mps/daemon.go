@@ -478,8 +478,9 @@ func (d *deadlineReader) Read(p []byte) (int, error) {
 
 // readBoundedLine returns r's next line without its newline (and CRs or
 // NULs at either end, as the log follower trims them); a line longer than
-// limit is skipped whole and returned as "". It returns io.EOF at the end (a last line without its
-// newline is dropped: it may still be being written).
+// limit is skipped whole and returned as "". It returns io.EOF at the end
+// (a last line without its newline is dropped: it may still be being
+// written).
 func readBoundedLine(r *bufio.Reader, limit int) (string, error) {
 	var line []byte
 	over := false

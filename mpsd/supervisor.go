@@ -139,10 +139,10 @@ func (d *Daemon) supervise(in *instance) {
 		d.mu.Lock()
 		next := supervisorNext(in.life, len(in.pending) > 0, in.stopReq != nil)
 		if d.ctx.Err() != nil && next != supStop {
-			// A stop already asked for is still done (the instance is
-			// empty: it was asked for a retirement, a restart or mpsctl
-			// shutdown, and the next mpsd would not know the daemon);
-			// nothing else is begun once mpsd stops.
+			// A stop already asked for is still done: the instance is
+			// empty (a retirement, a restart for a changed start option,
+			// mpsctl shutdown), and the next mpsd would not know a retired
+			// daemon. Nothing else is begun once mpsd stops.
 			next = supExit
 		}
 		switch next {

@@ -114,9 +114,10 @@ func (d *Daemon) reportFault(in *instance, f fault) {
 }
 
 // unhandledLocked notes a fault mpsd is stopping too soon to handle. One
-// from server.log is read again by the next mpsd (logHandled stays before
-// it); one left pending behind a recovery needs nothing more, since that
-// recovery took every lease of the instance, the only ones it concerns.
+// from server.log is read again by the next mpsd: logHandled goes back to
+// its line, which its report had passed. Any other is not saved: the next
+// mpsd's adoption finds a server or daemon that went meanwhile, but an Xid
+// or a hang it left unhandled is not seen again.
 func (in *instance) unhandledLocked(f fault) {
 	if f.fromServerLog && in.logHandled >= 0 {
 		// Its line is read again by the next mpsd: the offset saved at
