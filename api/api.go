@@ -461,6 +461,10 @@ const (
 	// device memory NVML reports for them above its mem for longer than
 	// the group's memory_grace): it was revoked and is not requeued.
 	CodeLimitExceeded ErrorCode = "limit_exceeded"
+	// CodeRevoking: a release refused because the lease is being revoked,
+	// or a fault pending on its instance is about to revoke it: the
+	// stream's revoked event follows, then its requeue or its end.
+	CodeRevoking ErrorCode = "revoking"
 )
 
 // Temporary reports whether trying again later may succeed: the codes

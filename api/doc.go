@@ -159,10 +159,12 @@
 // back) and answers 200 {} once the lease is gone, so that status no
 // longer shows it by the time the launcher exits. 403 CodeForbidden: not
 // the caller's lease; 404 CodeNotFound: no such lease (it ended already);
-// 409 CodeConflict: it is being revoked (the stream says how that ends),
-// or its processes would not die (it stays, and is released once they
-// do). A launcher that never sends it loses nothing: closing the stream
-// releases the lease too, a moment later.
+// 409 CodeRevoking: it is being revoked, or a fault pending on its
+// instance will revoke it (the stream's revoked event follows and says how
+// that ends: a launcher whose command failed waits for it); 409
+// CodeConflict: its processes would not die (it stays, and is released
+// once they do). A launcher that never sends it loses nothing: closing the
+// stream releases the lease too, a moment later.
 //
 // Every request body is one JSON object: null, an array, a number or a
 // string is refused with 400 CodeBadRequest, never taken as an empty

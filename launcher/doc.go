@@ -8,7 +8,8 @@
 // (session.go): from its state (a phase: queued, launching, running,
 // revoked, verdictPending, detached, done; the lease; a pending verdict)
 // and an input (an event, the stream's loss, the command's exit, a
-// signal, the verdict's due time) to the next state and the actions that
+// signal, the verdict's due time, the answer to a release a verdict
+// asked for) to the next state and the actions that
 // carry it out. run.go's loop applies them; stream.go owns the stream and
 // its reconnection (conn), children.go the command's processes
 // (children) and the attach that releases them.

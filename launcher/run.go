@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync"
 	"time"
 
 	"github.com/mpsd/mpsd/api"
@@ -50,7 +51,9 @@ type Config struct {
 	ReconnectTimeout time.Duration
 	// RevokeGrace is how long a command that failed waits for a
 	// revoked event that may be on its way, to tell mpsd's kill from
-	// another; 0 means DefaultRevokeGrace.
+	// another, before it asks mpsd to release the lease (a release
+	// refused as revoking waits on for the event); 0 means
+	// DefaultRevokeGrace.
 	RevokeGrace time.Duration
 	// AttachTimeout bounds the attach request; 0 means
 	// DefaultAttachTimeout.
@@ -195,6 +198,11 @@ type session struct {
 	// verdictTimer fires at st.verdict.until (verdictAt).
 	verdictTimer *time.Timer
 	verdictAt    time.Time
+
+	// releaseAnswer brings the answer to the release a verdict asked for
+	// (actAskRelease); asks owns the goroutine that waits for it.
+	releaseAnswer chan error
+	asks          sync.WaitGroup
 }
 
 // done is the result that ends run.
@@ -246,6 +254,9 @@ func (s *session) run(ctx context.Context) (int, error) {
 			s.status.update(s.st.position, s.st.group, s.st.reason, time.Since(s.queuedSince))
 		case <-s.verdictC():
 			r = s.step(sctx, input{kind: inVerdictDue})
+		case err := <-s.releaseAnswer:
+			s.releaseAnswer = nil
+			r = s.step(sctx, input{kind: inReleaseAnswer, err: err})
 		case <-s.holdRetryC():
 			r = s.retryHeld(sctx)
 		}
@@ -264,7 +275,7 @@ const releaseTimeout = 2 * time.Second
 // mps-launch has exited. Closing the stream (cleanup) releases it anyway;
 // a failure here only leaves that to do it.
 func (s *session) release(ctx context.Context) {
-	if s.conn.stream == nil || s.st.lease == nil || s.kids.child != nil || s.st.revoked != "" {
+	if s.conn.stream == nil || s.st.lease == nil || s.kids.child != nil || s.st.revoked != "" || s.st.released {
 		return
 	}
 	rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
@@ -314,9 +325,24 @@ func (s *session) apply(ctx context.Context, acts []action) *done {
 			s.status.clear()
 		case actEnd:
 			return &done{code: a.code, err: a.err}
+		case actAskRelease:
+			s.askRelease(ctx, a.leaseID)
 		}
 	}
 	return nil
+}
+
+// askRelease asks mpsd to release lease id without waiting: the answer
+// comes on s.releaseAnswer. The session's context bounds the request, and
+// cleanup waits for it.
+func (s *session) askRelease(ctx context.Context, id string) {
+	ch := make(chan error, 1)
+	s.releaseAnswer = ch
+	s.asks.Go(func() {
+		rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+		defer cancel()
+		ch <- s.client.Release(rctx, id)
+	})
 }
 
 // syncVerdictTimer makes the verdict timer fire at st.verdict's end, or
@@ -402,5 +428,6 @@ func (s *session) cleanup() {
 	}
 	s.unhold()
 	s.conn.stop()
+	s.asks.Wait()
 	s.kids.killAll()
 }

@@ -881,17 +881,55 @@ func TestRunRevokedBeforeAttach(t *testing.T) {
 	}
 }
 
+// TestRunRevokedAfterTheGrace: a CUDA client dies of its lost server, and
+// mpsd's revoked event comes later than RevokeGrace (it waits for the
+// revocation's state write, slow on a loaded disk). The release
+// mps-launch then asks for is refused because the lease is being revoked,
+// so it waits for the event and runs the requeued attempt.
+func TestRunRevokedAfterTheGrace(t *testing.T) {
+	h := newHarness(t, nil)
+	h.cfg.RevokeGrace = 20 * time.Millisecond
+	h.fake.Answer("POST", api.ReleasePath("lease-1"), apitest.Answer{Status: 409,
+		Body: `{"code":"revoking","message":"lease lease-1 is being revoked"}`})
+	done := h.start(t.Context(), h.sh(`[ "$MPSD_ATTEMPT" = 2 ] && exit 0; exit 86`)...)
+	lc := h.fake.NextLease(t)
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
+	h.fake.NextAttach(t)
+	h.fake.NextAnswered(t, "POST", api.ReleasePath("lease-1"))
+	lc.MustSend(t, api.Event{Type: api.EventRevoked, Reason: "server died"})
+	lc.MustSend(t, api.Event{Type: api.EventRequeued, Attempt: 2})
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 2))
+	if code := h.wait(done); code != 0 {
+		t.Errorf("exit %d, want 0 from attempt 2; stderr: %s", code, h.read("stderr"))
+	}
+	if !strings.Contains(h.read("stderr"), "lease lease-1 revoked (server died); requeued, attempt 2") {
+		t.Errorf("stderr lacks the requeue: %s", h.read("stderr"))
+	}
+}
+
 // A command that fails on its own exits with its status once the grace is
 // over, without a revocation.
 func TestRunFailureWithoutRevoke(t *testing.T) {
 	h := newHarness(t, nil)
 	h.cfg.RevokeGrace = 20 * time.Millisecond
+	h.fake.Answer("POST", api.ReleasePath("lease-1"), apitest.Answer{Status: 200, Body: "{}\n"})
 	done := h.start(t.Context(), h.sh(`exit 3`)...)
 	lc := h.fake.NextLease(t)
 	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
 	h.fake.NextAttach(t)
 	if code := h.wait(done); code != 3 {
 		t.Errorf("exit %d, want the command's 3", code)
+	}
+	// mpsd was asked once, when the grace was over; the lease it released
+	// is not released again.
+	var n int
+	for _, r := range h.fake.Requests() {
+		if r.Path == api.ReleasePath("lease-1") {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d releases asked for, want 1", n)
 	}
 }
 

@@ -81,7 +81,21 @@ const (
 	// lease says whether a fault took it. Waits ReconnectTimeout +
 	// RevokeGrace.
 	verdictAway
+	// verdictAsked: RevokeGrace passed after verdictFailed or
+	// verdictAttach without a revoked event; the lease's release was asked
+	// for, and mpsd's answer says whether a revocation has the lease (its
+	// event can come later than RevokeGrace: mpsd sends it once the
+	// revocation is recorded in its state file). Waits askWait.
+	verdictAsked
+	// verdictRevoking: mpsd refused the release because the lease is
+	// being revoked (api.CodeRevoking); the revoked event is on its way.
+	// Waits ReconnectTimeout.
+	verdictRevoking
 )
+
+// askWait bounds the wait for the answer to a verdict's release
+// (verdictAsked): the request's own timeout, and a margin.
+const askWait = releaseTimeout + time.Second
 
 // verdict is the session's end as it stands while it waits to learn
 // whether mpsd's revocation explains it: the command's status (code) or
@@ -117,6 +131,8 @@ type state struct {
 	final error
 	// verdict is set in phaseVerdictPending.
 	verdict *verdict
+	// released: mpsd answered a verdict's release: the lease is gone.
+	released bool
 	// started: a command has been released to run under the session's
 	// lease (any attempt); finished: it succeeded while mpsd was away, and
 	// the session ends with 0 once the reconnect is over.
@@ -156,6 +172,9 @@ const (
 	// inLeaseNamed: a new stream's answer named its lease (leaseID),
 	// before any event.
 	inLeaseNamed
+	// inReleaseAnswer: mpsd answered the release actAskRelease asked for
+	// (err nil: the lease is gone).
+	inReleaseAnswer
 )
 
 // input is one thing that happened to the session.
@@ -200,6 +219,9 @@ const (
 	actClearStatus
 	// actEnd ends the session with code, or err when set.
 	actEnd
+	// actAskRelease asks mpsd, in the background, to release lease
+	// leaseID; the answer comes back as inReleaseAnswer.
+	actAskRelease
 )
 
 // action is one effect of a step.
@@ -210,6 +232,8 @@ type action struct {
 	sig   os.Signal
 	code  int
 	err   error
+
+	leaseID string
 }
 
 // timing is what step needs of the configuration.
@@ -421,9 +445,42 @@ func step(st state, in input, tm timing) (state, []action) {
 		}
 
 	case inVerdictDue:
-		if st.verdict != nil {
+		v := st.verdict
+		switch {
+		case v == nil:
+		case (v.why == verdictFailed || v.why == verdictAttach) && st.lease != nil:
+			// No revoked event within RevokeGrace. Before the failure is
+			// taken as the command's own, mpsd is asked to release the
+			// lease: it does, and the failure was the command's, or it
+			// refuses because a revocation has the lease, whose event is
+			// still on its way.
+			nv := *v
+			nv.why, nv.until = verdictAsked, in.now.Add(askWait)
+			st.verdict = &nv
+			acts = append(acts, action{kind: actAskRelease, leaseID: st.lease.ID})
+		case v.why == verdictRevoking:
+			say("mpsd said it was revoking lease %s, but no revocation came within %s", leaseIDOf(st.lease), tm.reconnectTimeout)
+			endVerdict()
+		default:
 			endVerdict()
 		}
+
+	case inReleaseAnswer:
+		v := st.verdict
+		if v == nil || v.why != verdictAsked {
+			break // the revocation came meanwhile, or the stream ended
+		}
+		var ae *api.Error
+		if errors.As(in.err, &ae) && ae.Code == api.CodeRevoking {
+			nv := *v
+			nv.why, nv.until = verdictRevoking, in.now.Add(tm.reconnectTimeout)
+			st.verdict = &nv
+			break
+		}
+		// Released (or refused for another reason: gone, or its processes
+		// not dead yet): no revocation has the lease.
+		st.released = in.err == nil
+		endVerdict()
 
 	case inLeaseNamed:
 		if st.leaseID == "" && st.lease == nil {

@@ -46,6 +46,14 @@ func running() state {
 	return state{phase: phaseRunning, lease: l, leaseID: l.ID, attempt: 1, granted: true, child: true}
 }
 
+// failedVerdict is the state of lease-1's command that exited 3 and waits
+// for its verdict (why).
+func failedVerdict(why verdictWhy) state {
+	s := running()
+	s.child, s.phase, s.verdict = false, phaseVerdictPending, &verdict{code: 3, why: why, until: t0}
+	return s
+}
+
 func kinds(acts []action) []actionKind {
 	var ks []actionKind
 	for _, a := range acts {
@@ -227,16 +235,79 @@ func TestStep(t *testing.T) {
 					t.Errorf("verdict %+v kept", st.verdict)
 				}
 			}},
-		{name: "the verdict's end is the command's status",
-			st: func() state {
-				s := running()
-				s.child, s.phase, s.verdict = false, phaseVerdictPending, &verdict{code: 3, why: verdictFailed, until: t0}
-				return s
-			}(),
-			in: input{kind: inVerdictDue, now: t0}, phase: phaseDone, acts: []actionKind{actEnd},
+		{name: "no revocation within the grace: mpsd is asked to release the lease",
+			st: failedVerdict(verdictFailed),
+			in: input{kind: inVerdictDue, now: t0}, phase: phaseVerdictPending, acts: []actionKind{actAskRelease},
+			check: func(t *testing.T, st state, acts []action) {
+				if v := st.verdict; v == nil || v.why != verdictAsked || v.code != 3 || !v.until.Equal(t0.Add(askWait)) || acts[0].leaseID != "lease-1" {
+					t.Errorf("verdict %+v, acts %+v", st.verdict, acts)
+				}
+			}},
+		{name: "the release done: the failure was the command's own",
+			st: failedVerdict(verdictAsked), in: input{kind: inReleaseAnswer, now: t0}, phase: phaseDone, acts: []actionKind{actEnd},
+			check: func(t *testing.T, st state, acts []action) {
+				if acts[0].code != 3 || acts[0].err != nil || !st.released || st.verdict != nil {
+					t.Errorf("end %+v, state %+v", acts[0], st)
+				}
+			}},
+		{name: "the release refused for a revocation: its event is waited for",
+			st:    failedVerdict(verdictAsked),
+			in:    input{kind: inReleaseAnswer, now: t0, err: &api.Error{Code: api.CodeRevoking, Message: "lease lease-1 is being revoked"}},
+			phase: phaseVerdictPending, acts: nil,
+			check: func(t *testing.T, st state, _ []action) {
+				if v := st.verdict; v == nil || v.why != verdictRevoking || v.code != 3 || !v.until.Equal(t0.Add(time.Minute)) || st.released {
+					t.Errorf("verdict %+v", st.verdict)
+				}
+			}},
+		{name: "the release refused otherwise (unreachable, not found, still ending): the failure was the command's own",
+			st: failedVerdict(verdictAsked), in: input{kind: inReleaseAnswer, now: t0, err: &api.Error{Code: api.CodeNotFound, Message: "no lease"}},
+			phase: phaseDone, acts: []actionKind{actEnd},
+			check: func(t *testing.T, st state, acts []action) {
+				if acts[0].code != 3 || acts[0].err != nil || st.released {
+					t.Errorf("end %+v, state %+v", acts[0], st)
+				}
+			}},
+		{name: "no answer to the release in time: the failure was the command's own",
+			st: failedVerdict(verdictAsked), in: input{kind: inVerdictDue, now: t0}, phase: phaseDone, acts: []actionKind{actEnd},
 			check: func(t *testing.T, _ state, acts []action) {
 				if acts[0].code != 3 {
 					t.Errorf("end %+v", acts[0])
+				}
+			}},
+		{name: "the revocation mpsd announced comes: the failure was mpsd's",
+			st: failedVerdict(verdictRevoking), in: evRevoked("server died"), phase: phaseRevoked, acts: []actionKind{actUnhold},
+			check: func(t *testing.T, st state, _ []action) {
+				if st.verdict != nil || st.revoked != "server died" {
+					t.Errorf("state %+v", st)
+				}
+			}},
+		{name: "the revocation mpsd announced never comes: the command's status, and a word why",
+			st: failedVerdict(verdictRevoking), in: input{kind: inVerdictDue, now: t0}, phase: phaseDone, acts: []actionKind{actSay, actEnd},
+			check: func(t *testing.T, _ state, acts []action) {
+				if acts[0].line != "mpsd said it was revoking lease lease-1, but no revocation came within 1m0s" || acts[1].code != 3 {
+					t.Errorf("acts %+v", acts)
+				}
+			}},
+		{name: "a release's answer after the revocation came changes nothing",
+			st: func() state {
+				s := running()
+				s.child, s.phase, s.revoked = false, phaseRevoked, "server died"
+				return s
+			}(),
+			in: input{kind: inReleaseAnswer, now: t0, err: &api.Error{Code: api.CodeRevoking}}, phase: phaseRevoked, acts: nil},
+		{name: "a release's answer after the stream ended changes nothing: the resumed lease says",
+			st: failedVerdict(verdictAway), in: input{kind: inReleaseAnswer, now: t0}, phase: phaseVerdictPending, acts: nil,
+			check: func(t *testing.T, st state, _ []action) {
+				if st.verdict == nil || st.verdict.why != verdictAway || st.released {
+					t.Errorf("state %+v", st)
+				}
+			}},
+		{name: "stream lost while the release is asked: the wait lasts the outage",
+			st: failedVerdict(verdictAsked), in: input{kind: inStreamLost, now: t0, err: io.EOF}, phase: phaseVerdictPending,
+			acts: []actionKind{actCloseStream, actReconnect},
+			check: func(t *testing.T, st state, _ []action) {
+				if v := st.verdict; v.why != verdictAway || !v.until.Equal(t0.Add(time.Minute+time.Second)) {
+					t.Errorf("verdict %+v", v)
 				}
 			}},
 		{name: "the verdict's end says a kill while mpsd was away",
@@ -259,10 +330,18 @@ func TestStep(t *testing.T) {
 				return s
 			}(),
 			in: evGranted(grant("lease-1", 1)), phase: phaseDone, acts: []actionKind{actEnd}},
-		{name: "a refused attach's verdict ends with its error",
+		{name: "a refused attach's verdict asks for the release too",
 			st: attachRefused(state{lease: grant("lease-1", 1), leaseID: "lease-1", attempt: 1, granted: true},
 				&api.Error{Code: api.CodeConflict, Message: "lease ended"}, t0, tmTest),
-			in: input{kind: inVerdictDue, now: t0}, phase: phaseDone, acts: []actionKind{actEnd},
+			in: input{kind: inVerdictDue, now: t0}, phase: phaseVerdictPending, acts: []actionKind{actAskRelease}},
+		{name: "a refused attach's verdict ends with its error once mpsd released the lease",
+			st: func() state {
+				s := attachRefused(state{lease: grant("lease-1", 1), leaseID: "lease-1", attempt: 1, granted: true},
+					&api.Error{Code: api.CodeConflict, Message: "lease ended"}, t0, tmTest)
+				s.verdict.why = verdictAsked
+				return s
+			}(),
+			in: input{kind: inReleaseAnswer, now: t0}, phase: phaseDone, acts: []actionKind{actEnd},
 			check: func(t *testing.T, _ state, acts []action) {
 				var ae *api.Error
 				if !errors.As(acts[0].err, &ae) || ae.Code != api.CodeConflict {

@@ -96,6 +96,9 @@ type Options struct {
 	// eventHook, when set (tests), sees every MPS event of an instance
 	// before it is handled, and may hold it back.
 	eventHook func(*instance, mps.Event)
+	// writeHook, when set (tests), runs in the state writer before each
+	// state write.
+	writeHook func()
 	// wrapCgroups, when set (tests), wraps the cgroup manager Run makes.
 	wrapCgroups func(cgroup.Manager) cgroup.Manager
 	// killRetryInitial, when set (tests), replaces killRetryInitial.
@@ -294,6 +297,7 @@ func New(opts Options) (*Daemon, error) {
 		d.cg = cgroup.NewDisabled(log)
 	}
 	d.store = newStore(d.layout.StateFile(), d.snapshot, log)
+	d.store.beforeWrite = d.opts.writeHook
 	d.initDurability()
 	ok = true
 	return d, nil

@@ -2,7 +2,9 @@ package mpsd
 
 import (
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/mpsd/mpsd/api"
 )
@@ -80,5 +82,64 @@ func TestPendingFaultsKeepTheirVictims(t *testing.T) {
 	}
 	if rc.code != 0 || strings.Contains(rc.stderr, "revoked") {
 		t.Errorf("lease c, named by no fault: exit %d, stderr %q; want it untouched", rc.code, rc.stderr)
+	}
+}
+
+// A revocation's event can reach the launcher later than its RevokeGrace
+// (mpsd sends it once the revocation is recorded, and a state write on a
+// loaded disk can take longer): the launcher whose command died of the
+// fault asks for its release, mpsd refuses it because the lease is being
+// revoked, and the launcher waits for the revocation and runs the
+// requeued attempt instead of exiting with the command's failure.
+func TestRevocationSlowerThanTheGrace(t *testing.T) {
+	e := newEnvGPUs(t, 1, oneGroup, "")
+	var blocking atomic.Bool
+	blocked := make(chan struct{}, 1)
+	unblock := make(chan struct{})
+	e.opts.writeHook = func() {
+		if !blocking.Load() {
+			return
+		}
+		select {
+		case blocked <- struct{}{}:
+		default:
+		}
+		select {
+		case <-unblock:
+		case <-time.After(waitFor):
+		}
+	}
+	e.start()
+	gate, open := e.gate("a")
+	script := `[ "$MPSD_ATTEMPT" = 2 ] && exit 0; ` + strings.Join(gate[2:], " ") + `; exit 86`
+	p := startProc(t, e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c", script))
+	st := e.waitStatus("lease running", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && len(st.Leases[0].PIDs) > 0
+	})
+	id := st.Leases[0].ID
+
+	blocking.Store(true)
+	e.d.mu.Lock()
+	var in *instance
+	for _, i := range e.d.instances {
+		in = i
+	}
+	e.d.mu.Unlock()
+	e.d.reportFault(in, fault{kind: faultAdmin, admin: true, restart: restartNone, reason: "test revocation"})
+	select {
+	case <-blocked:
+	case <-time.After(waitFor):
+		t.Fatal("no state write after the fault")
+	}
+	// The command dies while the revocation's write is held: its
+	// launcher's grace passes without a revoked event.
+	open()
+	e.waitLogLine("release refused: the lease is being revoked", id)
+	blocking.Store(false)
+	close(unblock)
+
+	r := p.wait(t)
+	if r.code != 0 || !strings.Contains(r.stderr, "(test revocation); requeued, attempt 2") {
+		t.Errorf("launcher: exit %d, stderr %q; want the requeued attempt's 0", r.code, r.stderr)
 	}
 }

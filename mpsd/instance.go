@@ -65,6 +65,7 @@ type instance struct {
 
 	// The watchdog's state (watchdog.go).
 	pending    []fault        // faults for the supervisor's next recovery
+	handling   []fault        // the faults its recovery handles now, until their victims are revoking
 	failures   []time.Time    // failures within the quarantine window
 	probeFails int            // failed probes in a row
 	faults     map[string]int // faults reported, by kind

@@ -520,6 +520,22 @@ func (d *Daemon) timeoutLocked(l *lease, wait time.Duration) bool {
 	return true
 }
 
+// revocationComingLocked reports whether l is being revoked, or is
+// running on an instance whose pending faults (or the faults its recovery
+// handles now) name it, so that a revocation is about to take it. d.mu is
+// held.
+func (l *lease) revocationComingLocked() bool {
+	switch {
+	case l.state == leaseRevoking:
+		return true
+	case l.state != leaseRunning || l.inst == nil:
+		return false
+	}
+	_, pending := faultVictim(l.inst.pending, l.id, l.uid)
+	_, handling := faultVictim(l.inst.handling, l.id, l.uid)
+	return pending || handling
+}
+
 // release ends a lease whose launcher is gone: a queued one simply leaves
 // the queue; a running one has its processes killed (they may outlive the
 // launcher) before its capacity is handed back, so the next client never

@@ -116,3 +116,39 @@ func TestMailboxProtocol(t *testing.T) {
 		}
 	}
 }
+
+// TestRevocationComing: a release is refused as revoking exactly when a
+// revocation has the lease, or a fault pending on its instance (or being
+// handled by its recovery) names it.
+func TestRevocationComing(t *testing.T) {
+	named := fault{kind: faultServerFault, leases: []string{"l-1"}}
+	other := fault{kind: faultServerFault, leases: []string{"l-2"}}
+	otherUID := fault{kind: faultStartFailed, uids: []uint32{7}}
+	all := fault{kind: faultServerExit}
+	for _, tc := range []struct {
+		name              string
+		state             leaseState
+		placed            bool
+		pending, handling []fault
+		want              bool
+	}{
+		{"revoking", leaseRevoking, true, nil, nil, true},
+		{"running, nothing pending", leaseRunning, true, nil, nil, false},
+		{"running, a fault of the whole instance pending", leaseRunning, true, []fault{all}, nil, true},
+		{"running, a fault naming it pending", leaseRunning, true, []fault{other, named}, nil, true},
+		{"running, a fault naming it being handled", leaseRunning, true, nil, []fault{named}, true},
+		{"running, only faults naming others", leaseRunning, true, []fault{other, otherUID}, []fault{other}, false},
+		{"releasing, a fault pending", leaseReleasing, true, []fault{all}, nil, false},
+		{"queued", leaseQueued, false, nil, nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := &lease{id: "l-1", uid: 1000, state: tc.state}
+			if tc.placed {
+				l.inst = &instance{pending: tc.pending, handling: tc.handling}
+			}
+			if got := l.revocationComingLocked(); got != tc.want {
+				t.Errorf("revocationComingLocked = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -428,9 +428,9 @@ func (d *Daemon) serveRelease(w http.ResponseWriter, r *http.Request) {
 	}
 	d.mu.Lock()
 	l, found := d.leases[id]
-	var state leaseState
-	if found {
-		state = l.state
+	revoking := found && l.uid == p.uid && l.revocationComingLocked()
+	if revoking {
+		l.logger().Info("release refused: the lease is being revoked; its launcher waits for the revocation", l.logAttrs()...)
 	}
 	d.mu.Unlock()
 	switch {
@@ -440,8 +440,12 @@ func (d *Daemon) serveRelease(w http.ResponseWriter, r *http.Request) {
 	case l.uid != p.uid:
 		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("lease %s is not yours", id))
 		return
-	case state == leaseRevoking:
-		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is being revoked", id))
+	case revoking:
+		// Its launcher's command failed because of the fault: the revoked
+		// event is on its way (perhaps behind the revocation's state
+		// write), and the launcher waits for it instead of taking the
+		// failure as the command's own.
+		apihttp.WriteError(w, http.StatusConflict, api.CodeRevoking, fmt.Sprintf("lease %s is being revoked", id))
 		return
 	}
 	d.release(l, "its command ended")

@@ -131,6 +131,8 @@ type store struct {
 	// failed (with its error) and after the first that succeeded again
 	// (with nil), without the store's lock.
 	onHealth func(err error)
+	// beforeWrite, when set (tests), runs in the writer before each write.
+	beforeWrite func()
 
 	mu      sync.Mutex
 	pending chan struct{} // closed when the next write is done; nil if none is due
@@ -258,6 +260,9 @@ func (s *store) flush() error {
 		// Frozen: as after mpsd's death, nothing more is written and
 		// nobody is told it was (they end with their connections).
 		return nil
+	}
+	if s.beforeWrite != nil {
+		s.beforeWrite()
 	}
 	err := s.write(s.snapshot())
 	s.mu.Lock()

@@ -165,10 +165,11 @@ func (d *Daemon) supervise(in *instance) {
 			continue
 		case supRecover:
 			pending := in.pending
-			in.pending = nil
+			in.pending, in.handling = nil, pending
 			d.mu.Unlock()
 			d.recoverOnce(in, pending)
 			d.mu.Lock()
+			in.handling = nil
 			if len(in.pending) == 0 && in.daemon != nil && in.life == instRecovering {
 				// Every fault that came meanwhile is handled too. Without a
 				// daemon (mpsd stopped before one answered) it stays

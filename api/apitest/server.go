@@ -44,6 +44,9 @@ type Server struct {
 	mu       sync.Mutex
 	answers  map[string]Answer
 	requests []Request
+	// answered gets each request answered from the canned answers, as
+	// long as it has room (NextAnswered).
+	answered chan Request
 	// granted: the leases a granted event named; running: those whose
 	// last event was a grant, not a revocation (mpsd attaches nothing to
 	// a lease being revoked).
@@ -119,6 +122,7 @@ func New(t testing.TB, onLease func(*LeaseConn)) *Server {
 		resumes:  map[string]api.Error{},
 		drops:    map[requestKind]drop{},
 		answers:  map[string]Answer{},
+		answered: make(chan Request, 64),
 	}
 	inner, err := net.Listen("unix", s.Socket)
 	if err != nil {
@@ -323,9 +327,14 @@ func (s *Server) Requests() []Request {
 func (s *Server) serveAnswer(w http.ResponseWriter, r *http.Request) {
 	b, _ := io.ReadAll(io.LimitReader(r.Body, api.MaxRequestBytes+1))
 	s.mu.Lock()
-	s.requests = append(s.requests, Request{r.Method, r.URL.Path, r.Header.Get("Content-Type"), string(b)})
+	req := Request{r.Method, r.URL.Path, r.Header.Get("Content-Type"), string(b)}
+	s.requests = append(s.requests, req)
 	a, ok := s.answers[r.Method+" "+r.URL.Path]
 	s.mu.Unlock()
+	select {
+	case s.answered <- req:
+	default:
+	}
 	if !ok {
 		apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, "fake mpsd: no "+r.Method+" "+r.URL.Path)
 		return
@@ -337,6 +346,25 @@ func (s *Server) serveAnswer(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", ct)
 	w.WriteHeader(a.Status)
 	_, _ = io.WriteString(w, a.Body)
+}
+
+// NextAnswered returns the next request answered from the canned answers
+// (or refused for want of one) that is `METHOD PATH`, skipping others;
+// it fails the test if none comes within Wait.
+func (s *Server) NextAnswered(t testing.TB, method, path string) Request {
+	t.Helper()
+	timeout := time.After(Wait)
+	for {
+		select {
+		case r := <-s.answered:
+			if r.Method == method && r.Path == path {
+				return r
+			}
+		case <-timeout:
+			t.Fatalf("apitest: no %s %s within %s", method, path, Wait)
+			return Request{}
+		}
+	}
 }
 
 // RefuseResume makes a lease request that resumes lease id fail with e
