@@ -650,6 +650,24 @@ type Lifted struct {
 	QuarantineReason string `json:"quarantine_reason,omitempty"`
 }
 
+// ReleaseRequest is the body of POST /v1/leases/{id}/release.
+type ReleaseRequest struct {
+	// Attempt is the run whose command ended, the attempt of the grant it
+	// ran under: a lease at a later attempt (its run was revoked and
+	// requeued meanwhile) is not released (409, CodeRevoking: the stream
+	// says how it goes on). 0, from a client older than the field, is not
+	// checked.
+	Attempt int `json:"attempt,omitempty"`
+}
+
+// Validate checks the attempt.
+func (q ReleaseRequest) Validate() error {
+	if q.Attempt < 0 {
+		return fmt.Errorf("%w: release: attempt %d", ErrInvalid, q.Attempt)
+	}
+	return nil
+}
+
 // ShutdownRequest is the body of PathShutdown, an empty object today.
 type ShutdownRequest struct{}
 

@@ -248,6 +248,19 @@ func WriteEvent(w io.Writer, ev Event) error {
 	return nil
 }
 
+// DecodeReleaseRequest reads one ReleaseRequest from r as strictly as
+// DecodeLeaseRequest.
+func DecodeReleaseRequest(r io.Reader) (ReleaseRequest, error) {
+	var q ReleaseRequest
+	if err := decodeStrict(r, MaxRequestBytes, "release request", &q); err != nil {
+		return ReleaseRequest{}, err
+	}
+	if err := q.Validate(); err != nil {
+		return ReleaseRequest{}, err
+	}
+	return q, nil
+}
+
 // DecodeShutdownRequest reads one ShutdownRequest (an empty object) from r
 // as strictly as DecodeLeaseRequest; the body of a release (ReleasePath)
 // is read with it too.

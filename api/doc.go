@@ -152,16 +152,21 @@
 // any pid; Status.OwnOnly says the document is so restricted. Other
 // tenants' uids, pids and job ids are never shown to a non-admin.
 //
-// POST /v1/leases/{id}/release (ReleasePath), body {} (ShutdownRequest),
-// sent by the lease's launcher on a second connection once its command
-// has ended, before it closes the lease stream: mpsd releases the lease
+// POST /v1/leases/{id}/release (ReleasePath), body ReleaseRequest (the
+// attempt whose command ended; {} from an older client), sent by the
+// lease's launcher on a second connection once its command has ended,
+// before it closes the lease stream: mpsd releases the lease
 // as a closed stream would (its processes are killed, its capacity handed
 // back) and answers 200 {} once the lease is gone, so that status no
 // longer shows it by the time the launcher exits. 403 CodeForbidden: not
 // the caller's lease; 404 CodeNotFound: no such lease (it ended already);
-// 409 CodeRevoking: it is being revoked, or a fault pending on its
-// instance will revoke it (the stream's revoked event follows and says how
-// that ends: a launcher whose command failed waits for it); 409
+// 409 CodeRevoking: it is being revoked, a fault pending on its instance
+// will revoke it, or the attempt named was revoked already (the lease is
+// at a later one): the stream's revoked event (and requeued) comes, or has
+// come, and says how it goes on; a launcher whose command failed waits for
+// it. While a fault record naming the lease waits for the Xid that would
+// confirm it (docs/security.md), mpsd holds the answer until it is
+// confirmed or not, at most a few seconds. 409
 // CodeConflict: its processes would not die (it stays, and is released
 // once they do). A launcher that never sends it loses nothing: closing the
 // stream releases the lease too, a moment later.

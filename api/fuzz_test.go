@@ -112,6 +112,34 @@ func FuzzDecodeLeaseRequest(f *testing.F) {
 	})
 }
 
+// FuzzDecodeReleaseRequest: a release request is one JSON object with
+// nothing but a non-negative attempt; it survives a round trip.
+func FuzzDecodeReleaseRequest(f *testing.F) {
+	for _, seed := range []string{`{}`, `{"attempt":2}`, `{"attempt":-1}`, `{"attempt":1.5}`, `{"x":1}`, `null`, `{}{}`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		q, err := DecodeReleaseRequest(bytes.NewReader(body))
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrTooLarge) {
+				t.Fatalf("unexpected error kind: %v", err)
+			}
+			return
+		}
+		if k := jsonKind(body); k != "an object" {
+			t.Fatalf("accepted %s as a request: %q", k, body)
+		}
+		if q.Attempt < 0 {
+			t.Fatalf("accepted attempt %d", q.Attempt)
+		}
+		enc, _ := json.Marshal(q)
+		again, err := DecodeReleaseRequest(bytes.NewReader(enc))
+		if err != nil || again != q {
+			t.Fatalf("round trip of %q: %+v, %v", body, again, err)
+		}
+	})
+}
+
 // FuzzDecodeShutdownRequest: only one JSON object with no fields is a
 // shutdown (or release) request; everything else is refused as invalid
 // or too large.

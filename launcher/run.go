@@ -267,20 +267,48 @@ func (s *session) run(ctx context.Context) (int, error) {
 	}
 }
 
-// releaseTimeout bounds the release request at the end of a session.
-const releaseTimeout = 2 * time.Second
+// releaseTimeout bounds the release request at the end of a session;
+// askReleaseTimeout the one a verdict asks for, whose answer mpsd holds
+// while a fault record naming the lease waits for the Xid that would
+// confirm it (up to 2 s).
+const (
+	releaseTimeout    = 2 * time.Second
+	askReleaseTimeout = 5 * time.Second
+)
 
 // release has mpsd release the lease whose command has ended, and waits
 // for the answer, so that status no longer shows the lease once
 // mps-launch has exited. Closing the stream (cleanup) releases it anyway;
 // a failure here only leaves that to do it.
+//
+// A release a verdict asked for that is still under way is waited for
+// instead (for as long as it may take): it is the same request.
 func (s *session) release(ctx context.Context) {
+	if s.releaseAnswer != nil {
+		select {
+		case <-s.releaseAnswer:
+		case <-ctx.Done():
+		}
+		s.releaseAnswer = nil
+		return
+	}
 	if s.conn.stream == nil || s.st.lease == nil || s.kids.child != nil || s.st.revoked != "" || s.st.released {
 		return
 	}
 	rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
-	_ = s.client.Release(rctx, s.st.lease.ID)
+	_ = s.releaseLease(rctx, s.st.lease)
 	cancel()
+}
+
+// releaseLease asks mpsd to release lease, whose command ran under its
+// attempt and has ended; an mpsd from before the attempt was named is
+// asked without it.
+func (s *session) releaseLease(ctx context.Context, l *api.Lease) error {
+	err := s.client.Release(ctx, l.ID, l.Attempt)
+	if refusesField(err, "attempt") {
+		err = s.client.Release(ctx, l.ID, 0)
+	}
+	return err
 }
 
 // step runs the session's step for in and applies its actions.
@@ -326,22 +354,22 @@ func (s *session) apply(ctx context.Context, acts []action) *done {
 		case actEnd:
 			return &done{code: a.code, err: a.err}
 		case actAskRelease:
-			s.askRelease(ctx, a.leaseID)
+			s.askRelease(ctx, a.lease)
 		}
 	}
 	return nil
 }
 
-// askRelease asks mpsd to release lease id without waiting: the answer
+// askRelease asks mpsd to release lease without waiting: the answer
 // comes on s.releaseAnswer. The session's context bounds the request, and
 // cleanup waits for it.
-func (s *session) askRelease(ctx context.Context, id string) {
+func (s *session) askRelease(ctx context.Context, l *api.Lease) {
 	ch := make(chan error, 1)
 	s.releaseAnswer = ch
 	s.asks.Go(func() {
-		rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+		rctx, cancel := context.WithTimeout(ctx, askReleaseTimeout)
 		defer cancel()
-		ch <- s.client.Release(rctx, id)
+		ch <- s.releaseLease(rctx, l)
 	})
 }
 

@@ -926,6 +926,9 @@ func TestRunFailureWithoutRevoke(t *testing.T) {
 	for _, r := range h.fake.Requests() {
 		if r.Path == api.ReleasePath("lease-1") {
 			n++
+			if r.Body != `{"attempt":1}` {
+				t.Errorf("release body %q, want the attempt the command ran under", r.Body)
+			}
 		}
 	}
 	if n != 1 {

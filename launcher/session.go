@@ -95,7 +95,7 @@ const (
 
 // askWait bounds the wait for the answer to a verdict's release
 // (verdictAsked): the request's own timeout, and a margin.
-const askWait = releaseTimeout + time.Second
+const askWait = askReleaseTimeout + time.Second
 
 // verdict is the session's end as it stands while it waits to learn
 // whether mpsd's revocation explains it: the command's status (code) or
@@ -219,8 +219,9 @@ const (
 	actClearStatus
 	// actEnd ends the session with code, or err when set.
 	actEnd
-	// actAskRelease asks mpsd, in the background, to release lease
-	// leaseID; the answer comes back as inReleaseAnswer.
+	// actAskRelease asks mpsd, in the background, to release lease (the
+	// attempt its command ran under); the answer comes back as
+	// inReleaseAnswer.
 	actAskRelease
 )
 
@@ -232,8 +233,6 @@ type action struct {
 	sig   os.Signal
 	code  int
 	err   error
-
-	leaseID string
 }
 
 // timing is what step needs of the configuration.
@@ -457,7 +456,7 @@ func step(st state, in input, tm timing) (state, []action) {
 			nv := *v
 			nv.why, nv.until = verdictAsked, in.now.Add(askWait)
 			st.verdict = &nv
-			acts = append(acts, action{kind: actAskRelease, leaseID: st.lease.ID})
+			acts = append(acts, action{kind: actAskRelease, lease: st.lease})
 		case v.why == verdictRevoking:
 			say("mpsd said it was revoking lease %s, but no revocation came within %s", leaseIDOf(st.lease), tm.reconnectTimeout)
 			endVerdict()

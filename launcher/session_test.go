@@ -239,7 +239,7 @@ func TestStep(t *testing.T) {
 			st: failedVerdict(verdictFailed),
 			in: input{kind: inVerdictDue, now: t0}, phase: phaseVerdictPending, acts: []actionKind{actAskRelease},
 			check: func(t *testing.T, st state, acts []action) {
-				if v := st.verdict; v == nil || v.why != verdictAsked || v.code != 3 || !v.until.Equal(t0.Add(askWait)) || acts[0].leaseID != "lease-1" {
+				if v := st.verdict; v == nil || v.why != verdictAsked || v.code != 3 || !v.until.Equal(t0.Add(askWait)) || acts[0].lease == nil || acts[0].lease.ID != "lease-1" || acts[0].lease.Attempt != 1 {
 					t.Errorf("verdict %+v, acts %+v", st.verdict, acts)
 				}
 			}},

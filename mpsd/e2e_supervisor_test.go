@@ -1,6 +1,9 @@
 package mpsd
 
 import (
+	"errors"
+	"fmt"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -142,4 +145,56 @@ func TestRevocationSlowerThanTheGrace(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stderr, "(test revocation); requeued, attempt 2") {
 		t.Errorf("launcher: exit %d, stderr %q; want the requeued attempt's 0", r.code, r.stderr)
 	}
+}
+
+// A release names the attempt whose command ended: one that comes after
+// that attempt was revoked and requeued (its launcher's verdict raced the
+// revoked event) releases nothing and is answered revoking, so the
+// requeued run is neither dropped nor killed; an attempt the lease never
+// reached is a conflict.
+func TestReleaseNamesItsAttempt(t *testing.T) {
+	e := newEnvGPUs(t, 1, oneGroup, "")
+	e.start()
+	c := leaseClient(e.socket)
+	defer c.CloseIdleConnections()
+	h, l, _, err := grantLease(c, `{"sm":10,"mem_bytes":1073741824}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = h.Close() }()
+	e.admin(t, "requeue", l.ID)
+	e.waitStatus("the lease running its second attempt", func(st api.Status) bool {
+		return len(st.Leases) == 1 && st.Leases[0].Attempt == 2 && st.Leases[0].State == api.LeaseRunning
+	})
+	release := func(attempt int) api.ErrorCode {
+		t.Helper()
+		body := fmt.Sprintf(`{"attempt":%d}`, attempt)
+		resp, err := c.Post("http://mpsd"+api.ReleasePath(l.ID), api.ContentTypeJSON, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			return ""
+		}
+		var ae *api.Error
+		if !errors.As(api.DecodeError(resp.StatusCode, resp.Body), &ae) {
+			t.Fatalf("release of attempt %d: status %d without an error document", attempt, resp.StatusCode)
+		}
+		return ae.Code
+	}
+	if code := release(1); code != api.CodeRevoking {
+		t.Errorf("release of the revoked attempt 1: %q, want %q", code, api.CodeRevoking)
+	}
+	if code := release(3); code != api.CodeConflict {
+		t.Errorf("release of attempt 3, never reached: %q, want %q", code, api.CodeConflict)
+	}
+	st := e.waitStatus("the lease still running", func(st api.Status) bool { return len(st.Leases) == 1 })
+	if st.Leases[0].Attempt != 2 || st.Leases[0].State != api.LeaseRunning {
+		t.Fatalf("lease after the refused releases: %+v", st.Leases[0])
+	}
+	if code := release(2); code != "" {
+		t.Errorf("release of the running attempt 2: %q, want it done", code)
+	}
+	e.waitStatus("the lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
 }

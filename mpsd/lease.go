@@ -520,12 +520,15 @@ func (d *Daemon) timeoutLocked(l *lease, wait time.Duration) bool {
 	return true
 }
 
-// revocationComingLocked reports whether l is being revoked, or is
-// running on an instance whose pending faults (or the faults its recovery
-// handles now) name it, so that a revocation is about to take it. d.mu is
-// held.
-func (l *lease) revocationComingLocked() bool {
+// revocationComingLocked reports whether a revocation has taken run
+// attempt of l (0: whichever runs): l is past that attempt (it was revoked
+// and requeued), being revoked, or running on an instance whose pending
+// faults (or the faults its recovery handles now) name it, so that a
+// revocation is about to take it. d.mu is held.
+func (l *lease) revocationComingLocked(attempt int) bool {
 	switch {
+	case attempt != 0 && l.attempt > attempt:
+		return true
 	case l.state == leaseRevoking:
 		return true
 	case l.state != leaseRunning || l.inst == nil:
@@ -536,17 +539,38 @@ func (l *lease) revocationComingLocked() bool {
 	return pending || handling
 }
 
+// claimNamingLocked is the decided channel of a fault record on l's
+// instance that waits for its Xid and would take l, running, if
+// confirmed; nil if there is none. d.mu is held.
+func (l *lease) claimNamingLocked() <-chan struct{} {
+	if l.state != leaseRunning || l.inst == nil {
+		return nil
+	}
+	for _, c := range l.inst.claims {
+		if _, ok := faultVictim([]fault{c.f}, l.id, l.uid); ok {
+			return c.decided
+		}
+	}
+	return nil
+}
+
 // release ends a lease whose launcher is gone: a queued one simply leaves
 // the queue; a running one has its processes killed (they may outlive the
 // launcher) before its capacity is handed back, so the next client never
 // shares the GPU with a leftover.
-func (d *Daemon) release(l *lease, why string) { d.releaseIf(l, why, false) }
+func (d *Daemon) release(l *lease, why string) { d.releaseUnless(l, why, nil) }
 
 // releaseIf is release; with unboundOnly it does nothing to a lease a
 // launcher holds (one that resumed it after mpsd restarted).
 func (d *Daemon) releaseIf(l *lease, why string, unboundOnly bool) {
+	d.releaseUnless(l, why, func(l *lease) bool { return unboundOnly && l.bound })
+}
+
+// releaseUnless is release, unless keep, asked under the same lock as the
+// release's first step, says to leave the lease as it is.
+func (d *Daemon) releaseUnless(l *lease, why string, keep func(*lease) bool) {
 	d.mu.Lock()
-	if d.leases[l.id] != l || (unboundOnly && l.bound) {
+	if d.leases[l.id] != l || (keep != nil && keep(l)) {
 		d.mu.Unlock()
 		return
 	}

@@ -118,8 +118,9 @@ func TestMailboxProtocol(t *testing.T) {
 }
 
 // TestRevocationComing: a release is refused as revoking exactly when a
-// revocation has the lease, or a fault pending on its instance (or being
-// handled by its recovery) names it.
+// revocation has the lease's attempt (it is past it, or revoking), or a
+// fault pending on its instance (or being handled by its recovery) names
+// it; a fault record waiting for its Xid that names it holds the answer.
 func TestRevocationComing(t *testing.T) {
 	named := fault{kind: faultServerFault, leases: []string{"l-1"}}
 	other := fault{kind: faultServerFault, leases: []string{"l-2"}}
@@ -128,26 +129,40 @@ func TestRevocationComing(t *testing.T) {
 	for _, tc := range []struct {
 		name              string
 		state             leaseState
+		attempt, asked    int
 		placed            bool
 		pending, handling []fault
-		want              bool
+		claims            []fault
+		want, wantClaim   bool
 	}{
-		{"revoking", leaseRevoking, true, nil, nil, true},
-		{"running, nothing pending", leaseRunning, true, nil, nil, false},
-		{"running, a fault of the whole instance pending", leaseRunning, true, []fault{all}, nil, true},
-		{"running, a fault naming it pending", leaseRunning, true, []fault{other, named}, nil, true},
-		{"running, a fault naming it being handled", leaseRunning, true, nil, []fault{named}, true},
-		{"running, only faults naming others", leaseRunning, true, []fault{other, otherUID}, []fault{other}, false},
-		{"releasing, a fault pending", leaseReleasing, true, []fault{all}, nil, false},
-		{"queued", leaseQueued, false, nil, nil, false},
+		{name: "revoking", state: leaseRevoking, attempt: 1, asked: 1, placed: true, want: true},
+		{name: "running, nothing pending", state: leaseRunning, attempt: 1, asked: 1, placed: true},
+		{name: "running, an older client names no attempt", state: leaseRunning, attempt: 2, placed: true},
+		{name: "running, a fault of the whole instance pending", state: leaseRunning, attempt: 1, asked: 1, placed: true, pending: []fault{all}, want: true},
+		{name: "running, a fault naming it pending", state: leaseRunning, attempt: 1, asked: 1, placed: true, pending: []fault{other, named}, want: true},
+		{name: "running, a fault naming it being handled", state: leaseRunning, attempt: 1, asked: 1, placed: true, handling: []fault{named}, want: true},
+		{name: "running, only faults naming others", state: leaseRunning, attempt: 1, asked: 1, placed: true,
+			pending: []fault{other, otherUID}, handling: []fault{other}, claims: []fault{other}},
+		{name: "running, a record naming it waits for its Xid", state: leaseRunning, attempt: 1, asked: 1, placed: true,
+			claims: []fault{other, named}, wantClaim: true},
+		{name: "running again after the attempt asked was revoked", state: leaseRunning, attempt: 2, asked: 1, placed: true, want: true},
+		{name: "queued again after the attempt asked was revoked", state: leaseQueued, attempt: 2, asked: 1, want: true},
+		{name: "queued, never ran", state: leaseQueued, attempt: 1, asked: 1},
+		{name: "releasing, a fault pending", state: leaseReleasing, attempt: 1, asked: 1, placed: true, pending: []fault{all}, claims: []fault{all}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := &lease{id: "l-1", uid: 1000, state: tc.state}
+			l := &lease{id: "l-1", uid: 1000, state: tc.state, attempt: tc.attempt}
 			if tc.placed {
 				l.inst = &instance{pending: tc.pending, handling: tc.handling}
+				for _, f := range tc.claims {
+					l.inst.claims = append(l.inst.claims, &faultClaim{f: f, decided: make(chan struct{})})
+				}
 			}
-			if got := l.revocationComingLocked(); got != tc.want {
-				t.Errorf("revocationComingLocked = %v, want %v", got, tc.want)
+			if got := l.revocationComingLocked(tc.asked); got != tc.want {
+				t.Errorf("revocationComingLocked(%d) = %v, want %v", tc.asked, got, tc.want)
+			}
+			if got := l.claimNamingLocked() != nil; got != tc.wantClaim {
+				t.Errorf("claimNamingLocked found one: %v, want %v", got, tc.wantClaim)
 			}
 		})
 	}

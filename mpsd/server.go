@@ -423,32 +423,67 @@ func (d *Daemon) serveRelease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
-	if _, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.ShutdownRequest, error) { return api.DecodeShutdownRequest(r.Body) }); !ok {
+	q, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.ReleaseRequest, error) { return api.DecodeReleaseRequest(r.Body) })
+	if !ok {
 		return
 	}
-	d.mu.Lock()
-	l, found := d.leases[id]
-	revoking := found && l.uid == p.uid && l.revocationComingLocked()
+	var l *lease
+	for waited := false; ; waited = true {
+		d.mu.Lock()
+		var found bool
+		l, found = d.leases[id]
+		var at int
+		var claim <-chan struct{}
+		if found {
+			at = l.attempt
+			if !waited {
+				claim = l.claimNamingLocked()
+			}
+		}
+		d.mu.Unlock()
+		switch {
+		case !found:
+			apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no lease %s", id))
+			return
+		case l.uid != p.uid:
+			apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("lease %s is not yours", id))
+			return
+		case q.Attempt > at:
+			apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is at attempt %d, not %d", id, at, q.Attempt))
+			return
+		}
+		if claim == nil {
+			break
+		}
+		// A fault record that would take the lease waits for the Xid that
+		// would confirm it: the command may have died of that fault, so
+		// the answer waits for the record's fate.
+		t := time.NewTimer(faultClaimWait + time.Second)
+		select {
+		case <-claim:
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+			return
+		}
+		t.Stop()
+	}
+	revoking := false
+	d.releaseUnless(l, "its command ended", func(l *lease) bool {
+		revoking = l.revocationComingLocked(q.Attempt)
+		if revoking {
+			l.logger().Info("release refused: the lease is being revoked; its launcher waits for the revocation", l.logAttrs("attempt", q.Attempt)...)
+		}
+		return revoking
+	})
 	if revoking {
-		l.logger().Info("release refused: the lease is being revoked; its launcher waits for the revocation", l.logAttrs()...)
-	}
-	d.mu.Unlock()
-	switch {
-	case !found:
-		apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no lease %s", id))
-		return
-	case l.uid != p.uid:
-		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("lease %s is not yours", id))
-		return
-	case revoking:
 		// Its launcher's command failed because of the fault: the revoked
 		// event is on its way (perhaps behind the revocation's state
-		// write), and the launcher waits for it instead of taking the
-		// failure as the command's own.
+		// write), or came already, and the launcher waits for it instead
+		// of taking the failure as the command's own.
 		apihttp.WriteError(w, http.StatusConflict, api.CodeRevoking, fmt.Sprintf("lease %s is being revoked", id))
 		return
 	}
-	d.release(l, "its command ended")
 	d.mu.Lock()
 	left := d.leases[id] == l
 	d.mu.Unlock()

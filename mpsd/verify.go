@@ -61,6 +61,9 @@ type faultClaim struct {
 	at       time.Time
 	barriers []mps.Event
 	settled  bool
+	// decided is closed once the claim is settled and acted on: its fault
+	// reported (pending on the instance) or dropped as unconfirmed.
+	decided chan struct{}
 }
 
 // claimServerFaultLocked takes a ServerFault record of a verified server:
@@ -70,7 +73,7 @@ func (d *Daemon) claimServerFaultLocked(in *instance, dm *mps.Daemon, ev mps.Eve
 	if d.takeXidLocked(in, now) {
 		return &f
 	}
-	c := &faultClaim{f: f, ev: ev, dm: dm, at: now}
+	c := &faultClaim{f: f, ev: ev, dm: dm, at: now, decided: make(chan struct{})}
 	in.claims = append(in.claims, c)
 	started := d.spawn(func() {
 		t := time.NewTimer(faultClaimWait)
@@ -89,12 +92,14 @@ func (d *Daemon) claimServerFaultLocked(in *instance, dm *mps.Daemon, ev mps.Eve
 		if d.ctx.Err() == nil {
 			d.unverifiedRecord(in, c.ev, fmt.Sprintf("no Xid on the instance's GPUs within %s", faultClaimWait))
 		}
+		close(c.decided)
 		for _, b := range expired {
 			b.Ack()
 		}
 	})
 	if !started { // mpsd is stopping: the next one reads the record again
 		d.settleClaimLocked(in, c)
+		close(c.decided)
 	}
 	return nil
 }
@@ -143,6 +148,7 @@ func (in *instance) holdBarrierLocked(b mps.Event) bool {
 func (d *Daemon) xidConfirms(ev gpu.XidEvent, alsoReported map[*instance]bool) {
 	type confirmed struct {
 		in       *instance
+		c        *faultClaim
 		f        fault
 		barriers []mps.Event
 	}
@@ -166,7 +172,7 @@ func (d *Daemon) xidConfirms(ev gpu.XidEvent, alsoReported map[*instance]bool) {
 			// recovery took every lease it had: nothing is left to take.
 			f.kind = ""
 		}
-		done = append(done, confirmed{in, f, d.settleClaimLocked(in, c)})
+		done = append(done, confirmed{in, c, f, d.settleClaimLocked(in, c)})
 	}
 	d.mu.Unlock()
 	for _, c := range done {
@@ -174,6 +180,7 @@ func (d *Daemon) xidConfirms(ev gpu.XidEvent, alsoReported map[*instance]bool) {
 			c.in.log.Info("MPS fault record confirmed by an Xid", "xid_gpu_index", ev.GPU, "xid", ev.Xid)
 			d.reportFault(c.in, c.f)
 		}
+		close(c.c.decided)
 		for _, b := range c.barriers {
 			b.Ack()
 		}

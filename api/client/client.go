@@ -143,11 +143,12 @@ func (c *Client) Attach(ctx context.Context, id string, attempt, pid int) error 
 	return err
 }
 
-// Release asks mpsd to release lease id, whose command has ended, and
-// waits for its answer: the lease is gone once it returns nil. A refusal
-// is returned as an *api.Error.
-func (c *Client) Release(ctx context.Context, id string) error {
-	_, err := c.Post(ctx, api.ReleasePath(id), api.ShutdownRequest{}, nil)
+// Release asks mpsd to release lease id, whose command ran under attempt
+// and has ended, and waits for its answer: the lease is gone once it
+// returns nil. A refusal is returned as an *api.Error (CodeRevoking: a
+// revocation has the lease, or has taken that attempt already).
+func (c *Client) Release(ctx context.Context, id string, attempt int) error {
+	_, err := c.Post(ctx, api.ReleasePath(id), api.ReleaseRequest{Attempt: attempt}, nil)
 	return err
 }
 
