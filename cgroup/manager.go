@@ -213,6 +213,17 @@ func (m *Cgroups) dirs(rel string) []namedDir {
 
 type namedDir struct{ hierarchy, path string }
 
+// Hierarchies names every hierarchy a lease cgroup is made of, with its
+// mount ("unified", or the v1 controller), membership hierarchy first:
+// what a check for leftovers must look at on this host's layout.
+func (m *Cgroups) Hierarchies() map[string]string {
+	out := map[string]string{}
+	for _, d := range m.dirs("") {
+		out[d.hierarchy] = d.path
+	}
+	return out
+}
+
 // Create implements Manager.
 func (m *Cgroups) Create(id LeaseID, lim Limits) (Lease, error) {
 	if err := id.Validate(); err != nil {

@@ -399,6 +399,10 @@ const (
 	endProtocol               // a protocol violation, before or after a grant
 	endOther                  // a reason no injection gives
 	endNoReason               // any other exit, or 75/125 without a reason line
+	// endUnreachable125: gave up because mpsd was unreachable, with exit
+	// 125 instead of 75 (Slurm's RequeueExit=75 would not requeue it);
+	// only a socket that was never there may end so.
+	endUnreachable125
 	chaosEnds
 )
 
@@ -411,6 +415,7 @@ var chaosEndNames = [chaosEnds]string{
 	endProtocol:               "protocol violation",
 	endOther:                  "gave up for a reason not allowed",
 	endNoReason:               "ended without a reason",
+	endUnreachable125:         "gave up: mpsd unreachable, with exit 125",
 }
 
 // chaosEndFails says which ends fail the soak.
@@ -419,6 +424,7 @@ var chaosEndFails = [chaosEnds]bool{
 	endProtocol:              true,
 	endOther:                 true,
 	endNoReason:              true,
+	endUnreachable125:        true,
 }
 
 // chaosInjectedReasons are the give-ups the soak allows, with the
@@ -464,6 +470,12 @@ func classifyChaosEnd(code int, stderr string) (chaosEnd, string) {
 	unreachable := strings.Contains(reason, "cannot reach mpsd") || strings.Contains(reason, "lost mpsd") ||
 		strings.HasSuffix(reason, ": EOF") || strings.Contains(reason, "connection reset by peer")
 	if unreachable {
+		// A socket that was never there (a wrong path) fails at once with
+		// 125; mpsd gone is 75.
+		neverThere := strings.HasPrefix(reason, "cannot reach mpsd") && strings.Contains(reason, "no such file or directory")
+		if code == 125 && !neverThere {
+			return endUnreachable125, reason
+		}
 		if granted {
 			return endUnreachableAfterGrant, reason
 		}
@@ -569,13 +581,16 @@ func TestClassifyChaosEnd(t *testing.T) {
 		{"completed", 0, ran, endCompleted},
 		{"completed after a requeue", 0, ran + requeued + ran, endCompleted},
 		{"completed after its unwritten lease was asked for anew", 0, "mps-launch: lease l-0 was lost while mpsd was away; requesting a new one\n" + ran, endCompleted},
-		{"lost, asked for anew, then mpsd unreachable", 125, "mps-launch: lease l-0 was lost while mpsd was away; requesting a new one\n" + lost, endUnreachableBeforeGrant},
-		{"unreachable at the first request", 125, unreach, endUnreachableBeforeGrant},
-		{"lost while queued", 125, lost, endUnreachableBeforeGrant},
-		{"lost while the command ran", 125, ran + lost, endUnreachableAfterGrant},
-		{"lost while requeued", 125, ran + requeued + lost, endUnreachableAfterGrant},
-		{"attach could not reach mpsd", 125, attachLost, endUnreachableAfterGrant},
-		{"mpsd stopped during the attach", 125, "mps-launch: attach pid 42 to lease l-1: launcher: POST /v1/leases/l-1/attach via /s: Post \"http://mpsd/v1/leases/l-1/attach\": EOF\n", endUnreachableAfterGrant},
+		{"lost, asked for anew, then mpsd unreachable", 75, "mps-launch: lease l-0 was lost while mpsd was away; requesting a new one\n" + lost, endUnreachableBeforeGrant},
+		{"unreachable at the first request", 75, unreach, endUnreachableBeforeGrant},
+		{"no socket at the first request", 125, "mps-launch: cannot reach mpsd at /s: no such file or directory (is mpsd running?)\n", endUnreachableBeforeGrant},
+		{"lost while queued", 75, lost, endUnreachableBeforeGrant},
+		{"lost while queued, exit 125", 125, lost, endUnreachable125},
+		{"lost while the command ran", 75, ran + lost, endUnreachableAfterGrant},
+		{"lost while the command ran, exit 125", 125, ran + lost, endUnreachable125},
+		{"lost while requeued", 75, ran + requeued + lost, endUnreachableAfterGrant},
+		{"attach could not reach mpsd", 75, attachLost, endUnreachableAfterGrant},
+		{"mpsd stopped during the attach", 75, "mps-launch: attach pid 42 to lease l-1: launcher: POST /v1/leases/l-1/attach via /s: Post \"http://mpsd/v1/leases/l-1/attach\": EOF\n", endUnreachableAfterGrant},
 		{"detached after losing mpsd", 0, ran + detached, endUnreachableAfterGrant},
 		{"mpsd stopping", 75, stopping, endInjected},
 		{"protocol violation", 125, protocol, endProtocol},
@@ -600,7 +615,7 @@ func TestChaosTallyFailures(t *testing.T) {
 	tally := newChaosTally("/s")
 	tally.add(&chaosJob{id: 1, res: result{code: 0, stderr: chaosRanMark + " l-1 attempt 1\n"}})
 	tally.add(&chaosJob{id: 2, killed: true, res: result{code: -1}})
-	tally.add(&chaosJob{id: 3, res: result{code: 125, stderr: "mps-launch: cannot reach mpsd at /s: connection refused\n"}})
+	tally.add(&chaosJob{id: 3, res: result{code: 75, stderr: "mps-launch: cannot reach mpsd at /s: connection refused\n"}})
 	tally.add(&chaosJob{id: 4, res: result{code: 75, stderr: "mps-launch: mpsd is stopping\n"}})
 	if f := tally.failures(); len(f) != 0 {
 		t.Errorf("allowed ends fail the soak: %q", f)
@@ -608,9 +623,16 @@ func TestChaosTallyFailures(t *testing.T) {
 	if got := tally.lines()[0]; !strings.Contains(got, "4 jobs: 1 completed, 1 had their mps-launch killed by the soak, 1 gave up because of an injected fault, 1 gave up: mpsd unreachable before a grant, 0 gave up: mpsd unreachable after a grant") {
 		t.Errorf("tally line %q", got)
 	}
-	tally.add(&chaosJob{id: 5, res: result{code: 125, stderr: chaosRanMark + " l-5 attempt 1\nmps-launch: lost mpsd after 1m0s: cannot reach mpsd at /s: refused\n"}})
+	tally.add(&chaosJob{id: 5, res: result{code: 75, stderr: chaosRanMark + " l-5 attempt 1\nmps-launch: lost mpsd after 1m0s: cannot reach mpsd at /s: refused\n"}})
 	f := tally.failures()
 	if len(f) != 1 || !strings.Contains(f[0], "unreachable after a grant") || !strings.Contains(f[0], "job 5") {
 		t.Errorf("unreachable after a grant: failures %q, want one naming job 5", f)
+	}
+	// Giving up on mpsd with 125 (which Slurm's RequeueExit=75 does not
+	// requeue) fails the soak even before a grant.
+	tally.add(&chaosJob{id: 6, res: result{code: 125, stderr: "mps-launch: lost mpsd after 1m0s: cannot reach mpsd at /s: refused\n"}})
+	f = tally.failures()
+	if len(f) != 2 || !strings.Contains(f[1], "with exit 125") || !strings.Contains(f[1], "job 6") {
+		t.Errorf("unreachable with exit 125: failures %q, want a second naming job 6", f)
 	}
 }

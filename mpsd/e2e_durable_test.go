@@ -263,10 +263,10 @@ func TestTruncatedStateKeepsLeases(t *testing.T) {
 	if err := os.Truncate(path, fi.Size()/2); err != nil {
 		t.Fatal(err)
 	}
-	// Its journal too: what is left of it may hold an older whole
-	// record, or none; the cgroups tell of the rest.
-	if fi, err := os.Stat(path + journalSuffix); err == nil {
-		if err := os.Truncate(path+journalSuffix, fi.Size()/2); err != nil {
+	// Its journal too, to nothing: no record of any of the three is
+	// left, and only their cgroups tell of them.
+	if _, err := os.Stat(path + journalSuffix); err == nil {
+		if err := os.Truncate(path+journalSuffix, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -282,6 +282,9 @@ func TestTruncatedStateKeepsLeases(t *testing.T) {
 	after := e.waitStatus("the three leases re-adopted", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 3 })
 	if !slices.Equal(leaseIDs(after), leaseIDs(before)) {
 		t.Errorf("leases after the restart %v, want %v", leaseIDs(after), leaseIDs(before))
+	}
+	for _, id := range leaseIDs(before) {
+		e.waitLogLine("is in no state file", "its workload is re-adopted", "lease="+id)
 	}
 	for _, open := range opens {
 		open()

@@ -209,24 +209,28 @@ func (e *testEnv) noLeaks(t *testing.T) {
 	// manager keeps lease cgroups on this host's layout. The caller ran
 	// leases, so the directory is there; not being able to read it is a
 	// failure, never "nothing left".
-	owner := filepath.Join(e.cgroupMount(t), e.leaseCgroup("", ""))
-	groups, err := os.ReadDir(owner)
-	if err != nil {
-		t.Errorf("list the lease cgroups: %v", err)
-		return
-	}
-	for _, g := range groups {
-		if !g.IsDir() {
-			continue
-		}
-		ents, err := os.ReadDir(filepath.Join(owner, g.Name()))
+	// Every hierarchy a lease cgroup is made of: the unified one and each
+	// v1 controller on a hybrid host, the v1 ones on a v1 host.
+	for h, mount := range e.cgroupHierarchies(t) {
+		owner := filepath.Join(mount, e.leaseCgroup("", ""))
+		groups, err := os.ReadDir(owner)
 		if err != nil {
-			t.Errorf("list the lease cgroups of group %s: %v", g.Name(), err)
+			t.Errorf("list the lease cgroups (%s hierarchy): %v", h, err)
 			continue
 		}
-		for _, ent := range ents {
-			if ent.IsDir() {
-				t.Errorf("lease cgroup %s/%s left behind", g.Name(), ent.Name())
+		for _, g := range groups {
+			if !g.IsDir() {
+				continue
+			}
+			ents, err := os.ReadDir(filepath.Join(owner, g.Name()))
+			if err != nil {
+				t.Errorf("list the lease cgroups of group %s (%s hierarchy): %v", g.Name(), h, err)
+				continue
+			}
+			for _, ent := range ents {
+				if ent.IsDir() {
+					t.Errorf("lease cgroup %s/%s left behind in the %s hierarchy", g.Name(), ent.Name(), h)
+				}
 			}
 		}
 	}

@@ -55,6 +55,18 @@ func TestLaunchAppliesLimits(t *testing.T) {
 // cgroup config. A lease cgroup path (leaseCgroup) is relative to it.
 func (e *testEnv) cgroupMount(t testing.TB) string {
 	t.Helper()
+	return e.cgroupManager(t).MembershipMount()
+}
+
+// cgroupHierarchies are the mounts of every hierarchy a lease cgroup is
+// made of on this host's layout, by name ("unified", or a v1 controller).
+func (e *testEnv) cgroupHierarchies(t testing.TB) map[string]string {
+	t.Helper()
+	return e.cgroupManager(t).Hierarchies()
+}
+
+func (e *testEnv) cgroupManager(t testing.TB) *cgroup.Cgroups {
+	t.Helper()
 	if e.d.cgCfg == nil {
 		t.Fatal("cgroups are disabled in this test's mpsd: no lease cgroup to look at")
 	}
@@ -62,21 +74,41 @@ func (e *testEnv) cgroupMount(t testing.TB) string {
 	if err != nil {
 		t.Fatalf("the cgroup manager of mpsd's config: %v", err)
 	}
-	return m.MembershipMount()
+	return m
 }
 
+// cgroupOf is pid's cgroup in the membership hierarchy: the unified one
+// where the host has it, else v1 freezer (cgroup.Cgroups.MembershipMount).
 func cgroupOf(t testing.TB, pid int) string {
 	t.Helper()
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
 	if err != nil {
 		t.Fatal(err)
 	}
+	if strings.HasPrefix(string(b), "0::") || strings.Contains(string(b), "\n0::") {
+		return cgroupIn(t, pid, "unified")
+	}
+	return cgroupIn(t, pid, "freezer")
+}
+
+// cgroupIn is pid's cgroup in hierarchy h ("unified", or a v1
+// controller), from /proc/<pid>/cgroup.
+func cgroupIn(t testing.TB, pid int, h string) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if p, ok := strings.CutPrefix(line, "0::"); ok {
-			return p
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		if (h == "unified" && f[0] == "0" && f[1] == "") || (h != "unified" && slices.Contains(strings.Split(f[1], ","), h)) {
+			return f[2]
 		}
 	}
-	t.Fatalf("pid %d has no cgroup2 line: %s", pid, b)
+	t.Fatalf("pid %d has no line for the %s hierarchy: %s", pid, h, b)
 	return ""
 }
 
@@ -110,14 +142,22 @@ func TestWorkloadInLeaseCgroup(t *testing.T) {
 	if _, err := os.Stat(dir); err != nil {
 		t.Fatalf("the running lease's cgroup: %v", err)
 	}
-	for _, f := range fields {
-		pid, _ := strconv.Atoi(f)
-		if got := cgroupOf(t, pid); got != want {
-			t.Errorf("pid %d is in %s, want the lease cgroup %s", pid, got, want)
-		}
+	// In every hierarchy the lease cgroup is made of (the unified one and
+	// each v1 controller on a hybrid host, the v1 ones on a v1 host).
+	hier := e.cgroupHierarchies(t)
+	if len(hier) == 0 {
+		t.Fatal("the cgroup manager names no hierarchy")
 	}
-	if got := cgroupOf(t, p.pid()); got == want || strings.Contains(got, leaseID) {
-		t.Errorf("mps-launch (pid %d) is inside the lease cgroup %s", p.pid(), got)
+	for h := range hier {
+		for _, f := range fields {
+			pid, _ := strconv.Atoi(f)
+			if got := cgroupIn(t, pid, h); got != want {
+				t.Errorf("pid %d is in %s in the %s hierarchy, want the lease cgroup %s", pid, got, h, want)
+			}
+		}
+		if got := cgroupIn(t, p.pid(), h); got == want || strings.Contains(got, leaseID) {
+			t.Errorf("mps-launch (pid %d) is inside the lease cgroup %s in the %s hierarchy", p.pid(), got, h)
+		}
 	}
 	st = e.d.Status()
 	for _, f := range fields {
@@ -131,7 +171,10 @@ func TestWorkloadInLeaseCgroup(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
 	}
 	e.waitStatus("the lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
-	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("lease cgroup %s still there after the lease ended (stat: %v)", dir, err)
+	for h, mount := range hier {
+		dir := filepath.Join(mount, want)
+		if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("lease cgroup %s (%s hierarchy) still there after the lease ended (stat: %v)", dir, h, err)
+		}
 	}
 }

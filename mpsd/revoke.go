@@ -37,7 +37,9 @@ type revokeHow struct {
 //     an owner of its end already: a release or another revocation);
 //  2. the state file records it before anything is done, so that if
 //     mpsd dies now the next one finishes the revocation instead of
-//     taking a victim whose command died for a job that ended;
+//     taking a victim whose command died for a job that ended (until the
+//     state writer starts, at mpsd's start, it is recorded with the
+//     first write instead);
 //  3. each victim's launcher is told (revoked);
 //  4. MPS terminates the victims' clients of a live server;
 //  5. each victim's cgroup is killed;
