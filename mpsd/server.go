@@ -343,11 +343,7 @@ func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
 	}
 	d.mu.Unlock()
 	switch {
-	case !found:
-		apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no lease %s", id))
-		return
-	case l.uid != p.uid:
-		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("lease %s is not yours", id))
+	case !callersLease(w, l, found, p.uid, id):
 		return
 	case !running:
 		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is not running", id))
@@ -412,6 +408,20 @@ func (d *Daemon) attachChild(l *lease, p peer, attempt, want, pid int) *refusal 
 	return nil
 }
 
+// callersLease reports whether lease id was found and is uid's; if not,
+// it answers the request (404 or 403).
+func callersLease(w http.ResponseWriter, l *lease, found bool, uid uint32, id string) bool {
+	switch {
+	case !found:
+		apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no lease %s", id))
+		return false
+	case l.uid != uid:
+		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("lease %s is not yours", id))
+		return false
+	}
+	return true
+}
+
 // serveRelease releases the caller's lease at once for a launcher whose
 // command has ended (api.ReleasePath), and answers once the lease is gone:
 // status no longer shows it by the time the launcher exits. Closing the
@@ -442,11 +452,7 @@ func (d *Daemon) serveRelease(w http.ResponseWriter, r *http.Request) {
 		}
 		d.mu.Unlock()
 		switch {
-		case !found:
-			apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no lease %s", id))
-			return
-		case l.uid != p.uid:
-			apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("lease %s is not yours", id))
+		case !callersLease(w, l, found, p.uid, id):
 			return
 		case q.Attempt > at:
 			apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is at attempt %d, not %d", id, at, q.Attempt))
