@@ -99,9 +99,9 @@ func AttachPath(id string) string {
 	return PathLeases + "/" + url.PathEscape(id) + attachSuffix
 }
 
-// ReleasePath is where a launcher whose command has ended posts (an empty
-// object) to have lease id released at once; mpsd answers once the lease
-// is gone.
+// ReleasePath is where a launcher whose command has ended posts a
+// ReleaseRequest to have lease id released at once; mpsd answers once the
+// lease is gone.
 func ReleasePath(id string) string {
 	return PathLeases + "/" + url.PathEscape(id) + releaseSuffix
 }

@@ -262,8 +262,7 @@ func DecodeReleaseRequest(r io.Reader) (ReleaseRequest, error) {
 }
 
 // DecodeShutdownRequest reads one ShutdownRequest (an empty object) from r
-// as strictly as DecodeLeaseRequest; the body of a release (ReleasePath)
-// is read with it too.
+// as strictly as DecodeLeaseRequest.
 func DecodeShutdownRequest(r io.Reader) (ShutdownRequest, error) {
 	var q ShutdownRequest
 	if err := decodeStrict(r, MaxRequestBytes, "request", &q); err != nil {

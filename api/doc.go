@@ -168,8 +168,9 @@
 // confirm it (docs/security.md), mpsd holds the answer until it is
 // confirmed or not, at most a few seconds. 409
 // CodeConflict: its processes would not die (it stays, and is released
-// once they do). A launcher that never sends it loses nothing: closing the
-// stream releases the lease too, a moment later.
+// once they do), or the attempt named is one the lease never reached. A
+// launcher that never sends it loses nothing: closing the stream releases
+// the lease too, a moment later.
 //
 // Every request body is one JSON object: null, an array, a number or a
 // string is refused with 400 CodeBadRequest, never taken as an empty

@@ -141,7 +141,7 @@ func FuzzDecodeReleaseRequest(f *testing.F) {
 }
 
 // FuzzDecodeShutdownRequest: only one JSON object with no fields is a
-// shutdown (or release) request; everything else is refused as invalid
+// shutdown request; everything else is refused as invalid
 // or too large.
 func FuzzDecodeShutdownRequest(f *testing.F) {
 	for _, seed := range []string{`{}`, ` {} `, `{"x":1}`, `null`, `[]`, `{}{}`, `"x"`, strings.Repeat(" ", 100) + `{}`} {

@@ -213,9 +213,9 @@ func (m *Cgroups) dirs(rel string) []namedDir {
 
 type namedDir struct{ hierarchy, path string }
 
-// Hierarchies names every hierarchy a lease cgroup is made of, with its
-// mount ("unified", or the v1 controller), membership hierarchy first:
-// what a check for leftovers must look at on this host's layout.
+// Hierarchies maps every hierarchy a lease cgroup is made of ("unified",
+// or the v1 controller) to its mount: what a check for leftovers must look
+// at on this host's layout.
 func (m *Cgroups) Hierarchies() map[string]string {
 	out := map[string]string{}
 	for _, d := range m.dirs("") {

@@ -267,14 +267,10 @@ func (s *session) run(ctx context.Context) (int, error) {
 	}
 }
 
-// releaseTimeout bounds the release request at the end of a session;
-// askReleaseTimeout the one a verdict asks for, whose answer mpsd holds
-// while a fault record naming the lease waits for the Xid that would
-// confirm it (up to 2 s).
-const (
-	releaseTimeout    = 2 * time.Second
-	askReleaseTimeout = 5 * time.Second
-)
+// releaseTimeout bounds a release request (at the end of a session, or
+// the one a verdict asks for): mpsd holds the answer while a fault record
+// naming the lease waits for the Xid that would confirm it (up to 3 s).
+const releaseTimeout = 5 * time.Second
 
 // release has mpsd release the lease whose command has ended, and waits
 // for the answer, so that status no longer shows the lease once
@@ -367,7 +363,7 @@ func (s *session) askRelease(ctx context.Context, l *api.Lease) {
 	ch := make(chan error, 1)
 	s.releaseAnswer = ch
 	s.asks.Go(func() {
-		rctx, cancel := context.WithTimeout(ctx, askReleaseTimeout)
+		rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 		defer cancel()
 		ch <- s.releaseLease(rctx, l)
 	})

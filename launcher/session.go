@@ -93,9 +93,13 @@ const (
 	verdictRevoking
 )
 
+// maxAsks is how many times a verdict asks for the release when mpsd
+// cannot be reached for its answer.
+const maxAsks = 2
+
 // askWait bounds the wait for the answer to a verdict's release
 // (verdictAsked): the request's own timeout, and a margin.
-const askWait = askReleaseTimeout + time.Second
+const askWait = releaseTimeout + time.Second
 
 // verdict is the session's end as it stands while it waits to learn
 // whether mpsd's revocation explains it: the command's status (code) or
@@ -108,6 +112,8 @@ type verdict struct {
 	until    time.Time
 	why      verdictWhy
 	killedBy string
+	// asks counts the releases asked for (verdictAsked).
+	asks int
 }
 
 // state is the session's knowledge of its lease and command.
@@ -454,7 +460,7 @@ func step(st state, in input, tm timing) (state, []action) {
 			// refuses because a revocation has the lease, whose event is
 			// still on its way.
 			nv := *v
-			nv.why, nv.until = verdictAsked, in.now.Add(askWait)
+			nv.why, nv.until, nv.asks = verdictAsked, in.now.Add(askWait), v.asks+1
 			st.verdict = &nv
 			acts = append(acts, action{kind: actAskRelease, lease: st.lease})
 		case v.why == verdictRevoking:
@@ -473,6 +479,16 @@ func step(st state, in input, tm timing) (state, []action) {
 		if errors.As(in.err, &ae) && ae.Code == api.CodeRevoking {
 			nv := *v
 			nv.why, nv.until = verdictRevoking, in.now.Add(tm.reconnectTimeout)
+			st.verdict = &nv
+			break
+		}
+		if errors.Is(in.err, ErrUnreachable) && v.asks < maxAsks {
+			// mpsd did not answer (it is going away, say, while it held
+			// the answer): no word either way. The stream's loss, if it
+			// is going, makes the resumed lease tell; else it is asked
+			// again after another grace.
+			nv := *v
+			nv.why, nv.until = verdictFailed, in.now.Add(tm.revokeGrace)
 			st.verdict = &nv
 			break
 		}

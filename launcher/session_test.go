@@ -267,6 +267,30 @@ func TestStep(t *testing.T) {
 					t.Errorf("end %+v, state %+v", acts[0], st)
 				}
 			}},
+		{name: "the release found mpsd unreachable: asked again after another grace",
+			st: func() state { s := failedVerdict(verdictAsked); s.verdict.asks = 1; return s }(),
+			in: input{kind: inReleaseAnswer, now: t0, err: ErrUnreachable}, phase: phaseVerdictPending, acts: nil,
+			check: func(t *testing.T, st state, _ []action) {
+				if v := st.verdict; v == nil || v.why != verdictFailed || !v.until.Equal(t0.Add(time.Second)) || v.asks != 1 {
+					t.Errorf("verdict %+v", st.verdict)
+				}
+			}},
+		{name: "the second ask counts",
+			st: func() state { s := failedVerdict(verdictFailed); s.verdict.asks = 1; return s }(),
+			in: input{kind: inVerdictDue, now: t0}, phase: phaseVerdictPending, acts: []actionKind{actAskRelease},
+			check: func(t *testing.T, st state, _ []action) {
+				if v := st.verdict; v == nil || v.why != verdictAsked || v.asks != 2 {
+					t.Errorf("verdict %+v", st.verdict)
+				}
+			}},
+		{name: "mpsd unreachable for the second ask too: the failure was the command's own",
+			st: func() state { s := failedVerdict(verdictAsked); s.verdict.asks = maxAsks; return s }(),
+			in: input{kind: inReleaseAnswer, now: t0, err: ErrUnreachable}, phase: phaseDone, acts: []actionKind{actEnd},
+			check: func(t *testing.T, st state, acts []action) {
+				if acts[0].code != 3 || acts[0].err != nil || st.released {
+					t.Errorf("end %+v, state %+v", acts[0], st)
+				}
+			}},
 		{name: "no answer to the release in time: the failure was the command's own",
 			st: failedVerdict(verdictAsked), in: input{kind: inVerdictDue, now: t0}, phase: phaseDone, acts: []actionKind{actEnd},
 			check: func(t *testing.T, _ state, acts []action) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -99,6 +100,8 @@ func TestRevocationSlowerThanTheGrace(t *testing.T) {
 	var blocking atomic.Bool
 	blocked := make(chan struct{}, 1)
 	unblock := make(chan struct{})
+	var release sync.Once
+	t.Cleanup(func() { blocking.Store(false); release.Do(func() { close(unblock) }) })
 	e.opts.writeHook = func() {
 		if !blocking.Load() {
 			return
@@ -139,7 +142,7 @@ func TestRevocationSlowerThanTheGrace(t *testing.T) {
 	open()
 	e.waitLogLine("release refused: the lease is being revoked", id)
 	blocking.Store(false)
-	close(unblock)
+	release.Do(func() { close(unblock) })
 
 	r := p.wait(t)
 	if r.code != 0 || !strings.Contains(r.stderr, "(test revocation); requeued, attempt 2") {

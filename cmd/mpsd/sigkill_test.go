@@ -77,9 +77,16 @@ func TestBinarySIGKILL(t *testing.T) {
 	time.Sleep(time.Second) // the outage the launchers ride out, as the issue gives it
 	start()
 
-	after := e.waitStatus("the 10 running leases back, the queue kept", func(st api.Status) bool {
-		return countState(st, api.LeaseRunning) == 10 && countState(st, api.LeaseQueued) == 14
+	// Both instances adopted (a revocation at the start would come by
+	// then), the running leases and the queue as they were.
+	after := e.waitStatus("both instances up, the 10 running leases back, the queue kept", func(st api.Status) bool {
+		return adopted(st, 2) && countState(st, api.LeaseRunning) == 10 && countState(st, api.LeaseQueued) == 14
 	})
+	for _, l := range after.Leases {
+		if l.Attempt != 1 {
+			t.Errorf("lease %s at attempt %d after mpsd's SIGKILL and start, want 1: nothing may be revoked", l.ID, l.Attempt)
+		}
+	}
 	for _, pid := range workloads {
 		if err := syscall.Kill(pid, 0); err != nil {
 			t.Errorf("workload %d after mpsd's SIGKILL and start: %v; nothing may be killed at the start", pid, err)
@@ -99,8 +106,8 @@ func TestBinarySIGKILL(t *testing.T) {
 	}
 	for i, l := range launchers {
 		code := l.wait(t)
-		if code != 0 {
-			t.Errorf("launch %d: exit %d, want its command's 0; stderr: %s", i+1, code, l.errb.String())
+		if code != 0 || strings.Contains(l.errb.String(), "revoked") {
+			t.Errorf("launch %d: exit %d, stderr %q; want its command's 0, never revoked", i+1, code, l.errb.String())
 		}
 	}
 }
@@ -122,6 +129,18 @@ func parentOf(pid int) int {
 	}
 	ppid, _ := strconv.Atoi(f[1])
 	return ppid
+}
+
+// adopted reports whether want instances have their daemon and are past
+// their start: ready, or draining (drained).
+func adopted(st api.Status, want int) bool {
+	n := 0
+	for _, in := range st.Instances {
+		if in.DaemonPID > 0 && (in.State == api.InstanceReady || in.State == api.InstanceDraining) {
+			n++
+		}
+	}
+	return len(st.Instances) == want && n == want
 }
 
 func countState(st api.Status, state string) int {
