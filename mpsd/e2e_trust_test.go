@@ -161,3 +161,52 @@ func TestForgedMPSRecordsRevokeNothing(t *testing.T) {
 		t.Errorf("mpsd's log says it killed the bystander %d", bystander.Process.Pid)
 	}
 }
+
+// A forged fault record naming a tenant's server holds that tenant's
+// release for no longer than the record waits for its Xid: the release
+// is answered once the record is found false, done (no revocation), and
+// nothing is counted against the instance.
+func TestForgedRecordOnlyDelaysARelease(t *testing.T) {
+	victimName, attackerName := emutest.User(t, trustVictimUID), emutest.User(t, trustAttackerUID)
+	e := newEnv(t, fmt.Sprintf(`  a:
+    users: [%s, %s]
+    memory: 10G
+    gpus: ["0"]
+`, victimName, attackerName), "")
+	e.start()
+	forge := e.buildTestProgram("mpsforge")
+	helper := e.isoBuildAPICall()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	gateArgs, open := e.gate("held")
+	defer open()
+	script := `"$0" --duration 1m & c=$!; ` + gateArgs[2] + `; kill -INT $c; wait $c`
+	startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c", script, client), trustVictimUID))
+	st := e.waitStatus("the victim's client on a live MPS server", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && len(st.Instances) == 1 && len(st.Instances[0].ServerPIDs) > 0
+	})
+	id := st.Leases[0].ID
+	inst := st.Instances[0]
+	fifo := filepath.Join(e.dir, "run", "a", inst.GPUUUID, "pipe", "log")
+
+	e.forge(forge, trustAttackerUID, fifo, "server", inst.ServerPIDs[0], "Server is handling a fatal GPU error.")
+	e.waitLogLine("MPS fault record waits for an Xid to confirm it")
+	code, body, _ := e.isoAPICall(helper, trustVictimUID, api.ReleasePath(id), `{"attempt":1}`, false)
+	if code != "" {
+		t.Fatalf("the victim's release while a forged record waits: %q %s; want it done", code, body)
+	}
+	// Answered only once the record's fate was known.
+	b, _ := os.ReadFile(e.log.Name())
+	if !strings.Contains(string(b), "no Xid on the instance's GPUs within") {
+		t.Errorf("the release was answered before the forged record was found false")
+	}
+	st = e.d.Status()
+	if len(st.Leases) != 0 {
+		t.Errorf("leases after the release: %+v", st.Leases)
+	}
+	if got := st.Instances[0]; got.Restarts != 0 || got.State != api.InstanceReady {
+		t.Errorf("instance after a forged record: state %s, %d restarts; want ready, 0", got.State, got.Restarts)
+	}
+	if strings.Contains(string(b), "lease revoked") {
+		t.Errorf("a forged record revoked a lease")
+	}
+}

@@ -2,7 +2,6 @@ package mpsd
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -149,10 +148,7 @@ func (d *Daemon) shutdown(uid uint32) (api.ShutdownResult, error) {
 			select {
 			case r = <-reqs[i].done:
 			default:
-				ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), 30*time.Second)
-				r.rep, r.err = reqs[i].dm.Stop(ctx)
-				cancel()
-				_ = reqs[i].dm.Close()
+				r = d.stopDaemon(in, reqs[i])
 			}
 		}
 		switch {

@@ -262,13 +262,7 @@ func (d *Daemon) runProbeClock() {
 func (d *Daemon) stopInstance(in *instance, req *stopRequest) (bringUp bool) {
 	var res stopResult
 	if req.dm != nil {
-		// The stop outlives mpsd's cancel: the daemon quits gracefully
-		// (its instance is empty), not killed for want of time.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), 30*time.Second)
-		res.rep, res.err = req.dm.Stop(ctx)
-		cancel()
-		_ = req.dm.Close()
-		in.log.Info("control daemon stopped", "why", req.why, "graceful", res.rep.Graceful, "killed_servers", len(res.rep.KilledServers), "err", res.err)
+		res = d.stopDaemon(in, req)
 	}
 	d.mu.Lock()
 	ev := instEvGone
@@ -281,6 +275,19 @@ func (d *Daemon) stopInstance(in *instance, req *stopRequest) (bringUp bool) {
 		req.done <- res
 	}
 	return err == nil && eff&effBringUp != 0
+}
+
+// stopDaemon stops and closes the daemon req names. The stop outlives
+// mpsd's cancel: the daemon quits gracefully (its instance is empty), not
+// killed for want of time.
+func (d *Daemon) stopDaemon(in *instance, req *stopRequest) stopResult {
+	var res stopResult
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), 30*time.Second)
+	res.rep, res.err = req.dm.Stop(ctx)
+	cancel()
+	_ = req.dm.Close()
+	in.log.Info("control daemon stopped", "why", req.why, "graceful", res.rep.Graceful, "killed_servers", len(res.rep.KilledServers), "err", res.err)
+	return res
 }
 
 // probe asks the instance's daemon whether it answers, if the instance is
@@ -313,15 +320,13 @@ func (d *Daemon) probe(in *instance, timeout time.Duration, failures int) {
 		d.localResourceOK(whereProbe)
 		// The daemon answers: its servers' caps are checked too, by a
 		// worker, so that a fault meanwhile waits for no MPS command.
-		if caps && !d.spawn(func() {
-			d.probeCaps(in, dm)
+		capsDone := func() {
 			d.mu.Lock()
 			in.capsProbing = false
 			d.mu.Unlock()
-		}) {
-			d.mu.Lock()
-			in.capsProbing = false
-			d.mu.Unlock()
+		}
+		if caps && !d.spawn(func() { defer capsDone(); d.probeCaps(in, dm) }) {
+			capsDone()
 		}
 		d.reconcileSoon(in, false) // reconcile.go
 		return

@@ -84,8 +84,18 @@ func (c *Client) Socket() string { return c.socket }
 // Get sends GET path and decodes the 2xx answer into out (when not nil),
 // ignoring fields this version does not know. It returns the body as
 // received. A non-2xx answer is returned as an *api.Error.
+//
+// A GET is idempotent: one whose connection mpsd's end cut before it
+// answered (mpsd went away: a restart, a watchdog kill) is sent once
+// more, on a connection of its own, as net/http retries one. Under
+// socket activation the new mpsd answers it.
 func (c *Client) Get(ctx context.Context, path string, out any) ([]byte, error) {
-	return c.unary(ctx, "GET", path, nil, out)
+	raw, err := c.unary(ctx, "GET", path, nil, out)
+	var ue *unreachableError
+	if errors.As(err, &ue) && ue.cut && ctx.Err() == nil {
+		raw, err = c.unary(ctx, "GET", path, nil, out)
+	}
+	return raw, err
 }
 
 // Post sends body as JSON to path and decodes the 2xx answer into out
@@ -373,7 +383,10 @@ type unreachableError struct {
 	reason string
 	hint   string
 	absent bool
-	err    error
+	// cut: the connection was made, and ended before the answer (a
+	// reset or EOF).
+	cut bool
+	err error
 }
 
 func (e *unreachableError) Error() string {
@@ -444,9 +457,9 @@ func (c *Client) requestError(ctx context.Context, what string, err error, timeo
 				errno == syscall.EPERM || errno == syscall.ENOTSOCK || errno == syscall.EPROTOTYPE
 		}
 	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.ECONNABORTED):
-		ue.reason = "connection reset before mpsd answered"
+		ue.reason, ue.cut = "connection reset before mpsd answered", true
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.EPIPE):
-		ue.reason = "mpsd closed the connection before answering"
+		ue.reason, ue.cut = "mpsd closed the connection before answering", true
 	case timedOut:
 		ue.reason = "mpsd accepted the connection but did not answer in time"
 	default:

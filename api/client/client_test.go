@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -283,5 +285,56 @@ func TestAnswers(t *testing.T) {
 	var ae *api.Error
 	if _, err := c.Post(t.Context(), "/other", struct{}{}, nil); !errors.As(err, &ae) || ae.Code != api.CodeInternal || !strings.Contains(ae.Message, "418") {
 		t.Errorf("418: %v", err)
+	}
+}
+
+// A GET whose connection mpsd's end cuts before the answer (mpsd going
+// away) is sent once more on a new connection; a second cut stands.
+func TestGetRetriedOnceAfterACut(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cuts int
+		ok   bool
+	}{
+		{"one cut", 1, true},
+		{"two cuts", 2, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			socket := filepath.Join(t.TempDir(), "s.sock")
+			ln, err := net.Listen("unix", socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var conns atomic.Int32
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					n := conns.Add(1)
+					buf := make([]byte, 4096)
+					_, _ = c.Read(buf) // the request
+					if int(n) > tc.cuts {
+						body := `{"schema_version":1}`
+						_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+					}
+					c.Close()
+				}
+			}()
+			t.Cleanup(func() { ln.Close(); <-done })
+			st, _, err := New(socket).Status(t.Context())
+			switch {
+			case tc.ok && (err != nil || st.SchemaVersion != 1):
+				t.Errorf("Status after %d cut = %+v, %v; want the second connection's answer", tc.cuts, st, err)
+			case !tc.ok && (!errors.Is(err, ErrUnreachable) || !strings.Contains(err.Error(), "mpsd closed the connection before answering")):
+				t.Errorf("Status after %d cuts = %v; want the cut reported", tc.cuts, err)
+			}
+			if got, want := int(conns.Load()), 2; got != want {
+				t.Errorf("%d connections, want %d (one retry)", got, want)
+			}
+		})
 	}
 }
