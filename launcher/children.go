@@ -168,7 +168,11 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 				// nor be given up while mpsd may come back.
 				return s.hold(ctx, lease, c, err)
 			}
-		} else if err = s.startCommand(c, lease); err == nil {
+		} else {
+			s.waitSignalsRegistered()
+			err = s.startCommand(c, lease)
+		}
+		if err == nil {
 			s.kids.child = c
 			s.st.child, s.st.started, s.st.phase = true, true, phaseRunning
 			s.conn.awaySince, s.conn.backoff, s.conn.lastFail = time.Time{}, 0, nil
@@ -195,6 +199,14 @@ func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 		if !died || retried {
 			return &done{err: err}
 		}
+	}
+}
+
+// waitSignalsRegistered returns once the forwarded signals reach the
+// session (at once when they were registered before Run).
+func (s *session) waitSignalsRegistered() {
+	if s.cfg.signalsRegistered != nil {
+		<-s.cfg.signalsRegistered
 	}
 }
 

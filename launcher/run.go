@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"sync"
 	"time"
 
@@ -58,6 +57,10 @@ type Config struct {
 	// AttachTimeout bounds the attach request; 0 means
 	// DefaultAttachTimeout.
 	AttachTimeout time.Duration
+	// signalsRegistered, when not nil, is closed once Signals receives
+	// the forwarded signals (Main registers them in the background): a
+	// command started before would not have them forwarded.
+	signalsRegistered <-chan struct{}
 }
 
 // Main is mps-launch: it serves trampoline mode when environ selects it,
@@ -84,17 +87,28 @@ func Main(ctx context.Context, args []string, stdin, stdout, stderr *os.File, en
 		fmt.Fprintf(stderr, "mps-launch: %s\n", message(err))
 		return ExitFailure
 	}
+	// The signals are registered while the trampoline starts and the
+	// request goes out (registering costs a few hundred microseconds of
+	// round trips with the runtime's signal thread); the command starts
+	// only once they are. They stay registered until the process exits:
+	// unregistering would wait for the signal loop to be idle, for
+	// nothing, on the way out.
 	sigs := make(chan os.Signal, 8)
-	notifyForwarded(sigs)
-	defer signal.Stop(sigs)
+	registered := make(chan struct{})
+	go func() {
+		defer close(registered)
+		notifyForwarded(sigs)
+	}()
+	defer func() { <-registered }()
 	return Run(ctx, Config{
-		Options:  opts,
-		Stdin:    stdin,
-		Stdout:   stdout,
-		Stderr:   stderr,
-		Environ:  environ,
-		Signals:  sigs,
-		Terminal: isTerminal(stderr),
+		Options:           opts,
+		Stdin:             stdin,
+		Stdout:            stdout,
+		Stderr:            stderr,
+		Environ:           environ,
+		Signals:           sigs,
+		signalsRegistered: registered,
+		Terminal:          isTerminal(stderr),
 	})
 }
 

@@ -129,6 +129,41 @@ func TestRunGrantedLease(t *testing.T) {
 	}
 }
 
+// TestRunWaitsForTheSignals: Main registers the forwarded signals while
+// the request goes out; a command started before they are would not have
+// a signal to mps-launch forwarded, so the granted command waits for them.
+func TestRunWaitsForTheSignals(t *testing.T) {
+	h := newHarness(t, nil)
+	registered := make(chan struct{})
+	h.cfg.signalsRegistered = registered
+	done := h.start(t.Context(), h.sh("echo ran > ran")...)
+	lc := h.fake.NextLease(t)
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
+	h.fake.NextAttach(t)
+	// The attach is answered; the command must still wait. Nothing is
+	// there to wait on but its absence, so the check is that the file is
+	// not made while the launcher could have made it many times over.
+	deadline := time.Now().Add(200 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if h.read("ran") != "" {
+			t.Fatal("the command ran before the signals were registered")
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("Run returned %d before the signals were registered; stderr: %s", code, h.read("stderr"))
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	close(registered)
+	if code := h.wait(done); code != 0 {
+		t.Errorf("exit %d, want 0; stderr: %s", code, h.read("stderr"))
+	}
+	if got := h.read("ran"); got != "ran\n" {
+		t.Errorf("the command wrote %q, want \"ran\\n\"", got)
+	}
+	lc.WaitReleased(t)
+}
+
 func TestRunExitStatus(t *testing.T) {
 	for _, tc := range []struct {
 		name   string

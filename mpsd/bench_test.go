@@ -280,7 +280,7 @@ func BenchmarkLaunchOverhead(b *testing.B) {
 	e.start()
 	launch := filepath.Join(e.bin, "mps-launch")
 	env := append(os.Environ(), api.EnvSocket+"="+e.socket)
-	var direct, launched, added, startup, grant, attach []time.Duration
+	var direct, launched, added, startup, grant, attach, release []time.Duration
 	runOnce := func(name string, args ...string) time.Duration {
 		cmd := exec.Command(name, args...)
 		cmd.Env = env
@@ -304,8 +304,8 @@ func BenchmarkLaunchOverhead(b *testing.B) {
 	for range len(direct) {
 		d := runOnce("/bin/true")
 		startup = append(startup, runOnce(launch, "--help")-d)
-		g, a := launchRoundTrips(b, c, body)
-		grant, attach = append(grant, g), append(attach, a)
+		g, a, r := launchRoundTrips(b, c, body)
+		grant, attach, release = append(grant, g), append(attach, a), append(release, r)
 		waitNoLeases(b, e.d)
 	}
 	reportPcts(b, "true", direct)
@@ -314,12 +314,14 @@ func BenchmarkLaunchOverhead(b *testing.B) {
 	reportPcts(b, "startup", startup)
 	reportPcts(b, "grant", grant)
 	reportPcts(b, "attach", attach)
+	reportPcts(b, "release", release)
 }
 
-// launchRoundTrips takes a lease and attaches a waiting child of this
-// process to it, as mps-launch does, timing each; the lease is released
-// (and the child with it) before it returns.
-func launchRoundTrips(b *testing.B, c *http.Client, body string) (grant, attach time.Duration) {
+// launchRoundTrips takes a lease, attaches a waiting child of this
+// process to it and, once the child has ended, releases the lease, as
+// mps-launch does, timing each (the release until mpsd has answered: the
+// lease gone, its cgroup removed).
+func launchRoundTrips(b *testing.B, c *http.Client, body string) (grant, attach, release time.Duration) {
 	child := exec.Command("/bin/sleep", "3600")
 	if err := child.Start(); err != nil {
 		b.Fatal(err)
@@ -347,7 +349,23 @@ func launchRoundTrips(b *testing.B, c *http.Client, body string) (grant, attach 
 	if resp.StatusCode != http.StatusOK {
 		b.Fatalf("attach pid %d to lease %s: status %d", child.Process.Pid, lease.ID, resp.StatusCode)
 	}
-	return grant, attach
+	_ = child.Process.Kill()
+	_ = child.Wait()
+	req, _ = json.Marshal(api.ReleaseRequest{Attempt: lease.Attempt})
+	t0 = time.Now()
+	resp, err = c.Post("http://mpsd"+api.ReleasePath(lease.ID), api.ContentTypeJSON, bytes.NewReader(req))
+	if err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+	}
+	release = time.Since(t0)
+	if err != nil {
+		b.Fatalf("release lease %s: %v", lease.ID, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		b.Fatalf("release lease %s: status %d", lease.ID, resp.StatusCode)
+	}
+	return grant, attach, release
 }
 
 // waitNoLeases waits until mpsd holds no lease, queued or running.

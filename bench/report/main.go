@@ -503,6 +503,8 @@ func build(run *parsed, m Machine, now time.Time) Report {
 				median: "grant-p50-ms", p99: "grant-p99-ms"}),
 			b.row(spec{figure: "attach round trip (a waiting child moved into the lease cgroup), after mpsd released the last lease", unit: "ms", bench: launch,
 				median: "attach-p50-ms", p99: "attach-p99-ms"}),
+			b.row(spec{figure: "release round trip (the command has ended → mpsd's answer: the lease gone, its cgroup removed)", unit: "ms", bench: launch,
+				median: "release-p50-ms", p99: "release-p99-ms"}),
 		},
 	})
 
