@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -200,4 +201,97 @@ func TestReleaseNamesItsAttempt(t *testing.T) {
 		t.Errorf("release of the running attempt 2: %q, want it done", code)
 	}
 	e.waitStatus("the lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
+}
+
+// A release that comes while a fault record naming its lease has just been
+// confirmed by an Xid, and is being reported, waits for the report: the
+// record is no longer among the claims waiting for an Xid, and its fault
+// is not pending yet, so a look at either alone would release the lease
+// as "its command ended" although the fault killed the command. It is
+// answered revoking, and the launcher runs the requeued attempt.
+func TestReleaseWhileARecordIsConfirmed(t *testing.T) {
+	e := newEnvGPUs(t, 1, oneGroup, "")
+	var blocking atomic.Bool
+	blocked := make(chan struct{}, 1)
+	unblock := make(chan struct{})
+	var release sync.Once
+	t.Cleanup(func() { blocking.Store(false); release.Do(func() { close(unblock) }) })
+	e.opts.faultHook = func(_ *instance, f fault) {
+		if f.kind != faultServerFault || !blocking.Load() {
+			return
+		}
+		select {
+		case blocked <- struct{}{}:
+		default:
+		}
+		select {
+		case <-unblock:
+		case <-time.After(waitFor):
+		}
+	}
+	e.start()
+	forge := e.buildTestProgram("mpsforge")
+	client := filepath.Join(e.emu, "mpsemu-client")
+	script := `[ "$MPSD_ATTEMPT" = 2 ] && exit 0; exec "$0" --duration 1m`
+	p := startProc(t, e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c", script, client))
+	st := e.waitStatus("a client on a live MPS server", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && len(st.Instances) == 1 && len(st.Instances[0].ServerPIDs) > 0
+	})
+	id, inst := st.Leases[0].ID, st.Instances[0]
+	fifo := filepath.Join(e.dir, "run", "inference", inst.GPUUUID, "pipe", "log")
+	e.forge(forge, 0, fifo, "server", inst.ServerPIDs[0], "Server is handling a fatal GPU error.")
+	e.waitLogLine("MPS fault record waits for an Xid to confirm it")
+
+	// The Xid confirms the record; its report is held before the fault
+	// is pending.
+	blocking.Store(true)
+	if err := e.sim.InjectXid(0, 13, 0); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-blocked:
+	case <-time.After(waitFor):
+		t.Fatal("the confirmed record was not reported")
+	}
+	c := leaseClient(e.socket)
+	defer c.CloseIdleConnections()
+	answered := make(chan api.ErrorCode, 1)
+	go func() {
+		resp, err := c.Post("http://mpsd"+api.ReleasePath(id), api.ContentTypeJSON, strings.NewReader(`{"attempt":1}`))
+		if err != nil {
+			answered <- api.ErrorCode("request failed: " + err.Error())
+			return
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			answered <- ""
+			return
+		}
+		var ae *api.Error
+		if errors.As(api.DecodeError(resp.StatusCode, resp.Body), &ae) {
+			answered <- ae.Code
+			return
+		}
+		answered <- api.ErrorCode(fmt.Sprintf("status %d", resp.StatusCode))
+	}()
+	// Answered at once, it would have looked at nothing: it must wait.
+	select {
+	case code := <-answered:
+		t.Fatalf("the release was answered %q while the confirmed record was being reported; want it held", code)
+	case <-time.After(300 * time.Millisecond):
+	}
+	blocking.Store(false)
+	release.Do(func() { close(unblock) })
+	select {
+	case code := <-answered:
+		if code != api.CodeRevoking {
+			t.Errorf("release after the report: %q, want %q", code, api.CodeRevoking)
+		}
+	case <-time.After(waitFor):
+		t.Fatal("the release was not answered after the report")
+	}
+	r := p.wait(t)
+	if r.code != 0 || !strings.Contains(r.stderr, "requeued, attempt 2") {
+		t.Errorf("launcher: exit %d, stderr %q; want the requeued attempt's 0", r.code, r.stderr)
+	}
 }

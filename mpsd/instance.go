@@ -92,10 +92,12 @@ type instance struct {
 	// daemon, or that nothing confirmed (mpsd_unverified_mps_records_total).
 	unverified uint64
 	// claims are fault records of verified servers waiting for an Xid to
-	// confirm them (verify.go); xidUsed is the time of the last Xid that
-	// confirmed one: each Xid confirms one record.
-	claims  []*faultClaim
-	xidUsed time.Time
+	// confirm them (verify.go); deciding, those settled and being acted
+	// on (their fault reported or dropped); xidUsed is the time of the
+	// last Xid that confirmed one: each Xid confirms one record.
+	claims   []*faultClaim
+	deciding []*faultClaim
+	xidUsed  time.Time
 	// unverifiedLogAt: when an unverified record was last logged.
 	unverifiedLogAt time.Time
 	// reconRunning: a reconciliation of the instance runs (reconcile.go);

@@ -540,13 +540,13 @@ func (l *lease) revocationComingLocked(attempt int) bool {
 }
 
 // claimNamingLocked is the decided channel of a fault record on l's
-// instance that waits for its Xid and would take l, running, if
-// confirmed; nil if there is none. d.mu is held.
+// instance that waits for its Xid, or is being acted on, and would take l,
+// running, if confirmed; nil if there is none. d.mu is held.
 func (l *lease) claimNamingLocked() <-chan struct{} {
 	if l.state != leaseRunning || l.inst == nil {
 		return nil
 	}
-	for _, c := range l.inst.claims {
+	for _, c := range slices.Concat(l.inst.claims, l.inst.deciding) {
 		if _, ok := faultVictim([]fault{c.f}, l.id, l.uid); ok {
 			return c.decided
 		}

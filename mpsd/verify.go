@@ -92,14 +92,14 @@ func (d *Daemon) claimServerFaultLocked(in *instance, dm *mps.Daemon, ev mps.Eve
 		if d.ctx.Err() == nil {
 			d.unverifiedRecord(in, c.ev, fmt.Sprintf("no Xid on the instance's GPUs within %s", faultClaimWait))
 		}
-		close(c.decided)
+		d.decideClaim(in, c)
 		for _, b := range expired {
 			b.Ack()
 		}
 	})
 	if !started { // mpsd is stopping: the next one reads the record again
 		d.settleClaimLocked(in, c)
-		close(c.decided)
+		d.decideClaimLocked(in, c)
 	}
 	return nil
 }
@@ -122,13 +122,30 @@ func (d *Daemon) takeXidLocked(in *instance, now time.Time) bool {
 }
 
 // settleClaimLocked takes c off in's claims and returns its barriers for
-// the caller to ack once it has acted on the claim.
+// the caller to ack once it has acted on the claim. Until the caller has
+// (decideClaim), c is in in.deciding: a release that looks for a record
+// naming its lease meanwhile must still find it, and wait.
 func (d *Daemon) settleClaimLocked(in *instance, c *faultClaim) []mps.Event {
 	c.settled = true
 	in.claims = slices.DeleteFunc(in.claims, func(x *faultClaim) bool { return x == c })
+	in.deciding = append(in.deciding, c)
 	b := c.barriers
 	c.barriers = nil
 	return b
+}
+
+// decideClaim: the settled claim c has been acted on (its fault reported,
+// pending on the instance, or dropped as unconfirmed); whoever waits for
+// it may look again.
+func (d *Daemon) decideClaim(in *instance, c *faultClaim) {
+	d.mu.Lock()
+	d.decideClaimLocked(in, c)
+	d.mu.Unlock()
+}
+
+func (d *Daemon) decideClaimLocked(in *instance, c *faultClaim) {
+	in.deciding = slices.DeleteFunc(in.deciding, func(x *faultClaim) bool { return x == c })
+	close(c.decided)
 }
 
 // holdBarrierLocked keeps a barrier behind in's pending claims; false
@@ -180,7 +197,7 @@ func (d *Daemon) xidConfirms(ev gpu.XidEvent, alsoReported map[*instance]bool) {
 			c.in.log.Info("MPS fault record confirmed by an Xid", "xid_gpu_index", ev.GPU, "xid", ev.Xid)
 			d.reportFault(c.in, c.f)
 		}
-		close(c.c.decided)
+		d.decideClaim(c.in, c.c)
 		for _, b := range c.barriers {
 			b.Ack()
 		}
