@@ -194,6 +194,11 @@ type Daemon struct {
 	// shuttingDown: mpsctl shutdown is under way; nothing is admitted or
 	// granted any more.
 	shuttingDown bool
+	// lateStops are the control daemons a bring-up under way when the
+	// shutdown began started and stopped again (lateProblems, what did
+	// not go cleanly): the shutdown's answer counts them.
+	lateStops    int
+	lateProblems []string
 }
 
 // New loads the config, takes the GPU inventory and prepares the cgroup

@@ -1,13 +1,16 @@
 package mpsd
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -121,6 +124,131 @@ func TestShutdownEndsWorkloadsAndMPS(t *testing.T) {
 	}
 	if !strings.Contains(string(b), "MPS service shut down; mpsd exits") {
 		t.Errorf("the log does not say the service was shut down")
+	}
+}
+
+// holdStartRunner holds the start (-d) of the control daemons whose pipe
+// directory is under prefix until release is closed, telling held the
+// pipe directory of the first one.
+type holdStartRunner struct {
+	prefix  string
+	held    chan string
+	release chan struct{}
+}
+
+func (r *holdStartRunner) Start(cmd *exec.Cmd) error {
+	if slices.Contains(cmd.Args[1:], "-d") {
+		for _, kv := range cmd.Env {
+			if p, ok := strings.CutPrefix(kv, "CUDA_MPS_PIPE_DIRECTORY="); ok && strings.HasPrefix(p, r.prefix) {
+				select {
+				case r.held <- p:
+				default:
+				}
+				select {
+				case <-r.release:
+				case <-time.After(waitFor):
+				}
+			}
+		}
+	}
+	return cmd.Start()
+}
+
+// pipeDirProcs lists the processes whose environment names pipe as their
+// MPS pipe directory.
+func pipeDirProcs(pipe string) []int {
+	needle := []byte("CUDA_MPS_PIPE_DIRECTORY=" + pipe + "\x00")
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, de := range ents {
+		pid, err := strconv.Atoi(de.Name())
+		if err != nil || !procRunning(pid) {
+			continue
+		}
+		if env, err := os.ReadFile(filepath.Join("/proc", de.Name(), "environ")); err == nil && bytes.Contains(env, needle) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// A control daemon that is starting when mpsctl shutdown begins (an
+// instance a reload added, a start retried) is waited for and stopped
+// with the others, and counted: the shutdown neither leaves it running
+// after mpsd has gone nor says every daemon stopped without it.
+func TestShutdownDuringAStart(t *testing.T) {
+	e := newEnv(t, opGroups, "")
+	runner := &holdStartRunner{prefix: filepath.Join(e.dir, "run", "b") + "/", held: make(chan string, 1), release: make(chan struct{})}
+	var once sync.Once
+	open := func() { once.Do(func() { close(runner.release) }) }
+	t.Cleanup(open)
+	e.opts.mpsRunner = runner
+	e.start()
+	daemonA := e.waitStatus("group a's instance ready", func(st api.Status) bool {
+		return len(st.Instances) == 1 && st.Instances[0].State == api.InstanceReady
+	}).Instances[0].DaemonPID
+	e.writeConfig(opGroups+`  b:
+    users: [root]
+    memory: 5G
+    gpus: ["0"]
+`, "")
+	var pipe string
+	select {
+	case pipe = <-runner.held:
+	case <-time.After(waitFor):
+		t.Fatal("group b's control daemon was not started after the reload")
+	}
+	t.Cleanup(func() { emutest.KillByPipeDir(pipe) })
+
+	type answer struct {
+		code   int
+		stdout string
+		err    error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		cmd := exec.Command(filepath.Join(e.bin, "mpsctl"), "--socket", e.socket, "shutdown")
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			answered <- answer{ee.ExitCode(), out.String() + errb.String(), nil}
+			return
+		}
+		answered <- answer{0, out.String() + errb.String(), err}
+	}()
+	e.waitLogLine("mpsd shutting down: ending the leases")
+	// While group b's daemon is still starting, the shutdown must wait.
+	select {
+	case a := <-answered:
+		t.Fatalf("shutdown answered while group b's control daemon was starting: exit %d, %q", a.code, a.stdout)
+	case <-time.After(300 * time.Millisecond):
+	}
+	open()
+	var a answer
+	select {
+	case a = <-answered:
+	case <-time.After(waitFor):
+		t.Fatal("shutdown did not answer once group b's daemon had started")
+	}
+	if a.err != nil || a.code != 0 || !strings.Contains(a.stdout, "2 MPS control daemon(s) stopped") || strings.Contains(a.stdout, "problem") {
+		t.Errorf("shutdown: exit %d, err %v, said %q; want 0 and both daemons stopped", a.code, a.err, a.stdout)
+	}
+	select {
+	case err := <-e.done:
+		e.cancel = nil
+		if err != nil {
+			t.Errorf("Run after shutdown: %v", err)
+		}
+	case <-time.After(waitFor):
+		t.Fatalf("Run did not return within %s of the shutdown", waitFor)
+	}
+	if procRunning(daemonA) {
+		t.Errorf("group a's control daemon %d still running after the shutdown", daemonA)
+	}
+	if pids := pipeDirProcs(pipe); len(pids) > 0 {
+		t.Errorf("group b's MPS processes %v still running after the shutdown", pids)
 	}
 }
 

@@ -62,6 +62,9 @@ type instance struct {
 
 	tried     chan struct{} // closed after the first start attempt
 	triedOnce sync.Once
+	// bringing: a bring-up is starting or adopting a daemon now, until
+	// it has one (then daemon is set) or the attempt has failed.
+	bringing bool
 
 	// The watchdog's state (watchdog.go).
 	pending    []fault        // faults for the supervisor's next recovery
@@ -264,25 +267,35 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 
 	backoff := wd.BackoffInitial
 	for attempt := 1; ; attempt++ {
+		d.mu.Lock()
+		if d.shuttingDown {
+			// mpsctl shutdown ends the MPS service: nothing is started.
+			d.mu.Unlock()
+			in.log.Info("control daemon not started: mpsctl shutdown is under way")
+			return
+		}
+		// A shutdown that begins now waits for this start (awaitQuiet).
+		in.bringing = true
+		d.mu.Unlock()
 		dm, how, err := d.startDaemon(cfg, adopt)
 		cfg.Expect = nil // the saved daemon is looked for once
 		if err == nil {
 			d.mu.Lock()
 			if d.ctx.Err() != nil {
 				// Run is closing every handle; this one came too late.
+				in.bringing = false
 				d.mu.Unlock()
 				_ = dm.Close()
 				return
 			}
 			if d.shuttingDown {
-				// mpsctl shutdown stopped the other daemons meanwhile.
+				// mpsctl shutdown began while it started: it is stopped
+				// again, and the shutdown's answer counts it.
 				d.mu.Unlock()
-				ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), 30*time.Second)
-				_, _ = dm.Stop(ctx)
-				cancel()
-				_ = dm.Close()
+				d.stopLate(in, dm)
 				return
 			}
+			in.bringing = false
 			in.daemon, in.logHandled = dm, dm.ServerLogStart()
 			// Saved at once: a crash before the next write would leave the
 			// state naming the daemon this one replaced, and the next mpsd
@@ -329,6 +342,9 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 			}
 			return
 		}
+		d.mu.Lock()
+		in.bringing = false
+		d.mu.Unlock()
 		in.log.Error("instance start failed", "attempt", attempt, "retry_in", backoff, "err", err)
 		in.markTried()
 		select {
@@ -338,6 +354,22 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 		}
 		backoff = min(2*backoff, wd.BackoffMax)
 		adopt = true
+	}
+}
+
+// stopLate stops dm, which in's bring-up started (or adopted) while
+// mpsctl shutdown was under way, and has the shutdown's answer count it.
+func (d *Daemon) stopLate(in *instance, dm *mps.Daemon) {
+	r := d.stopDaemon(in, &stopRequest{dm: dm, why: "mpsctl shutdown (it came up during the shutdown)"})
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	in.bringing = false
+	d.lateStops++
+	switch {
+	case r.err != nil:
+		d.lateProblems = append(d.lateProblems, fmt.Sprintf("GPU %s group %s: control daemon: %v", gpuList(in), in.group, r.err))
+	case !r.rep.Graceful && !r.rep.AlreadyExited:
+		d.lateProblems = append(d.lateProblems, fmt.Sprintf("GPU %s group %s: control daemon did not quit in time and was killed", gpuList(in), in.group))
 	}
 }
 

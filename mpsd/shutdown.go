@@ -122,12 +122,22 @@ func (d *Daemon) shutdown(uid uint32) (api.ShutdownResult, error) {
 	d.mu.Lock()
 	var stops []*instance
 	var reqs []*stopRequest
+	var skipped []string
 	for _, in := range d.instanceList() {
-		if in.life != instUp || in.daemon == nil {
+		switch {
+		case in.life == instUp && in.daemon != nil:
+		case in.daemon != nil || in.bringing:
+			// Still starting, recovering or stopping after the wait: its
+			// daemon, there or to come, is not stopped here. Said, not
+			// counted.
+			skipped = append(skipped, fmt.Sprintf("GPU %s group %s: %s; its control daemon was not stopped", gpuList(in), in.group, in.life))
 			continue
+		default:
+			continue // no daemon runs
 		}
 		req := &stopRequest{dm: in.daemon, why: "mpsctl shutdown", done: make(chan stopResult, 1)}
 		if !in.askStopLocked(req) {
+			skipped = append(skipped, fmt.Sprintf("GPU %s group %s: %s; its control daemon was not stopped", gpuList(in), in.group, in.life))
 			continue
 		}
 		stops = append(stops, in)
@@ -136,6 +146,7 @@ func (d *Daemon) shutdown(uid uint32) (api.ShutdownResult, error) {
 		clear(in.servers)
 		in.p.ServerUp = false
 	}
+	late, lateProblems := d.lateStops, slices.Clone(d.lateProblems)
 	d.mu.Unlock()
 	problems := make([]string, len(stops))
 	for i, in := range stops {
@@ -158,12 +169,14 @@ func (d *Daemon) shutdown(uid uint32) (api.ShutdownResult, error) {
 			problems[i] = fmt.Sprintf("GPU %s group %s: control daemon did not quit in time and was killed", gpuList(in), in.group)
 		}
 	}
-	res.Daemons = len(stops)
+	res.Daemons = len(stops) + late
+	res.Problems = append(res.Problems, lateProblems...)
 	for _, p := range problems {
 		if p != "" {
 			res.Problems = append(res.Problems, p)
 		}
 	}
+	res.Problems = append(res.Problems, skipped...)
 	if err := d.host.RestoreComputeModes(); err != nil {
 		res.Problems = append(res.Problems, err.Error())
 		d.log.Error("shutdown: compute modes not restored", "err", err)
@@ -201,7 +214,11 @@ func (d *Daemon) awaitQuiet(reason string) string {
 		d.failQueuedLocked(reason)
 		busy := 0
 		for _, in := range d.instanceList() {
-			if in.life == instRecovering || (in.life == instStarting && in.daemon != nil) {
+			// A recovery, a stop (a retirement, a restart for a changed
+			// start option), an adoption waiting for its barrier, a start
+			// under way: each ends with a daemon the stops below see, or
+			// none.
+			if in.life == instRecovering || in.life == instStopping || (in.life == instStarting && (in.daemon != nil || in.bringing)) {
 				busy++
 			}
 		}
@@ -213,7 +230,7 @@ func (d *Daemon) awaitQuiet(reason string) string {
 		select {
 		case <-tick.C:
 		case <-deadline.C:
-			return fmt.Sprintf("%d lease(s) still ending and %d instance(s) still recovering after %s", leases, busy, shutdownDrainMax)
+			return fmt.Sprintf("%d lease(s) still ending and %d instance(s) still starting, stopping or recovering after %s", leases, busy, shutdownDrainMax)
 		}
 	}
 }
