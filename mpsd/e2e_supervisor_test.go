@@ -1,6 +1,7 @@
 package mpsd
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -8,10 +9,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
 )
 
 // Faults pending together are one recovery that takes every fault's own
@@ -290,6 +293,83 @@ func TestReleaseWhileARecordIsConfirmed(t *testing.T) {
 	case <-time.After(waitFor):
 		t.Fatal("the release was not answered after the report")
 	}
+	r := p.wait(t)
+	if r.code != 0 || !strings.Contains(r.stderr, "requeued, attempt 2") {
+		t.Errorf("launcher: exit %d, stderr %q; want the requeued attempt's 0", r.code, r.stderr)
+	}
+}
+
+// startServing is start for an mpsd that will not be ready (an instance
+// cannot come up): it returns once the API is served.
+func (e *testEnv) startServing() {
+	e.t.Helper()
+	if e.sim != nil && e.d != nil {
+		e.simulate()
+	}
+	d, err := New(e.opts)
+	if err != nil {
+		e.t.Fatalf("mpsd.New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e.d, e.cancel, e.done = d, cancel, make(chan error, 1)
+	go func() { e.done <- d.Run(ctx) }()
+	deadline := time.Now().Add(waitFor)
+	for !d.serving.Load() {
+		select {
+		case err := <-e.done:
+			e.cancel = nil
+			e.t.Fatalf("mpsd stopped before it served: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("mpsd not serving after %s", waitFor)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A fault on an instance that has no control daemon (mpsd came back to
+// find its daemon gone, and no new one starts) revokes the leases it
+// names at once: the recovery that would revoke them runs only once a
+// daemon is up, which may be never, and their launchers would wait for
+// it. The lease is requeued, and runs again once a daemon is back.
+func TestFaultWithoutADaemonRevokesAtOnce(t *testing.T) {
+	e := newEnvGPUs(t, 1, oneGroup, "watchdog:\n  backoff_initial: 50ms\n  backoff_max: 200ms\n")
+	runner := &emfileRunner{}
+	e.opts.mpsRunner = runner
+	e.start()
+	gate, open := e.gate("a")
+	defer open()
+	script := `[ "$MPSD_ATTEMPT" = 2 ] && exit 0; ` + strings.Join(gate[2:], " ") + `; exit 1`
+	p := startProc(t, e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c", script))
+	st := e.waitStatus("lease running", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && len(st.Leases[0].PIDs) > 0
+	})
+	id, daemon := st.Leases[0].ID, st.Instances[0].DaemonPID
+
+	// mpsd stops (the lease runs on); its daemon dies meanwhile, and no
+	// new one can start when mpsd is back.
+	e.stop()
+	if err := syscall.Kill(daemon, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	emutest.WaitGone(daemon)
+	runner.fail.Store(true)
+	e.startServing()
+	e.waitLogLine("instance start failed")
+	if st := e.d.Status(); countLeases(st, api.LeaseRunning) != 1 {
+		t.Fatalf("leases after the restart: %+v; want the one running", st.Leases)
+	}
+
+	if err := e.sim.InjectXid(0, 79, 0); err != nil {
+		t.Fatal(err)
+	}
+	// Revoked while the daemon still cannot start.
+	e.waitLogLine("lease revoked", id)
+	e.waitStatus("the lease requeued", func(st api.Status) bool {
+		return len(st.Leases) == 1 && st.Leases[0].Attempt == 2 && st.Leases[0].State == api.LeaseQueued
+	})
+	runner.fail.Store(false)
 	r := p.wait(t)
 	if r.code != 0 || !strings.Contains(r.stderr, "requeued, attempt 2") {
 		t.Errorf("launcher: exit %d, stderr %q; want the requeued attempt's 0", r.code, r.stderr)

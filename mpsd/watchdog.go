@@ -105,12 +105,35 @@ func (d *Daemon) reportFault(in *instance, f fault) {
 		if _, err := in.step(instEvFault, f.kind); err != nil {
 			return
 		}
+	} else if in.life == instStarting {
+		d.revokeWithoutDaemonLocked(in, f)
 	}
 	if in.probeCancel != nil {
 		// A probe under way would keep the recovery waiting.
 		in.probeCancel()
 	}
 	in.kickLocked()
+}
+
+// revokeWithoutDaemonLocked revokes the running leases fault f names on
+// in, which has no daemon yet (mpsd started while the daemon they ran on
+// is gone, and no start has succeeded since): its recovery runs only once
+// a daemon is up, which may be never, and their launchers must not wait
+// for it. f stays pending: that recovery still counts it and restarts
+// what it needs, and finds its victims revoked already.
+func (d *Daemon) revokeWithoutDaemonLocked(in *instance, f fault) {
+	var victims []*lease
+	for _, l := range in.leases {
+		if _, ok := faultVictim([]fault{f}, l.id, l.uid); ok && l.state == leaseRunning {
+			victims = append(victims, l)
+		}
+	}
+	if len(victims) == 0 {
+		return
+	}
+	slices.SortFunc(victims, func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
+	in.log.Warn("fault on an instance without a control daemon; its leases are revoked now", "fault", f.kind, "reason", f.reason, "leases", len(victims))
+	d.spawn(func() { d.revoke(victims, f.reason, revokeHow{}) })
 }
 
 // unhandledLocked notes a fault mpsd is stopping too soon to handle. One
