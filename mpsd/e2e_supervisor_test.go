@@ -328,50 +328,67 @@ func (e *testEnv) startServing() {
 	}
 }
 
-// A fault on an instance that has no control daemon (mpsd came back to
-// find its daemon gone, and no new one starts) revokes the leases it
-// names at once: the recovery that would revoke them runs only once a
-// daemon is up, which may be never, and their launchers would wait for
-// it. The lease is requeued, and runs again once a daemon is back.
+// Leases on an instance that has no control daemon (mpsd came back to
+// find its daemon gone, or cannot adopt it, and no start succeeds) are
+// revoked as soon as a fault names them: the daemon found gone is that
+// fault itself; an Xid is one while the daemon is there but not adopted.
+// The recovery that would revoke them runs only once a daemon is up,
+// which may be never, and their launchers would wait for it. The lease is
+// requeued, and runs again once a daemon is back.
 func TestFaultWithoutADaemonRevokesAtOnce(t *testing.T) {
-	e := newEnvGPUs(t, 1, oneGroup, "watchdog:\n  backoff_initial: 50ms\n  backoff_max: 200ms\n")
-	runner := &emfileRunner{}
-	e.opts.mpsRunner = runner
-	e.start()
-	gate, open := e.gate("a")
-	defer open()
-	script := `[ "$MPSD_ATTEMPT" = 2 ] && exit 0; ` + strings.Join(gate[2:], " ") + `; exit 1`
-	p := startProc(t, e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c", script))
-	st := e.waitStatus("lease running", func(st api.Status) bool {
-		return countLeases(st, api.LeaseRunning) == 1 && len(st.Leases[0].PIDs) > 0
-	})
-	id, daemon := st.Leases[0].ID, st.Instances[0].DaemonPID
+	for _, tc := range []struct {
+		name       string
+		killDaemon bool   // the daemon dies while mpsd is away
+		xid        uint64 // raised once mpsd is back, when not 0
+		why        string // in the revocation's reason
+	}{
+		{"the daemon found gone", true, 0, "was gone or hung when mpsd started, and no new one starts"},
+		{"an Xid while the daemon is not adopted", false, 79, "Xid 79"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnvGPUs(t, 1, oneGroup, "watchdog:\n  backoff_initial: 50ms\n  backoff_max: 200ms\n")
+			runner := &emfileRunner{}
+			e.opts.mpsRunner = runner
+			e.start()
+			gate, open := e.gate("a")
+			defer open()
+			script := `[ "$MPSD_ATTEMPT" = 2 ] && exit 0; ` + strings.Join(gate[2:], " ") + `; exit 1`
+			p := startProc(t, e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c", script))
+			st := e.waitStatus("lease running", func(st api.Status) bool {
+				return countLeases(st, api.LeaseRunning) == 1 && len(st.Leases[0].PIDs) > 0
+			})
+			id, daemon := st.Leases[0].ID, st.Instances[0].DaemonPID
 
-	// mpsd stops (the lease runs on); its daemon dies meanwhile, and no
-	// new one can start when mpsd is back.
-	e.stop()
-	if err := syscall.Kill(daemon, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	emutest.WaitGone(daemon)
-	runner.fail.Store(true)
-	e.startServing()
-	e.waitLogLine("instance start failed")
-	if st := e.d.Status(); countLeases(st, api.LeaseRunning) != 1 {
-		t.Fatalf("leases after the restart: %+v; want the one running", st.Leases)
-	}
-
-	if err := e.sim.InjectXid(0, 79, 0); err != nil {
-		t.Fatal(err)
-	}
-	// Revoked while the daemon still cannot start.
-	e.waitLogLine("lease revoked", id)
-	e.waitStatus("the lease requeued", func(st api.Status) bool {
-		return len(st.Leases) == 1 && st.Leases[0].Attempt == 2 && st.Leases[0].State == api.LeaseQueued
-	})
-	runner.fail.Store(false)
-	r := p.wait(t)
-	if r.code != 0 || !strings.Contains(r.stderr, "requeued, attempt 2") {
-		t.Errorf("launcher: exit %d, stderr %q; want the requeued attempt's 0", r.code, r.stderr)
+			// mpsd stops (the lease runs on); no control command works
+			// when it is back, so no daemon is adopted or started.
+			e.stop()
+			if tc.killDaemon {
+				if err := syscall.Kill(daemon, syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+				emutest.WaitGone(daemon)
+			}
+			runner.fail.Store(true)
+			e.startServing()
+			e.waitLogLine("instance start failed")
+			if tc.xid != 0 {
+				if st := e.d.Status(); countLeases(st, api.LeaseRunning) != 1 {
+					t.Fatalf("leases after the restart: %+v; want the one running", st.Leases)
+				}
+				if err := e.sim.InjectXid(0, tc.xid, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Revoked while no daemon can start.
+			e.waitLogLine("lease revoked", id, tc.why)
+			e.waitStatus("the lease requeued", func(st api.Status) bool {
+				return len(st.Leases) == 1 && st.Leases[0].Attempt == 2 && st.Leases[0].State == api.LeaseQueued
+			})
+			runner.fail.Store(false)
+			r := p.wait(t)
+			if r.code != 0 || !strings.Contains(r.stderr, "requeued, attempt 2") {
+				t.Errorf("launcher: exit %d, stderr %q; want the requeued attempt's 0", r.code, r.stderr)
+			}
+		})
 	}
 }

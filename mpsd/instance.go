@@ -266,6 +266,7 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 	d.mu.Unlock()
 
 	backoff := wd.BackoffInitial
+	toldGone := false // the daemon found gone was reported (its leases revoked)
 	for attempt := 1; ; attempt++ {
 		d.mu.Lock()
 		if d.shuttingDown {
@@ -333,7 +334,7 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 			d.mu.Lock()
 			orphaned := len(in.leases)
 			d.mu.Unlock()
-			if how != "adopted" && orphaned > 0 {
+			if how != "adopted" && orphaned > 0 && !toldGone {
 				// Leases re-adopted from the state had their clients on a
 				// daemon that is gone (or was found hung and stopped):
 				// their MPS server went with it.
@@ -344,8 +345,22 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 		}
 		d.mu.Lock()
 		in.bringing = false
+		orphaned := 0
+		for _, l := range in.leases {
+			if l.state == leaseRunning {
+				orphaned++
+			}
+		}
 		d.mu.Unlock()
 		in.log.Error("instance start failed", "attempt", attempt, "retry_in", backoff, "err", err)
+		if how == "gone" && orphaned > 0 && !toldGone {
+			// The leases re-adopted from the state had their clients on
+			// the daemon found gone: they are revoked now, not once a
+			// start succeeds, which may be never.
+			toldGone = true
+			d.reportFault(in, fault{kind: faultDaemonExit, restart: restartNone,
+				reason: fmt.Sprintf("the MPS control daemon of group %s on GPU %d was gone or hung when mpsd started, and no new one starts: %v", in.group, in.gpus[0].Index, err)})
+		}
 		in.markTried()
 		select {
 		case <-d.ctx.Done():
@@ -386,6 +401,11 @@ func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, e
 	d.mu.Unlock()
 	limit := max(wd.ProbeTimeout*time.Duration(wd.ProbeFailures), time.Second)
 	adoptCfg := func() mps.Config { c := cfg; c.AnswerTimeout = limit; return c }
+	// gone: the daemon that was there is not (none answered, or the one
+	// there was hung, or no daemon of the saved state, and was stopped):
+	// a start that fails then is reported "gone", its leases' clients
+	// went with it.
+	gone := false
 	if adopt {
 		t0 := time.Now()
 		dm, err := mps.Adopt(ctx, adoptCfg())
@@ -415,6 +435,7 @@ func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, e
 		} else if !errors.Is(err, mps.ErrNoDaemon) {
 			return nil, "", fmt.Errorf("adopt control daemon on %s: %w", cfg.PipeDir, err)
 		}
+		gone = true
 	}
 	dm, err := mps.Start(ctx, cfg)
 	if errors.Is(err, mps.ErrAlreadyRunning) {
@@ -422,7 +443,11 @@ func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, e
 		return dm, "adopted", err
 	}
 	if err != nil {
-		return nil, "", fmt.Errorf("start control daemon on %s: %w", cfg.PipeDir, err)
+		how := ""
+		if gone {
+			how = "gone"
+		}
+		return nil, how, fmt.Errorf("start control daemon on %s: %w", cfg.PipeDir, err)
 	}
 	return dm, "started", nil
 }
