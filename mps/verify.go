@@ -106,7 +106,15 @@ func readVerified(procRoot string, pid, fd int) (procInfo, error) {
 	if fi, err := os.Stat(filepath.Join(dir, "exe")); err == nil {
 		info.file = fi
 	}
-	info.uid = procUID(procRoot, pid)
+	uid, err := procUID(procRoot, pid)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		// Not read for want of a descriptor, say: the process is not
+		// unverified for that, and must not be taken for a stranger.
+		if lerr := localResources(err); errors.Is(lerr, ErrLocalResources) {
+			return info, fmt.Errorf("pid %d: %w", pid, lerr)
+		}
+	}
+	info.uid = uid
 	if pidfdExited(fd) || st.state == 'Z' || st.state == 'X' {
 		return info, fmt.Errorf("pid %d: %w", pid, errProcGone)
 	}

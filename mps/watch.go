@@ -321,22 +321,22 @@ func (d *Daemon) serverGone(p *proc, ev Event) {
 }
 
 // procUID reads the real uid of pid from /proc; -1 when unknown.
-func procUID(procRoot string, pid int) int {
+func procUID(procRoot string, pid int) (int, error) {
 	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "status"))
 	if err != nil {
-		return -1
+		return -1, err
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
 			f := strings.Fields(rest)
 			if len(f) > 0 {
 				if uid, err := strconv.Atoi(f[0]); err == nil {
-					return uid
+					return uid, nil
 				}
 			}
 		}
 	}
-	return -1
+	return -1, nil
 }
 
 // liveServers returns the watched servers that have not exited.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -299,6 +301,19 @@ func TestReleaseWhileARecordIsConfirmed(t *testing.T) {
 	}
 }
 
+// errnoRunner fails every control command with errno while fail is set.
+type errnoRunner struct {
+	errno syscall.Errno
+	fail  atomic.Bool
+}
+
+func (r *errnoRunner) Start(cmd *exec.Cmd) error {
+	if r.fail.Load() {
+		return &os.PathError{Op: "fork/exec", Path: cmd.Path, Err: r.errno}
+	}
+	return cmd.Start()
+}
+
 // startServing is start for an mpsd that will not be ready (an instance
 // cannot come up): it returns once the API is served.
 func (e *testEnv) startServing() {
@@ -338,16 +353,24 @@ func (e *testEnv) startServing() {
 func TestFaultWithoutADaemonRevokesAtOnce(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
-		killDaemon bool   // the daemon dies while mpsd is away
-		xid        uint64 // raised once mpsd is back, when not 0
-		why        string // in the revocation's reason
+		killDaemon bool          // the daemon dies while mpsd is away
+		errno      syscall.Errno // every control command fails with it once mpsd is back
+		xid        uint64        // raised once mpsd is back, when not 0
+		why        string        // in the revocation's reason
 	}{
-		{"the daemon found gone", true, 0, "was gone or hung when mpsd started, and no new one starts"},
-		{"an Xid while the daemon is not adopted", false, 79, "Xid 79"},
+		// The control binary cannot be run (EACCES): no new daemon.
+		{"the daemon found gone", true, syscall.EACCES, 0, "was gone or hung when mpsd started, and no new one starts"},
+		// mpsd out of descriptors: the live daemon is not adopted, and
+		// nothing is revoked for that alone.
+		{"an Xid while the daemon is not adopted", false, syscall.EMFILE, 79, "Xid 79"},
+		// mpsd out of descriptors while the daemon is gone: its starts
+		// say nothing of MPS, and the leases are revoked only once a new
+		// daemon runs ("" below).
+		{"mpsd out of descriptors", true, syscall.EMFILE, 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnvGPUs(t, 1, oneGroup, "watchdog:\n  backoff_initial: 50ms\n  backoff_max: 200ms\n")
-			runner := &emfileRunner{}
+			runner := &errnoRunner{errno: tc.errno}
 			e.opts.mpsRunner = runner
 			e.start()
 			gate, open := e.gate("a")
@@ -379,12 +402,24 @@ func TestFaultWithoutADaemonRevokesAtOnce(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			// Revoked while no daemon can start.
-			e.waitLogLine("lease revoked", id, tc.why)
-			e.waitStatus("the lease requeued", func(st api.Status) bool {
-				return len(st.Leases) == 1 && st.Leases[0].Attempt == 2 && st.Leases[0].State == api.LeaseQueued
-			})
-			runner.fail.Store(false)
+			if tc.why == "" {
+				// Nothing is revoked while mpsd cannot tell: several
+				// failed starts later, the lease still runs.
+				e.waitLogLine("instance start failed", "attempt=3")
+				if st := e.d.Status(); countLeases(st, api.LeaseRunning) != 1 {
+					t.Fatalf("leases while mpsd is out of descriptors: %+v; want the one running", st.Leases)
+				}
+				runner.fail.Store(false)
+				e.waitLogLine("lease revoked", id, "was gone or hung when mpsd started; a new one runs")
+			} else {
+				// Revoked while no daemon can start, and requeued to wait
+				// for one.
+				e.waitLogLine("lease revoked", id, tc.why)
+				e.waitStatus("the lease requeued", func(st api.Status) bool {
+					return len(st.Leases) == 1 && st.Leases[0].Attempt == 2 && st.Leases[0].State == api.LeaseQueued
+				})
+				runner.fail.Store(false)
+			}
 			r := p.wait(t)
 			if r.code != 0 || !strings.Contains(r.stderr, "requeued, attempt 2") {
 				t.Errorf("launcher: exit %d, stderr %q; want the requeued attempt's 0", r.code, r.stderr)

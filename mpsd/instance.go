@@ -282,18 +282,19 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 		cfg.Expect = nil // the saved daemon is looked for once
 		if err == nil {
 			d.mu.Lock()
+			if d.shuttingDown {
+				// mpsctl shutdown began while it started: it is stopped
+				// again, and the shutdown's answer counts it (if the
+				// shutdown is still waiting: Run waits for this stop).
+				d.mu.Unlock()
+				d.stopLate(in, dm)
+				return
+			}
 			if d.ctx.Err() != nil {
 				// Run is closing every handle; this one came too late.
 				in.bringing = false
 				d.mu.Unlock()
 				_ = dm.Close()
-				return
-			}
-			if d.shuttingDown {
-				// mpsctl shutdown began while it started: it is stopped
-				// again, and the shutdown's answer counts it.
-				d.mu.Unlock()
-				d.stopLate(in, dm)
 				return
 			}
 			in.bringing = false
@@ -334,7 +335,7 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 			d.mu.Lock()
 			orphaned := len(in.leases)
 			d.mu.Unlock()
-			if how != "adopted" && orphaned > 0 && !toldGone {
+			if how != "adopted" && orphaned > 0 && !toldGone && !errors.Is(err, mps.ErrLocalResources) {
 				// Leases re-adopted from the state had their clients on a
 				// daemon that is gone (or was found hung and stopped):
 				// their MPS server went with it.
@@ -353,15 +354,20 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 		}
 		d.mu.Unlock()
 		in.log.Error("instance start failed", "attempt", attempt, "retry_in", backoff, "err", err)
-		if how == "gone" && orphaned > 0 && !toldGone {
+		// Tried before the report below: the state writer starts once
+		// every instance has been, and the revocation's record waits for
+		// it when it can.
+		in.markTried()
+		if how == "gone" && orphaned > 0 && !toldGone && !errors.Is(err, mps.ErrLocalResources) {
 			// The leases re-adopted from the state had their clients on
 			// the daemon found gone: they are revoked now, not once a
-			// start succeeds, which may be never.
+			// start succeeds, which may be never. (A start mpsd could not
+			// make for want of its own descriptors or memory says nothing
+			// of MPS: it is retried, as is the look for the daemon.)
 			toldGone = true
 			d.reportFault(in, fault{kind: faultDaemonExit, restart: restartNone,
 				reason: fmt.Sprintf("the MPS control daemon of group %s on GPU %d was gone or hung when mpsd started, and no new one starts: %v", in.group, in.gpus[0].Index, err)})
 		}
-		in.markTried()
 		select {
 		case <-d.ctx.Done():
 			return

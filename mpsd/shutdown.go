@@ -126,10 +126,9 @@ func (d *Daemon) shutdown(uid uint32) (api.ShutdownResult, error) {
 	for _, in := range d.instanceList() {
 		switch {
 		case in.life == instUp && in.daemon != nil:
-		case in.daemon != nil || in.bringing:
-			// Still starting, recovering or stopping after the wait: its
-			// daemon, there or to come, is not stopped here. Said, not
-			// counted.
+		case in.daemon != nil || in.bringing || in.handling != nil:
+			// Still starting or recovering after the wait: its daemon,
+			// there or to come, is not stopped here. Said, not counted.
 			skipped = append(skipped, fmt.Sprintf("GPU %s group %s: %s; its control daemon was not stopped", gpuList(in), in.group, in.life))
 			continue
 		default:
@@ -214,11 +213,15 @@ func (d *Daemon) awaitQuiet(reason string) string {
 		d.failQueuedLocked(reason)
 		busy := 0
 		for _, in := range d.instanceList() {
-			// A recovery, a stop (a retirement, a restart for a changed
-			// start option), an adoption waiting for its barrier, a start
+			// A recovery, a stop (a restart for a changed start option;
+			// a retired instance has left the list, its supervisor ends
+			// its stop), an adoption waiting for its barrier, a start
 			// under way: each ends with a daemon the stops below see, or
 			// none.
-			if in.life == instRecovering || in.life == instStopping || (in.life == instStarting && (in.daemon != nil || in.bringing)) {
+			// (A recovery that has given up a restart, after the shutdown
+			// began, waits for nothing: its instance has no daemon.)
+			recovering := in.life == instRecovering && (in.handling != nil || len(in.pending) > 0 || in.daemon != nil)
+			if recovering || in.life == instStopping || (in.life == instStarting && (in.daemon != nil || in.bringing)) {
 				busy++
 			}
 		}

@@ -352,6 +352,14 @@ func (d *Daemon) restartDaemon(in *instance, old *mps.Daemon) {
 			d.spawn(func() { d.watchInstance(in, dm) })
 			return
 		}
+		d.mu.Lock()
+		shutting := d.shuttingDown
+		d.mu.Unlock()
+		if shutting {
+			// mpsctl shutdown ends the MPS service: no new start.
+			in.log.Error("control daemon restart failed; not retried: mpsctl shutdown is under way", "err", err)
+			return
+		}
 		in.log.Error("control daemon restart failed", "retry_in", backoff, "err", err)
 		select {
 		case <-d.ctx.Done():
