@@ -95,15 +95,7 @@ func TestShutdownEndsWorkloadsAndMPS(t *testing.T) {
 			t.Errorf("%s launcher's stderr %q; want %q and no requeue", p.name, res.stderr, want)
 		}
 	}
-	select {
-	case err := <-e.done:
-		e.cancel = nil
-		if err != nil {
-			t.Errorf("Run after shutdown: %v", err)
-		}
-	case <-time.After(waitFor):
-		t.Fatalf("Run did not return within %s of the shutdown", waitFor)
-	}
+	e.waitRunReturned()
 	if procRunning(daemon) {
 		t.Errorf("control daemon %d still running after the shutdown", daemon)
 	}
@@ -124,6 +116,21 @@ func TestShutdownEndsWorkloadsAndMPS(t *testing.T) {
 	}
 	if !strings.Contains(string(b), "MPS service shut down; mpsd exits") {
 		t.Errorf("the log does not say the service was shut down")
+	}
+}
+
+// waitRunReturned waits for Run to return after a shutdown, without an
+// error.
+func (e *testEnv) waitRunReturned() {
+	e.t.Helper()
+	select {
+	case err := <-e.done:
+		e.cancel = nil
+		if err != nil {
+			e.t.Errorf("Run after shutdown: %v", err)
+		}
+	case <-time.After(waitFor):
+		e.t.Fatalf("Run did not return within %s of the shutdown", waitFor)
 	}
 }
 
@@ -235,15 +242,7 @@ func TestShutdownDuringAStart(t *testing.T) {
 	if a.err != nil || a.code != 0 || !strings.Contains(a.stdout, "2 MPS control daemon(s) stopped") || strings.Contains(a.stdout, "problem") {
 		t.Errorf("shutdown: exit %d, err %v, said %q; want 0 and both daemons stopped", a.code, a.err, a.stdout)
 	}
-	select {
-	case err := <-e.done:
-		e.cancel = nil
-		if err != nil {
-			t.Errorf("Run after shutdown: %v", err)
-		}
-	case <-time.After(waitFor):
-		t.Fatalf("Run did not return within %s of the shutdown", waitFor)
-	}
+	e.waitRunReturned()
 	if procRunning(daemonA) {
 		t.Errorf("group a's control daemon %d still running after the shutdown", daemonA)
 	}

@@ -103,24 +103,8 @@ func TestPendingFaultsKeepTheirVictims(t *testing.T) {
 // requeued attempt instead of exiting with the command's failure.
 func TestRevocationSlowerThanTheGrace(t *testing.T) {
 	e := newEnvGPUs(t, 1, oneGroup, "")
-	var blocking atomic.Bool
-	blocked := make(chan struct{}, 1)
-	unblock := make(chan struct{})
-	var release sync.Once
-	t.Cleanup(func() { blocking.Store(false); release.Do(func() { close(unblock) }) })
-	e.opts.writeHook = func() {
-		if !blocking.Load() {
-			return
-		}
-		select {
-		case blocked <- struct{}{}:
-		default:
-		}
-		select {
-		case <-unblock:
-		case <-time.After(waitFor):
-		}
-	}
+	write := newHold(t)
+	e.opts.writeHook = write.wait
 	e.start()
 	gate, open := e.gate("a")
 	script := `[ "$MPSD_ATTEMPT" = 2 ] && exit 0; ` + strings.Join(gate[2:], " ") + `; exit 86`
@@ -130,7 +114,7 @@ func TestRevocationSlowerThanTheGrace(t *testing.T) {
 	})
 	id := st.Leases[0].ID
 
-	blocking.Store(true)
+	write.on.Store(true)
 	e.d.mu.Lock()
 	var in *instance
 	for _, i := range e.d.instances {
@@ -138,17 +122,12 @@ func TestRevocationSlowerThanTheGrace(t *testing.T) {
 	}
 	e.d.mu.Unlock()
 	e.d.reportFault(in, fault{kind: faultAdmin, admin: true, restart: restartNone, reason: "test revocation"})
-	select {
-	case <-blocked:
-	case <-time.After(waitFor):
-		t.Fatal("no state write after the fault")
-	}
+	write.waitReached(t, "no state write after the fault")
 	// The command dies while the revocation's write is held: its
 	// launcher's grace passes without a revoked event.
 	open()
 	e.waitLogLine("release refused: the lease is being revoked", id)
-	blocking.Store(false)
-	release.Do(func() { close(unblock) })
+	write.open()
 
 	r := p.wait(t)
 	if r.code != 0 || !strings.Contains(r.stderr, "(test revocation); requeued, attempt 2") {
@@ -216,22 +195,10 @@ func TestReleaseNamesItsAttempt(t *testing.T) {
 // answered revoking, and the launcher runs the requeued attempt.
 func TestReleaseWhileARecordIsConfirmed(t *testing.T) {
 	e := newEnvGPUs(t, 1, oneGroup, "")
-	var blocking atomic.Bool
-	blocked := make(chan struct{}, 1)
-	unblock := make(chan struct{})
-	var release sync.Once
-	t.Cleanup(func() { blocking.Store(false); release.Do(func() { close(unblock) }) })
+	report := newHold(t)
 	e.opts.faultHook = func(_ *instance, f fault) {
-		if f.kind != faultServerFault || !blocking.Load() {
-			return
-		}
-		select {
-		case blocked <- struct{}{}:
-		default:
-		}
-		select {
-		case <-unblock:
-		case <-time.After(waitFor):
+		if f.kind == faultServerFault {
+			report.wait()
 		}
 	}
 	e.start()
@@ -249,15 +216,11 @@ func TestReleaseWhileARecordIsConfirmed(t *testing.T) {
 
 	// The Xid confirms the record; its report is held before the fault
 	// is pending.
-	blocking.Store(true)
+	report.on.Store(true)
 	if err := e.sim.InjectXid(0, 13, 0); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-blocked:
-	case <-time.After(waitFor):
-		t.Fatal("the confirmed record was not reported")
-	}
+	report.waitReached(t, "the confirmed record was not reported")
 	c := leaseClient(e.socket)
 	defer c.CloseIdleConnections()
 	answered := make(chan api.ErrorCode, 1)
@@ -285,8 +248,7 @@ func TestReleaseWhileARecordIsConfirmed(t *testing.T) {
 		t.Fatalf("the release was answered %q while the confirmed record was being reported; want it held", code)
 	case <-time.After(300 * time.Millisecond):
 	}
-	blocking.Store(false)
-	release.Do(func() { close(unblock) })
+	report.open()
 	select {
 	case code := <-answered:
 		if code != api.CodeRevoking {
@@ -312,6 +274,50 @@ func (r *errnoRunner) Start(cmd *exec.Cmd) error {
 		return &os.PathError{Op: "fork/exec", Path: cmd.Path, Err: r.errno}
 	}
 	return cmd.Start()
+}
+
+// hold lets a test's hook stop mpsd at one point: while on, wait tells
+// reached and blocks until open (or waitFor).
+type hold struct {
+	on      atomic.Bool
+	reached chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func newHold(t *testing.T) *hold {
+	h := &hold{reached: make(chan struct{}, 1), release: make(chan struct{})}
+	t.Cleanup(h.open)
+	return h
+}
+
+func (h *hold) wait() {
+	if !h.on.Load() {
+		return
+	}
+	select {
+	case h.reached <- struct{}{}:
+	default:
+	}
+	select {
+	case <-h.release:
+	case <-time.After(waitFor):
+	}
+}
+
+// waitReached waits until a hook is held, failing with what otherwise.
+func (h *hold) waitReached(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case <-h.reached:
+	case <-time.After(waitFor):
+		t.Fatal(what)
+	}
+}
+
+func (h *hold) open() {
+	h.on.Store(false)
+	h.once.Do(func() { close(h.release) })
 }
 
 // startServing is start for an mpsd that will not be ready (an instance
