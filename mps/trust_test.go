@@ -508,10 +508,13 @@ func emfileMain() int {
 	}
 	perr := d.Probe(ctx)
 	_, serr := d.Command(ctx, "get_server_list")
+	// The uid a verification reads (readVerified) is not taken for
+	// unknown, which would make the daemon a stranger's.
+	_, uerr := procUID("/proc", d.PID())
 	for _, fd := range fill {
 		unix.Close(fd)
 	}
-	for _, err := range []error{perr, serr} {
+	for _, err := range []error{perr, serr, uerr} {
 		if !errors.Is(err, ErrLocalResources) {
 			fmt.Println("want ErrLocalResources, got:", err)
 			return 1

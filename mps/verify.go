@@ -107,12 +107,10 @@ func readVerified(procRoot string, pid, fd int) (procInfo, error) {
 		info.file = fi
 	}
 	uid, err := procUID(procRoot, pid)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	if errors.Is(err, ErrLocalResources) {
 		// Not read for want of a descriptor, say: the process is not
 		// unverified for that, and must not be taken for a stranger.
-		if lerr := localResources(err); errors.Is(lerr, ErrLocalResources) {
-			return info, fmt.Errorf("pid %d: %w", pid, lerr)
-		}
+		return info, fmt.Errorf("pid %d: %w", pid, err)
 	}
 	info.uid = uid
 	if pidfdExited(fd) || st.state == 'Z' || st.state == 'X' {

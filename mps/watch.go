@@ -320,11 +320,13 @@ func (d *Daemon) serverGone(p *proc, ev Event) {
 	d.events.push(ev)
 }
 
-// procUID reads the real uid of pid from /proc; -1 when unknown.
+// procUID reads the real uid of pid from /proc; -1 when unknown. An error
+// reading the file is returned, wrapping ErrLocalResources when this
+// process is out of descriptors or memory.
 func procUID(procRoot string, pid int) (int, error) {
 	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "status"))
 	if err != nil {
-		return -1, err
+		return -1, localResources(err)
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
