@@ -61,6 +61,23 @@ func FuzzEventDecoder(f *testing.F) {
 	})
 }
 
+// acceptedObject reports whether a request decoder accepted body (err is
+// nil), failing the fuzz test when a refusal wraps neither ErrInvalid nor
+// ErrTooLarge or an accepted body is not one JSON object.
+func acceptedObject(t *testing.T, body []byte, err error) bool {
+	t.Helper()
+	if err != nil {
+		if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrTooLarge) {
+			t.Fatalf("unexpected error kind: %v", err)
+		}
+		return false
+	}
+	if k := jsonKind(body); k != "an object" {
+		t.Fatalf("accepted %s as a request: %q", k, body)
+	}
+	return true
+}
+
 // FuzzDecodeLeaseRequest checks the daemon-side request decoder: no
 // panic, every accepted request is valid and re-encodes to a request that
 // decodes the same, and every refusal wraps ErrInvalid or ErrTooLarge.
@@ -85,17 +102,11 @@ func FuzzDecodeLeaseRequest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req, err := DecodeLeaseRequest(bytes.NewReader(body))
-		if err != nil {
-			if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrTooLarge) {
-				t.Fatalf("unexpected error kind: %v", err)
-			}
+		if !acceptedObject(t, body, err) {
 			return
 		}
 		if err := req.Validate(); err != nil {
 			t.Fatalf("accepted an invalid request: %v", err)
-		}
-		if k := jsonKind(body); k != "an object" {
-			t.Fatalf("accepted %s as a request: %q", k, body)
 		}
 		enc, err := json.Marshal(req)
 		if err != nil {
@@ -120,14 +131,8 @@ func FuzzDecodeReleaseRequest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		q, err := DecodeReleaseRequest(bytes.NewReader(body))
-		if err != nil {
-			if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrTooLarge) {
-				t.Fatalf("unexpected error kind: %v", err)
-			}
+		if !acceptedObject(t, body, err) {
 			return
-		}
-		if k := jsonKind(body); k != "an object" {
-			t.Fatalf("accepted %s as a request: %q", k, body)
 		}
 		if q.Attempt < 0 {
 			t.Fatalf("accepted attempt %d", q.Attempt)
@@ -149,14 +154,8 @@ func FuzzDecodeShutdownRequest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		_, err := DecodeShutdownRequest(bytes.NewReader(body))
-		if err != nil {
-			if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrTooLarge) {
-				t.Fatalf("unexpected error kind: %v", err)
-			}
+		if !acceptedObject(t, body, err) {
 			return
-		}
-		if k := jsonKind(body); k != "an object" {
-			t.Fatalf("accepted %s as a request: %q", k, body)
 		}
 		var m map[string]any
 		if err := json.Unmarshal(body, &m); err != nil || len(m) != 0 {

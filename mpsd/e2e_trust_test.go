@@ -68,6 +68,19 @@ func alive(pid int) bool {
 	return syscall.Kill(pid, 0) == nil
 }
 
+// newTrustEnv runs mpsd with one group on GPU 0 whose members are the
+// victim and the attacker, real users made for the test.
+func newTrustEnv(t *testing.T) *testEnv {
+	victimName, attackerName := emutest.User(t, trustVictimUID), emutest.User(t, trustAttackerUID)
+	e := newEnv(t, fmt.Sprintf(`  a:
+    users: [%s, %s]
+    memory: 10G
+    gpus: ["0"]
+`, victimName, attackerName), "")
+	e.start()
+	return e
+}
+
 // A group member with no lease writes fault, exit, start-failure and
 // new-server records into the log FIFO of the instance another member
 // runs on. NVIDIA's daemon copies them into control.log and server.log
@@ -76,14 +89,7 @@ func alive(pid int) bool {
 // failure, and the root process a forged "new server" record named is
 // not killed when an admin restarts the instance afterwards.
 func TestForgedMPSRecordsRevokeNothing(t *testing.T) {
-	// Real users, made for the test: the config names them.
-	victimName, attackerName := emutest.User(t, trustVictimUID), emutest.User(t, trustAttackerUID)
-	e := newEnv(t, fmt.Sprintf(`  a:
-    users: [%s, %s]
-    memory: 10G
-    gpus: ["0"]
-`, victimName, attackerName), "")
-	e.start()
+	e := newTrustEnv(t)
 	forge := e.buildTestProgram("mpsforge")
 	client := filepath.Join(e.emu, "mpsemu-client")
 	gateArgs, open := e.gate("forged")
@@ -167,13 +173,7 @@ func TestForgedMPSRecordsRevokeNothing(t *testing.T) {
 // is answered once the record is found false, done (no revocation), and
 // nothing is counted against the instance.
 func TestForgedRecordOnlyDelaysARelease(t *testing.T) {
-	victimName, attackerName := emutest.User(t, trustVictimUID), emutest.User(t, trustAttackerUID)
-	e := newEnv(t, fmt.Sprintf(`  a:
-    users: [%s, %s]
-    memory: 10G
-    gpus: ["0"]
-`, victimName, attackerName), "")
-	e.start()
+	e := newTrustEnv(t)
 	forge := e.buildTestProgram("mpsforge")
 	helper := e.isoBuildAPICall()
 	client := filepath.Join(e.emu, "mpsemu-client")

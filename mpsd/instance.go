@@ -335,7 +335,7 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 			d.mu.Lock()
 			orphaned := len(in.leases)
 			d.mu.Unlock()
-			if how != "adopted" && orphaned > 0 && !toldGone && !errors.Is(err, mps.ErrLocalResources) {
+			if how != "adopted" && orphaned > 0 && !toldGone {
 				// Leases re-adopted from the state had their clients on a
 				// daemon that is gone (or was found hung and stopped):
 				// their MPS server went with it.

@@ -198,8 +198,10 @@ func TestDropped(t *testing.T) {
 	}
 }
 
-// silent accepts connections and never answers.
-func silent(t *testing.T) string {
+// serveConns listens on a socket of the test and hands each connection,
+// one after the other, to serve, until the test ends; it returns the
+// socket.
+func serveConns(t *testing.T, serve func(net.Conn)) string {
 	socket := filepath.Join(t.TempDir(), "s.sock")
 	ln, err := net.Listen("unix", socket)
 	if err != nil {
@@ -213,11 +215,18 @@ func silent(t *testing.T) string {
 			if err != nil {
 				return
 			}
-			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
+			serve(c)
 		}
 	}()
 	t.Cleanup(func() { ln.Close(); <-done })
 	return socket
+}
+
+// silent accepts connections and never answers.
+func silent(t *testing.T) string {
+	return serveConns(t, func(c net.Conn) {
+		go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
+	})
 }
 
 func TestTimeouts(t *testing.T) {
@@ -300,31 +309,17 @@ func TestGetRetriedOnceAfterACut(t *testing.T) {
 		{"two cuts", 2, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			socket := filepath.Join(t.TempDir(), "s.sock")
-			ln, err := net.Listen("unix", socket)
-			if err != nil {
-				t.Fatal(err)
-			}
 			var conns atomic.Int32
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				for {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					n := conns.Add(1)
-					buf := make([]byte, 4096)
-					_, _ = c.Read(buf) // the request
-					if int(n) > tc.cuts {
-						body := `{"schema_version":1}`
-						_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-					}
-					c.Close()
+			socket := serveConns(t, func(c net.Conn) {
+				n := conns.Add(1)
+				buf := make([]byte, 4096)
+				_, _ = c.Read(buf) // the request
+				if int(n) > tc.cuts {
+					body := `{"schema_version":1}`
+					_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 				}
-			}()
-			t.Cleanup(func() { ln.Close(); <-done })
+				c.Close()
+			})
 			st, _, err := New(socket).Status(t.Context())
 			switch {
 			case tc.ok && (err != nil || st.SchemaVersion != 1):
