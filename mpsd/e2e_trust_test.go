@@ -138,15 +138,7 @@ func TestForgedMPSRecordsRevokeNothing(t *testing.T) {
 	if got := st.Instances[0]; got.Restarts != 0 || got.State != "ready" {
 		t.Errorf("instance after forged records: state %s, %d restarts; want ready, 0", got.State, got.Restarts)
 	}
-	e.d.mu.Lock()
-	var faults int
-	for _, in := range e.d.instances {
-		for _, n := range in.faults {
-			faults += n
-		}
-	}
-	e.d.mu.Unlock()
-	if faults != 0 {
+	if faults := countedFaults(e.d); faults != 0 {
 		t.Errorf("%d faults counted for forged records, want 0", faults)
 	}
 
@@ -165,6 +157,55 @@ func TestForgedMPSRecordsRevokeNothing(t *testing.T) {
 	if b, err := os.ReadFile(e.log.Name()); err == nil && strings.Contains(string(b), fmt.Sprintf("%d", bystander.Process.Pid)) &&
 		strings.Contains(string(b), "killed_servers=["+fmt.Sprint(bystander.Process.Pid)) {
 		t.Errorf("mpsd's log says it killed the bystander %d", bystander.Process.Pid)
+	}
+}
+
+// countedFaults is the number of faults mpsd has counted against its
+// instances (towards quarantine).
+func countedFaults(d *Daemon) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var faults int
+	for _, in := range d.instances {
+		for _, n := range in.faults {
+			faults += n
+		}
+	}
+	return faults
+}
+
+// A member forges MPS's "Failed to start server" record for another
+// member who holds a lease but has no MPS server yet (none is started
+// until a lease's first CUDA call): the only moment such a record could
+// have been true, and the moment nothing can confirm it. mpsd takes it
+// for what it is, a record anyone may write: the victim's lease runs on
+// at its first attempt, and nothing is counted against the instance.
+func TestForgedStartFailureRevokesNothing(t *testing.T) {
+	e := newTrustEnv(t)
+	forge := e.buildTestProgram("mpsforge")
+	gateArgs, open := e.gate("start-failure")
+	p := startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c", `echo "attempt $MPSD_ATTEMPT"; `+gateArgs[2]), trustVictimUID))
+	st := e.waitStatus("the victim's lease running, no MPS server", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && len(st.Instances) == 1 && st.Instances[0].DaemonPID > 0
+	})
+	inst := st.Instances[0]
+	if len(inst.ServerPIDs) != 0 {
+		t.Fatalf("servers %v before any CUDA call", inst.ServerPIDs)
+	}
+	fifo := filepath.Join(e.dir, "run", "a", inst.GPUUUID, "pipe", "log")
+	e.forge(forge, trustAttackerUID, fifo, "control", inst.DaemonPID,
+		fmt.Sprintf("Failed to start server using uid %d, error: forged", trustVictimUID))
+	e.waitLogAny("nothing confirms a server start failure")
+	open()
+	r := p.wait(t)
+	if r.code != 0 || strings.Contains(r.stdout, "attempt 2") || strings.Contains(r.stderr, "revoked") {
+		t.Fatalf("the victim's launch: exit %d, stdout %q, stderr %q; want one attempt, exit 0", r.code, r.stdout, r.stderr)
+	}
+	if got := e.d.Status().Instances[0]; got.Restarts != 0 || got.State != "ready" {
+		t.Errorf("instance after a forged start failure: state %s, %d restarts; want ready, 0", got.State, got.Restarts)
+	}
+	if faults := countedFaults(e.d); faults != 0 {
+		t.Errorf("%d faults counted for a forged start failure, want 0", faults)
 	}
 }
 

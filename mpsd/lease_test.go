@@ -124,7 +124,7 @@ func TestMailboxProtocol(t *testing.T) {
 func TestRevocationComing(t *testing.T) {
 	named := fault{kind: faultServerFault, leases: []string{"l-1"}}
 	other := fault{kind: faultServerFault, leases: []string{"l-2"}}
-	otherUID := fault{kind: faultStartFailed, uids: []uint32{7}}
+	otherUID := fault{kind: faultServerExit, uids: []uint32{7}}
 	all := fault{kind: faultServerExit}
 	for _, tc := range []struct {
 		name              string

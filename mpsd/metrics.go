@@ -54,7 +54,7 @@ var (
 	descReloadTime    = prometheus.NewDesc("mpsd_config_last_reload_timestamp_seconds", "When the config was last loaded or reload attempted.", nil, nil)
 )
 
-var faultKinds = []string{faultDaemonExit, faultServerExit, faultFatalException, faultServerFault, faultStartFailed, faultHung, faultXid, faultAdmin}
+var faultKinds = []string{faultDaemonExit, faultServerExit, faultFatalException, faultServerFault, faultHung, faultXid, faultAdmin}
 
 var instanceStates = []policy.InstanceState{policy.InstanceStarting, policy.InstanceReady, policy.InstanceRecovering, policy.InstanceQuarantined, policy.InstanceDraining}
 

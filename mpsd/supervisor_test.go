@@ -99,7 +99,7 @@ func TestReportFaultCutsProbeShort(t *testing.T) {
 	}
 	// More faults during the recovery wait beside it, each with its own
 	// victims, and do not step the instance again.
-	d.reportFault(in, fault{kind: faultStartFailed, uids: []uint32{7}, reason: "uid 7"})
+	d.reportFault(in, fault{kind: faultServerExit, uids: []uint32{7}, reason: "uid 7"})
 	d.reportFault(in, fault{kind: faultHung, restart: restartDaemon, reason: "hung"})
 	if len(in.pending) != 3 || in.life != instRecovering {
 		t.Errorf("after two more faults: %d pending, life %s; want 3, recovering", len(in.pending), in.life)
@@ -117,20 +117,20 @@ func TestReportFaultCutsProbeShort(t *testing.T) {
 // victim of the first fault that names it: a fault limited to one uid or
 // to some leases hides no other fault's victims.
 func TestCombineFaults(t *testing.T) {
-	startX := fault{kind: faultStartFailed, uids: []uint32{1000}, reason: "no server for uid 1000"}
-	startY := fault{kind: faultStartFailed, uids: []uint32{2000}, reason: "no server for uid 2000"}
+	startX := fault{kind: faultServerExit, uids: []uint32{1000}, reason: "the server of uid 1000 died"}
+	startY := fault{kind: faultServerExit, uids: []uint32{2000}, reason: "the server of uid 2000 died"}
 	ended := fault{kind: faultServerFault, leases: []string{"l-a"}, reason: "fault record"}
 	exit := fault{kind: faultServerExit, reason: "server died"}
 	admin := fault{kind: faultAdmin, restart: restartDaemon, admin: true, reason: "admin"}
 
 	if got := combineFaults([]fault{startX, admin}); got.kind != faultAdmin || got.restart != restartDaemon || got.admin {
-		t.Errorf("start_failed + admin restart = %s restart %s admin %v; want admin_restart, control_daemon, not an operator's only", got.kind, got.restart, got.admin)
+		t.Errorf("server_exit + admin restart = %s restart %s admin %v; want admin_restart, control_daemon, not an operator's only", got.kind, got.restart, got.admin)
 	}
 	if got := combineFaults([]fault{admin, admin}); !got.admin {
 		t.Error("two operator restarts counted towards quarantine")
 	}
-	if got := combineFaults([]fault{startX, startY}); got.kind != faultStartFailed || got.reason != startX.reason {
-		t.Errorf("two start failures = %s %q; want the first", got.kind, got.reason)
+	if got := combineFaults([]fault{startX, startY}); got.kind != faultServerExit || got.reason != startX.reason {
+		t.Errorf("two uid-limited server exits = %s %q; want the first", got.kind, got.reason)
 	}
 
 	for _, tc := range []struct {

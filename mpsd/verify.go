@@ -245,28 +245,6 @@ func (d *Daemon) endedLeases(in *instance) []string {
 	}
 }
 
-// startFailureConfirmed reports whether a control.log record that MPS
-// could not start a server for uid is plausible: no live server verified
-// through its pidfd serves that uid (a shared server serves every uid).
-func (d *Daemon) startFailureConfirmed(in *instance, uid int) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if uid < 0 {
-		return false
-	}
-	for _, u := range in.servers {
-		if u == uid || in.p.Multiuser {
-			return false
-		}
-	}
-	for _, l := range in.leases {
-		if l.uid == uint32(uid) {
-			return true
-		}
-	}
-	return false
-}
-
 // unverifiedRecord notes an MPS log record mpsd did not act on: logged,
 // counted, and marked handled so the next mpsd does not read it again.
 // At most one warning a second per instance: a tenant writing records

@@ -17,7 +17,6 @@ const (
 	faultServerExit     = "server_exit"
 	faultFatalException = "fatal_exception"
 	faultServerFault    = "server_fault"
-	faultStartFailed    = "start_failed"
 	faultHung           = "hung"
 	faultXid            = "xid"
 	faultAdmin          = "admin_restart"

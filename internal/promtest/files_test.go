@@ -75,7 +75,7 @@ var (
 		"kind":   append(slices.Clone(faultKinds), reconKinds...),
 		"cap":    {"thread_percentage", "pinned_memory"},
 	}
-	faultKinds = []string{"daemon_exit", "server_exit", "fatal_exception", "server_fault", "start_failed", "hung", "xid", "admin_restart"}
+	faultKinds = []string{"daemon_exit", "server_exit", "fatal_exception", "server_fault", "hung", "xid", "admin_restart"}
 	// The kinds of mpsd_unreconciled_clients_total.
 	reconKinds = []string{"unleased", "wrong_instance", "bypass"}
 	// Labels Prometheus adds to every scraped series.
