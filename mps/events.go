@@ -148,20 +148,49 @@ func (e Event) String() string {
 	return fmt.Sprintf("%s pid=%d uid=%d status=%d signal=%d source=%s known_server=%v %s", e.Kind, e.PID, e.UID, e.ExitStatus, int(e.Signal), e.Source, e.KnownServer, e.Message)
 }
 
-// maxQueuedEvents bounds the events waiting for a slow reader; beyond it the
-// oldest are dropped (and logged) rather than blocking the watchers.
+// maxQueuedEvents bounds the hints (events learned from log lines, which
+// anyone who can reach the log FIFO may write) waiting for a slow reader;
+// beyond it the oldest hint is dropped (and counted) rather than blocking
+// the watchers. Facts (the pidfd's exits, verified server starts, barriers)
+// are never dropped: there are at most a few per watched process, so they
+// need no bound of their own, and a flood of forged records must not push
+// a server's exit out of the queue.
 const maxQueuedEvents = 4096
 
+// vital reports whether ev is a fact the reader must get: a daemon's or
+// server's exit (from its pidfd), a server verified through a pidfd, or a
+// barrier its caller waits on.
+func (e Event) vital() bool {
+	switch e.Kind {
+	case DaemonExited, ServerStarted, ServerExited, Barrier:
+		return true
+	}
+	return false
+}
+
+// queued is an event with its place in the order of pushes.
+type queued struct {
+	seq uint64
+	ev  Event
+}
+
 // eventQueue decouples producers (pidfd watchers, the log follower) from the
-// reader, so a slow reader never delays exit detection.
+// reader, so a slow reader never delays exit detection. Facts and hints
+// wait apart, so that dropping a hint is cheap and never touches a fact,
+// and leave in the order they came.
 type eventQueue struct {
-	log     *slog.Logger
-	out     chan Event
-	notify  chan struct{}
-	mu      sync.Mutex
-	pending []Event
-	dropped int
-	closed  bool // finish has run: a late push is dropped (its barrier released)
+	log    *slog.Logger
+	out    chan Event
+	notify chan struct{}
+	mu     sync.Mutex
+	seq    uint64
+	facts  []queued
+	hints  []queued
+	// dropped counts the hints dropped; droppedLogged is when a drop was
+	// last logged (at most once a second: a flood must not fill the log).
+	dropped       int
+	droppedLogged time.Time
+	closed        bool // finish has run: a late push is dropped (its barrier released)
 }
 
 func newEventQueue(log *slog.Logger) *eventQueue {
@@ -174,12 +203,12 @@ func newEventQueue(log *slog.Logger) *eventQueue {
 // the offset its reader last handled (Event.LogOffset).
 func (q *eventQueue) finish() {
 	q.mu.Lock()
-	left := q.pending
-	q.pending = nil
+	left := q.facts
+	q.facts, q.hints = nil, nil
 	q.closed = true
 	q.mu.Unlock()
-	for _, ev := range left {
-		ev.Ack()
+	for _, e := range left {
+		e.ev.Ack()
 	}
 }
 
@@ -190,13 +219,21 @@ func (q *eventQueue) push(ev Event) {
 		ev.Ack()
 		return
 	}
-	if len(q.pending) >= maxQueuedEvents {
-		q.pending[0].Ack()
-		q.pending = q.pending[1:]
-		q.dropped++
-		q.log.Warn("mps: event reader too slow, dropped oldest event", "dropped_total", q.dropped)
+	q.seq++
+	e := queued{seq: q.seq, ev: ev}
+	if ev.vital() {
+		q.facts = append(q.facts, e)
+	} else {
+		if len(q.hints) >= maxQueuedEvents {
+			q.hints = q.hints[1:]
+			q.dropped++
+			if now := time.Now(); now.Sub(q.droppedLogged) >= time.Second {
+				q.droppedLogged = now
+				q.log.Warn("mps: event reader too slow, dropped the oldest log-line events", "dropped_total", q.dropped)
+			}
+		}
+		q.hints = append(q.hints, e)
 	}
-	q.pending = append(q.pending, ev)
 	q.mu.Unlock()
 	select {
 	case q.notify <- struct{}{}:
@@ -204,28 +241,41 @@ func (q *eventQueue) push(ev Event) {
 	}
 }
 
+// popLocked takes the oldest waiting event, fact or hint.
+func (q *eventQueue) popLocked() (queued, bool) {
+	switch {
+	case len(q.facts) > 0 && (len(q.hints) == 0 || q.facts[0].seq < q.hints[0].seq):
+		e := q.facts[0]
+		q.facts = q.facts[1:]
+		return e, true
+	case len(q.hints) > 0:
+		e := q.hints[0]
+		q.hints = q.hints[1:]
+		return e, true
+	}
+	return queued{}, false
+}
+
 // run forwards queued events to out until stop is closed, then closes out.
 func (q *eventQueue) run(stop <-chan struct{}) {
 	defer close(q.out)
-	var next Event
+	var next queued
+	var have bool
 	defer func() {
 		// The one in flight goes back at the head, for finish.
-		q.mu.Lock()
-		if next.Kind != 0 {
-			q.pending = append([]Event{next}, q.pending...)
+		if have {
+			q.mu.Lock()
+			if next.ev.vital() {
+				q.facts = append([]queued{next}, q.facts...)
+			}
+			q.mu.Unlock()
 		}
-		q.mu.Unlock()
 	}()
 	for {
 		// Pop before sending so that overflow dropping in push never races
 		// with the event in flight.
 		q.mu.Lock()
-		next = Event{}
-		have := len(q.pending) > 0
-		if have {
-			next = q.pending[0]
-			q.pending = q.pending[1:]
-		}
+		next, have = q.popLocked()
 		q.mu.Unlock()
 		if !have {
 			select {
@@ -236,8 +286,8 @@ func (q *eventQueue) run(stop <-chan struct{}) {
 			}
 		}
 		select {
-		case q.out <- next:
-			next = Event{}
+		case q.out <- next.ev:
+			have = false
 		case <-stop:
 			return
 		}

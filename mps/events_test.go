@@ -71,3 +71,65 @@ func TestBarrierAck(t *testing.T) {
 	}
 	Event{Kind: ServerFault}.Ack()
 }
+
+// A flood of log-line events (anyone may write the records) while the
+// reader lags drops only such events, the oldest first: a verified
+// server's start and its exit from the pidfd, queued before and in the
+// middle of the flood, both reach the reader, in the order they came.
+func TestEventQueueNeverDropsFacts(t *testing.T) {
+	q := newEventQueue(slog.New(slog.DiscardHandler))
+	q.push(Event{Kind: ServerStarted, PID: 1, Source: SourcePidfd})
+	const flood = 2 * maxQueuedEvents
+	for i := range flood {
+		if i == flood/2 {
+			q.push(Event{Kind: ServerExited, PID: 1, Source: SourcePidfd})
+		}
+		q.push(Event{Kind: ClientConnected, PID: 1000 + i, Source: SourceLog})
+	}
+	q.push(Event{Kind: DaemonExited, PID: 2, Source: SourcePidfd})
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { defer close(done); q.run(stop) }()
+	var got []Event
+	timeout := time.After(10 * time.Second)
+	for len(got) == 0 || got[len(got)-1].Kind != DaemonExited {
+		select {
+		case ev := <-q.out:
+			got = append(got, ev)
+		case <-timeout:
+			t.Fatalf("the daemon's exit not delivered within 10s (%d events)", len(got))
+		}
+	}
+	close(stop)
+	<-done
+	q.finish()
+	var hints int
+	lastClient, exitAt := 0, -1
+	for i, ev := range got {
+		switch ev.Kind {
+		case ClientConnected:
+			hints++
+			if ev.PID <= lastClient {
+				t.Fatalf("client %d delivered after client %d", ev.PID, lastClient)
+			}
+			lastClient = ev.PID
+		case ServerExited:
+			exitAt = i
+			if lastClient >= 1000+flood/2 {
+				t.Errorf("the server's exit came after client %d, pushed after it", lastClient)
+			}
+		}
+	}
+	if got[0].Kind != ServerStarted {
+		t.Errorf("first event %v, want the server's start", got[0].Kind)
+	}
+	if exitAt < 0 {
+		t.Error("the server's exit was dropped")
+	}
+	if hints != maxQueuedEvents {
+		t.Errorf("%d log-line events delivered, want the newest %d", hints, maxQueuedEvents)
+	}
+	if lastClient != 1000+flood-1 {
+		t.Errorf("last client delivered %d, want the newest, %d", lastClient, 1000+flood-1)
+	}
+}

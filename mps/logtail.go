@@ -21,6 +21,10 @@ type logFollower struct {
 	cur     *tailFile
 	prev    *tailFile
 	initOff int64
+	// stop is run's: a follower behind a flood of lines (each may cost a
+	// check through /proc) stops reading once it is closed, rather than
+	// holding Close until the flood ends.
+	stop <-chan struct{}
 }
 
 type tailFile struct {
@@ -37,6 +41,7 @@ func newLogFollower(path string, startOff int64, log *slog.Logger, onLine func(l
 // run watches the log's directory until stop is closed. Watching the
 // directory, not the file, is what survives the file being replaced.
 func (lf *logFollower) run(stop <-chan struct{}, ready chan<- error) {
+	lf.stop = stop
 	sub, err := dirWatches.subscribe(filepath.Dir(lf.path))
 	if err != nil {
 		ready <- err
@@ -111,7 +116,7 @@ func (lf *logFollower) drain(t *tailFile) {
 		t.off, t.partial = 0, nil // truncated in place
 	}
 	buf := make([]byte, 32<<10)
-	for {
+	for !lf.stopped() {
 		n, err := t.f.ReadAt(buf, t.off)
 		if n > 0 {
 			t.off += int64(n)
@@ -139,7 +144,7 @@ func (lf *logFollower) emit(t *tailFile, data []byte) {
 		// A writer without O_APPEND leaves NULs after a copytruncate.
 		line := bytes.Trim(t.partial[:i], "\x00\r")
 		t.partial = t.partial[i+1:]
-		if len(line) > 0 {
+		if len(line) > 0 && !lf.stopped() {
 			lf.onLine(string(line), start)
 		}
 		start += int64(i) + 1
@@ -148,6 +153,16 @@ func (lf *logFollower) emit(t *tailFile, data []byte) {
 		t.partial = nil // not a log line; don't grow without bound
 	}
 	t.partial = bytes.Clone(t.partial)
+}
+
+// stopped reports whether the follower was told to stop.
+func (lf *logFollower) stopped() bool {
+	select {
+	case <-lf.stop:
+		return true
+	default:
+		return false
+	}
 }
 
 func inode(fi os.FileInfo) uint64 {

@@ -1,9 +1,11 @@
 package mps
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -183,4 +185,44 @@ func TestLogFollowerOffsets(t *testing.T) {
 	want("three", 16)
 	close(stop)
 	<-done
+}
+
+// A follower told to stop while lines are still unread (a flood written
+// into the log FIFO, each line possibly a check through /proc) hands no
+// more of them on and returns, instead of holding Close until it has
+// read them all.
+func TestLogFollowerStopsMidFlood(t *testing.T) {
+	path := filepath.Join(t.TempDir(), controlLog)
+	var flood []byte
+	for i := range 1000 {
+		flood = fmt.Appendf(flood, "[2026-12-02 06:00:00.000 Control %5d] NEW CLIENT %d from user 0: Server already exists\n", 100, i)
+	}
+	if err := os.WriteFile(path, flood, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	first, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	lf := newLogFollower(path, 0, slog.New(slog.DiscardHandler), func(string, int64) {
+		if calls.Add(1) == 1 {
+			close(first)
+			<-release
+		}
+	})
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() { defer close(done); lf.run(stop, make(chan error, 1)) }()
+	select {
+	case <-first:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no line handed on within 10s")
+	}
+	close(stop)
+	close(release)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the follower did not return within 10s of its stop")
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("%d lines handed on, %d of them after the stop; want none after it", n, n-1)
+	}
 }
