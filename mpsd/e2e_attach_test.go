@@ -157,6 +157,77 @@ func TestAttachPidReusedBetweenCheckAndMove(t *testing.T) {
 	}
 }
 
+// The same reuse while the lease ends: the attacker releases its lease
+// (on another connection, say) the moment the root process stands in its
+// cgroup. The lease's kill waits for the attach's check, which moves the
+// root process back first: the kill never reaches it.
+func TestAttachPidReusedWhileTheLeaseEnds(t *testing.T) {
+	const owner = 64163
+	e := newOwnerEnv(t, owner)
+	bystander := exec.Command("/bin/sleep", "600")
+	if err := bystander.Start(); err != nil {
+		t.Fatal(err)
+	}
+	bpid := bystander.Process.Pid
+	t.Cleanup(func() { _ = bystander.Process.Kill(); _ = bystander.Wait() })
+	var armed atomic.Bool
+	var target atomic.Pointer[lease]
+	var leaseCg atomic.Value
+	released := make(chan error, 1)
+	e.opts.attachSwap = func(pid int) int {
+		if !armed.Load() {
+			return pid
+		}
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		waitExited(t, pid)
+		l, want := target.Load(), leaseCg.Load().(string)
+		go func() {
+			// The release lands once the root process is in the lease's
+			// cgroup, before the attach has looked at what it moved.
+			deadline := time.Now().Add(waitFor)
+			for {
+				b, _ := os.ReadFile("/proc/" + strconv.Itoa(bpid) + "/cgroup")
+				if strings.Contains(string(b), "0::"+want+"\n") {
+					break
+				}
+				if time.Now().After(deadline) {
+					released <- fmt.Errorf("root process %d never in the lease cgroup %s", bpid, want)
+					return
+				}
+			}
+			e.d.release(l, "its command ended")
+			released <- nil
+		}()
+		return bpid
+	}
+	e.start()
+	helper := e.isoBuildAPICall()
+	p, l, leaseCgroup, open := e.attachLease(owner)
+	defer open()
+	leaseCg.Store(leaseCgroup)
+	e.d.mu.Lock()
+	target.Store(e.d.leases[l.ID])
+	e.d.mu.Unlock()
+
+	armed.Store(true)
+	code, body, _ := e.isoAPICall(helper, owner, api.AttachPath(l.ID), `{"pid":{child}}`, true)
+	armed.Store(false)
+	if code != api.CodeConflict {
+		t.Errorf("attach whose pid was reused: %q %q, want conflict", code, body)
+	}
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	// The release has returned: its kill is over, and whatever was in the
+	// lease's cgroup then has died.
+	b, _ := os.ReadFile("/proc/" + strconv.Itoa(bpid) + "/stat")
+	if err := syscall.Kill(bpid, 0); err != nil || bytes.Contains(b, []byte(") Z")) {
+		t.Errorf("root process %d was killed with uid %d's lease: stat %q", bpid, owner, b)
+	}
+	open()
+	_ = p.wait(t)
+}
+
 // A granted lease whose client will attach (mps-launch says so) has its
 // cgroup made at the grant, before any attach, so the attach on the
 // launch's critical path only moves the process; it goes with the lease.

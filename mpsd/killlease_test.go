@@ -82,7 +82,7 @@ func TestKillLeaseHoldsNoLock(t *testing.T) {
 		}
 	})
 	within(t, "attach", func() {
-		if err := d.attach(l, 0, 12); !errors.Is(err, errLeaseEnding) {
+		if err := d.attach(l, 0, 12, nil); !errors.Is(err, errLeaseEnding) {
 			t.Errorf("attach during the kill: %v, want errLeaseEnding", err)
 		}
 	})
@@ -97,7 +97,7 @@ func TestKillLeaseHoldsNoLock(t *testing.T) {
 		t.Errorf("after the kill: deleted %v, cg %v, pids %v; want the cgroup deleted and forgotten", cg.deleted, l.cg, l.pids)
 	}
 	// d.cg is nil: an attach that went on to create a cgroup would panic.
-	if err := d.attach(l, 0, 12); !errors.Is(err, errLeaseEnding) {
+	if err := d.attach(l, 0, 12, nil); !errors.Is(err, errLeaseEnding) {
 		t.Errorf("attach after the kill: %v, want errLeaseEnding", err)
 	}
 }

@@ -836,10 +836,13 @@ func (d *Daemon) ensureCgroupLocked(l *lease) error {
 }
 
 // attach moves pid into the lease's cgroup, creating it on first use
-// (prepareCgroup normally has).
-// Creating and attaching are quick writes to cgroupfs, done under cgMu so
-// that a kill (which takes the handle under it) sees the pid.
-func (d *Daemon) attach(l *lease, attempt, pid int) error {
+// (prepareCgroup normally has), then runs same (when not nil), which
+// checks that the process moved is the one the caller checked and moves
+// back one that is not. Creating, attaching and that check are quick
+// writes to cgroupfs and reads of /proc, done under cgMu so that a kill
+// (which takes the handle under it) sees the pid, and never runs between
+// the move of a process that took a reused pid and its move back.
+func (d *Daemon) attach(l *lease, attempt, pid int, same func() error) error {
 	l.cgMu.Lock()
 	defer l.cgMu.Unlock()
 	if attempt != 0 && attempt != l.cgAttempt {
@@ -860,6 +863,9 @@ func (d *Daemon) attach(l *lease, attempt, pid int) error {
 		return fmt.Errorf("attach pid %d to lease %s: %w", pid, l.id, err)
 	}
 	l.pids = append(l.pids, pid)
+	if same != nil {
+		return same()
+	}
 	return nil
 }
 

@@ -388,7 +388,15 @@ func (d *Daemon) attachChild(l *lease, p peer, attempt, want, pid int) *refusal 
 	if d.opts.attachSwap != nil {
 		pid = d.opts.attachSwap(pid)
 	}
-	if err := d.attach(l, want, pid); err != nil {
+	// The check that the process moved is the one checked runs under the
+	// lease's cgMu with the move: a kill of the lease (a release on
+	// another connection, the stream's end) waits for it, so a process
+	// that took a reused pid is moved back before any kill could hit it.
+	same := func() error { return d.attachedSameLocked(l, h, pid, p.pid) }
+	if err := d.attach(l, want, pid, same); err != nil {
+		if errors.Is(err, errNotAttached) {
+			return &refusal{http.StatusConflict, api.CodeConflict, err.Error()}
+		}
 		if errors.Is(err, errStaleAttempt) {
 			return &refusal{http.StatusConflict, api.CodeConflict, err.Error()}
 		}
@@ -398,9 +406,6 @@ func (d *Daemon) attachChild(l *lease, p peer, attempt, want, pid int) *refusal 
 		}
 		d.log.Error("attach failed", "lease", id, "pid", pid, "err", err)
 		return &refusal{http.StatusInternalServerError, api.CodeInternal, err.Error()}
-	}
-	if err := d.attachedSame(l, h, pid, p.pid); err != nil {
-		return &refusal{http.StatusConflict, api.CodeConflict, err.Error()}
 	}
 	d.mu.Lock()
 	l.ranAttempt = attempt
@@ -726,13 +731,19 @@ func writeJSON(w http.ResponseWriter, v any) {
 	}
 }
 
-// attachedSame checks, after pid was written into l's cgroup, that the
-// process moved is h's: h has not exited, so pid still names it, and it is
-// in the lease's cgroup. If h exited meanwhile, pid may have been reused:
-// whatever process pid names now is moved back to where its parent is,
-// and the attach is refused.
-func (d *Daemon) attachedSame(l *lease, h *pidHandle, pid, caller int) error {
-	want := d.leaseUnifiedCgroup(l)
+// errNotAttached is wrapped by an attach whose move did not take the
+// process checked (it ended, its pid perhaps reused) or did not put it in
+// the lease's cgroup: nothing was attached.
+var errNotAttached = errors.New("not attached")
+
+// attachedSameLocked checks, after pid was written into l's cgroup, that
+// the process moved is h's: h has not exited, so pid still names it, and
+// it is in the lease's cgroup. If h exited meanwhile, pid may have been
+// reused: whatever process pid names now is moved back to where its
+// parent is, and the attach is refused (errNotAttached). l.cgMu is held,
+// so no kill of the lease runs before the move back.
+func (d *Daemon) attachedSameLocked(l *lease, h *pidHandle, pid, caller int) error {
+	want := d.leaseUnifiedCgroupLocked(l)
 	if h.alive() && pid == h.pid {
 		if want == "" {
 			return nil
@@ -743,7 +754,7 @@ func (d *Daemon) attachedSame(l *lease, h *pidHandle, pid, caller int) error {
 		}
 		if h.alive() {
 			d.log.Error("attached process is not in its lease cgroup", "lease", l.id, "pid", pid, "cgroup", got, "want", want, "err", err)
-			return fmt.Errorf("pid %d did not arrive in the cgroup of lease %s", pid, l.id)
+			return fmt.Errorf("pid %d did not arrive in the cgroup of lease %s: %w", pid, l.id, errNotAttached)
 		}
 	}
 	// h's process has exited. If pid names another process now (another
@@ -767,21 +778,24 @@ func (d *Daemon) attachedSame(l *lease, h *pidHandle, pid, caller int) error {
 				"lease", l.id, "pid", pid, "caller", caller, "parent", parent, "err", rerr)
 		}
 	}
-	l.cgMu.Lock()
 	l.pids = slices.DeleteFunc(l.pids, func(x int) bool { return x == pid })
-	l.cgMu.Unlock()
-	return fmt.Errorf("pid %d exited while it was attached to lease %s; nothing was attached", h.pid, l.id)
+	return fmt.Errorf("pid %d exited while it was attached to lease %s; nothing was attached: %w", h.pid, l.id, errNotAttached)
 }
 
 // leaseUnifiedCgroup is the cgroup v2 path /proc/PID/cgroup shows for a
 // process of l; "" without a unified hierarchy (pure v1, no cgroups).
 func (d *Daemon) leaseUnifiedCgroup(l *lease) string {
+	l.cgMu.Lock()
+	defer l.cgMu.Unlock()
+	return d.leaseUnifiedCgroupLocked(l)
+}
+
+// leaseUnifiedCgroupLocked is leaseUnifiedCgroup with l.cgMu held.
+func (d *Daemon) leaseUnifiedCgroupLocked(l *lease) string {
 	m, ok := d.cg.(*cgroup.Cgroups)
 	if !ok || m.Mode() == cgroup.ModeV1 {
 		return ""
 	}
-	l.cgMu.Lock()
-	defer l.cgMu.Unlock()
 	if l.cg == nil {
 		return ""
 	}
