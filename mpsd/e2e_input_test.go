@@ -603,3 +603,33 @@ func TestE2EAttachAuthorization(t *testing.T) {
 		t.Fatalf("the attached sleep (pid %d) outlived the release of its lease", sleep.Process.Pid)
 	}
 }
+
+// A request that declares a body and never sends it, on a path whose
+// handler does not read one (status, a path mpsd does not know, a method
+// it does not take): mpsd answers once the request timeout has passed
+// and closes the connection, instead of holding it, unanswered, for ever.
+func TestE2EUnsentBodyTimesOut(t *testing.T) {
+	e := newEnv(t, oneGroup, "")
+	e.opts.RequestTimeout = time.Second
+	e.start()
+	for _, req := range []string{"GET " + api.PathStatus, "GET /v1/nothing-here", "DELETE " + api.PathStatus} {
+		t.Run(req, func(t *testing.T) {
+			c, err := net.Dial("unix", e.socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := c.Write([]byte(req + " HTTP/1.1\r\nHost: mpsd\r\nContent-Length: 100\r\n\r\n")); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(waitFor))
+			b, err := io.ReadAll(c)
+			if err != nil {
+				t.Fatalf("no answer and the connection still open %s on (request timeout 1s): %v, read %q", waitFor, err, b)
+			}
+			if !bytes.HasPrefix(b, []byte("HTTP/1.1 ")) {
+				t.Errorf("answer %q, want an HTTP answer", b)
+			}
+		})
+	}
+}

@@ -59,8 +59,16 @@ func (d *Daemon) newHTTPServer() *http.Server {
 }
 
 // track counts handlers in the daemon's goroutines, so Run waits for them.
+//
+// Once a handler has returned, the connection gets RequestTimeout to send
+// whatever is left of its request's body: net/http drains a body the
+// handler did not read (status, a refused admin request, a path it does
+// not know) before it writes the answer, and without a deadline a client
+// that declares a body and never sends it would hold the connection, and
+// get no answer, for ever.
 func (d *Daemon) track(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() { _ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(d.opts.RequestTimeout)) }()
 		if !d.enter() {
 			apihttp.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "mpsd is stopping")
 			return
