@@ -126,11 +126,24 @@ func (r *resources) apply(l policy.LimitsConfig) {
 }
 
 // isLocalResource reports whether err is mpsd's own exhaustion: out of
-// file descriptors or processes, whoever ran into it.
+// file descriptors, processes, memory or socket buffers, whoever ran into
+// it.
 func isLocalResource(err error) bool {
 	return errors.Is(err, mps.ErrLocalResources) || errors.Is(err, syscall.EMFILE) ||
-		errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.EAGAIN) && !isTimeout(err)
+		errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ENOBUFS) ||
+		errors.Is(err, syscall.EAGAIN) && !isTimeout(err)
 }
+
+// localAcceptError is an accept that failed for lack of mpsd's own
+// resources, temporary whatever the errno says: http.Server backs off and
+// accepts again on a temporary error, and stops serving (mpsd stops) on
+// any other, which ENOMEM and ENOBUFS are to syscall.Errno.
+type localAcceptError struct{ err error }
+
+func (e localAcceptError) Error() string   { return e.err.Error() }
+func (e localAcceptError) Unwrap() error   { return e.err }
+func (e localAcceptError) Timeout() bool   { return false }
+func (e localAcceptError) Temporary() bool { return true }
 
 func isTimeout(err error) bool {
 	var ne net.Error
@@ -217,8 +230,9 @@ func (d *Daemon) limitListener(ln net.Listener, name string) *limitListener {
 }
 
 // Accept returns the next connection within the caps. Its own errors are
-// returned for http.Server, which backs off on temporary ones (EMFILE);
-// running out of descriptors is logged at Warn (once a second) and counted.
+// returned for http.Server, which backs off on temporary ones; running out
+// of descriptors, memory or socket buffers is made temporary, logged at
+// Warn (once a second) and counted.
 func (l *limitListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
@@ -227,8 +241,9 @@ func (l *limitListener) Accept() (net.Conn, error) {
 				l.d.localResourceError(l.wa, err)
 				if now := time.Now(); now.Sub(l.lastWarn) >= time.Second {
 					l.lastWarn = now
-					l.d.log.Warn("accept failed: mpsd is out of file descriptors; retrying", "listener", l.name, "err", err)
+					l.d.log.Warn("accept failed: mpsd is out of local resources (descriptors, memory); retrying", "listener", l.name, "err", err)
 				}
+				return nil, localAcceptError{err}
 			}
 			return nil, err
 		}

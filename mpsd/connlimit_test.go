@@ -54,43 +54,49 @@ func limitTestDaemon(t *testing.T, lim policy.LimitsConfig) (*Daemon, *syncBuffe
 	return d, &logs
 }
 
-// An accept that fails for lack of descriptors is mpsd's own exhaustion:
-// logged at Warn, counted, readiness failing until an accept works again;
-// the error still goes to http.Server, which backs off on it.
+// An accept that fails for lack of descriptors, memory or socket buffers
+// is mpsd's own exhaustion: logged at Warn, counted, readiness failing
+// until an accept works again; the error goes to http.Server as a
+// temporary one, on which it backs off (on any other it stops serving,
+// and mpsd with it).
 func TestAcceptOutOfDescriptorsIsCountedAndWarned(t *testing.T) {
-	d, logs := limitTestDaemon(t, policy.LimitsConfig{Connections: 8, ConnectionsPerUser: 8, QueuedPerUser: 1, MetricsConnections: 2})
-	f := newFakeListener()
-	l := d.limitListener(f, listenerMetrics)
-	defer l.Close()
-	emfile := &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
-	f.next <- emfile
-	if _, err := l.Accept(); !errors.Is(err, syscall.EMFILE) {
-		t.Fatalf("Accept: %v, want the EMFILE passed on", err)
-	}
-	var ne net.Error
-	//lint:ignore SA1019 http.Server decides to back off by Temporary
-	if !errors.As(emfile, &ne) || !ne.Temporary() {
-		t.Fatal("EMFILE is not temporary: http.Server would stop serving")
-	}
-	if v := testutil.ToFloat64(d.metrics.localErrors.WithLabelValues(whereMetricsAccept)); v != 1 {
-		t.Errorf("mpsd_local_resource_errors_total{metrics_accept} = %v, want 1", v)
-	}
-	if tr := d.res.localTrouble(); !strings.Contains(tr, "metrics_accept") {
-		t.Errorf("trouble %q, want metrics_accept named (readiness fails)", tr)
-	}
-	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "out of file descriptors") {
-		t.Errorf("log lacks a Warn about descriptors:\n%s", logs.String())
-	}
-	a, b := net.Pipe()
-	defer b.Close()
-	f.next <- a
-	c, err := l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if tr := d.res.localTrouble(); tr != "" {
-		t.Errorf("trouble %q after an accept worked, want none", tr)
+	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOMEM, syscall.ENOBUFS} {
+		t.Run(errno.Error(), func(t *testing.T) {
+			d, logs := limitTestDaemon(t, policy.LimitsConfig{Connections: 8, ConnectionsPerUser: 8, QueuedPerUser: 1, MetricsConnections: 2})
+			f := newFakeListener()
+			l := d.limitListener(f, listenerMetrics)
+			defer l.Close()
+			f.next <- &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", errno)}
+			_, err := l.Accept()
+			if !errors.Is(err, errno) {
+				t.Fatalf("Accept: %v, want the %v passed on", err, errno)
+			}
+			var ne net.Error
+			//lint:ignore SA1019 http.Server decides to back off by Temporary
+			if !errors.As(err, &ne) || !ne.Temporary() {
+				t.Fatalf("Accept's %v is not temporary: http.Server would stop serving", errno)
+			}
+			if v := testutil.ToFloat64(d.metrics.localErrors.WithLabelValues(whereMetricsAccept)); v != 1 {
+				t.Errorf("mpsd_local_resource_errors_total{metrics_accept} = %v, want 1", v)
+			}
+			if tr := d.res.localTrouble(); !strings.Contains(tr, "metrics_accept") {
+				t.Errorf("trouble %q, want metrics_accept named (readiness fails)", tr)
+			}
+			if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "out of local resources") {
+				t.Errorf("log lacks a Warn about local resources:\n%s", logs.String())
+			}
+			a, b := net.Pipe()
+			defer b.Close()
+			f.next <- a
+			c, err := l.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if tr := d.res.localTrouble(); tr != "" {
+				t.Errorf("trouble %q after an accept worked, want none", tr)
+			}
+		})
 	}
 }
 
