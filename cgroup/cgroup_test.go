@@ -1,12 +1,14 @@
 package cgroup
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/cgroups/v3/cgroup1"
 	"golang.org/x/sys/unix"
 )
 
@@ -541,4 +544,96 @@ func TestNewAuto(t *testing.T) {
 	if got := m.MembershipMount(); got != wantMount {
 		t.Errorf("%s: MembershipMount() = %s, want %s", want, got, wantMount)
 	}
+}
+
+// onOtherThread runs f on a locked OS thread other than the main one
+// (whose id is the pid) and returns when f has.
+func onOtherThread(f func(tid int)) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if tid := unix.Gettid(); tid != os.Getpid() {
+			f(tid)
+			return
+		}
+		// This goroutine holds the main thread while it waits, so the
+		// next locked goroutine gets another.
+		inner := make(chan struct{})
+		go func() {
+			defer close(inner)
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			f(unix.Gettid())
+		}()
+		<-inner
+	}()
+	<-done
+}
+
+// A thread id of mpsd names mpsd: written to cgroup.procs it moves the
+// whole process, so Attach refuses it like mpsd's pid.
+func TestAttachRefusesOwnThread(t *testing.T) {
+	t.Run("disabled", func(t *testing.T) {
+		l := mustCreate(t, NewDisabled(discardLogger()), LeaseID{"g", "self"}, Limits{})
+		var err error
+		onOtherThread(func(tid int) { err = l.Attach(tid) })
+		if !errors.Is(err, ErrInvalidPid) {
+			t.Fatalf("Attach(own thread) = %v, want ErrInvalidPid", err)
+		}
+	})
+	eachBackend(t, func(t *testing.T, b backend) {
+		m := newManager(t, b)
+		l := mustCreate(t, m, LeaseID{"g", "self"}, Limits{})
+		before, err := os.ReadFile("/proc/self/cgroup")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tid int
+		onOtherThread(func(id int) { tid, err = id, l.Attach(id) })
+		after, rerr := os.ReadFile("/proc/self/cgroup")
+		if rerr != nil {
+			t.Fatal(rerr)
+		}
+		if !bytes.Equal(before, after) {
+			// Moved into the lease: out again before anything kills it.
+			orig := cgroupPaths(t, before)
+			for _, d := range m.dirs("") {
+				if err := writeProcs(d.hierarchy, filepath.Join(d.path, orig[d.hierarchy]), os.Getpid()); err != nil {
+					t.Errorf("move the test back: %v", err)
+				}
+			}
+			t.Errorf("Attach(%d) moved this process: /proc/self/cgroup %q, was %q", tid, after, before)
+		}
+		if !errors.Is(err, ErrInvalidPid) {
+			t.Fatalf("Attach(own thread %d) = %v, want ErrInvalidPid", tid, err)
+		}
+	})
+}
+
+// Attach writes the membership tree last: a process whose limits could not
+// all be applied (here the lease's pids directory is gone) is not listed
+// as the lease's. In ModeV1 that tree is the v1 freezer, which Create
+// makes first.
+func TestAttachMembershipLast(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		if b.cfg.Mode == ModeV2 {
+			t.Skip("v2 has one hierarchy")
+		}
+		m := newManager(t, b)
+		id := LeaseID{"g", "order"}
+		l := mustCreate(t, m, id, Limits{})
+		p := startIn(t, (*exec.Cmd).Start, "echo started; exec sleep 1000")
+		p.readLine(t, 10*time.Second)
+		if err := unix.Rmdir(m.v1.dir(cgroup1.Pids, m.rel(id))); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Attach(p.cmd.Process.Pid); !errors.Is(err, ErrNotExist) {
+			t.Fatalf("Attach with the pids directory gone = %v, want ErrNotExist", err)
+		}
+		if pids, err := l.Pids(); err != nil || len(pids) != 0 {
+			t.Fatalf("Pids() = %v, %v after a failed Attach; want none", pids, err)
+		}
+	})
 }

@@ -11,7 +11,8 @@ var (
 	ErrInvalidName = errors.New("cgroup: invalid name")
 	// ErrInvalidLimits: a Limits value is out of the kernel's range.
 	ErrInvalidLimits = errors.New("cgroup: invalid limits")
-	// ErrInvalidPid: a pid that can never be attached (<= 0, or mpsd itself).
+	// ErrInvalidPid: a pid that can never be attached (<= 0, or mpsd itself
+	// or one of its threads).
 	ErrInvalidPid = errors.New("cgroup: invalid pid")
 	// ErrInvalidCmd: Start was given a command it cannot start safely
 	// (already started, or with SysProcAttr fields Start must own).

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -24,11 +25,12 @@ import (
 // rekillInterval and writes cgroup.kill again.
 //
 // v1 (and v2 kernels before 5.14 without cgroup.kill) freeze the cgroup so
-// nothing in it can fork, SIGKILL every pid, thaw so the signals are
-// delivered, and repeat until the membership tree is empty. A freeze that
-// does not complete within freezeWait (a task in uninterruptible sleep, for
-// example in a GPU driver) does not stall the kill: the pids seen so far are
-// killed anyway and the next round tries again.
+// nothing in it can fork, SIGKILL every process listed, thaw so the signals
+// are delivered, and repeat until the membership tree is empty. A freeze
+// that does not complete within freezeWait (a task in uninterruptible
+// sleep, for example in a GPU driver) does not stall the kill: the
+// processes seen so far are killed anyway and the next round tries again.
+// Each is signalled through a pidfd, never by its number (see killListed).
 
 const (
 	rekillInterval = 100 * time.Millisecond
@@ -37,6 +39,14 @@ const (
 	// wait for.
 	maxBackoff = 10 * time.Millisecond
 )
+
+// killFile is the unified tree's kill file, a variable only so that a test
+// can name one that does not exist, as on kernels before 5.14.
+var killFile = "cgroup.kill"
+
+// testHookKillListed, set by tests only, runs in every round of killFrozen
+// between the pinning of the listed processes and the second listing.
+var testHookKillListed func(listed []int)
 
 // freezer is the cgroup freezer of one hierarchy.
 type freezer interface {
@@ -70,13 +80,15 @@ func (l *lease) killV2(ctx context.Context) error {
 		return fmt.Errorf("cgroup: unified: kill %s: watch %s: %w", dir, events, err)
 	}
 	kill := func() error {
-		err := os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
-		if err != nil {
-			return fmt.Errorf("cgroup: unified: kill %s: write cgroup.kill: %w", dir, err)
+		if err := writeFile(filepath.Join(dir, killFile), "1"); err != nil {
+			return fmt.Errorf("cgroup: unified: kill %s: write %s: %w", dir, killFile, err)
 		}
 		return nil
 	}
 	if err := kill(); err != nil {
+		// No cgroup.kill (Linux 5.7 to 5.13) in a cgroup that is there:
+		// freeze and signal instead. writeFile opens without O_CREAT, or
+		// the missing file would read as EACCES.
 		if errors.Is(err, fs.ErrNotExist) && exists(dir) {
 			return l.killFrozen(ctx, v2Freezer{dir: dir})
 		}
@@ -121,7 +133,6 @@ func (l *lease) killV2(ctx context.Context) error {
 
 // killFrozen is the freeze, SIGKILL, thaw loop.
 func (l *lease) killFrozen(ctx context.Context, f freezer) error {
-	self := os.Getpid()
 	for round := 1; ; round++ {
 		pids, err := l.pids()
 		if err != nil {
@@ -140,11 +151,7 @@ func (l *lease) killFrozen(ctx context.Context, f freezer) error {
 		_ = waitFor(ctx, freezeWait, f.frozen)
 		pids, err = l.pids()
 		if err == nil {
-			for _, pid := range pids {
-				if pid != self {
-					_ = unix.Kill(pid, unix.SIGKILL)
-				}
-			}
+			err = l.killListed(pids)
 		}
 		if terr := f.set(false); terr != nil {
 			return errors.Join(err, terr)
@@ -161,6 +168,62 @@ func (l *lease) killFrozen(ctx context.Context, f freezer) error {
 			}
 		}
 	}
+}
+
+// killListed SIGKILLs the processes of listed that are still the lease's,
+// each through a pidfd and never mpsd itself. A pid number alone is not
+// enough: the freeze is best effort, an exiting task cannot be frozen and
+// stays listed until it is gone, and once a reaper outside the lease has
+// reaped it its number may be a stranger's. So each listed pid is pinned
+// with a pidfd first, the lease is listed again, and a pidfd is signalled
+// only if its pid is in that second listing and its process is alive
+// after it: alive, it has held that number since before the second
+// listing, which was therefore of this process.
+func (l *lease) killListed(listed []int) error {
+	dir := l.m.memberDir(l.rel)
+	self := os.Getpid()
+	type pinned struct{ pid, fd int }
+	fds := make([]pinned, 0, len(listed))
+	defer func() {
+		for _, p := range fds {
+			unix.Close(p.fd)
+		}
+	}()
+open:
+	for _, pid := range listed {
+		if pid == self {
+			continue
+		}
+		fd, err := unix.PidfdOpen(pid, 0)
+		switch {
+		case err == nil:
+			fds = append(fds, pinned{pid, fd})
+		case errors.Is(err, unix.ESRCH):
+			// Gone and reaped already.
+		case errors.Is(err, unix.EMFILE), errors.Is(err, unix.ENFILE):
+			// Out of descriptors: those pinned are killed now, the rest
+			// in a later round.
+			break open
+		default:
+			return fmt.Errorf("cgroup: kill %s: pidfd_open %d: %w", dir, pid, err)
+		}
+	}
+	if testHookKillListed != nil {
+		testHookKillListed(listed)
+	}
+	members, err := l.pids()
+	if err != nil {
+		return err
+	}
+	for _, p := range fds {
+		if _, ok := slices.BinarySearch(members, p.pid); !ok || exited(p.fd) {
+			continue
+		}
+		if err := unix.PidfdSendSignal(p.fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("cgroup: kill %s: pidfd_send_signal %d: %w", dir, p.pid, err)
+		}
+	}
+	return nil
 }
 
 var errTimeout = errors.New("timed out")

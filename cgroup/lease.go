@@ -28,8 +28,13 @@ func (l *lease) ID() LeaseID { return l.id }
 
 func (l *lease) Path() string { return l.rel }
 
+// checkPid refuses a pid that can never be attached: none, mpsd itself,
+// and any thread of mpsd, whose id written to cgroup.procs moves the whole
+// process. tgkill with signal 0 sends nothing and succeeds exactly when
+// pid is one of this process's threads: one system call, as Attach is on
+// the launch path, and no /proc needed.
 func checkPid(pid int) error {
-	if pid <= 0 || pid == os.Getpid() {
+	if pid <= 0 || pid == os.Getpid() || unix.Tgkill(os.Getpid(), pid, 0) == nil {
 		return fmt.Errorf("%w: %d", ErrInvalidPid, pid)
 	}
 	return nil

@@ -3,9 +3,11 @@ package cgroup
 import (
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"runtime"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -98,7 +100,8 @@ func kernelHasCloneIntoCgroup() bool {
 }
 
 // startTraced starts cmd stopped at its execve, runs attach on it and lets
-// it go. On error the child is killed and reaped.
+// it go. On error the child is killed (unless it has ended already) and
+// reaped.
 func startTraced(cmd *exec.Cmd, attach func(pid int) error) error {
 	errc := make(chan error, 1)
 	go func() {
@@ -111,6 +114,20 @@ func startTraced(cmd *exec.Cmd, attach func(pid int) error) error {
 	return <-errc
 }
 
+// testHookTracedStarted, set by tests only, runs between the start of a
+// traced child and the wait for its exec stop.
+var testHookTracedStarted func(p *os.Process)
+
+// killTracee kills a traced child that startStopped gives up on, through
+// os.Process (a pidfd where the kernel has them); a variable so that a
+// test can count the kills.
+var killTracee = (*os.Process).Kill
+
+// startStopped is startTraced on the locked thread. Only cmd.Wait reaps
+// the child (waitExecStop never does), so until then its pid cannot be
+// free for reuse: every ptrace request made with it reaches the child, and
+// cmd.Wait, which on kernels without pidfds waits for the pid number,
+// cannot wait for another process.
 func startStopped(cmd *exec.Cmd, attach func(pid int) error) error {
 	cmd.SysProcAttr.Ptrace = true
 	if err := cmd.Start(); err != nil {
@@ -118,12 +135,23 @@ func startStopped(cmd *exec.Cmd, attach func(pid int) error) error {
 	}
 	pid := cmd.Process.Pid
 	abort := func(err error) error {
-		_ = unix.Kill(pid, unix.SIGKILL)
+		_ = killTracee(cmd.Process)
 		_ = unix.PtraceDetach(pid)
 		_ = cmd.Wait()
 		return err
 	}
-	if err := waitExecStop(pid); err != nil {
+	if testHookTracedStarted != nil {
+		testHookTracedStarted(cmd.Process)
+	}
+	ended, err := waitExecStop(pid)
+	if ended {
+		// Killed before its exec stop (SIGKILL ends a ptrace stop too):
+		// nothing is left to signal, and cmd.Wait reaps it, releases its
+		// pipes and says how it ended.
+		_ = cmd.Wait()
+		return fmt.Errorf("%w: %d ended before it could be attached (%v)", ErrNoProcess, pid, cmd.ProcessState)
+	}
+	if err != nil {
 		return abort(err)
 	}
 	if err := attach(pid); err != nil {
@@ -135,35 +163,68 @@ func startStopped(cmd *exec.Cmd, attach func(pid int) error) error {
 	return nil
 }
 
+// si_code values of a SIGCHLD siginfo (asm-generic/siginfo.h), which
+// golang.org/x/sys/unix does not define.
+const (
+	cldExited = 1
+	cldKilled = 2
+	cldDumped = 3
+)
+
 // waitExecStop waits for the SIGTRAP stop the kernel gives a PTRACE_TRACEME
 // child after a successful execve. Other signal stops before it are passed
-// on to the child.
-func waitExecStop(pid int) error {
+// on to the child. It never reaps the child: an exit is only looked at
+// (WNOWAIT) and reported as ended, for cmd.Wait to collect, and a stop is
+// taken by a waitid that asks for stops alone. wait4, which always takes
+// exits too, could reap a child killed between the two.
+func waitExecStop(pid int) (ended bool, err error) {
 	for {
-		var ws unix.WaitStatus
-		_, err := unix.Wait4(pid, &ws, unix.WALL, nil)
-		if errors.Is(err, unix.EINTR) {
+		var info unix.Siginfo
+		if err := waitid(pid, &info, unix.WEXITED|unix.WSTOPPED|unix.WNOWAIT); err != nil {
+			return false, fmt.Errorf("wait for exec stop of %d: %w", pid, err)
+		}
+		switch info.Code {
+		case cldExited, cldKilled, cldDumped:
+			return true, nil
+		}
+		info = unix.Siginfo{}
+		if err := waitid(pid, &info, unix.WSTOPPED|unix.WNOHANG); err != nil {
+			return false, fmt.Errorf("wait for exec stop of %d: %w", pid, err)
+		}
+		if info.Signo == 0 {
+			// The stop is gone: the child was killed since it was seen.
 			continue
 		}
-		if err != nil {
-			return fmt.Errorf("wait for exec stop of %d: %w", pid, err)
+		sig := unix.Signal(sigchldStatus(&info))
+		if sig == unix.SIGTRAP {
+			return false, nil
 		}
-		switch {
-		case ws.Exited(), ws.Signaled():
-			return fmt.Errorf("%w: %d ended before it could be attached (%v)", ErrNoProcess, pid, waitStatusString(ws))
-		case ws.Stopped() && ws.StopSignal() == unix.SIGTRAP:
-			return nil
-		case ws.Stopped():
-			if err := unix.PtraceCont(pid, int(ws.StopSignal())); err != nil {
-				return fmt.Errorf("ptrace cont %d: %w", pid, err)
-			}
+		if err := unix.PtraceCont(pid, int(sig)); err != nil {
+			return false, fmt.Errorf("ptrace cont %d: %w", pid, err)
 		}
 	}
 }
 
-func waitStatusString(ws unix.WaitStatus) string {
-	if ws.Signaled() {
-		return "signal " + ws.Signal().String()
+// waitid is waitid(2) on one child, traced or not, retried on EINTR.
+func waitid(pid int, info *unix.Siginfo, options int) error {
+	for {
+		err := unix.Waitid(unix.P_PID, pid, info, options|unix.WALL, nil)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
 	}
-	return fmt.Sprintf("exit status %d", ws.ExitStatus())
+}
+
+// sigchldStatus is si_status of a siginfo that waitid filled in (for a
+// stop, the stop signal), which unix.Siginfo does not name: after
+// si_signo, si_errno and si_code comes a union aligned like a pointer,
+// whose member for SIGCHLD is si_pid, si_uid, si_status.
+func sigchldStatus(info *unix.Siginfo) int {
+	type sigchld struct {
+		_      [3]int32
+		_      [0]uintptr
+		_      [2]int32
+		status int32
+	}
+	return int((*sigchld)(unsafe.Pointer(info)).status)
 }

@@ -129,3 +129,51 @@ func TestStartWithoutCloneInto(t *testing.T) {
 		}
 	})
 }
+
+// A child killed before its exec stop (here by the test, as by the OOM
+// killer or an operator) has ended: Start must neither signal it nor reap
+// it itself. Reaped early, its pid would be free, for a stranger, while
+// Start still killed it and cmd.Wait waited for it (by number, where the
+// kernel has no pidfds); left to cmd.Wait, it ends with its real status.
+func TestStartTracedChildEndsBeforeExecStop(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: ptrace start is only used with cgroups")
+	}
+	kills := 0
+	killTracee = func(p *os.Process) error {
+		kills++
+		return p.Kill()
+	}
+	testHookTracedStarted = func(p *os.Process) {
+		if err := p.Kill(); err != nil {
+			t.Errorf("kill the child before its exec stop: %v", err)
+		}
+	}
+	t.Cleanup(func() {
+		killTracee = (*os.Process).Kill
+		testHookTracedStarted = nil
+	})
+	cmd := exec.Command("/bin/sleep", "1000")
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
+	attached := false
+	err := startTraced(cmd, func(int) error {
+		attached = true
+		return nil
+	})
+	if !errors.Is(err, ErrNoProcess) {
+		t.Fatalf("startTraced = %v, want ErrNoProcess", err)
+	}
+	t.Log(err)
+	if attached {
+		t.Error("attach ran for a child that had ended")
+	}
+	if kills != 0 {
+		t.Errorf("%d kills sent to a child that had ended", kills)
+	}
+	if cmd.ProcessState == nil {
+		t.Fatal("cmd.Wait found no child: it was reaped before, and its pid was free while Start used it")
+	}
+	if ws := cmd.ProcessState.Sys().(syscall.WaitStatus); ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("child ended with %v, want SIGKILL", cmd.ProcessState)
+	}
+}

@@ -127,20 +127,41 @@ func (t *v1Tree) create(rel string, lim Limits) error {
 	return nil
 }
 
-// attach writes pid into rel in every controller.
+// attach writes pid into rel in every controller, the freezer last: in
+// ModeV1 the freezer tree is the membership authority, and the limits
+// must already apply when the process shows there as the lease's. A
+// failure on the way leaves it out of the membership tree.
 func (t *v1Tree) attach(rel string, pid int) error {
-	for _, c := range t.allCtrls() {
+	for _, c := range t.limitCtrls() {
 		if err := writeProcs(string(c), t.dir(c, rel), pid); err != nil {
 			return err
 		}
 	}
+	if t.freezer {
+		return writeProcs(string(cgroup1.Freezer), t.dir(cgroup1.Freezer, rel), pid)
+	}
 	return nil
+}
+
+// writeFile writes s to an existing interface file of a cgroup. Unlike
+// os.WriteFile it opens without O_CREAT: kernfs answers an O_CREAT open of
+// a file it does not have with EACCES, not ENOENT, so only this way does a
+// missing file (cgroup.kill before Linux 5.14) read as fs.ErrNotExist.
+func writeFile(path, s string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(s)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // writeProcs moves pid into the cgroup at dir.
 func writeProcs(hierarchy, dir string, pid int) error {
-	f := filepath.Join(dir, "cgroup.procs")
-	err := os.WriteFile(f, []byte(strconv.Itoa(pid)), 0)
+	err := writeFile(filepath.Join(dir, "cgroup.procs"), strconv.Itoa(pid))
 	switch {
 	case err == nil:
 		return nil
@@ -260,7 +281,7 @@ func (f v1Freezer) set(frozen bool) error {
 	if frozen {
 		v = "FROZEN"
 	}
-	if err := os.WriteFile(filepath.Join(f.dir, "freezer.state"), []byte(v), 0); err != nil {
+	if err := writeFile(filepath.Join(f.dir, "freezer.state"), v); err != nil {
 		return fmt.Errorf("cgroup: freezer: write %s to %s/freezer.state: %w", v, f.dir, err)
 	}
 	return nil

@@ -193,7 +193,7 @@ func (f v2Freezer) set(frozen bool) error {
 	if frozen {
 		v = "1"
 	}
-	if err := os.WriteFile(filepath.Join(f.dir, "cgroup.freeze"), []byte(v), 0); err != nil {
+	if err := writeFile(filepath.Join(f.dir, "cgroup.freeze"), v); err != nil {
 		return fmt.Errorf("cgroup: unified: write %s to %s/cgroup.freeze: %w", v, f.dir, err)
 	}
 	return nil
