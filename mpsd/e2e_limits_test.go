@@ -508,3 +508,21 @@ func TestNonObjectLeaseRequestRefused(t *testing.T) {
 		t.Errorf("leases after the refused requests: %+v", st.Leases)
 	}
 }
+
+// A quarantine's reason, as a non-admin's status shows it, keeps the
+// failures' count and window but not the last failure's reason, which
+// names processes: a server's pid, perhaps another tenant's.
+func TestOwnViewHidesTheLastFailure(t *testing.T) {
+	st := api.Status{Instances: []api.InstanceStatus{{State: api.InstanceQuarantined, DaemonPID: 4100, ServerPIDs: []int{4242},
+		QuarantineReason: "5 failures in 10m0s" + lastFailure + "MPS server 4242 of group a on GPU 0 died (killed by SIGKILL)"}}}
+	got := ownView(st, 1000).Instances[0]
+	if strings.Contains(got.QuarantineReason, "4242") || !strings.HasPrefix(got.QuarantineReason, "5 failures in 10m0s") {
+		t.Errorf("non-admin's quarantine reason %q; want the count and window without the server's pid", got.QuarantineReason)
+	}
+	if got.DaemonPID != 0 || len(got.ServerPIDs) != 0 {
+		t.Errorf("non-admin sees daemon %d, servers %v", got.DaemonPID, got.ServerPIDs)
+	}
+	if st.Instances[0].QuarantineReason == got.QuarantineReason {
+		t.Error("the admin's status was changed too")
+	}
+}

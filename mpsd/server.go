@@ -586,10 +586,19 @@ func ownView(st api.Status, uid uint32) api.Status {
 	}
 	for _, in := range st.Instances {
 		in.DaemonPID, in.ServerPIDs = 0, []int{}
+		// The last failure's reason names processes (a server's pid,
+		// another tenant's); the count and window are everyone's.
+		if before, _, found := strings.Cut(in.QuarantineReason, lastFailure); found {
+			in.QuarantineReason = before + " (an admin's status names the last)"
+		}
 		out.Instances = append(out.Instances, in)
 	}
 	return out
 }
+
+// lastFailure joins, in a quarantine's reason, the failures' count and
+// window to the last one's reason, which only admins see.
+const lastFailure = "; the last: "
 
 // Status is the document of GET /v1/status.
 func (d *Daemon) Status() api.Status {

@@ -198,7 +198,7 @@ func (d *Daemon) recoverOnce(in *instance, pending []fault) {
 		in.failures = append(keep, start)
 		if len(in.failures) >= wd.QuarantineAfter && !in.holds.quarantined {
 			in.holds.quarantined = true
-			in.quarantinedFor = fmt.Sprintf("%d failures in %s; the last: %s", len(in.failures), wd.QuarantineWindow, f.reason)
+			in.quarantinedFor = fmt.Sprintf("%d failures in %s%s%s", len(in.failures), wd.QuarantineWindow, lastFailure, f.reason)
 			d.store.request()
 			in.log.Error("instance quarantined: it failed too often; mpsctl resume reopens it",
 				"failures", len(in.failures), "window", wd.QuarantineWindow)
