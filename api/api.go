@@ -216,6 +216,10 @@ const (
 // one; a group's max_clients may bound it lower.
 const MaxProcs = 48
 
+// MaxWaitMillis is the longest wait_ms a request may ask for: the most
+// milliseconds a time.Duration holds (about 292 years).
+const MaxWaitMillis = int64(1<<63-1) / int64(time.Millisecond)
+
 // Validate checks the ranges the protocol fixes; the group's own limits
 // are mpsd's policy, not checked here. The error wraps ErrInvalid and names
 // every field that is wrong.
@@ -233,8 +237,11 @@ func (r LeaseRequest) Validate() error {
 	if r.RequeueAttempts != nil && *r.RequeueAttempts < 0 {
 		why = append(why, fmt.Sprintf("requeue_attempts %d is negative", *r.RequeueAttempts))
 	}
-	if r.WaitMillis < 0 {
+	switch {
+	case r.WaitMillis < 0:
 		why = append(why, fmt.Sprintf("wait_ms %d is negative", r.WaitMillis))
+	case r.WaitMillis > MaxWaitMillis:
+		why = append(why, fmt.Sprintf("wait_ms %d is more than %d (a wait that long is no time.Duration)", r.WaitMillis, MaxWaitMillis))
 	}
 	if r.NoWait && r.WaitMillis != 0 {
 		why = append(why, "no_wait and wait_ms exclude each other")

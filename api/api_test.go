@@ -43,6 +43,7 @@ func TestDecodeLeaseRequest(t *testing.T) {
 		{"negative everything", `{"sm":-1,"mem_bytes":-1,"gpus":-1,"requeue_attempts":-1,"wait_ms":-1}`, LeaseRequest{}, ErrInvalid,
 			"sm -1: want 1 to 100, or 0 for the group's default; mem_bytes -1 is negative; gpus -1 is negative; requeue_attempts -1 is negative; wait_ms -1 is negative"},
 		{"no_wait with wait_ms", `{"no_wait":true,"wait_ms":5}`, LeaseRequest{}, ErrInvalid, "exclude each other"},
+		{"wait_ms past a time.Duration", `{"wait_ms":9223372036855}`, LeaseRequest{}, ErrInvalid, "wait_ms 9223372036855 is more than 9223372036854"},
 		{"bad resume id", `{"resume_lease_id":"../x","attempt":1}`, LeaseRequest{}, ErrInvalid, "resume_lease_id"},
 		{"resume without attempt", `{"resume_lease_id":"l-1"}`, LeaseRequest{}, ErrInvalid, "attempt 0"},
 		{"attempt without resume", `{"attempt":2}`, LeaseRequest{}, ErrInvalid, "only sent with resume_lease_id"},
