@@ -20,6 +20,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -190,7 +191,7 @@ func (c *Client) Lease(ctx context.Context, req api.LeaseRequest) (*Stream, erro
 	}
 	if rc.resp.status != 200 {
 		defer rc.close()
-		return nil, api.DecodeError(rc.resp.status, rc.resp.body)
+		return nil, c.refusal(ctx, rc, what)
 	}
 	if ct := rc.resp.contentType; !hasPrefix(ct, api.ContentTypeNDJSON) {
 		rc.close()
@@ -254,7 +255,7 @@ func (c *Client) unary(ctx context.Context, method, path string, body []byte, ou
 	}
 	defer rc.close()
 	if rc.resp.status < 200 || rc.resp.status > 299 {
-		return nil, api.DecodeError(rc.resp.status, rc.resp.body)
+		return nil, c.refusal(ctx, rc, what)
 	}
 	raw, err := io.ReadAll(io.LimitReader(rc.resp.body, MaxResponseBytes+1))
 	if err != nil {
@@ -281,6 +282,8 @@ type roundTrip struct {
 	resp    *response
 	stop    func() bool
 	timeout time.Duration // the Timeout in force, for its message
+	// end is Timeout's deadline, zero when none (the lease stream's).
+	end time.Time
 }
 
 func (rc *roundTrip) close() {
@@ -339,12 +342,69 @@ func (c *Client) roundTrip(ctx context.Context, method, path string, body []byte
 		}
 		return nil, c.requestError(ctx, what, err, headerDeadline)
 	}
-	rc.resp = resp
+	rc.resp, rc.end = resp, end
 	if err := conn.SetDeadline(end); err != nil || ctx.Err() != nil {
 		rc.close()
 		return nil, c.requestError(ctx, what, cmpErr(ctx.Err(), err), 0)
 	}
 	return rc, nil
+}
+
+// refusal reads the body of a non-2xx answer and returns mpsd's error.
+// mpsd writes the body with the headers, so the read is bounded like the
+// headers' (HeaderTimeout, or Timeout's deadline if sooner): a lease
+// stream's connection has no deadline of its own, and a body that never
+// comes would otherwise hold the caller (the launcher's reconnect) for as
+// long as ctx lasts. A body that does not come whole leaves the status to
+// say what it can (statusCode): a 503 stays a temporary refusal.
+func (c *Client) refusal(ctx context.Context, rc *roundTrip, what string) error {
+	wait := c.headerTimeout()
+	by := time.Now().Add(wait)
+	if !rc.end.IsZero() && rc.end.Before(by) {
+		by, wait = rc.end, time.Until(rc.end)
+	}
+	// ctx's AfterFunc may have set a deadline in the past already: its
+	// end is checked after this one is set, as roundTrip does.
+	if err := rc.conn.SetDeadline(by); err != nil || ctx.Err() != nil {
+		return c.requestError(ctx, what, cmpErr(ctx.Err(), err), 0)
+	}
+	body, err := io.ReadAll(io.LimitReader(rc.resp.body, api.MaxEventBytes))
+	if err == nil {
+		return api.DecodeError(rc.resp.status, bytes.NewReader(body))
+	}
+	if ctx.Err() != nil {
+		// The caller's end, not mpsd's doing.
+		return c.requestError(ctx, what, err, 0)
+	}
+	var (
+		ne  net.Error
+		why string
+	)
+	switch {
+	case errors.As(err, &ne) && ne.Timeout():
+		why = "its error body did not come within " + wait.Round(time.Millisecond).String()
+	case errors.Is(err, errChunked):
+		why = "its error body broke the chunked encoding"
+	default:
+		why = "the connection ended in the middle of its error body"
+	}
+	return &api.Error{Code: statusCode(rc.resp.status),
+		Message: fmt.Sprintf("%s via %s: mpsd answered %d, but %s", what, c.socket, rc.resp.status, why)}
+}
+
+// statusCode is the error code a refusal with status most likely carries,
+// for one whose body could not be read: the temporary ones (mpsd's
+// connection caps answer 429 or 503 over_limit, a stopping mpsd 503
+// unavailable) keep their meaning, the others are CodeInternal, as
+// api.DecodeError makes a body that is not an error.
+func statusCode(status int) api.ErrorCode {
+	switch status {
+	case 429:
+		return api.CodeOverLimit
+	case 503:
+		return api.CodeUnavailable
+	}
+	return api.CodeInternal
 }
 
 func (c *Client) headerTimeout() time.Duration {

@@ -333,3 +333,49 @@ func TestGetRetriedOnceAfterACut(t *testing.T) {
 		})
 	}
 }
+
+// An error answer whose body does not come whole: a lease stream's
+// connection has no deadline after the headers, yet the body's read is
+// bounded like the headers' wait, and the status keeps its meaning (mpsd's
+// connection caps answer 503 over_limit: a 503 stays temporary).
+func TestRefusalBodyNotWhole(t *testing.T) {
+	const partial = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 80\r\n\r\n{\"code\":"
+	for _, tc := range []struct {
+		name string
+		cut  bool // mpsd's end closes the connection; else it stays silent
+		want string
+	}{
+		{"body never comes", false, "mpsd answered 503, but its error body did not come within 100ms"},
+		{"body cut", true, "mpsd answered 503, but the connection ended in the middle of its error body"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			socket := serveConns(t, func(c net.Conn) {
+				buf := make([]byte, 4096)
+				_, _ = c.Read(buf) // the request
+				_, _ = io.WriteString(c, partial)
+				if !tc.cut {
+					// Silent until the client gives up and closes.
+					_, _ = io.Copy(io.Discard, c)
+				}
+				c.Close()
+			})
+			c := New(socket)
+			c.HeaderTimeout = 100 * time.Millisecond
+			// ctx outlasts the header wait many times over: the bound must
+			// be the client's own, as the launcher's streams have none.
+			ctx, cancel := context.WithTimeout(t.Context(), apitest.Wait)
+			defer cancel()
+			check := func(what string, err error) {
+				t.Helper()
+				var ae *api.Error
+				if !errors.As(err, &ae) || !ae.Code.Temporary() || ae.Code != api.CodeUnavailable || !strings.HasSuffix(ae.Message, tc.want) {
+					t.Errorf("%s = %v (%T), want a temporary refusal ending %q", what, err, err, tc.want)
+				}
+			}
+			_, err := c.Lease(ctx, api.LeaseRequest{SM: 10})
+			check("Lease", err)
+			_, err = c.Get(ctx, api.PathStatus, nil)
+			check("Get", err)
+		})
+	}
+}
