@@ -415,7 +415,7 @@ func (o Options) LeaseRequest() api.LeaseRequest {
 		GPUs:      o.GPUs,
 		Group:     o.Group,
 		NoWait:    o.NoWait,
-		Command:   o.Command,
+		Command:   shownCommand(o.Command),
 		GPUSelect: o.GPUSelect,
 		JobID:     o.JobID,
 		Procs:     o.Procs,
@@ -435,4 +435,53 @@ func (o Options) LeaseRequest() api.LeaseRequest {
 		req.WaitMillis = ms
 	}
 	return req
+}
+
+// maxShownCommand bounds the bytes of the argv a lease request names for
+// mpsd's status and logs (api.LeaseRequest.Command, display only). mpsd
+// refuses a request whose Command is over api.MaxCommandBytes, and JSON
+// may spell one byte in six (\u00XX), so a quarter of it stays inside
+// api.MaxRequestBytes with the request's other fields too. The command
+// itself runs with its whole argv.
+const maxShownCommand = api.MaxCommandBytes / 4
+
+// shownCommand is argv as the lease request names it: whole while it fits
+// maxShownCommand, else its first arguments that fit, then a marker that
+// says how many more the command has (a program name too long on its own
+// is cut at a rune boundary, with an ellipsis). The marker has no spaces,
+// so a status that quotes arguments with spaces shows it plainly.
+func shownCommand(argv []string) []string {
+	n := 0
+	for _, a := range argv {
+		n += len(a)
+	}
+	if n <= maxShownCommand {
+		return argv
+	}
+	// Room for the marker (an ellipsis, a count, and words).
+	budget := maxShownCommand - 64
+	var shown []string
+	for _, a := range argv {
+		if len(a) > budget {
+			break
+		}
+		shown = append(shown, a)
+		budget -= len(a)
+	}
+	if len(shown) == 0 {
+		a := argv[0]
+		cut := budget
+		for cut > 0 && !utf8.RuneStart(a[cut]) {
+			cut--
+		}
+		shown = append(shown, a[:cut]+"…")
+	}
+	switch more := len(argv) - len(shown); more {
+	case 0:
+	case 1:
+		shown = append(shown, "…(+1-more-argument)")
+	default:
+		shown = append(shown, fmt.Sprintf("…(+%d-more-arguments)", more))
+	}
+	return shown
 }

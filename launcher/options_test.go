@@ -2,10 +2,13 @@ package launcher
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/internal/units"
@@ -274,6 +277,51 @@ func TestOptionsLeaseRequest(t *testing.T) {
 			got := tc.o.LeaseRequest()
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("LeaseRequest()\n got %+v\nwant %+v", got, tc.want)
+			}
+			if err := got.Validate(); err != nil {
+				t.Errorf("request is invalid: %v", err)
+			}
+		})
+	}
+}
+
+// TestShownCommand: the argv a lease request names is display only, and
+// mpsd refuses one over api.MaxCommandBytes; a long one is cut to whole
+// arguments that fit maxShownCommand and a count of the rest.
+func TestShownCommand(t *testing.T) {
+	shard := "/data/shard-000000.bin" // 22 bytes
+	many := []string{"/bin/true"}
+	for range 3000 {
+		many = append(many, shard) // 66 KB in all
+	}
+	long := strings.Repeat("é", maxShownCommand) // 2 bytes a rune
+	fits := (maxShownCommand - 64 - len("/bin/true")) / len(shard)
+	for _, tc := range []struct {
+		name string
+		argv []string
+		want []string
+	}{
+		{"short", []string{"a", "b"}, []string{"a", "b"}},
+		{"exactly the limit", []string{strings.Repeat("x", maxShownCommand)}, []string{strings.Repeat("x", maxShownCommand)}},
+		{"many arguments", many, append(slices.Clone(many[:1+fits]), fmt.Sprintf("…(+%d-more-arguments)", 3000-fits))},
+		{"one argument too many", []string{"/bin/true", strings.Repeat("x", maxShownCommand)}, []string{"/bin/true", "…(+1-more-argument)"}},
+		{"a program name too long on its own, cut between runes", []string{"x" + long, "a"},
+			[]string{"x" + long[:maxShownCommand-64-2] + "…", "…(+1-more-argument)"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Options{Requeue: -1, Command: tc.argv}.LeaseRequest()
+			if !slices.Equal(got.Command, tc.want) {
+				t.Errorf("Command of %d arguments:\n got %d: %.200q\nwant %d: %.200q", len(tc.argv), len(got.Command), got.Command, len(tc.want), tc.want)
+			}
+			n := 0
+			for _, a := range got.Command {
+				n += len(a)
+				if !utf8.ValidString(a) {
+					t.Errorf("argument %.40q is not UTF-8", a)
+				}
+			}
+			if n > maxShownCommand {
+				t.Errorf("Command is %d bytes, more than %d", n, maxShownCommand)
 			}
 			if err := got.Validate(); err != nil {
 				t.Errorf("request is invalid: %v", err)
