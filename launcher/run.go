@@ -278,6 +278,10 @@ func (s *session) run(ctx context.Context) (int, error) {
 			s.release(sctx)
 			return r.code, r.err
 		}
+		// Whatever the handler did to s.st (a step, or a launch outside
+		// one: the held lease's retry), the verdict's timer follows it
+		// here, once: a verdict without its timer would wait for ever.
+		s.syncVerdictTimer()
 	}
 }
 
@@ -333,7 +337,6 @@ func (s *session) step(ctx context.Context, in input) *done {
 
 // apply carries out acts in order; an end stops there.
 func (s *session) apply(ctx context.Context, acts []action) *done {
-	defer s.syncVerdictTimer()
 	for _, a := range acts {
 		switch a.kind {
 		case actSay:
@@ -384,7 +387,8 @@ func (s *session) askRelease(ctx context.Context, l *api.Lease) {
 }
 
 // syncVerdictTimer makes the verdict timer fire at st.verdict's end, or
-// not at all.
+// not at all. run's loop calls it after each handler, the one place that
+// sees every change of s.st.
 func (s *session) syncVerdictTimer() {
 	v := s.st.verdict
 	if v == nil || !v.until.Equal(s.verdictAt) {

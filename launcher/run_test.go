@@ -129,6 +129,39 @@ func TestRunGrantedLease(t *testing.T) {
 	}
 }
 
+// TestRunLongArgv: a command with more than 64 KiB of arguments (a tool
+// given thousands of files) runs with all of them, while the request
+// names only the start of its argv for mpsd's status, which refuses a
+// command over api.MaxCommandBytes (and a request over api.MaxRequestBytes).
+func TestRunLongArgv(t *testing.T) {
+	h := newHarness(t, nil)
+	cmd := h.sh(`echo "$#" > count`)
+	cmd = append(cmd, "sh") // $0
+	for range 3000 {
+		cmd = append(cmd, "/data/shard-000000.bin") // 66 KB in all
+	}
+	done := h.start(t.Context(), cmd...)
+	var lc *apitest.LeaseConn
+	select {
+	case lc = <-h.fake.Leases():
+	case code := <-done:
+		t.Fatalf("exit %d before a lease stream; stderr %q", code, h.read("stderr"))
+	case <-time.After(apitest.Wait):
+		t.Fatalf("no lease request within %s", apitest.Wait)
+	}
+	want := shownCommand(cmd)
+	if !slices.Equal(lc.Request.Command, want) || len(want) >= len(cmd) || !strings.HasPrefix(want[len(want)-1], "…(+") {
+		t.Errorf("request names %d arguments, ending %q; want the %d of %q", len(lc.Request.Command), lc.Request.Command[max(0, len(lc.Request.Command)-1):], len(want), want[len(want)-1])
+	}
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
+	if code := h.wait(done); code != 0 {
+		t.Fatalf("exit %d, want 0; stderr %q", code, h.read("stderr"))
+	}
+	if got := h.read("count"); got != "3000\n" {
+		t.Errorf("the command got %q arguments, want all 3000", got)
+	}
+}
+
 // TestRunWaitsForTheSignals: Main registers the forwarded signals while
 // the request goes out; a command started before they are would not have
 // a signal to mps-launch forwarded, so the granted command waits for them.
@@ -654,6 +687,42 @@ func TestRunAttachRefused(t *testing.T) {
 		t.Errorf("the command ran although its attach was refused (%v)", err)
 	}
 	lc.WaitReleased(t)
+}
+
+// TestRunHeldAttachRefused: the grant's attach finds mpsd gone, so the
+// lease is held and its attach tried again while the stream stays open;
+// that retry is refused because the lease moved on meanwhile. The refusal
+// waits RevokeGrace for a revocation like any refused attach, then ends
+// (125, the attach's error): its verdict must be timed although the retry
+// runs outside a step.
+func TestRunHeldAttachRefused(t *testing.T) {
+	h := newHarness(t, nil)
+	h.cfg.RevokeGrace = 50 * time.Millisecond
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := h.start(ctx, h.sh("echo ran > marker")...)
+	lc := h.fake.NextLease(t)
+	h.fake.DropAttaches(apitest.DropEOF, 1)
+	h.fake.RefuseAttach("lease-1", api.Error{Code: api.CodeConflict, Message: "lease lease-1 is at attempt 2, not 1"})
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
+	h.fake.NextDrop(t) // the first attach: mpsd unreachable, the lease held
+	select {
+	case code := <-done:
+		if code != ExitFailure {
+			t.Errorf("exit %d, want %d", code, ExitFailure)
+		}
+	case <-time.After(apitest.Wait):
+		// Stop the session the test started before failing it.
+		cancel()
+		<-done
+		t.Fatalf("Run did not end within %s after the held attach's retry was refused; stderr %q", apitest.Wait, h.read("stderr"))
+	}
+	if regexp.MustCompile(`^mps-launch: attach pid \d+ to lease lease-1: lease lease-1 is at attempt 2, not 1\n$`).FindString(h.read("stderr")) == "" {
+		t.Errorf("stderr %q", h.read("stderr"))
+	}
+	if _, err := os.Stat(h.path("marker")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the command ran although its attach was refused (%v)", err)
+	}
 }
 
 func TestRunReconnect(t *testing.T) {

@@ -31,14 +31,18 @@ const (
 	// phaseRunning: the command runs under the lease.
 	phaseRunning
 	// phaseRevoked: mpsd revoked the lease; its command (if still there)
-	// is being killed by mpsd, and a requeue or an end follows.
+	// is being killed by mpsd, and a requeue or an end follows (a command
+	// that exits 0 on its own meanwhile ends the session instead).
 	phaseRevoked
 	// phaseVerdictPending: the command ended with a failure (or its
 	// attach was refused) that may be mpsd's revocation; the verdict
 	// waits for the event that would say so.
 	phaseVerdictPending
-	// phaseDetached: the command runs on without mpsd (the stream broke
-	// while it ran); its end is the session's end.
+	// phaseDetached: the session has no stream of the command's lease any
+	// more (mpsd lost the lease, mpsd stayed away, or the stream broke the
+	// protocol and was closed, which has mpsd release the lease and kill
+	// the command); the command's end, whoever brings it, is the
+	// session's end.
 	phaseDetached
 	// phaseDone: the session has ended.
 	phaseDone
@@ -166,7 +170,7 @@ const (
 	// inVerdictDue: the verdict's wait is over.
 	inVerdictDue
 	// inFail: err ends the session, unless a command runs (it is the
-	// user's and outlives a broken daemon).
+	// user's: the session ends with it).
 	inFail
 	// inGiveUp: the wait for mpsd ends with err (a reconnect refused or
 	// out of time); a command that failed while mpsd was away keeps its
@@ -257,14 +261,15 @@ func step(st state, in input, tm timing) (state, []action) {
 		st.phase = phaseDone
 		acts = append(acts, action{kind: actEnd, code: code, err: err})
 	}
-	// detach lets the command run on without mpsd after err; the stream
-	// is already closed, so its end is the session's end.
+	// detach leaves the command to its fate after err, the stream closed
+	// (here or already): its end is the session's end. The line says what
+	// becomes of it (detachedFate).
 	detach := func(err error) {
 		st.phase = phaseDetached
-		say("%s; the command keeps running without a lease", message(err))
+		say("%s; %s", message(err), detachedFate(err))
 	}
 	// fail ends the session with err, unless a command runs: it is the
-	// user's and outlives a broken daemon.
+	// user's, and the session ends with it, however it ends (detach).
 	fail := func(err error) {
 		acts = append(acts, action{kind: actCloseStream})
 		switch {
@@ -442,6 +447,28 @@ func step(st state, in input, tm timing) (state, []action) {
 			st.verdict = &verdict{code: code, why: verdictFailed, until: in.now.Add(tm.revokeGrace)}
 			break
 		}
+		if code == 0 && in.killedBy == "" {
+			// mpsd sends revoked before it kills the cgroup, so a command
+			// can finish on its own in that moment: it did its job, and
+			// the requeued attempt (or the grant that waited for it) would
+			// run it a second time. The session ends with its 0; closing
+			// the stream gives the requeued lease up. A failure or a kill
+			// is the revocation's, and goes on as below.
+			st.pending, st.final = nil, nil
+			if !tm.quiet {
+				say("the command exited 0 as lease %s was revoked (%s); it is not run again", st.leaseID, st.revoked)
+			}
+			if in.reconnecting {
+				// mpsd is away and still counts the lease: as for a success
+				// without a revocation, the resumed stream is closed as soon
+				// as it comes, then the session ends with 0.
+				st.finished = true
+				break
+			}
+			acts = append(acts, action{kind: actCloseStream})
+			end(0, nil)
+			break
+		}
 		switch {
 		case st.final != nil:
 			end(0, st.final)
@@ -553,6 +580,33 @@ func attachRefused(st state, err error, now time.Time, tm timing) state {
 	st.phase = phaseVerdictPending
 	st.verdict = &verdict{code: ExitFailure, err: err, why: verdictAttach, until: now.Add(tm.revokeGrace)}
 	return st
+}
+
+// detachedFate is what becomes of the running command once the session
+// gives up its lease's stream after err, for the line that says so: an
+// mpsd that is there releases a lease whose stream closes, killing its
+// cgroup, so only a lease mpsd does not know leaves the command running
+// for good.
+func detachedFate(err error) string {
+	var ae *api.Error
+	switch {
+	case errors.Is(err, ErrLost):
+		// mpsd is away: one that comes back waits for this launcher for
+		// its reconnect grace, then releases the lease.
+		return "the command runs on without a lease, until an mpsd that comes back ends it"
+	case errors.As(err, &ae) && ae.Code == api.CodeNotFound:
+		// mpsd does not know the lease (it lost it): nothing of it is
+		// left to release.
+		return "the command keeps running without a lease"
+	case errors.As(err, &ae):
+		// mpsd ended the lease's stream itself, or refused to resume it:
+		// it may still hold the lease, and release it (killing the
+		// command) once it gives up on the lease's stream.
+		return "the command runs on without a lease, unless mpsd ends it"
+	}
+	// A protocol violation: mpsd is there, and the stream this launcher
+	// closes is the lease.
+	return "mpsd ends the command as it releases the lease"
 }
 
 func leaseIDOf(l *api.Lease) string {

@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"strings"
@@ -122,12 +123,11 @@ func TestStep(t *testing.T) {
 			}},
 		{name: "grant while the command runs confirms its lease",
 			st: running(), in: evGranted(grant("lease-1", 1)), phase: phaseRunning, acts: nil},
-		{name: "grant of another lease while the command runs breaks the protocol; the command runs on",
+		{name: "grant of another lease while the command runs breaks the protocol; closing the stream has mpsd end the command",
 			st: running(), in: evGranted(grant("lease-2", 1)), phase: phaseDetached, acts: []actionKind{actCloseStream, actSay},
 			check: func(t *testing.T, _ state, acts []action) {
-				if !strings.Contains(acts[1].line, "granted lease lease-2 while the command runs under lease lease-1") ||
-					!strings.HasSuffix(acts[1].line, "the command keeps running without a lease") {
-					t.Errorf("line %q", acts[1].line)
+				if want := "protocol violation: granted lease lease-2 while the command runs under lease lease-1; mpsd ends the command as it releases the lease"; acts[1].line != want {
+					t.Errorf("line %q, want %q", acts[1].line, want)
 				}
 			}},
 		{name: "revoked before any grant breaks the protocol",
@@ -179,6 +179,26 @@ func TestStep(t *testing.T) {
 		{name: "the revoked command's exit with no grant yet waits for the requeue",
 			st: func() state { s := running(); s.phase, s.revoked = phaseRevoked, "xid 79"; return s }(),
 			in: childExit(137, true, false), phase: phaseRevoked, acts: nil},
+		{name: "the revoked command's exit 0 ends the session: it finished before mpsd's kill",
+			st: func() state {
+				s := running()
+				s.phase, s.revoked, s.pending = phaseRevoked, "xid 79", grant("lease-1", 2)
+				return s
+			}(),
+			in: childExit(0, true, false), phase: phaseDone, acts: []actionKind{actSay, actCloseStream, actEnd},
+			check: func(t *testing.T, st state, acts []action) {
+				if acts[2].code != 0 || acts[2].err != nil || st.pending != nil {
+					t.Errorf("end %+v, state %+v", acts[2], st)
+				}
+			}},
+		{name: "the revoked command's exit 0 while mpsd is away waits for the lease's hand-back",
+			st: func() state { s := running(); s.phase, s.revoked = phaseRevoked, "xid 79"; return s }(),
+			in: childExit(0, false, true), phase: phaseRevoked, acts: []actionKind{actSay},
+			check: func(t *testing.T, st state, _ []action) {
+				if !st.finished || st.child {
+					t.Errorf("state %+v", st)
+				}
+			}},
 		{name: "the revoked command's exit after an error event ends with the error",
 			st: func() state {
 				s := running()
@@ -497,5 +517,126 @@ func TestStepRevokedDropsPendingGrant(t *testing.T) {
 	}
 	if st.phase != phaseLaunching || st.attempt != 3 {
 		t.Errorf("phase %s attempt %d, want launching 3", st.phase, st.attempt)
+	}
+}
+
+// TestStepSuccessAsRevoked: mpsd sends revoked before it kills the
+// cgroup, so the command can exit 0 on its own in between, and run's loop
+// may take the event first. Either order, the command that finished is not
+// run again under the requeued lease; a failure or a kill is still the
+// revocation's and the requeued attempt runs.
+func TestStepSuccessAsRevoked(t *testing.T) {
+	killed := childExit(137, true, false)
+	killed.killedBy = "SIGKILL"
+	for _, tc := range []struct {
+		name   string
+		ins    []input
+		launch bool // the requeued grant is launched, else the session ends with 0
+		quiet  bool
+	}{
+		{name: "exit 0, then revoked",
+			ins: []input{childExit(0, true, false), evRevoked("xid 79"), evRequeued(2), evGranted(grant("lease-1", 2))}},
+		{name: "revoked, then exit 0",
+			ins: []input{evRevoked("xid 79"), childExit(0, true, false), evRequeued(2), evGranted(grant("lease-1", 2))}},
+		{name: "revoked, requeued, then exit 0",
+			ins: []input{evRevoked("xid 79"), evRequeued(2), childExit(0, true, false), evGranted(grant("lease-1", 2))}},
+		{name: "revoked, requeued, granted, then exit 0: the waiting grant is not launched",
+			ins: []input{evRevoked("xid 79"), evRequeued(2), evGranted(grant("lease-1", 2)), childExit(0, true, false)}},
+		{name: "revoked, then exit 0, quiet",
+			ins:   []input{evRevoked("xid 79"), childExit(0, true, false), evRequeued(2)},
+			quiet: true},
+		{name: "revoked, then a failure: the requeued attempt runs",
+			ins:    []input{evRevoked("xid 79"), childExit(1, true, false), evRequeued(2), evGranted(grant("lease-1", 2))},
+			launch: true},
+		{name: "revoked, then killed: the requeued attempt runs",
+			ins:    []input{evRevoked("xid 79"), killed, evRequeued(2), evGranted(grant("lease-1", 2))},
+			launch: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tm := tmTest
+			tm.quiet = tc.quiet
+			st := running()
+			var all []action
+			for _, in := range tc.ins {
+				if st.phase == phaseDone {
+					break // run's loop has returned: nothing more is stepped
+				}
+				var acts []action
+				st, acts = step(st, in, tm)
+				all = append(all, acts...)
+			}
+			if got := slices.Contains(kinds(all), actLaunch); got != tc.launch {
+				t.Fatalf("launched again: %v, want %v (%+v)", got, tc.launch, all)
+			}
+			if tc.launch {
+				if _, ok := endOf(all); ok || st.phase != phaseLaunching {
+					t.Errorf("phase %s, actions %+v: want the requeued attempt launching", st.phase, all)
+				}
+				return
+			}
+			a, ok := endOf(all)
+			if !ok || a.code != 0 || a.err != nil || st.phase != phaseDone {
+				t.Fatalf("phase %s, actions %+v: want an end with 0", st.phase, all)
+			}
+			if tc.name == "exit 0, then revoked" {
+				return // the existing order: the end comes before mpsd's events
+			}
+			// The stream's close before the end gives up the requeued lease.
+			if i := slices.Index(kinds(all), actCloseStream); i < 0 || i > slices.Index(kinds(all), actEnd) {
+				t.Errorf("actions %v: want the stream closed before the end", kinds(all))
+			}
+			var said []string
+			for _, a := range all {
+				if a.kind == actSay {
+					said = append(said, a.line)
+				}
+			}
+			if want := "the command exited 0 as lease lease-1 was revoked (xid 79); it is not run again"; !tc.quiet && !slices.Contains(said, want) {
+				t.Errorf("said %q, want %q", said, want)
+			}
+			if tc.quiet && len(said) != 0 {
+				t.Errorf("quiet, said %q", said)
+			}
+		})
+	}
+}
+
+// TestStepDetachedLine: the line that says the session gave up its
+// lease's stream while the command runs tells what becomes of the
+// command. A live mpsd releases a lease whose stream closes, killing its
+// cgroup: only where mpsd does not know the lease does it keep running.
+func TestStepDetachedLine(t *testing.T) {
+	protocol := fmt.Errorf("%w: bad line", ErrProtocol)
+	lost := fmt.Errorf("%w: unreachable for 1m0s: %w", ErrLost, ErrUnreachable)
+	for _, tc := range []struct {
+		name string
+		in   input
+		want string
+	}{
+		{"a bad line on the stream", input{kind: inStreamLost, now: t0, err: protocol},
+			"protocol violation: bad line; mpsd ends the command as it releases the lease"},
+		{"requeued without a revocation", evRequeued(2),
+			"protocol violation: requeued without a revocation; mpsd ends the command as it releases the lease"},
+		{"mpsd away for the outage window", input{kind: inGiveUp, now: t0, err: lost},
+			"gave up on mpsd: unreachable for 1m0s: cannot reach mpsd; the command runs on without a lease, until an mpsd that comes back ends it"},
+		{"the resumed lease unknown to mpsd", input{kind: inGiveUp, now: t0, err: &api.Error{Code: api.CodeNotFound, Message: "no lease lease-1"}},
+			"no lease lease-1; the command keeps running without a lease"},
+		{"the resume refused otherwise", input{kind: inGiveUp, now: t0, err: &api.Error{Code: api.CodeOverLimit, Message: "at the connection cap"}},
+			"at the connection cap; the command runs on without a lease, unless mpsd ends it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := running()
+			st.started = true
+			st, acts := step(st, tc.in, tmTest)
+			var said []string
+			for _, a := range acts {
+				if a.kind == actSay {
+					said = append(said, a.line)
+				}
+			}
+			if !slices.Equal(said, []string{tc.want}) || st.phase != phaseDetached || !slices.Contains(kinds(acts), actCloseStream) {
+				t.Errorf("said %q, phase %s, actions %v; want %q, detached, the stream closed", said, st.phase, kinds(acts), tc.want)
+			}
+		})
 	}
 }
