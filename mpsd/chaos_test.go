@@ -446,10 +446,12 @@ func classifyChaosEnd(code int, stderr string) (chaosEnd, string) {
 	var reason string
 	for _, line := range strings.Split(stderr, "\n") {
 		msg, ok := strings.CutPrefix(line, "mps-launch: ")
-		if !ok || strings.Contains(msg, "); requeued, attempt ") || strings.HasSuffix(msg, " was lost while mpsd was away; requesting a new one") {
+		if !ok || strings.Contains(msg, "); requeued, attempt ") || strings.HasSuffix(msg, " was lost while mpsd was away; requesting a new one") ||
+			strings.HasSuffix(msg, "; it is not run again") {
 			// Progress, not an end: the lease was requeued, or a lease
 			// mpsd had not yet written when it went is asked for anew
-			// (nothing ran under it).
+			// (nothing ran under it), or the command finished (exit 0)
+			// in the instant its lease was revoked and is not run again.
 			continue
 		}
 		reason = msg
@@ -464,7 +466,7 @@ func classifyChaosEnd(code int, stderr string) (chaosEnd, string) {
 		return endNoReason, reason
 	}
 	granted := strings.Contains(stderr, chaosRanMark) || strings.Contains(stderr, "); requeued, attempt ") ||
-		strings.Contains(reason, " to lease ") || strings.Contains(reason, "the command keeps running without a lease")
+		strings.Contains(reason, " to lease ") || strings.Contains(reason, "without a lease") || strings.Contains(reason, "mpsd ends the command")
 	// mpsd cannot be connected to, or went away in the middle of a request
 	// (it stopped: the connection ended before the answer).
 	unreachable := strings.Contains(reason, "cannot reach mpsd") || strings.Contains(reason, "lost mpsd") ||
@@ -569,8 +571,8 @@ func TestClassifyChaosEnd(t *testing.T) {
 		stopping   = "mps-launch: mpsd is stopping\n"
 		protocol   = "mps-launch: protocol violation: revoked before any lease was granted\n"
 		attachLost = "mps-launch: attach pid 42 to lease l-1: cannot reach mpsd at /s: connection refused\n"
-		detached   = "mps-launch: lost mpsd after 1m0s: cannot reach mpsd at /s: connection refused; the command keeps running without a lease\n"
-		detachedP  = "mps-launch: protocol violation: granted lease l-2 while the command runs under lease l-1; the command keeps running without a lease\n"
+		detached   = "mps-launch: lost mpsd after 1m0s: cannot reach mpsd at /s: connection refused; the command runs on without a lease, until an mpsd that comes back ends it\n"
+		detachedP  = "mps-launch: protocol violation: granted lease l-2 while the command runs under lease l-1; mpsd ends the command as it releases the lease\n"
 	)
 	for _, tc := range []struct {
 		name   string
@@ -580,6 +582,7 @@ func TestClassifyChaosEnd(t *testing.T) {
 	}{
 		{"completed", 0, ran, endCompleted},
 		{"completed after a requeue", 0, ran + requeued + ran, endCompleted},
+		{"completed as its lease was revoked", 0, ran + "mps-launch: the command exited 0 as lease l-1 was revoked (server exited); it is not run again\n", endCompleted},
 		{"completed after its unwritten lease was asked for anew", 0, "mps-launch: lease l-0 was lost while mpsd was away; requesting a new one\n" + ran, endCompleted},
 		{"lost, asked for anew, then mpsd unreachable", 75, "mps-launch: lease l-0 was lost while mpsd was away; requesting a new one\n" + lost, endUnreachableBeforeGrant},
 		{"unreachable at the first request", 75, unreach, endUnreachableBeforeGrant},
