@@ -608,8 +608,11 @@ func TestE2EAttachAuthorization(t *testing.T) {
 // handler does not read one (status, a path mpsd does not know, a method
 // it does not take): mpsd answers once the request timeout has passed
 // and closes the connection, instead of holding it, unanswered, for ever.
+// The status of 8 instances is an answer larger than net/http's buffer,
+// whose headers go out (and the body is drained) while the handler still
+// writes.
 func TestE2EUnsentBodyTimesOut(t *testing.T) {
-	e := newEnv(t, oneGroup, "")
+	e := newEnvGPUs(t, 8, oneGroup, "")
 	e.opts.RequestTimeout = time.Second
 	e.start()
 	for _, req := range []string{"GET " + api.PathStatus, "GET /v1/nothing-here", "DELETE " + api.PathStatus} {
@@ -629,6 +632,9 @@ func TestE2EUnsentBodyTimesOut(t *testing.T) {
 			}
 			if !bytes.HasPrefix(b, []byte("HTTP/1.1 ")) {
 				t.Errorf("answer %q, want an HTTP answer", b)
+			}
+			if strings.HasPrefix(req, "GET "+api.PathStatus) && len(b) < 4<<10 {
+				t.Errorf("status answer of %d bytes; the test wants one over 4 KiB (net/http buffers 2 KiB)", len(b))
 			}
 		})
 	}

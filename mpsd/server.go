@@ -60,15 +60,19 @@ func (d *Daemon) newHTTPServer() *http.Server {
 
 // track counts handlers in the daemon's goroutines, so Run waits for them.
 //
-// Once a handler has returned, the connection gets RequestTimeout to send
-// whatever is left of its request's body: net/http drains a body the
-// handler did not read (status, a refused admin request, a path it does
-// not know) before it writes the answer, and without a deadline a client
-// that declares a body and never sends it would hold the connection, and
-// get no answer, for ever.
+// A request that declares a body has RequestTimeout to send it, from
+// before its handler runs: net/http drains a body the handler did not read
+// (status, a refused admin request, a path it does not know) before it
+// writes the answer's headers, which a large answer does while its
+// handler still writes, and without a deadline a client that declares a
+// body and never sends it would hold the connection, and the handler, for
+// ever. A handler that reads its body (readBody) lifts the deadline once
+// it has it: a lease stream lives long.
 func (d *Daemon) track(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() { _ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(d.opts.RequestTimeout)) }()
+		if r.ContentLength != 0 {
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(d.opts.RequestTimeout))
+		}
 		if !d.enter() {
 			apihttp.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "mpsd is stopping")
 			return
