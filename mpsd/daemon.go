@@ -109,6 +109,12 @@ type Options struct {
 	// checks and before the move, and returns the pid the move then
 	// names: a stand-in for the pid being reused in between.
 	attachSwap func(pid int) int
+	// attachMoved, when set (tests), is called in an attach right after
+	// the move into the lease's cgroup, with the lease's cgMu held.
+	attachMoved func(l *lease)
+	// killLocking, when set (tests), is called by a lease's kill just
+	// before it takes the lease's cgMu.
+	killLocking func(l *lease)
 }
 
 // An XidInjector raises Xid xid on the GPU of index gpu, naming process

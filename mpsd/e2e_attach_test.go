@@ -158,9 +158,11 @@ func TestAttachPidReusedBetweenCheckAndMove(t *testing.T) {
 }
 
 // The same reuse while the lease ends: the attacker releases its lease
-// (on another connection, say) the moment the root process stands in its
-// cgroup. The lease's kill waits for the attach's check, which moves the
-// root process back first: the kill never reaches it.
+// (on another connection, say) while the root process stands in its
+// cgroup. The release's kill waits for the attach's check, which moves
+// the root process back first: the kill never reaches it. The release is
+// started right after the move, and the attach goes on only once the
+// release is about to take the lease's cgroup lock.
 func TestAttachPidReusedWhileTheLeaseEnds(t *testing.T) {
 	const owner = 64163
 	e := newOwnerEnv(t, owner)
@@ -171,53 +173,54 @@ func TestAttachPidReusedWhileTheLeaseEnds(t *testing.T) {
 	bpid := bystander.Process.Pid
 	t.Cleanup(func() { _ = bystander.Process.Kill(); _ = bystander.Wait() })
 	var armed atomic.Bool
-	var target atomic.Pointer[lease]
-	var leaseCg atomic.Value
-	released := make(chan error, 1)
+	locking := make(chan struct{}, 1)
+	released := make(chan struct{})
 	e.opts.attachSwap = func(pid int) int {
 		if !armed.Load() {
 			return pid
 		}
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 		waitExited(t, pid)
-		l, want := target.Load(), leaseCg.Load().(string)
-		go func() {
-			// The release lands once the root process is in the lease's
-			// cgroup, before the attach has looked at what it moved.
-			deadline := time.Now().Add(waitFor)
-			for {
-				b, _ := os.ReadFile("/proc/" + strconv.Itoa(bpid) + "/cgroup")
-				if strings.Contains(string(b), "0::"+want+"\n") {
-					break
-				}
-				if time.Now().After(deadline) {
-					released <- fmt.Errorf("root process %d never in the lease cgroup %s", bpid, want)
-					return
-				}
-			}
-			e.d.release(l, "its command ended")
-			released <- nil
-		}()
 		return bpid
+	}
+	e.opts.attachMoved = func(l *lease) {
+		if !armed.Load() {
+			return
+		}
+		go func() {
+			defer close(released)
+			e.d.release(l, "its command ended")
+		}()
+		select {
+		case <-locking:
+		case <-time.After(waitFor):
+			t.Errorf("the release did not reach the kill within %s", waitFor)
+		}
+	}
+	e.opts.killLocking = func(*lease) {
+		if armed.Load() {
+			select {
+			case locking <- struct{}{}:
+			default:
+			}
+		}
 	}
 	e.start()
 	helper := e.isoBuildAPICall()
-	p, l, leaseCgroup, open := e.attachLease(owner)
+	p, l, _, open := e.attachLease(owner)
 	defer open()
-	leaseCg.Store(leaseCgroup)
-	e.d.mu.Lock()
-	target.Store(e.d.leases[l.ID])
-	e.d.mu.Unlock()
 
 	armed.Store(true)
 	code, body, _ := e.isoAPICall(helper, owner, api.AttachPath(l.ID), `{"pid":{child}}`, true)
-	armed.Store(false)
 	if code != api.CodeConflict {
 		t.Errorf("attach whose pid was reused: %q %q, want conflict", code, body)
 	}
-	if err := <-released; err != nil {
-		t.Fatal(err)
+	select {
+	case <-released:
+	case <-time.After(waitFor):
+		t.Fatalf("the release did not return within %s", waitFor)
 	}
+	armed.Store(false)
 	// The release has returned: its kill is over, and whatever was in the
 	// lease's cgroup then has died.
 	b, _ := os.ReadFile("/proc/" + strconv.Itoa(bpid) + "/stat")

@@ -91,9 +91,12 @@ type lease struct {
 
 	box mailbox
 
-	// cgMu guards cg and pids only, and is never held across a blocking
-	// call on the cgroup's processes (a kill can take 30 s): killLease
-	// takes the handle under it and kills outside it.
+	// cgMu guards cg and pids, and is never held across a blocking call
+	// on the cgroup's processes (a kill can take 30 s): killLease takes
+	// the handle under it and kills outside it. An attach holds it for
+	// quick work only: the cgroup's creation, the move, and the check of
+	// what it moved through /proc, with the move back of a process that
+	// took a reused pid (so no kill runs in between).
 	cgMu sync.Mutex
 	cg   cgroup.Lease
 	// pids: the pids attached, and after each successful look at the
@@ -755,6 +758,9 @@ func (e *staleAttemptError) Unwrap() error { return errStaleAttempt }
 // this lease is refused meanwhile. Only the owner of the lease's end (its
 // revocation or release) kills it, so kills do not overlap.
 func (d *Daemon) killLease(l *lease) error {
+	if d.opts.killLocking != nil {
+		d.opts.killLocking(l)
+	}
 	l.cgMu.Lock()
 	l.closed = true
 	cg := l.cg
@@ -863,6 +869,9 @@ func (d *Daemon) attach(l *lease, attempt, pid int, same func() error) error {
 		return fmt.Errorf("attach pid %d to lease %s: %w", pid, l.id, err)
 	}
 	l.pids = append(l.pids, pid)
+	if d.opts.attachMoved != nil {
+		d.opts.attachMoved(l)
+	}
 	if same != nil {
 		return same()
 	}
