@@ -17,12 +17,14 @@ const (
 	ServerStarted                          // the daemon started a server (PID, UID)
 	ServerReady                            // a server finished initializing
 	ServerExited                           // a server process is gone (PID, ExitStatus/Signal)
-	FatalException                         // a server hit a fatal exception and is shutting down
+	FatalException                         // a server hit a fatal exception and is shutting down (a record anyone may write: while one waits for the reader, more are dropped)
 	ServerStartFailed                      // the daemon could not start a server for UID
 	// ClientConnected: a CUDA client (PID, UID) asked the daemon for a
 	// server. MPS logs a "NEW CLIENT" line per request, and a CUDA process
 	// makes two (one per context; a pending client's first one says "Server
-	// is not ready"), so expect it twice per client (docs/gpu-probe).
+	// is not ready"), so expect it twice per client (docs/gpu-probe). Anyone
+	// may write the record: while one waits for the reader, more are
+	// dropped (the reader learns that clients came, not how many).
 	ClientConnected
 	// ServerFault: a server hit a fatal GPU error that it contains (Volta
 	// and newer): it survives, but every one of its clients got a sticky
@@ -168,6 +170,16 @@ func (e Event) vital() bool {
 	return false
 }
 
+// coalesced reports whether ev is a hint the reader only needs to know
+// came, not how often: a NEW CLIENT record (a reason to reconcile) or a
+// fatal-exception record (logged; the server's end comes from its pidfd).
+// Anyone may write either into the log FIFO, unchecked, as fast as it
+// takes them; one waiting is as good as a thousand, and a thousand would
+// push records of verified servers out of the hints' bound.
+func (e Event) coalesced() bool {
+	return e.Kind == ClientConnected || e.Kind == FatalException
+}
+
 // queued is an event with its place in the order of pushes.
 type queued struct {
 	seq uint64
@@ -186,6 +198,9 @@ type eventQueue struct {
 	seq    uint64
 	facts  []queued
 	hints  []queued
+	// waiting counts the coalesced kinds among hints: a push of one whose
+	// kind already waits is dropped.
+	waiting map[EventKind]int
 	// dropped counts the hints dropped; droppedLogged is when a drop was
 	// last logged (at most once a second: a flood must not fill the log).
 	dropped       int
@@ -194,7 +209,7 @@ type eventQueue struct {
 }
 
 func newEventQueue(log *slog.Logger) *eventQueue {
-	return &eventQueue{log: log, out: make(chan Event), notify: make(chan struct{}, 1)}
+	return &eventQueue{log: log, out: make(chan Event), notify: make(chan struct{}, 1), waiting: map[EventKind]int{}}
 }
 
 // finish releases the barriers never delivered, once run and every
@@ -221,10 +236,21 @@ func (q *eventQueue) push(ev Event) {
 	}
 	q.seq++
 	e := queued{seq: q.seq, ev: ev}
-	if ev.vital() {
+	switch {
+	case ev.vital():
 		q.facts = append(q.facts, e)
-	} else {
+	case ev.coalesced() && q.waiting[ev.Kind] > 0:
+		// One of its kind waits already.
+		q.mu.Unlock()
+		return
+	default:
+		if ev.coalesced() {
+			q.waiting[ev.Kind]++
+		}
 		if len(q.hints) >= maxQueuedEvents {
+			if old := q.hints[0].ev; old.coalesced() {
+				q.waiting[old.Kind]--
+			}
 			q.hints = q.hints[1:]
 			q.dropped++
 			if now := time.Now(); now.Sub(q.droppedLogged) >= time.Second {
@@ -251,6 +277,9 @@ func (q *eventQueue) popLocked() (queued, bool) {
 	case len(q.hints) > 0:
 		e := q.hints[0]
 		q.hints = q.hints[1:]
+		if e.ev.coalesced() {
+			q.waiting[e.ev.Kind]--
+		}
 		return e, true
 	}
 	return queued{}, false

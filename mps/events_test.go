@@ -84,7 +84,7 @@ func TestEventQueueNeverDropsFacts(t *testing.T) {
 		if i == flood/2 {
 			q.push(Event{Kind: ServerExited, PID: 1, Source: SourcePidfd})
 		}
-		q.push(Event{Kind: ClientConnected, PID: 1000 + i, Source: SourceLog})
+		q.push(Event{Kind: ServerReady, PID: 1000 + i, Source: SourceLog})
 	}
 	q.push(Event{Kind: DaemonExited, PID: 2, Source: SourcePidfd})
 	stop := make(chan struct{})
@@ -107,7 +107,7 @@ func TestEventQueueNeverDropsFacts(t *testing.T) {
 	lastClient, exitAt := 0, -1
 	for i, ev := range got {
 		switch ev.Kind {
-		case ClientConnected:
+		case ServerReady:
 			hints++
 			if ev.PID <= lastClient {
 				t.Fatalf("client %d delivered after client %d", ev.PID, lastClient)
@@ -131,5 +131,53 @@ func TestEventQueueNeverDropsFacts(t *testing.T) {
 	}
 	if lastClient != 1000+flood-1 {
 		t.Errorf("last client delivered %d, want the newest, %d", lastClient, 1000+flood-1)
+	}
+}
+
+// Records anyone may write unchecked (NEW CLIENT, fatal exception) wait
+// one of each kind at a time: a flood of them neither fills the hints'
+// bound nor pushes out a record about a verified server, and the reader
+// still learns that they came.
+func TestEventQueueCoalescesUncheckedRecords(t *testing.T) {
+	q := newEventQueue(slog.New(slog.DiscardHandler))
+	for i := range 2 * maxQueuedEvents {
+		if i == maxQueuedEvents {
+			q.push(Event{Kind: ServerFault, PID: 7, KnownServer: true, Source: SourceLog})
+		}
+		q.push(Event{Kind: ClientConnected, PID: 1000 + i, Source: SourceLog})
+		q.push(Event{Kind: FatalException, PID: 7, Source: SourceLog})
+	}
+	q.push(Event{Kind: DaemonExited, PID: 2, Source: SourcePidfd})
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { defer close(done); q.run(stop) }()
+	n := map[EventKind]int{}
+	timeout := time.After(10 * time.Second)
+	for n[DaemonExited] == 0 {
+		select {
+		case ev := <-q.out:
+			n[ev.Kind]++
+		case <-timeout:
+			t.Fatalf("the daemon's exit not delivered within 10s (%v)", n)
+		}
+	}
+	close(stop)
+	<-done
+	q.finish()
+	if n[ServerFault] != 1 || n[ClientConnected] != 1 || n[FatalException] != 1 {
+		t.Errorf("delivered %v; want the server's fault record, and one each of the flood's two kinds", n)
+	}
+	// Once the reader has taken it, the next of a kind waits again.
+	q2 := newEventQueue(slog.New(slog.DiscardHandler))
+	q2.push(Event{Kind: ClientConnected, PID: 1})
+	q2.mu.Lock()
+	e, _ := q2.popLocked()
+	q2.mu.Unlock()
+	q2.push(Event{Kind: ClientConnected, PID: 2})
+	q2.mu.Lock()
+	e2, ok := q2.popLocked()
+	q2.mu.Unlock()
+	if e.ev.PID != 1 || !ok || e2.ev.PID != 2 {
+		t.Errorf("after the first was taken: %v, %v %v; want client 2 queued", e.ev, e2.ev, ok)
 	}
 }
