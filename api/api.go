@@ -555,7 +555,8 @@ type InstanceStatus struct {
 	// State shows (a quarantine shows first).
 	Drained bool `json:"drained,omitempty"`
 	// QuarantineReason, while State is quarantined, says why: the
-	// failures that quarantined it, the last one's reason among them.
+	// failures that quarantined it, the last one's reason among them (an
+	// admin's status only: that reason names processes).
 	QuarantineReason string `json:"quarantine_reason,omitempty"`
 	// DriverVersion is the NVIDIA driver NVML reports ("580.159.04"),
 	// whose generation decides what the instance's MPS offers;

@@ -451,9 +451,11 @@ const maxShownCommand = api.MaxCommandBytes / 4
 // is cut at a rune boundary, with an ellipsis). The marker has no spaces,
 // so a status that quotes arguments with spaces shows it plainly.
 func shownCommand(argv []string) []string {
+	// Each argument costs its bytes and its JSON string's quotes and
+	// comma: many empty ones add up too.
 	n := 0
 	for _, a := range argv {
-		n += len(a)
+		n += len(a) + 3
 	}
 	if n <= maxShownCommand {
 		return argv
@@ -462,11 +464,11 @@ func shownCommand(argv []string) []string {
 	budget := maxShownCommand - 64
 	var shown []string
 	for _, a := range argv {
-		if len(a) > budget {
+		if len(a)+3 > budget {
 			break
 		}
 		shown = append(shown, a)
-		budget -= len(a)
+		budget -= len(a) + 3
 	}
 	if len(shown) == 0 {
 		a := argv[0]

@@ -295,14 +295,16 @@ func TestShownCommand(t *testing.T) {
 		many = append(many, shard) // 66 KB in all
 	}
 	long := strings.Repeat("é", maxShownCommand) // 2 bytes a rune
-	fits := (maxShownCommand - 64 - len("/bin/true")) / len(shard)
+	fits := (maxShownCommand - 64 - len("/bin/true") - 3) / (len(shard) + 3)
+	empty := make([]string, 25000) // 25,000 empty arguments: 75 KB of JSON
 	for _, tc := range []struct {
 		name string
 		argv []string
 		want []string
 	}{
 		{"short", []string{"a", "b"}, []string{"a", "b"}},
-		{"exactly the limit", []string{strings.Repeat("x", maxShownCommand)}, []string{strings.Repeat("x", maxShownCommand)}},
+		{"exactly the limit", []string{strings.Repeat("x", maxShownCommand-3)}, []string{strings.Repeat("x", maxShownCommand-3)}},
+		{"many empty arguments", empty, append(slices.Clone(empty[:(maxShownCommand-64)/3]), fmt.Sprintf("…(+%d-more-arguments)", len(empty)-(maxShownCommand-64)/3))},
 		{"many arguments", many, append(slices.Clone(many[:1+fits]), fmt.Sprintf("…(+%d-more-arguments)", 3000-fits))},
 		{"one argument too many", []string{"/bin/true", strings.Repeat("x", maxShownCommand)}, []string{"/bin/true", "…(+1-more-argument)"}},
 		{"a program name too long on its own, cut between runes", []string{"x" + long, "a"},
@@ -315,13 +317,13 @@ func TestShownCommand(t *testing.T) {
 			}
 			n := 0
 			for _, a := range got.Command {
-				n += len(a)
+				n += len(a) + 3
 				if !utf8.ValidString(a) {
 					t.Errorf("argument %.40q is not UTF-8", a)
 				}
 			}
 			if n > maxShownCommand {
-				t.Errorf("Command is %d bytes, more than %d", n, maxShownCommand)
+				t.Errorf("Command is %d bytes of JSON strings, more than %d", n, maxShownCommand)
 			}
 			if err := got.Validate(); err != nil {
 				t.Errorf("request is invalid: %v", err)
