@@ -31,8 +31,9 @@ const (
 	// phaseRunning: the command runs under the lease.
 	phaseRunning
 	// phaseRevoked: mpsd revoked the lease; its command (if still there)
-	// is being killed by mpsd, and a requeue or an end follows (a command
-	// that exits 0 on its own meanwhile ends the session instead).
+	// is being killed by mpsd, and a requeue or an end follows. The
+	// command's status says nothing then, not even a 0: a wrapper whose
+	// CUDA clients MPS ended returns 0 from its wait.
 	phaseRevoked
 	// phaseVerdictPending: the command ended with a failure (or its
 	// attach was refused) that may be mpsd's revocation; the verdict
@@ -445,28 +446,6 @@ func step(st state, in input, tm timing) (state, []action) {
 			// is on its way: give the event a moment before taking the
 			// failure as the command's own.
 			st.verdict = &verdict{code: code, why: verdictFailed, until: in.now.Add(tm.revokeGrace)}
-			break
-		}
-		if code == 0 && in.killedBy == "" {
-			// mpsd sends revoked before it kills the cgroup, so a command
-			// can finish on its own in that moment: it did its job, and
-			// the requeued attempt (or the grant that waited for it) would
-			// run it a second time. The session ends with its 0; closing
-			// the stream gives the requeued lease up. A failure or a kill
-			// is the revocation's, and goes on as below.
-			st.pending, st.final = nil, nil
-			if !tm.quiet {
-				say("the command exited 0 as lease %s was revoked (%s); it is not run again", st.leaseID, st.revoked)
-			}
-			if in.reconnecting {
-				// mpsd is away and still counts the lease: as for a success
-				// without a revocation, the resumed stream is closed as soon
-				// as it comes, then the session ends with 0.
-				st.finished = true
-				break
-			}
-			acts = append(acts, action{kind: actCloseStream})
-			end(0, nil)
 			break
 		}
 		switch {

@@ -179,26 +179,9 @@ func TestStep(t *testing.T) {
 		{name: "the revoked command's exit with no grant yet waits for the requeue",
 			st: func() state { s := running(); s.phase, s.revoked = phaseRevoked, "xid 79"; return s }(),
 			in: childExit(137, true, false), phase: phaseRevoked, acts: nil},
-		{name: "the revoked command's exit 0 ends the session: it finished before mpsd's kill",
-			st: func() state {
-				s := running()
-				s.phase, s.revoked, s.pending = phaseRevoked, "xid 79", grant("lease-1", 2)
-				return s
-			}(),
-			in: childExit(0, true, false), phase: phaseDone, acts: []actionKind{actSay, actCloseStream, actEnd},
-			check: func(t *testing.T, st state, acts []action) {
-				if acts[2].code != 0 || acts[2].err != nil || st.pending != nil {
-					t.Errorf("end %+v, state %+v", acts[2], st)
-				}
-			}},
-		{name: "the revoked command's exit 0 while mpsd is away waits for the lease's hand-back",
-			st: func() state { s := running(); s.phase, s.revoked = phaseRevoked, "xid 79"; return s }(),
-			in: childExit(0, false, true), phase: phaseRevoked, acts: []actionKind{actSay},
-			check: func(t *testing.T, st state, _ []action) {
-				if !st.finished || st.child {
-					t.Errorf("state %+v", st)
-				}
-			}},
+		{name: "the revoked command's exit 0 waits for the requeue too: a wrapper's wait returns 0 once MPS ended its clients",
+			st: func() state { s := running(); s.phase, s.revoked = phaseRevoked, "memory limit exceeded"; return s }(),
+			in: childExit(0, true, false), phase: phaseRevoked, acts: nil},
 		{name: "the revoked command's exit after an error event ends with the error",
 			st: func() state {
 				s := running()
@@ -517,87 +500,6 @@ func TestStepRevokedDropsPendingGrant(t *testing.T) {
 	}
 	if st.phase != phaseLaunching || st.attempt != 3 {
 		t.Errorf("phase %s attempt %d, want launching 3", st.phase, st.attempt)
-	}
-}
-
-// TestStepSuccessAsRevoked: mpsd sends revoked before it kills the
-// cgroup, so the command can exit 0 on its own in between, and run's loop
-// may take the event first. Either order, the command that finished is not
-// run again under the requeued lease; a failure or a kill is still the
-// revocation's and the requeued attempt runs.
-func TestStepSuccessAsRevoked(t *testing.T) {
-	killed := childExit(137, true, false)
-	killed.killedBy = "SIGKILL"
-	for _, tc := range []struct {
-		name   string
-		ins    []input
-		launch bool // the requeued grant is launched, else the session ends with 0
-		quiet  bool
-	}{
-		{name: "exit 0, then revoked",
-			ins: []input{childExit(0, true, false), evRevoked("xid 79"), evRequeued(2), evGranted(grant("lease-1", 2))}},
-		{name: "revoked, then exit 0",
-			ins: []input{evRevoked("xid 79"), childExit(0, true, false), evRequeued(2), evGranted(grant("lease-1", 2))}},
-		{name: "revoked, requeued, then exit 0",
-			ins: []input{evRevoked("xid 79"), evRequeued(2), childExit(0, true, false), evGranted(grant("lease-1", 2))}},
-		{name: "revoked, requeued, granted, then exit 0: the waiting grant is not launched",
-			ins: []input{evRevoked("xid 79"), evRequeued(2), evGranted(grant("lease-1", 2)), childExit(0, true, false)}},
-		{name: "revoked, then exit 0, quiet",
-			ins:   []input{evRevoked("xid 79"), childExit(0, true, false), evRequeued(2)},
-			quiet: true},
-		{name: "revoked, then a failure: the requeued attempt runs",
-			ins:    []input{evRevoked("xid 79"), childExit(1, true, false), evRequeued(2), evGranted(grant("lease-1", 2))},
-			launch: true},
-		{name: "revoked, then killed: the requeued attempt runs",
-			ins:    []input{evRevoked("xid 79"), killed, evRequeued(2), evGranted(grant("lease-1", 2))},
-			launch: true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			tm := tmTest
-			tm.quiet = tc.quiet
-			st := running()
-			var all []action
-			for _, in := range tc.ins {
-				if st.phase == phaseDone {
-					break // run's loop has returned: nothing more is stepped
-				}
-				var acts []action
-				st, acts = step(st, in, tm)
-				all = append(all, acts...)
-			}
-			if got := slices.Contains(kinds(all), actLaunch); got != tc.launch {
-				t.Fatalf("launched again: %v, want %v (%+v)", got, tc.launch, all)
-			}
-			if tc.launch {
-				if _, ok := endOf(all); ok || st.phase != phaseLaunching {
-					t.Errorf("phase %s, actions %+v: want the requeued attempt launching", st.phase, all)
-				}
-				return
-			}
-			a, ok := endOf(all)
-			if !ok || a.code != 0 || a.err != nil || st.phase != phaseDone {
-				t.Fatalf("phase %s, actions %+v: want an end with 0", st.phase, all)
-			}
-			if tc.name == "exit 0, then revoked" {
-				return // the existing order: the end comes before mpsd's events
-			}
-			// The stream's close before the end gives up the requeued lease.
-			if i := slices.Index(kinds(all), actCloseStream); i < 0 || i > slices.Index(kinds(all), actEnd) {
-				t.Errorf("actions %v: want the stream closed before the end", kinds(all))
-			}
-			var said []string
-			for _, a := range all {
-				if a.kind == actSay {
-					said = append(said, a.line)
-				}
-			}
-			if want := "the command exited 0 as lease lease-1 was revoked (xid 79); it is not run again"; !tc.quiet && !slices.Contains(said, want) {
-				t.Errorf("said %q, want %q", said, want)
-			}
-			if tc.quiet && len(said) != 0 {
-				t.Errorf("quiet, said %q", said)
-			}
-		})
 	}
 }
 

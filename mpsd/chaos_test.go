@@ -446,12 +446,10 @@ func classifyChaosEnd(code int, stderr string) (chaosEnd, string) {
 	var reason string
 	for _, line := range strings.Split(stderr, "\n") {
 		msg, ok := strings.CutPrefix(line, "mps-launch: ")
-		if !ok || strings.Contains(msg, "); requeued, attempt ") || strings.HasSuffix(msg, " was lost while mpsd was away; requesting a new one") ||
-			strings.HasSuffix(msg, "; it is not run again") {
+		if !ok || strings.Contains(msg, "); requeued, attempt ") || strings.HasSuffix(msg, " was lost while mpsd was away; requesting a new one") {
 			// Progress, not an end: the lease was requeued, or a lease
 			// mpsd had not yet written when it went is asked for anew
-			// (nothing ran under it), or the command finished (exit 0)
-			// in the instant its lease was revoked and is not run again.
+			// (nothing ran under it).
 			continue
 		}
 		reason = msg
@@ -582,7 +580,6 @@ func TestClassifyChaosEnd(t *testing.T) {
 	}{
 		{"completed", 0, ran, endCompleted},
 		{"completed after a requeue", 0, ran + requeued + ran, endCompleted},
-		{"completed as its lease was revoked", 0, ran + "mps-launch: the command exited 0 as lease l-1 was revoked (server exited); it is not run again\n", endCompleted},
 		{"completed after its unwritten lease was asked for anew", 0, "mps-launch: lease l-0 was lost while mpsd was away; requesting a new one\n" + ran, endCompleted},
 		{"lost, asked for anew, then mpsd unreachable", 75, "mps-launch: lease l-0 was lost while mpsd was away; requesting a new one\n" + lost, endUnreachableBeforeGrant},
 		{"unreachable at the first request", 75, unreach, endUnreachableBeforeGrant},
