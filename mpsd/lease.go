@@ -537,8 +537,8 @@ func (l *lease) revocationComingLocked(attempt int) bool {
 	case l.state != leaseRunning || l.inst == nil:
 		return false
 	}
-	_, pending := faultVictim(l.inst.pending, l.id, l.uid)
-	_, handling := faultVictim(l.inst.handling, l.id, l.uid)
+	_, pending := faultVictim(l.inst.pending, l.id)
+	_, handling := faultVictim(l.inst.handling, l.id)
 	return pending || handling
 }
 
@@ -550,7 +550,7 @@ func (l *lease) claimNamingLocked() <-chan struct{} {
 		return nil
 	}
 	for _, c := range slices.Concat(l.inst.claims, l.inst.deciding) {
-		if _, ok := faultVictim([]fault{c.f}, l.id, l.uid); ok {
+		if _, ok := faultVictim([]fault{c.f}, l.id); ok {
 			return c.decided
 		}
 	}

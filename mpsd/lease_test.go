@@ -124,7 +124,6 @@ func TestMailboxProtocol(t *testing.T) {
 func TestRevocationComing(t *testing.T) {
 	named := fault{kind: faultServerFault, leases: []string{"l-1"}}
 	other := fault{kind: faultServerFault, leases: []string{"l-2"}}
-	otherUID := fault{kind: faultServerExit, uids: []uint32{7}}
 	all := fault{kind: faultServerExit}
 	for _, tc := range []struct {
 		name              string
@@ -142,7 +141,7 @@ func TestRevocationComing(t *testing.T) {
 		{name: "running, a fault naming it pending", state: leaseRunning, attempt: 1, asked: 1, placed: true, pending: []fault{other, named}, want: true},
 		{name: "running, a fault naming it being handled", state: leaseRunning, attempt: 1, asked: 1, placed: true, handling: []fault{named}, want: true},
 		{name: "running, only faults naming others", state: leaseRunning, attempt: 1, asked: 1, placed: true,
-			pending: []fault{other, otherUID}, handling: []fault{other}, claims: []fault{other}},
+			pending: []fault{other}, handling: []fault{other}, claims: []fault{other}},
 		{name: "running, a record naming it waits for its Xid", state: leaseRunning, attempt: 1, asked: 1, placed: true,
 			claims: []fault{other, named}, wantClaim: true},
 		{name: "running again after the attempt asked was revoked", state: leaseRunning, attempt: 2, asked: 1, placed: true, want: true},

@@ -406,10 +406,7 @@ func (d *Daemon) attachChild(l *lease, p peer, attempt, want, pid int) *refusal 
 	// that took a reused pid is moved back before any kill could hit it.
 	same := func() error { return d.attachedSameLocked(l, h, pid, p.pid) }
 	if err := d.attach(l, want, pid, same); err != nil {
-		if errors.Is(err, errNotAttached) {
-			return &refusal{http.StatusConflict, api.CodeConflict, err.Error()}
-		}
-		if errors.Is(err, errStaleAttempt) {
+		if errors.Is(err, errNotAttached) || errors.Is(err, errStaleAttempt) {
 			return &refusal{http.StatusConflict, api.CodeConflict, err.Error()}
 		}
 		if errors.Is(err, errLeaseEnding) {

@@ -99,7 +99,7 @@ func TestReportFaultCutsProbeShort(t *testing.T) {
 	}
 	// More faults during the recovery wait beside it, each with its own
 	// victims, and do not step the instance again.
-	d.reportFault(in, fault{kind: faultServerExit, uids: []uint32{7}, reason: "uid 7"})
+	d.reportFault(in, fault{kind: faultServerFault, leases: []string{"l-7"}, reason: "lease l-7"})
 	d.reportFault(in, fault{kind: faultHung, restart: restartDaemon, reason: "hung"})
 	if len(in.pending) != 3 || in.life != instRecovering {
 		t.Errorf("after two more faults: %d pending, life %s; want 3, recovering", len(in.pending), in.life)
@@ -114,41 +114,40 @@ func TestReportFaultCutsProbeShort(t *testing.T) {
 
 // TestCombineFaults: faults pending together are one recovery with the
 // strongest restart, an operator's only if all were, and each lease is a
-// victim of the first fault that names it: a fault limited to one uid or
-// to some leases hides no other fault's victims.
+// victim of the first fault that names it: a fault limited to some
+// leases hides no other fault's victims.
 func TestCombineFaults(t *testing.T) {
-	startX := fault{kind: faultServerExit, uids: []uint32{1000}, reason: "the server of uid 1000 died"}
-	startY := fault{kind: faultServerExit, uids: []uint32{2000}, reason: "the server of uid 2000 died"}
+	faultX := fault{kind: faultServerFault, leases: []string{"l-x"}, reason: "fault record naming l-x"}
+	faultY := fault{kind: faultServerFault, leases: []string{"l-y"}, reason: "fault record naming l-y"}
 	ended := fault{kind: faultServerFault, leases: []string{"l-a"}, reason: "fault record"}
 	exit := fault{kind: faultServerExit, reason: "server died"}
 	admin := fault{kind: faultAdmin, restart: restartDaemon, admin: true, reason: "admin"}
 
-	if got := combineFaults([]fault{startX, admin}); got.kind != faultAdmin || got.restart != restartDaemon || got.admin {
-		t.Errorf("server_exit + admin restart = %s restart %s admin %v; want admin_restart, control_daemon, not an operator's only", got.kind, got.restart, got.admin)
+	if got := combineFaults([]fault{faultX, admin}); got.kind != faultAdmin || got.restart != restartDaemon || got.admin {
+		t.Errorf("server_fault + admin restart = %s restart %s admin %v; want admin_restart, control_daemon, not an operator's only", got.kind, got.restart, got.admin)
 	}
 	if got := combineFaults([]fault{admin, admin}); !got.admin {
 		t.Error("two operator restarts counted towards quarantine")
 	}
-	if got := combineFaults([]fault{startX, startY}); got.kind != faultServerExit || got.reason != startX.reason {
-		t.Errorf("two uid-limited server exits = %s %q; want the first", got.kind, got.reason)
+	if got := combineFaults([]fault{faultX, faultY}); got.kind != faultServerFault || got.reason != faultX.reason {
+		t.Errorf("two lease-limited faults = %s %q; want the first", got.kind, got.reason)
 	}
 
 	for _, tc := range []struct {
 		name   string
 		fs     []fault
 		lease  string
-		uid    uint32
 		victim bool
 		reason string
 	}{
-		{"second uid's start failure", []fault{startX, startY}, "l-y", 2000, true, startY.reason},
-		{"first uid's start failure", []fault{startX, startY}, "l-x", 1000, true, startX.reason},
-		{"a third uid", []fault{startX, startY}, "l-z", 3000, false, ""},
-		{"named lease", []fault{ended, exit}, "l-a", 1000, true, ended.reason},
-		{"other lease of the dead server", []fault{ended, exit}, "l-b", 1000, true, exit.reason},
-		{"lease the record alone does not name", []fault{ended}, "l-b", 1000, false, ""},
+		{"the second record's lease", []fault{faultX, faultY}, "l-y", true, faultY.reason},
+		{"the first record's lease", []fault{faultX, faultY}, "l-x", true, faultX.reason},
+		{"a third lease", []fault{faultX, faultY}, "l-z", false, ""},
+		{"named lease", []fault{ended, exit}, "l-a", true, ended.reason},
+		{"other lease of the dead server", []fault{ended, exit}, "l-b", true, exit.reason},
+		{"lease the record alone does not name", []fault{ended}, "l-b", false, ""},
 	} {
-		f, ok := faultVictim(tc.fs, tc.lease, tc.uid)
+		f, ok := faultVictim(tc.fs, tc.lease)
 		if ok != tc.victim || f.reason != tc.reason {
 			t.Errorf("%s: victim %v (%q), want %v (%q)", tc.name, ok, f.reason, tc.victim, tc.reason)
 		}

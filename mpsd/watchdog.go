@@ -62,10 +62,6 @@ type fault struct {
 	// stops before handling it, the next mpsd reads the line again.
 	fromServerLog bool
 	logOffset     int64
-	// uids, when set, limits the victims to the leases of these users:
-	// the fault took only their MPS server (an instance without
-	// multiuser runs one server per uid).
-	uids []uint32
 	// leases, when set, limits the victims to these leases.
 	leases []string
 }
@@ -123,7 +119,7 @@ func (d *Daemon) reportFault(in *instance, f fault) {
 func (d *Daemon) revokeWithoutDaemonLocked(in *instance, f fault) {
 	var victims []*lease
 	for _, l := range in.leases {
-		if _, ok := faultVictim([]fault{f}, l.id, l.uid); ok && l.state == leaseRunning {
+		if _, ok := faultVictim([]fault{f}, l.id); ok && l.state == leaseRunning {
 			victims = append(victims, l)
 		}
 	}
@@ -166,12 +162,11 @@ func combineFaults(fs []fault) fault {
 	return main
 }
 
-// faultVictim is the first of fs that names lease l (of uid), and whether
-// one does: a fault without uids or leases names every lease of the
-// instance.
-func faultVictim(fs []fault, id string, uid uint32) (fault, bool) {
+// faultVictim is the first of fs that names lease id, and whether one
+// does: a fault without leases names every lease of the instance.
+func faultVictim(fs []fault, id string) (fault, bool) {
 	for _, f := range fs {
-		if (f.uids == nil || slices.Contains(f.uids, uid)) && (f.leases == nil || slices.Contains(f.leases, id)) {
+		if f.leases == nil || slices.Contains(f.leases, id) {
 			return f, true
 		}
 	}
@@ -217,7 +212,7 @@ func (d *Daemon) recoverOnce(in *instance, pending []fault) {
 		if l.state != leaseRunning {
 			continue
 		}
-		if vf, ok := faultVictim(pending, l.id, l.uid); ok {
+		if vf, ok := faultVictim(pending, l.id); ok {
 			victims = append(victims, l)
 			if vf.reason != f.reason {
 				if reasons == nil {
