@@ -17,11 +17,10 @@ import (
 // outcome: while the v1 attach runs, the child must already have exec'd the
 // program, be stopped under ptrace (state t), and, where the unified tree is
 // used, already be in the lease there through CLONE_INTO_CGROUP.
+// (v2 has no v1 attach step: the clone itself places the child, which
+// TestStartInsideCgroup covers.)
 func TestStartMechanism(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b backend) {
-		if b.cfg.Mode == ModeV2 {
-			t.Skip("v2 has no v1 attach step: the clone itself places the child (covered by TestStartInsideCgroup)")
-		}
+	eachBackendOf(t, []Mode{ModeHybrid, ModeV1}, func(t *testing.T, b backend) {
 		m := newManager(t, b)
 		id := LeaseID{"g", "mech"}
 		mustCreate(t, m, id, Limits{})
@@ -108,11 +107,10 @@ func TestStartTracedAttachFails(t *testing.T) {
 // every hierarchy of the lease, its first fork included, through the ptrace
 // attach. On this host the kernel has CLONE_INTO_CGROUP, so the test also
 // checks that the manager uses it by default.
+// (v1 has no unified tree: it always starts through the ptrace attach,
+// which TestStartInsideCgroup covers.)
 func TestStartWithoutCloneInto(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b backend) {
-		if b.cfg.Mode == ModeV1 {
-			t.Skip("v1 has no unified tree: it always starts through the ptrace attach (TestStartInsideCgroup)")
-		}
+	eachBackendOf(t, []Mode{ModeHybrid, ModeV2}, func(t *testing.T, b backend) {
 		m := newManager(t, b)
 		if !m.cloneInto {
 			t.Errorf("cloneInto = false on kernel with CLONE_INTO_CGROUP (%v)", kernelHasCloneIntoCgroup())
