@@ -471,12 +471,17 @@ func shownCommand(argv []string) []string {
 		budget -= len(a) + 3
 	}
 	if len(shown) == 0 {
+		// The program name is over the budget with its quotes and comma,
+		// not always on its own: one that fits whole is kept whole.
 		a := argv[0]
-		cut := budget
-		for cut > 0 && !utf8.RuneStart(a[cut]) {
-			cut--
+		if len(a) > budget {
+			cut := budget
+			for cut > 0 && !utf8.RuneStart(a[cut]) {
+				cut--
+			}
+			a = a[:cut] + "…"
 		}
-		shown = append(shown, a[:cut]+"…")
+		shown = append(shown, a)
 	}
 	switch more := len(argv) - len(shown); more {
 	case 0:

@@ -311,24 +311,63 @@ func TestShownCommand(t *testing.T) {
 			[]string{"x" + long[:maxShownCommand-64-2] + "…", "…(+1-more-argument)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Options{Requeue: -1, Command: tc.argv}.LeaseRequest()
-			if !slices.Equal(got.Command, tc.want) {
-				t.Errorf("Command of %d arguments:\n got %d: %.200q\nwant %d: %.200q", len(tc.argv), len(got.Command), got.Command, len(tc.want), tc.want)
-			}
-			n := 0
-			for _, a := range got.Command {
-				n += len(a) + 3
-				if !utf8.ValidString(a) {
-					t.Errorf("argument %.40q is not UTF-8", a)
-				}
-			}
-			if n > maxShownCommand {
-				t.Errorf("Command is %d bytes of JSON strings, more than %d", n, maxShownCommand)
-			}
-			if err := got.Validate(); err != nil {
-				t.Errorf("request is invalid: %v", err)
-			}
+			checkShownCommand(t, tc.argv, tc.want)
 		})
+	}
+	// A program name within three bytes of the budget does not fit with
+	// its quotes and comma, but is not over the budget on its own: it is
+	// kept whole (cutting it indexed past its end).
+	budget := maxShownCommand - 64
+	for _, n := range []int{budget - 3, budget - 2, budget - 1, budget, budget + 1} {
+		name := strings.Repeat("x", n)
+		want := []string{name, "…(+1-more-argument)"}
+		if n > budget {
+			want[0] = name[:budget] + "…"
+		}
+		t.Run(fmt.Sprintf("a program name of %d bytes and one more argument", n), func(t *testing.T) {
+			checkShownCommand(t, []string{name, strings.Repeat("y", 200)}, want)
+		})
+	}
+}
+
+// FuzzShownCommand: any argv gives a request that names at most
+// maxShownCommand bytes of valid UTF-8 (from an argv that is) and passes
+// mpsd's validation.
+func FuzzShownCommand(f *testing.F) {
+	f.Add(maxShownCommand-64-2, 100, 1, "é")
+	f.Add(maxShownCommand, 3, 5000, "x")
+	f.Fuzz(func(t *testing.T, first, rest, count int, unit string) {
+		if first < 0 || rest < 0 || count < 0 || first > 4*maxShownCommand || rest > 4*maxShownCommand || count > 20000 || unit == "" || !utf8.ValidString(unit) {
+			return
+		}
+		argv := []string{strings.Repeat(unit, first/len(unit)+1)}
+		for range count {
+			argv = append(argv, strings.Repeat(unit, rest/len(unit)))
+		}
+		checkShownCommand(t, argv, nil)
+	})
+}
+
+// checkShownCommand checks the Command of argv's lease request: equal to
+// want (unless want is nil), within maxShownCommand, UTF-8, and valid.
+func checkShownCommand(t *testing.T, argv, want []string) {
+	t.Helper()
+	got := Options{Requeue: -1, Command: argv}.LeaseRequest()
+	if want != nil && !slices.Equal(got.Command, want) {
+		t.Errorf("Command of %d arguments:\n got %d: %.200q\nwant %d: %.200q", len(argv), len(got.Command), got.Command, len(want), want)
+	}
+	n := 0
+	for _, a := range got.Command {
+		n += len(a) + 3
+		if !utf8.ValidString(a) {
+			t.Errorf("argument %.40q is not UTF-8", a)
+		}
+	}
+	if n > maxShownCommand {
+		t.Errorf("Command is %d bytes of JSON strings, more than %d", n, maxShownCommand)
+	}
+	if err := got.Validate(); err != nil {
+		t.Errorf("request is invalid: %v", err)
 	}
 }
 
