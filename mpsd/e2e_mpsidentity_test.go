@@ -215,25 +215,7 @@ func TestForgedMPSRecordsAreCounted(t *testing.T) {
 		t.Fatalf("tenant %d writing into %s/log: %v: %s", uidRecordForger, pipe, err, out)
 	}
 
-	counted := func() float64 {
-		fams, err := e.d.metrics.reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range fams {
-			if f.GetName() != "mpsd_unverified_mps_records_total" {
-				continue
-			}
-			for _, m := range f.GetMetric() {
-				for _, l := range m.GetLabel() {
-					if l.GetName() == "gpu" && l.GetValue() == in.GPUUUID {
-						return m.GetCounter().GetValue()
-					}
-				}
-			}
-		}
-		return -1
-	}
+	counted := func() float64 { return unverifiedRecords(t, e.d, in.GPUUUID) }
 	deadline := time.Now().Add(waitFor)
 	for counted() < 3 { // a metric offers nothing to wait on
 		if time.Now().After(deadline) {
@@ -301,4 +283,27 @@ func TestRestartedDaemonRecordedAtOnce(t *testing.T) {
 	if got := savedDaemonFor(savedDaemon{PID: pid, StartTime: startTimeOf(t, pid)}); got != key {
 		t.Errorf("the restarted daemon is saved for %s, want %s", got, key)
 	}
+}
+
+// unverifiedRecords is mpsd_unverified_mps_records_total of the instance
+// on the GPU of that UUID, -1 before it has one.
+func unverifiedRecords(t *testing.T, d *Daemon, gpuUUID string) float64 {
+	t.Helper()
+	fams, err := d.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != "mpsd_unverified_mps_records_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "gpu" && l.GetValue() == gpuUUID {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return -1
 }

@@ -174,6 +174,71 @@ func countedFaults(d *Daemon) int {
 	return faults
 }
 
+// A member writes fault records naming the victim's (verified) server
+// into the log FIFO as fast as the daemon takes them. Each would wait
+// faultClaimWait for an Xid, with a timer of its own, while mpsd's lock
+// walks the instance's claims: thousands at once, for every tenant's
+// instance. mpsd keeps one claim per server: the records join it, so the
+// flood makes one claim (and one log line) each faultClaimWait at most,
+// every record is still counted, and the victim runs on.
+func TestForgedFaultFloodMakesOneClaimPerServer(t *testing.T) {
+	e := newTrustEnv(t)
+	forge := e.buildTestProgram("mpsforge")
+	client := filepath.Join(e.emu, "mpsemu-client")
+	p := startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", client, "--duration", "5m"), trustVictimUID))
+	st := e.waitStatus("the victim's client on a live MPS server", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && len(st.Instances) == 1 && len(st.Instances[0].ServerPIDs) > 0
+	})
+	inst := st.Instances[0]
+	fifo := filepath.Join(e.dir, "run", "a", inst.GPUUUID, "pipe", "log")
+
+	const records = 3000
+	began := time.Now()
+	cmd := exec.Command(forge, "-fifo", fifo, "-kind", "server", "-pid", fmt.Sprint(inst.ServerPIDs[0]),
+		"-repeat", fmt.Sprint(records), "-msg", "Server is handling a fatal GPU error.")
+	if r := run(t, asUID(cmd, trustAttackerUID)); r.code != 0 {
+		t.Fatalf("mpsforge as uid %d: exit %d, stderr %q", trustAttackerUID, r.code, r.stderr)
+	}
+	// Every record is counted once its claim expires unconfirmed.
+	deadline := time.Now().Add(waitFor)
+	for unverifiedRecords(t, e.d, inst.GPUUUID) < records { // a metric offers nothing to wait on
+		if time.Now().After(deadline) {
+			t.Fatalf("mpsd_unverified_mps_records_total = %v, want %d", unverifiedRecords(t, e.d, inst.GPUUUID), records)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	took := time.Since(began)
+	if got := unverifiedRecords(t, e.d, inst.GPUUUID); got != records {
+		t.Errorf("mpsd_unverified_mps_records_total = %v, want %d", got, records)
+	}
+	b, err := os.ReadFile(e.log.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims := bytes.Count(b, []byte("MPS fault record waits for an Xid to confirm it"))
+	if most := 1 + int(took/faultClaimWait); claims < 1 || claims > most {
+		t.Errorf("%d records in %s made %d claims; want 1 to %d (one per server each %s)", records, took.Round(time.Millisecond), claims, most, faultClaimWait)
+	}
+	e.d.mu.Lock()
+	left := 0
+	for _, in := range e.d.instances {
+		left += len(in.claims) + len(in.deciding)
+	}
+	e.d.mu.Unlock()
+	if left != 0 {
+		t.Errorf("%d claims left after every record was counted", left)
+	}
+	st = e.d.Status()
+	if countLeases(st, api.LeaseRunning) != 1 || st.Leases[0].Attempt != 1 || st.Instances[0].Restarts != 0 {
+		t.Errorf("after the flood: leases %+v, instance restarts %d; want the victim's lease running, attempt 1, no restart", st.Leases, st.Instances[0].Restarts)
+	}
+	if faults := countedFaults(e.d); faults != 0 {
+		t.Errorf("%d faults counted for forged records, want 0", faults)
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	p.wait(t)
+}
+
 // A member forges MPS's "Failed to start server" record for another
 // member who holds a lease but has no MPS server yet (none is started
 // until a lease's first CUDA call): the only moment such a record could

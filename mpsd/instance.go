@@ -526,12 +526,15 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 				break
 			}
 			d.mu.Lock()
-			confirmed := d.claimServerFaultLocked(in, dm, ev, f, time.Now())
+			confirmed, joined := d.claimServerFaultLocked(in, dm, ev, f, time.Now())
 			d.mu.Unlock()
-			if confirmed != nil {
+			switch {
+			case confirmed != nil:
 				in.log.Info("MPS fault record confirmed by an Xid", "server", ev.PID)
 				d.reportFault(in, *confirmed)
-			} else {
+			case joined:
+				in.log.Debug("MPS fault record joins the claim waiting for its server", "server", ev.PID)
+			default:
 				in.log.Info("MPS fault record waits for an Xid to confirm it", "server", ev.PID, "wait", faultClaimWait)
 			}
 		case mps.Barrier:

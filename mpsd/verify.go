@@ -25,11 +25,16 @@ import (
 //     the Xid travel separately, so whichever comes second completes the
 //     match; a record waits faultClaimWait for its Xid, and an Xid
 //     confirms a record that follows within xidEvidenceWindow. Each Xid
-//     confirms at most one record per instance. A server's FAULT state
+//     confirms at most one record per instance. Records naming a server
+//     that already has a claim waiting join that claim (its count of
+//     records grows), so a member writing them as fast as it can makes
+//     one claim per server every faultClaimWait, not one each. A
+//     server's FAULT state
 //     cannot serve: a real H200 left it in less than 100 ms
 //     (docs/gpu-probe);
-//   - a start failure names a uid no verified server serves, and revokes
-//     only that uid's leases;
+//   - a start failure ("Failed to start server using uid …") cannot be
+//     confirmed: it is only logged (a server that started and died is
+//     reported by its pidfd);
 //   - a fault record written while mpsd was away (read again from where
 //     the last mpsd left server.log) cannot be matched with an Xid any
 //     more: it takes only the leases whose processes are all gone within
@@ -68,10 +73,24 @@ type faultClaim struct {
 
 // claimServerFaultLocked takes a ServerFault record of a verified server:
 // it is confirmed now by an Xid already seen on the instance's GPUs (the
-// fault to report is returned), or waits for one as a claim (nil).
-func (d *Daemon) claimServerFaultLocked(in *instance, dm *mps.Daemon, ev mps.Event, f fault, now time.Time) *fault {
+// fault to report is returned), or waits for one as a claim (nil; joined
+// reports that it joined the claim already waiting for that server, so
+// it adds no claim and no timer).
+func (d *Daemon) claimServerFaultLocked(in *instance, dm *mps.Daemon, ev mps.Event, f fault, now time.Time) (confirmed *fault, joined bool) {
 	if d.takeXidLocked(in, now) {
-		return &f
+		return &f, false
+	}
+	for _, c := range in.claims {
+		if c.dm == dm && c.ev.PID == ev.PID && !c.settled {
+			// The same server's record again: nothing more to confirm.
+			// It is handled with the claim (counted as one more record
+			// if the claim expires; marked read with it).
+			c.ev.Suppressed += 1 + max(ev.Suppressed, 0)
+			if ev.InServerLog && c.ev.InServerLog && ev.LogOffset > c.ev.LogOffset {
+				c.ev.LogOffset, c.f.logOffset = ev.LogOffset, ev.LogOffset
+			}
+			return nil, true
+		}
 	}
 	c := &faultClaim{f: f, ev: ev, dm: dm, at: now, decided: make(chan struct{})}
 	in.claims = append(in.claims, c)
@@ -101,7 +120,7 @@ func (d *Daemon) claimServerFaultLocked(in *instance, dm *mps.Daemon, ev mps.Eve
 		d.settleClaimLocked(in, c)
 		d.decideClaimLocked(in, c)
 	}
-	return nil
+	return nil, false
 }
 
 // takeXidLocked reports whether an Xid on one of in's GPUs newer than the

@@ -4,13 +4,18 @@
 // (internal/mpsemu/mpslog), so the daemon copies each record into
 // control.log or server.log with the kind and pid given here.
 //
-//	mpsforge -fifo PIPE/log -kind control|server -pid N -msg TEXT [-msg TEXT ...]
+//	mpsforge -fifo PIPE/log -kind control|server -pid N [-repeat N] -msg TEXT [-msg TEXT ...]
+//
+// With -repeat it writes the records that many times, as fast as the
+// daemon reads them (a full FIFO is waited out, not an error).
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/mpsd/mpsd/internal/mpsemu/mpslog"
@@ -25,6 +30,7 @@ func main() {
 	fifo := flag.String("fifo", "", "the pipe directory's log FIFO")
 	kind := flag.String("kind", "server", "control or server")
 	pid := flag.Int("pid", 0, "the pid the record claims")
+	repeat := flag.Int("repeat", 1, "how many times to write the records")
 	var text msgs
 	flag.Var(&text, "msg", "a record's text (repeatable)")
 	flag.Parse()
@@ -32,10 +38,20 @@ func main() {
 	if *kind == "control" {
 		k = mpslog.Control
 	}
-	for _, m := range text {
-		if err := mpslog.SendFIFO(*fifo, mpslog.Record{Kind: k, PID: *pid, Time: time.Now(), Msg: m}); err != nil {
-			fmt.Fprintln(os.Stderr, "mpsforge:", err)
-			os.Exit(1)
+	for range *repeat {
+		for _, m := range text {
+			for {
+				err := mpslog.SendFIFO(*fifo, mpslog.Record{Kind: k, PID: *pid, Time: time.Now(), Msg: m})
+				if errors.Is(err, syscall.EAGAIN) {
+					time.Sleep(time.Millisecond) // the FIFO is full
+					continue
+				}
+				if err != nil {
+					fmt.Fprintln(os.Stderr, "mpsforge:", err)
+					os.Exit(1)
+				}
+				break
+			}
 		}
 	}
 }
