@@ -126,8 +126,10 @@ type Event struct {
 	// ServerStartFailed names no server (PID is 0), so KnownServer is
 	// false for it: like every control.log line, anyone may have written it.
 	KnownServer bool
-	// Suppressed, on UnverifiedRecord: records of that kind dropped
-	// without an event of their own since the previous one (rate limit).
+	// Suppressed: the records this hint stands for beyond its own,
+	// dropped without an event of their own: on UnverifiedRecord those
+	// over its rate limit since the previous one; on any hint those of
+	// its kind (and server) pushed while it waited (eventQueue).
 	Suppressed int
 
 	ack *barrierAck // Barrier's
@@ -170,14 +172,30 @@ func (e Event) vital() bool {
 	return false
 }
 
-// coalesced reports whether ev is a hint the reader only needs to know
-// came, not how often: a NEW CLIENT record (a reason to reconcile) or a
-// fatal-exception record (logged; the server's end comes from its pidfd).
-// Anyone may write either into the log FIFO, unchecked, as fast as it
-// takes them; one waiting is as good as a thousand, and a thousand would
-// push records of verified servers out of the hints' bound.
-func (e Event) coalesced() bool {
-	return e.Kind == ClientConnected || e.Kind == FatalException
+// coalesceKey is what a hint waits under: one hint of a key waits at a
+// time, and one pushed while another of its key waits is folded into it
+// (counted in its Suppressed). Records of a server (ready, fault) wait
+// per server; NEW CLIENT, fatal-exception and start-failure records per
+// kind. (UnverifiedRecord is not folded: each names the record mps
+// dropped, and mps sends at most 20 a second.) Anyone who reaches the log
+// FIFO may write any of
+// them as fast as the daemon takes them: one waiting is as good as a
+// thousand for the reader (a reason to reconcile, to check, to log or to
+// count), and a thousand of one kind would push another server's records
+// out of the hints' bound.
+type coalesceKey struct {
+	kind EventKind
+	pid  int
+}
+
+func (e Event) coalesceKey() (coalesceKey, bool) {
+	switch e.Kind {
+	case ServerReady, ServerFault:
+		return coalesceKey{e.Kind, e.PID}, true
+	case UnverifiedRecord:
+		return coalesceKey{}, false
+	}
+	return coalesceKey{kind: e.Kind}, true
 }
 
 // queued is an event with its place in the order of pushes.
@@ -197,10 +215,10 @@ type eventQueue struct {
 	mu     sync.Mutex
 	seq    uint64
 	facts  []queued
-	hints  []queued
-	// waiting counts the coalesced kinds among hints: a push of one whose
-	// kind already waits is dropped.
-	waiting map[EventKind]int
+	hints  []*queued
+	// waiting is the hint waiting under each key: a push of another of
+	// its key is folded into it.
+	waiting map[coalesceKey]*queued
 	// dropped counts the hints dropped; droppedLogged is when a drop was
 	// last logged (at most once a second: a flood must not fill the log).
 	dropped       int
@@ -209,7 +227,7 @@ type eventQueue struct {
 }
 
 func newEventQueue(log *slog.Logger) *eventQueue {
-	return &eventQueue{log: log, out: make(chan Event), notify: make(chan struct{}, 1), waiting: map[EventKind]int{}}
+	return &eventQueue{log: log, out: make(chan Event), notify: make(chan struct{}, 1), waiting: map[coalesceKey]*queued{}}
 }
 
 // finish releases the barriers never delivered, once run and every
@@ -236,21 +254,18 @@ func (q *eventQueue) push(ev Event) {
 	}
 	q.seq++
 	e := queued{seq: q.seq, ev: ev}
-	switch {
+	key, folds := ev.coalesceKey()
+	switch w := q.waiting[key]; {
 	case ev.vital():
 		q.facts = append(q.facts, e)
-	case ev.coalesced() && q.waiting[ev.Kind] > 0:
-		// One of its kind waits already.
+	case folds && w != nil:
+		// One of its key waits already: it stands for this one too.
+		w.ev.Suppressed += 1 + max(ev.Suppressed, 0)
 		q.mu.Unlock()
 		return
 	default:
-		if ev.coalesced() {
-			q.waiting[ev.Kind]++
-		}
 		if len(q.hints) >= maxQueuedEvents {
-			if old := q.hints[0].ev; old.coalesced() {
-				q.waiting[old.Kind]--
-			}
+			q.forgetLocked(q.hints[0])
 			q.hints = q.hints[1:]
 			q.dropped++
 			if now := time.Now(); now.Sub(q.droppedLogged) >= time.Second {
@@ -258,7 +273,10 @@ func (q *eventQueue) push(ev Event) {
 				q.log.Warn("mps: event reader too slow, dropped the oldest log-line events", "dropped_total", q.dropped)
 			}
 		}
-		q.hints = append(q.hints, e)
+		if folds {
+			q.waiting[key] = &e
+		}
+		q.hints = append(q.hints, &e)
 	}
 	q.mu.Unlock()
 	select {
@@ -277,12 +295,18 @@ func (q *eventQueue) popLocked() (queued, bool) {
 	case len(q.hints) > 0:
 		e := q.hints[0]
 		q.hints = q.hints[1:]
-		if e.ev.coalesced() {
-			q.waiting[e.ev.Kind]--
-		}
-		return e, true
+		q.forgetLocked(e)
+		return *e, true
 	}
 	return queued{}, false
+}
+
+// forgetLocked takes the hint e, leaving the queue, off waiting: the next
+// of its key waits again.
+func (q *eventQueue) forgetLocked(e *queued) {
+	if key, folds := e.ev.coalesceKey(); folds && q.waiting[key] == e {
+		delete(q.waiting, key)
+	}
 }
 
 // run forwards queued events to out until stop is closed, then closes out.

@@ -180,7 +180,8 @@ func countedFaults(d *Daemon) int {
 // walks the instance's claims: thousands at once, for every tenant's
 // instance. mpsd keeps one claim per server: the records join it, so the
 // flood makes one claim (and one log line) each faultClaimWait at most,
-// every record is still counted, and the victim runs on.
+// every record is still counted, and the victim runs on. A flood of
+// fatal-exception lines (only ever logged) is logged once a second.
 func TestForgedFaultFloodMakesOneClaimPerServer(t *testing.T) {
 	e := newTrustEnv(t)
 	forge := e.buildTestProgram("mpsforge")
@@ -196,6 +197,11 @@ func TestForgedFaultFloodMakesOneClaimPerServer(t *testing.T) {
 	began := time.Now()
 	cmd := exec.Command(forge, "-fifo", fifo, "-kind", "server", "-pid", fmt.Sprint(inst.ServerPIDs[0]),
 		"-repeat", fmt.Sprint(records), "-msg", "Server is handling a fatal GPU error.")
+	if r := run(t, asUID(cmd, trustAttackerUID)); r.code != 0 {
+		t.Fatalf("mpsforge as uid %d: exit %d, stderr %q", trustAttackerUID, r.code, r.stderr)
+	}
+	cmd = exec.Command(forge, "-fifo", fifo, "-kind", "control", "-pid", fmt.Sprint(inst.DaemonPID),
+		"-repeat", fmt.Sprint(records), "-msg", "Server encountered a fatal exception. Shutting down")
 	if r := run(t, asUID(cmd, trustAttackerUID)); r.code != 0 {
 		t.Fatalf("mpsforge as uid %d: exit %d, stderr %q", trustAttackerUID, r.code, r.stderr)
 	}
@@ -218,6 +224,25 @@ func TestForgedFaultFloodMakesOneClaimPerServer(t *testing.T) {
 	claims := bytes.Count(b, []byte("MPS fault record waits for an Xid to confirm it"))
 	if most := 1 + int(took/faultClaimWait); claims < 1 || claims > most {
 		t.Errorf("%d records in %s made %d claims; want 1 to %d (one per server each %s)", records, took.Round(time.Millisecond), claims, most, faultClaimWait)
+	}
+	// The fatal-exception lines are counted in what the log says.
+	fatal, counted := 0, 0
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if !strings.Contains(line, "MPS logged a fatal exception") {
+			continue
+		}
+		fatal++
+		var n int
+		if i := strings.Index(line, " records="); i >= 0 {
+			_, _ = fmt.Sscanf(line[i:], " records=%d", &n)
+		}
+		counted += n
+	}
+	if most := 1 + int(took/time.Second); fatal < 1 || fatal > most {
+		t.Errorf("%d fatal-exception records in %s made %d log lines; want 1 to %d (one a second)", records, took.Round(time.Millisecond), fatal, most)
+	}
+	if counted > records {
+		t.Errorf("the fatal-exception log lines stand for %d records, more than the %d written", counted, records)
 	}
 	e.d.mu.Lock()
 	left := 0

@@ -103,6 +103,10 @@ type instance struct {
 	xidUsed  time.Time
 	// unverifiedLogAt: when an unverified record was last logged.
 	unverifiedLogAt time.Time
+	// fatalLogAt: when a fatal-exception record was last logged (at most
+	// once a second: anyone may write them); fatalUnlogged: those since.
+	fatalLogAt    time.Time
+	fatalUnlogged int
 	// reconRunning: a reconciliation of the instance runs (reconcile.go);
 	// reconAgain: it runs once more when done; reconEvent: a client event
 	// asked for it since the last one began.
@@ -503,8 +507,19 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 			}
 		case mps.FatalException:
 			// A log line (anyone's, verify.go): the server's end, if it
-			// ends, comes from its pidfd.
-			in.log.Info("MPS logged a fatal exception of a server; its exit, if any, is seen through its pidfd", "pid", ev.PID, "known_server", ev.KnownServer)
+			// ends, comes from its pidfd. Logged at most once a second,
+			// with how many records the line stands for.
+			now := time.Now()
+			d.mu.Lock()
+			in.fatalUnlogged += 1 + max(ev.Suppressed, 0)
+			records, quiet := in.fatalUnlogged, now.Sub(in.fatalLogAt) < time.Second
+			if !quiet {
+				in.fatalLogAt, in.fatalUnlogged = now, 0
+			}
+			d.mu.Unlock()
+			if !quiet {
+				in.log.Info("MPS logged a fatal exception of a server; its exit, if any, is seen through its pidfd", "pid", ev.PID, "known_server", ev.KnownServer, "records", records)
+			}
 		case mps.ServerFault:
 			if !ev.KnownServer {
 				d.unverifiedRecord(in, ev, "it names no verified server of the daemon")
