@@ -323,10 +323,11 @@ func TestRunForwardsSignals(t *testing.T) {
 		t.Run(sig.String(), func(t *testing.T) {
 			h := newHarness(t, apitest.Grant)
 			ready := h.readyPipe()
-			h.quietStdin()
 			n := strconv.Itoa(int(sig))
-			// read blocks on a pipe nobody writes to; the trap interrupts it.
-			done := h.start(t.Context(), h.sh(`trap 'echo got `+n+` > marker; exit 7' `+n+`; echo ready; read line`)...)
+			// The shell runs a trap between commands: short sleeps, not
+			// one blocking read, which a signal arriving just before the
+			// read(2) would leave blocked forever (the shell's own race).
+			done := h.start(t.Context(), h.sh(`trap 'echo got `+n+` > marker; exit 7' `+n+`; echo ready; while :; do sleep 0.05; done`)...)
 			ready()
 			h.signals <- sig
 			if code := h.wait(done); code != 7 {
