@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 const (
 	reconUID      = 65000 // the group member: leases, and the offenders
 	reconOtherUID = 65001 // a second member, who runs nothing
+	reconOutsider = 65002 // no member of any group
 )
 
 // Reconciliation on the emulator, under each policy. One member of a
@@ -40,6 +42,53 @@ func TestReconcileFindsAndEndsUnaccountedClients(t *testing.T) {
 	for _, pol := range []string{"report", "terminate"} {
 		t.Run(pol, func(t *testing.T) { testReconcile(t, pol) })
 	}
+}
+
+// In a group with multiuser one server serves every member, so a pid
+// MPS lists under it cannot be checked against the server's uid. One
+// whose owner is no member of the group (a pid a client claimed, or one
+// reused since it was listed) is reported under terminate, never ended:
+// here a root client that became a non-member's uid once connected.
+func TestReconcileSharedServerNeverEndsNonMembers(t *testing.T) {
+	member := emutest.User(t, reconUID)
+	e := newEnv(t, fmt.Sprintf(`  a:
+    users: [%s]
+    memory: 10G
+    gpus: ["0"]
+    multiuser: true
+    reconcile: terminate
+`, member), "")
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	by := startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", client, "--duration", "1m"), reconUID))
+	st := e.waitStatus("the member's client on a live shared server", func(st api.Status) bool {
+		in0 := instanceOf(st, "a", 0)
+		return countLeases(st, api.LeaseRunning) == 1 && len(in0.ServerPIDs) == 1 && e.mpsClients(in0) == 1
+	})
+	in0 := instanceOf(st, "a", 0)
+	cmd := exec.Command(client, "--duration", "1m", "--setuid-after-connect", strconv.Itoa(reconOutsider))
+	cmd.Env = append(os.Environ(), api.EnvPipeDirectory+"="+Layout{RunDir: filepath.Join(e.dir, "run")}.PipeDir("a", in0.GPUUUID))
+	outsider := startProc(t, cmd)
+
+	e.reconWaitMetric("mpsd_unreconciled_clients_total", "a", map[string]float64{reconUnleased: 1})
+	e.waitLogAny(fmt.Sprintf("whose owner is no member of the group; reported, never ended\" group=a gpu=%s gpu_index=0 server=%d pid=%d uid=%d", in0.GPUUUID, in0.ServerPIDs[0], outsider.pid(), reconOutsider))
+	e.waitLogAny(fmt.Sprintf("kind=%s group=a gpu=%s gpu_index=0 instance=a/0 pid=%d uid=%d", reconUnleased, in0.GPUUUID, outsider.pid(), reconOutsider))
+	if b, _ := os.ReadFile(e.log.Name()); bytes.Contains(b, []byte(fmt.Sprintf("pid=%d uid=%d exe=%s action=terminated", outsider.pid(), reconOutsider, client))) {
+		t.Errorf("mpsd logged the non-member's process %d as terminated", outsider.pid())
+	}
+	if !alive(outsider.pid()) {
+		t.Errorf("the non-member's process %d was ended", outsider.pid())
+	}
+	if n := e.limSum("mpsd_unreconciled_clients_terminated_total"); n != 0 {
+		t.Errorf("mpsd_unreconciled_clients_terminated_total = %v, want 0", n)
+	}
+	if l := e.d.Status().Leases; len(l) != 1 || l[0].Attempt != 1 || !alive(by.pid()) {
+		t.Errorf("the member's lease: %+v; want it running at its first attempt", l)
+	}
+	_ = outsider.cmd.Process.Kill()
+	outsider.wait(t)
+	_ = by.cmd.Process.Signal(syscall.SIGTERM)
+	by.wait(t)
 }
 
 func testReconcile(t *testing.T, pol string) {

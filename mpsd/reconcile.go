@@ -283,6 +283,9 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 		f     finding
 		h     *pidHandle
 		facts procFacts
+		// reportOnly: the process may be reported, never ended (its
+		// owner is no member of the group whose server lists it).
+		reportOnly bool
 	}
 	var confirmed []checked
 	for _, f := range found {
@@ -328,10 +331,18 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 				continue
 			}
 		}
+		reportOnly := false
+		if f.kind != reconBypass && multiuser && !d.memberOf(in.group, facts) {
+			// A shared server serves the group's members, whose uids it
+			// cannot tell apart; a pid it lists whose owner is none is
+			// what a client claimed or a pid reused since: reported,
+			// never ended (nor is the lease it may belong to).
+			reportOnly = true
+		}
 		if f.kind == reconBypass {
 			f.group = d.bypassGroup(f.gpu, facts)
 		}
-		confirmed = append(confirmed, checked{f: f, h: h, facts: facts})
+		confirmed = append(confirmed, checked{f: f, h: h, facts: facts, reportOnly: reportOnly})
 	}
 
 	// Only findings not reported before are reported; those gone are
@@ -371,7 +382,13 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 	d.mu.Unlock()
 
 	for _, c := range fresh {
-		d.actOnFinding(in, dm, c.f, c.h, c.facts, policies[c.f.group])
+		pol := policies[c.f.group]
+		if c.reportOnly {
+			pol = policy.ReconcileReport
+			in.log.Warn("reconcile: MPS lists a client of the group's shared server whose owner is no member of the group; reported, never ended",
+				"server", c.f.server, "pid", c.f.pid, "uid", c.facts.uid)
+		}
+		d.actOnFinding(in, dm, c.f, c.h, c.facts, pol)
 		c.h.close()
 	}
 }
@@ -705,6 +722,14 @@ func (d *Daemon) bypassGroup(g int, facts procFacts) string {
 		}
 	}
 	return ""
+}
+
+// memberOf reports whether the owner facts names is a member of group
+// (by uid or by one of its groups, as the config says).
+func (d *Daemon) memberOf(group string, facts procFacts) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Contains(d.cfg.Access.Groups(policy.Credentials{UID: facts.uid, GIDs: facts.gids}), group)
 }
 
 // mpsServerProgram is the program of an MPS server (NVIDIA's, and the

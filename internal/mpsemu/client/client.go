@@ -93,6 +93,9 @@ type Options struct {
 	// FaultNow raises a fatal fault when it receives (once), so a test
 	// can fault a client at the moment it chooses; nil: never.
 	FaultNow <-chan struct{}
+	// Connected, when set, runs once the server has taken the client
+	// (before its limits line); an error ends the client with it.
+	Connected func() error
 }
 
 // Run connects, reports the limits on out and behaves as opts say. It
@@ -107,6 +110,11 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	defer stop()
 	if len(welcome.UUIDs) == 0 {
 		return cudaErr(ErrNoDevice, "CUDA_VISIBLE_DEVICES selects no device")
+	}
+	if opts.Connected != nil {
+		if err := opts.Connected(); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintln(out, limitsLine(opts.PID, welcome))
 

@@ -31,6 +31,7 @@ func MainEnv(args []string, lookup func(string) (string, bool), stdout, stderr i
 	duration := fs.Duration("duration", 0, "stay connected this long after setup")
 	faultAfter := fs.Duration("fault-after", 0, "raise a fatal GPU fault after this long")
 	faultOnUSR1 := fs.Bool("fault-on-usr1", false, "raise a fatal GPU fault when SIGUSR1 arrives (once)")
+	setuid := fs.Int("setuid-after-connect", -1, "once connected, become `UID` (uid, gid and no groups; needs root): MPS then lists a process of that uid, which it never served")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -48,6 +49,20 @@ func MainEnv(args []string, lookup func(string) (string, bool), stdout, stderr i
 		FaultAfter:  *faultAfter,
 	}
 	opts.EnvVisible, opts.HasVisible = lookup("CUDA_VISIBLE_DEVICES")
+	if uid := *setuid; uid >= 0 {
+		opts.Connected = func() error {
+			if err := syscall.Setgroups(nil); err != nil {
+				return fmt.Errorf("setgroups: %w", err)
+			}
+			if err := syscall.Setgid(uid); err != nil {
+				return fmt.Errorf("setgid %d: %w", uid, err)
+			}
+			if err := syscall.Setuid(uid); err != nil {
+				return fmt.Errorf("setuid %d: %w", uid, err)
+			}
+			return nil
+		}
+	}
 	if opts.PipeDir == "" {
 		opts.PipeDir = "/tmp/nvidia-mps"
 	}
