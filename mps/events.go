@@ -174,11 +174,12 @@ func (e Event) vital() bool {
 
 // coalesceKey is what a hint waits under: one hint of a key waits at a
 // time, and one pushed while another of its key waits is folded into it
-// (counted in its Suppressed). Records of a server (ready, fault) wait
-// per server; NEW CLIENT, fatal-exception and start-failure records per
-// kind. (UnverifiedRecord is not folded: each names the record mps
-// dropped, and mps sends at most 20 a second.) Anyone who reaches the log
-// FIFO may write any of
+// (counted in its Suppressed). Ready records wait per server; NEW CLIENT,
+// fatal-exception and start-failure records per kind. Not folded: a
+// fault record (each real one is a fault of its own, which an Xid
+// confirms one to one; mpsd bounds how many wait per server), and
+// UnverifiedRecord (each names the record mps dropped, and mps sends at
+// most 20 a second). Anyone who reaches the log FIFO may write any of
 // them as fast as the daemon takes them: one waiting is as good as a
 // thousand for the reader (a reason to reconcile, to check, to log or to
 // count), and a thousand of one kind would push another server's records
@@ -190,9 +191,9 @@ type coalesceKey struct {
 
 func (e Event) coalesceKey() (coalesceKey, bool) {
 	switch e.Kind {
-	case ServerReady, ServerFault:
+	case ServerReady:
 		return coalesceKey{e.Kind, e.PID}, true
-	case UnverifiedRecord:
+	case ServerFault, UnverifiedRecord:
 		return coalesceKey{}, false
 	}
 	return coalesceKey{kind: e.Kind}, true

@@ -135,8 +135,8 @@ func TestEventQueueNeverDropsFacts(t *testing.T) {
 }
 
 // Records anyone may write (NEW CLIENT, fatal exception, start failure;
-// ready and fault records naming a server, per server) wait one of each
-// key at a time: a flood of them neither fills the hints' bound nor
+// ready records naming a server, per server) wait one of each key at a
+// time: a flood of them neither fills the hints' bound nor
 // pushes out a record about another verified server, and the reader
 // still learns that they came and how many (Suppressed).
 func TestEventQueueCoalescesUncheckedRecords(t *testing.T) {
@@ -150,7 +150,6 @@ func TestEventQueueCoalescesUncheckedRecords(t *testing.T) {
 		q.push(Event{Kind: FatalException, PID: 7, Source: SourceLog})
 		// Records a member may write naming its own server (its pid is
 		// in /proc), and start failures, which name none.
-		q.push(Event{Kind: ServerFault, PID: 8, KnownServer: true, Source: SourceLog, InServerLog: true, LogOffset: int64(i)})
 		q.push(Event{Kind: ServerReady, PID: 8, Source: SourceLog})
 		q.push(Event{Kind: ServerStartFailed, Source: SourceLog, Suppressed: 1})
 	}
@@ -160,7 +159,6 @@ func TestEventQueueCoalescesUncheckedRecords(t *testing.T) {
 	go func() { defer close(done); q.run(stop) }()
 	n := map[EventKind]int{}
 	stands := map[coalesceKey]int{} // the records each key's events stand for
-	var fault8 Event
 	timeout := time.After(10 * time.Second)
 	for n[DaemonExited] == 0 {
 		select {
@@ -168,9 +166,6 @@ func TestEventQueueCoalescesUncheckedRecords(t *testing.T) {
 			n[ev.Kind]++
 			key, _ := ev.coalesceKey()
 			stands[key] += 1 + ev.Suppressed
-			if ev.Kind == ServerFault && ev.PID == 8 {
-				fault8 = ev
-			}
 		case <-timeout:
 			t.Fatalf("the daemon's exit not delivered within 10s (%v)", n)
 		}
@@ -178,24 +173,18 @@ func TestEventQueueCoalescesUncheckedRecords(t *testing.T) {
 	close(stop)
 	<-done
 	q.finish()
-	if n[ServerFault] != 2 || n[ClientConnected] != 1 || n[FatalException] != 1 || n[ServerReady] != 1 || n[ServerStartFailed] != 1 {
-		t.Errorf("delivered %v; want the fault records of servers 7 and 8, and one each of the flood's other kinds", n)
+	if n[ServerFault] != 1 || n[ClientConnected] != 1 || n[FatalException] != 1 || n[ServerReady] != 1 || n[ServerStartFailed] != 1 {
+		t.Errorf("delivered %v; want the fault record of server 7, and one each of the flood's kinds", n)
 	}
 	// Each delivered hint counts what it stands for: nothing is lost
 	// from the counts, only the events.
 	for key, want := range map[coalesceKey]int{
-		{ServerFault, 7}: 1, {ServerFault, 8}: flood, {ServerReady, 8}: flood,
+		{ServerReady, 8}:          flood,
 		{kind: ServerStartFailed}: 2 * flood, {kind: ClientConnected}: flood, {kind: FatalException}: flood,
 	} {
 		if got := stands[key]; got != want {
 			t.Errorf("%s of pid %d: delivered events stand for %d records, want %d", key.kind, key.pid, got, want)
 		}
-	}
-	// The first record of a server waits for all: the reader marks
-	// server.log read only as far as it (later ones are read again by
-	// the next handle, never skipped).
-	if fault8.LogOffset != 0 {
-		t.Errorf("server 8's fault event has offset %d, want the first record's, 0", fault8.LogOffset)
 	}
 	// Once the reader has taken it, the next of a kind waits again.
 	q2 := newEventQueue(slog.New(slog.DiscardHandler))

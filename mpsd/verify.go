@@ -25,11 +25,12 @@ import (
 //     the Xid travel separately, so whichever comes second completes the
 //     match; a record waits faultClaimWait for its Xid, and an Xid
 //     confirms a record that follows within xidEvidenceWindow. Each Xid
-//     confirms at most one record per instance. Records naming a server
-//     that already has a claim waiting join that claim (its count of
-//     records grows), so a member writing them as fast as it can makes
-//     one claim per server every faultClaimWait, not one each. A
-//     server's FAULT state
+//     confirms at most one record per instance. At most
+//     maxClaimsPerServer records of one server wait at once; more join
+//     the newest (its count of records grows), so a member writing them
+//     as fast as it can makes that many claims per server every
+//     faultClaimWait, not one each, while real faults (each a record and
+//     an Xid) are still paired one to one. A server's FAULT state
 //     cannot serve: a real H200 left it in less than 100 ms
 //     (docs/gpu-probe);
 //   - a start failure ("Failed to start server using uid …") cannot be
@@ -48,6 +49,9 @@ import (
 const (
 	// faultClaimWait is how long a fault record waits for its Xid.
 	faultClaimWait = 2 * time.Second
+	// maxClaimsPerServer bounds the fault records of one server waiting
+	// for an Xid at once.
+	maxClaimsPerServer = 8
 	// xidEvidenceWindow is how long an Xid confirms a fault record that
 	// comes after it.
 	xidEvidenceWindow = 5 * time.Second
@@ -74,23 +78,29 @@ type faultClaim struct {
 // claimServerFaultLocked takes a ServerFault record of a verified server:
 // it is confirmed now by an Xid already seen on the instance's GPUs (the
 // fault to report is returned), or waits for one as a claim (nil; joined
-// reports that it joined the claim already waiting for that server, so
-// it adds no claim and no timer).
+// reports that it joined the newest of the maxClaimsPerServer claims
+// already waiting for that server, so it adds no claim and no timer).
 func (d *Daemon) claimServerFaultLocked(in *instance, dm *mps.Daemon, ev mps.Event, f fault, now time.Time) (confirmed *fault, joined bool) {
 	if d.takeXidLocked(in, now) {
 		return &f, false
 	}
+	var newest *faultClaim
+	waiting := 0
 	for _, c := range in.claims {
 		if c.dm == dm && c.ev.PID == ev.PID && !c.settled {
-			// The same server's record again: nothing more to confirm.
-			// It is handled with the claim (counted as one more record
-			// if the claim expires; marked read with it).
-			c.ev.Suppressed += 1 + max(ev.Suppressed, 0)
-			if ev.InServerLog && c.ev.InServerLog && ev.LogOffset > c.ev.LogOffset {
-				c.ev.LogOffset, c.f.logOffset = ev.LogOffset, ev.LogOffset
-			}
-			return nil, true
+			newest = c
+			waiting++
 		}
+	}
+	if waiting >= maxClaimsPerServer {
+		// More of that server's records than real faults come at once:
+		// this one is handled with the newest claim (counted as one more
+		// record if it expires; marked read with it).
+		newest.ev.Suppressed += 1 + max(ev.Suppressed, 0)
+		if ev.InServerLog && newest.ev.InServerLog && ev.LogOffset > newest.ev.LogOffset {
+			newest.ev.LogOffset, newest.f.logOffset = ev.LogOffset, ev.LogOffset
+		}
+		return nil, true
 	}
 	c := &faultClaim{f: f, ev: ev, dm: dm, at: now, decided: make(chan struct{})}
 	in.claims = append(in.claims, c)
