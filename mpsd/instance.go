@@ -101,12 +101,9 @@ type instance struct {
 	claims   []*faultClaim
 	deciding []*faultClaim
 	xidUsed  time.Time
-	// unverifiedLogAt: when an unverified record was last logged.
-	unverifiedLogAt time.Time
-	// fatalLogAt: when a fatal-exception record was last logged (at most
-	// once a second: anyone may write them); fatalUnlogged: those since.
-	fatalLogAt    time.Time
-	fatalUnlogged int
+	// unverifiedLog and fatalLog let through a line a second about
+	// unverified and fatal-exception records (anyone may write them).
+	unverifiedLog, fatalLog logGate
 	// reconRunning: a reconciliation of the instance runs (reconcile.go);
 	// reconAgain: it runs once more when done; reconEvent: a client event
 	// asked for it since the last one began.
@@ -509,15 +506,10 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 			// A log line (anyone's, verify.go): the server's end, if it
 			// ends, comes from its pidfd. Logged at most once a second,
 			// with how many records the line stands for.
-			now := time.Now()
 			d.mu.Lock()
-			in.fatalUnlogged += 1 + max(ev.Suppressed, 0)
-			records, quiet := in.fatalUnlogged, now.Sub(in.fatalLogAt) < time.Second
-			if !quiet {
-				in.fatalLogAt, in.fatalUnlogged = now, 0
-			}
+			records, pass := in.fatalLog.pass(time.Now(), 1+max(ev.Suppressed, 0))
 			d.mu.Unlock()
-			if !quiet {
+			if pass {
 				in.log.Info("MPS logged a fatal exception of a server; its exit, if any, is seen through its pidfd", "pid", ev.PID, "known_server", ev.KnownServer, "records", records)
 			}
 		case mps.ServerFault:

@@ -87,7 +87,7 @@ func (d *Daemon) claimServerFaultLocked(in *instance, dm *mps.Daemon, ev mps.Eve
 	var newest *faultClaim
 	waiting := 0
 	for _, c := range in.claims {
-		if c.dm == dm && c.ev.PID == ev.PID && !c.settled {
+		if c.dm == dm && c.ev.PID == ev.PID {
 			newest = c
 			waiting++
 		}
@@ -288,15 +288,32 @@ func (d *Daemon) unverifiedRecord(in *instance, ev mps.Event, why string) {
 		in.logHandled = max(in.logHandled, ev.LogOffset+1)
 		d.store.request()
 	}
-	quiet := now.Sub(in.unverifiedLogAt) < time.Second
-	if !quiet {
-		in.unverifiedLogAt = now
-	}
+	_, pass := in.unverifiedLog.pass(now, 1)
 	total := in.unverified
 	d.mu.Unlock()
-	if quiet {
+	if !pass {
 		return
 	}
 	in.log.Warn("MPS log record not acted on: nothing confirms it (anyone who can reach the pipe directory can write MPS log records)",
 		"record", ev.Kind.String(), "pid", ev.PID, "uid", ev.UID, "message", ev.Message, "why", why, "unverified_total", total)
+}
+
+// logGate lets one log line a second through, for what anyone may make
+// mpsd log as often as it likes. Guarded by its owner's lock.
+type logGate struct {
+	at   time.Time // when a line last went through
+	held int       // what the lines held back since stood for
+}
+
+// pass counts n more of what the line is about and reports whether a
+// line goes through at now, and how many it stands for (n and those held
+// back since the last one).
+func (g *logGate) pass(now time.Time, n int) (int, bool) {
+	g.held += n
+	if now.Sub(g.at) < time.Second {
+		return 0, false
+	}
+	total := g.held
+	g.at, g.held = now, 0
+	return total, true
 }

@@ -40,3 +40,26 @@ func TestXidConfirmsOneRecord(t *testing.T) {
 		t.Error("a new Xid did not confirm the next record")
 	}
 }
+
+// A log gate lets one line a second through, each standing for what was
+// held back since the last.
+func TestLogGate(t *testing.T) {
+	var g logGate
+	t0 := time.Now()
+	for _, step := range []struct {
+		at   time.Duration
+		n    int
+		want int
+		pass bool
+	}{
+		{0, 1, 1, true},
+		{100 * time.Millisecond, 3, 0, false},
+		{999 * time.Millisecond, 2, 0, false},
+		{time.Second, 1, 6, true},
+		{3 * time.Second, 4, 4, true},
+	} {
+		if got, pass := g.pass(t0.Add(step.at), step.n); got != step.want || pass != step.pass {
+			t.Errorf("at %s, %d more: (%d, %v), want (%d, %v)", step.at, step.n, got, pass, step.want, step.pass)
+		}
+	}
+}
