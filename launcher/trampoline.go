@@ -46,10 +46,10 @@ import (
 // the process started with, it says so on the exec pipe and execs; the
 // release returns only when mps-launch has read that, so a signal
 // forwarded after the release can never fall into the time the
-// trampoline still ignores it. With cgo (the project's build) a C
-// constructor does all this before the Go runtime starts, so the
-// trampoline costs little more than an exec; without cgo, Main does it in
-// Go (trampoline_nocgo.go).
+// trampoline still ignores it. Main serves trampoline mode
+// (trampoline_exec.go) before anything else: every binary that calls
+// Main with its own environment is a trampoline when trampolineEnv is
+// set.
 const (
 	trampolineEnv = "MPSD_LAUNCH_TRAMPOLINE"
 	// releaseByte starts the release message, and is what the trampoline

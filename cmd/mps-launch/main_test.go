@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"debug/buildinfo"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +24,7 @@ import (
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/api/apitest"
+	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
 	"github.com/mpsd/mpsd/launcher"
 )
 
@@ -38,7 +41,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bin = filepath.Join(dir, "mps-launch")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0") // as make build does
+	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build mps-launch: %v\n%s", err, out)
 		_ = os.RemoveAll(dir)
 		os.Exit(1)
@@ -144,6 +149,37 @@ func TestHelp(t *testing.T) {
 	r := launch(t, "", "", "--help")
 	if r.code != 0 || r.stdout != launcher.Usage || r.stderr != "" {
 		t.Errorf("--help: exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestShippedBuildStatic: the mps-launch that make build ships (or, outside
+// make test, the one the end-to-end tests build the same way) is built
+// without cgo, a static binary: linked with libc it starts about 1 ms
+// later, on every launch's critical path (make bench).
+func TestShippedBuildStatic(t *testing.T) {
+	path := filepath.Join(emutest.CmdDir(t), "mps-launch")
+	bi, err := buildinfo.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cgo := ""
+	for _, s := range bi.Settings {
+		if s.Key == "CGO_ENABLED" {
+			cgo = s.Value
+		}
+	}
+	if cgo != "0" {
+		t.Errorf("%s was built with CGO_ENABLED=%q, want 0 (Makefile's build target)", path, cgo)
+	}
+	f, err := elf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Errorf("%s is dynamically linked (it has a program interpreter), want static", path)
+		}
 	}
 }
 

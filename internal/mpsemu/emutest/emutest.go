@@ -175,10 +175,18 @@ func CmdDir(tb testing.TB) string {
 		}
 		pruneGone(parent)
 		dir := filepath.Join(parent, strconv.Itoa(os.Getpid()))
+		// As make build does: mps-launch without cgo, the rest with it.
 		cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/...")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			cmdErr = fmt.Errorf("go build ./cmd/...: %w\n%s", err, out)
+			return
+		}
+		cmd = exec.Command("go", "build", "-o", dir+"/", "./cmd/mps-launch")
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			cmdErr = fmt.Errorf("CGO_ENABLED=0 go build ./cmd/mps-launch: %w\n%s", err, out)
 			return
 		}
 		cmdDir = dir

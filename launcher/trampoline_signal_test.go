@@ -1,5 +1,3 @@
-//go:build cgo
-
 package launcher
 
 import (
@@ -16,10 +14,9 @@ import (
 // for it). The trampoline ignores the forwarded signals until it has read
 // the release, so that signal must not arrive while it still does: it must
 // reach the program, or end the trampoline, never vanish.
-//
-// Only the C trampoline promises this: the Go one (built without cgo) can
-// still lose a signal that its runtime's handler takes while another of
-// its threads runs execve.
+// The trampoline sets its dispositions in the kernel directly: a Go
+// handler still in place after the exec pipe's byte could take the signal
+// while another of its threads runs execve, and lose it.
 func TestTrampolineSignalRightAfterRelease(t *testing.T) {
 	stdinR, stdinW, err := os.Pipe() // open and empty: read waits for ever
 	if err != nil {
