@@ -227,3 +227,18 @@ func TestSignalsIgnoredAtStart(t *testing.T) {
 		t.Errorf("exit %d, output %q; want the TERM trap's 7 and \"term\"", code, rest)
 	}
 }
+
+// TestLimitsInherited: the command gets the caller's resource limits,
+// although the Go runtime raises RLIMIT_NOFILE's soft limit to the hard
+// one in mps-launch and in its trampoline (both restore it for what they
+// exec), and a program that relies on select(2) must not see more than
+// the 1024 it was started with.
+func TestLimitsInherited(t *testing.T) {
+	fake := apitest.New(t, apitest.Grant)
+	cmd := exec.Command("/bin/sh", "-c", `ulimit -S -n 200 && exec "$0" "$@"`, bin, "--", "/bin/sh", "-c", `ulimit -S -n`)
+	cmd.Env = []string{"PATH=/usr/bin:/bin", api.EnvSocket + "=" + fake.Socket}
+	out, err := cmd.CombinedOutput()
+	if err != nil || string(out) != "200\n" {
+		t.Errorf("the command's soft RLIMIT_NOFILE: %q, %v; want the caller's 200", out, err)
+	}
+}
