@@ -162,6 +162,36 @@ func TestCreateZeroLimits(t *testing.T) {
 	})
 }
 
+// TestCreateAfterGroupGone: the group directory goes with its group's last
+// lease, and the next lease of the group makes it again, in every
+// hierarchy, before its own.
+func TestCreateAfterGroupGone(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		m := newManager(t, b)
+		first := mustCreate(t, m, LeaseID{"g", "first"}, Limits{})
+		if err := first.Delete(); err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range m.dirs(m.rel(LeaseID{"g", "x"})) {
+			if group := filepath.Dir(d.path); exists(group) {
+				t.Fatalf("%s: group directory %s left after its last lease", d.hierarchy, group)
+			}
+		}
+		next := mustCreate(t, m, LeaseID{"g", "next"}, Limits{})
+		for _, d := range m.dirs(m.rel(LeaseID{"g", "next"})) {
+			if !exists(d.path) {
+				t.Errorf("%s: %s not made", d.hierarchy, d.path)
+			}
+		}
+		if ids, err := m.List(); err != nil || !slices.Equal(ids, []LeaseID{{"g", "next"}}) {
+			t.Errorf("List() = %v, %v; want the new lease", ids, err)
+		}
+		if err := next.Delete(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
 func TestCreateErrors(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		m := newManager(t, b)

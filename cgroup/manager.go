@@ -282,15 +282,22 @@ func (m *Cgroups) create(rel string, lim Limits) error {
 }
 
 // mkdirs makes rel in every hierarchy, membership first, with one mkdir
-// each; done is false when the parent is missing in a hierarchy (what was
-// made before it stays, and the library's way, which makes parents, takes
-// it as it takes any directory already there). A directory already there
-// is taken, as MkdirAll
-// takes it (cpu and cpuacct are one directory where they share a
-// hierarchy; Create has checked that the membership one is new).
+// each, and its group directory with one more where that is missing (it
+// goes with its group's last lease, so the first lease after a quiet
+// spell makes it again); done is false when the group directory's own
+// parent is missing in a hierarchy (what was made before it stays, and
+// the library's way, which makes parents, takes it as it takes any
+// directory already there). A directory already there is taken, as
+// MkdirAll takes it (cpu and cpuacct are one directory where they share
+// a hierarchy; Create has checked that the membership one is new).
 func (m *Cgroups) mkdirs(rel string) (done bool, err error) {
 	for _, d := range m.dirs(rel) {
 		err := unix.Mkdir(d.path, 0o755)
+		if errors.Is(err, unix.ENOENT) {
+			if gerr := unix.Mkdir(filepath.Dir(d.path), 0o755); gerr == nil || errors.Is(gerr, unix.EEXIST) {
+				err = unix.Mkdir(d.path, 0o755)
+			}
+		}
 		switch {
 		case err == nil, errors.Is(err, unix.EEXIST):
 		case errors.Is(err, unix.ENOENT):
