@@ -239,6 +239,7 @@ func (s *session) run(ctx context.Context) (int, error) {
 		cancel()
 		s.cleanup()
 	}()
+	s.conn.startPredial(sctx)
 	if err := s.kids.spawnSpare(); err != nil {
 		return 0, err
 	}

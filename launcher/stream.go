@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -42,6 +43,10 @@ type conn struct {
 	stopRc      chan struct{}
 	rcDone      chan struct{}
 
+	// predialed brings the connection startPredial made ahead of the first
+	// request, until startReconnect takes it for that request's first try.
+	predialed chan predialResult
+
 	// contacted: mpsd has answered once; until then a missing socket is
 	// not waited for (no mpsd at all, or another socket meant), unless
 	// the socket was there on an earlier try.
@@ -76,6 +81,14 @@ func (c *conn) outageWindow() time.Duration {
 // first, so a request in flight ends at once.
 func (c *conn) stop() {
 	c.close()
+	if c.predialed != nil {
+		// Never taken (the session ended before its first request): the
+		// connect ends with the cancelled context, or is closed here.
+		if r := <-c.predialed; r.conn != nil {
+			_ = r.conn.Close()
+		}
+		c.predialed = nil
+	}
 	if c.rcDone != nil {
 		close(c.stopRc)
 		<-c.rcDone
@@ -87,6 +100,23 @@ func (c *conn) stop() {
 		default:
 		}
 	}
+}
+
+type predialResult struct {
+	conn net.Conn
+	err  error
+}
+
+// startPredial connects to mpsd in the background for the first request,
+// which names the trampoline that the session starts meanwhile: the
+// connect and the trampoline's fork and exec overlap instead of adding up.
+func (c *conn) startPredial(ctx context.Context) {
+	ch := make(chan predialResult, 1)
+	go func() {
+		conn, err := c.client.DialLease(ctx)
+		ch <- predialResult{conn: conn, err: err}
+	}()
+	c.predialed = ch
 }
 
 type streamMsg struct {
@@ -154,6 +184,8 @@ func (c *conn) startReconnect(ctx context.Context, req api.LeaseRequest) {
 		first = c.nextWait()
 	}
 	awaySince, contacted, window := c.awaySince, c.contacted, c.outageWindow()
+	pre := c.predialed
+	c.predialed = nil
 	go func() {
 		defer close(rcDone)
 		since := awaySince
@@ -168,7 +200,19 @@ func (c *conn) startReconnect(ctx context.Context, req api.LeaseRequest) {
 				case <-t.C:
 				}
 			}
-			st, err := c.client.Lease(ctx, req)
+			var st *client.Stream
+			var err error
+			if pre != nil {
+				// The first try, on the connection made ahead: a connect
+				// that failed counts as this try's failure.
+				r := <-pre
+				pre = nil
+				if err = r.err; err == nil {
+					st, err = c.client.LeaseOn(ctx, r.conn, req)
+				}
+			} else {
+				st, err = c.client.Lease(ctx, req)
+			}
 			if (req.AttachPID != 0 || req.WillAttach) && refusesField(err, "attach_pid", "will_attach") {
 				// An mpsd older than this launcher (upgraded, not yet
 				// restarted) knows neither hint: asked again without

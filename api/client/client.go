@@ -180,12 +180,39 @@ func (c *Client) Shutdown(ctx context.Context) (api.ShutdownResult, error) {
 // (ctx bounds the stream's whole life; Timeout does not apply). A refusal
 // before the stream starts is returned as an *api.Error.
 func (c *Client) Lease(ctx context.Context, req api.LeaseRequest) (*Stream, error) {
+	return c.LeaseOn(ctx, nil, req)
+}
+
+// DialLease connects to mpsd's socket for a lease request to follow on
+// the connection (LeaseOn), so that the caller can overlap the connect
+// with the work that completes the request (mps-launch starts its
+// trampoline meanwhile, whose pid the request names). Its errors are the
+// ones Lease would return for the connect.
+func (c *Client) DialLease(ctx context.Context) (net.Conn, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, c.requestError(ctx, "POST "+api.PathLeases, err, 0)
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", c.socket)
+	if err != nil {
+		return nil, c.requestError(ctx, "POST "+api.PathLeases, &dialError{err: err}, 0)
+	}
+	return conn, nil
+}
+
+// LeaseOn is Lease on conn, a connection from DialLease that nothing else
+// has used (the stream owns it from here, and a failure closes it), or on
+// a connection of its own when conn is nil.
+func (c *Client) LeaseOn(ctx context.Context, conn net.Conn, req api.LeaseRequest) (*Stream, error) {
 	b, err := json.Marshal(req)
 	if err != nil {
+		if conn != nil {
+			_ = conn.Close()
+		}
 		return nil, fmt.Errorf("encode request for %s: %w", api.PathLeases, err)
 	}
 	what := "POST " + api.PathLeases
-	rc, err := c.roundTrip(ctx, "POST", api.PathLeases, b, api.ContentTypeNDJSON, 0)
+	rc, err := c.roundTripOn(ctx, conn, "POST", api.PathLeases, b, api.ContentTypeNDJSON, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -295,17 +322,28 @@ func (rc *roundTrip) close() {
 // timeout, when set, bounds the whole exchange (the caller reads the body
 // under it); the header wait is bounded by HeaderTimeout either way.
 func (c *Client) roundTrip(ctx context.Context, method, path string, body []byte, accept string, timeout time.Duration) (*roundTrip, error) {
+	return c.roundTripOn(ctx, nil, method, path, body, accept, timeout)
+}
+
+// roundTripOn is roundTrip on conn, already connected, unless it is nil.
+func (c *Client) roundTripOn(ctx context.Context, conn net.Conn, method, path string, body []byte, accept string, timeout time.Duration) (*roundTrip, error) {
 	what := method + " " + path
 	if err := ctx.Err(); err != nil {
+		if conn != nil {
+			_ = conn.Close()
+		}
 		return nil, c.requestError(ctx, what, err, 0)
 	}
-	var d net.Dialer
-	if timeout > 0 {
-		d.Deadline = time.Now().Add(timeout)
-	}
-	conn, err := d.DialContext(ctx, "unix", c.socket)
-	if err != nil {
-		return nil, c.requestError(ctx, what, &dialError{err: err}, timeout)
+	if conn == nil {
+		var d net.Dialer
+		if timeout > 0 {
+			d.Deadline = time.Now().Add(timeout)
+		}
+		var err error
+		conn, err = d.DialContext(ctx, "unix", c.socket)
+		if err != nil {
+			return nil, c.requestError(ctx, what, &dialError{err: err}, timeout)
+		}
 	}
 	// ctx's end (cancel or deadline) interrupts whatever is blocked on
 	// the connection: a deadline in the past fails reads and writes at

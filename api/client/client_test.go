@@ -179,6 +179,49 @@ func TestUnreachable(t *testing.T) {
 	}
 }
 
+// DialLease's connection carries the LeaseOn that follows (the request
+// arrives on it, the stream reads from it), and its failures are the ones
+// Lease returns: ErrUnreachable, and SocketAbsent for a socket never there.
+func TestDialLease(t *testing.T) {
+	fake := apitest.New(t, nil)
+	c := New(fake.Socket)
+	conn, err := c.DialLease(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	type res struct {
+		st  *Stream
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		st, err := c.LeaseOn(context.Background(), conn, api.LeaseRequest{Group: "g", AttachPID: 42})
+		ch <- res{st, err}
+	}()
+	lc := fake.NextLease(t)
+	if lc.Request.Group != "g" || lc.Request.AttachPID != 42 {
+		t.Errorf("the request mpsd got: %+v", lc.Request)
+	}
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
+	if ev, err := r.st.Next(); err != nil || ev.Type != api.EventGranted || ev.Lease.ID != "lease-1" {
+		t.Fatalf("Next = %+v, %v", ev, err)
+	}
+	_ = r.st.Close()
+	lc.WaitReleased(t)
+
+	missing := filepath.Join(t.TempDir(), "none.sock")
+	m := New(missing)
+	_, err = m.DialLease(t.Context())
+	_, lerr := m.Lease(t.Context(), api.LeaseRequest{})
+	if !errors.Is(err, ErrUnreachable) || !SocketAbsent(err) || lerr == nil || err.Error() != lerr.Error() {
+		t.Errorf("DialLease via %s = %v, want Lease's %v", missing, err, lerr)
+	}
+}
+
 // mpsd dropping a request before its answer (as one that dies does) is
 // ErrUnreachable with the reason, the socket being there.
 func TestDropped(t *testing.T) {
