@@ -189,13 +189,22 @@ func (c *Client) Lease(ctx context.Context, req api.LeaseRequest) (*Stream, erro
 // trampoline meanwhile, whose pid the request names). Its errors are the
 // ones Lease would return for the connect.
 func (c *Client) DialLease(ctx context.Context) (net.Conn, error) {
+	return c.dial(ctx, "POST "+api.PathLeases, 0)
+}
+
+// dial connects for the request what, within timeout when it is set; its
+// failure is that request's error.
+func (c *Client) dial(ctx context.Context, what string, timeout time.Duration) (net.Conn, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, c.requestError(ctx, "POST "+api.PathLeases, err, 0)
+		return nil, c.requestError(ctx, what, err, 0)
 	}
 	var d net.Dialer
+	if timeout > 0 {
+		d.Deadline = time.Now().Add(timeout)
+	}
 	conn, err := d.DialContext(ctx, "unix", c.socket)
 	if err != nil {
-		return nil, c.requestError(ctx, "POST "+api.PathLeases, &dialError{err: err}, 0)
+		return nil, c.requestError(ctx, what, &dialError{err: err}, timeout)
 	}
 	return conn, nil
 }
@@ -328,21 +337,13 @@ func (c *Client) roundTrip(ctx context.Context, method, path string, body []byte
 // roundTripOn is roundTrip on conn, already connected, unless it is nil.
 func (c *Client) roundTripOn(ctx context.Context, conn net.Conn, method, path string, body []byte, accept string, timeout time.Duration) (*roundTrip, error) {
 	what := method + " " + path
-	if err := ctx.Err(); err != nil {
-		if conn != nil {
-			_ = conn.Close()
-		}
+	switch err := ctx.Err(); {
+	case err != nil && conn != nil:
+		_ = conn.Close()
 		return nil, c.requestError(ctx, what, err, 0)
-	}
-	if conn == nil {
-		var d net.Dialer
-		if timeout > 0 {
-			d.Deadline = time.Now().Add(timeout)
-		}
-		var err error
-		conn, err = d.DialContext(ctx, "unix", c.socket)
-		if err != nil {
-			return nil, c.requestError(ctx, what, &dialError{err: err}, timeout)
+	case conn == nil:
+		if conn, err = c.dial(ctx, what, timeout); err != nil {
+			return nil, err
 		}
 	}
 	// ctx's end (cancel or deadline) interrupts whatever is blocked on

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -176,7 +177,15 @@ func CmdDir(tb testing.TB) string {
 		pruneGone(parent)
 		dir := filepath.Join(parent, strconv.Itoa(os.Getpid()))
 		// As make build does: mps-launch without cgo, the rest with it.
-		cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/...")
+		cmd := exec.Command("go", "list", "./cmd/...")
+		cmd.Dir = root
+		list, err := cmd.Output()
+		if err != nil {
+			cmdErr = fmt.Errorf("go list ./cmd/...: %w", err)
+			return
+		}
+		pkgs := slices.DeleteFunc(strings.Fields(string(list)), func(p string) bool { return strings.HasSuffix(p, "/cmd/mps-launch") })
+		cmd = exec.Command("go", append([]string{"build", "-o", dir + "/"}, pkgs...)...)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			cmdErr = fmt.Errorf("go build ./cmd/...: %w\n%s", err, out)
