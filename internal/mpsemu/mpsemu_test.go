@@ -352,6 +352,27 @@ func TestTerminateClient(t *testing.T) {
 	}
 }
 
+// TestClaimedPid: a client that reports another pid (--claim-pid) is
+// listed by MPS under that pid, as NVIDIA's server lists what its clients
+// tell it: a client list names no process for certain.
+func TestClaimedPid(t *testing.T) {
+	m := newMPS(t, "550", "")
+	m.startDaemon()
+	const claimed = 1
+	p := m.start(-1, emutest.ClientName, "--duration", "1m", "--claim-pid", strconv.Itoa(claimed))
+	p.line(t)
+	server := strconv.Itoa(m.serverPID())
+	if got := m.cmd("get_client_list " + server); got != strconv.Itoa(claimed)+"\n" {
+		t.Errorf("client list %q; want the claimed pid %d", got, claimed)
+	}
+	if got := m.cmd("terminate_client " + server + " " + strconv.Itoa(claimed)); got != "0\n" {
+		t.Errorf("terminate_client printed %q; want 0", got)
+	}
+	if code := p.wait(t); code != 90 {
+		t.Errorf("terminated client exited %d; want 90 (error 810)", code)
+	}
+}
+
 // TestSIGKILLedServer: clients fail at once, the daemon logs status 0.
 func TestSIGKILLedServer(t *testing.T) {
 	m := newMPS(t, "550", "")

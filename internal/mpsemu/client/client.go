@@ -77,7 +77,10 @@ func cudaErr(code int, format string, args ...any) *Error {
 
 // Options is what one client run does.
 type Options struct {
-	PipeDir   string
+	PipeDir string
+	// PID is the pid the client tells the daemon and the server it is
+	// (its own, unless --claim-pid names another): MPS lists what it was
+	// told, as NVIDIA's does.
 	PID       int
 	EnvSM     string // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE as set, "" if unset
 	EnvPinned string // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT as set

@@ -5,6 +5,12 @@
 // daemon (or, when NVIDIA's daemon runs, directly), prints the limits it was
 // given on one line, and then allocates, runs, faults or fails as told.
 //
+// Two flags play a tenant's client that lies to MPS, for the daemon's
+// security tests: --claim-pid PID tells the daemon and the server that
+// the client is PID (a CUDA client reports its pid, and MPS lists what it
+// was told: get_client_list then names PID, whatever process that is),
+// and --setuid-after-connect UID becomes another uid once served.
+//
 // Output on success (stdout, one line, then one per allocation):
 //
 //	mpsemu-client: pid=4242 server=4240 sm=25.0 devices=2 mem0=8192M mem1=40960M

@@ -16,6 +16,7 @@ import (
 // Main is the mpsemu-client program; it returns the exit status (doc.go).
 //
 //	mpsemu-client [--alloc SIZE] [--device N] [--duration D] [--fault-after D] [--fault-on-usr1]
+//	              [--setuid-after-connect UID] [--claim-pid PID]
 func Main(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	return MainEnv(args, func(k string) (string, bool) { v := getenv(k); return v, v != "" }, stdout, stderr)
 }
@@ -32,10 +33,11 @@ func MainEnv(args []string, lookup func(string) (string, bool), stdout, stderr i
 	faultAfter := fs.Duration("fault-after", 0, "raise a fatal GPU fault after this long")
 	faultOnUSR1 := fs.Bool("fault-on-usr1", false, "raise a fatal GPU fault when SIGUSR1 arrives (once)")
 	setuid := fs.Int("setuid-after-connect", -1, "once connected, become `UID` (uid, gid and no groups; needs root): MPS then lists a process of that uid, which it never served")
+	claim := fs.Int("claim-pid", 0, "tell the daemon and the server that the client is `PID` (a CUDA client reports its own pid, which MPS takes as told): MPS then lists that pid for this client")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if fs.NArg() > 0 || *duration < 0 || *faultAfter < 0 {
+	if fs.NArg() > 0 || *duration < 0 || *faultAfter < 0 || *claim < 0 {
 		fmt.Fprintln(stderr, "mpsemu-client: unexpected arguments or negative duration")
 		return 2
 	}
@@ -49,6 +51,9 @@ func MainEnv(args []string, lookup func(string) (string, bool), stdout, stderr i
 		FaultAfter:  *faultAfter,
 	}
 	opts.EnvVisible, opts.HasVisible = lookup("CUDA_VISIBLE_DEVICES")
+	if *claim > 0 {
+		opts.PID = *claim
+	}
 	if uid := *setuid; uid >= 0 {
 		opts.Connected = func() error {
 			if err := syscall.Setgroups(nil); err != nil {
