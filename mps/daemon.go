@@ -526,19 +526,37 @@ func (d *Daemon) probeUntilUp(ctx context.Context) error {
 	}
 }
 
-// applyDefaults sets cfg's defaults with one call of the control program
-// (the daemon answers the commands of one session in order): the thread
-// percentage, which the daemon echoes with the value it now holds (its
-// old one when it refused the new), then the pinned memory limit of each
-// device, which print nothing.
+// applyDefaults sets cfg's defaults (setDefaults).
 func (d *Daemon) applyDefaults(ctx context.Context) error {
+	return d.setDefaults(ctx, d.cfg.DefaultThreadPercentage, d.cfg.DefaultPinnedMem)
+}
+
+// SetDefaults sets the daemon's defaults, which the servers it starts
+// from now on take: thread percentage p and a pinned memory limit of
+// memBytes on each of its devices 0..devices-1.
+func (d *Daemon) SetDefaults(ctx context.Context, p float64, memBytes int64, devices int) error {
+	if math.IsNaN(p) || !(p > 0 && p <= 100) || devices < 1 || devices > maxServerDevices {
+		return &CommandError{Command: "set_default_active_thread_percentage", PipeDir: d.cfg.PipeDir, Err: fmt.Errorf("%w: %v%% on %d devices", ErrInvalidValue, p, devices)}
+	}
+	mem := make(map[int]int64, devices)
+	for dev := range devices {
+		mem[dev] = memBytes
+	}
+	return d.setDefaults(ctx, p, mem)
+}
+
+// setDefaults sets the defaults with one call of the control program
+// (the daemon answers the commands of one session in order): the thread
+// percentage p when > 0, which the daemon echoes with the value it now
+// holds (its old one when it refused the new), then the pinned memory
+// limit of each device of mem, which print nothing.
+func (d *Daemon) setDefaults(ctx context.Context, p float64, mem map[int]int64) error {
 	var lines []string
-	p := d.cfg.DefaultThreadPercentage
 	if p > 0 {
 		lines = append(lines, "set_default_active_thread_percentage "+formatPercent(p))
 	}
-	for _, dev := range slices.Sorted(maps.Keys(d.cfg.DefaultPinnedMem)) {
-		v, err := memValue(dev, d.cfg.DefaultPinnedMem[dev])
+	for _, dev := range slices.Sorted(maps.Keys(mem)) {
+		v, err := memValue(dev, mem[dev])
 		if err != nil {
 			return fmt.Errorf("mps: apply default pinned memory of device %d: %w", dev, &CommandError{Command: "set_default_device_pinned_mem_limit", PipeDir: d.cfg.PipeDir, Err: err})
 		}
