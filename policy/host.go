@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os/user"
 	"strconv"
+	"strings"
 )
 
 // GPU is what policy needs of one GPU of the host inventory; gpu/ provides
@@ -69,4 +70,27 @@ type Host struct {
 	GPUs []GPU
 	// Users resolves user and group names; nil means SystemUsers.
 	Users Users
+	// Driver is the NVIDIA driver's version as NVML reports it
+	// ("550.163.01"; with --simulate, the simulated model's). Empty (or
+	// unparsable) skips the checks that need it: what the driver's MPS
+	// can run (multiuser groups need MultiuserDriver or newer).
+	Driver string
+}
+
+// MultiuserDriver is the oldest driver whose MPS control daemon takes
+// -multiuser-server, which a group with multiuser: true needs: a 550
+// daemon does not know the flag (it runs "-d -multiuser-server" as a
+// client and fails with "Cannot find MPS control daemon process"), so
+// such an instance could never start.
+const MultiuserDriver = 555
+
+// driverMajor is the major of a driver version ("550.163.01": 550), or
+// 0 when it has none.
+func driverMajor(v string) int {
+	major, _, _ := strings.Cut(v, ".")
+	n, err := strconv.Atoi(major)
+	if err != nil || n <= 0 || major != strconv.Itoa(n) {
+		return 0
+	}
+	return n
 }

@@ -11,7 +11,8 @@ import (
 // every unknown key, bad value, missing required key and inconsistency is
 // reported, each with its key path, in one *ConfigError (matching
 // ErrInvalidConfig). When h.GPUs is not nil the config is also checked
-// against the host's GPUs and Group.Instances is filled; user and group
+// against the host's GPUs and Group.Instances is filled; when h.Driver
+// is set, against what that driver's MPS can run; user and group
 // names are resolved through h.Users (SystemUsers when nil) into
 // Config.Access. Other errors come from reading r.
 func Parse(r io.Reader, h Host) (*Config, error) {
@@ -33,6 +34,7 @@ func parseBytes(data []byte, h Host) (*Config, error) {
 	if h.GPUs != nil {
 		d.validateHost(cfg, h.GPUs)
 	}
+	d.validateDriver(cfg, h.Driver)
 	users := h.Users
 	if users == nil {
 		users = SystemUsers{}

@@ -58,6 +58,14 @@ type Instance struct {
 	// until every client of the current server is gone.
 	ServerUp  bool
 	ServerUID uint32
+	// ServerHeld: that server has clients no lease accounts for (a
+	// member's client started without mps-launch). MPS makes a client of
+	// another uid wait behind them as behind leased ones.
+	ServerHeld bool
+	// Barred are uids the instance refuses for now: their clients' faults
+	// kept taking its server down. It is closed to them as a quarantine
+	// closes it to everyone; it lapses by itself.
+	Barred []uint32
 	// Budget is the group's per-GPU budget (Group.Budget); Alloc is what
 	// the instance's leases hold of it. A config reload may leave Alloc
 	// above a smaller Budget; the instance then takes nobody until enough
@@ -132,7 +140,8 @@ func Head(queue []Request) int {
 // A candidate belongs to r's group, has at least r.GPUs GPUs, all of them
 // in r.Only when that is set, is ready,
 // has room for r.SM, r.Mem and r.Clients() more clients within its budget, and runs
-// no server of another uid that still has clients (unless multiuser).
+// no server of another uid that still has clients, leased or not (unless
+// multiuser).
 // Among candidates, those needing no server change come first (an idle
 // server of another uid must be replaced); then binpack takes the least
 // free memory after placement, then the least free SM, and spread the
@@ -141,7 +150,8 @@ func Head(queue []Request) int {
 // When none is a candidate, the error is ErrNeverFits if no instance of
 // the group could hold r even empty and ready (no instance, too few GPUs,
 // budgets smaller than r, a client budget below r.Clients()), ErrOnlyClosed if the
-// only ones that could are drained or quarantined, else ErrNoRoomNow. The
+// only ones that could are drained or quarantined, or bar r's uid, else
+// ErrNoRoomNow. The
 // errors are the bare sentinels: Place allocates nothing.
 func Place(r *Request, instances []Instance, mode Placement) (int, error) {
 	spread := mode == Spread
@@ -158,6 +168,9 @@ func Place(r *Request, instances []Instance, mode Placement) (int, error) {
 			continue
 		}
 		ever = true
+		if slices.Contains(in.Barred, r.UID) {
+			continue // closed to r's uid: r waits without holding back the rest
+		}
 		if in.State != InstanceDraining && in.State != InstanceQuarantined {
 			reopens = true
 		}
@@ -170,7 +183,7 @@ func Place(r *Request, instances []Instance, mode Placement) (int, error) {
 			continue
 		}
 		swap := !in.Multiuser && in.ServerUp && in.ServerUID != r.UID
-		if swap && in.Alloc.Clients > 0 {
+		if swap && (in.Alloc.Clients > 0 || in.ServerHeld) {
 			continue // would wait behind another uid's clients
 		}
 		if best >= 0 {

@@ -20,6 +20,16 @@ func withServer(in Instance, uid uint32) Instance {
 	return in
 }
 
+func barred(in Instance, uids ...uint32) Instance {
+	in.Barred = uids
+	return in
+}
+
+func held(in Instance) Instance {
+	in.ServerHeld = true
+	return in
+}
+
 func inState(in Instance, s InstanceState) Instance {
 	in.State = s
 	return in
@@ -81,6 +91,18 @@ func TestPlace(t *testing.T) {
 			[]Instance{withServer(ready("a", 0, Usage{SM: 10, Mem: gib, Clients: 1}), 1), ready("a", 1, Usage{})}, Binpack, 1, nil},
 		{"idle server of another uid is replaceable", req("a", 2, 10, gib),
 			[]Instance{withServer(ready("a", 0, Usage{}), 1)}, Binpack, 0, nil},
+		{"server of another uid held by an unleased client", req("a", 2, 10, gib),
+			[]Instance{held(withServer(ready("a", 0, Usage{}), 1))}, Binpack, -1, ErrNoRoomNow},
+		{"held server placed away", req("a", 2, 10, gib),
+			[]Instance{held(withServer(ready("a", 0, Usage{}), 1)), ready("a", 1, Usage{SM: 90})}, Binpack, 1, nil},
+		{"held server of the same uid shares", req("a", 1, 10, gib),
+			[]Instance{held(withServer(ready("a", 0, Usage{}), 1))}, Binpack, 0, nil},
+		{"uid barred: closed to it", req("a", 2, 10, gib),
+			[]Instance{barred(ready("a", 0, Usage{}), 2)}, Binpack, -1, ErrOnlyClosed},
+		{"uid barred: placed away", req("a", 2, 10, gib),
+			[]Instance{barred(ready("a", 0, Usage{}), 2), ready("a", 1, Usage{SM: 90})}, Binpack, 1, nil},
+		{"another uid barred: open to this one", req("a", 1, 10, gib),
+			[]Instance{barred(ready("a", 0, Usage{}), 2)}, Binpack, 0, nil},
 		{"no server change preferred over fuller", req("a", 2, 10, gib),
 			[]Instance{withServer(ready("a", 0, Usage{}), 1), withServer(ready("a", 1, Usage{}), 2)}, Binpack, 1, nil},
 		{"same uid shares", req("a", 1, 10, gib),
@@ -311,6 +333,18 @@ func TestPlaceNeverOvercommits(t *testing.T) {
 					t.Fatalf("Place: unexpected error %v", err)
 				}
 			}
+			if rng.IntN(60) == 0 { // a uid is barred from an instance, or a bar lapses
+				i := rng.IntN(len(instances))
+				if len(instances[i].Barred) == 0 {
+					instances[i].Barred = []uint32{uint32(rng.IntN(3))}
+				} else {
+					instances[i].Barred = nil
+				}
+			}
+			if rng.IntN(40) == 0 { // an unleased client comes to, or leaves, a server
+				i := rng.IntN(len(instances))
+				instances[i].ServerHeld = !instances[i].ServerHeld
+			}
 			if rng.IntN(50) == 0 { // an instance changes state: drained, resumed, faulted
 				instances[rng.IntN(len(instances))].State = InstanceState(rng.IntN(5))
 			}
@@ -340,8 +374,8 @@ func bruteForce(r *Request, instances []Instance) (fits []int, ever bool) {
 		ever = true
 		room := in.State == InstanceReady && in.Alloc.Clients+procs <= in.Budget.Clients &&
 			in.Alloc.SM+r.SM <= in.Budget.SM && in.Alloc.Mem+r.Mem <= in.Budget.Mem
-		uidOK := in.Multiuser || !in.ServerUp || in.ServerUID == r.UID || in.Alloc.Clients == 0
-		if room && uidOK {
+		uidOK := in.Multiuser || !in.ServerUp || in.ServerUID == r.UID || in.Alloc.Clients == 0 && !in.ServerHeld
+		if room && uidOK && !slices.Contains(in.Barred, r.UID) {
 			fits = append(fits, i)
 		}
 	}

@@ -259,6 +259,23 @@ func isDigits(s string) bool {
 	return true
 }
 
+// validateDriver checks the config against what the host's driver's MPS
+// can run: a multiuser group needs a control daemon that takes
+// -multiuser-server. An empty or unparsable driver version checks
+// nothing.
+func (d *decoder) validateDriver(c *Config, driver string) {
+	major := driverMajor(driver)
+	if major == 0 || major >= MultiuserDriver {
+		return
+	}
+	for i := range c.Groups {
+		g := &c.Groups[i]
+		d.check(groupsKey+"."+g.Name+".multiuser", !g.Multiuser,
+			"true needs NVIDIA driver %d or newer (its MPS control daemon's -multiuser-server); this host runs %s",
+			MultiuserDriver, driver)
+	}
+}
+
 // validateHost checks the config against the host's GPUs and records each
 // group's instance GPU sets.
 func (d *decoder) validateHost(c *Config, gpus []GPU) {
