@@ -569,6 +569,12 @@ type InstanceStatus struct {
 	// MaxClients: one per declared process (LeaseRequest.Procs), where
 	// Clients counts the leases. An mpsd before it sends none.
 	ClientsAllocated int `json:"clients_allocated,omitempty"`
+	// LastStartError is why the last start (or adoption) of the
+	// instance's control daemon failed, while it has none that answers
+	// (cleared once one does): what keeps it starting. A non-admin sees
+	// only that there is one (an admin's status names it: it may name
+	// processes and paths).
+	LastStartError string `json:"last_start_error,omitempty"`
 }
 
 // Lease states.

@@ -27,7 +27,7 @@ func simNVML(t *testing.T, n int, model string) func() nvml.Interface {
 	}
 }
 
-const skippedNote = "mpsctl: note: GPU checks skipped (GPU selectors, memory budgets against the cards): "
+const skippedNote = "mpsctl: note: GPU checks skipped (GPU selectors, memory budgets against the cards, multiuser against the driver): "
 
 func TestCheckConfig(t *testing.T) {
 	td := func(name string) string { return filepath.Join("testdata", name) }
@@ -97,6 +97,25 @@ func TestCheckConfig(t *testing.T) {
 		{
 			name: "budget fits a bigger simulated card", args: []string{"check-config", td("too-big.yaml")},
 			lib: simNVML(t, 2, "h100-80g"), code: ExitOK, stdout: td("too-big.yaml") + ": ok\n",
+		},
+		{
+			name: "multiuser on a 550 host", args: []string{"check-config", td("multiuser.yaml")},
+			lib: simNVML(t, 1, "h100-80g"), code: ExitFailure,
+			stderr: []string{td("multiuser.yaml") + ": groups.shared.multiuser: true needs NVIDIA driver 555 or newer (its MPS control daemon's -multiuser-server); this host runs 550.163.01\n"},
+		},
+		{
+			name: "multiuser on a simulated 550 host", args: []string{"check-config", "--simulate", td("multiuser.yaml")},
+			lib: noNVML, code: ExitFailure,
+			stderr: []string{td("multiuser.yaml") + ": groups.shared.multiuser: true needs NVIDIA driver 555 or newer (its MPS control daemon's -multiuser-server); this host runs 550.163.01\n"},
+		},
+		{
+			name: "multiuser on a 570 host", args: []string{"check-config", td("multiuser.yaml")},
+			lib: simNVML(t, 1, "a100-40g"), code: ExitOK, stdout: td("multiuser.yaml") + ": ok\n",
+		},
+		{
+			name: "multiuser unchecked without NVML", args: []string{"check-config", td("multiuser.yaml")},
+			lib: noNVML, code: ExitOK, stdout: td("multiuser.yaml") + ": ok\n",
+			stderr: []string{skippedNote},
 		},
 		{
 			name: "simulation gpu cannot build", args: []string{"check-config", "--simulate", td("bad-sim.yaml")},

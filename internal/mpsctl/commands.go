@@ -289,10 +289,14 @@ func checkConfigCommand(fs *flag.FlagSet) runFunc {
 	}
 }
 
-// checkConfig checks the config file at path against the GPUs of this
-// host (or of its simulate section) and prints "FILE: ok" or its problems.
+// checkConfig checks the config file at path against the GPUs and the
+// driver of this host (or of its simulate section) and prints "FILE: ok"
+// or its problems.
 func checkConfig(inv *invocation, path string, simulate bool) error {
-	var gpus []policy.GPU
+	var (
+		gpus   []policy.GPU
+		driver string
+	)
 	if simulate {
 		cfg, err := policy.LoadFile(path, policy.Host{})
 		if err != nil {
@@ -303,21 +307,21 @@ func checkConfig(inv *invocation, path string, simulate bool) error {
 			fmt.Fprintf(inv.stderr, "%s: simulate: %v\n", path, err)
 			return errReported
 		}
-		if gpus, err = hostGPUs(sim.NVML()); err != nil {
+		if gpus, driver, err = hostGPUs(sim.NVML()); err != nil {
 			return fmt.Errorf("simulated GPUs: %w", err)
 		}
 	} else {
 		var err error
-		gpus, err = hostGPUs(inv.nvml())
+		gpus, driver, err = hostGPUs(inv.nvml())
 		switch {
 		case errors.Is(err, gpu.ErrNVMLUnavailable):
-			fmt.Fprintf(inv.stderr, "mpsctl: note: GPU checks skipped (GPU selectors, memory budgets against the cards): %v\n", err)
+			fmt.Fprintf(inv.stderr, "mpsctl: note: GPU checks skipped (GPU selectors, memory budgets against the cards, multiuser against the driver): %v\n", err)
 			gpus = nil
 		case err != nil:
 			return fmt.Errorf("read this host's GPUs: %w", err)
 		}
 	}
-	cfg, err := policy.LoadFile(path, policy.Host{GPUs: gpus})
+	cfg, err := policy.LoadFile(path, policy.Host{GPUs: gpus, Driver: driver})
 	if err != nil {
 		return inv.configProblems(path, err)
 	}
@@ -347,12 +351,13 @@ func (inv *invocation) configProblems(path string, err error) error {
 	return errReported
 }
 
-// hostGPUs reads the GPU inventory through lib as policy needs it: a
-// non-nil slice, empty on a host without GPUs.
-func hostGPUs(lib nvml.Interface) (_ []policy.GPU, err error) {
+// hostGPUs reads the GPU inventory through lib as policy needs it (a
+// non-nil slice, empty on a host without GPUs) and the driver's version
+// ("" when NVML does not say).
+func hostGPUs(lib nvml.Interface) (_ []policy.GPU, driver string, err error) {
 	h, err := gpu.New(lib, nil)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer func() {
 		if cerr := h.Close(); cerr != nil && err == nil {
@@ -368,5 +373,5 @@ func hostGPUs(lib nvml.Interface) (_ []policy.GPU, err error) {
 			Memory: int64(min(in.MemoryTotalBytes, math.MaxInt64)),
 		})
 	}
-	return out, nil
+	return out, h.DriverVersion(), nil
 }

@@ -28,6 +28,7 @@ func statusFixture() api.Status {
 				State: api.InstanceRecovering, DaemonPID: 0, ServerPIDs: nil, Clients: 0, Restarts: 3,
 				GPUIndexes: []int{2, 3}, GPUUUIDs: []string{"GPU-cccccccc-1111-2222-3333-444444444444", "GPU-dddddddd-1111-2222-3333-444444444444"},
 				SMAllocated: 0, SMBudget: 100, MemAllocatedBytes: 0, MemBudgetBytes: 12 * units.GiB, MaxClients: 8,
+				LastStartError: `start control daemon on /run/mpsd/batch/GPU-cccccccc-1111-2222-3333-444444444444/pipe: mps: start /usr/bin/nvidia-cuda-mps-control -d on /run/mpsd/batch/GPU-cccccccc-1111-2222-3333-444444444444/pipe: exit status 1 (output "Cannot find MPS control daemon process")`,
 			},
 			{
 				GPUUUID: "GPU-aaaaaaaa-1111-2222-3333-444444444444", GPUIndex: 0, Group: "inference",
@@ -92,6 +93,9 @@ func ownViewFixture() api.Status {
 	st.Leases = st.Leases[:1]
 	for i := range st.Instances {
 		st.Instances[i].DaemonPID, st.Instances[i].ServerPIDs = 0, []int{}
+		if st.Instances[i].LastStartError != "" {
+			st.Instances[i].LastStartError = "the control daemon does not start (an admin's status names why)"
+		}
 	}
 	return st
 }

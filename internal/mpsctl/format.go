@@ -273,7 +273,7 @@ func memUsed(l api.LeaseStatus) string {
 }
 
 // instanceNote says what holds an instance besides its state: a drain,
-// and why it is quarantined.
+// why it is quarantined, and why its control daemon does not start.
 func instanceNote(in api.InstanceStatus) string {
 	var note []string
 	if in.Drained {
@@ -281,6 +281,10 @@ func instanceNote(in api.InstanceStatus) string {
 	}
 	if in.State == api.InstanceQuarantined {
 		note = append(note, "quarantined: "+text(in.QuarantineReason, 100))
+	}
+	if in.LastStartError != "" {
+		// An error names its cause last (what the daemon said).
+		note = append(note, "start failed: "+tailText(in.LastStartError, 100))
 	}
 	if len(note) == 0 {
 		return none
@@ -343,6 +347,16 @@ func text(s string, n int) string {
 	}, s))
 	if len(r) > n {
 		return string(r[:n-1]) + "…"
+	}
+	return string(r)
+}
+
+// tailText is text cut at its start instead, keeping its last n
+// characters.
+func tailText(s string, n int) string {
+	r := []rune(text(s, len(s)+1))
+	if len(r) > n {
+		return "…" + string(r[len(r)-n+1:])
 	}
 	return string(r)
 }
