@@ -3,9 +3,7 @@ package mpsd
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"net/http"
-	"slices"
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/api/apihttp"
@@ -67,7 +65,7 @@ func (d *Daemon) serveRequeue(w http.ResponseWriter, r *http.Request) {
 	}
 	in := l.inst
 	reason := "an administrator requeued the lease"
-	how := revokeHow{dm: in.daemon, servers: slices.Sorted(maps.Keys(in.servers)), force: true}
+	how := revokeHow{dm: in.daemon, servers: in.mps.pids(), force: true}
 	res := api.AdminResult{Instances: []api.InstanceStatus{in.statusLocked()}}
 	d.mu.Unlock()
 	in.log.Info("lease requeue requested by admin", "lease", l.id)

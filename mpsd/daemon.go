@@ -264,7 +264,7 @@ func New(opts Options) (*Daemon, error) {
 	}()
 
 	d.metrics = newMetrics(d)
-	d.watcher, err = policy.NewWatcher(opts.ConfigPath, policy.Host{GPUs: policyGPUs(d.host.GPUs()), Users: opts.Users}, policy.WatchOptions{OnReload: d.onReload})
+	d.watcher, err = policy.NewWatcher(opts.ConfigPath, policy.Host{GPUs: policyGPUs(d.host.GPUs()), Users: opts.Users, Driver: d.host.DriverVersion()}, policy.WatchOptions{OnReload: d.onReload})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}

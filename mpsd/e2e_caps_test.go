@@ -44,8 +44,9 @@ func (e *testEnv) ctl(t *testing.T, uid uint32, group, uuid, command string) str
 // unverified until a GPU run confirms it: NVIDIA's text protects only
 // another user's server). It lifts its server's thread percentage to 100
 // and its pinned memory to 40 GiB through the control pipe. mpsd finds
-// both at its next probe, sets them back to the group's max_sm and
-// max_mem, counts each drift in mpsd_mps_cap_drift_total and logs it with
+// both at its next probe, sets them back to what its uid's lease was
+// granted (10% and 1 GiB: a server not shared is held to its uid's
+// leases), counts each drift in mpsd_mps_cap_drift_total and logs it with
 // the group, GPU and server; the tenant's lease runs on. The bystander's
 // instance (another group, another GPU) keeps its caps and counts no
 // drift, and no drift is counted before the tenant acts.
@@ -107,18 +108,18 @@ func TestServerCapsReasserted(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	e.waitStatus("the caps set back", func(api.Status) bool {
-		return e.ctl(t, 0, "a", uuid["a"], "get_active_thread_percentage "+sa) == "40.0" &&
-			e.ctl(t, 0, "a", uuid["a"], "get_device_pinned_mem_limit "+sa+" 0") == "10G"
+		return e.ctl(t, 0, "a", uuid["a"], "get_active_thread_percentage "+sa) == "10.0" &&
+			e.ctl(t, 0, "a", uuid["a"], "get_device_pinned_mem_limit "+sa+" 0") == "1G"
 	})
-	e.waitLogLine("MPS server's cap drifted from the group's", "group=a", "gpu="+uuid["a"], "server="+sa, "cap=thread_percentage", "got=100")
-	e.waitLogLine("MPS server's cap drifted from the group's", "group=a", "server="+sa, "cap=pinned_memory")
+	e.waitLogLine("MPS server's cap drifted from what mpsd set", "group=a", "gpu="+uuid["a"], "server="+sa, "cap=thread_percentage", "got=100")
+	e.waitLogLine("MPS server's cap drifted from what mpsd set", "group=a", "server="+sa, "cap=pinned_memory")
 
 	// The bystander's server kept its caps; nothing counted for it.
-	if got := e.ctl(t, 0, "b", uuid["b"], "get_active_thread_percentage "+sb); got != "40.0" {
-		t.Errorf("the bystander's server runs at %s%%, want 40.0", got)
+	if got := e.ctl(t, 0, "b", uuid["b"], "get_active_thread_percentage "+sb); got != "10.0" {
+		t.Errorf("the bystander's server runs at %s%%, want 10.0", got)
 	}
-	if got := e.ctl(t, 0, "b", uuid["b"], "get_device_pinned_mem_limit "+sb+" 0"); got != "10G" {
-		t.Errorf("the bystander's server's pinned limit is %s, want 10G", got)
+	if got := e.ctl(t, 0, "b", uuid["b"], "get_device_pinned_mem_limit "+sb+" 0"); got != "1G" {
+		t.Errorf("the bystander's server's pinned limit is %s, want 1G", got)
 	}
 	for _, c := range []string{"thread_percentage", "pinned_memory"} {
 		if n := drift("b", c); n != 0 {
@@ -201,5 +202,56 @@ func TestServerCapsAppliedAtStart(t *testing.T) {
 	}
 	if n := e.limMetric("mpsd_mps_cap_drift_total", map[string]string{"group": "a", "cap": "pinned_memory"}); n != 0 {
 		t.Errorf("%v pinned_memory drifts counted, want 0 (the tenant changed none)", n)
+	}
+}
+
+// In a group without multiuser each MPS server is one uid's, and mpsd
+// holds it to what that uid was granted: a lease of --sm 5 --mem 1G whose
+// command raises its own CUDA_MPS_ACTIVE_THREAD_PERCENTAGE to 100 and its
+// pinned limit to 40 GiB still gets 5% and 1 GiB (MPS lets a client's
+// environment only lower its server's limits). The next member's lease,
+// of --sm 20 --mem 2G, gets its own 20% and 2 GiB on the server MPS
+// starts for it, and a third lease of the first member again 5%: no uid
+// inherits another's caps.
+func TestServerHeldToItsUIDsGrant(t *testing.T) {
+	u1, u2 := emutest.User(t, capsUIDTenant), emutest.User(t, capsUIDBystander)
+	e := newEnv(t, fmt.Sprintf(`  a:
+    users: [%s, %s]
+    memory: 10G
+    max_sm: 40
+    gpus: ["0"]
+`, u1, u2), "")
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	greedy := func(uid uint32, sm, mem string) result {
+		t.Helper()
+		r := run(t, asUID(e.launch("--group", "a", "--sm", sm, "--mem", mem, "--", "/bin/sh", "-c",
+			`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40G exec "$0" --duration 100ms`, client), uid))
+		if r.code != 0 {
+			t.Fatalf("uid %d, --sm %s --mem %s: exit %d, stderr %q", uid, sm, mem, r.code, r.stderr)
+		}
+		return r
+	}
+	for _, tc := range []struct {
+		uid      uint32
+		sm, mem  string
+		wantSM   string
+		wantMem0 string
+	}{
+		{capsUIDTenant, "5", "1G", " sm=5.0 ", " mem0=1024M"},
+		{capsUIDBystander, "20", "2G", " sm=20.0 ", " mem0=2048M"},
+		{capsUIDTenant, "5", "1G", " sm=5.0 ", " mem0=1024M"},
+	} {
+		r := greedy(tc.uid, tc.sm, tc.mem)
+		if !strings.Contains(r.stdout, tc.wantSM) || !strings.Contains(r.stdout, tc.wantMem0) {
+			t.Errorf("uid %d, --sm %s --mem %s, asking for 100%% and 40G itself: %q, want%s and%s", tc.uid, tc.sm, tc.mem, r.stdout, tc.wantSM, tc.wantMem0)
+		}
+	}
+	// MPS ran a server for each uid in turn; none was taken for a fault.
+	st := e.d.Status()
+	for _, in := range st.Instances {
+		if in.Restarts != 0 {
+			t.Errorf("instance of group %s on GPU %d restarted %d times", in.Group, in.GPUIndex, in.Restarts)
+		}
 	}
 }

@@ -31,18 +31,17 @@ type instance struct {
 	logDir  string
 	log     *slog.Logger
 
-	p       policy.Instance
-	maxSM   int
-	maxMem  int64
-	daemon  *mps.Daemon
-	servers map[int]int // server pid → its uid (-1 unknown)
+	p      policy.Instance
+	maxSM  int
+	maxMem int64
+	daemon *mps.Daemon
+	// mps is what MPS does on the instance: its servers and their uids,
+	// the servers mpsd shut down, the clients no lease holds
+	// (mpsmodel.go).
+	mps mpsModel
 	// driver is the NVIDIA driver's version, as NVML reported it
 	// (mpsversion.go).
-	driver string
-	// shutDown: servers a recovery stopped itself (restartServer), by
-	// pid; the channel is closed when their exit is seen. Their exit is
-	// no fault, whatever leases the instance has taken since.
-	shutDown map[int]chan struct{}
+	driver   string
 	restarts int
 	leases   map[string]*lease
 
@@ -65,6 +64,9 @@ type instance struct {
 	// bringing: a bring-up is starting or adopting a daemon now, until
 	// it has one (then daemon is set) or the attempt has failed.
 	bringing bool
+	// startErr: why the bring-up's last attempt failed, until a daemon
+	// answers (status's LastStartError).
+	startErr string
 
 	// The watchdog's state (watchdog.go).
 	pending    []fault        // faults for the supervisor's next recovery
@@ -76,6 +78,10 @@ type instance struct {
 	// quarantinedFor: why it was quarantined (the failures, the last
 	// one's reason), while it is.
 	quarantinedFor string
+	// uidFailures: the faults each culprit uid caused within the
+	// quarantine window; barred: the uids refused for them (culprit.go).
+	uidFailures map[uint32][]time.Time
+	barred      map[uint32]uidBar
 
 	metricLabels *instanceLabels // made at the first scrape
 	serverLogOff int64           // where the previous mpsd stopped reading server.log; -1: unknown
@@ -130,7 +136,7 @@ func (in *instance) statusLocked() api.InstanceStatus {
 		GPUIndex:          in.gpus[0].Index,
 		Group:             in.group,
 		State:             in.placementState().String(),
-		ServerPIDs:        slices.Sorted(maps.Keys(in.servers)),
+		ServerPIDs:        in.mps.pids(),
 		Clients:           len(in.leases),
 		Restarts:          in.restarts,
 		SMAllocated:       in.p.Alloc.SM,
@@ -158,6 +164,7 @@ func (in *instance) statusLocked() api.InstanceStatus {
 		st.DaemonPID = in.daemon.PID()
 	}
 	st.DriverVersion, st.MPSVersion = in.versionsLocked()
+	st.LastStartError = in.startErr
 	return st
 }
 
@@ -178,7 +185,7 @@ func (d *Daemon) reconcileLocked(cfg *policy.Config) (added []*instance) {
 				in = &instance{
 					key:          key,
 					group:        g.Name,
-					servers:      map[int]int{},
+					mps:          newMPSModel(),
 					leases:       map[string]*lease{},
 					tried:        make(chan struct{}),
 					kick:         make(chan struct{}, 1),
@@ -299,6 +306,7 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 				return
 			}
 			in.bringing = false
+			in.startErr = ""
 			in.daemon, in.logHandled = dm, dm.ServerLogStart()
 			// Saved at once: a crash before the next write would leave the
 			// state naming the daemon this one replaced, and the next mpsd
@@ -347,13 +355,22 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 		}
 		d.mu.Lock()
 		in.bringing = false
+		in.startErr = err.Error()
 		orphaned := 0
 		for _, l := range in.leases {
 			if l.state == leaseRunning {
 				orphaned++
 			}
 		}
+		// An instance that left the config while this attempt ran, and
+		// never had a daemon, is dropped now rather than retried.
+		d.retireIfEmptyLocked(in)
+		dropped := in.life == instStopped
 		d.mu.Unlock()
+		if dropped {
+			in.log.Error("instance start failed; not retried: the instance left the config", "attempt", attempt, "err", err)
+			return
+		}
 		in.log.Error("instance start failed", "attempt", attempt, "retry_in", backoff, "err", err)
 		// Tried before the report below: the state writer starts once
 		// every instance has been, and the revocation's record waits for
@@ -372,7 +389,16 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 		select {
 		case <-d.ctx.Done():
 			return
+		case <-in.kick:
+			// A reload may have dropped it (retireIfEmptyLocked).
 		case <-time.After(backoff):
+		}
+		d.mu.Lock()
+		dropped = in.life == instStopped
+		d.mu.Unlock()
+		if dropped {
+			in.log.Info("instance start not retried: the instance left the config")
+			return
 		}
 		backoff = min(2*backoff, wd.BackoffMax)
 		adopt = true
@@ -469,11 +495,10 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 		}
 		d.mu.Lock()
 		current := in.daemon == dm
-		clients := 0
+		var exit exitVerdict
 		switch ev.Kind {
 		case mps.ServerStarted:
-			in.servers[ev.PID] = ev.UID
-			delete(in.shutDown, ev.PID) // a new server under a reused pid
+			in.mps.serverStarted(ev.PID, ev.UID)
 			// Recorded, so that a crash of mpsd does not hide its death.
 			d.store.request()
 			if current {
@@ -482,7 +507,13 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 				d.spawn(func() { d.serverStartedCaps(in, dm, ev.PID) })
 			}
 		case mps.ServerExited:
-			clients = in.serverExitedLocked(ev.PID)
+			held := in.mps.held()
+			exit = in.mps.serverExited(ev, in.leases, in.p.Multiuser)
+			if current && held && !in.mps.held() {
+				// The server that unleased clients held is gone: another
+				// uid may be served now.
+				d.scheduleLocked(in.group)
+			}
 		}
 		d.mu.Unlock()
 		if !current {
@@ -494,14 +525,7 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 			d.reportFault(in, fault{kind: faultDaemonExit, restart: restartDaemon,
 				reason: fmt.Sprintf("MPS control daemon %d of group %s on GPU %d exited (%s)", ev.PID, in.group, in.gpus[0].Index, exitText(ev))})
 		case mps.ServerExited:
-			// MPS never ends a server that has clients; only mpsd's own
-			// recovery does, and it has taken the leases off first. So a
-			// server gone with clients on it crashed and took them down,
-			// whatever status it reports (MPS logs 0 for a SIGKILLed one).
-			if clients > 0 {
-				d.reportFault(in, fault{kind: faultServerExit, restart: restartNone,
-					reason: fmt.Sprintf("MPS server %d of group %s on GPU %d died (%s)", ev.PID, in.group, in.gpus[0].Index, exitText(ev))})
-			}
+			d.serverExited(in, ev, exit)
 		case mps.FatalException:
 			// A log line (anyone's, verify.go): the server's end, if it
 			// ends, comes from its pidfd. Logged at most once a second,
@@ -576,33 +600,63 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 	}
 }
 
-// serverExitedLocked forgets an exited server and returns how many of
-// the instance's leases were its clients: leases of its uid (any uid when
-// the server is shared or its uid is unknown); a lease of another uid
-// waits for this server to go, so its exit is no fault to it. A server a
-// recovery shut down itself had its clients revoked first, and a lease
-// granted after that recovery is no client of it: none is counted, even
-// when its exit is seen only after the instance took leases again.
-func (in *instance) serverExitedLocked(pid int) (clients int) {
-	uid, known := in.servers[pid]
-	if !known {
-		uid = -1
+// cleanExitWait bounds how long a server's clean exit waits for the
+// processes of the leases that could have been its clients to end: MPS
+// ends a server once its last client has disconnected, which a process
+// does as it exits, a moment before it leaves its cgroup.
+const cleanExitWait = 250 * time.Millisecond
+
+// serverExited acts on a server's exit as the instance's MPS model judged
+// it (mpsModel.serverExited): only an exit MPS would not make is a fault,
+// and its victims are the leases that could have been the server's
+// clients. A clean exit (status 0) is MPS's own end of a server whose
+// clients have all gone, a uid switch above all, unless a lease of its uid
+// still runs a process: then the server went from under it.
+func (d *Daemon) serverExited(in *instance, ev mps.Event, v exitVerdict) {
+	switch v.kind {
+	case exitShutDown:
+		return
+	case exitNoClients:
+		in.log.Info("MPS server exited; no lease on the instance was its client", "server", ev.PID, "server_uid", v.uid, "exit", exitText(ev))
+		return
 	}
-	delete(in.servers, pid)
-	if len(in.servers) == 0 {
-		in.p.ServerUp = false
-	}
-	if done, ours := in.shutDown[pid]; ours {
-		delete(in.shutDown, pid)
-		close(done)
-		return 0
-	}
-	for _, l := range in.leases {
-		if in.p.Multiuser || uid < 0 || l.uid == uint32(uid) {
-			clients++
+	victims := v.candidates
+	if v.kind == exitClean {
+		victims = stillRunning(d.ctx, victims, cleanExitWait)
+		if len(victims) == 0 {
+			in.log.Info("MPS server exited after its last client left (MPS's uid switch or its end); no fault", "server", ev.PID, "server_uid", v.uid)
+			return
 		}
 	}
-	return clients
+	ids := make([]string, len(victims))
+	for i, l := range victims {
+		ids[i] = l.id
+	}
+	d.reportFault(in, fault{kind: faultServerExit, restart: restartNone, leases: ids,
+		reason: fmt.Sprintf("MPS server %d of group %s on GPU %d died (%s)", ev.PID, in.group, in.gpus[0].Index, exitText(ev))})
+}
+
+// stillRunning returns the leases of ls that still have a live process
+// after waiting up to wait for them to have none.
+func stillRunning(ctx context.Context, ls []*lease, wait time.Duration) []*lease {
+	live := slices.Clone(ls)
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		live = slices.DeleteFunc(live, func(l *lease) bool { return len(l.livePids()) == 0 })
+		if len(live) == 0 {
+			return nil
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			return live
+		case <-ctx.Done():
+			return live
+		}
+	}
 }
 
 // serversLostWhileAway reports as a fault a server the previous mpsd left
@@ -614,7 +668,7 @@ func (d *Daemon) serversLostWhileAway(in *instance) {
 	in.savedServers = nil
 	var lost []int
 	for pid, uid := range saved {
-		if _, live := in.servers[pid]; live {
+		if _, live := in.mps.servers[pid]; live {
 			continue
 		}
 		for _, l := range in.leases {
@@ -660,8 +714,20 @@ func exitText(ev mps.Event) string {
 
 // retireIfEmptyLocked stops an instance that left the config (or needs a
 // restart for a changed start option) once its last lease has ended: its
-// supervisor stops the daemon, then starts a new one or ends.
+// supervisor stops the daemon, then starts a new one or ends. One that
+// left the config while starting, with no daemon (none ever answered, or
+// the start of a new one fails) and no lease, is dropped at once: its
+// bring-up, between attempts, ends, and so does its supervisor.
 func (d *Daemon) retireIfEmptyLocked(in *instance) {
+	if in.holds.retiring && len(in.leases) == 0 && in.life == instStarting && in.daemon == nil && !in.bringing {
+		if _, err := in.step(instEvGone, "left the config before its daemon started"); err == nil {
+			delete(d.instances, in.key)
+			d.store.request() // its holds leave the state file
+			in.log.Info("instance dropped: it left the config and its control daemon never started", "last_start_error", in.startErr)
+			in.kickLocked()
+		}
+		return
+	}
 	if len(in.leases) > 0 || in.life != instUp || (!in.holds.retiring && !in.holds.restartPending) {
 		return
 	}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/mpsd/mpsd/mps"
+
 	"github.com/mpsd/mpsd/policy"
 )
 
@@ -23,6 +25,7 @@ func TestInstanceStep(t *testing.T) {
 		{uint8(instRecovering), uint8(instEvRecovered)}: {instUp, effSchedule},
 		{uint8(instStopping), uint8(instEvRestart)}:     {instStarting, effBringUp},
 		{uint8(instStopping), uint8(instEvGone)}:        {instStopped, 0},
+		{uint8(instStarting), uint8(instEvGone)}:        {instStopped, 0},
 	}
 	pairs := 0
 	for c := instStarting; c <= instStopped; c++ {
@@ -116,25 +119,26 @@ func TestPlacementState(t *testing.T) {
 // recovery shut down counts no clients, whatever was granted since;
 // another server's exit still counts them.
 func TestServerShutDownByRecoveryIsNoFault(t *testing.T) {
-	in := &instance{key: "g/0", servers: map[int]int{100: 1000, 200: 1000}, leases: map[string]*lease{}}
-	in.leases["g-1"] = &lease{id: "g-1", uid: 1000, state: leaseRunning}
-	done := make(chan struct{})
-	in.shutDown = map[int]chan struct{}{100: done}
-	if n := in.serverExitedLocked(100); n != 0 {
-		t.Errorf("exit of a server the recovery shut down counts %d clients, want 0", n)
+	m := newMPSModel()
+	m.serverStarted(100, 1000)
+	m.serverStarted(200, 1000)
+	leases := map[string]*lease{"g-1": {id: "g-1", uid: 1000, state: leaseRunning}}
+	done := m.shuttingDown(100)
+	if v := m.serverExited(mps.Event{PID: 100, ExitStatus: 0}, leases, false); v.kind != exitShutDown || len(v.candidates) != 0 {
+		t.Errorf("exit of a server the recovery shut down: %s with %d candidates, want shut down with none", v.kind, len(v.candidates))
 	}
 	select {
 	case <-done:
 	default:
 		t.Error("the recovery waiting for the server's exit was not told of it")
 	}
-	if _, ok := in.shutDown[100]; ok {
+	if _, ok := m.shutDown[100]; ok {
 		t.Error("the shut-down server is still expected")
 	}
-	if n := in.serverExitedLocked(200); n != 1 {
-		t.Errorf("exit of a server nobody shut down counts %d clients, want 1 (its lease's)", n)
+	if v := m.serverExited(mps.Event{PID: 200, ExitStatus: -1, Signal: 9}, leases, false); v.kind != exitCrash || len(v.candidates) != 1 {
+		t.Errorf("exit of a server nobody shut down: %s with %d candidates, want a crash with its lease", v.kind, len(v.candidates))
 	}
-	if len(in.servers) != 0 || in.p.ServerUp {
-		t.Errorf("servers %v, ServerUp %v after both exits; want none", in.servers, in.p.ServerUp)
+	if len(m.servers) != 0 {
+		t.Errorf("servers %v after both exits; want none", m.servers)
 	}
 }

@@ -2,6 +2,7 @@ package mpsd
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/mpsd/mpsd/policy"
 )
@@ -19,6 +20,7 @@ import (
 //	| recovering | recovered | up         | schedule                             |
 //	| stopping   | restart   | starting   | bring up                             |
 //	| stopping   | gone      | stopped    | —                                    |
+//	| starting   | gone      | stopped    | — (left the config, no daemon yet)   |
 //
 // Every other pair is illegal: step refuses it, logs it and reports it to
 // illegalTransition. A fault while a bring-up has no daemon yet is not an
@@ -77,7 +79,8 @@ const (
 	instEvStop
 	// instEvRestart: the daemon is stopped; a new one starts.
 	instEvRestart
-	// instEvGone: the daemon is stopped for good.
+	// instEvGone: the daemon is stopped for good (or, while starting,
+	// none ever answered and the instance left the config).
 	instEvGone
 	numInstEvents
 )
@@ -128,7 +131,9 @@ func instanceStep(c lifecycle, ev instEvent) (lifecycle, instEffects, error) {
 		return instUp, effSchedule, nil
 	case c == instStopping && ev == instEvRestart:
 		return instStarting, effBringUp, nil
-	case c == instStopping && ev == instEvGone:
+	case (c == instStopping || c == instStarting) && ev == instEvGone:
+		// From starting: it left the config with no lease before any
+		// daemon answered (retireIfEmptyLocked); there is none to stop.
 		return instStopped, 0, nil
 	}
 	return c, 0, fmt.Errorf("%w: instance %s on %s", errIllegalTransition, c, ev)
@@ -186,6 +191,11 @@ func (in *instance) placementState() policy.InstanceState {
 func (in *instance) policyView() policy.Instance {
 	p := in.p
 	p.State = in.placementState()
+	p.ServerUp, p.ServerUID, p.ServerHeld = in.mps.serving(in.leases)
+	if p.Multiuser {
+		p.ServerUp, p.ServerHeld = false, false
+	}
+	p.Barred = in.barredUIDs(time.Now())
 	return p
 }
 

@@ -44,11 +44,17 @@ type lease struct {
 	// ranAttempt is the last attempt whose command was attached: only
 	// then does an empty cgroup mean that the command has ended.
 	ranAttempt int
-	// requeue is how many times a revoked lease may be requeued.
-	requeue  int
-	attempt  int
-	created  time.Time
-	queuedAt time.Time
+	// requeue is how many times a revoked lease may be requeued for
+	// faults charged to it; spared counts the requeues that were not (a
+	// victim of another lease's fault, an operator's requeue), so it has
+	// requeue+spared requeues in all. spareNext: the revocation under way
+	// is not charged to it (revoke sets it, requeue takes it).
+	requeue   int
+	spared    int
+	spareNext bool
+	attempt   int
+	created   time.Time
+	queuedAt  time.Time
 	// grantedAt: when the attempt running now was granted (status's run
 	// time); zero while queued.
 	grantedAt time.Time
@@ -423,8 +429,13 @@ func (d *Daemon) positionsLocked(group string) {
 		return
 	}
 	slices.SortStableFunc(q, func(a, b *lease) int { return policy.QueueOrder(a.req, b.req) })
-	reason := d.waitReasonLocked(group)
+	base := d.waitReasonLocked(group)
+	now := time.Now()
 	for i, l := range q {
+		reason := base
+		if note := d.barNoteLocked(group, l.uid, now); note != "" {
+			reason += "; " + note
+		}
 		if l.position != i+1 || l.waitReason != reason {
 			l.position, l.waitReason = i+1, reason
 			l.box.push(api.Event{Type: api.EventQueued, Position: l.position, Group: group, Reason: reason, LeaseID: l.id})
@@ -471,6 +482,25 @@ func (d *Daemon) grantLocked(l *lease, in *instance) {
 	l.position, l.waitReason = 0, ""
 	if eff&effPersist != 0 {
 		l.durable = d.store.request()
+	}
+	if set := d.capsForGrantLocked(in, l); set != nil {
+		// The grant is told once its server's caps (or the daemon's
+		// defaults) allow l what it was granted and no more, and once the
+		// state file records it.
+		written, ready := l.durable, make(chan struct{})
+		l.durable = ready
+		if !d.spawn(func() {
+			defer close(ready)
+			set()
+			if written != nil {
+				select {
+				case <-written:
+				case <-d.ctx.Done():
+				}
+			}
+		}) {
+			l.durable = written // shutting down: the caps stay as they are
+		}
 	}
 	l.cgMu.Lock()
 	l.closed = false // its new attempt's command may join

@@ -191,9 +191,9 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 		return
 	}
 	view := reconView{key: in.key, group: in.group, gpus: slices.Clone(in.p.GPUs), clients: map[int][]int{}}
-	own := slices.Sorted(maps.Keys(in.servers))
+	own := in.mps.pids()
 	multiuser := in.p.Multiuser
-	serverUID := maps.Clone(in.servers)
+	serverUID := maps.Clone(in.mps.servers)
 	timeout := d.cfg.Watchdog.ProbeTimeout
 	maxAge := reconLeasedAge * d.cfg.Watchdog.ProbeInterval
 	onGPU := map[string]bool{}
@@ -348,6 +348,22 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 	// Only findings not reported before are reported; those gone are
 	// forgotten, so a process found again later is reported again.
 	d.mu.Lock()
+	if in.daemon == dm && !multiuser {
+		// What holds a server of one uid for MPS: its unleased clients
+		// make every other uid wait (mpsModel.serving). Without MPS's
+		// lists read, NVML showed every MPS client leased: none.
+		unleased := map[int]int{}
+		for _, c := range confirmed {
+			if c.f.kind == reconUnleased {
+				unleased[c.f.server]++
+			}
+		}
+		wasHeld := in.mps.held()
+		in.mps.setUnleased(unleased)
+		if wasHeld && !in.mps.held() {
+			d.scheduleLocked(in.group)
+		}
+	}
 	if d.reconSeen == nil {
 		d.reconSeen = map[reconKey]bool{}
 	}
@@ -388,9 +404,42 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 			in.log.Warn("reconcile: MPS lists a client of the group's shared server whose owner is no member of the group; reported, never ended",
 				"server", c.f.server, "pid", c.f.pid, "uid", c.facts.uid)
 		}
+		if pol == policy.ReconcileTerminate && c.f.kind != reconBypass {
+			// MPS's client list is what the clients told their server:
+			// one may name any pid. Only a process that holds a unix
+			// socket connected to the server's is ended.
+			if why := d.unproven(c.f, c.h); why != "" {
+				pol = policy.ReconcileReport
+				in.log.Warn("reconcile: MPS lists a pid not proven to be a client of that server; reported, never signalled",
+					"server", c.f.server, "pid", c.f.pid, "uid", c.facts.uid, "kind", c.f.kind, "reason", why)
+			}
+		}
 		d.actOnFinding(in, dm, c.f, c.h, c.facts, pol)
 		c.h.close()
 	}
+}
+
+// unproven says why the process h holds (the pid MPS listed in f) is not
+// proven to be a client of f's server, "" when it is: it holds a unix
+// socket connected to one the server holds (proveClient). What cannot be
+// told (the server gone, a kernel without unix sock_diag) is not proven.
+func (d *Daemon) unproven(f finding, h *pidHandle) string {
+	if f.server <= 0 {
+		return "no server"
+	}
+	server, err := openPid(d.proc, f.server)
+	if err != nil {
+		return fmt.Sprintf("the server cannot be checked: %v", err)
+	}
+	defer server.close()
+	ok, err := proveClient(d.proc, h, server)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("cannot be proven: %v", err)
+	case !ok:
+		return "it holds no unix socket connected to the server's"
+	}
+	return ""
 }
 
 // memoryExceeded is the reason of a revocation for device memory.
@@ -529,7 +578,7 @@ func (d *Daemon) serverSnapshot() map[int]string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, in := range d.instances {
-		for pid := range in.servers {
+		for pid := range in.mps.servers {
 			servers[pid] = in.key
 		}
 	}
@@ -765,7 +814,9 @@ const reconLogMsg = "GPU process not accounted to a lease of its instance"
 // process: terminate_client on its server first (killing a client with
 // work in flight can hang the server), then SIGKILL through the pidfd
 // verifyProc opened, so only the process checked is signalled. Root's
-// processes and those of no group are only reported.
+// processes and those of no group are only reported; so is a client MPS
+// lists that is not proven its server's (unproven): its caller passes
+// the report policy then.
 func (d *Daemon) actOnFinding(in *instance, dm *mps.Daemon, f finding, h *pidHandle, facts procFacts, pol policy.ReconcilePolicy) {
 	gpuUUID := ""
 	if inv := d.host.GPUs(); f.gpu >= 0 && f.gpu < len(inv) {

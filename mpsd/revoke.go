@@ -28,6 +28,9 @@ type revokeHow struct {
 	// reasons, by lease id, overrides the reason for those victims: a
 	// recovery of several faults tells each victim its own fault's.
 	reasons map[string]string
+	// spared, by lease id: victims of a fault another lease (its
+	// culprit) caused; their requeue does not use up an attempt.
+	spared map[string]bool
 }
 
 // revoke is the one revocation sequence, for recovery, an operator's
@@ -79,6 +82,7 @@ func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 		}
 		l.revokedFor = r
 		l.endWith = how.end
+		l.spareNext = how.spared[l.id]
 		persist = persist || eff&effPersist != 0
 		taken = append(taken, l)
 		why[l] = r
@@ -154,8 +158,8 @@ func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 // requeue ends the revocation of leases whose processes are gone: each is
 // taken off its instance and put back at the head of its group's queue
 // with the next attempt number, or ends when its requeue attempts are
-// used up (force: an operator's requeue, which does not count against
-// them) or its launcher left meanwhile. One whose kill failed stays on its
+// used up (force: an operator's requeue, and a victim of another lease's
+// fault, do not count against them) or its launcher left meanwhile. One whose kill failed stays on its
 // instance, holding its capacity, until a retry of the kill succeeds;
 // only then is it requeued.
 //
@@ -174,7 +178,9 @@ func (d *Daemon) requeue(victims []*lease, why map[*lease]string, force bool) {
 			d.retryKillLocked(l, func() { d.requeue([]*lease{l}, map[*lease]string{l: reason}, force) })
 			continue
 		}
-		exhausted := !force && l.attempt-1 >= l.requeue
+		spare := force || l.spareNext
+		l.spareNext = false
+		exhausted := !spare && l.charged() >= l.requeue
 		ev := leaseRequeue
 		if l.abandoned || exhausted || l.endWith != nil {
 			ev = leaseDrop
@@ -205,10 +211,13 @@ func (d *Daemon) requeue(victims []*lease, why map[*lease]string, force bool) {
 		case exhausted:
 			delete(d.leases, l.id)
 			l.box.push(api.Event{Type: api.EventError, Code: api.CodeAttemptsExhausted,
-				Message: fmt.Sprintf("lease revoked: %s; no requeue attempts left (%d used)", reason, l.attempt-1)})
+				Message: fmt.Sprintf("lease revoked: %s; no requeue attempts left (%d used)", reason, l.charged())})
 			log.Info("lease ended after its revocation: no requeue attempts left", l.logAttrs("attempt", l.attempt)...)
 		default:
 			l.attempt++
+			if spare {
+				l.spared++
+			}
 			l.cgMu.Lock()
 			l.cgAttempt = l.attempt // no child of the revoked attempt joins
 			l.cgMu.Unlock()
@@ -230,3 +239,6 @@ func (d *Daemon) requeue(victims []*lease, why map[*lease]string, force bool) {
 		d.scheduleLocked(g)
 	}
 }
+
+// charged is how many of the lease's requeues used up an attempt.
+func (l *lease) charged() int { return l.attempt - 1 - l.spared }

@@ -592,6 +592,11 @@ func ownView(st api.Status, uid uint32) api.Status {
 		if before, _, found := strings.Cut(in.QuarantineReason, lastFailure); found {
 			in.QuarantineReason = before + " (an admin's status names the last)"
 		}
+		// A start error may name processes and paths: that there is one
+		// is everyone's.
+		if in.LastStartError != "" {
+			in.LastStartError = hiddenStartError
+		}
 		out.Instances = append(out.Instances, in)
 	}
 	return out
@@ -600,6 +605,9 @@ func ownView(st api.Status, uid uint32) api.Status {
 // lastFailure joins, in a quarantine's reason, the failures' count and
 // window to the last one's reason, which only admins see.
 const lastFailure = "; the last: "
+
+// hiddenStartError is a non-admin's LastStartError.
+const hiddenStartError = "the control daemon does not start (an admin's status names why)"
 
 // Status is the document of GET /v1/status.
 func (d *Daemon) Status() api.Status {
@@ -722,6 +730,10 @@ func (d *Daemon) setDrained(t api.AdminTarget, drain bool) (api.AdminResult, err
 			in.quarantinedFor = ""
 			d.store.request()
 			in.log.Info("quarantine lifted by admin", "was", lifted.QuarantineReason)
+		}
+		if !drain && len(in.barred) > 0 {
+			in.log.Info("uid bars lifted by admin", "uids", in.barredUIDs(time.Now()))
+			in.liftBarsLocked()
 		}
 		groups[in.group] = true
 		res.Instances = append(res.Instances, in.statusLocked())

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -98,7 +97,7 @@ func (d *Daemon) shutdown(uid uint32) (api.ShutdownResult, error) {
 		}
 		running += len(victims)
 		slices.SortFunc(victims, func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
-		batches = append(batches, batch{victims, revokeHow{dm: in.daemon, servers: slices.Sorted(maps.Keys(in.servers)),
+		batches = append(batches, batch{victims, revokeHow{dm: in.daemon, servers: in.mps.pids(),
 			end: &api.Error{Code: api.CodeUnavailable, Message: reason + "; the lease was revoked and its command stopped"}}})
 	}
 	d.mu.Unlock()
@@ -142,8 +141,7 @@ func (d *Daemon) shutdown(uid uint32) (api.ShutdownResult, error) {
 		stops = append(stops, in)
 		reqs = append(reqs, req)
 		in.daemon = nil
-		clear(in.servers)
-		in.p.ServerUp = false
+		in.mps.daemonGone()
 	}
 	late, lateProblems := d.lateStops, slices.Clone(d.lateProblems)
 	d.mu.Unlock()

@@ -68,19 +68,22 @@ type savedDaemon struct {
 }
 
 type savedLease struct {
-	ID       string    `json:"id"`
-	Group    string    `json:"group"`
-	Instance string    `json:"instance"`
-	UID      uint32    `json:"uid"`
-	SM       int       `json:"sm"`
-	MemBytes int64     `json:"mem_bytes"`
-	GPUs     int       `json:"gpus"`
-	Priority int       `json:"priority"`
-	Seq      uint64    `json:"seq"`
-	Attempt  int       `json:"attempt"`
-	Requeue  int       `json:"requeue"`
-	Command  []string  `json:"command,omitempty"`
-	Created  time.Time `json:"created"`
+	ID       string `json:"id"`
+	Group    string `json:"group"`
+	Instance string `json:"instance"`
+	UID      uint32 `json:"uid"`
+	SM       int    `json:"sm"`
+	MemBytes int64  `json:"mem_bytes"`
+	GPUs     int    `json:"gpus"`
+	Priority int    `json:"priority"`
+	Seq      uint64 `json:"seq"`
+	Attempt  int    `json:"attempt"`
+	Requeue  int    `json:"requeue"`
+	// Spared: requeues that did not use up an attempt (Attempt-1-Spared
+	// did).
+	Spared  int       `json:"spared,omitempty"`
+	Command []string  `json:"command,omitempty"`
+	Created time.Time `json:"created"`
 	// Only: the GPUs the lease is confined to (LeaseRequest.GPUSelect,
 	// resolved); JobID its batch job.
 	Only  []int  `json:"only,omitempty"`
@@ -581,7 +584,7 @@ func decodeState(b []byte) (savedState, error) {
 		if err := api.ValidLeaseID(l.ID); err != nil {
 			return savedState{}, fmt.Errorf("lease %q: %w", l.ID, err)
 		}
-		if l.Attempt < 1 || l.SM < 1 || l.SM > 100 || l.MemBytes < 0 || l.GPUs < 1 || l.Procs < 0 || l.Procs > l.SM {
+		if l.Attempt < 1 || l.Spared < 0 || l.Spared > l.Attempt-1 || l.SM < 1 || l.SM > 100 || l.MemBytes < 0 || l.GPUs < 1 || l.Procs < 0 || l.Procs > l.SM {
 			return savedState{}, fmt.Errorf("lease %s: values out of range", l.ID)
 		}
 	}
@@ -611,7 +614,7 @@ func (d *Daemon) snapshot() savedState {
 		sl := savedLease{
 			ID: l.id, Group: l.group, UID: l.uid,
 			SM: l.req.SM, MemBytes: l.req.Mem, GPUs: l.req.GPUs, Priority: l.req.Priority, Seq: l.req.Seq,
-			Attempt: l.attempt, Requeue: l.requeue, Command: l.command, Created: l.created, Queued: queued,
+			Attempt: l.attempt, Requeue: l.requeue, Spared: l.spared, Command: l.command, Created: l.created, Queued: queued,
 			Only: l.req.Only, JobID: l.jobID, RevokedFor: l.revokedFor, Ran: l.ranAttempt,
 			Revoking: l.state == leaseRevoking, Adopted: d.dur.orphans[l.id], Granted: l.grantedAt,
 		}
@@ -641,11 +644,11 @@ func (d *Daemon) snapshot() savedState {
 		if in.holds.drained {
 			st.Drained = append(st.Drained, key)
 		}
-		if len(in.servers) > 0 {
+		if len(in.mps.servers) > 0 {
 			if st.Servers == nil {
 				st.Servers = map[string]map[int]int{}
 			}
-			st.Servers[key] = maps.Clone(in.servers)
+			st.Servers[key] = maps.Clone(in.mps.servers)
 		}
 		if in.daemon != nil {
 			if st.Daemons == nil {
@@ -804,7 +807,7 @@ func (d *Daemon) adoptLeases(saved savedState) {
 		l := &lease{
 			id: sl.ID, group: sl.Group, uid: sl.UID, command: sl.Command, jobID: sl.JobID, revokedFor: sl.RevokedFor,
 			req:     policy.Request{Group: sl.Group, UID: sl.UID, SM: sl.SM, Mem: sl.MemBytes, GPUs: sl.GPUs, Procs: max(sl.Procs, 1), Priority: sl.Priority, Seq: sl.Seq, Only: sl.Only},
-			requeue: sl.Requeue, attempt: sl.Attempt, cgAttempt: sl.Attempt, created: sl.Created, queuedAt: sl.Created, box: newMailbox(d.log),
+			requeue: sl.Requeue, spared: sl.Spared, attempt: sl.Attempt, cgAttempt: sl.Attempt, created: sl.Created, queuedAt: sl.Created, box: newMailbox(d.log),
 			awaySince: sl.AwaySince, ranAttempt: sl.Ran, log: d.log, grantedAt: sl.Granted,
 		}
 		if l.awaySince.IsZero() {

@@ -125,6 +125,10 @@ func (l *savedLease) appendJSON(b []byte) ([]byte, error) {
 	b = strconv.AppendInt(b, int64(l.Attempt), 10)
 	b = append(b, `,"requeue":`...)
 	b = strconv.AppendInt(b, int64(l.Requeue), 10)
+	if l.Spared != 0 {
+		b = append(b, `,"spared":`...)
+		b = strconv.AppendInt(b, int64(l.Spared), 10)
+	}
 	if len(l.Command) > 0 {
 		b = append(b, `,"command":`...)
 		b = appendJSONStrings(b, l.Command)

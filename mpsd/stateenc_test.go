@@ -19,7 +19,7 @@ func fullState() savedState {
 		Version: stateVersion,
 		Leases: []savedLease{{
 			ID: "l-1", Group: "inference", Instance: "inference/0", UID: 1001, SM: 30, MemBytes: 8 << 30,
-			GPUs: 2, Priority: 1, Seq: 42, Attempt: 3, Requeue: 2,
+			GPUs: 2, Priority: 1, Seq: 42, Attempt: 3, Requeue: 2, Spared: 1,
 			Command: []string{"python", "serve.py", `--name="a<b>&c"`, "tab\there", "\x00\x1f\x7f", "nl\n", "\xff\xfe", "\u2028\u2029", "é😀"},
 			Created: t0, Only: []int{0, 3}, JobID: "slurm-1234", RevokedFor: "server crashed (Xid 79)",
 			AwaySince: t0.Add(time.Second), Ran: 2, Granted: t0.Add(2 * time.Second), Revoking: true, Queued: true, Adopted: true,

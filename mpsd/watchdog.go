@@ -3,7 +3,6 @@ package mpsd
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"time"
 
@@ -64,6 +63,15 @@ type fault struct {
 	logOffset     int64
 	// leases, when set, limits the victims to these leases.
 	leases []string
+	// culprit, when set, is the lease whose client caused the fault, as
+	// a fact named it (culprit.go): it alone is charged for it.
+	culprit culpritID
+}
+
+// culpritID names a culprit lease and its uid.
+type culpritID struct {
+	lease string
+	uid   uint32
 }
 
 // reportFault records a fault of an instance for its supervisor
@@ -183,7 +191,17 @@ func (d *Daemon) recoverOnce(in *instance, pending []fault) {
 	wd := d.cfg.Watchdog
 	in.restartsBy[f.kind]++
 	in.restarts++
-	if !f.admin {
+	blamed, anonymous := culprits(pending)
+	if !f.admin && !anonymous {
+		// Every fault names its culprit: they are charged, per uid,
+		// and the instance stays open to the group's others.
+		for _, uid := range d.chargeCulpritsLocked(in, blamed, start, wd) {
+			b := in.barred[uid]
+			in.log.Error("uid barred from the instance: its clients' faults keep taking the server down; mpsctl resume lifts it",
+				"uid", uid, "until", b.until, "reason", b.reason)
+			d.reopenAfterBar(in, b.until)
+		}
+	} else if !f.admin {
 		keep := in.failures[:0]
 		for _, t := range in.failures {
 			if start.Sub(t) < wd.QuarantineWindow {
@@ -208,12 +226,19 @@ func (d *Daemon) recoverOnce(in *instance, pending []fault) {
 	// the fault that named it.
 	var victims []*lease
 	var reasons map[string]string
+	var spared map[string]bool
 	for _, l := range in.leases {
 		if l.state != leaseRunning {
 			continue
 		}
 		if vf, ok := faultVictim(pending, l.id); ok {
 			victims = append(victims, l)
+			if vf.culprit.lease != "" && vf.culprit.lease != l.id {
+				if spared == nil {
+					spared = map[string]bool{}
+				}
+				spared[l.id] = true
+			}
 			if vf.reason != f.reason {
 				if reasons == nil {
 					reasons = map[string]string{}
@@ -224,16 +249,15 @@ func (d *Daemon) recoverOnce(in *instance, pending []fault) {
 	}
 	slices.SortFunc(victims, func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
 	dm := in.daemon
-	servers := slices.Sorted(maps.Keys(in.servers))
+	servers := in.mps.pids()
 	if f.restart == restartDaemon {
 		in.daemon, in.logHandled = nil, -1
-		clear(in.servers)
-		in.p.ServerUp = false
+		in.mps.daemonGone()
 	}
 	d.mu.Unlock()
 	in.log.Warn("instance failed; recovering", "fault", f.kind, "reason", f.reason, "faults", len(pending), "leases", len(victims), "restarting", f.restart, "failures_in_window", failures)
 
-	n := d.revoke(victims, f.reason, revokeHow{dm: dm, servers: servers, reasons: reasons})
+	n := d.revoke(victims, f.reason, revokeHow{dm: dm, servers: servers, reasons: reasons, spared: spared})
 	in.log.Info("revocation done", "leases", n, "took", time.Since(start))
 
 	// The first failure in the window restarts at once; a crash loop
@@ -257,21 +281,13 @@ func (d *Daemon) recoverOnce(in *instance, pending []fault) {
 	case restartServer:
 		// Each server's exit is waited for before the instance reopens (a
 		// new client must get a fresh server, not the one going away),
-		// and is no fault when seen later (serverExitedLocked).
+		// and is no fault when seen later (mpsModel.serverExited).
 		var gone []chan struct{}
 		for _, pid := range servers {
 			d.mu.Lock()
-			_, live := in.servers[pid]
-			done := in.shutDown[pid]
-			if live && done == nil {
-				if in.shutDown == nil {
-					in.shutDown = map[int]chan struct{}{}
-				}
-				done = make(chan struct{})
-				in.shutDown[pid] = done
-			}
+			done := in.mps.shuttingDown(pid)
 			d.mu.Unlock()
-			if !live {
+			if done == nil {
 				continue // already gone
 			}
 			ctx, cancel := context.WithTimeout(d.ctx, wd.ProbeTimeout)
@@ -391,13 +407,15 @@ func (d *Daemon) onXid(ev gpu.XidEvent) {
 	}
 	d.mu.Unlock()
 	affected := on
+	var culprit culpritID
 	if ev.Level == gpu.LevelApplication {
 		affected = nil
 		for _, l := range leases {
-			if slices.Contains(l.livePids(), ev.PID) {
+			if ev.PID > 0 && slices.Contains(l.livePids(), ev.PID) {
 				d.mu.Lock()
 				if l.inst != nil {
 					affected = append(affected, l.inst)
+					culprit = culpritID{lease: l.id, uid: l.uid}
 				}
 				d.mu.Unlock()
 				break
@@ -427,8 +445,12 @@ func (d *Daemon) onXid(ev gpu.XidEvent) {
 			continue
 		}
 		reported[in] = true
-		d.reportFault(in, fault{kind: faultXid, restart: restart,
-			reason: fmt.Sprintf("Xid %d (%s-level) on GPU %d", ev.Xid, ev.Level, ev.GPU)})
+		f := fault{kind: faultXid, restart: restart, culprit: culprit,
+			reason: fmt.Sprintf("Xid %d (%s-level) on GPU %d", ev.Xid, ev.Level, ev.GPU)}
+		if culprit.lease != "" {
+			f.reason = fmt.Sprintf("Xid %d (%s-level) on GPU %d, raised by lease %s (uid %d)", ev.Xid, ev.Level, ev.GPU, culprit.lease, culprit.uid)
+		}
+		d.reportFault(in, f)
 	}
 	// An Xid is what confirms an MPS fault record of an instance on the
 	// GPU (verify.go); one the Xid itself took down needs no second

@@ -1,0 +1,281 @@
+package mpsd
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
+)
+
+// Two members of one group, without multiuser: MPS runs one server uid at
+// a time per daemon.
+const (
+	tenUIDAlice    = 64021
+	tenUIDBob      = 64022
+	tenUIDAliceStr = "64021"
+	tenUIDBobStr   = "64022"
+	tenGroup       = `  a:
+    users: ["` + tenUIDAliceStr + `", "` + tenUIDBobStr + `"]
+    memory: 10G
+    gpus: ["0"]
+`
+)
+
+// A normal MPS server switch is no fault. Alice runs, Bob asks while her
+// client is connected (he waits: MPS would make him wait), her client
+// ends, MPS ends her server (exit status 0) and starts Bob's. Rounds of
+// that, before and after an mpsd restart, end 0 with no revocation, no
+// restart of the instance and no fault counted.
+func TestUIDSwitchIsNoFault(t *testing.T) {
+	e := newEnvGPUs(t, 1, tenGroup, faultWatchdog)
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	round := func(n int) {
+		t.Helper()
+		alice := startProc(t, asUID(e.launch("--sm", "20", "--mem", "1G", "--", client, "--alloc", "256M", "--duration", "1s"), tenUIDAlice))
+		e.waitStatus("alice's lease running", func(st api.Status) bool {
+			return len(st.Leases) == 1 && st.Leases[0].State == api.LeaseRunning && st.Leases[0].UID == tenUIDAlice
+		})
+		e.waitServerOf(t, "a", tenUIDAlice) // her client reached MPS: her server runs
+		bob := startProc(t, asUID(e.launch("--sm", "20", "--mem", "1G", "--", client, "--alloc", "256M", "--duration", "300ms"), tenUIDBob))
+		// Bob waits while Alice's server has a client: MPS would
+		// make his client wait inside it.
+		e.waitStatus("bob queued behind alice", func(st api.Status) bool { return st.Queue["a"] == 1 })
+		for who, p := range map[string]*proc{"alice": alice, "bob": bob} {
+			if r := p.wait(t); r.code != 0 {
+				t.Fatalf("round %d: %s: exit %d, stderr %q", n, who, r.code, r.stderr)
+			}
+		}
+		e.waitStatus("no leases", func(st api.Status) bool { return len(st.Leases) == 0 })
+	}
+	check := func(when string) {
+		t.Helper()
+		st := e.d.Status()
+		in := instanceOf(st, "a", 0)
+		if in.Restarts != 0 || in.State != api.InstanceReady {
+			t.Errorf("%s: instance %s with %d restarts, want ready with none", when, in.State, in.Restarts)
+		}
+		e.d.mu.Lock()
+		var faults []string
+		for _, in := range e.d.instances {
+			for kind, n := range in.faults {
+				if n > 0 {
+					faults = append(faults, kind)
+				}
+			}
+		}
+		e.d.mu.Unlock()
+		if len(faults) > 0 {
+			t.Errorf("%s: faults counted: %v; a uid switch is no fault", when, faults)
+		}
+	}
+	for n := range 3 {
+		round(n)
+	}
+	check("before the restart")
+	e.stop()
+	e.start()
+	e.waitStatus("instance ready", func(st api.Status) bool { return instanceOf(st, "a", 0).State == api.InstanceReady })
+	for n := range 3 {
+		round(3 + n)
+	}
+	check("after the restart")
+	if b, _ := os.ReadFile(e.log.Name()); strings.Contains(string(b), "revok") {
+		t.Errorf("mpsd's log speaks of a revocation")
+	}
+}
+
+// waitServerOf waits until group's instance on GPU 0 has a server of uid.
+func (e *testEnv) waitServerOf(t *testing.T, group string, uid int) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		e.d.mu.Lock()
+		found := false
+		for _, in := range e.d.instances {
+			if in.group != group {
+				continue
+			}
+			for _, u := range in.mps.servers {
+				found = found || u == uid
+			}
+		}
+		e.d.mu.Unlock()
+		if found {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no MPS server of uid %d in group %s after %s", uid, group, waitFor)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// An unleased client holds its server for its uid, as MPS makes every
+// other uid wait behind it: a member's client started with the pipe
+// directory and no lease keeps another member's request queued (not
+// granted into a hang inside MPS) until it is gone, ended by the member
+// (report) or by mpsd (terminate). Nothing counts as a fault.
+func TestUnleasedClientHoldsTheInstance(t *testing.T) {
+	for _, pol := range []string{"report", "terminate"} {
+		t.Run(pol, func(t *testing.T) {
+			e := newEnvGPUs(t, 1, tenGroup+"    reconcile: "+pol+"\n", faultWatchdog)
+			e.start()
+			client := filepath.Join(e.emu, "mpsemu-client")
+			in0 := instanceOf(e.waitStatus("instance ready", func(st api.Status) bool {
+				return instanceOf(st, "a", 0).State == api.InstanceReady
+			}), "a", 0)
+			holder := asUID(exec.Command(client, "--duration", "1m"), tenUIDAlice)
+			holder.Env = append(os.Environ(), api.EnvPipeDirectory+"="+Layout{RunDir: filepath.Join(e.dir, "run")}.PipeDir("a", in0.GPUUUID))
+			hp := startProc(t, holder)
+			e.reconWaitMetric("mpsd_unreconciled_clients_total", "a", map[string]float64{reconUnleased: 1})
+
+			bob := startProc(t, asUID(e.launch("--sm", "20", "--mem", "1G", "--", client, "--duration", "200ms"), tenUIDBob))
+			e.waitStatus("bob queued behind alice's unleased client", func(st api.Status) bool { return st.Queue["a"] == 1 })
+			e.d.mu.Lock()
+			granted := len(e.d.instances["a/0"].leases)
+			e.d.mu.Unlock()
+			if granted != 0 {
+				t.Fatalf("bob's request was granted while alice's unleased client holds her server")
+			}
+			if pol == "report" {
+				_ = hp.cmd.Process.Kill()
+			}
+			if r := bob.wait(t); r.code != 0 {
+				t.Fatalf("bob: exit %d, stderr %q", r.code, r.stderr)
+			}
+			hp.wait(t)
+			if in := instanceOf(e.d.Status(), "a", 0); in.Restarts != 0 {
+				t.Errorf("instance restarted %d times; an unleased client is no fault", in.Restarts)
+			}
+		})
+	}
+}
+
+// One tenant's faults cost only that tenant. In a multiuser group (one
+// server shared by its members), Bob's client faults again and again
+// beside Alice's long job; each fault is an application Xid naming Bob's
+// process (the culprit, a fact) while Bob also forges a server.log record
+// naming Alice's process as the culprit. Alice's job is requeued each time
+// without using up an attempt (she has one) and finishes; Bob's job, with
+// one attempt, ends with 75 on his second fault; after quarantine_after
+// faults of his, Bob is barred from the instance (his next request waits,
+// saying why) while the instance stays open to Alice, until an operator
+// resumes it.
+func TestCulpritChargedAlone(t *testing.T) {
+	const aliceUID, bobUID = 64025, 64026
+	alice, bob := emutest.User(t, aliceUID), emutest.User(t, bobUID)
+	e := newEnvGPUs(t, 1, fmt.Sprintf(`  a:
+    users: [%s, %s]
+    memory: 10G
+    gpus: ["0"]
+    multiuser: true
+    requeue_attempts: 1
+`, alice, bob), faultWatchdog)
+	e.start()
+	select {
+	case <-e.sim.XidWatched():
+	case <-time.After(waitFor):
+		t.Fatal("mpsd does not watch Xid events")
+	}
+	forge := e.buildTestProgram("mpsforge")
+	client := filepath.Join(e.emu, "mpsemu-client")
+	gateArgs, open := e.gate("alice")
+	// Alice's client stays connected until the test opens the gate.
+	script := `"$0" --duration 1m & c=$!; ` + gateArgs[2] + `; kill -INT $c; wait $c; s=$?; [ $s = 130 ] && exit 0; exit $s`
+	ap := startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c", script, client), aliceUID))
+
+	leaseOf := func(st api.Status, uid uint32) (api.LeaseStatus, bool) {
+		for _, l := range st.Leases {
+			if l.UID == uid && l.State == api.LeaseRunning && len(l.PIDs) > 0 {
+				return l, true
+			}
+		}
+		return api.LeaseStatus{}, false
+	}
+	// fault has Bob's running client raise an application Xid, the
+	// restarts of the instance reach want, and Alice runs again.
+	fault := func(want int) {
+		t.Helper()
+		st := e.waitStatus("bob's and alice's clients running", func(st api.Status) bool {
+			_, a := leaseOf(st, aliceUID)
+			_, b := leaseOf(st, bobUID)
+			return a && b && e.mpsClients(instanceOf(st, "a", 0)) >= 2
+		})
+		bl, _ := leaseOf(st, bobUID)
+		al, _ := leaseOf(st, aliceUID)
+		in := instanceOf(st, "a", 0)
+		fifo := filepath.Join(e.dir, "run", "a", in.GPUUUID, "pipe", "log")
+		e.forge(forge, bobUID, fifo, "Server", in.ServerPIDs[0],
+			fmt.Sprintf("Client {PID: %d, Context: 1} encountered a fatal GPU error.", al.PIDs[len(al.PIDs)-1]),
+			"Server is handling a fatal GPU error.")
+		if err := e.sim.InjectXid(0, 13, bl.PIDs[0]); err != nil {
+			t.Fatal(err)
+		}
+		e.waitStatus("the instance recovered", func(st api.Status) bool {
+			in := instanceOf(st, "a", 0)
+			return in.Restarts == want && in.State == api.InstanceReady
+		})
+	}
+	bobRuns := func() *proc {
+		return startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", client, "--duration", "1m"), bobUID))
+	}
+
+	b1 := bobRuns()
+	fault(1)
+	fault(2)
+	if r := b1.wait(t); r.code != 75 || !strings.Contains(r.stderr, "no requeue attempts left (1 used)") {
+		t.Errorf("bob's first job: exit %d, stderr %q; want 75, its one attempt used on its own faults", r.code, r.stderr)
+	}
+	b2 := bobRuns()
+	fault(3)
+	// Three faults of Bob's within the window: he is barred, and his
+	// second job, requeued on its one attempt, waits saying why; the
+	// instance is not quarantined, and Alice still runs there.
+	st := e.waitStatus("bob's requeued job waiting, barred, and alice running again", func(st api.Status) bool {
+		if _, ok := leaseOf(st, aliceUID); !ok {
+			return false
+		}
+		for _, l := range st.Leases {
+			if l.UID == bobUID && l.State == api.LeaseQueued && strings.Contains(l.WaitReason, "refuses uid 64026") {
+				return true
+			}
+		}
+		return false
+	})
+	if in := instanceOf(st, "a", 0); in.State != api.InstanceReady || in.QuarantineReason != "" {
+		t.Errorf("instance %s (%q); want ready: only the culprit's uid is refused", in.State, in.QuarantineReason)
+	}
+	if al, ok := leaseOf(st, aliceUID); !ok || al.Attempt != 4 {
+		t.Errorf("alice's lease %+v; want running at attempt 4, requeued three times as a victim", al)
+	}
+	// A new lease of Alice's is still placed on the instance.
+	if r := run(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", "/bin/true"), aliceUID)); r.code != 0 {
+		t.Errorf("alice's new job while bob is barred: exit %d, stderr %q", r.code, r.stderr)
+	}
+	out := e.admin(t, "resume", "--gpu", "0", "--group", "a")
+	if !strings.Contains(out, "group a") {
+		t.Errorf("mpsctl resume: %q", out)
+	}
+	e.waitStatus("bob's request placed after the resume", func(st api.Status) bool {
+		_, ok := leaseOf(st, bobUID)
+		return ok
+	})
+	_ = b2.cmd.Process.Signal(syscall.SIGTERM)
+	b2.wait(t)
+	open()
+	if r := ap.wait(t); r.code != 0 {
+		t.Errorf("alice's job: exit %d, stderr %q; want 0 after three requeues that cost her nothing", r.code, r.stderr)
+	}
+	// Nothing named Alice the culprit: the forged records did not.
+	if b, _ := os.ReadFile(e.log.Name()); strings.Contains(string(b), fmt.Sprintf("uid %d's clients", aliceUID)) {
+		t.Errorf("alice was charged for bob's faults")
+	}
+}

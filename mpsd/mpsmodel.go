@@ -1,0 +1,217 @@
+package mpsd
+
+import (
+	"maps"
+	"slices"
+
+	"github.com/mpsd/mpsd/mps"
+)
+
+// mpsModel is what MPS itself is doing on one instance, as far as mpsd
+// can know it: the control daemon's verified servers and their uids, the
+// servers mpsd shut down itself, and the clients of a server that no lease
+// holds (reconciliation's unleased findings). From it mpsd decides what a
+// server's exit means (exitVerdict) and whose server MPS serves now, which
+// placement must respect (serving). It is guarded by Daemon.mu, like the
+// instance that holds it; it does no I/O.
+//
+// MPS's rules it follows (docs/architecture.md, "The MPS model"): a
+// control daemon without -multiuser-server runs servers of one uid at a
+// time; a client of another uid waits inside MPS (its CUDA initialisation
+// blocks) until every client of the current server has gone, then MPS ends
+// that server (exit status 0) and starts one for the waiting uid. MPS never
+// ends a server that has clients; a server that crashed exits by a signal
+// or with a status other than 0.
+type mpsModel struct {
+	// servers: the live verified servers, by pid: their uid (-1 unknown).
+	servers map[int]int
+	// shutDown: servers a recovery stopped itself (restartServer), by
+	// pid; the channel is closed when their exit is seen. Their exit is
+	// no fault, whatever leases the instance has taken since.
+	shutDown map[int]chan struct{}
+	// unleased: clients of a server that no lease holds, by server pid,
+	// as the last reconciliation confirmed them (reconcile.go). While a
+	// server of one uid has any, MPS makes every other uid wait.
+	unleased map[int]int
+	// caps: what mpsd last set on each server, or found it to allow
+	// (caps.go); absent, a new server, which starts with the group's.
+	caps map[int]serverCaps
+	// defaults: what mpsd last set as the daemon's defaults, which a new
+	// server starts with; nil: the group's caps, set at the daemon's start.
+	defaults *serverCaps
+}
+
+func newMPSModel() mpsModel { return mpsModel{servers: map[int]int{}} }
+
+// pids are the live servers' pids, sorted.
+func (m *mpsModel) pids() []int { return slices.Sorted(maps.Keys(m.servers)) }
+
+// serverStarted records a verified server (a new incarnation, if pid was
+// a server's before).
+func (m *mpsModel) serverStarted(pid, uid int) {
+	m.servers[pid] = uid
+	delete(m.shutDown, pid)
+	delete(m.unleased, pid)
+	delete(m.caps, pid)
+}
+
+// noteCaps records what a live server allows, as mpsd set or found it.
+func (m *mpsModel) noteCaps(pid int, c serverCaps) {
+	if _, live := m.servers[pid]; !live {
+		return
+	}
+	if m.caps == nil {
+		m.caps = map[int]serverCaps{}
+	}
+	m.caps[pid] = c
+}
+
+// daemonGone forgets every server: they went with their control daemon
+// (or mpsd stopped it).
+func (m *mpsModel) daemonGone() {
+	clear(m.servers)
+	clear(m.unleased)
+	clear(m.caps)
+	m.defaults = nil
+}
+
+// shuttingDown marks a live server as one mpsd is stopping itself and
+// returns the channel closed when its exit is seen; nil when pid is no
+// live server.
+func (m *mpsModel) shuttingDown(pid int) chan struct{} {
+	if _, live := m.servers[pid]; !live {
+		return nil
+	}
+	if done := m.shutDown[pid]; done != nil {
+		return done
+	}
+	if m.shutDown == nil {
+		m.shutDown = map[int]chan struct{}{}
+	}
+	done := make(chan struct{})
+	m.shutDown[pid] = done
+	return done
+}
+
+// setUnleased records what a reconciliation confirmed: the number of
+// unleased clients of each server it listed.
+func (m *mpsModel) setUnleased(byServer map[int]int) {
+	m.unleased = byServer
+}
+
+// held reports whether a live server has clients no lease holds.
+func (m *mpsModel) held() bool {
+	for pid, n := range m.unleased {
+		if _, live := m.servers[pid]; live && n > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// exitKind is what a server's exit means, by MPS's rules.
+type exitKind uint8
+
+const (
+	// exitShutDown: mpsd stopped it itself; its clients were revoked first.
+	exitShutDown exitKind = iota
+	// exitNoClients: no lease on the instance can have been its client
+	// (none of its uid, or none at all).
+	exitNoClients
+	// exitClean: it exited with status 0, as MPS ends a server whose
+	// clients are gone (a uid switch, quit); it crashed only if a lease
+	// that could be its client still runs (checked by the caller).
+	exitClean
+	// exitCrash: killed by a signal, a status other than 0, or a status
+	// mpsd could not read: its clients went with it.
+	exitCrash
+)
+
+var exitKindNames = [...]string{"shut down by mpsd", "no client", "clean", "crash"}
+
+func (k exitKind) String() string { return exitKindNames[k] }
+
+// exitVerdict is serverExited's decision: the kind of exit and the
+// leases that could have been the server's clients.
+type exitVerdict struct {
+	kind exitKind
+	uid  int // the server's uid, -1 unknown
+	// candidates: the running leases that could be its clients: those of
+	// its uid (every one when the server is shared or its uid unknown).
+	candidates []*lease
+}
+
+// serverExited forgets an exited server and says what its exit means.
+// leases are the instance's; multiuser says the daemon shares one server
+// among uids. ev is the exit as the server's pidfd told it.
+func (m *mpsModel) serverExited(ev mps.Event, leases map[string]*lease, multiuser bool) exitVerdict {
+	uid, known := m.servers[ev.PID]
+	if !known {
+		uid = -1
+	}
+	delete(m.servers, ev.PID)
+	delete(m.unleased, ev.PID)
+	delete(m.caps, ev.PID)
+	v := exitVerdict{uid: uid}
+	if done, ours := m.shutDown[ev.PID]; ours {
+		delete(m.shutDown, ev.PID)
+		close(done)
+		v.kind = exitShutDown
+		return v
+	}
+	for _, l := range leases {
+		if l.state == leaseRunning && (multiuser || uid < 0 || l.uid == uint32(uid)) {
+			v.candidates = append(v.candidates, l)
+		}
+	}
+	slices.SortFunc(v.candidates, func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
+	switch {
+	case len(v.candidates) == 0:
+		v.kind = exitNoClients
+	case ev.Signal == 0 && ev.ExitStatus == 0:
+		v.kind = exitClean
+	default:
+		v.kind = exitCrash
+	}
+	return v
+}
+
+// serving says whose server MPS serves on the instance now, as placement
+// must see it (policy.Instance's ServerUp, ServerUID and ServerHeld):
+// the uid of the running leases, if any (admission keeps them to one uid
+// on a daemon that is not multiuser); else that of a server with clients
+// no lease holds (held: MPS makes every other uid wait behind them);
+// else that of an idle server, which MPS ends for a client of another uid.
+func (m *mpsModel) serving(leases map[string]*lease) (up bool, uid uint32, held bool) {
+	var first *lease
+	for _, l := range leases {
+		if first == nil || l.req.Seq < first.req.Seq {
+			first = l
+		}
+	}
+	if first != nil {
+		return true, first.uid, false
+	}
+	// The lowest pid of a kind, so that the answer does not depend on
+	// the map's order (MPS runs one server at a time; two are a moment
+	// of a switch).
+	heldPID, idlePID := 0, 0
+	for pid, u := range m.servers {
+		switch {
+		case u < 0:
+		case m.unleased[pid] > 0:
+			if heldPID == 0 || pid < heldPID {
+				heldPID = pid
+			}
+		case idlePID == 0 || pid < idlePID:
+			idlePID = pid
+		}
+	}
+	if heldPID != 0 {
+		return true, uint32(m.servers[heldPID]), true
+	}
+	if idlePID != 0 {
+		return true, uint32(m.servers[idlePID]), false
+	}
+	return false, 0, false
+}

@@ -1,0 +1,110 @@
+package mpsd
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/mpsd/mpsd/mps"
+)
+
+// Every row of docs/architecture.md's table of server exits: what the
+// model makes of an exit, by how it ended and which leases the instance
+// has, with two uids on a daemon that is not multiuser (and a shared one).
+func TestMPSModelServerExit(t *testing.T) {
+	const alice, bob = 64021, 64022
+	clean := mps.Event{PID: 10, ExitStatus: 0}
+	killed := mps.Event{PID: 10, ExitStatus: -1, Signal: 9}
+	failed := mps.Event{PID: 10, ExitStatus: 1}
+	unseen := mps.Event{PID: 10, ExitStatus: -1}
+	mk := func(id string, uid uint32, st leaseState) *lease {
+		return &lease{id: id, uid: uid, state: st}
+	}
+	for _, tc := range []struct {
+		name       string
+		serverUID  int
+		multiuser  bool
+		shutDown   bool
+		ev         mps.Event
+		leases     []*lease
+		want       exitKind
+		candidates []string
+	}{
+		{"shut down by mpsd, a lease of its uid runs", alice, false, true, killed, []*lease{mk("a1", alice, leaseRunning)}, exitShutDown, nil},
+		{"uid switch: alice's server ends, bob's lease waits", alice, false, false, clean, []*lease{mk("b1", bob, leaseRunning)}, exitNoClients, nil},
+		{"no lease at all", alice, false, false, killed, nil, exitNoClients, nil},
+		{"clean exit, a lease of its uid", alice, false, false, clean, []*lease{mk("a1", alice, leaseRunning), mk("b1", bob, leaseRunning)}, exitClean, []string{"a1"}},
+		{"killed, a lease of its uid", alice, false, false, killed, []*lease{mk("a1", alice, leaseRunning), mk("b1", bob, leaseRunning)}, exitCrash, []string{"a1"}},
+		{"status 1, a lease of its uid", alice, false, false, failed, []*lease{mk("a1", alice, leaseRunning)}, exitCrash, []string{"a1"}},
+		{"status not seen, a lease of its uid", alice, false, false, unseen, []*lease{mk("a1", alice, leaseRunning)}, exitCrash, []string{"a1"}},
+		{"a releasing lease is no candidate", alice, false, false, killed, []*lease{mk("a1", alice, leaseReleasing)}, exitNoClients, nil},
+		{"shared server: every uid's lease", 0, true, false, killed, []*lease{mk("a1", alice, leaseRunning), mk("b1", bob, leaseRunning)}, exitCrash, []string{"a1", "b1"}},
+		{"unknown uid: every lease", -1, false, false, clean, []*lease{mk("a1", alice, leaseRunning), mk("b1", bob, leaseRunning)}, exitClean, []string{"a1", "b1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newMPSModel()
+			m.serverStarted(10, tc.serverUID)
+			if tc.shutDown && m.shuttingDown(10) == nil {
+				t.Fatal("shuttingDown of a live server gave no channel")
+			}
+			leases := map[string]*lease{}
+			for i, l := range tc.leases {
+				l.req.Seq = uint64(i)
+				leases[l.id] = l
+			}
+			v := m.serverExited(tc.ev, leases, tc.multiuser)
+			if v.kind != tc.want {
+				t.Errorf("kind %s, want %s", v.kind, tc.want)
+			}
+			var got []string
+			for _, l := range v.candidates {
+				got = append(got, l.id)
+			}
+			if len(got) != len(tc.candidates) || (len(got) > 0 && !slices.Equal(got, tc.candidates)) {
+				t.Errorf("candidates %v, want %v", got, tc.candidates)
+			}
+			if len(m.servers) != 0 {
+				t.Errorf("server still known after its exit: %v", m.servers)
+			}
+		})
+	}
+}
+
+// Whose server MPS serves, every row of docs/architecture.md's table.
+func TestMPSModelServing(t *testing.T) {
+	const alice, bob = 64021, 64022
+	type want struct {
+		up   bool
+		uid  uint32
+		held bool
+	}
+	check := func(name string, m *mpsModel, leases map[string]*lease, w want) {
+		t.Helper()
+		up, uid, held := m.serving(leases)
+		if up != w.up || (up && uid != w.uid) || held != w.held {
+			t.Errorf("%s: serving (%v, %d, held %v), want (%v, %d, held %v)", name, up, uid, held, w.up, w.uid, w.held)
+		}
+	}
+	m := newMPSModel()
+	check("no server", &m, nil, want{})
+	m.serverStarted(10, alice)
+	check("alice's idle server", &m, nil, want{true, alice, false})
+	m.setUnleased(map[int]int{10: 1})
+	if !m.held() {
+		t.Error("a server with an unleased client is not held")
+	}
+	check("alice's server held by her unleased client", &m, nil, want{true, alice, true})
+	check("bob's lease placed (an old server of alice's still up)", &m, map[string]*lease{"b1": {id: "b1", uid: bob}}, want{true, bob, false})
+	m.setUnleased(map[int]int{})
+	check("the unleased client gone", &m, nil, want{true, alice, false})
+	m.setUnleased(map[int]int{10: 2})
+	m.serverExited(mps.Event{PID: 10, ExitStatus: 0}, nil, false)
+	if m.held() {
+		t.Error("a server gone is still held")
+	}
+	check("the held server gone", &m, nil, want{})
+	m.serverStarted(11, -1)
+	check("a server of unknown uid", &m, nil, want{})
+	m.serverStarted(12, bob)
+	m.daemonGone()
+	check("the daemon gone", &m, nil, want{})
+}
