@@ -3,9 +3,11 @@ package mpsd
 import (
 	"bytes"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,24 +25,44 @@ import (
 // seeded (MPSD_CHAOS_SEED) so a failing run replays, short by default
 // (MPSD_CHAOS_DURATION, e.g. 10m for `make chaos`), and checks after each
 // injection that capacity accounting equals the live leases, and at the
-// end that every job completed or ended with a reported reason, and that
-// nothing leaked.
+// end that every job completed or ended with a reported reason, that every
+// revocation was caused by an injected fault, and that nothing leaked.
+//
+// Its jobs run as real unprivileged uids: group a (no multiuser) has three
+// members, so MPS switches its servers' uid all the time, which is
+// ordinary traffic, never a fault; group b shares one server among its
+// members (multiuser). Some jobs are culprits: their client raises a fatal
+// GPU fault when the soak tells it to (an injection like the others),
+// which takes every client of its server with it.
+
+// chaosMembers are the uids each group's jobs run as (chaosGroups names
+// them), as numbers: they need no account on the host.
+var chaosMembers = map[string][]uint32{
+	"a": {64910, 64911, 64912},
+	"b": {64913, 64914},
+}
 
 const chaosGroups = `  a:
-    users: [root]
+    users: ["64910", "64911", "64912"]
     memory: 20G
     requeue_attempts: 1000
     reconcile: terminate
   b:
-    users: [root]
+    users: ["64913", "64914"]
+    multiuser: true
     memory: 10G
     requeue_attempts: 1000
     reconcile: terminate
 `
 
+// chaosWatchdog: fast detection, restarts and backoff, and no quarantine.
+// A probe waits up to 500 ms: on the 2-core test host under -race, with
+// dozens of launches, an emulated control daemon that answers its
+// commands in turn can take a few hundred ms, and a hang the soak did not
+// inject would revoke leases (a false revocation).
 const chaosWatchdog = `watchdog:
-  probe_interval: 250ms
-  probe_timeout: 200ms
+  probe_interval: 600ms
+  probe_timeout: 500ms
   probe_failures: 2
   backoff_initial: 10ms
   backoff_max: 200ms
@@ -50,8 +72,12 @@ const chaosWatchdog = `watchdog:
 type chaosJob struct {
 	id     int
 	group  string
+	uid    uint32
 	killed bool // the soak killed its mps-launch on purpose
-	res    result
+	// out is a culprit's stdout, where its client says its pid once it
+	// is connected (and so faults on SIGUSR1); nil for other jobs.
+	out *syncBuffer
+	res result
 }
 
 func envDuration(name string, def time.Duration) time.Duration {
@@ -89,10 +115,21 @@ func TestChaosSoak(t *testing.T) {
 		collateral []string
 	)
 	const touchWindow = 30 * time.Second // detection, backoff, restart
-	touch := func(group string, gpu int) {
+	// Every injection that can take a lease down, with the processes it
+	// hit, for the revocation tally (explainRevocation).
+	var injections []chaosInjection
+	// inject records an injection on an instance (group "": on a whole
+	// GPU) just before the soak makes it.
+	inject := func(kind, group string, gpu int, pids ...int) {
 		fmu.Lock()
-		touched[instanceKey(group, []int{gpu})] = time.Now()
-		fmu.Unlock()
+		defer fmu.Unlock()
+		now := time.Now()
+		if group == "" {
+			touchedGPU[gpu] = now
+		} else {
+			touched[instanceKey(group, []int{gpu})] = now
+		}
+		injections = append(injections, chaosInjection{kind: kind, group: group, gpu: gpu, at: now, pids: pids})
 	}
 	e.opts.faultHook = func(in *instance, f fault) {
 		fmu.Lock()
@@ -124,7 +161,7 @@ func TestChaosSoak(t *testing.T) {
 		stop   = make(chan struct{})
 		counts = map[string]int{}
 	)
-	var clientFaults atomic.Int64 // jobs whose client faults (MPS contains it)
+	var culprits atomic.Int64 // jobs whose client faults when told to
 	const workers = 8
 	for w := range workers {
 		wg.Go(func() {
@@ -135,20 +172,30 @@ func TestChaosSoak(t *testing.T) {
 				default:
 				}
 				group := []string{"a", "b"}[randN(2)]
+				// A member picked at random: in group a, MPS switches its
+				// server's uid whenever the next job is another member's.
+				members := chaosMembers[group]
+				j := &chaosJob{id: w*100000 + n, group: group, uid: members[randN(len(members))]}
 				dur := time.Duration(200+randN(1500)) * time.Millisecond
 				args := []string{"--group", group, "--sm", strconv.Itoa(5 + randN(30)), "--mem", strconv.Itoa(256+randN(1024)) + "M", "--"}
 				// Every command says on stderr that it ran, under which lease
 				// and attempt (chaosRanMark), so the tally can tell a launcher
 				// that gave up before its grant from one that had a lease.
-				if randN(12) == 0 {
-					clientFaults.Add(1)
-					// A client that faults on its first run only.
-					args = append(args, "/bin/sh", "-c", chaosMark+`if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" --fault-after 100ms --duration 1m; else exec "$0" --duration 300ms; fi`, client)
+				if randN(6) == 0 {
+					// A culprit: its client raises a fatal GPU fault when
+					// the soak sends it SIGUSR1 (culprit_fault), on any run.
+					culprits.Add(1)
+					j.out = &syncBuffer{}
+					dur += time.Second
+					args = append(args, "/bin/sh", "-c", chaosMark+`exec "$0" --fault-on-usr1 --duration "$1"`, client, dur.String())
 				} else {
 					args = append(args, "/bin/sh", "-c", chaosMark+`exec "$0" --duration "$1"`, client, dur.String())
 				}
-				j := &chaosJob{id: w*100000 + n, group: group}
-				p := startProc(t, e.launch(args...))
+				cmd := asUID(e.launch(args...), j.uid)
+				if j.out != nil {
+					cmd.Stdout = j.out
+				}
+				p := startProc(t, cmd)
 				jmu.Lock()
 				jobs = append(jobs, j)
 				live[p] = j
@@ -173,6 +220,48 @@ func TestChaosSoak(t *testing.T) {
 		}
 		return c[randN(len(c))], true
 	}
+	// pickCulprit finds a culprit's client that is connected to its MPS
+	// server (it printed its pid, so it handles SIGUSR1 by now) under a
+	// running lease: its pid and its instance.
+	pickCulprit := func(st api.Status) (pid int, group string, gpu int, ok bool) {
+		connected := map[int]bool{}
+		jmu.Lock()
+		for _, j := range live {
+			if j.out == nil {
+				continue
+			}
+			for line := range strings.Lines(j.out.String()) {
+				if rest, found := strings.CutPrefix(line, "mpsemu-client: pid="); found {
+					pid, _, _ := strings.Cut(rest, " ")
+					if n, err := strconv.Atoi(pid); err == nil {
+						connected[n] = true
+					}
+				}
+			}
+		}
+		jmu.Unlock()
+		type cand struct {
+			pid   int
+			group string
+			gpu   int
+		}
+		var c []cand
+		for _, l := range st.Leases {
+			if l.State != api.LeaseRunning || len(l.GPUIndexes) == 0 {
+				continue
+			}
+			for _, p := range l.PIDs {
+				if connected[p] {
+					c = append(c, cand{p, l.Group, l.GPUIndexes[0]})
+				}
+			}
+		}
+		if len(c) == 0 {
+			return 0, "", 0, false
+		}
+		x := c[randN(len(c))]
+		return x.pid, x.group, x.gpu, true
+	}
 	checkAccounting := func(when string) {
 		st := status()
 		for _, in := range st.Instances {
@@ -193,34 +282,37 @@ func TestChaosSoak(t *testing.T) {
 	for time.Now().Before(end) && !t.Failed() {
 		time.Sleep(time.Duration(50+randN(200)) * time.Millisecond)
 		st := status()
-		kind := []string{"server_kill", "server_kill", "daemon_kill", "daemon_stop", "xid", "launcher_kill", "launcher_kill", "mpsd_restart", "mpsd_kill", "config_garbage", "server_kill_mpsd_down"}[randN(11)]
+		kind := []string{"server_kill", "server_kill", "daemon_kill", "daemon_stop", "xid", "launcher_kill", "launcher_kill", "mpsd_restart", "mpsd_kill", "config_garbage", "server_kill_mpsd_down", "culprit_fault", "culprit_fault"}[randN(13)]
 		switch kind {
 		case "server_kill":
 			if in, ok := pickInstance(st, true); ok {
-				touch(in.Group, in.GPUIndex)
+				inject(kind, in.Group, in.GPUIndex, in.ServerPIDs[0])
 				_ = syscall.Kill(in.ServerPIDs[0], syscall.SIGKILL)
 			} else {
 				continue
 			}
-		case "daemon_kill":
+		case "daemon_kill", "daemon_stop":
+			// Its servers go with it (daemon_stop: once mpsd stops it).
 			if in, ok := pickInstance(st, false); ok {
-				touch(in.Group, in.GPUIndex)
-				_ = syscall.Kill(in.DaemonPID, syscall.SIGKILL)
+				inject(kind, in.Group, in.GPUIndex, append([]int{in.DaemonPID}, in.ServerPIDs...)...)
+				sig := syscall.SIGKILL
+				if kind == "daemon_stop" {
+					sig = syscall.SIGSTOP
+				}
+				_ = syscall.Kill(in.DaemonPID, sig)
 			} else {
 				continue
 			}
-		case "daemon_stop":
-			if in, ok := pickInstance(st, false); ok {
-				touch(in.Group, in.GPUIndex)
-				_ = syscall.Kill(in.DaemonPID, syscall.SIGSTOP)
-			} else {
+		case "culprit_fault":
+			pid, group, gpu, ok := pickCulprit(st)
+			if !ok {
 				continue
 			}
+			inject(kind, group, gpu, pid)
+			_ = syscall.Kill(pid, syscall.SIGUSR1)
 		case "xid":
 			gpu := randN(3)
-			fmu.Lock()
-			touchedGPU[gpu] = time.Now()
-			fmu.Unlock()
+			inject(kind, "", gpu)
 			emu.Lock()
 			err := e.sim.InjectXid(gpu, 79, 0)
 			emu.Unlock()
@@ -259,7 +351,7 @@ func TestChaosSoak(t *testing.T) {
 			if !ok {
 				continue
 			}
-			touch(in.Group, in.GPUIndex)
+			inject(kind, in.Group, in.GPUIndex, in.ServerPIDs[0])
 			emu.Lock()
 			e.stop()
 			_ = syscall.Kill(in.ServerPIDs[0], syscall.SIGKILL)
@@ -286,12 +378,11 @@ func TestChaosSoak(t *testing.T) {
 		t.Logf("at the end of the injections: lease %s %s attempt %d gpus %v", l.ID, l.State, l.Attempt, l.GPUIndexes)
 	}
 	wg.Wait()
-	counts["client_fault"] = int(clientFaults.Load())
 	total := 0
 	for _, n := range counts {
 		total += n
 	}
-	t.Logf("chaos soak: %d faults injected: %v; %d jobs", total, counts, len(jobs))
+	t.Logf("chaos soak: %d faults injected: %v; %d jobs (%d culprits, which fault when told to)", total, counts, len(jobs), culprits.Load())
 
 	// Every job completed, or gave up for a reason the soak allows (see
 	// classifyChaosEnd); a job whose launcher the soak killed is exempt.
@@ -352,9 +443,45 @@ func TestChaosSoak(t *testing.T) {
 			t.Logf("reconciliation (terminate) found no process outside its lease")
 		}
 	}
+	// Every revocation mpsd made (its log spans its restarts) has a cause
+	// among the injections: a uid switch or any other ordinary exit of a
+	// server revokes nothing.
+	if b, err := os.ReadFile(e.log.Name()); err != nil {
+		t.Error(err)
+	} else {
+		fmu.Lock()
+		inj := slices.Clone(injections)
+		fmu.Unlock()
+		causes := map[string]int{}
+		var falseRevs []string
+		revs := parseChaosRevocations(b)
+		for _, r := range revs {
+			if cause, ok := explainRevocation(r, inj); ok {
+				causes[cause]++
+			} else {
+				falseRevs = append(falseRevs, r.line)
+			}
+		}
+		requeuedJobs := 0
+		for _, j := range jobs {
+			if strings.Contains(j.res.stderr, "); requeued, attempt ") {
+				requeuedJobs++
+			}
+		}
+		switches, starts, err := countChaosUIDSwitches(filepath.Join(e.dir, "log"))
+		if err != nil {
+			t.Errorf("counting MPS's uid switches: %v", err)
+		}
+		t.Logf("revocation tally: %d jobs, %d completed, %d requeued at least once; %d revocations caused by an injection %v, %d false revocations; %d culprit faults injected; MPS started %d servers, %d of them for another uid than the one before (a uid switch), and mpsd took %d servers' clean exits for no fault",
+			len(jobs), tally.n[endCompleted], requeuedJobs, len(revs)-len(falseRevs), causes, len(falseRevs),
+			counts["culprit_fault"], starts, switches, bytes.Count(b, []byte(chaosCleanExitMsg))+bytes.Count(b, []byte(chaosNoClientExitMsg)))
+		if len(falseRevs) > 0 {
+			t.Errorf("%d false revocations (no injected fault on their instance explains them):\n%s", len(falseRevs), strings.Join(falseRevs[:min(10, len(falseRevs))], "\n"))
+		}
+	}
 	e.noLeaks(t)
 	if !t.Failed() {
-		t.Logf("capacity accounting equalled the live leases after each of the %d injections and at the end; no leases, processes or cgroups left", total-counts["client_fault"])
+		t.Logf("capacity accounting equalled the live leases after each of the %d injections and at the end; no leases, processes or cgroups left", total)
 	}
 	if t.Failed() {
 		t.Logf("replay with MPSD_CHAOS_SEED=%d", seed)
@@ -634,5 +761,236 @@ func TestChaosTallyFailures(t *testing.T) {
 	f = tally.failures()
 	if len(f) != 2 || !strings.Contains(f[1], "with exit 125") || !strings.Contains(f[1], "job 6") {
 		t.Errorf("unreachable with exit 125: failures %q, want a second naming job 6", f)
+	}
+}
+
+// How mpsd logs a server's exit that it takes for no fault: MPS ended it
+// after its last client left (a uid switch, above all), or none of the
+// instance's leases could have been its client.
+const (
+	chaosCleanExitMsg    = "MPS server exited after its last client left"
+	chaosNoClientExitMsg = "MPS server exited; no lease on the instance was its client"
+)
+
+// chaosInjection is one injection of the soak that can take leases down:
+// its kind, its instance (group "" for every instance on the GPU), when it
+// was made and the MPS processes it hit (the server killed; the daemon
+// killed or stopped and the servers it had then; the culprit client).
+type chaosInjection struct {
+	kind  string
+	group string
+	gpu   int
+	at    time.Time
+	pids  []int
+}
+
+// chaosRevocation is one "lease revoked" line of mpsd's log.
+type chaosRevocation struct {
+	at     time.Time
+	group  string
+	gpu    int // -1 when the line names none
+	lease  string
+	reason string
+	line   string
+}
+
+// parseSlogText splits a line of slog's text handler into its attributes.
+func parseSlogText(line string) map[string]string {
+	attrs := map[string]string{}
+	for line = strings.TrimSpace(line); line != ""; line = strings.TrimLeft(line, " ") {
+		key, rest, ok := strings.Cut(line, "=")
+		if !ok {
+			break
+		}
+		var val string
+		if strings.HasPrefix(rest, `"`) {
+			q, err := strconv.QuotedPrefix(rest)
+			if err != nil {
+				break
+			}
+			val, _ = strconv.Unquote(q)
+			rest = rest[len(q):]
+		} else {
+			val, rest, _ = strings.Cut(rest, " ")
+		}
+		attrs[key] = val
+		line = rest
+	}
+	return attrs
+}
+
+// parseChaosRevocations finds every revocation in mpsd's log.
+func parseChaosRevocations(log []byte) []chaosRevocation {
+	var out []chaosRevocation
+	for line := range strings.Lines(string(log)) {
+		if !strings.Contains(line, `msg="lease revoked`) {
+			continue
+		}
+		line = strings.TrimSuffix(line, "\n")
+		a := parseSlogText(line)
+		r := chaosRevocation{group: a["group"], gpu: -1, lease: a["lease"], reason: a["reason"], line: line}
+		r.at, _ = time.Parse(time.RFC3339Nano, a["time"])
+		if n, err := strconv.Atoi(a["gpu_index"]); err == nil {
+			r.gpu = n
+		}
+		if r.reason == "" {
+			r.reason = a["msg"]
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// The revocation reasons of mpsd's faults (mpsd's fault reasons), by what
+// they name.
+var (
+	reChaosServer      = regexp.MustCompile(`^MPS server (\d+) of group (\S+) on GPU (\d+) (?:died|exited while mpsd was away)`)
+	reChaosDaemonExit  = regexp.MustCompile(`^MPS control daemon (\d+) of group (\S+) on GPU (\d+) exited`)
+	reChaosDaemonGone  = regexp.MustCompile(`control daemon of group (\S+) on GPU (\d+) (?:stopped answering|was gone or hung when mpsd started|does not answer after a fault)`)
+	reChaosClientFault = regexp.MustCompile(`^a client of group (\S+) on GPU (\d+) hit a fatal GPU error`)
+	reChaosXid         = regexp.MustCompile(`^Xid (\d+) \((\w+)-level\) on GPU (\d+)`)
+)
+
+const (
+	// chaosCauseWindow bounds how long after an injection a revocation it
+	// causes comes without naming the process hit: detection (probes),
+	// an mpsd restart's adoption, a fault record's wait for its Xid.
+	chaosCauseWindow = 30 * time.Second
+	// chaosMissedServerWindow bounds the revocation by a server the soak
+	// did not see when it killed or stopped its daemon (one started
+	// meanwhile).
+	chaosMissedServerWindow = 5 * time.Second
+	// chaosLogSlack: the log's times are to the millisecond.
+	chaosLogSlack = 5 * time.Millisecond
+)
+
+// explainRevocation says which injection caused the revocation r, by its
+// reason: a server or daemon the reason names by pid that an injection hit;
+// a hung or lost daemon of an instance whose daemon the soak killed or
+// stopped; a client's fault (its record, or its application Xid) on an
+// instance where the soak made a culprit fault; a device Xid on a GPU the
+// soak raised one on. Anything else (a server's ordinary exit, a uid
+// switch above all, taken for a crash) has no cause: a false revocation.
+func explainRevocation(r chaosRevocation, inj []chaosInjection) (string, bool) {
+	atoi := func(s string) int { n, _ := strconv.Atoi(s); return n }
+	find := func(group string, gpu int, window time.Duration, ok func(chaosInjection) bool) (string, bool) {
+		for i := len(inj) - 1; i >= 0; i-- {
+			in := inj[i]
+			if in.group != group || in.gpu != gpu || r.at.Before(in.at.Add(-chaosLogSlack)) ||
+				(window > 0 && r.at.Sub(in.at) > window) || !ok(in) {
+				continue
+			}
+			return in.kind, true
+		}
+		return "", false
+	}
+	hit := func(pid int) func(chaosInjection) bool {
+		return func(in chaosInjection) bool { return slices.Contains(in.pids, pid) }
+	}
+	kinds := func(k ...string) func(chaosInjection) bool {
+		return func(in chaosInjection) bool { return slices.Contains(k, in.kind) }
+	}
+	if m := reChaosServer.FindStringSubmatch(r.reason); m != nil {
+		if k, ok := find(m[2], atoi(m[3]), 0, hit(atoi(m[1]))); ok {
+			return k, true
+		}
+		return find(m[2], atoi(m[3]), chaosMissedServerWindow, kinds("daemon_kill", "daemon_stop"))
+	}
+	if m := reChaosDaemonExit.FindStringSubmatch(r.reason); m != nil {
+		return find(m[2], atoi(m[3]), 0, hit(atoi(m[1])))
+	}
+	if m := reChaosDaemonGone.FindStringSubmatch(r.reason); m != nil {
+		return find(m[1], atoi(m[2]), chaosCauseWindow, kinds("daemon_kill", "daemon_stop"))
+	}
+	if m := reChaosClientFault.FindStringSubmatch(r.reason); m != nil {
+		return find(m[1], atoi(m[2]), chaosCauseWindow, kinds("culprit_fault"))
+	}
+	if m := reChaosXid.FindStringSubmatch(r.reason); m != nil {
+		if m[2] == "device" {
+			return find("", atoi(m[3]), chaosCauseWindow, kinds("xid"))
+		}
+		// An application Xid names a lease's process: its client's own
+		// fault, on the lease's instance.
+		return find(r.group, atoi(m[3]), chaosCauseWindow, kinds("culprit_fault"))
+	}
+	return "", false
+}
+
+// countChaosUIDSwitches counts, in the emulated MPS control daemons' logs
+// under dir, each server started for another uid than the previous
+// server of the same daemon: MPS's uid switches.
+func countChaosUIDSwitches(dir string) (switches, starts int, err error) {
+	re := regexp.MustCompile(`Starting new server \d+ for user (\d+)`)
+	err = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() != "control.log" {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		prev := ""
+		for line := range strings.Lines(string(b)) {
+			if strings.Contains(line, "Starting control daemon") {
+				prev = ""
+			}
+			if m := re.FindStringSubmatch(line); m != nil {
+				starts++
+				if prev != "" && m[1] != prev {
+					switches++
+				}
+				prev = m[1]
+			}
+		}
+		return nil
+	})
+	return switches, starts, err
+}
+
+// The revocation tally explains a revocation only by an injection that
+// can cause it, on its instance (or GPU), after it: a server's exit the
+// soak did not cause (a uid switch taken for a crash) is false.
+func TestExplainRevocation(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	inj := []chaosInjection{
+		{kind: "server_kill", group: "a", gpu: 0, at: t0, pids: []int{100}},
+		{kind: "daemon_stop", group: "b", gpu: 1, at: t0, pids: []int{200, 201}},
+		{kind: "culprit_fault", group: "a", gpu: 2, at: t0, pids: []int{300}},
+		{kind: "xid", group: "", gpu: 1, at: t0},
+	}
+	line := func(at time.Duration, group string, gpu int, reason string) string {
+		return fmt.Sprintf(`time=%s level=INFO msg="lease revoked" group=%s gpu=GPU-x gpu_index=%d lease=%s-1 job="" uid=64910 user="" attempt=1 reason=%q`,
+			t0.Add(at).Format(time.RFC3339Nano), group, gpu, group, reason)
+	}
+	for _, tc := range []struct {
+		line string
+		want string // "" for a false revocation
+	}{
+		{line(time.Second, "a", 0, "MPS server 100 of group a on GPU 0 died (killed by SIGKILL)"), "server_kill"},
+		{line(time.Second, "a", 0, "MPS server 100 of group a on GPU 0 exited while mpsd was away"), "server_kill"},
+		{line(time.Second, "a", 0, "MPS server 101 of group a on GPU 0 died (exit status 0)"), ""},
+		{line(-time.Second, "a", 0, "MPS server 100 of group a on GPU 0 died (killed by SIGKILL)"), ""},
+		{line(time.Second, "b", 1, "MPS server 201 of group b on GPU 1 died (exit status 1)"), "daemon_stop"},
+		{line(2*time.Second, "b", 1, "MPS server 202 of group b on GPU 1 died (exit status 1)"), "daemon_stop"},
+		{line(time.Minute, "b", 1, "MPS server 202 of group b on GPU 1 died (exit status 1)"), ""},
+		{line(time.Second, "b", 1, "MPS control daemon of group b on GPU 1 stopped answering (2 probes failed)"), "daemon_stop"},
+		{line(time.Second, "b", 1, "the MPS control daemon of group b on GPU 1 was gone or hung when mpsd started; a new one runs"), "daemon_stop"},
+		{line(time.Second, "a", 1, "MPS control daemon of group a on GPU 1 stopped answering (2 probes failed)"), ""},
+		{line(time.Second, "b", 1, "MPS control daemon 200 of group b on GPU 1 exited (killed by SIGKILL)"), "daemon_stop"},
+		{line(time.Second, "a", 2, "a client of group a on GPU 2 hit a fatal GPU error; MPS set a sticky error on every client of the server"), "culprit_fault"},
+		{line(time.Second, "b", 2, "a client of group b on GPU 2 hit a fatal GPU error; MPS set a sticky error on every client of the server"), ""},
+		{line(time.Second, "a", 2, "Xid 31 (application-level) on GPU 2"), "culprit_fault"},
+		{line(time.Second, "a", 1, "Xid 79 (device-level) on GPU 1"), "xid"},
+		{line(time.Second, "a", 0, "Xid 79 (device-level) on GPU 0"), ""},
+		{line(time.Second, "a", 0, "something else"), ""},
+	} {
+		revs := parseChaosRevocations([]byte(tc.line + "\n"))
+		if len(revs) != 1 {
+			t.Fatalf("parseChaosRevocations(%q) = %+v, want one", tc.line, revs)
+		}
+		got, ok := explainRevocation(revs[0], inj)
+		if ok != (tc.want != "") || got != tc.want {
+			t.Errorf("%s: explained by %q (%v), want %q", revs[0].reason, got, ok, tc.want)
+		}
 	}
 }
