@@ -162,10 +162,12 @@ const capsUIDDefaults = 64852
 
 // NVIDIA's 535 daemon lets any user change its defaults, which the next
 // server starts with. A tenant lifts the default thread percentage to 100
-// before its first launch; its server starts at 100, and mpsd, checking
-// the caps of every new server once it is ready, sets it back to the
-// group's max_sm at once (the drift is logged as seen at the server's
-// start and counted).
+// before its first launch: mpsd's grant sets the defaults to the lease's
+// share, so that change is undone before the lease's command runs. The
+// lease's command then lifts the default again itself before its client
+// connects; its server starts at 100, and mpsd, checking the caps of every
+// new server once it is ready, sets it back to the lease's 10% at once
+// (the drift is logged as seen at the server's start and counted).
 func TestServerCapsAppliedAtStart(t *testing.T) {
 	tenant := emutest.User(t, capsUIDDefaults)
 	e := newEnvGPUs(t, 1, fmt.Sprintf(`  a:
@@ -190,12 +192,13 @@ func TestServerCapsAppliedAtStart(t *testing.T) {
 		t.Fatalf("the tenant's set_default_active_thread_percentage on 535 answered %q, want 100.0", got)
 	}
 	client := filepath.Join(e.emu, "mpsemu-client")
-	startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", client, "--duration", "1m"), capsUIDDefaults))
+	lift := `echo set_default_active_thread_percentage 100 | "$1"; exec "$0" --duration 1m`
+	startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c", lift, client, filepath.Join(e.emu, "nvidia-cuda-mps-control")), capsUIDDefaults))
 	st = e.waitStatus("its server", func(st api.Status) bool { return len(st.Instances[0].ServerPIDs) == 1 })
 	sa := strconv.Itoa(st.Instances[0].ServerPIDs[0])
-	e.waitLogLine("MPS server's cap drifted from the group's", "group=a", "server="+sa, "cap=thread_percentage", "got=100", `seen_at="server start"`)
+	e.waitLogLine("MPS server's cap drifted from what mpsd set", "group=a", "server="+sa, "cap=thread_percentage", "got=100", `seen_at="server start"`)
 	e.waitStatus("the cap set back", func(api.Status) bool {
-		return e.ctl(t, 0, "a", uuid, "get_active_thread_percentage "+sa) == "40.0"
+		return e.ctl(t, 0, "a", uuid, "get_active_thread_percentage "+sa) == "10.0"
 	})
 	if n := e.limMetric("mpsd_mps_cap_drift_total", map[string]string{"group": "a", "cap": "thread_percentage"}); n != 1 {
 		t.Errorf("%v thread_percentage drifts counted, want 1", n)

@@ -14,8 +14,9 @@ import (
 // every pinned memory limit of a client one of whose
 // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT entries names a device it cannot see
 // (the emulated client does as NVIDIA documents). The offender, a client
-// given such a hand-built environment on the lease's GPU, falls open: it
-// allocates 2 GiB under a 1 GiB lease, held only by the group's cap. The
+// given such a hand-built environment on the lease's GPU, falls open to its
+// server's own limit, which mpsd holds to what the lease's uid was granted
+// (1 GiB): its 2 GiB allocation fails as the lease's does. The
 // lease's own command, launched from a shell whose stale MPS variables
 // (a host index in CUDA_VISIBLE_DEVICES, limits for two GPUs) would have
 // made the same mistake, runs with the lease's environment, which names
@@ -64,9 +65,10 @@ CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=` + offender + ` "$0" --alloc 2G; echo "offende
 	if !strings.Contains(r.stdout, "lease exit 12") || !strings.Contains(r.stdout, "mem0=1024M") {
 		t.Errorf("the lease's client was not held to 1 GiB:\n%s%s", r.stdout, r.stderr)
 	}
-	// The offender falls open to the group's cap (20 GiB, the group's memory).
-	if !strings.Contains(r.stdout, "offender exit 0") || !strings.Contains(r.stdout, "mem0=20480M") || !strings.Contains(r.stdout, "allocated 2147483648 bytes") {
-		t.Errorf("the offender's client did not fall open to the group's cap:\n%s%s", r.stdout, r.stderr)
+	// The offender falls open to its server's limit, the lease's 1 GiB
+	// (not the group's 20 GiB): its allocation is refused too.
+	if !strings.Contains(r.stdout, "offender exit 12") || strings.Contains(r.stdout, "mem0=20480M") || strings.Contains(r.stdout, "allocated 2147483648 bytes") {
+		t.Errorf("the offender's client was not held to its server's limit (the lease's 1 GiB):\n%s%s", r.stdout, r.stderr)
 	}
 	for _, want := range []string{
 		"ignoring CUDA_VISIBLE_DEVICES=1 from the environment: the lease sets CUDA_VISIBLE_DEVICES=" + uuid,

@@ -107,6 +107,10 @@ type instance struct {
 	claims   []*faultClaim
 	deciding []*faultClaim
 	xidUsed  time.Time
+	// xidHandled is the time of the last Xid that took the instance down
+	// itself (its own fault, reported): the fault record MPS writes
+	// after it is the same fault's.
+	xidHandled time.Time
 	// unverifiedLog and fatalLog let through a line a second about
 	// unverified and fatal-exception records (anyone may write them).
 	unverifiedLog, fatalLog logGate
@@ -557,9 +561,16 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 				break
 			}
 			d.mu.Lock()
-			confirmed, joined := d.claimServerFaultLocked(in, dm, ev, f, time.Now())
+			handled := d.xidHandledLocked(in, time.Now())
+			var confirmed *fault
+			var joined bool
+			if !handled {
+				confirmed, joined = d.claimServerFaultLocked(in, dm, ev, f, time.Now())
+			}
 			d.mu.Unlock()
 			switch {
+			case handled:
+				in.log.Info("MPS fault record of the fault an Xid already took the instance down for", "server", ev.PID)
 			case confirmed != nil:
 				in.log.Info("MPS fault record confirmed by an Xid", "server", ev.PID)
 				d.reportFault(in, *confirmed)

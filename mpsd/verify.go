@@ -150,6 +150,20 @@ func (d *Daemon) takeXidLocked(in *instance, now time.Time) bool {
 	return true
 }
 
+// xidHandledLocked reports whether the newest Xid on in's GPUs, within
+// xidEvidenceWindow of now, is one whose own fault in has recovered from
+// (an application Xid that named its culprit): a fault record that comes
+// after it is the same fault's, and needs no recovery of its own.
+func (d *Daemon) xidHandledLocked(in *instance, now time.Time) bool {
+	var newest time.Time
+	for _, g := range in.p.GPUs {
+		if t, ok := d.xidAt[g]; ok && t.After(newest) {
+			newest = t
+		}
+	}
+	return !newest.IsZero() && newest.Equal(in.xidHandled) && now.Sub(newest) <= xidEvidenceWindow
+}
+
 // settleClaimLocked takes c off in's claims and returns its barriers for
 // the caller to ack once it has acted on the claim. Until the caller has
 // (decideClaim), c is in in.deciding: a release that looks for a record
@@ -205,7 +219,16 @@ func (d *Daemon) xidConfirms(ev gpu.XidEvent, alsoReported map[*instance]bool) {
 	}
 	d.xidAt[ev.GPU] = ev.Time
 	for _, in := range d.instances {
-		if !slices.Contains(in.p.GPUs, ev.GPU) || len(in.claims) == 0 {
+		if !slices.Contains(in.p.GPUs, ev.GPU) {
+			continue
+		}
+		if len(in.claims) == 0 {
+			if alsoReported[in] && ev.Time.After(in.xidUsed) {
+				// The Xid took the instance down itself: the record of
+				// the same fault that MPS writes after it is that
+				// fault's, not a second one (xidHandledLocked).
+				in.xidUsed, in.xidHandled = ev.Time, ev.Time
+			}
 			continue
 		}
 		if !d.takeXidLocked(in, ev.Time) {
