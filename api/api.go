@@ -575,6 +575,12 @@ type InstanceStatus struct {
 	// only that there is one (an admin's status names it: it may name
 	// processes and paths).
 	LastStartError string `json:"last_start_error,omitempty"`
+	// Multiuser: the instance's one MPS server serves every member of
+	// its group at once (the group's multiuser), with the group's caps
+	// as its limits, so a lease's SM share there is advisory (its memory
+	// is still enforced per lease). Elsewhere each uid's server is held
+	// to what that uid's leases were granted.
+	Multiuser bool `json:"multiuser,omitempty"`
 }
 
 // Lease states.

@@ -145,7 +145,8 @@
 // (Clients); both carry the request's Command and JobID, their SM share
 // and the Procs it is divided among (SMPerProcess each). Instances carry Drained, while quarantined, the
 // QuarantineReason and, while their control daemon does not start, the
-// LastStartError. What it shows depends on who asks: an admin (admins in the config) sees every
+// LastStartError; Multiuser says that the instance's one MPS server serves
+// every member, so that a lease's SM share there is advisory. What it shows depends on who asks: an admin (admins in the config) sees every
 // lease with its uid, pids and job id, and every instance with its daemon
 // and server pids. Anyone else sees only its own leases (in full), the
 // per-group counts of running (Status.Running) and queued (Status.Queue)

@@ -252,6 +252,8 @@ func TestCulpritChargedAlone(t *testing.T) {
 	})
 	if in := instanceOf(st, "a", 0); in.State != api.InstanceReady || in.QuarantineReason != "" {
 		t.Errorf("instance %s (%q); want ready: only the culprit's uid is refused", in.State, in.QuarantineReason)
+	} else if !in.Multiuser {
+		t.Errorf("the multiuser group's instance does not say multiuser in status (its SM shares are advisory)")
 	}
 	if al, ok := leaseOf(st, aliceUID); !ok || al.Attempt != 4 {
 		t.Errorf("alice's lease %+v; want running at attempt 4, requeued three times as a victim", al)

@@ -150,6 +150,7 @@ func (in *instance) statusLocked() api.InstanceStatus {
 		MaxClients:        in.p.Budget.Clients,
 		Drained:           in.holds.drained,
 		ClientsAllocated:  in.p.Alloc.Clients,
+		Multiuser:         in.p.Multiuser,
 	}
 	if in.holds.quarantined {
 		st.QuarantineReason = in.quarantinedFor

@@ -24,7 +24,7 @@ func statusFixture() api.Status {
 				SMAllocated: 25, SMBudget: 100, MemAllocatedBytes: 8 * units.GiB, MemBudgetBytes: 24 * units.GiB, MaxClients: 16,
 			},
 			{
-				GPUUUID: "GPU-cccccccc-1111-2222-3333-444444444444", GPUIndex: 2, Group: "batch",
+				GPUUUID: "GPU-cccccccc-1111-2222-3333-444444444444", GPUIndex: 2, Group: "batch", Multiuser: true,
 				State: api.InstanceRecovering, DaemonPID: 0, ServerPIDs: nil, Clients: 0, Restarts: 3,
 				GPUIndexes: []int{2, 3}, GPUUUIDs: []string{"GPU-cccccccc-1111-2222-3333-444444444444", "GPU-dddddddd-1111-2222-3333-444444444444"},
 				SMAllocated: 0, SMBudget: 100, MemAllocatedBytes: 0, MemBudgetBytes: 12 * units.GiB, MaxClients: 8,
@@ -38,7 +38,7 @@ func statusFixture() api.Status {
 				ClientsAllocated: 6,
 			},
 			{
-				GPUUUID: "GPU-aaaaaaaa-1111-2222-3333-444444444444", GPUIndex: 0, Group: "batch",
+				GPUUUID: "GPU-aaaaaaaa-1111-2222-3333-444444444444", GPUIndex: 0, Group: "batch", Multiuser: true,
 				State: api.InstanceQuarantined, Drained: true, QuarantineReason: "5 failures in 10m0s; the last: MPS server 1501 of uid 1002 exited (killed by SIGSEGV)", DaemonPID: 1500, ServerPIDs: []int{}, Clients: 0, Restarts: 5,
 				GPUIndexes: []int{0}, GPUUUIDs: []string{"GPU-aaaaaaaa-1111-2222-3333-444444444444"},
 				SMAllocated: 0, SMBudget: 50, MemAllocatedBytes: 0, MemBudgetBytes: 12 * units.GiB, MaxClients: 8,

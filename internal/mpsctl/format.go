@@ -77,6 +77,7 @@ func WriteStatus(w io.Writer, st api.Status, names Names) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+		writeShared(&b, inst)
 		writeVersions(&b, inst)
 	}
 
@@ -276,6 +277,9 @@ func memUsed(l api.LeaseStatus) string {
 // why it is quarantined, and why its control daemon does not start.
 func instanceNote(in api.InstanceStatus) string {
 	var note []string
+	if in.Multiuser {
+		note = append(note, "multiuser")
+	}
 	if in.Drained {
 		note = append(note, "drained")
 	}
@@ -290,6 +294,22 @@ func instanceNote(in api.InstanceStatus) string {
 		return none
 	}
 	return strings.Join(note, "; ")
+}
+
+// writeShared says, for each group whose instances share one MPS server
+// among their members (multiuser), that its leases' SM shares are
+// advisory there.
+func writeShared(b *bytes.Buffer, inst []api.InstanceStatus) {
+	var groups []string
+	for _, in := range inst {
+		if in.Multiuser && !slices.Contains(groups, in.Group) {
+			groups = append(groups, in.Group)
+		}
+	}
+	slices.Sort(groups)
+	for _, g := range groups {
+		fmt.Fprintf(b, "  group %s shares one MPS server among its members (multiuser): a lease's SM%% is advisory there, within the group's cap; its MEM is enforced\n", cell(g))
+	}
 }
 
 // position orders queued leases without a position (an older mpsd) last.

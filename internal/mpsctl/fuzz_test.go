@@ -101,8 +101,8 @@ func FuzzStatus(f *testing.F) {
 				}
 				i++
 			}
-			if s.title == "QUEUED" || s.title == "RUNNING" {
-				for i < len(lines) && strings.HasPrefix(lines[i], "  ") { // the wait reasons, the leases over their procs
+			if s.title == "QUEUED" || s.title == "RUNNING" || s.title == "INSTANCES" {
+				for i < len(lines) && strings.HasPrefix(lines[i], "  ") { // the wait reasons, the leases over their procs, the shared groups and MPS versions
 					i++
 				}
 			}
