@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"time"
 
 	"github.com/mpsd/mpsd/internal/mpsenv"
@@ -108,41 +106,67 @@ func (d *Daemon) capsForGrantLocked(in *instance, l *lease) func() {
 	dm := in.daemon
 	want, _ := in.capsWantLocked(int(l.uid))
 	var pids []int
+	uidServes := false
 	for pid, uid := range in.mps.servers {
 		if uid != int(l.uid) {
 			continue
 		}
+		uidServes = true
 		if set, ok := in.mps.caps[pid]; !ok || set != want {
 			pids = append(pids, pid)
 		}
 	}
-	setDefaults := false
-	if len(pids) == 0 && !slices.Contains(slices.Collect(maps.Values(in.mps.servers)), int(l.uid)) && in.newServerCapsLocked() != want {
-		setDefaults = true
+	var setDefaults bool
+	var inFlight chan struct{}
+	if !uidServes {
+		if in.newServerCapsLocked() != want {
+			setDefaults = true
+		} else {
+			inFlight = in.mps.defaultsSet // the same defaults, being set
+		}
 	}
-	if len(pids) == 0 && !setDefaults {
+	if len(pids) == 0 && !setDefaults && inFlight == nil {
 		return nil
 	}
 	devices := len(in.gpus)
 	timeout := d.cfg.Watchdog.ProbeTimeout
+	var prev *serverCaps
+	var set chan struct{}
+	if setDefaults {
+		// Recorded now, so that the grants placed while the command runs
+		// wait for it instead of each setting them again.
+		prev, set = in.mps.defaults, make(chan struct{})
+		in.mps.defaults, in.mps.defaultsSet = &want, set
+	}
 	return func() {
 		for _, pid := range pids {
 			if err := d.enforceCaps(in, dm, pid, "grant"); err != nil && !errors.Is(err, mps.ErrServerNotReady) && !errors.Is(err, mps.ErrServerNotFound) {
 				in.log.Warn("could not set an MPS server's caps for a grant", "server", pid, "lease", l.id, "err", err)
 			}
 		}
-		if setDefaults {
-			ctx, cancel := context.WithTimeout(d.ctx, timeout)
-			defer cancel()
-			if err := dm.SetDefaults(ctx, want.sm, want.mem, devices); err != nil {
-				in.log.Warn("could not set the MPS daemon's defaults for a grant; its new server starts with the previous ones until a check sets them", "lease", l.id, "err", err)
-				return
+		if inFlight != nil {
+			select {
+			case <-inFlight:
+			case <-d.ctx.Done():
 			}
-			d.mu.Lock()
-			if in.daemon == dm {
-				in.mps.defaults = &want
+		}
+		if !setDefaults {
+			return
+		}
+		ctx, cancel := context.WithTimeout(d.ctx, timeout)
+		defer cancel()
+		err := dm.SetDefaults(ctx, want.sm, want.mem, devices)
+		d.mu.Lock()
+		if in.mps.defaultsSet == set {
+			in.mps.defaultsSet = nil
+			if err != nil {
+				in.mps.defaults = prev // the next grant tries again
 			}
-			d.mu.Unlock()
+		}
+		d.mu.Unlock()
+		close(set)
+		if err != nil {
+			in.log.Warn("could not set the MPS daemon's defaults for a grant; its new server starts with the previous ones until a check sets them", "lease", l.id, "err", err)
 		}
 	}
 }

@@ -80,6 +80,9 @@ func (d *Daemon) chargeCulpritsLocked(in *instance, uids map[uint32]string, now 
 
 // barredUIDs are the uids barred from in at now, sorted.
 func (in *instance) barredUIDs(now time.Time) []uint32 {
+	if len(in.barred) == 0 {
+		return nil
+	}
 	var out []uint32
 	for uid, b := range in.barred {
 		if now.Before(b.until) {
@@ -96,19 +99,32 @@ func (in *instance) liftBarsLocked() {
 	in.barred, in.uidFailures = nil, nil
 }
 
-// barNoteLocked says, for a queued lease of uid in group, which of the
-// group's instances bar it and why; "" when none does.
-func (d *Daemon) barNoteLocked(group string, uid uint32, now time.Time) string {
-	note := ""
-	for _, in := range d.groupInstancesLocked(group) {
-		if b, ok := in.barred[uid]; ok && now.Before(b.until) {
-			if note != "" {
-				note += "; "
+// barNotesLocked says, for each uid that an instance of group bars at
+// now, which of them do and why (a queued lease's wait reason adds it);
+// nil when none bars anyone, as on almost every call: it is made on every
+// change of the group's queue.
+func (d *Daemon) barNotesLocked(group string, now time.Time) map[uint32]string {
+	any := false
+	for _, in := range d.instances {
+		any = any || in.group == group && len(in.barred) > 0
+	}
+	if !any {
+		return nil
+	}
+	var notes map[uint32]string
+	for _, in := range d.groupInstancesLocked(group) { // in a stable order
+		for _, uid := range in.barredUIDs(now) {
+			b := in.barred[uid]
+			if notes == nil {
+				notes = map[uint32]string{}
 			}
-			note += fmt.Sprintf("GPU %s refuses uid %d until %s (%s)", gpuList(in), uid, b.until.Format(time.TimeOnly), b.reason)
+			if notes[uid] != "" {
+				notes[uid] += "; "
+			}
+			notes[uid] += fmt.Sprintf("GPU %s refuses uid %d until %s (%s)", gpuList(in), uid, b.until.Format(time.TimeOnly), b.reason)
 		}
 	}
-	return note
+	return notes
 }
 
 // reopenAfterBar schedules in's group again once the bar of uid lapses,

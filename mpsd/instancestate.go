@@ -195,7 +195,9 @@ func (in *instance) policyView() policy.Instance {
 	if p.Multiuser {
 		p.ServerUp, p.ServerHeld = false, false
 	}
-	p.Barred = in.barredUIDs(time.Now())
+	if len(in.barred) > 0 {
+		p.Barred = in.barredUIDs(time.Now())
+	}
 	return p
 }
 

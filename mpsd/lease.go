@@ -430,10 +430,10 @@ func (d *Daemon) positionsLocked(group string) {
 	}
 	slices.SortStableFunc(q, func(a, b *lease) int { return policy.QueueOrder(a.req, b.req) })
 	base := d.waitReasonLocked(group)
-	now := time.Now()
+	notes := d.barNotesLocked(group, time.Now())
 	for i, l := range q {
 		reason := base
-		if note := d.barNoteLocked(group, l.uid, now); note != "" {
+		if note := notes[l.uid]; note != "" {
 			reason += "; " + note
 		}
 		if l.position != i+1 || l.waitReason != reason {

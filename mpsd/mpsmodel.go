@@ -39,6 +39,11 @@ type mpsModel struct {
 	// defaults: what mpsd last set as the daemon's defaults, which a new
 	// server starts with; nil: the group's caps, set at the daemon's start.
 	defaults *serverCaps
+	// defaultsSet is closed once the daemon holds defaults (set by a
+	// grant, caps.go); nil when no setting is under way. Grants that
+	// need the same defaults meanwhile wait on it instead of setting
+	// them again.
+	defaultsSet chan struct{}
 }
 
 func newMPSModel() mpsModel { return mpsModel{servers: map[int]int{}} }
@@ -72,7 +77,7 @@ func (m *mpsModel) daemonGone() {
 	clear(m.servers)
 	clear(m.unleased)
 	clear(m.caps)
-	m.defaults = nil
+	m.defaults, m.defaultsSet = nil, nil
 }
 
 // shuttingDown marks a live server as one mpsd is stopping itself and
