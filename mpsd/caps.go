@@ -172,7 +172,7 @@ func (d *Daemon) capsForGrantLocked(in *instance, l *lease) func() {
 }
 
 // serverStartedCaps checks the caps of a server that has just started
-// once it is ready, retrying while it initializes (bounded by
+// once it is ready, retrying while it initializes or a command fails (bounded by
 // capsStartWait; the probes take over then). It runs in a goroutine of
 // the daemon.
 func (d *Daemon) serverStartedCaps(in *instance, dm *mps.Daemon, pid int) {
@@ -194,14 +194,17 @@ func (d *Daemon) serverStartedCaps(in *instance, dm *mps.Daemon, pid int) {
 			return
 		}
 		err := d.enforceCaps(in, dm, pid, "server start")
-		if err == nil {
+		switch {
+		case err == nil:
 			in.log.Debug("MPS server's caps checked at its start", "server", pid)
-		}
-		if !errors.Is(err, mps.ErrServerNotReady) {
 			return
+		case errors.Is(err, mps.ErrServerNotFound):
+			return // it exited meanwhile
 		}
+		// Initializing, or a daemon slow to answer (it serves one
+		// session at a time): tried again until the deadline.
 		if time.Now().After(deadline) {
-			in.log.Debug("MPS server still initializing; its caps are checked at the next probes", "server", pid)
+			in.log.Debug("MPS server's caps not checked at its start; the next probes check them", "server", pid, "err", err)
 			return
 		}
 		t.Reset(backoff)

@@ -2,7 +2,8 @@ package mpsd
 
 import (
 	"strconv"
-	"strings"
+
+	"github.com/mpsd/mpsd/policy"
 )
 
 // clientPriorityFrom is the oldest driver whose MPS takes
@@ -12,17 +13,6 @@ import (
 // so they are not given it.
 const clientPriorityFrom = 535
 
-// driverMajor is the major of a driver version ("580.159.04": 580), or 0
-// when there is none.
-func driverMajor(v string) int {
-	major, _, _ := strings.Cut(v, ".")
-	n, err := strconv.Atoi(major)
-	if err != nil || n <= 0 || major != strconv.Itoa(n) {
-		return 0
-	}
-	return n
-}
-
 // clientPriority is the CUDA_MPS_CLIENT_PRIORITY of a lease of a group
 // whose priority is prio, on the driver of version driver: MPS knows two
 // levels, so a group below 0 gets 1 (below normal) and any other 0
@@ -30,7 +20,7 @@ func driverMajor(v string) int {
 // the driver is unknown): the variable is then not set. Either way it is
 // a scheduling hint to the GPU, not a share.
 func clientPriority(driver string, prio int) (string, bool) {
-	if driverMajor(driver) < clientPriorityFrom {
+	if policy.DriverMajor(driver) < clientPriorityFrom {
 		return "", false
 	}
 	if prio < 0 {

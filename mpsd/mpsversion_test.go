@@ -1,6 +1,10 @@
 package mpsd
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/mpsd/mpsd/policy"
+)
 
 // CUDA_MPS_CLIENT_PRIORITY is set from 535 on (0 normal, 1 for a group
 // below 0) and never for an older or unknown driver.
@@ -34,7 +38,7 @@ func FuzzClientPriority(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, v string, prio int) {
 		got, ok := clientPriority(v, prio)
-		if n := driverMajor(v); ok != (n >= clientPriorityFrom) || ok && got != map[bool]string{true: "1", false: "0"}[prio < 0] || !ok && got != "" {
+		if n := policy.DriverMajor(v); ok != (n >= clientPriorityFrom) || ok && got != map[bool]string{true: "1", false: "0"}[prio < 0] || !ok && got != "" {
 			t.Fatalf("clientPriority(%q, %d) = %q, %v (major %d)", v, prio, got, ok, n)
 		}
 	})

@@ -84,9 +84,9 @@ type Host struct {
 // such an instance could never start.
 const MultiuserDriver = 555
 
-// driverMajor is the major of a driver version ("550.163.01": 550), or
+// DriverMajor is the major of a driver version ("550.163.01": 550), or
 // 0 when it has none.
-func driverMajor(v string) int {
+func DriverMajor(v string) int {
 	major, _, _ := strings.Cut(v, ".")
 	n, err := strconv.Atoi(major)
 	if err != nil || n <= 0 || major != strconv.Itoa(n) {

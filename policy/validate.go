@@ -264,7 +264,7 @@ func isDigits(s string) bool {
 // -multiuser-server. An empty or unparsable driver version checks
 // nothing.
 func (d *decoder) validateDriver(c *Config, driver string) {
-	major := driverMajor(driver)
+	major := DriverMajor(driver)
 	if major == 0 || major >= MultiuserDriver {
 		return
 	}
