@@ -183,6 +183,24 @@ func (d *Daemon) applyIntentLocked(saved savedState) {
 			in.log.Warn("instance still drained from before the restart; mpsctl resume lifts it")
 		}
 	}
+	now := time.Now()
+	for key, bars := range saved.Barred {
+		in, ok := d.instances[key]
+		if !ok {
+			continue
+		}
+		for _, b := range bars {
+			if !now.Before(b.Until) {
+				continue // it lapsed while mpsd was away
+			}
+			if in.barred == nil {
+				in.barred = map[uint32]uidBar{}
+			}
+			in.barred[b.UID] = uidBar{until: b.Until, reason: b.Reason}
+			in.log.Warn("uid still barred from the instance from before the restart; mpsctl resume lifts it", "uid", b.UID, "until", b.Until, "reason", b.Reason)
+			d.reopenAfterBar(in, b.Until)
+		}
+	}
 }
 
 // leftoverCgroups sorts the lease cgroups listed under this mpsd's id

@@ -167,8 +167,8 @@ func TestUnleasedClientHoldsTheInstance(t *testing.T) {
 // without using up an attempt (she has one) and finishes; Bob's job, with
 // one attempt, ends with 75 on his second fault; after quarantine_after
 // faults of his, Bob is barred from the instance (his next request waits,
-// saying why) while the instance stays open to Alice, until an operator
-// resumes it.
+// saying why, across a restart of mpsd) while the instance stays open to
+// Alice, until an operator resumes it.
 func TestCulpritChargedAlone(t *testing.T) {
 	const aliceUID, bobUID = 64025, 64026
 	alice, bob := emutest.User(t, aliceUID), emutest.User(t, bobUID)
@@ -262,6 +262,20 @@ func TestCulpritChargedAlone(t *testing.T) {
 	if r := run(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", "/bin/true"), aliceUID)); r.code != 0 {
 		t.Errorf("alice's new job while bob is barred: exit %d, stderr %q", r.code, r.stderr)
 	}
+	// The bar holds across a restart of mpsd (the state file keeps it).
+	e.stop()
+	e.start()
+	e.waitStatus("bob still barred after mpsd's restart, alice running", func(st api.Status) bool {
+		if _, ok := leaseOf(st, aliceUID); !ok {
+			return false
+		}
+		for _, l := range st.Leases {
+			if l.UID == bobUID && l.State == api.LeaseQueued && strings.Contains(l.WaitReason, "refuses uid 64026") {
+				return true
+			}
+		}
+		return false
+	})
 	out := e.admin(t, "resume", "--gpu", "0", "--group", "a")
 	if !strings.Contains(out, "group a") {
 		t.Errorf("mpsctl resume: %q", out)

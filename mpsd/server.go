@@ -734,6 +734,7 @@ func (d *Daemon) setDrained(t api.AdminTarget, drain bool) (api.AdminResult, err
 		if !drain && len(in.barred) > 0 {
 			in.log.Info("uid bars lifted by admin", "uids", in.barredUIDs(time.Now()))
 			in.liftBarsLocked()
+			d.store.request()
 		}
 		groups[in.group] = true
 		res.Instances = append(res.Instances, in.statusLocked())

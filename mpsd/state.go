@@ -60,6 +60,16 @@ type savedState struct {
 	// start time): the next mpsd adopts that process only. A state file
 	// without it (an older mpsd's) adopts the verified lock holder.
 	Daemons map[string]savedDaemon `json:"daemons,omitempty"`
+	// Barred is, per instance, the uids it bars for their clients'
+	// faults (culprit.go), sorted by uid: a bar holds across restarts
+	// until it lapses or an operator resumes the instance.
+	Barred map[string][]savedBar `json:"barred,omitempty"`
+}
+
+type savedBar struct {
+	UID    uint32    `json:"uid"`
+	Until  time.Time `json:"until"`
+	Reason string    `json:"reason"`
 }
 
 type savedDaemon struct {
@@ -588,6 +598,13 @@ func decodeState(b []byte) (savedState, error) {
 			return savedState{}, fmt.Errorf("lease %s: values out of range", l.ID)
 		}
 	}
+	for key, bars := range st.Barred {
+		for _, b := range bars {
+			if b.Until.IsZero() {
+				return savedState{}, fmt.Errorf("instance %q: a bar of uid %d without its end", key, b.UID)
+			}
+		}
+	}
 	return st, nil
 }
 
@@ -643,6 +660,13 @@ func (d *Daemon) snapshot() savedState {
 		}
 		if in.holds.drained {
 			st.Drained = append(st.Drained, key)
+		}
+		for _, uid := range in.barredUIDs(time.Now()) {
+			if st.Barred == nil {
+				st.Barred = map[string][]savedBar{}
+			}
+			b := in.barred[uid]
+			st.Barred[key] = append(st.Barred[key], savedBar{UID: uid, Until: b.until, Reason: b.reason})
 		}
 		if len(in.mps.servers) > 0 {
 			if st.Servers == nil {

@@ -98,6 +98,38 @@ func (st *savedState) appendJSON(b []byte) ([]byte, error) {
 		}
 		b = append(b, '}')
 	}
+	if len(st.Barred) > 0 {
+		b = append(b, `,"barred":{`...)
+		for i, k := range sortedKeys(st.Barred) {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONString(b, k)
+			b = append(b, ':')
+			if st.Barred[k] == nil {
+				b = append(b, "null"...)
+				continue
+			}
+			b = append(b, '[')
+			for j, bar := range st.Barred[k] {
+				if j > 0 {
+					b = append(b, ',')
+				}
+				b = append(b, `{"uid":`...)
+				b = strconv.AppendUint(b, uint64(bar.UID), 10)
+				b = append(b, `,"until":`...)
+				var err error
+				if b, err = appendJSONTime(b, bar.Until); err != nil {
+					return nil, err
+				}
+				b = append(b, `,"reason":`...)
+				b = appendJSONString(b, bar.Reason)
+				b = append(b, '}')
+			}
+			b = append(b, ']')
+		}
+		b = append(b, '}')
+	}
 	return append(b, '}'), nil
 }
 

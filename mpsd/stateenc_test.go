@@ -31,6 +31,7 @@ func fullState() savedState {
 		ServerLogs:        map[string]int64{"g/0": 1 << 40, "a/1": 0},
 		Servers:           map[string]map[int]int{"g/0": {100: 0, 99: 1001, 1000: 5}, "g/1": {}},
 		Daemons:           map[string]savedDaemon{"g/0": {PID: 77, StartTime: 1 << 50}},
+		Barred:            map[string][]savedBar{"g/0": {{UID: 1001, Until: t0.Add(time.Hour), Reason: "3 faults of uid 1001's clients in 10m0s; the last: \"Xid 13\""}, {UID: 1002, Until: t0, Reason: ""}}, "g/1": nil},
 	}
 }
 
@@ -77,6 +78,7 @@ func TestStateEncodingIsJSONs(t *testing.T) {
 	allFieldsSet(t, reflect.ValueOf(st), "savedState")
 	allFieldsSet(t, reflect.ValueOf(st.Leases[0]), "savedLease")
 	allFieldsSet(t, reflect.ValueOf(st.Daemons["g/0"]), "savedDaemon")
+	allFieldsSet(t, reflect.ValueOf(st.Barred["g/0"][0]), "savedBar")
 	assertSameAsJSON(t, st)
 	assertSameAsJSON(t, savedState{Version: stateVersion})
 	assertSameAsJSON(t, savedState{Version: stateVersion, Leases: []savedLease{}})

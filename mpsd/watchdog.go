@@ -200,6 +200,7 @@ func (d *Daemon) recoverOnce(in *instance, pending []fault) {
 			in.log.Error("uid barred from the instance: its clients' faults keep taking the server down; mpsctl resume lifts it",
 				"uid", uid, "until", b.until, "reason", b.reason)
 			d.reopenAfterBar(in, b.until)
+			d.store.request()
 		}
 	} else if !f.admin {
 		keep := in.failures[:0]
