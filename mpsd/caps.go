@@ -149,22 +149,40 @@ func (d *Daemon) capsForGrantLocked(in *instance, l *lease) func() {
 			case <-inFlight:
 			case <-d.ctx.Done():
 			}
+			d.mu.Lock()
+			now := in.mps.defaults // a later grant may have raised them
+			held := now != nil && now.sm >= want.sm && now.mem >= want.mem
+			d.mu.Unlock()
+			if !held {
+				in.log.Warn("the MPS daemon's defaults for this grant were not set; its new server starts with the previous ones until a check sets them", "lease", l.id)
+			}
 		}
 		if !setDefaults {
 			return
 		}
+		defer close(set)
+		in.capsMu.Lock()
+		defer in.capsMu.Unlock()
+		// The newest decision, which a later grant may have made while
+		// this one waited: the commands land in the order of the
+		// decisions, whatever order their goroutines run in.
+		d.mu.Lock()
+		target, current := in.mps.defaults, in.daemon == dm
+		d.mu.Unlock()
+		if !current || target == nil {
+			return // the daemon was replaced: its successor starts with the group's caps
+		}
 		ctx, cancel := context.WithTimeout(d.ctx, timeout)
 		defer cancel()
-		err := dm.SetDefaults(ctx, want.sm, want.mem, devices)
+		err := dm.SetDefaults(ctx, target.sm, target.mem, devices)
 		d.mu.Lock()
 		if in.mps.defaultsSet == set {
 			in.mps.defaultsSet = nil
-			if err != nil {
-				in.mps.defaults = prev // the next grant tries again
-			}
+		}
+		if err != nil && in.mps.defaults == target {
+			in.mps.defaults = prev // the next grant tries again
 		}
 		d.mu.Unlock()
-		close(set)
 		if err != nil {
 			in.log.Warn("could not set the MPS daemon's defaults for a grant; its new server starts with the previous ones until a check sets them", "lease", l.id, "err", err)
 		}
@@ -235,6 +253,8 @@ func (d *Daemon) probeCaps(in *instance, dm *mps.Daemon) {
 // (capsWantLocked). It returns the commands' error (ErrServerNotReady
 // while the server initializes).
 func (d *Daemon) enforceCaps(in *instance, dm *mps.Daemon, pid int, when string) error {
+	in.capsMu.Lock()
+	defer in.capsMu.Unlock()
 	d.mu.Lock()
 	uid, known := in.mps.servers[pid]
 	last, seen := in.mps.caps[pid]

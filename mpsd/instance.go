@@ -118,6 +118,12 @@ type instance struct {
 	// reconAgain: it runs once more when done; reconEvent: a client event
 	// asked for it since the last one began.
 	reconRunning, reconAgain, reconEvent bool
+	// capsMu serializes the instance's caps commands (caps.go): a check
+	// computes what a server should allow and sets it, and a grant sets
+	// the daemon's defaults, one at a time, so that an older decision
+	// never lands after a newer one. Never held with Daemon.mu held by
+	// the caller; each command under it is bounded by the probe timeout.
+	capsMu sync.Mutex
 	// capDrifts counts, by cap (caps.go), the times a server's cap was
 	// found off the group's and set back (mpsd_mps_cap_drift_total).
 	capDrifts map[string]uint64

@@ -111,6 +111,9 @@ type savedLease struct {
 	// Revoking: a revocation had taken the lease (RevokedFor says why)
 	// and not yet requeued it; the next mpsd finishes it.
 	Revoking bool `json:"revoking,omitempty"`
+	// Spare: that revocation spares it (a victim of another lease's
+	// fault): its requeue uses up no attempt.
+	Spare bool `json:"spare,omitempty"`
 	// Queued: waiting in the queue, for its first run (Attempt 1) or,
 	// revoked by a fault, its next; Instance is then empty.
 	Queued bool `json:"queued,omitempty"`
@@ -633,7 +636,7 @@ func (d *Daemon) snapshot() savedState {
 			SM: l.req.SM, MemBytes: l.req.Mem, GPUs: l.req.GPUs, Priority: l.req.Priority, Seq: l.req.Seq,
 			Attempt: l.attempt, Requeue: l.requeue, Spared: l.spared, Command: l.command, Created: l.created, Queued: queued,
 			Only: l.req.Only, JobID: l.jobID, RevokedFor: l.revokedFor, Ran: l.ranAttempt,
-			Revoking: l.state == leaseRevoking, Adopted: d.dur.orphans[l.id], Granted: l.grantedAt,
+			Revoking: l.state == leaseRevoking, Spare: l.state == leaseRevoking && l.spareNext, Adopted: d.dur.orphans[l.id], Granted: l.grantedAt,
 		}
 		if l.req.Procs > 1 {
 			sl.Procs = l.req.Procs
@@ -865,6 +868,7 @@ func (d *Daemon) adoptLeases(saved savedState) {
 		l.state = leaseRunning
 		if sl.Revoking {
 			l.state = leaseRevoking
+			l.spareNext = sl.Spare
 		}
 		if !ok {
 			// Its instance left the config while mpsd was down: the lease

@@ -207,6 +207,9 @@ func (l *savedLease) appendJSON(b []byte) ([]byte, error) {
 	if l.Revoking {
 		b = append(b, `,"revoking":true`...)
 	}
+	if l.Spare {
+		b = append(b, `,"spare":true`...)
+	}
 	if l.Queued {
 		b = append(b, `,"queued":true`...)
 	}

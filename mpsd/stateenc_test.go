@@ -22,7 +22,7 @@ func fullState() savedState {
 			GPUs: 2, Priority: 1, Seq: 42, Attempt: 3, Requeue: 2, Spared: 1,
 			Command: []string{"python", "serve.py", `--name="a<b>&c"`, "tab\there", "\x00\x1f\x7f", "nl\n", "\xff\xfe", "\u2028\u2029", "é😀"},
 			Created: t0, Only: []int{0, 3}, JobID: "slurm-1234", RevokedFor: "server crashed (Xid 79)",
-			AwaySince: t0.Add(time.Second), Ran: 2, Granted: t0.Add(2 * time.Second), Revoking: true, Queued: true, Adopted: true,
+			AwaySince: t0.Add(time.Second), Ran: 2, Granted: t0.Add(2 * time.Second), Revoking: true, Spare: true, Queued: true, Adopted: true,
 			Procs: 3,
 		}, {ID: "l-2", Group: "g", SM: 1, Attempt: 1, GPUs: 1, Created: t0.In(time.FixedZone("x", 3600))}},
 		Quarantined:       []string{"g/0", "g/1"},
