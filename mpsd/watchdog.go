@@ -225,6 +225,8 @@ func (d *Daemon) recoverOnce(in *instance, pending []fault) {
 	// One revocation takes every victim (all recorded revoking in one
 	// state write before anything is killed); each is told the reason of
 	// the fault that named it.
+	// A victim is spared (its requeue uses up no attempt) when every
+	// fault handled now names a culprit and it is none of them.
 	var victims []*lease
 	var reasons map[string]string
 	var spared map[string]bool
@@ -234,7 +236,7 @@ func (d *Daemon) recoverOnce(in *instance, pending []fault) {
 		}
 		if vf, ok := faultVictim(pending, l.id); ok {
 			victims = append(victims, l)
-			if vf.culprit.lease != "" && vf.culprit.lease != l.id {
+			if !anonymous && !slices.ContainsFunc(pending, func(p fault) bool { return p.culprit.lease == l.id }) {
 				if spared == nil {
 					spared = map[string]bool{}
 				}
