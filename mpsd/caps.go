@@ -45,9 +45,11 @@ const (
 // owner is the tenant. So mpsd checks every server it has verified (a
 // child of the daemon, mps.ServerStarted) as soon as it is ready, and again
 // at every probe: a cap that differs from what mpsd last set (or, on a new
-// server, from the group's) is a drift, logged with the group, GPU and
-// server and counted in mpsd_mps_cap_drift_total; whatever differs from
-// what the server should have now is set.
+// server, from the daemon's defaults as mpsd last set them) is a drift,
+// logged with the group, GPU and server and counted in
+// mpsd_mps_cap_drift_total; whatever differs from what the server should
+// have now is set. The instance's caps commands run one at a time
+// (instance.capsMu).
 
 // serverCaps are a server's limits as mpsd holds them: thread percentage
 // and the pinned memory limit of each of its devices.
