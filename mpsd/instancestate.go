@@ -191,9 +191,8 @@ func (in *instance) placementState() policy.InstanceState {
 func (in *instance) policyView() policy.Instance {
 	p := in.p
 	p.State = in.placementState()
-	p.ServerUp, p.ServerUID, p.ServerHeld = in.mps.serving(in.leases)
-	if p.Multiuser {
-		p.ServerUp, p.ServerHeld = false, false
+	if !p.Multiuser { // a shared server serves every uid: nothing to keep off
+		p.ServerUp, p.ServerUID, p.ServerHeld = in.mps.serving(in.leases)
 	}
 	if len(in.barred) > 0 {
 		p.Barred = in.barredUIDs(time.Now())

@@ -137,12 +137,7 @@ func (d *Daemon) claimServerFaultLocked(in *instance, dm *mps.Daemon, ev mps.Eve
 // last one in used, and at most xidEvidenceWindow old, confirms a record
 // now; it uses that Xid up for in.
 func (d *Daemon) takeXidLocked(in *instance, now time.Time) bool {
-	var newest time.Time
-	for _, g := range in.p.GPUs {
-		if t, ok := d.xidAt[g]; ok && t.After(newest) {
-			newest = t
-		}
-	}
+	newest := d.newestXidLocked(in)
 	if newest.IsZero() || !newest.After(in.xidUsed) || now.Sub(newest) > xidEvidenceWindow {
 		return false
 	}
@@ -150,17 +145,23 @@ func (d *Daemon) takeXidLocked(in *instance, now time.Time) bool {
 	return true
 }
 
-// xidHandledLocked reports whether the newest Xid on in's GPUs, within
-// xidEvidenceWindow of now, is one whose own fault in has recovered from
-// (an application Xid that named its culprit): a fault record that comes
-// after it is the same fault's, and needs no recovery of its own.
-func (d *Daemon) xidHandledLocked(in *instance, now time.Time) bool {
+// newestXidLocked is the time of the newest Xid on in's GPUs (zero: none).
+func (d *Daemon) newestXidLocked(in *instance) time.Time {
 	var newest time.Time
 	for _, g := range in.p.GPUs {
 		if t, ok := d.xidAt[g]; ok && t.After(newest) {
 			newest = t
 		}
 	}
+	return newest
+}
+
+// xidHandledLocked reports whether the newest Xid on in's GPUs, within
+// xidEvidenceWindow of now, is one that took in down itself (its own
+// fault, reported by onXid): a fault record that comes after it is the
+// same fault's, and needs no recovery of its own.
+func (d *Daemon) xidHandledLocked(in *instance, now time.Time) bool {
+	newest := d.newestXidLocked(in)
 	return !newest.IsZero() && newest.Equal(in.xidHandled) && now.Sub(newest) <= xidEvidenceWindow
 }
 
