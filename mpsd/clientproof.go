@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -92,13 +93,26 @@ func (h *pidHandle) same(proc string) error {
 	return nil
 }
 
+// maxProofFds bounds the descriptors of one process a proof reads: a
+// tenant's process may hold a million, and each costs mpsd a readlink. A
+// process with more is not proven (reported, never signalled).
+const maxProofFds = 1 << 16
+
 // socketInodes is the inodes of the sockets process pid holds (its
-// /proc/PID/fd links "socket:[N]").
+// /proc/PID/fd links "socket:[N]"), from at most maxProofFds descriptors.
 func socketInodes(proc string, pid int) (map[uint32]bool, error) {
 	dir := filepath.Join(proc, strconv.Itoa(pid), "fd")
-	ents, err := os.ReadDir(dir)
+	f, err := os.Open(dir)
 	if err != nil {
 		return nil, err
+	}
+	ents, err := f.ReadDir(maxProofFds + 1)
+	_ = f.Close()
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	if len(ents) > maxProofFds {
+		return nil, fmt.Errorf("more than %d descriptors to check", maxProofFds)
 	}
 	out := map[uint32]bool{}
 	for _, e := range ents {

@@ -303,3 +303,31 @@ func FuzzParseUnixDiag(f *testing.F) {
 		}
 	})
 }
+
+// A process holding more descriptors than a proof reads is not proven
+// (its owner could make each proof cost mpsd a million readlinks); one
+// within the bound has its sockets read.
+func TestSocketInodesBounded(t *testing.T) {
+	proc := t.TempDir()
+	fd := filepath.Join(proc, "7", "fd")
+	if err := os.MkdirAll(fd, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	link := func(i int, target string) {
+		if err := os.Symlink(target, filepath.Join(fd, fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link(0, "socket:[42]")
+	link(1, "pipe:[43]")
+	got, err := socketInodes(proc, 7)
+	if err != nil || len(got) != 1 || !got[42] {
+		t.Fatalf("socketInodes = %v, %v; want socket 42 only", got, err)
+	}
+	for i := 2; i <= maxProofFds; i++ {
+		link(i, "anon_inode:[eventfd]")
+	}
+	if got, err := socketInodes(proc, 7); err == nil {
+		t.Fatalf("socketInodes of %d descriptors = %v; want an error (more than %d)", maxProofFds+1, got, maxProofFds)
+	}
+}
