@@ -803,6 +803,12 @@ limits limits-alpha alpha 25 2G 2048 4 2
 need_mpsd
 limits limits-beta beta 50 1G 1024 2 1
 need_mpsd
+# A launcher exits with its command; mpsd releases the lease a moment
+# later. Step 4's snapshots of each group's pids must not see the limit
+# checks' leases.
+limit_leases_gone() { [[ -z $(st_pids alpha) && -z $(st_pids beta) ]]; }
+wait_until 30 "the limit checks' leases released" limit_leases_gone ||
+	die "the limit checks' leases were still running 30 s after their launchers exited"
 
 # =========================================================== isolation ==
 heading "4. A fault in alpha; beta runs on"
