@@ -116,7 +116,7 @@ func (d *Daemon) serveUI(c *ctlwire.Conn) {
 		}
 		if end {
 			d.mu.Lock()
-			if d.quitting {
+			if d.sched.Quitting() {
 				// While it waits for its servers NVIDIA's daemon no
 				// longer ends sessions: the caller hangs until it exits.
 				flush()
@@ -176,8 +176,8 @@ func (d *Daemon) execLocked(c uiConn, uid uint32, line string) {
 	name, args, _ := cstr.ScanToken(line)
 	switch name {
 	case "get_server_list":
-		for _, sv := range d.servers {
-			s.say("%d", sv.pid)
+		for _, sv := range d.sched.Servers() {
+			s.say("%d", sv.PID)
 		}
 	case "get_server_status":
 		if !d.gen.HasServerStatus() {
@@ -266,17 +266,21 @@ func (d *Daemon) execLocked(c uiConn, uid uint32, line string) {
 		s.say("%d", d.priority)
 	case "get_device_client_list":
 		pid := scanIntDefault(args)
-		targets := d.servers
+		var targets []*srv
 		if pid != 0 {
 			sv := d.lookup(s, pid)
 			if sv == nil {
 				return
 			}
 			targets = []*srv{sv}
+		} else {
+			for _, sv := range d.sched.Servers() {
+				targets = append(targets, srvOf(sv))
+			}
 		}
 		for _, sv := range targets {
 			if sv.link == nil {
-				s.note(msgBusy, sv.pid)
+				s.note(msgBusy, sv.PID)
 				continue
 			}
 			if r, err := d.rpc(sv, emuwire.Msg{Op: emuwire.OpDeviceList}); err == nil {
@@ -294,9 +298,9 @@ func (d *Daemon) execLocked(c uiConn, uid uint32, line string) {
 
 // lookup finds a running server by pid, or says it is not found.
 func (d *Daemon) lookup(s session, pid int32) *srv {
-	for _, sv := range d.servers {
-		if int32(sv.pid) == pid {
-			return sv
+	for _, sv := range d.sched.Servers() {
+		if int32(sv.PID) == pid {
+			return srvOf(sv)
 		}
 	}
 	s.say(msgNotFound, pid)
@@ -322,7 +326,7 @@ func (d *Daemon) live(s session, pid int32) *srv {
 		return nil
 	}
 	if sv.link == nil {
-		s.note(msgBusy, sv.pid)
+		s.note(msgBusy, sv.PID)
 		return nil
 	}
 	return sv
@@ -339,21 +343,7 @@ func (d *Daemon) cmdStartServer(s session, args string) {
 		s.say("%s", d.gen.Insufficient(privStart, s.uid))
 		return
 	}
-	if d.quitting {
-		return
-	}
-	for _, sv := range d.servers {
-		if sv.uid == uid {
-			return
-		}
-	}
-	for _, r := range d.pending {
-		if r.uid == uid {
-			return
-		}
-	}
-	d.pending = append(d.pending, &request{uid: uid})
-	d.schedulePendingLocked()
+	d.sched.StartServer(uid)
 }
 
 func (d *Daemon) cmdShutdownServer(s session, args string) {
@@ -367,7 +357,7 @@ func (d *Daemon) cmdShutdownServer(s session, args string) {
 	if sv == nil {
 		return
 	}
-	if !s.root() && uint32(sv.uid) != s.uid {
+	if !s.root() && uint32(sv.UID) != s.uid {
 		s.say("%s", d.gen.Insufficient(privShutdown, s.uid))
 		return
 	}
@@ -378,7 +368,7 @@ func (d *Daemon) cmdShutdownServer(s session, args string) {
 	// Seen on a GPU (docs/gpu-probe); NVIDIA's daemon logs nothing for a
 	// server that never became ready, which it cannot ask.
 	if sv.link != nil {
-		d.logf("Try shutting down server %d, backoff is disabled", sv.pid)
+		d.logf("Try shutting down server %d, backoff is disabled", sv.PID)
 	}
 	d.askShutdownLocked(sv)
 }
@@ -386,27 +376,21 @@ func (d *Daemon) cmdShutdownServer(s session, args string) {
 // forceShutdownLocked is shutdown_server -f and quit -t: SIGINT, never more.
 func (d *Daemon) forceShutdownLocked(sv *srv) {
 	if d.gen.LogsForceShutdown() {
-		d.logf("Force shutting down server %d", sv.pid)
+		d.logf("Force shutting down server %d", sv.PID)
 	}
 	_ = sv.cmd.Process.Signal(syscall.SIGINT)
 }
 
 // askShutdownLocked asks a ready server to exit once its clients are gone.
 // A server that never connected cannot be asked; NVIDIA's daemon waits.
-func (d *Daemon) askShutdownLocked(sv *srv) {
-	if sv.link == nil || sv.stopping {
-		return
-	}
-	sv.stopping = true
-	_, _ = d.rpc(sv, emuwire.Msg{Op: emuwire.OpShutdown})
-}
+func (d *Daemon) askShutdownLocked(sv *srv) { d.sched.AskShutdown(sv.Server) }
 
 func (d *Daemon) cmdTerminateClient(s session, args string) {
 	v, _, _ := scanInts(args, 2)
 	spid, cpid := v[0], v[1]
 	sv := d.lookup(s, spid)
 	if sv != nil && sv.link == nil {
-		s.note(msgBusy, sv.pid)
+		s.note(msgBusy, sv.PID)
 		sv = nil
 	}
 	if sv == nil {
@@ -414,7 +398,7 @@ func (d *Daemon) cmdTerminateClient(s session, args string) {
 		s.say("1")
 		return
 	}
-	if !s.root() && uint32(sv.uid) != s.uid {
+	if !s.root() && uint32(sv.UID) != s.uid {
 		s.say("%s", d.gen.Insufficient(privTerminate, s.uid))
 		s.say("1")
 		return
@@ -439,7 +423,7 @@ func (d *Daemon) cmdServerPercent(s session, name, args string) {
 		}
 		return
 	}
-	if !s.root() && uint32(sv.uid) != s.uid {
+	if !s.root() && uint32(sv.UID) != s.uid {
 		s.say("%s", d.gen.Insufficient(privServerSettings, s.uid))
 		return
 	}
@@ -461,7 +445,7 @@ func (d *Daemon) cmdServerPinned(s session, name, args string) {
 		return
 	}
 	dev := v[1]
-	if name == "set_device_pinned_mem_limit" && !s.root() && uint32(sv.uid) != s.uid {
+	if name == "set_device_pinned_mem_limit" && !s.root() && uint32(sv.UID) != s.uid {
 		s.say("%s", d.gen.Insufficient(privServerSettings, s.uid))
 		return
 	}
@@ -505,29 +489,18 @@ func (d *Daemon) cmdQuit(s session, args string) {
 		s.note("quit command issued with timeout of %d", timeout)
 	}
 	d.quitConns = append(d.quitConns, s.c)
-	if !d.quitting {
-		d.quitting = true
+	if !d.sched.Quitting() {
 		d.exitsAtQuit = d.serverExits
-		for _, r := range d.pending {
+		// The scheduler refuses every waiting client and asks every
+		// ready server to exit.
+		dropped, none := d.sched.Quit()
+		for range dropped {
 			s.note(msgRemovedShm)
-			for _, pc := range r.clients {
-				d.refuseLocked(pc)
-			}
 		}
-		d.pending = nil
-		for _, sv := range d.servers {
-			for _, pc := range sv.waiting {
-				d.refuseLocked(pc)
-			}
-			sv.waiting = nil
-		}
-		if len(d.servers) == 0 {
+		if none {
 			d.quitImmediate = true
 			d.finishLocked()
 			return
-		}
-		for _, sv := range d.servers {
-			d.askShutdownLocked(sv)
 		}
 	}
 	if !hasTimeout {
@@ -550,17 +523,7 @@ func (d *Daemon) cmdQuit(s session, args string) {
 }
 
 func (d *Daemon) forceAllLocked() {
-	for _, sv := range d.servers {
-		d.forceShutdownLocked(sv)
+	for _, sv := range d.sched.Servers() {
+		d.forceShutdownLocked(srvOf(sv))
 	}
-}
-
-// refuseLocked tells a waiting CUDA client that no server will come.
-func (d *Daemon) refuseLocked(pc *pendingClient) {
-	if pc.done {
-		return
-	}
-	pc.done = true
-	_ = pc.conn.Send(emuwire.Msg{Op: emuwire.OpError, Err: 805, Text: "The MPS control daemon is shutting down"})
-	pc.conn.Close()
 }

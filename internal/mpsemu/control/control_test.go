@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mpsd/mpsd/internal/mpsemu/mpslog"
+	"github.com/mpsd/mpsd/internal/mpsemu/mpssched"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -143,15 +144,18 @@ func TestQuitWithoutServers(t *testing.T) {
 
 func TestQueuedStartsDroppedOnQuit(t *testing.T) {
 	d, log := testDaemon(t, Gen550)
-	// With no server able to start (unit test), the request stays queued
-	// behind a fake running server.
-	d.servers = []*srv{{pid: 77, uid: 0}}
+	// A server of uid 0 "starts" without a process (it never becomes
+	// ready); the starts of uids 5 and 6 stay queued behind it.
+	d.sched = mpssched.New(&noProcessStart{schedHost: schedHost{d}, pid: 76}, false, 0)
 	ui := &fakeUI{}
 	for _, l := range []string{"start_server -uid 0", "start_server -uid 5", "start_server -uid 5", "start_server -uid 6", "get_server_list"} {
 		d.execLocked(ui, 0, l)
 	}
-	d.servers = nil
 	d.execLocked(ui, 0, "quit")
+	if sv := d.sched.Servers(); len(sv) != 1 || !d.sched.Exited(sv[0]) {
+		t.Fatalf("servers %v at quit; want the one of uid 0, and the daemon to end with it", sv)
+	}
+	d.finishLocked()
 	<-d.done
 	got := logPrefix.ReplaceAllString(log.String(), "")
 	if n := strings.Count(got, "Removed Shm file at \n"); n != 2 {
@@ -235,7 +239,7 @@ func FuzzCommand(f *testing.F) {
 				t.Fatalf("printed %q but did not log it:\n%s", l, log.String())
 			}
 		}
-		if d.finished && len(d.servers) != 0 {
+		if d.finished && len(d.sched.Servers()) != 0 {
 			t.Fatal("finished with servers left")
 		}
 	})
@@ -302,4 +306,15 @@ func FuzzGenerationForDriver(f *testing.F) {
 			t.Fatalf("%q: generation %v", v, g)
 		}
 	})
+}
+
+// noProcessStart "starts" a server without a process: the next pid.
+type noProcessStart struct {
+	schedHost
+	pid int
+}
+
+func (h *noProcessStart) StartServer(uid int32) *mpssched.Server {
+	h.pid++
+	return &mpssched.Server{PID: h.pid, UID: uid}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/mpsd/mpsd/internal/mpsemu/ctlwire"
 	"github.com/mpsd/mpsd/internal/mpsemu/emuwire"
 	"github.com/mpsd/mpsd/internal/mpsemu/mpslog"
+	"github.com/mpsd/mpsd/internal/mpsemu/mpssched"
 )
 
 // childEnv marks the re-executed daemon process (Go cannot fork): "1" with
@@ -145,10 +146,10 @@ type Daemon struct {
 	defaultSM     float64
 	defaultPinned [maxDevices]uint64
 	priority      int
-	servers       []*srv
-	pending       []*request
+	// sched decides which server runs and which clients wait: MPS's
+	// rules, shared with mpsd's simulation (internal/mpsemu/mpssched).
+	sched         *mpssched.Sched
 	exitStatus    int
-	quitting      bool
 	quitConns     []uiConn
 	quitImmediate bool
 	serverExits   int // servers reaped so far
@@ -172,40 +173,35 @@ type uiConn interface {
 
 var _ uiConn = (*ctlwire.Conn)(nil)
 
-// srv is one server process the daemon started.
+// srv is one server process the daemon started: its scheduling state
+// (pid, uid, ready, stopping, waiting clients) is the embedded
+// mpssched.Server, whose Ref is the srv.
 type srv struct {
-	pid      int
-	uid      int32
+	*mpssched.Server
 	cmd      *exec.Cmd
-	link     *emuwire.Conn // nil while INITIALIZING
+	link     *emuwire.Conn // nil while INITIALIZING (Server.Ready is false)
 	replies  chan emuwire.Msg
 	linkDone chan struct{}
 	nextID   uint64
-	stopping bool
-	waiting  []*pendingClient // clients to hand over once it is ready
 }
 
-// request is a queued server start for uid, with the CUDA clients waiting
-// for it (none when it came from start_server).
-type request struct {
-	uid     int32
-	clients []*pendingClient
-}
+// srvOf is the srv of a scheduled server.
+func srvOf(sv *mpssched.Server) *srv { return sv.Ref.(*srv) }
 
-type pendingClient struct {
-	pid  int
-	uid  int32
-	conn *emuwire.Conn
-	done bool
-}
+// A waiting CUDA client is an *mpssched.Client whose Ref is its
+// *emuwire.Conn.
+func clientConn(c *mpssched.Client) *emuwire.Conn { return c.Ref.(*emuwire.Conn) }
 
 func newDaemon(gen Generation, d dirs, foreground, multiuser, logs bool, stdout io.Writer) *Daemon {
 	env := os.Environ()
-	return &Daemon{
+	dm := &Daemon{
 		gen: gen, dirs: d, foreground: foreground, multiuser: multiuser, logs: logs,
 		pid: os.Getpid(), uid: uint32(os.Geteuid()), env: env, stdout: stdout,
 		defaultSM: 100, done: make(chan int, 1), start: (*exec.Cmd).Start,
 	}
+	// -multiuser-server: every user shares root's server.
+	dm.sched = mpssched.New(schedHost{dm}, multiuser, 0)
+	return dm
 }
 
 func (d *Daemon) path(name string) string { return filepath.Join(d.dirs.pipe, name) }

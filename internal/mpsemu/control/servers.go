@@ -15,6 +15,7 @@ import (
 
 	"github.com/mpsd/mpsd/internal/mpsemu/emuwire"
 	"github.com/mpsd/mpsd/internal/mpsemu/mpslog"
+	"github.com/mpsd/mpsd/internal/mpsemu/mpssched"
 )
 
 // rpcTimeout bounds a request to a server; a server that does not answer
@@ -43,13 +44,13 @@ func (d *Daemon) rpc(sv *srv, m emuwire.Msg) (emuwire.Msg, error) {
 				continue // a late answer to a request that timed out
 			}
 			if r.Op == emuwire.OpError {
-				return r, fmt.Errorf("control: server %d: %s (%d)", sv.pid, r.Text, r.Err)
+				return r, fmt.Errorf("control: server %d: %s (%d)", sv.PID, r.Text, r.Err)
 			}
 			return r, nil
 		case <-sv.linkDone:
 			return emuwire.Msg{}, errNoLink
 		case <-t.C:
-			return emuwire.Msg{}, fmt.Errorf("control: server %d did not answer %s", sv.pid, m.Op)
+			return emuwire.Msg{}, fmt.Errorf("control: server %d did not answer %s", sv.PID, m.Op)
 		}
 	}
 }
@@ -75,21 +76,37 @@ func lookPath(name string, env []string) (string, bool) {
 	return "", false
 }
 
-// schedulePendingLocked starts the first queued server when none runs.
-func (d *Daemon) schedulePendingLocked() {
-	if d.quitting || len(d.servers) > 0 || len(d.pending) == 0 {
-		return
+// schedHost carries out the scheduler's decisions (mpssched.Host); d.mu
+// is held.
+type schedHost struct{ d *Daemon }
+
+func (h schedHost) StartServer(uid int32) *mpssched.Server {
+	if sv := h.d.startServerLocked(uid); sv != nil {
+		return sv.Server
 	}
-	r := d.pending[0]
-	d.pending = d.pending[1:]
-	if sv := d.startServerLocked(r.uid); sv != nil {
-		sv.waiting = append(sv.waiting, r.clients...)
-	}
+	return nil
+}
+
+func (h schedHost) AskShutdown(sv *mpssched.Server) {
+	_, _ = h.d.rpc(srvOf(sv), emuwire.Msg{Op: emuwire.OpShutdown})
+}
+
+func (h schedHost) HandOver(c *mpssched.Client, sv *mpssched.Server) {
+	conn := clientConn(c)
+	_ = conn.Send(emuwire.Msg{Op: emuwire.OpReady, ServerPID: sv.PID})
+	conn.Close()
+}
+
+// Refuse tells a waiting CUDA client that no server will come.
+func (h schedHost) Refuse(c *mpssched.Client) {
+	conn := clientConn(c)
+	_ = conn.Send(emuwire.Msg{Op: emuwire.OpError, Err: 805, Text: "The MPS control daemon is shutting down"})
+	conn.Close()
 }
 
 // startServerLocked runs nvidia-cuda-mps-server from PATH as uid with the
 // daemon's environment, as NVIDIA's daemon does (setuid only; the group
-// stays the daemon's).
+// stays the daemon's). The scheduler adds it to its servers.
 func (d *Daemon) startServerLocked(uid int32) *srv {
 	var cmd *exec.Cmd
 	if path, ok := lookPath(serverName, d.env); ok {
@@ -121,12 +138,12 @@ func (d *Daemon) startServerLocked(uid int32) *srv {
 		return nil
 	}
 	sv := &srv{
-		pid: cmd.Process.Pid, uid: uid, cmd: cmd,
+		Server: &mpssched.Server{PID: cmd.Process.Pid, UID: uid}, cmd: cmd,
 		replies: make(chan emuwire.Msg, 1), linkDone: make(chan struct{}),
 	}
-	d.servers = append(d.servers, sv)
-	rec := mpslog.Record{Kind: mpslog.Control, PID: d.gen.ServerStartLogPID(d.pid, sv.pid),
-		Time: time.Now(), Msg: fmt.Sprintf("Starting new server %d for user %d", sv.pid, uid)}
+	sv.Ref = sv
+	rec := mpslog.Record{Kind: mpslog.Control, PID: d.gen.ServerStartLogPID(d.pid, sv.PID),
+		Time: time.Now(), Msg: fmt.Sprintf("Starting new server %d for user %d", sv.PID, uid)}
 	if d.deferred != nil && d.gen != Gen535 {
 		*d.deferred = append(*d.deferred, rec)
 	} else {
@@ -149,45 +166,19 @@ func (d *Daemon) waitServer(sv *srv) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.logf("Server %d exited with status %d", sv.pid, status)
+	d.logf("Server %d exited with status %d", sv.PID, status)
 	d.logf(msgRemovedShm)
 	d.serverExits++
 	if status != 0 && d.exitStatus == 0 {
 		d.exitStatus = status
 	}
-	for i, s := range d.servers {
-		if s == sv {
-			d.servers = append(d.servers[:i], d.servers[i+1:]...)
-			break
-		}
-	}
 	if sv.link != nil {
 		sv.link.Close()
-		go d.reportServerGone(sv.pid)
+		go d.reportServerGone(sv.PID)
 	}
-	if d.quitting {
-		for _, pc := range sv.waiting {
-			d.refuseLocked(pc)
-		}
-		if len(d.servers) == 0 {
-			d.finishLocked()
-		}
-		return
+	if d.sched.Exited(sv.Server) {
+		d.finishLocked()
 	}
-	if live := liveClients(sv.waiting); len(live) > 0 {
-		d.pending = append([]*request{{uid: sv.uid, clients: live}}, d.pending...)
-	}
-	d.schedulePendingLocked()
-}
-
-func liveClients(pcs []*pendingClient) []*pendingClient {
-	var out []*pendingClient
-	for _, pc := range pcs {
-		if !pc.done {
-			out = append(out, pc)
-		}
-	}
-	return out
 }
 
 func (d *Daemon) acceptPrivate(l *net.UnixListener) {
@@ -244,9 +235,9 @@ func (d *Daemon) registerServer(c *emuwire.Conn, pid int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var sv *srv
-	for _, s := range d.servers {
-		if s.pid == pid && s.link == nil {
-			sv = s
+	for _, s := range d.sched.Servers() {
+		if s.PID == pid && !s.Ready {
+			sv = srvOf(s)
 		}
 	}
 	// Only the server process itself: the socket is abstract, so anyone
@@ -278,7 +269,7 @@ func (d *Daemon) registerServer(c *emuwire.Conn, pid int) {
 				continue
 			}
 			if r.Op == emuwire.OpProcs {
-				d.reportProcs(sv.pid, r)
+				d.reportProcs(sv.PID, r)
 				continue
 			}
 			select {
@@ -288,22 +279,7 @@ func (d *Daemon) registerServer(c *emuwire.Conn, pid int) {
 		}
 	}()
 	d.logf("NEW SERVER %d: Ready", pid)
-	for _, pc := range sv.waiting {
-		d.handOverLocked(pc, sv)
-	}
-	sv.waiting = nil
-	if d.quitting {
-		d.askShutdownLocked(sv)
-	}
-}
-
-func (d *Daemon) handOverLocked(pc *pendingClient, sv *srv) {
-	if pc.done {
-		return
-	}
-	pc.done = true
-	_ = pc.conn.Send(emuwire.Msg{Op: emuwire.OpReady, ServerPID: sv.pid})
-	pc.conn.Close()
+	d.sched.Ready(sv.Server)
 }
 
 // clientRequest is a CUDA client asking for a server. One server runs at a
@@ -316,51 +292,22 @@ func (d *Daemon) clientRequest(c *emuwire.Conn, pid int) {
 		return
 	}
 	uid := int32(peer)
-	serverUID := uid
-	if d.multiuser {
-		serverUID = 0 // -multiuser-server: every user shares root's server
-	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var cur *srv
-	if len(d.servers) > 0 {
-		cur = d.servers[0]
-	}
-	if cur != nil && cur.link != nil && cur.uid == serverUID && !cur.stopping {
+	if d.sched.ServesAtOnce(uid) != nil {
 		d.logf("NEW CLIENT %d from user %d: Server already exists", pid, uid)
-		d.handOverLocked(&pendingClient{pid: pid, uid: uid, conn: c}, cur)
-		return
+	} else {
+		d.logf("NEW CLIENT %d from user %d: Server is not ready, push client to pending list", pid, uid)
 	}
-	d.logf("NEW CLIENT %d from user %d: Server is not ready, push client to pending list", pid, uid)
-	pc := &pendingClient{pid: pid, uid: serverUID, conn: c}
-	if d.quitting {
-		d.refuseLocked(pc)
+	pc, _ := d.sched.Request(pid, uid, c)
+	if pc.Done {
 		return
-	}
-	switch {
-	case cur != nil && cur.uid == serverUID && !cur.stopping:
-		cur.waiting = append(cur.waiting, pc)
-	default:
-		queued := false
-		for _, r := range d.pending {
-			if r.uid == serverUID {
-				r.clients = append(r.clients, pc)
-				queued = true
-			}
-		}
-		if !queued {
-			d.pending = append(d.pending, &request{uid: serverUID, clients: []*pendingClient{pc}})
-		}
-		if cur != nil {
-			d.askShutdownLocked(cur)
-		}
-		d.schedulePendingLocked()
 	}
 	// A client that gives up while it waits leaves the queue.
 	go func() {
 		_, _ = c.Recv()
 		d.mu.Lock()
-		pc.done = true
+		pc.Done = true
 		d.mu.Unlock()
 	}()
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/mpsd/mpsd/internal/mpsemu/cstr"
 	"github.com/mpsd/mpsd/internal/mpsemu/emuwire"
 	"github.com/mpsd/mpsd/internal/mpsemu/mpslog"
+	"github.com/mpsd/mpsd/internal/mpsemu/mpssched"
 )
 
 // State is the server state get_server_status reports.
@@ -374,7 +375,7 @@ func (s *Server) handleDaemon(m emuwire.Msg) emuwire.Msg {
 }
 
 func (s *Server) maybeFinishLocked() {
-	if s.shutdown && len(s.clients) == 0 {
+	if mpssched.ExitsWhenIdle(s.shutdown, len(s.clients)) {
 		s.doneOnce.Do(func() {
 			s.logfLocked("Exiting")
 			close(s.done)
