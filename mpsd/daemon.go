@@ -270,9 +270,21 @@ func New(opts Options) (*Daemon, error) {
 	}
 	cfg := d.watcher.Config()
 	// mpsd writes these directories as root: refuse ones that anyone else
-	// could change (or replace) before a byte is written.
+	// could change (or replace) before a byte is written. The socket's
+	// directory among them: its owner could put their own socket in
+	// mpsd's place and answer every launcher as mpsd.
 	if err := policy.CheckDirs(cfg, os.Geteuid()); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	// A socket systemd passed (socket activation) is checked too, where
+	// it is not the config's: systemd made it, but whoever may change its
+	// directory may still replace it after.
+	if ln := opts.Listener; ln != nil {
+		if p := ln.Addr().String(); p != cfg.Socket {
+			if err := policy.CheckSocketDir(p, os.Geteuid()); err != nil {
+				return nil, fmt.Errorf("%w: the socket systemd passed (ListenStream= of mpsd.socket): %w", ErrConfig, err)
+			}
+		}
 	}
 	d.setConfigLocked(cfg)
 	d.layout = Layout{RunDir: cfg.RunDir, LogDir: cfg.LogDir, StateDir: cfg.StateDir}
@@ -712,10 +724,17 @@ func (d *Daemon) leave() { d.wg.Done() }
 // The file is left in place when mpsd stops: a launcher that connects
 // meanwhile is refused and retries within its outage window (mpsd is
 // restarting), while a socket that is not there at all means no mpsd, or
-// the wrong path, and fails at once.
+// the wrong path, and fails at once. A directory someone else may change
+// is refused (policy.CheckSocketDir) before anything in it is touched.
 func listen(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("create socket directory: %w", err)
+	}
+	// Checked again now that it exists, before anything is removed or
+	// bound in it: one made by someone else since New's check (in a
+	// sticky directory such as /tmp, anyone may make it) is refused.
+	if err := policy.CheckSocketDir(path, os.Geteuid()); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 		_ = c.Close()

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -47,4 +48,33 @@ func TestListenSocketOutlivesDaemon(t *testing.T) {
 		t.Fatalf("dial the new socket: %v", err)
 	}
 	_ = c.Close()
+}
+
+// listen checks the socket's directory once it exists, before it removes
+// or binds anything there: one someone else made since start-up's check
+// (here uid 64222's) is refused and left as it was.
+func TestListenRefusesForeignSocketDir(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: makes a directory owned by another uid")
+	}
+	base := t.TempDir()
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := mkOwned(t, filepath.Join(base, "run"), 0o755, 64222)
+	stale := filepath.Join(dir, "mpsd.sock")
+	if err := os.WriteFile(stale, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := listen(stale)
+	if err == nil {
+		_ = ln.Close()
+		t.Fatalf("listen in %s, owned by uid 64222: no error", dir)
+	}
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), dir+" is owned by uid 64222") {
+		t.Fatalf("listen = %v; want ErrConfig naming %s", err, dir)
+	}
+	if b, err := os.ReadFile(stale); err != nil || string(b) != "x" {
+		t.Errorf("the file at the socket's path was touched: %q, %v", b, err)
+	}
 }

@@ -46,7 +46,8 @@ func within(dir, p string) bool {
 
 // CheckDirs checks on this host, as sshd's StrictModes does, that no one
 // but root (or euid, mpsd's own user when it is not root) can change
-// run_dir, state_dir or log_dir, or put something else in their place:
+// run_dir, state_dir, log_dir or the directory that holds the API socket
+// (CheckSocketDir), or put something else in their place:
 //
 //   - a directory that exists is a real directory (not a symlink), owned
 //     by root or euid, and writable by neither its group nor others;
@@ -68,10 +69,38 @@ func CheckDirs(c *Config, euid int) error {
 			ps = append(ps, Problem{Key: k.key, Message: msg})
 		}
 	}
+	if p, ok := socketDirProblem(c.Socket, euid); ok {
+		ps = append(ps, p)
+	}
 	if len(ps) == 0 {
 		return nil
 	}
 	return &ConfigError{Problems: ps}
+}
+
+// CheckSocketDir checks the directory that holds the API socket socket as
+// CheckDirs checks run_dir: whoever may change that directory may unlink
+// the socket and bind one of their own in its place, and so receive every
+// launcher's and mpsctl's requests and answer them as mpsd. The socket
+// file itself is mpsd's (or systemd's) to replace; the directory may not
+// exist yet (mpsd makes it). A problem is one line keyed "socket" in a
+// *ConfigError.
+func CheckSocketDir(socket string, euid int) error {
+	if p, ok := socketDirProblem(socket, euid); ok {
+		return &ConfigError{Problems: []Problem{p}}
+	}
+	return nil
+}
+
+func socketDirProblem(socket string, euid int) (Problem, bool) {
+	if socket == "" || !filepath.IsAbs(socket) {
+		return Problem{}, false
+	}
+	msg := checkDir(filepath.Dir(socket), euid)
+	if msg == "" {
+		return Problem{}, false
+	}
+	return Problem{Key: "socket", Message: "the directory of " + socket + ": " + msg}, true
 }
 
 // checkDir returns what is wrong with dir and its ancestors, or "".

@@ -1,10 +1,15 @@
 package mpsctl
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+
+	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
 )
 
 // check-config refuses, one line each with the path, the problem and the
@@ -73,5 +78,59 @@ func TestCheckConfigDirs(t *testing.T) {
 				t.Fatalf("stderr %q; want one line %q with %q", r.stderr, cfg+": "+tc.key+": ...", tc.want)
 			}
 		})
+	}
+}
+
+// sockDirUID is the attacker of TestCheckConfigSocketDirOfATenant.
+const sockDirUID = 64223
+
+// check-config judges the API socket's directory as mpsd does: with the
+// socket configured under a sticky, world-writable directory (as
+// /tmp/mpsd/mpsd.sock would be) it is fine while the socket's directory
+// does not exist (mpsd would make it, as root), and refused, one line
+// naming the directory, its owner and the fix, once a real unprivileged
+// user has made it first, as anyone may there: that user could put their
+// own socket in mpsd's place.
+func TestCheckConfigSocketDirOfATenant(t *testing.T) {
+	attacker := emutest.User(t, sockDirUID)
+	base, err := os.MkdirTemp("", "ccs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pub := filepath.Join(base, "pub")
+	if err := os.Mkdir(pub, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(pub, os.ModeSticky|0o777); err != nil {
+		t.Fatal(err)
+	}
+	sockDir := filepath.Join(pub, "mpsd")
+	sock := filepath.Join(sockDir, "mpsd.sock")
+	cfg := filepath.Join(base, "mpsd.yaml")
+	y := "version: 1\nsocket: " + sock + "\nrun_dir: " + base + "/run\nstate_dir: " + base + "/state\nlog_dir: " + base + "/log" +
+		"\ncgroup: {enabled: false}\nsimulate: {gpus: 1, model: a100-40g}\ngroups: {inference: {users: [root], memory: 10G}}\n"
+	if err := os.WriteFile(cfg, []byte(y), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	checkConfig := func() result {
+		return mpsctl(t, Config{NVML: noNVML}, []string{"MPSD_SOCKET=/nonexistent/s.sock"}, "check-config", "--simulate", cfg)
+	}
+	if r := checkConfig(); r.code != ExitOK || r.stdout != cfg+": ok\n" {
+		t.Fatalf("before the tenant made %s: exit %d, stdout %q, stderr %q; want ok", sockDir, r.code, r.stdout, r.stderr)
+	}
+
+	mkdir := exec.Command("mkdir", sockDir)
+	mkdir.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: sockDirUID, Gid: sockDirUID, Groups: []uint32{}}}
+	if out, err := mkdir.CombinedOutput(); err != nil {
+		t.Fatalf("mkdir %s as %s: %v: %s", sockDir, attacker, err, out)
+	}
+	r := checkConfig()
+	want := fmt.Sprintf("%s: socket: the directory of %s: %s is owned by uid %d, not root, who could change it; chown root:root %s", cfg, sock, sockDir, sockDirUID, sockDir)
+	if r.code != ExitFailure || strings.Count(r.stderr, "\n") != 1 || !strings.HasPrefix(r.stderr, want) {
+		t.Fatalf("after %s made %s: exit %d, stdout %q, stderr %q; want exit %d and the one line %q...", attacker, sockDir, r.code, r.stdout, r.stderr, ExitFailure, want)
 	}
 }
