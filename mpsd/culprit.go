@@ -51,7 +51,7 @@ func culprits(fs []fault) (uids map[uint32]string, anonymous bool) {
 // chargeCulpritsLocked counts a failure at now for each culprit uid on
 // in, and bars one that has had wd.QuarantineAfter of them within
 // wd.QuarantineWindow. It returns the uids barred now.
-func (d *Daemon) chargeCulpritsLocked(in *instance, uids map[uint32]string, now time.Time, wd policy.WatchdogConfig) []uint32 {
+func (in *instance) chargeCulpritsLocked(uids map[uint32]string, now time.Time, wd policy.WatchdogConfig) []uint32 {
 	var barred []uint32
 	for _, uid := range slices.Sorted(maps.Keys(uids)) {
 		if in.uidFailures == nil {

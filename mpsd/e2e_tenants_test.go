@@ -295,3 +295,110 @@ func TestCulpritChargedAlone(t *testing.T) {
 		t.Errorf("alice was charged for bob's faults")
 	}
 }
+
+// A uid switch before a lease's process reaches CUDA is no fault. Alice's
+// server is up and idle when her next lease is granted; its process takes
+// its time before it initialises CUDA (an inference server loading its
+// model). Meanwhile Bob's unleased client asks for a server: MPS ends
+// Alice's idle server (exit status 0) and starts Bob's. Alice's lease,
+// whose process is alive but was never a client of that server, is not
+// revoked: her client waits inside MPS for Bob's to go, then runs. (Found
+// by mpsd's simulation; on 1543be4 the clean exit with a live process of
+// Alice's was taken for a crash and her lease revoked, so that any member
+// could have a neighbour's leases revoked at will.)
+func TestSwitchBeforeTheClientConnectsIsNoFault(t *testing.T) {
+	e := newEnvGPUs(t, 1, tenGroup, faultWatchdog)
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	in0 := instanceOf(e.waitStatus("instance ready", func(st api.Status) bool {
+		return instanceOf(st, "a", 0).State == api.InstanceReady
+	}), "a", 0)
+	if r := startProc(t, asUID(e.launch("--sm", "20", "--mem", "1G", "--", client, "--duration", "100ms"), tenUIDAlice)).wait(t); r.code != 0 {
+		t.Fatalf("alice's first job: exit %d, stderr %q", r.code, r.stderr)
+	}
+	e.waitServerOf(t, "a", tenUIDAlice) // her server stays up, idle
+	gateArgs, open := e.gate("alice")
+	script := gateArgs[2] + `; exec "$0" --duration 100ms`
+	alice := startProc(t, asUID(e.launch("--sm", "20", "--mem", "1G", "--", "/bin/sh", "-c", script, client), tenUIDAlice))
+	e.waitStatus("alice's second lease running", func(st api.Status) bool {
+		return len(st.Leases) == 1 && st.Leases[0].State == api.LeaseRunning && len(st.Leases[0].PIDs) > 0
+	})
+	holder := asUID(exec.Command(client, "--duration", "1s"), tenUIDBob)
+	holder.Env = append(os.Environ(), api.EnvPipeDirectory+"="+Layout{RunDir: filepath.Join(e.dir, "run")}.PipeDir("a", in0.GPUUUID))
+	hp := startProc(t, holder)
+	// MPS ended Alice's idle server for Bob's client, and mpsd judged
+	// the exit (within the 250 ms a clean exit once waited for a lease's
+	// processes to end).
+	deadline := time.Now().Add(waitFor)
+	for {
+		b, _ := os.ReadFile(e.log.Name())
+		if strings.Contains(string(b), "MPS server exited after its last client left") && strings.Contains(string(b), "server_uid="+tenUIDAliceStr) ||
+			strings.Contains(string(b), "instance failed") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("mpsd never judged the exit of alice's server")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	open()
+	if r := alice.wait(t); r.code != 0 {
+		t.Fatalf("alice: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := hp.wait(t); r.code != 0 {
+		t.Fatalf("bob's unleased client: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if in := instanceOf(e.d.Status(), "a", 0); in.Restarts != 0 {
+		t.Errorf("instance restarted %d times; a uid switch is no fault", in.Restarts)
+	}
+	if b, _ := os.ReadFile(e.log.Name()); strings.Contains(string(b), "revok") || strings.Contains(string(b), "requeued") {
+		t.Errorf("alice's lease was revoked or requeued by MPS's uid switch")
+	}
+}
+
+// Two uids holding one instance admit nobody. Alice's lease runs but her
+// process has not reached CUDA yet when Bob's unleased client takes the
+// server; once reconciliation has seen Bob's client, MPS would make a new
+// client of either uid wait (Alice's behind Bob's, Bob's behind Alice's
+// pending one), so Alice's second request waits in mpsd's queue, not
+// inside MPS. When Bob's client is gone both of Alice's leases run and end
+// 0. (Found by mpsd's simulation; on 1543be4 Alice's second lease was
+// granted, as her running lease made placement think her server served.)
+func TestContestedInstanceAdmitsNobody(t *testing.T) {
+	e := newEnvGPUs(t, 1, tenGroup, faultWatchdog)
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	in0 := instanceOf(e.waitStatus("instance ready", func(st api.Status) bool {
+		return instanceOf(st, "a", 0).State == api.InstanceReady
+	}), "a", 0)
+	gateArgs, open := e.gate("alice")
+	script := gateArgs[2] + `; exec "$0" --duration 100ms`
+	first := startProc(t, asUID(e.launch("--sm", "20", "--mem", "1G", "--", "/bin/sh", "-c", script, client), tenUIDAlice))
+	e.waitStatus("alice's lease running", func(st api.Status) bool {
+		return len(st.Leases) == 1 && st.Leases[0].State == api.LeaseRunning && len(st.Leases[0].PIDs) > 0
+	})
+	holder := asUID(exec.Command(client, "--duration", "1m"), tenUIDBob)
+	holder.Env = append(os.Environ(), api.EnvPipeDirectory+"="+Layout{RunDir: filepath.Join(e.dir, "run")}.PipeDir("a", in0.GPUUUID))
+	hp := startProc(t, holder)
+	e.reconWaitMetric("mpsd_unreconciled_clients_total", "a", map[string]float64{reconUnleased: 1})
+
+	second := startProc(t, asUID(e.launch("--sm", "20", "--mem", "1G", "--", client, "--duration", "100ms"), tenUIDAlice))
+	e.waitStatus("alice's second request queued", func(st api.Status) bool { return st.Queue["a"] == 1 })
+	e.d.mu.Lock()
+	granted := len(e.d.instances["a/0"].leases)
+	e.d.mu.Unlock()
+	if granted != 1 {
+		t.Fatalf("%d leases granted while bob's unleased client holds the server and alice's lease waits behind it; want 1", granted)
+	}
+	_ = hp.cmd.Process.Kill()
+	hp.wait(t)
+	open()
+	for who, p := range map[string]*proc{"alice's first": first, "alice's second": second} {
+		if r := p.wait(t); r.code != 0 {
+			t.Fatalf("%s: exit %d, stderr %q", who, r.code, r.stderr)
+		}
+	}
+	if in := instanceOf(e.d.Status(), "a", 0); in.Restarts != 0 {
+		t.Errorf("instance restarted %d times; an unleased client is no fault", in.Restarts)
+	}
+}

@@ -618,18 +618,12 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 	}
 }
 
-// cleanExitWait bounds how long a server's clean exit waits for the
-// processes of the leases that could have been its clients to end: MPS
-// ends a server once its last client has disconnected, which a process
-// does as it exits, a moment before it leaves its cgroup.
-const cleanExitWait = 250 * time.Millisecond
-
 // serverExited acts on a server's exit as the instance's MPS model judged
-// it (mpsModel.serverExited): only an exit MPS would not make is a fault,
+// it (mpsModel.serverExited): only an exit MPS would not make is a fault
+// (a crash: a signal, a status other than 0 or one mpsd could not read),
 // and its victims are the leases that could have been the server's
 // clients. A clean exit (status 0) is MPS's own end of a server whose
-// clients have all gone, a uid switch above all, unless a lease of its uid
-// still runs a process: then the server went from under it.
+// clients have all gone, a uid switch above all (exitVerdict.victims).
 func (d *Daemon) serverExited(in *instance, ev mps.Event, v exitVerdict) {
 	switch v.kind {
 	case exitShutDown:
@@ -638,13 +632,10 @@ func (d *Daemon) serverExited(in *instance, ev mps.Event, v exitVerdict) {
 		in.log.Info("MPS server exited; no lease on the instance was its client", "server", ev.PID, "server_uid", v.uid, "exit", exitText(ev))
 		return
 	}
-	victims := v.candidates
-	if v.kind == exitClean {
-		victims = stillRunning(d.ctx, victims, cleanExitWait)
-		if len(victims) == 0 {
-			in.log.Info("MPS server exited after its last client left (MPS's uid switch or its end); no fault", "server", ev.PID, "server_uid", v.uid)
-			return
-		}
+	victims := v.victims()
+	if len(victims) == 0 {
+		in.log.Info("MPS server exited after its last client left (MPS's uid switch or its end); no fault", "server", ev.PID, "server_uid", v.uid, "leases_of_its_uid", len(v.candidates))
+		return
 	}
 	ids := make([]string, len(victims))
 	for i, l := range victims {
@@ -652,29 +643,6 @@ func (d *Daemon) serverExited(in *instance, ev mps.Event, v exitVerdict) {
 	}
 	d.reportFault(in, fault{kind: faultServerExit, restart: restartNone, leases: ids,
 		reason: fmt.Sprintf("MPS server %d of group %s on GPU %d died (%s)", ev.PID, in.group, in.gpus[0].Index, exitText(ev))})
-}
-
-// stillRunning returns the leases of ls that still have a live process
-// after waiting up to wait for them to have none.
-func stillRunning(ctx context.Context, ls []*lease, wait time.Duration) []*lease {
-	live := slices.Clone(ls)
-	deadline := time.NewTimer(wait)
-	defer deadline.Stop()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		live = slices.DeleteFunc(live, func(l *lease) bool { return len(l.livePids()) == 0 })
-		if len(live) == 0 {
-			return nil
-		}
-		select {
-		case <-tick.C:
-		case <-deadline.C:
-			return live
-		case <-ctx.Done():
-			return live
-		}
-	}
 }
 
 // serversLostWhileAway reports as a fault a server the previous mpsd left

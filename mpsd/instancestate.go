@@ -188,14 +188,17 @@ func (in *instance) placementState() policy.InstanceState {
 }
 
 // policyView is the instance as placement sees it.
-func (in *instance) policyView() policy.Instance {
+func (in *instance) policyView() policy.Instance { return in.policyViewAt(time.Now()) }
+
+// policyViewAt is policyView at now (bars lapse with time).
+func (in *instance) policyViewAt(now time.Time) policy.Instance {
 	p := in.p
 	p.State = in.placementState()
 	if !p.Multiuser { // a shared server serves every uid: nothing to keep off
-		p.ServerUp, p.ServerUID, p.ServerHeld = in.mps.serving(in.leases)
+		p.ServerUp, p.ServerUID, p.ServerHeld, p.ServerContested = in.mps.serving(in.leases)
 	}
 	if len(in.barred) > 0 {
-		p.Barred = in.barredUIDs(time.Now())
+		p.Barred = in.barredUIDs(now)
 	}
 	return p
 }

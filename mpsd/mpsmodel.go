@@ -124,8 +124,7 @@ const (
 	// (none of its uid, or none at all).
 	exitNoClients
 	// exitClean: it exited with status 0, as MPS ends a server whose
-	// clients are gone (a uid switch, quit); it crashed only if a lease
-	// that could be its client still runs (checked by the caller).
+	// clients are gone (a uid switch, quit): no fault (exitVerdict.victims).
 	exitClean
 	// exitCrash: killed by a signal, a status other than 0, or a status
 	// mpsd could not read: its clients went with it.
@@ -181,21 +180,43 @@ func (m *mpsModel) serverExited(ev mps.Event, leases map[string]*lease, multiuse
 	return v
 }
 
+// victims are the leases a server's exit took down: every candidate of a
+// crash, and none of any other exit. A clean exit (status 0, read from the
+// server's pidfd) is MPS's own: a server exits so once its last client has
+// gone after it was asked to (a uid switch, quit), or on SIGINT, which only
+// its own uid or root can send (shutdown_server -f, quit -t; mpsd's are
+// exitShutDown). A candidate that still runs a process was then no client
+// of it: a process that has not reached CUDA yet (an inference server
+// loading its model) waits inside MPS for the next server of its uid. A
+// tenant who stops its own server ends its own clients, whose commands say
+// so. (mpsd's simulation found the alternative, "a clean exit with a live
+// candidate is a crash", revoking a lease whose process had not yet
+// connected when a member's unleased client made MPS switch uids.)
+func (v exitVerdict) victims() []*lease {
+	if v.kind == exitCrash {
+		return v.candidates
+	}
+	return nil
+}
+
 // serving says whose server MPS serves on the instance now, as placement
-// must see it (policy.Instance's ServerUp, ServerUID and ServerHeld):
-// the uid of the running leases, if any (admission keeps them to one uid
-// on a daemon that is not multiuser); else that of a server with clients
-// no lease holds (held: MPS makes every other uid wait behind them);
-// else that of an idle server, which MPS ends for a client of another uid.
-func (m *mpsModel) serving(leases map[string]*lease) (up bool, uid uint32, held bool) {
+// must see it (policy.Instance's ServerUp, ServerUID, ServerHeld and
+// ServerContested): that of a server with clients no lease holds, if any
+// (held: MPS makes every other uid wait behind them; contested when running
+// leases of another uid wait too: then nobody new is placed); else the uid
+// of the running leases (admission keeps them to one uid on a daemon that
+// is not multiuser); else that of an idle server, which MPS ends for a
+// client of another uid. (mpsd's simulation found the running leases' uid
+// taken first: another lease of that uid was granted, and waited inside
+// MPS, behind an unleased holder mpsd knew of; and with the holder's uid
+// taken alone, a lease of the holder's uid was granted and waited behind
+// the leased clients.)
+func (m *mpsModel) serving(leases map[string]*lease) (up bool, uid uint32, held, contested bool) {
 	var first *lease
 	for _, l := range leases {
 		if first == nil || l.req.Seq < first.req.Seq {
 			first = l
 		}
-	}
-	if first != nil {
-		return true, first.uid, false
 	}
 	// The lowest pid of a kind, so that the answer does not depend on
 	// the map's order (MPS runs one server at a time; two are a moment
@@ -213,10 +234,14 @@ func (m *mpsModel) serving(leases map[string]*lease) (up bool, uid uint32, held 
 		}
 	}
 	if heldPID != 0 {
-		return true, uint32(m.servers[heldPID]), true
+		uid := uint32(m.servers[heldPID])
+		return true, uid, true, first != nil && first.uid != uid
+	}
+	if first != nil {
+		return true, first.uid, false, false
 	}
 	if idlePID != 0 {
-		return true, uint32(m.servers[idlePID]), false
+		return true, uint32(m.servers[idlePID]), false, false
 	}
-	return false, 0, false
+	return false, 0, false, false
 }

@@ -73,29 +73,33 @@ func TestMPSModelServerExit(t *testing.T) {
 func TestMPSModelServing(t *testing.T) {
 	const alice, bob = 64021, 64022
 	type want struct {
-		up   bool
-		uid  uint32
-		held bool
+		up        bool
+		uid       uint32
+		held      bool
+		contested bool
 	}
 	check := func(name string, m *mpsModel, leases map[string]*lease, w want) {
 		t.Helper()
-		up, uid, held := m.serving(leases)
-		if up != w.up || (up && uid != w.uid) || held != w.held {
-			t.Errorf("%s: serving (%v, %d, held %v), want (%v, %d, held %v)", name, up, uid, held, w.up, w.uid, w.held)
+		up, uid, held, contested := m.serving(leases)
+		if up != w.up || (up && uid != w.uid) || held != w.held || contested != w.contested {
+			t.Errorf("%s: serving (%v, %d, held %v, contested %v), want (%v, %d, held %v, contested %v)", name, up, uid, held, contested, w.up, w.uid, w.held, w.contested)
 		}
 	}
 	m := newMPSModel()
 	check("no server", &m, nil, want{})
 	m.serverStarted(10, alice)
-	check("alice's idle server", &m, nil, want{true, alice, false})
+	check("alice's idle server", &m, nil, want{true, alice, false, false})
 	m.setUnleased(map[int]int{10: 1})
 	if !m.held() {
 		t.Error("a server with an unleased client is not held")
 	}
-	check("alice's server held by her unleased client", &m, nil, want{true, alice, true})
-	check("bob's lease placed (an old server of alice's still up)", &m, map[string]*lease{"b1": {id: "b1", uid: bob}}, want{true, bob, false})
+	check("alice's server held by her unleased client", &m, nil, want{true, alice, true, false})
+	check("alice's lease beside her unleased client", &m, map[string]*lease{"a1": {id: "a1", uid: alice}}, want{true, alice, true, false})
+	// Bob's lease waits inside MPS behind alice's unleased client; a new
+	// client of either would wait too.
+	check("bob's lease placed, alice's unleased client holds her server", &m, map[string]*lease{"b1": {id: "b1", uid: bob}}, want{true, alice, true, true})
 	m.setUnleased(map[int]int{})
-	check("the unleased client gone", &m, nil, want{true, alice, false})
+	check("the unleased client gone", &m, nil, want{true, alice, false, false})
 	m.setUnleased(map[int]int{10: 2})
 	m.serverExited(mps.Event{PID: 10, ExitStatus: 0}, nil, false)
 	if m.held() {

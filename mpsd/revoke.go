@@ -164,6 +164,16 @@ func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 // only then is it requeued.
 //
 // why is each victim's reason, as its revocation told it.
+// requeueCharge decides, for a revoked lease about to be requeued, whether
+// the requeue is spared (force, or its revocation was another lease's
+// fault: it uses up no attempt) and whether the lease has no attempt left
+// for a charged one. It takes the revocation's spare.
+func (l *lease) requeueCharge(force bool) (spare, exhausted bool) {
+	spare = force || l.spareNext
+	l.spareNext = false
+	return spare, !spare && l.charged() >= l.requeue
+}
+
 func (d *Daemon) requeue(victims []*lease, why map[*lease]string, force bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -178,9 +188,7 @@ func (d *Daemon) requeue(victims []*lease, why map[*lease]string, force bool) {
 			d.retryKillLocked(l, func() { d.requeue([]*lease{l}, map[*lease]string{l: reason}, force) })
 			continue
 		}
-		spare := force || l.spareNext
-		l.spareNext = false
-		exhausted := !spare && l.charged() >= l.requeue
+		spare, exhausted := l.requeueCharge(force)
 		ev := leaseRequeue
 		if l.abandoned || exhausted || l.endWith != nil {
 			ev = leaseDrop

@@ -8,6 +8,7 @@ import (
 
 	"github.com/mpsd/mpsd/gpu"
 	"github.com/mpsd/mpsd/mps"
+	"github.com/mpsd/mpsd/policy"
 )
 
 // Fault kinds, as logs and metrics name them.
@@ -181,6 +182,78 @@ func faultVictim(fs []fault, id string) (fault, bool) {
 	return fault{}, false
 }
 
+// recoveryPlan is what one recovery does to its instance's counts and
+// leases (planRecoveryLocked).
+type recoveryPlan struct {
+	// barred: the culprit uids barred from the instance now.
+	barred []uint32
+	// quarantined: the instance was quarantined now.
+	quarantined bool
+	// victims: the running leases the faults name, oldest first; reasons:
+	// a victim's own fault's reason where it is not the combined one;
+	// spared: the victims whose requeue uses up no attempt.
+	victims []*lease
+	reasons map[string]string
+	spared  map[string]bool
+}
+
+// planRecoveryLocked counts the failure that the faults pending (combined
+// as f) make at now, and picks their victims. When every fault names its
+// culprit, each culprit uid is charged (culprit.go) and the instance stays
+// open to the group's others; otherwise the failure counts towards the
+// instance's quarantine. An operator's fault counts for neither.
+//
+// A lease already ending (its launcher left, release is killing it; or
+// another revocation has it) is its owner's to finish; every other running
+// lease the faults name is a victim, told the reason of the fault that
+// named it. A victim is spared (its requeue uses up no attempt) when every
+// fault names a culprit and it is none of them. It does no I/O: the
+// recovery acts on the plan (and mpsd's simulation checks it).
+func (in *instance) planRecoveryLocked(pending []fault, f fault, now time.Time, wd policy.WatchdogConfig) recoveryPlan {
+	var plan recoveryPlan
+	blamed, anonymous := culprits(pending)
+	if !f.admin && !anonymous {
+		plan.barred = in.chargeCulpritsLocked(blamed, now, wd)
+	} else if !f.admin {
+		keep := in.failures[:0]
+		for _, t := range in.failures {
+			if now.Sub(t) < wd.QuarantineWindow {
+				keep = append(keep, t)
+			}
+		}
+		in.failures = append(keep, now)
+		if len(in.failures) >= wd.QuarantineAfter && !in.holds.quarantined {
+			in.holds.quarantined = true
+			in.quarantinedFor = fmt.Sprintf("%d failures in %s%s%s", len(in.failures), wd.QuarantineWindow, lastFailure, f.reason)
+			plan.quarantined = true
+		}
+	}
+	for _, l := range in.leases {
+		if l.state != leaseRunning {
+			continue
+		}
+		vf, ok := faultVictim(pending, l.id)
+		if !ok {
+			continue
+		}
+		plan.victims = append(plan.victims, l)
+		if !anonymous && !slices.ContainsFunc(pending, func(p fault) bool { return p.culprit.lease == l.id }) {
+			if plan.spared == nil {
+				plan.spared = map[string]bool{}
+			}
+			plan.spared[l.id] = true
+		}
+		if vf.reason != f.reason {
+			if plan.reasons == nil {
+				plan.reasons = map[string]string{}
+			}
+			plan.reasons[l.id] = vf.reason
+		}
+	}
+	slices.SortFunc(plan.victims, func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
+	return plan
+}
+
 // recoverOnce handles the faults pending together in the instance's
 // supervisor, as one failure: it counts it (quarantine), revokes every
 // fault's victims and restarts what the strongest fault needs.
@@ -191,66 +264,21 @@ func (d *Daemon) recoverOnce(in *instance, pending []fault) {
 	wd := d.cfg.Watchdog
 	in.restartsBy[f.kind]++
 	in.restarts++
-	blamed, anonymous := culprits(pending)
-	if !f.admin && !anonymous {
-		// Every fault names its culprit: they are charged, per uid,
-		// and the instance stays open to the group's others.
-		for _, uid := range d.chargeCulpritsLocked(in, blamed, start, wd) {
-			b := in.barred[uid]
-			in.log.Error("uid barred from the instance: its clients' faults keep taking the server down; mpsctl resume lifts it",
-				"uid", uid, "until", b.until, "reason", b.reason)
-			d.reopenAfterBar(in, b.until)
-			d.store.request()
-		}
-	} else if !f.admin {
-		keep := in.failures[:0]
-		for _, t := range in.failures {
-			if start.Sub(t) < wd.QuarantineWindow {
-				keep = append(keep, t)
-			}
-		}
-		in.failures = append(keep, start)
-		if len(in.failures) >= wd.QuarantineAfter && !in.holds.quarantined {
-			in.holds.quarantined = true
-			in.quarantinedFor = fmt.Sprintf("%d failures in %s%s%s", len(in.failures), wd.QuarantineWindow, lastFailure, f.reason)
-			d.store.request()
-			in.log.Error("instance quarantined: it failed too often; mpsctl resume reopens it",
-				"failures", len(in.failures), "window", wd.QuarantineWindow)
-		}
+	plan := in.planRecoveryLocked(pending, f, start, wd)
+	for _, uid := range plan.barred {
+		b := in.barred[uid]
+		in.log.Error("uid barred from the instance: its clients' faults keep taking the server down; mpsctl resume lifts it",
+			"uid", uid, "until", b.until, "reason", b.reason)
+		d.reopenAfterBar(in, b.until)
+		d.store.request()
+	}
+	if plan.quarantined {
+		d.store.request()
+		in.log.Error("instance quarantined: it failed too often; mpsctl resume reopens it",
+			"failures", len(in.failures), "window", wd.QuarantineWindow)
 	}
 	failures := len(in.failures)
-	// A lease already ending (its launcher left, release is killing it;
-	// or another revocation has it) is its owner's to finish; every other
-	// lease of the instance the fault names is a victim.
-	// One revocation takes every victim (all recorded revoking in one
-	// state write before anything is killed); each is told the reason of
-	// the fault that named it.
-	// A victim is spared (its requeue uses up no attempt) when every
-	// fault handled now names a culprit and it is none of them.
-	var victims []*lease
-	var reasons map[string]string
-	var spared map[string]bool
-	for _, l := range in.leases {
-		if l.state != leaseRunning {
-			continue
-		}
-		if vf, ok := faultVictim(pending, l.id); ok {
-			victims = append(victims, l)
-			if !anonymous && !slices.ContainsFunc(pending, func(p fault) bool { return p.culprit.lease == l.id }) {
-				if spared == nil {
-					spared = map[string]bool{}
-				}
-				spared[l.id] = true
-			}
-			if vf.reason != f.reason {
-				if reasons == nil {
-					reasons = map[string]string{}
-				}
-				reasons[l.id] = vf.reason
-			}
-		}
-	}
-	slices.SortFunc(victims, func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
+	victims, reasons, spared := plan.victims, plan.reasons, plan.spared
 	dm := in.daemon
 	servers := in.mps.pids()
 	if f.restart == restartDaemon {

@@ -62,6 +62,13 @@ type Instance struct {
 	// member's client started without mps-launch). MPS makes a client of
 	// another uid wait behind them as behind leased ones.
 	ServerHeld bool
+	// ServerContested: clients of two uids hold the instance: running
+	// leases of one uid and a server of another with clients no lease
+	// accounts for. MPS makes a new client of either uid wait (the
+	// leased ones wait behind the unleased; a new client of the holder's
+	// uid waits behind the leased ones' pending start), so nothing is
+	// placed until one side has gone.
+	ServerContested bool
 	// Barred are uids the instance refuses for now: their clients' faults
 	// kept taking its server down. It is closed to them as a quarantine
 	// closes it to everyone; it lapses by itself.
@@ -183,7 +190,7 @@ func Place(r *Request, instances []Instance, mode Placement) (int, error) {
 			continue
 		}
 		swap := !in.Multiuser && in.ServerUp && in.ServerUID != r.UID
-		if swap && (in.Alloc.Clients > 0 || in.ServerHeld) {
+		if swap && (in.Alloc.Clients > 0 || in.ServerHeld) || !in.Multiuser && in.ServerContested {
 			continue // would wait behind another uid's clients
 		}
 		if best >= 0 {

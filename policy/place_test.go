@@ -30,6 +30,16 @@ func held(in Instance) Instance {
 	return in
 }
 
+func contested(in Instance) Instance {
+	in.ServerContested = true
+	return in
+}
+
+func multiuser(in Instance) Instance {
+	in.Multiuser = true
+	return in
+}
+
 func inState(in Instance, s InstanceState) Instance {
 	in.State = s
 	return in
@@ -97,6 +107,12 @@ func TestPlace(t *testing.T) {
 			[]Instance{held(withServer(ready("a", 0, Usage{}), 1)), ready("a", 1, Usage{SM: 90})}, Binpack, 1, nil},
 		{"held server of the same uid shares", req("a", 1, 10, gib),
 			[]Instance{held(withServer(ready("a", 0, Usage{}), 1))}, Binpack, 0, nil},
+		{"contested: not even the holder's uid", req("a", 1, 10, gib),
+			[]Instance{contested(held(withServer(ready("a", 0, Usage{SM: 10, Mem: gib, Clients: 1}), 1)))}, Binpack, -1, ErrNoRoomNow},
+		{"contested: placed away", req("a", 1, 10, gib),
+			[]Instance{contested(held(withServer(ready("a", 0, Usage{SM: 10, Mem: gib, Clients: 1}), 1))), ready("a", 1, Usage{SM: 90})}, Binpack, 1, nil},
+		{"contested means nothing on a multiuser instance", req("a", 1, 10, gib),
+			[]Instance{multiuser(contested(ready("a", 0, Usage{})))}, Binpack, 0, nil},
 		{"uid barred: closed to it", req("a", 2, 10, gib),
 			[]Instance{barred(ready("a", 0, Usage{}), 2)}, Binpack, -1, ErrOnlyClosed},
 		{"uid barred: placed away", req("a", 2, 10, gib),

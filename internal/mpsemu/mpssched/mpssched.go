@@ -76,15 +76,15 @@ type Host interface {
 type Sched struct {
 	host      Host
 	multiuser bool
-	// sharedUID is the daemon's uid: the uid of a -multiuser-server server.
-	sharedUID  int32
-	quitting bool
-	servers  []*Server
-	pending  []*request
+	// sharedUID is the uid of a -multiuser-server server.
+	sharedUID int32
+	quitting  bool
+	servers   []*Server
+	pending   []*request
 }
 
-// New is the scheduling of a daemon whose shared server (under -multiuser-server) runs as sharedUID, with
-// -multiuser-server when multiuser.
+// New is the scheduling of a daemon, with -multiuser-server when
+// multiuser; its shared server then runs as sharedUID.
 func New(h Host, multiuser bool, sharedUID int32) *Sched {
 	return &Sched{host: h, multiuser: multiuser, sharedUID: sharedUID}
 }

@@ -1,0 +1,765 @@
+package mpsd
+
+// A deterministic, seeded simulation of mpsd's core decisions on a fake
+// control daemon and a fake clock, in the manner of FoundationDB's
+// simulation and TigerBeetle's VOPR: one seed fixes every choice, so a
+// failing seed replays exactly.
+//
+// What runs is mpsd's own code for each decision: the MPS model
+// (mpsModel: servers, uids, unleased holders, exit verdicts), placement
+// (instance.policyViewAt and policy.Next, Assign and Release), a recovery's
+// plan (planRecoveryLocked: culprits charged, quarantine, victims, spares),
+// a clean exit's victims (exitVerdict.victims) and a requeue's charge
+// (lease.requeueCharge). The control daemon is the emulator's scheduling
+// (internal/mpsemu/mpssched, the one definition of MPS's rules the
+// emulated nvidia-cuda-mps-control runs on), with servers and clients as
+// records instead of processes. The glue between them (the queue, the
+// grant's bookkeeping, revocation and requeue) is the simulation's, kept
+// to what those functions need.
+//
+// Each step picks one of: a request from one of several users of a group
+// without multiuser and of a multiuser group, a client process starting
+// or exiting, a server becoming ready, an MPS event reaching mpsd (a
+// server's start or exit, an Xid), a client's fatal fault (its Xid names
+// it: a culprit), a server crash, an Xid naming no process, an unleased
+// client started or gone, a reconciliation, mpsctl resume, and time
+// passing. After every step the invariants are checked:
+//   - no lease is revoked by an expected MPS transition (a uid switch, a
+//     server MPS ended once idle, one mpsd shut down);
+//   - no grant is one MPS makes wait: a granted client never waits behind
+//     another uid's clients that mpsd knew of when it granted;
+//   - an instance's allocation equals its leases';
+//   - a victim of another lease's fault keeps its requeue attempts, and
+//     only a culprit spends one;
+//   - quarantine and uid bars follow the rule, counted independently.
+//
+// Replay one seed: go test ./mpsd -run '^TestSimulation$' -sim.seed=N -v
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/gpu"
+	"github.com/mpsd/mpsd/internal/mpsemu/mpssched"
+	"github.com/mpsd/mpsd/mps"
+	"github.com/mpsd/mpsd/policy"
+)
+
+var (
+	simSeed  = flag.Uint64("sim.seed", 0, "TestSimulation: run this seed only (replay)")
+	simSeeds = flag.Int("sim.seeds", 200, "TestSimulation: how many seeds")
+	simSteps = flag.Int("sim.steps", 500, "TestSimulation: steps per seed")
+)
+
+func TestSimulation(t *testing.T) {
+	seeds := make([]uint64, 0, *simSeeds)
+	if *simSeed != 0 {
+		seeds = append(seeds, *simSeed)
+	} else {
+		for i := range *simSeeds {
+			seeds = append(seeds, uint64(i+1))
+		}
+	}
+	totals := map[string]int{}
+	for _, seed := range seeds {
+		w := newSimWorld(seed)
+		err := w.run(*simSteps)
+		for k, v := range w.tally {
+			totals[k] += v
+		}
+		if err != nil {
+			t.Fatalf("seed %d, step %d: %v\nlast steps:\n%s\nreplay: go test ./mpsd -run '^TestSimulation$' -sim.seed=%d -sim.steps=%d -v",
+				seed, w.step, err, w.traceTail(40), seed, *simSteps)
+		}
+		if *simSeed != 0 {
+			t.Logf("trace:\n%s", strings.Join(w.trace, "\n"))
+		}
+	}
+	t.Logf("%d seeds x %d steps: %v", len(seeds), *simSteps, totals)
+	// The simulation is worth something only if it reached what it
+	// checks: uid switches, culprit faults, spared victims, bars.
+	if *simSeed == 0 {
+		for _, k := range []string{"grant", "uid switch", "culprit fault", "spared victim", "crash", "uid barred", "unleased held"} {
+			if totals[k] == 0 {
+				t.Errorf("no %q in %d seeds: the simulation no longer explores it", k, len(seeds))
+			}
+		}
+	}
+}
+
+// Leases per instance in the simulation, users per group.
+const (
+	simMaxLeases = 10
+	simUIDsA     = 1000 // group a (no multiuser): uids 1000..1002
+	simUIDsM     = 2000 // group m (multiuser): uids 2000..2002
+)
+
+type simWorld struct {
+	rng   *rand.Rand
+	now   time.Time
+	step  int
+	wd    policy.WatchdogConfig
+	insts []*simInst
+	// queues: the queued leases per group, arrival order.
+	queues map[string][]*lease
+	seq    uint64
+	pid    int
+	trace  []string
+	tally  map[string]int
+}
+
+// simInst is one instance: mpsd's view (in) and the fake control daemon.
+type simInst struct {
+	w     *simWorld
+	in    *instance
+	sched *mpssched.Sched
+	// servers: the fake servers alive, by pid.
+	servers map[int]*simServer
+	// clients: every client process alive, by pid.
+	clients map[int]*simClient
+	// events: what MPS and the driver told mpsd, not yet delivered, in
+	// order (mps.Daemon's events are ordered per daemon).
+	events []simEvent
+	// The simulation's own count for the quarantine rule.
+	anonFailures []time.Time
+	uidFaults    map[uint32][]time.Time
+	// started: the processes each lease's attempt started.
+	started map[*lease]int
+	// knownUnleased: the unleased clients the last reconciliation saw,
+	// by pid, with the time it saw them.
+	knownUnleased map[int]time.Time
+}
+
+type simServer struct {
+	pid     int
+	uid     int32
+	sv      *mpssched.Server
+	clients map[int]*simClient
+	// faulted: a client's fatal fault put it in FAULT: its clients hold a
+	// sticky error and wait for the recovery to end them.
+	faulted bool
+}
+
+type simClient struct {
+	pid    int
+	uid    uint32
+	lease  *lease // nil: unleased
+	server *simServer
+	req    *mpssched.Client // while it waits inside MPS
+	// grantedAt: the lease's grant (the check of waits is against what
+	// mpsd knew then).
+	grantedAt time.Time
+	doomed    bool // its server faulted or crashed
+}
+
+type simEventKind uint8
+
+const (
+	evStarted simEventKind = iota
+	evExited
+	evXid
+)
+
+type simEvent struct {
+	kind simEventKind
+	pid  int
+	uid  int32
+	// exit: status 0 or a signal; expected: the simulation knows MPS
+	// ended the server itself (idle after a switch) or mpsd shut it down.
+	signal   int
+	expected bool
+	// xid: the faulting client's pid (0: none), and whether it is a real
+	// fault (every Xid the simulation raises is).
+	xidPID int
+}
+
+func newSimWorld(seed uint64) *simWorld {
+	w := &simWorld{
+		rng:    rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15)),
+		now:    time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+		wd:     policy.WatchdogConfig{QuarantineAfter: 3, QuarantineWindow: 10 * time.Minute},
+		queues: map[string][]*lease{},
+		pid:    100,
+		tally:  map[string]int{},
+	}
+	for i, g := range []struct {
+		name      string
+		multiuser bool
+	}{{"a", false}, {"m", true}} {
+		in := &instance{
+			key: fmt.Sprintf("%s/%d", g.name, i), group: g.name, gpus: []gpu.Info{{Index: i}},
+			log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			p: policy.Instance{Group: g.name, GPUs: []int{i}, Multiuser: g.multiuser,
+				Budget: policy.Usage{SM: 100, Mem: 1 << 40, Clients: 48}},
+			mps: newMPSModel(), life: instUp, leases: map[string]*lease{},
+			restartsBy: map[string]int{}, faults: map[string]int{},
+		}
+		si := &simInst{w: w, in: in, servers: map[int]*simServer{}, clients: map[int]*simClient{},
+			uidFaults: map[uint32][]time.Time{}, started: map[*lease]int{}, knownUnleased: map[int]time.Time{}}
+		si.sched = mpssched.New(simHost{si}, g.multiuser, 0)
+		w.insts = append(w.insts, si)
+	}
+	return w
+}
+
+func (w *simWorld) logf(format string, args ...any) {
+	w.trace = append(w.trace, fmt.Sprintf("%4d %s ", w.step, w.now.Format("15:04:05.000"))+fmt.Sprintf(format, args...))
+}
+
+func (w *simWorld) traceTail(n int) string {
+	return strings.Join(w.trace[max(0, len(w.trace)-n):], "\n")
+}
+
+func (w *simWorld) nextPID() int { w.pid++; return w.pid }
+
+// run takes steps steps, checking the invariants after each.
+func (w *simWorld) run(steps int) error {
+	for w.step = 1; w.step <= steps; w.step++ {
+		if err := w.takeStep(); err != nil {
+			return err
+		}
+		for _, si := range w.insts {
+			w.schedule(si)
+		}
+		if err := w.check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (w *simWorld) pick(n int) int { return w.rng.IntN(n) }
+
+func (w *simWorld) takeStep() error {
+	w.now = w.now.Add(time.Duration(w.rng.IntN(2000)) * time.Millisecond)
+	si := w.insts[w.pick(len(w.insts))]
+	switch r := w.pick(100); {
+	case r < 14:
+		w.request(si)
+	case r < 30:
+		w.startClient(si)
+	case r < 44:
+		w.exitClient(si)
+	case r < 54:
+		w.serverReady(si)
+	case r < 76:
+		return w.deliver(si)
+	case r < 80:
+		w.clientFault(si)
+	case r < 82:
+		w.serverCrash(si)
+	case r < 83:
+		w.anonXid(si)
+	case r < 87:
+		w.unleasedClient(si)
+	case r < 92:
+		w.reconcile(si)
+	case r < 93:
+		w.resume(si)
+	case r < 94:
+		w.now = w.now.Add(time.Duration(1+w.rng.IntN(6)) * time.Minute)
+		w.logf("time passes")
+	default:
+		return w.deliver(si)
+	}
+	return nil
+}
+
+// request: a member asks for a lease.
+func (w *simWorld) request(si *simInst) {
+	in := si.in
+	if len(in.leases)+len(w.queues[in.group]) >= simMaxLeases {
+		return
+	}
+	base := simUIDsA
+	if in.p.Multiuser {
+		base = simUIDsM
+	}
+	uid := uint32(base + w.pick(3))
+	w.seq++
+	l := &lease{
+		id: fmt.Sprintf("L%d", w.seq), group: in.group, uid: uid, state: leaseQueued,
+		requeue: 2, attempt: 1, created: w.now, queuedAt: w.now,
+		req: policy.Request{Group: in.group, UID: uid, SM: 5 + 5*w.pick(6), Mem: 1 << 20, GPUs: 1,
+			Procs: 1 + w.pick(2), Seq: w.seq},
+	}
+	w.queues[in.group] = append(w.queues[in.group], l)
+	w.logf("request %s uid %d group %s sm %d procs %d", l.id, uid, in.group, l.req.SM, l.req.Procs)
+}
+
+// schedule places the head of the group's queue while it fits, as
+// scheduleLocked does.
+func (w *simWorld) schedule(si *simInst) {
+	in := si.in
+	for len(w.queues[in.group]) > 0 {
+		q := w.queues[in.group]
+		reqs := make([]policy.Request, len(q))
+		for i, l := range q {
+			reqs[i] = l.req
+		}
+		qi, _, err := policy.Next(reqs, []policy.Instance{in.policyViewAt(w.now)}, policy.Binpack)
+		if err != nil {
+			return
+		}
+		l := q[qi]
+		w.queues[in.group] = slices.Delete(q, qi, qi+1)
+		in.p.Assign(&l.req)
+		in.leases[l.id] = l
+		l.inst, l.state, l.grantedAt = in, leaseRunning, w.now
+		w.tally["grant"]++
+		w.logf("grant %s uid %d attempt %d on %s", l.id, l.uid, l.attempt, in.key)
+	}
+}
+
+// leaseClients are the client processes alive of l.
+func (si *simInst) leaseClients(l *lease) []*simClient {
+	var out []*simClient
+	for _, pid := range slices.Sorted(maps.Keys(si.clients)) {
+		if c := si.clients[pid]; c.lease == l {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// startedOf: how many of l's processes its attempt started (each once; a
+// lease whose processes all ran and exited is released).
+func (si *simInst) startedOf(l *lease) int { return si.started[l] }
+
+// startClient: a granted lease's command starts one more CUDA process.
+func (w *simWorld) startClient(si *simInst) {
+	var cands []*lease
+	for _, id := range slices.Sorted(maps.Keys(si.in.leases)) {
+		l := si.in.leases[id]
+		if l.state == leaseRunning && si.startedOf(l) < l.req.Procs {
+			cands = append(cands, l)
+		}
+	}
+	if len(cands) == 0 {
+		return
+	}
+	l := cands[w.pick(len(cands))]
+	si.started[l]++
+	c := &simClient{pid: w.nextPID(), uid: l.uid, lease: l, grantedAt: l.grantedAt}
+	l.pids = append(l.pids, c.pid) // what its cgroup holds
+	w.logf("client %d of %s (uid %d) starts", c.pid, l.id, l.uid)
+	si.connect(c)
+}
+
+// connect: a client asks the control daemon for a server.
+func (si *simInst) connect(c *simClient) {
+	si.clients[c.pid] = c
+	req, now := si.sched.Request(c.pid, int32(c.uid), c)
+	if !now && !req.Done {
+		c.req = req
+	}
+}
+
+// exitClient: a client process exits by itself; a lease whose processes
+// have all run and exited is released (its launcher reports the end).
+func (w *simWorld) exitClient(si *simInst) {
+	var cands []*simClient
+	for _, pid := range slices.Sorted(maps.Keys(si.clients)) {
+		if c := si.clients[pid]; !c.doomed && c.lease != nil {
+			cands = append(cands, c)
+		}
+	}
+	if len(cands) == 0 {
+		return
+	}
+	c := cands[w.pick(len(cands))]
+	w.logf("client %d of %s exits", c.pid, c.lease.id)
+	si.gone(c)
+	l := c.lease
+	if len(si.leaseClients(l)) == 0 && si.startedOf(l) >= l.req.Procs && l.state == leaseRunning {
+		si.in.p.Release(&l.req)
+		delete(si.in.leases, l.id)
+		l.state, l.inst = leaseReleasing, nil
+		w.logf("release %s", l.id)
+	}
+}
+
+// gone: a client process is gone (exited, killed, or died with its
+// server). Its server, asked to exit and now idle, exits with status 0.
+func (si *simInst) gone(c *simClient) {
+	delete(si.clients, c.pid)
+	if c.req != nil {
+		c.req.Done = true // it gave up waiting
+	}
+	if sv := c.server; sv != nil {
+		delete(sv.clients, c.pid)
+		c.server = nil
+		if si.servers[sv.pid] == sv && mpssched.ExitsWhenIdle(sv.sv.Stopping, len(sv.clients)) {
+			si.serverGone(sv, 0, true)
+		}
+	}
+}
+
+// serverGone: a server process exited; the control daemon reaps it at
+// once, mpsd hears of it through an event.
+func (si *simInst) serverGone(sv *simServer, signal int, expected bool) {
+	delete(si.servers, sv.pid)
+	for _, pid := range slices.Sorted(maps.Keys(sv.clients)) {
+		c := sv.clients[pid]
+		c.server = nil
+		c.doomed = true // died with its server
+		delete(si.clients, pid)
+	}
+	si.w.logf("server %d (uid %d) exits signal %d expected %v", sv.pid, sv.uid, signal, expected)
+	if expected && signal == 0 {
+		si.w.tally["uid switch"]++
+	}
+	si.events = append(si.events, simEvent{kind: evExited, pid: sv.pid, uid: sv.uid, signal: signal, expected: expected})
+	si.sched.Exited(sv.sv)
+}
+
+func (w *simWorld) serverReady(si *simInst) {
+	for _, s := range si.sched.Servers() {
+		if !s.Ready {
+			w.logf("server %d ready", s.PID)
+			si.sched.Ready(s)
+			return
+		}
+	}
+}
+
+// simHost is the fake control daemon's side of mpssched: servers and
+// clients are records.
+type simHost struct{ si *simInst }
+
+func (h simHost) StartServer(uid int32) *mpssched.Server {
+	si := h.si
+	sv := &simServer{pid: si.w.nextPID(), uid: uid, clients: map[int]*simClient{}}
+	sv.sv = &mpssched.Server{PID: sv.pid, UID: uid, Ref: sv}
+	si.servers[sv.pid] = sv
+	si.events = append(si.events, simEvent{kind: evStarted, pid: sv.pid, uid: uid})
+	si.w.logf("server %d starts for uid %d", sv.pid, uid)
+	return sv.sv
+}
+
+func (h simHost) AskShutdown(s *mpssched.Server) {
+	sv := s.Ref.(*simServer)
+	h.si.w.logf("server %d asked to exit (%d clients)", sv.pid, len(sv.clients))
+	if mpssched.ExitsWhenIdle(true, len(sv.clients)) {
+		h.si.serverGone(sv, 0, true)
+	}
+}
+
+func (h simHost) HandOver(mc *mpssched.Client, s *mpssched.Server) {
+	c := mc.Ref.(*simClient)
+	sv := s.Ref.(*simServer)
+	if h.si.clients[c.pid] != c {
+		return
+	}
+	c.req, c.server = nil, sv
+	sv.clients[c.pid] = c
+	if sv.faulted {
+		c.doomed = true
+	}
+	h.si.w.logf("client %d handed to server %d", c.pid, sv.pid)
+}
+
+func (h simHost) Refuse(mc *mpssched.Client) {}
+
+// deliver hands mpsd the oldest event of the instance, as its watcher
+// would, and acts on it with mpsd's own decisions.
+func (w *simWorld) deliver(si *simInst) error {
+	if len(si.events) == 0 {
+		return nil
+	}
+	ev := si.events[0]
+	si.events = si.events[1:]
+	in := si.in
+	switch ev.kind {
+	case evStarted:
+		in.mps.serverStarted(ev.pid, int(ev.uid))
+		w.logf("mpsd: server %d started (uid %d)", ev.pid, ev.uid)
+	case evExited:
+		v := in.mps.serverExited(mps.Event{Kind: mps.ServerExited, PID: ev.pid, Signal: syscall.Signal(ev.signal)}, in.leases, in.p.Multiuser)
+		victims := v.victims()
+		w.logf("mpsd: server %d exited: %s, %d victims", ev.pid, v.kind, len(victims))
+		if len(victims) == 0 {
+			return nil
+		}
+		if ev.expected {
+			return fmt.Errorf("server %d's exit was MPS's own (a uid switch or an idle server's end, or mpsd's shutdown), yet mpsd took it for a crash of %s", ev.pid, simIDs(victims))
+		}
+		ids := make([]string, len(victims))
+		for i, l := range victims {
+			ids[i] = l.id
+		}
+		return w.recover(si, []fault{{kind: faultServerExit, restart: restartNone, leases: ids, reason: "server died"}})
+	case evXid:
+		f := fault{kind: faultXid, restart: restartServer, reason: "Xid"}
+		if c := w.leaseOfPID(si, ev.xidPID); c != nil {
+			f.culprit = culpritID{lease: c.id, uid: c.uid}
+		}
+		w.logf("mpsd: Xid pid %d culprit %q", ev.xidPID, f.culprit.lease)
+		return w.recover(si, []fault{f})
+	}
+	return nil
+}
+
+// leaseOfPID is the running lease whose cgroup held pid: an Xid names the
+// culprit's process, which may have died since.
+func (w *simWorld) leaseOfPID(si *simInst, pid int) *lease {
+	if pid == 0 {
+		return nil
+	}
+	for _, id := range slices.Sorted(maps.Keys(si.in.leases)) {
+		l := si.in.leases[id]
+		if slices.Contains(l.pids, pid) && l.state == leaseRunning {
+			return l
+		}
+	}
+	return nil
+}
+
+// clientFault: a leased client's fatal fault puts its server in FAULT;
+// every client of it holds a sticky error; the driver raises an Xid
+// naming the culprit's pid.
+func (w *simWorld) clientFault(si *simInst) {
+	var cands []*simClient
+	for _, pid := range slices.Sorted(maps.Keys(si.clients)) {
+		if c := si.clients[pid]; c.lease != nil && c.server != nil && !c.server.faulted {
+			cands = append(cands, c)
+		}
+	}
+	if len(cands) == 0 {
+		return
+	}
+	c := cands[w.pick(len(cands))]
+	sv := c.server
+	sv.faulted = true
+	for _, o := range sv.clients {
+		o.doomed = true
+	}
+	w.tally["culprit fault"]++
+	w.logf("client %d of %s (uid %d) faults server %d", c.pid, c.lease.id, c.uid, sv.pid)
+	si.events = append(si.events, simEvent{kind: evXid, xidPID: c.pid})
+}
+
+// serverCrash: a server dies by a signal; its clients die with it.
+func (w *simWorld) serverCrash(si *simInst) {
+	pids := slices.Sorted(maps.Keys(si.servers))
+	if len(pids) == 0 {
+		return
+	}
+	sv := si.servers[pids[w.pick(len(pids))]]
+	w.tally["crash"]++
+	si.serverGone(sv, 11, false)
+}
+
+// anonXid: an Xid that names no process takes the instance's server down.
+func (w *simWorld) anonXid(si *simInst) {
+	w.logf("Xid without a pid")
+	si.events = append(si.events, simEvent{kind: evXid})
+}
+
+// unleasedClient: a member starts a client without a lease, or one ends.
+func (w *simWorld) unleasedClient(si *simInst) {
+	for _, pid := range slices.Sorted(maps.Keys(si.clients)) {
+		if c := si.clients[pid]; c.lease == nil && w.pick(2) == 0 {
+			w.logf("unleased client %d exits", c.pid)
+			si.gone(c)
+			return
+		}
+	}
+	base := simUIDsA
+	if si.in.p.Multiuser {
+		base = simUIDsM
+	}
+	c := &simClient{pid: w.nextPID(), uid: uint32(base + w.pick(3))}
+	w.logf("unleased client %d of uid %d starts", c.pid, c.uid)
+	si.connect(c)
+}
+
+// reconcile: mpsd lists the servers' clients and counts those no lease
+// holds (reconciliation under "report": it ends none).
+func (w *simWorld) reconcile(si *simInst) {
+	by := map[int]int{}
+	clear(si.knownUnleased)
+	for _, pid := range slices.Sorted(maps.Keys(si.servers)) {
+		sv := si.servers[pid]
+		if _, known := si.in.mps.servers[pid]; !known {
+			continue // not verified yet: mpsd lists only its verified servers
+		}
+		for _, c := range sv.clients {
+			if c.lease == nil {
+				by[pid]++
+				si.knownUnleased[c.pid] = w.now
+			}
+		}
+	}
+	si.in.mps.setUnleased(by)
+	if len(by) > 0 {
+		w.tally["unleased held"]++
+	}
+	w.logf("reconcile: unleased %v", by)
+}
+
+// resume: mpsctl resume lifts the quarantine and the bars.
+func (w *simWorld) resume(si *simInst) {
+	in := si.in
+	in.holds.quarantined, in.quarantinedFor, in.failures = false, "", nil
+	in.liftBarsLocked()
+	si.anonFailures, si.uidFaults = nil, map[uint32][]time.Time{}
+	w.logf("resume %s", in.key)
+}
+
+// recover runs one recovery of the faults: mpsd's plan, then the
+// revocation, the server's restart and the requeues.
+func (w *simWorld) recover(si *simInst, faults []fault) error {
+	in := si.in
+	f := combineFaults(faults)
+	attemptsBefore := map[string]int{}
+	for id, l := range in.leases {
+		attemptsBefore[id] = l.charged()
+	}
+	blamed, anonymous := culprits(faults)
+	plan := in.planRecoveryLocked(faults, f, w.now, w.wd)
+	// The simulation's own count of the rule.
+	if anonymous {
+		si.anonFailures = append(slices.DeleteFunc(si.anonFailures, func(t time.Time) bool { return w.now.Sub(t) >= w.wd.QuarantineWindow }), w.now)
+		if want := len(si.anonFailures) >= w.wd.QuarantineAfter; want && !in.holds.quarantined {
+			return fmt.Errorf("%d failures naming no culprit in the window, yet %s is not quarantined", len(si.anonFailures), in.key)
+		}
+		if plan.quarantined && len(si.anonFailures) < w.wd.QuarantineAfter {
+			return fmt.Errorf("%s quarantined after %d failures in the window", in.key, len(si.anonFailures))
+		}
+	} else {
+		for uid := range blamed {
+			si.uidFaults[uid] = append(slices.DeleteFunc(si.uidFaults[uid], func(t time.Time) bool { return w.now.Sub(t) >= w.wd.QuarantineWindow }), w.now)
+		}
+		if plan.quarantined {
+			return fmt.Errorf("%s quarantined for faults that all named culprits", in.key)
+		}
+		for uid := range blamed {
+			barred := slices.Contains(plan.barred, uid)
+			if want := len(si.uidFaults[uid]) >= w.wd.QuarantineAfter; want != barred && !(want && slices.Contains(in.barredUIDs(w.now.Add(-time.Nanosecond)), uid)) {
+				return fmt.Errorf("uid %d has %d culprit faults in the window; barred now: %v", uid, len(si.uidFaults[uid]), barred)
+			}
+			if barred {
+				w.tally["uid barred"]++
+			}
+		}
+	}
+	w.logf("recovery: %s, culprits %v, victims %s, spared %v", f.kind, slices.Sorted(maps.Keys(blamed)), simIDs(plan.victims), slices.Sorted(maps.Keys(plan.spared)))
+	// Revoke: each victim's processes are killed, its allocation freed.
+	for _, l := range plan.victims {
+		l.spareNext = plan.spared[l.id]
+		for _, c := range si.leaseClients(l) {
+			si.gone(c)
+		}
+		l.state = leaseRevoking
+	}
+	// Restart the servers (restartServer): mpsd shuts down each server
+	// it knows of (in.mps.pids, as recoverOnce) itself.
+	if f.restart == restartServer {
+		for _, pid := range in.mps.pids() {
+			if in.mps.shuttingDown(pid) == nil {
+				continue
+			}
+			if sv := si.servers[pid]; sv != nil {
+				si.serverGone(sv, 2, true)
+			}
+		}
+	}
+	for _, l := range plan.victims {
+		spare, exhausted := l.requeueCharge(false)
+		if plan.spared[l.id] {
+			w.tally["spared victim"]++
+			if !spare || exhausted {
+				return fmt.Errorf("%s, a victim of another lease's fault, was charged (spare %v, exhausted %v)", l.id, spare, exhausted)
+			}
+		} else if spare {
+			return fmt.Errorf("%s was spared although the fault was its own or named no culprit", l.id)
+		}
+		in.p.Release(&l.req)
+		delete(in.leases, l.id)
+		l.inst, l.pids = nil, nil
+		delete(si.started, l)
+		if exhausted {
+			l.state = leaseReleasing
+			w.logf("%s ends: no requeue attempts left", l.id)
+			continue
+		}
+		l.attempt++
+		if spare {
+			l.spared++
+		}
+		if got, was := l.charged(), attemptsBefore[l.id]; got != was+map[bool]int{true: 0, false: 1}[spare] {
+			return fmt.Errorf("%s charged %d attempts, was %d, spare %v", l.id, got, was, spare)
+		}
+		l.state, l.req.Requeued, l.queuedAt = leaseQueued, true, w.now
+		w.queues[l.group] = append(w.queues[l.group], l)
+	}
+	return nil
+}
+
+func simIDs(ls []*lease) string {
+	ids := make([]string, len(ls))
+	for i, l := range ls {
+		ids[i] = l.id
+	}
+	return "[" + strings.Join(ids, " ") + "]"
+}
+
+// check verifies the invariants that hold between steps.
+func (w *simWorld) check() error {
+	for _, si := range w.insts {
+		in := si.in
+		// The allocation is the leases'.
+		want := policy.Instance{Multiuser: in.p.Multiuser}
+		for _, id := range slices.Sorted(maps.Keys(in.leases)) {
+			l := in.leases[id]
+			if l.state != leaseRunning {
+				return fmt.Errorf("lease %s on %s in state %v between steps", id, in.key, l.state)
+			}
+			want.Assign(&l.req)
+		}
+		if want.Alloc != in.p.Alloc {
+			return fmt.Errorf("%s allocates %+v; its leases hold %+v", in.key, in.p.Alloc, want.Alloc)
+		}
+		// No grant MPS makes wait: a granted client waits inside MPS only
+		// behind a server that is starting, one of its own uid, or another
+		// uid's whose clients mpsd could not know of when it granted.
+		if in.p.Multiuser {
+			continue
+		}
+		for _, pid := range slices.Sorted(maps.Keys(si.clients)) {
+			c := si.clients[pid]
+			if c.lease == nil || c.req == nil || c.doomed {
+				continue
+			}
+			for _, sv := range si.servers {
+				if sv.uid == int32(c.uid) {
+					continue
+				}
+				for _, o := range sv.clients {
+					switch {
+					case o.doomed:
+					case o.lease != nil && o.lease.state == leaseRunning:
+						return fmt.Errorf("client %d of %s (uid %d) waits inside MPS behind running lease %s of uid %d on server %d",
+							c.pid, c.lease.id, c.uid, o.lease.id, o.uid, sv.pid)
+					case o.lease == nil:
+						if seen, ok := si.knownUnleased[o.pid]; ok && !seen.After(c.grantedAt) && in.mps.held() {
+							return fmt.Errorf("client %d of %s (uid %d) was granted after mpsd saw unleased client %d of uid %d hold server %d",
+								c.pid, c.lease.id, c.uid, o.pid, o.uid, sv.pid)
+						}
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
