@@ -21,8 +21,9 @@ package mpsd
 // without multiuser and of a multiuser group, a client process starting
 // or exiting, a server becoming ready, an MPS event reaching mpsd (a
 // server's start or exit, an Xid), a client's fatal fault (its Xid names
-// it: a culprit), a server crash, an Xid naming no process, an unleased
-// client started or gone, a reconciliation, mpsctl resume, and time
+// it: a culprit), a server crash, an Xid naming no process, a control
+// daemon that stops answering, an unleased client started or gone, a
+// reconciliation, a reload of the group's budget, mpsctl resume, and time
 // passing. After every step the invariants are checked:
 //   - no lease is revoked by an expected MPS transition (a uid switch, a
 //     server MPS ended once idle, one mpsd shut down);
@@ -36,6 +37,7 @@ package mpsd
 // Replay one seed: go test ./mpsd -run '^TestSimulation$' -sim.seed=N -v
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -88,7 +90,7 @@ func TestSimulation(t *testing.T) {
 	// The simulation is worth something only if it reached what it
 	// checks: uid switches, culprit faults, spared victims, bars.
 	if *simSeed == 0 {
-		for _, k := range []string{"grant", "uid switch", "culprit fault", "spared victim", "crash", "uid barred", "unleased held"} {
+		for _, k := range []string{"grant", "uid switch", "culprit fault", "spared victim", "crash", "uid barred", "unleased held", "daemon hang", "refused after a reload"} {
 			if totals[k] == 0 {
 				t.Errorf("no %q in %d seeds: the simulation no longer explores it", k, len(seeds))
 			}
@@ -268,6 +270,10 @@ func (w *simWorld) takeStep() error {
 	case r < 94:
 		w.now = w.now.Add(time.Duration(1+w.rng.IntN(6)) * time.Minute)
 		w.logf("time passes")
+	case r < 95:
+		return w.daemonHang(si)
+	case r < 96:
+		w.reload(si)
 	default:
 		return w.deliver(si)
 	}
@@ -307,6 +313,16 @@ func (w *simWorld) schedule(si *simInst) {
 			reqs[i] = l.req
 		}
 		qi, _, err := policy.Next(reqs, []policy.Instance{in.policyViewAt(w.now)}, policy.Binpack)
+		if errors.Is(err, policy.ErrNeverFits) {
+			// A reload shrank the group under it: refused, as
+			// scheduleLocked does.
+			l := q[qi]
+			w.queues[in.group] = slices.Delete(q, qi, qi+1)
+			l.state = leaseReleasing
+			w.tally["refused after a reload"]++
+			w.logf("%s refused: it can no longer fit", l.id)
+			continue
+		}
 		if err != nil {
 			return
 		}
@@ -565,6 +581,37 @@ func (w *simWorld) anonXid(si *simInst) {
 	si.events = append(si.events, simEvent{kind: evXid})
 }
 
+// daemonHang: the control daemon stops answering; mpsd's probes fail
+// until it counts it hung, revokes every lease and replaces the daemon
+// (restartDaemon). What the old daemon's servers do meanwhile reaches
+// nobody: mpsd reads the new daemon's events only.
+func (w *simWorld) daemonHang(si *simInst) error {
+	w.tally["daemon hang"]++
+	w.logf("daemon of %s hangs", si.in.key)
+	if err := w.recover(si, []fault{{kind: faultHung, restart: restartDaemon, reason: "control daemon stopped answering"}}); err != nil {
+		return err
+	}
+	// The old daemon, its servers and their clients are gone.
+	for _, pid := range slices.Sorted(maps.Keys(si.clients)) {
+		c := si.clients[pid]
+		c.doomed = true
+		delete(si.clients, pid)
+	}
+	clear(si.servers)
+	si.events = nil
+	si.sched = mpssched.New(simHost{si}, si.in.p.Multiuser, 0)
+	w.logf("new daemon for %s", si.in.key)
+	return nil
+}
+
+// reload: the group's SM budget changes (a config reload); a queued
+// request that can never fit any more is refused.
+func (w *simWorld) reload(si *simInst) {
+	sm := []int{20, 60, 100}[w.pick(3)]
+	si.in.p.Budget.SM = sm
+	w.logf("reload: group %s's budget is %d%% SM", si.in.group, sm)
+}
+
 // unleasedClient: a member starts a client without a lease, or one ends.
 func (w *simWorld) unleasedClient(si *simInst) {
 	for _, pid := range slices.Sorted(maps.Keys(si.clients)) {
@@ -661,6 +708,9 @@ func (w *simWorld) recover(si *simInst, faults []fault) error {
 			si.gone(c)
 		}
 		l.state = leaseRevoking
+	}
+	if f.restart == restartDaemon {
+		in.mps.daemonGone() // as recoverOnce does
 	}
 	// Restart the servers (restartServer): mpsd shuts down each server
 	// it knows of (in.mps.pids, as recoverOnce) itself.
