@@ -560,9 +560,10 @@ type InstanceStatus struct {
 	QuarantineReason string `json:"quarantine_reason,omitempty"`
 	// DriverVersion is the NVIDIA driver NVML reports ("580.159.04"),
 	// whose generation decides what the instance's MPS offers;
-	// MPSVersion the "binary version" the instance's control daemon
-	// logged at its start ("13000", CUDA 13.0; daemons before 580 log
-	// none). Empty when unknown.
+	// MPSVersion the version of its MPS control binary ("13000", CUDA
+	// 13.0): the driver's CUDA version as NVML reports it, from 580 on,
+	// where the binary states one (never read from control.log, which
+	// any member can write). Empty before 580 and when unknown.
 	DriverVersion string `json:"driver_version,omitempty"`
 	MPSVersion    string `json:"mps_version,omitempty"`
 	// ClientsAllocated is the clients the running leases are charged of

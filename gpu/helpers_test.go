@@ -147,10 +147,11 @@ type fakeLib struct {
 
 func newFakeLib(devs ...nvml.Device) *fakeLib {
 	return &fakeLib{Interface: &mock.Interface{
-		InitFunc:                   func() nvml.Return { return nvml.SUCCESS },
-		ShutdownFunc:               func() nvml.Return { return nvml.SUCCESS },
-		DeviceGetCountFunc:         func() (int, nvml.Return) { return len(devs), nvml.SUCCESS },
-		SystemGetDriverVersionFunc: func() (string, nvml.Return) { return "580.159.04", nvml.SUCCESS },
+		InitFunc:                       func() nvml.Return { return nvml.SUCCESS },
+		ShutdownFunc:                   func() nvml.Return { return nvml.SUCCESS },
+		DeviceGetCountFunc:             func() (int, nvml.Return) { return len(devs), nvml.SUCCESS },
+		SystemGetDriverVersionFunc:     func() (string, nvml.Return) { return "580.159.04", nvml.SUCCESS },
+		SystemGetCudaDriverVersionFunc: func() (int, nvml.Return) { return 13000, nvml.SUCCESS },
 		DeviceGetHandleByIndexFunc: func(i int) (nvml.Device, nvml.Return) {
 			if i < 0 || i >= len(devs) {
 				return nil, nvml.ERROR_INVALID_ARGUMENT

@@ -66,6 +66,14 @@ func New(lib nvml.Interface, log *slog.Logger) (*Host, error) {
 	} else {
 		log.Warn("NVML reports no driver version", "err", nvmlErr(ret))
 	}
+	switch v, ret := lib.SystemGetCudaDriverVersion(); {
+	case ret != nvml.SUCCESS:
+		log.Warn("NVML reports no CUDA driver version", "err", nvmlErr(ret))
+	case v > 0:
+		for i := range h.devs {
+			h.devs[i].info.CUDADriverVersion = v
+		}
+	}
 	for _, d := range h.devs {
 		log.Debug("gpu found", "index", d.info.Index, "uuid", d.info.UUID, "name", d.info.Name,
 			"memory_bytes", d.info.MemoryTotalBytes, "compute_capability", d.info.ComputeCapability.String(),

@@ -68,12 +68,13 @@ func TestInventory(t *testing.T) {
 		name   string
 		memory uint64
 		cc     ComputeCapability
+		cuda   int
 	}{
-		{SimSpec{}, 2, "Mock NVIDIA A100-SXM4-40GB", 40960 << 20, ComputeCapability{8, 0}},
-		{SimSpec{GPUs: 8, Model: "a100-40g"}, 8, "Mock NVIDIA A100-SXM4-40GB", 40960 << 20, ComputeCapability{8, 0}},
-		{SimSpec{GPUs: 1, Model: "h100-80g"}, 1, "NVIDIA H100 80GB HBM3", 81920 << 20, ComputeCapability{9, 0}},
-		{SimSpec{GPUs: 4, Model: "H200-141G"}, 4, "NVIDIA H200 141GB HBM3e", 144384 << 20, ComputeCapability{9, 0}},
-		{SimSpec{GPUs: 3, Model: "b200-180g"}, 3, "NVIDIA B200 180GB HBM3e", 184320 << 20, ComputeCapability{10, 0}},
+		{SimSpec{}, 2, "Mock NVIDIA A100-SXM4-40GB", 40960 << 20, ComputeCapability{8, 0}, 12080},
+		{SimSpec{GPUs: 8, Model: "a100-40g"}, 8, "Mock NVIDIA A100-SXM4-40GB", 40960 << 20, ComputeCapability{8, 0}, 12080},
+		{SimSpec{GPUs: 1, Model: "h100-80g"}, 1, "NVIDIA H100 80GB HBM3", 81920 << 20, ComputeCapability{9, 0}, 12040},
+		{SimSpec{GPUs: 4, Model: "H200-141G"}, 4, "NVIDIA H200 141GB HBM3e", 144384 << 20, ComputeCapability{9, 0}, 13000},
+		{SimSpec{GPUs: 3, Model: "b200-180g"}, 3, "NVIDIA B200 180GB HBM3e", 184320 << 20, ComputeCapability{10, 0}, 12080},
 	}
 	for _, tc := range tests {
 		t.Run(tc.spec.Model+"/"+tc.name, func(t *testing.T) {
@@ -85,7 +86,7 @@ func TestInventory(t *testing.T) {
 			for i, g := range got {
 				want := Info{
 					Index: i, UUID: SimUUID(i), Name: tc.name, MemoryTotalBytes: tc.memory,
-					ComputeCapability: tc.cc, MIGMode: MIGDisabled, ComputeMode: ComputeModeDefault,
+					ComputeCapability: tc.cc, MIGMode: MIGDisabled, ComputeMode: ComputeModeDefault, CUDADriverVersion: tc.cuda,
 				}
 				if g != want {
 					t.Errorf("GPU %d = %+v; want %+v", i, g, want)
@@ -112,9 +113,9 @@ func TestInventoryToleratesUnsupportedFields(t *testing.T) {
 	defer h.Close()
 	got := h.GPUs()
 	want := []Info{
-		{Index: 0, UUID: "GPU-11111111-2222-3333-4444-555555555555", MIGMode: MIGUnsupported, ComputeMode: ComputeModeUnknown},
+		{Index: 0, UUID: "GPU-11111111-2222-3333-4444-555555555555", MIGMode: MIGUnsupported, ComputeMode: ComputeModeUnknown, CUDADriverVersion: 13000},
 		{Index: 1, UUID: "GPU-66666666-7777-8888-9999-aaaaaaaaaaaa", MemoryTotalBytes: 40 << 30,
-			ComputeCapability: ComputeCapability{8, 0}, MIGMode: MIGEnabled, ComputeMode: ComputeModeDefault},
+			ComputeCapability: ComputeCapability{8, 0}, MIGMode: MIGEnabled, ComputeMode: ComputeModeDefault, CUDADriverVersion: 13000},
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("GPUs() =\n%+v\nwant\n%+v", got, want)
@@ -286,8 +287,12 @@ func TestHostDriverVersion(t *testing.T) {
 	if got := h.DriverVersion(); got != sim.DriverVersion() || got == "" {
 		t.Errorf("DriverVersion = %q; want the simulated %q", got, sim.DriverVersion())
 	}
+	if got := h.GPUs()[0].CUDADriverVersion; got != 13000 {
+		t.Errorf("CUDADriverVersion = %d; want the simulated 13000", got)
+	}
 	lib := newFakeLib(fakeDevice("GPU-1"))
 	lib.SystemGetDriverVersionFunc = func() (string, nvml.Return) { return "", nvml.ERROR_NOT_SUPPORTED }
+	lib.SystemGetCudaDriverVersionFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 	h2, err := New(lib, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -295,5 +300,8 @@ func TestHostDriverVersion(t *testing.T) {
 	defer h2.Close()
 	if got := h2.DriverVersion(); got != "" {
 		t.Errorf("DriverVersion without an answer = %q; want empty", got)
+	}
+	if got := h2.GPUs()[0].CUDADriverVersion; got != 0 {
+		t.Errorf("CUDADriverVersion without an answer = %d; want 0", got)
 	}
 }

@@ -17,6 +17,11 @@ type Info struct {
 	ComputeCapability ComputeCapability // CUDA compute capability
 	MIGMode           MIGMode
 	ComputeMode       ComputeMode
+	// CUDADriverVersion is the CUDA version of the driver the GPU runs
+	// under, as NVML reports it for the host (nvmlSystemGetCudaDriverVersion:
+	// 13000 is CUDA 13.0); 0 when NVML cannot say. Its MPS control binary
+	// is of that version.
+	CUDADriverVersion int
 }
 
 // ComputeCapability is a CUDA compute capability such as 8.0.

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 )
 
 // ServerState is what get_server_status reports (or what is inferred on
@@ -193,15 +194,22 @@ func ParseLogLine(line string) (LogLine, bool) {
 	if err != nil {
 		return LogLine{}, false
 	}
-	fields := strings.Fields(head[len(logTimeLayout):])
-	if len(fields) != 2 {
+	// Two fields, kind and pid, split as strings.Fields would, without
+	// its slice: this runs for every record anyone writes.
+	rest := strings.TrimSpace(head[len(logTimeLayout):])
+	sp := strings.IndexFunc(rest, unicode.IsSpace)
+	if sp < 0 {
 		return LogLine{}, false
 	}
-	pid, err := strconv.Atoi(fields[1])
+	source, pidField := rest[:sp], strings.TrimLeftFunc(rest[sp:], unicode.IsSpace)
+	if strings.IndexFunc(pidField, unicode.IsSpace) >= 0 {
+		return LogLine{}, false
+	}
+	pid, err := strconv.Atoi(pidField)
 	if err != nil || pid <= 0 {
 		return LogLine{}, false
 	}
-	return LogLine{Time: ts, Source: fields[0], PID: pid, Message: strings.TrimSpace(line[end+1:])}, true
+	return LogLine{Time: ts, Source: source, PID: pid, Message: strings.TrimSpace(line[end+1:])}, true
 }
 
 // logEvent maps a control.log line to an event; ok is false for lines that
@@ -250,15 +258,54 @@ func serverLogEvent(l LogLine) (Event, bool) {
 	return Event{Kind: ServerFault, Time: l.Time, PID: l.PID, UID: -1, ExitStatus: -1, Source: SourceLog, Message: l.Message}, true
 }
 
-// scan1 and scan2 match a whole message against a format with %d verbs;
-// the round trip through Sprintf rejects what Sscanf alone lets through
-// (trailing text, "+5", "05", loose spacing).
+// scan1 and scan2 match a whole message against a format whose only verbs
+// are %d (scanInts).
 func scan1(m, format string, a *int) bool {
-	n, err := fmt.Sscanf(m, format, a)
-	return err == nil && n == 1 && fmt.Sprintf(format, *a) == m
+	v, ok := scanInts(m, format, 1)
+	*a = v[0]
+	return ok
 }
 
 func scan2(m, format string, a, b *int) bool {
-	n, err := fmt.Sscanf(m, format, a, b)
-	return err == nil && n == 2 && fmt.Sprintf(format, *a, *b) == m
+	v, ok := scanInts(m, format, 2)
+	*a, *b = v[0], v[1]
+	return ok
+}
+
+// scanInts matches the whole of m against format, which has n %d verbs
+// (n at most 2) and no other verb: its text exactly, each %d an int as %d
+// prints it (an optional '-', then digits without a leading zero, "0"
+// alone), so that only what fmt.Sprintf(format, ...) could have written
+// matches (no "+5", "05", loose spacing or trailing text). It allocates
+// nothing and gives up at the first byte that differs: every control.log
+// record, which any member may write as fast as the daemon takes them, is
+// matched against several formats.
+func scanInts(m, format string, n int) (v [2]int, ok bool) {
+	for i := 0; ; i++ {
+		verb := strings.IndexByte(format, '%')
+		if verb < 0 {
+			return v, i == n && m == format
+		}
+		if i == n || i == len(v) || !strings.HasPrefix(m, format[:verb]) || !strings.HasPrefix(format[verb:], "%d") {
+			return v, false
+		}
+		m, format = m[verb:], format[verb+2:]
+		sign := 0
+		if m != "" && m[0] == '-' {
+			sign = 1
+		}
+		end := sign
+		for end < len(m) && '0' <= m[end] && m[end] <= '9' {
+			end++
+		}
+		digits := m[sign:end]
+		if digits == "" || (digits[0] == '0' && (len(digits) > 1 || sign == 1)) {
+			return v, false
+		}
+		x, err := strconv.Atoi(m[:end])
+		if err != nil {
+			return v, false // out of range
+		}
+		v[i], m = x, m[end:]
+	}
 }

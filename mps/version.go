@@ -15,13 +15,15 @@ func scanBinaryVersion(m string) (int, bool) {
 	return v, true
 }
 
-// BinaryVersion is the "CUDA MPS Control binary version" the daemon
-// logged at its start (13000: CUDA 13.0, from driver 580 on), or 0 when
-// it logged none (older drivers) or the line is not read yet. Only the
-// first such line in the daemon's own name counts; anyone who can reach
-// the log FIFO could write one, so it is for display, never to decide
-// anything on.
-func (d *Daemon) BinaryVersion() int {
+// LoggedBinaryVersion is the "CUDA MPS Control binary version" that
+// control.log claims in the daemon's name (13000: CUDA 13.0, from driver
+// 580 on), or 0 when it holds none (older drivers) or the line is not read
+// yet. Only the first such line counts. It is a hint, never a fact: anyone
+// who can reach the log FIFO can write the line with the daemon's pid, and
+// before 580, where the daemon logs none, theirs is the only one. Show and
+// decide on the version NVML reports (the CUDA version of the driver the
+// control binary ships with) instead.
+func (d *Daemon) LoggedBinaryVersion() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.binaryVersion

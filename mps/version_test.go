@@ -38,13 +38,13 @@ func FuzzScanBinaryVersion(f *testing.F) {
 	})
 }
 
-// waitVersion waits up to 5 s for the handle's BinaryVersion to be want.
+// waitVersion waits up to 5 s for the handle's LoggedBinaryVersion to be want.
 func waitVersion(t *testing.T, d *Daemon, want int) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
-	for d.BinaryVersion() != want {
+	for d.LoggedBinaryVersion() != want {
 		if time.Now().After(deadline) {
-			t.Fatalf("BinaryVersion = %d; want %d", d.BinaryVersion(), want)
+			t.Fatalf("LoggedBinaryVersion = %d; want %d", d.LoggedBinaryVersion(), want)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -71,7 +71,7 @@ func TestBinaryVersion(t *testing.T) {
 				{Kind: mpslog.Control, PID: in.d.PID(), Msg: "Server " + strconv.Itoa(marker) + " exited with status 1"},
 			} {
 				if gen == "555" && r.PID == in.d.PID() && r.Msg != "Server "+strconv.Itoa(marker)+" exited with status 1" {
-					continue // would be taken: a hint, for display only
+					continue // would be taken: a hint, which mpsd neither shows nor uses
 				}
 				r.Time = time.Now()
 				if err := mpslog.SendFIFO(fifo, r); err != nil {
@@ -79,7 +79,7 @@ func TestBinaryVersion(t *testing.T) {
 				}
 			}
 			in.waitEvent(t, "the marker record", kindPID(UnverifiedRecord, marker))
-			if got := in.d.BinaryVersion(); got != want {
+			if got := in.d.LoggedBinaryVersion(); got != want {
 				t.Errorf("after forged version lines: %d; want %d", got, want)
 			}
 			// A new handle on the same daemon reads it from the log.
@@ -88,7 +88,7 @@ func TestBinaryVersion(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer d2.Close()
-			if got := d2.BinaryVersion(); got != want {
+			if got := d2.LoggedBinaryVersion(); got != want {
 				t.Errorf("adopted: %d; want %d", got, want)
 			}
 		})

@@ -1,8 +1,10 @@
 package mps
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -132,7 +134,10 @@ func (d *Daemon) onLogLine(line string, _ int64) {
 		return
 	}
 	record := strings.TrimRight(line, "\r\n")
-	d.log.Debug("mps: log event", "event", ev)
+	if d.log.Enabled(context.Background(), slog.LevelDebug) {
+		// Asked first: the event would be copied for every record.
+		d.log.Debug("mps: log event", "event", ev)
+	}
 	switch ev.Kind {
 	case ServerStarted:
 		d.serverSeen(ev.PID, l.Time, SourceLog, record)

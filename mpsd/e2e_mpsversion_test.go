@@ -8,12 +8,13 @@ import (
 	"github.com/mpsd/mpsd/api"
 )
 
-// mpsd shows each instance's driver (NVML) and MPS binary version (the
-// 580 daemon's control.log line) in status and in mpsd_mps_info, and
-// sets CUDA_MPS_CLIENT_PRIORITY from the group's priority where the
-// driver's MPS has it: below normal (1) for the group of priority -1,
-// normal (0) for its neighbour of priority 0. On a 550 host the status
-// names the driver but no MPS version, and the priority is still set.
+// mpsd shows each instance's driver and MPS binary version (the driver's
+// CUDA version from 580 on), both from NVML, in status and in
+// mpsd_mps_info, and sets CUDA_MPS_CLIENT_PRIORITY from the group's
+// priority where the driver's MPS has it: below normal (1) for the group
+// of priority -1, normal (0) for its neighbour of priority 0. On a 550
+// host the status names the driver but no MPS version, and the priority
+// is still set.
 func TestMPSVersionAndClientPriority(t *testing.T) {
 	for _, tt := range []struct {
 		model, driver, mpsVersion string

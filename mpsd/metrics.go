@@ -27,7 +27,7 @@ var (
 	instLabels = []string{"gpu", "gpu_index", "group"}
 	gpuLabels  = []string{"gpu", "gpu_index"}
 
-	descMPSInfo       = prometheus.NewDesc("mpsd_mps_info", "The NVIDIA driver (NVML) and MPS control binary version (its control.log, 580 and newer; empty before) of the instance; always 1.", append(instLabels[:3:3], "driver_version", "mps_version"), nil)
+	descMPSInfo       = prometheus.NewDesc("mpsd_mps_info", "The NVIDIA driver and the MPS control binary version (the CUDA version of the driver, from 580 on; empty before), both as NVML reports them, of the instance; always 1.", append(instLabels[:3:3], "driver_version", "mps_version"), nil)
 	descInstanceUp    = prometheus.NewDesc("mpsd_instance_up", "1 when the instance's MPS control daemon is up and takes clients.", instLabels, nil)
 	descInstanceState = prometheus.NewDesc("mpsd_instance_state", "1 for the instance's current state, 0 for the others.", append(instLabels[:3:3], "state"), nil)
 	descRestarts      = prometheus.NewDesc("mpsd_server_restarts_total", "Recoveries of the instance (revoke, restart, requeue), by the fault that caused them.", append(instLabels[:3:3], "reason"), nil)
@@ -109,6 +109,9 @@ type metrics struct {
 	groupLabelsOf *policy.Config
 	// instances is a scrape's list of the instances, kept for the next.
 	instances []*instance
+	// reconRuns counts the reconciliations run, by instance key (not
+	// exported: the pacing of reconcileSoon is tested by it).
+	reconRuns map[string]uint64
 
 	// What outsiders make mpsd hold and mpsd's own exhaustion; these lock
 	// themselves.
@@ -131,6 +134,7 @@ func newMetrics(d *Daemon) *metrics {
 		killFailures:    map[string]uint64{},
 		unreconciled:    map[[2]string]uint64{},
 		reconTerminated: map[[2]string]uint64{},
+		reconRuns:       map[string]uint64{},
 		xids:            map[[2]uint64]uint64{},
 		reloadOK:        true,
 		reloadAt:        time.Now(),

@@ -26,7 +26,8 @@ import (
 // (get_client_list), the processes of mpsd's leases (their cgroups) and
 // NVML's compute processes on the instance's GPUs. It runs after every
 // successful probe and on every client event of the instance (a "NEW
-// CLIENT" record is only a reason to look: its pid is never used). Each
+// CLIENT" record is only a reason to look: its pid is never used), at most
+// once per probe interval (reconcileSoon). Each
 // process the join cannot account for is a finding of one kind:
 const (
 	// reconUnleased: a client of one of the instance's servers that no
@@ -133,10 +134,16 @@ func (f finding) scope() string {
 	return f.inst
 }
 
-// reconcileSoon runs a reconciliation of in in its own goroutine, unless
-// one runs: then that one runs again once done, so a burst of client
-// events costs one or two joins. event: a client event asked for it, so
-// MPS's client lists are read whatever NVML shows.
+// reconcileSoon asks for a reconciliation of in. One runs at a time per
+// instance, in its own goroutine, and each begins a probe interval or more
+// after the one before it began: what asks meanwhile (a client event, a
+// probe) is answered by one run once that interval is over. A NEW CLIENT
+// record, which any member can write into the log FIFO as fast as the
+// daemon takes it, so costs at most one reconciliation (and its
+// get_client_list commands) per probe interval per instance, probes'
+// included, however many come; a client that really connected is seen by
+// the next run, a probe interval later at most. event: a client event
+// asked for it, so MPS's client lists are read whatever NVML shows.
 func (d *Daemon) reconcileSoon(in *instance, event bool) {
 	d.mu.Lock()
 	in.reconEvent = in.reconEvent || event
@@ -147,22 +154,42 @@ func (d *Daemon) reconcileSoon(in *instance, event bool) {
 	}
 	in.reconRunning = true
 	d.mu.Unlock()
-	d.spawn(func() {
-		for {
-			d.mu.Lock()
-			event := in.reconEvent
-			in.reconEvent, in.reconAgain = false, false
-			d.mu.Unlock()
-			d.reconcileInstance(in, event)
-			d.mu.Lock()
-			if !in.reconAgain || d.ctx.Err() != nil {
-				in.reconRunning = false
-				d.mu.Unlock()
-				return
+	if !d.spawn(func() { d.reconcileRuns(in) }) {
+		d.mu.Lock()
+		in.reconRunning = false
+		d.mu.Unlock()
+	}
+}
+
+// reconcileRuns reconciles in until nothing asks any more. After each
+// run it waits out the rest of a probe interval from the run's start,
+// then runs again only if something asked meanwhile; it returns when
+// mpsd stops.
+func (d *Daemon) reconcileRuns(in *instance) {
+	for {
+		d.mu.Lock()
+		event := in.reconEvent
+		in.reconEvent, in.reconAgain = false, false
+		interval := d.cfg.Watchdog.ProbeInterval
+		d.mu.Unlock()
+		began := time.Now()
+		d.reconcileInstance(in, event)
+		if wait := time.Until(began.Add(interval)); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-d.ctx.Done():
+				t.Stop()
 			}
-			d.mu.Unlock()
 		}
-	})
+		d.mu.Lock()
+		if !in.reconAgain || d.ctx.Err() != nil {
+			in.reconRunning = false
+			d.mu.Unlock()
+			return
+		}
+		d.mu.Unlock()
+	}
 }
 
 // reconcileInstance gathers the three sources for in, joins them, checks
@@ -190,6 +217,7 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 		d.mu.Unlock()
 		return
 	}
+	d.metrics.reconRuns[in.key]++
 	view := reconView{key: in.key, group: in.group, gpus: slices.Clone(in.p.GPUs), clients: map[int][]int{}}
 	own := in.mps.pids()
 	multiuser := in.p.Multiuser
