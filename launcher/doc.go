@@ -35,8 +35,12 @@
 //     exits 75 (ErrLost) with a line saying for how long mpsd was
 //     unreachable. A command that ends meanwhile has its status reported
 //     once its lease is resumed and closed (freeing its share in the new
-//     mpsd at once) or the window is over. Only a socket that was never
-//     there fails at once (125): no mpsd at all, or another socket meant;
+//     mpsd at once) or the window is over. Before mpsd first answered, a
+//     socket with nothing listening (none there, or one that refuses)
+//     fails at once (125) unless its live marker (api.LiveMarker: mpsd
+//     makes it when it serves, keeps it across SIGTERM and crashes, and
+//     mpsctl shutdown removes it with the socket) says an mpsd is
+//     coming back: no mpsd, one shut down, or another socket meant;
 //   - the trampoline (trampoline.go): the command's process starts as a
 //     copy of this binary that waits on a pipe until mpsd has attached it
 //     to the lease's cgroup, then execs the program, so the program never

@@ -17,8 +17,10 @@ const (
 	// Config.ReconnectTimeout; trying later may work, and a batch system
 	// may requeue the job (Slurm's RequeueExit=75).
 	ExitTempFail = 75
-	// ExitFailure: bad usage, no mpsd socket at all, refused by policy,
-	// or any other launcher or daemon error.
+	// ExitFailure: bad usage, no mpsd at the socket and none coming (no
+	// socket, or one nothing listens on without its api.LiveMarker, before
+	// mpsd ever answered), refused by policy, or any other launcher or
+	// daemon error.
 	ExitFailure = 125
 	// ExitNotExecutable: the command exists but cannot be executed.
 	ExitNotExecutable = 126

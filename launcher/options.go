@@ -51,9 +51,10 @@ COMMAND's CUDA_VISIBLE_DEVICES names the lease's GPUs by UUID; the lease's
 MPS variables replace the caller's (mps-launch says which it ignored).
 mps-launch refuses to run as another user than $SLURM_JOB_UID.
 Exit status: COMMAND's; 128+N if it died by signal N; 125 launcher or mpsd
-error, or no mpsd socket; 126 COMMAND not executable; 127 COMMAND not found;
-75 wait timed out, requeue attempts used up, mpsctl shutdown ended the lease,
-or mpsd unreachable for a minute (slurm.conf RequeueExit=75 requeues the job).
+error, or no mpsd at the socket and none restarting; 126 COMMAND not
+executable; 127 COMMAND not found; 75 wait timed out, requeue attempts used
+up, mpsctl shutdown ended the lease, or mpsd unreachable for a minute
+(slurm.conf RequeueExit=75 requeues the job).
 While mpsd restarts, mps-launch waits for it, keeping its lease or its place
 in the queue.
 `

@@ -368,14 +368,25 @@ func TestRunGivesUpOnMpsd(t *testing.T) {
 		{name: "stale socket", run: func(t *testing.T, h *harness) string {
 			return `cannot reach mpsd at \S+: connection refused` + hint
 		}},
+		{name: "socket away, marker there", run: func(t *testing.T, h *harness) string {
+			return `cannot reach mpsd at \S+: no such file or directory` + hint
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, tc.onLease)
 			h.cfg.ReconnectTimeout = window
-			if tc.name == "stale socket" {
+			switch tc.name {
+			case "stale socket":
 				// What a killed mpsd leaves: its socket, with no one
-				// listening.
+				// listening, and the live marker.
 				h.cfg.Socket = staleSocket(t, h.dir)
+			case "socket away, marker there":
+				// A restarting mpsd between the removal of its old
+				// socket and its listening on the new one.
+				h.cfg.Socket = filepath.Join(h.dir, "away.sock")
+				if err := os.WriteFile(api.LiveMarker(h.cfg.Socket), nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
 			}
 			start := time.Now()
 			done := h.start(t.Context(), h.sh("echo ran > marker")...)
@@ -427,8 +438,19 @@ func TestRunWaitBoundsFirstContact(t *testing.T) {
 	}
 }
 
-// staleSocket makes a unix socket file in dir that nothing listens on.
+// staleSocket makes what a stopped or killed mpsd leaves in dir: a unix
+// socket file that nothing listens on, and its live marker.
 func staleSocket(t *testing.T, dir string) string {
+	t.Helper()
+	path := refusingSocket(t, dir)
+	if err := os.WriteFile(api.LiveMarker(path), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// refusingSocket makes a unix socket file in dir that nothing listens on.
+func refusingSocket(t *testing.T, dir string) string {
 	t.Helper()
 	path := filepath.Join(dir, "stale.sock")
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/mpsd/mpsd/api"
@@ -47,9 +50,10 @@ type conn struct {
 	// request, until startReconnect takes it for that request's first try.
 	predialed chan predialResult
 
-	// contacted: mpsd has answered once; until then a missing socket is
-	// not waited for (no mpsd at all, or another socket meant), unless
-	// the socket was there on an earlier try.
+	// contacted: mpsd has answered once; until then a socket with
+	// nothing listening is not waited for (no mpsd at all, mpsctl
+	// shutdown ended it, or another socket meant), unless an earlier try
+	// reached an mpsd or the socket's live marker says one is coming.
 	contacted bool
 	// An outage: since when mpsd has been unreachable (zero while it
 	// answers; only an event ends an outage), the wait before the next
@@ -171,8 +175,10 @@ func (c *conn) close() {
 // startReconnect posts the request (again) until mpsd answers, resuming
 // the lease the session waits as or holds if there is one. Failures that
 // say mpsd is away (ErrUnreachable) are retried with backoff until the
-// outage has lasted ReconnectTimeout; only before mpsd first answered is a
-// missing socket not waited for.
+// outage has lasted ReconnectTimeout; only before mpsd first answered is
+// a socket with nothing listening (none there, or one that refuses) not
+// waited for, unless its live marker says mpsd is coming back
+// (nobodyComing).
 func (c *conn) startReconnect(ctx context.Context, req api.LeaseRequest) {
 	ch := make(chan reconnectResult, 1)
 	stop := make(chan struct{})
@@ -221,13 +227,19 @@ func (c *conn) startReconnect(ctx context.Context, req api.LeaseRequest) {
 				req.AttachPID, req.WillAttach = 0, false
 				continue
 			}
-			if err == nil || !errors.Is(err, ErrUnreachable) || (!contacted && client.SocketAbsent(err)) {
+			if err == nil || !errors.Is(err, ErrUnreachable) {
 				ch <- reconnectResult{stream: st, err: err, since: since}
 				return
 			}
-			// A socket that refused or dropped the request was there: an
-			// mpsd going away may remove it while it restarts.
-			contacted = contacted || !client.SocketAbsent(err)
+			if !contacted && nobodyComing(c.client.Socket(), err) {
+				ch <- reconnectResult{err: noMpsd(c.client.Socket(), err), since: since}
+				return
+			}
+			// An mpsd was there (it took the connection, and dropped the
+			// request or gave no answer) or says it is coming back (the
+			// live marker): while it restarts it may refuse connections,
+			// or have no socket a moment, and is waited for.
+			contacted = true
 			if since.IsZero() {
 				since = time.Now()
 			}
@@ -347,3 +359,43 @@ func (s *session) onReconnect(ctx context.Context, rc reconnectResult) *done {
 	}
 	return nil
 }
+
+// nobodyComing reports whether err, a request's failure to reach mpsd at
+// socket, found nothing listening there (no socket, or one that refuses
+// connections) and no live marker beside it (api.LiveMarker): no mpsd
+// serves the socket and none is restarting, so waiting would only delay
+// the failure. A connection mpsd took and dropped, or left unanswered,
+// says an mpsd is there.
+func nobodyComing(socket string, err error) bool {
+	if !client.SocketAbsent(err) && !errors.Is(err, syscall.ECONNREFUSED) {
+		return false
+	}
+	_, serr := os.Lstat(api.LiveMarker(socket))
+	return serr != nil
+}
+
+// noMpsd is the error of a request that found nothing listening at
+// socket and no mpsd coming (nobodyComing): a missing socket's as it is
+// (it names the path and what to check), a refusing one's saying why
+// mps-launch does not wait.
+func noMpsd(socket string, err error) error {
+	if client.SocketAbsent(err) {
+		return err
+	}
+	return &noMpsdError{socket: socket, err: err}
+}
+
+// noMpsdError: the socket is there, nothing listens on it, and no mpsd is
+// coming back to it. It wraps the request's ErrUnreachable error
+// (ExitFailure).
+type noMpsdError struct {
+	socket string
+	err    error
+}
+
+func (e *noMpsdError) Error() string {
+	return fmt.Sprintf("%s at %s: connection refused, and no mpsd is coming back to it (no %s beside it: mpsctl shutdown ended mpsd, or none serves this socket); start mpsd, or name another socket with --socket or $%s",
+		ErrUnreachable, e.socket, filepath.Base(api.LiveMarker(e.socket)), api.EnvSocket)
+}
+
+func (e *noMpsdError) Unwrap() error { return e.err }

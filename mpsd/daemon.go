@@ -29,6 +29,8 @@ var (
 	ErrConfig = errors.New("mpsd: invalid config")
 	// ErrSocketInUse: another mpsd answers on the API socket.
 	ErrSocketInUse = errors.New("mpsd: API socket in use")
+	// ErrStateInUse: another mpsd holds the state directory's lock.
+	ErrStateInUse = errors.New("mpsd: state directory in use")
 )
 
 // DefaultReconnectGrace is how long a lease re-adopted after a restart
@@ -143,6 +145,11 @@ type Daemon struct {
 	store      *store
 	ln         net.Listener
 	srv        *http.Server
+	// socket is the API socket mpsd listens on itself and sockFile the
+	// file listen made there ("" and nil under socket activation):
+	// mpsctl shutdown removes that file, and only while it is that one.
+	socket   string
+	sockFile os.FileInfo
 
 	// ctx is the daemon's life. Every goroutine started on its behalf
 	// (instance starts, lease releases, event readers, API handlers) goes
@@ -392,6 +399,15 @@ func policyGPUs(inv []gpu.Info) []policy.GPU {
 // mpsd adopts them.
 func (d *Daemon) Run(ctx context.Context) error {
 	d.ctx, d.cancel = context.WithCancel(context.Background())
+	// The state directory's lock is let go last, once everything else of
+	// this mpsd is done (the GPUs' compute modes put back among it), so
+	// the next mpsd starts after it, never beside it.
+	var stateLock *os.File
+	defer func() {
+		if stateLock != nil {
+			_ = stateLock.Close()
+		}
+	}()
 	defer d.cancel()
 	defer func() { _ = d.Close() }()
 	// The config as Run found it: once the watcher runs, d.cfg is read
@@ -400,6 +416,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	cfg := d.cfg
 	d.mu.Unlock()
 
+	// Only directories that are missing are made here: nothing that is
+	// there is changed.
 	if err := d.layout.makeDirs(); err != nil {
 		return err
 	}
@@ -407,6 +425,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// New's check and here is refused, not adopted.
 	if err := policy.CheckDirs(cfg, os.Geteuid()); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	// Before anything in them is touched (the instance id, the cgroups,
+	// the simulated GPUs' socket, the state file's leftovers, the API
+	// socket): no other mpsd may serve this state or this socket.
+	var err error
+	if stateLock, err = d.claim(cfg.Socket); err != nil {
+		return err
 	}
 	if err := d.openCgroups(); err != nil {
 		return err
@@ -430,6 +455,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		ln, err = listen(cfg.Socket)
 		if err != nil {
 			return err
+		}
+		d.socket = cfg.Socket
+		if d.sockFile, err = os.Lstat(cfg.Socket); err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("listen on %s: %w", cfg.Socket, err)
 		}
 	}
 	d.ln = ln
@@ -518,6 +548,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		lln := d.limitListener(ln, listenerAPI)
 		go func() { serveErr <- d.srv.Serve(lln) }()
 		d.serving.Store(true)
+		d.markLive()
 		d.log.Info("mpsd serving", "socket", ln.Addr().String(), "instances", len(insts), "leases", len(saved.Leases))
 		d.spawn(d.announceReady)
 		select {
@@ -721,11 +752,13 @@ func (d *Daemon) leave() { d.wg.Done() }
 
 // listen opens the API socket: mode 0666 because authorization is by peer
 // credentials. A stale socket file is replaced; a live one is an error.
-// The file is left in place when mpsd stops: a launcher that connects
-// meanwhile is refused and retries within its outage window (mpsd is
-// restarting), while a socket that is not there at all means no mpsd, or
-// the wrong path, and fails at once. A directory someone else may change
-// is refused (policy.CheckSocketDir) before anything in it is touched.
+// The file is left in place when mpsd stops (SIGTERM, a crash), with its
+// api.LiveMarker: a launcher that connects meanwhile is refused and
+// retries within its outage window (mpsd is restarting); mpsctl shutdown
+// removes both, and a socket that is not there, or refuses with no
+// marker beside it, means no mpsd is coming and fails at once. A
+// directory someone else may change is refused (policy.CheckSocketDir)
+// before anything in it is touched.
 func listen(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("create socket directory: %w", err)
@@ -736,9 +769,8 @@ func listen(path string) (net.Listener, error) {
 	if err := policy.CheckSocketDir(path, os.Geteuid()); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-		_ = c.Close()
-		return nil, fmt.Errorf("%w: %s answers; is another mpsd running?", ErrSocketInUse, path)
+	if err := socketFree(path); err != nil {
+		return nil, err
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("remove stale socket %s: %w", path, err)

@@ -24,8 +24,9 @@ const shutdownDrainMax = time.Minute
 var errShutdownBusy = errors.New("a shutdown is already under way")
 
 // serveShutdown is mpsctl shutdown (api.PathShutdown): the whole MPS
-// service of the host ends, and then mpsd does. SIGTERM, by contrast,
-// stops mpsd only.
+// service of the host ends, and then mpsd does, removing its socket
+// (unless systemd holds it) and the socket's live marker. SIGTERM, by
+// contrast, stops mpsd only and leaves both for the next mpsd.
 func (d *Daemon) serveShutdown(w http.ResponseWriter, r *http.Request) {
 	if !d.requireAdmin(w, r) {
 		return
@@ -39,6 +40,10 @@ func (d *Daemon) serveShutdown(w http.ResponseWriter, r *http.Request) {
 		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, err.Error())
 		return
 	}
+	// No mpsd is coming back: the socket (when mpsd listens itself) and
+	// its live marker go before the answer, so a launcher started once
+	// mpsctl shutdown returned fails at once instead of waiting for one.
+	d.withdrawSocket()
 	// The whole answer, its length known, is sent before Run is told to
 	// stop (which closes the connections): the client never sees it cut.
 	var body bytes.Buffer

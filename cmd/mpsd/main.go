@@ -169,6 +169,11 @@ func run(ctx context.Context, args []string, stderr io.Writer, rc runConfig) int
 		runDaemon = func(ctx context.Context) error { return runWithDevicePlugin(ctx, d, p, log) }
 	}
 	if err := sd.Run(ctx, d, ready, runDaemon); err != nil {
+		if errors.Is(err, mpsd.ErrStateInUse) || errors.Is(err, mpsd.ErrSocketInUse) {
+			// Another mpsd serves this state or socket: this one
+			// stopped before it touched anything.
+			return cannotStart(err)
+		}
 		log.Error("mpsd failed", "err", err)
 		return 1
 	}

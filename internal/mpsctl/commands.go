@@ -89,7 +89,8 @@ var commands = []command{
 			"more is granted, queued requests are refused, running leases are revoked\n" +
 			"(their commands stopped, not requeued: mps-launch exits 75 and says why),\n" +
 			"the MPS control daemons quit, the GPUs' compute modes are restored, then\n" +
-			"mpsd exits. Admins only.",
+			"mpsd removes its socket (unless systemd holds it) and exits: a later\n" +
+			"mps-launch fails at once (125) instead of waiting for mpsd. Admins only.",
 		daemon: true,
 		setup:  shutdownCommand,
 	},
