@@ -523,8 +523,10 @@ func (p *Plugin) containerResponse(l *api.Lease, daemonPID int) (*pluginapi.Cont
 // mask inside the pipe directory always lands after the pipe directory,
 // and only those two orders matter.
 //
-// The instance's control daemon (daemonPID, as mpsd reports it) must have
-// that directory as its /dev/shm, or the pod's clients would not share
+// That directory must be the instance's private /dev/shm, a tmpfs of its
+// own (mps.MountShm: bounded by the group's shm_size), and the instance's
+// control daemon (daemonPID, as mpsd reports it) must have it as its
+// /dev/shm, or the pod's clients would not share
 // memory with its servers: a daemon adopted from an mpsd that did not
 // serve the group to the kubelet has the host's, and is refused until it
 // is restarted.
@@ -546,6 +548,11 @@ func podMounts(pipe, procRoot string, daemonPID int) ([]*pluginapi.Mount, error)
 	fi, err := os.Lstat(shm)
 	if err != nil || !fi.IsDir() || fi.Mode()&os.ModeSticky == 0 {
 		return nil, status.Errorf(codes.FailedPrecondition, "the instance of pipe directory %s has no private /dev/shm at %s (mpsd makes one for the groups it serves with --kubelet-device-plugin, at the daemon's start; a daemon started without it must be restarted): %v", pipe, shm, err)
+	}
+	if err := mps.IsShm(shm); err != nil {
+		// A plain directory (an earlier mpsd's) is unbounded: what the pod
+		// writes there would fill run_dir's file system.
+		return nil, status.Errorf(codes.FailedPrecondition, "the private /dev/shm of pipe directory %s at %s is not a tmpfs of its own (its daemon was started by an mpsd before shm_size; restart the instance): %v", pipe, shm, err)
 	}
 	var daemonShm os.FileInfo
 	if daemonPID > 0 {

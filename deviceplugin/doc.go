@@ -22,9 +22,10 @@
 //     "k8s:sm=<units>". The container gets the lease's MPS environment,
 //     NVIDIA_VISIBLE_DEVICES, the instance's pipe directory with its log
 //     FIFO and pid file masked by /dev/null, the instance's private
-//     shared-memory directory (mps.ShmDirFor; mpsd runs the daemons of the
-//     groups it serves to the kubelet with it as /dev/shm, mps.PrivateShm)
-//     as /dev/shm, never the host's, and on a host with NVIDIA's driver the
+//     shared-memory directory (mps.ShmDirFor: a tmpfs of its own, bounded
+//     by the group's shm_size; mpsd runs the daemons of the groups it
+//     serves to the kubelet with it as /dev/shm, mps.PrivateShm) as
+//     /dev/shm, never the host's nor a plain directory, and on a host with NVIDIA's driver the
 //     device nodes. A request that does not fit fails with mpsd's reason.
 //
 // The lease's stream is held while the allocation lives. The kubelet does

@@ -20,6 +20,7 @@ import (
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
 	"github.com/mpsd/mpsd/internal/testrun"
+	"github.com/mpsd/mpsd/mps"
 )
 
 // mpsdProc is the real mpsd binary (bin/mpsd --simulate) on simulated GPUs
@@ -37,6 +38,9 @@ type mpsdProc struct {
 
 	cmd  *exec.Cmd
 	done chan error
+	// unmount undoes, in cleanup, what a test mounted in dir, once mpsd
+	// and its daemons are gone.
+	unmount []func()
 }
 
 // testWatchdog quarantines an instance at its first fault, so one Xid
@@ -55,6 +59,13 @@ const testWatchdog = `watchdog:
 // extra arguments, returning once every instance is ready.
 func newMPSD(t *testing.T, groups string, args ...string) *mpsdProc {
 	t.Helper()
+	return newMPSDIn(t, groups, nil, args...)
+}
+
+// newMPSDIn is newMPSD with prepare run on m before mpsd starts (to mount
+// a file system of the test's own for run_dir in m.dir).
+func newMPSDIn(t *testing.T, groups string, prepare func(m *mpsdProc), args ...string) *mpsdProc {
+	t.Helper()
 	// Short: pipe directories hold a GPU UUID and must fit a sockaddr_un.
 	dir, err := testrun.MkdirTemp("", "dp")
 	if err != nil {
@@ -66,6 +77,19 @@ func newMPSD(t *testing.T, groups string, args ...string) *mpsdProc {
 	if m.log, err = os.Create(filepath.Join(dir, "mpsd.log")); err != nil {
 		t.Fatal(err)
 	}
+	if prepare != nil {
+		prepare(m)
+	}
+	m.writeConfig(groups)
+	m.start(args...)
+	return m
+}
+
+// writeConfig writes mpsd's config with these groups (indented as under
+// `groups:`; UID is the test's uid), atomically: a running mpsd reloads it.
+func (m *mpsdProc) writeConfig(groups string) {
+	m.t.Helper()
+	dir := m.dir
 	cfg := fmt.Sprintf(`version: 1
 socket: %s
 run_dir: %s/run
@@ -80,12 +104,13 @@ metrics:
   model: a100-40g
   emulator_dir: %s
 groups:
-%s`, m.socket, dir, dir, dir, testWatchdog, emutest.BinDir(t), strings.ReplaceAll(groups, "UID", fmt.Sprint(os.Getuid())))
-	if err := os.WriteFile(m.cfg, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
+%s`, m.socket, dir, dir, dir, testWatchdog, emutest.BinDir(m.t), strings.ReplaceAll(groups, "UID", fmt.Sprint(os.Getuid())))
+	if err := os.WriteFile(m.cfg+".new", []byte(cfg), 0o644); err != nil {
+		m.t.Fatal(err)
 	}
-	m.start(args...)
-	return m
+	if err := os.Rename(m.cfg+".new", m.cfg); err != nil {
+		m.t.Fatal(err)
+	}
 }
 
 // start runs mpsd and waits until every instance is ready. It runs with
@@ -159,6 +184,20 @@ func (m *mpsdProc) cleanup() {
 	pipes, _ := filepath.Glob(filepath.Join(m.dir, "run", "*", "*", "pipe"))
 	for _, p := range pipes {
 		emutest.KillByPipeDir(p)
+	}
+	// The instances' private /dev/shm outlive mpsd, as on a host: the
+	// test's own are unmounted here.
+	shms, err := mps.ShmMountsUnder(m.dir)
+	if err != nil {
+		m.t.Errorf("cleanup: %v", err)
+	}
+	for _, shm := range shms {
+		if _, err := mps.UnmountShm(shm, ""); err != nil {
+			m.t.Errorf("cleanup: %v", err)
+		}
+	}
+	for _, fn := range m.unmount {
+		fn()
 	}
 	if m.log != nil {
 		_ = m.log.Close()
@@ -241,7 +280,7 @@ func hasLease(st api.Status, id string) bool {
 
 // runPlugin runs a plugin against m with kubelet directory dir until the
 // test ends, polling fast.
-func runPlugin(t *testing.T, m *mpsdProc, dir string, groups ...string) {
+func runPlugin(t *testing.T, m *mpsdProc, dir string, groups ...string) (stop func()) {
 	t.Helper()
 	var logBuf syncBuffer
 	p, err := New(Options{
@@ -254,15 +293,22 @@ func runPlugin(t *testing.T, m *mpsdProc, dir string, groups ...string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Plugin.Run: %v", err)
+			}
+		})
+	}
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Plugin.Run: %v", err)
-		}
+		stop()
 		if t.Failed() {
 			t.Logf("plugin log:\n%s", logBuf.String())
 		}
 	})
+	return stop
 }
 
 type syncBuffer struct {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/internal/mpsemu/mpslog"
+	"github.com/mpsd/mpsd/mps"
 )
 
 // attackerUID is the uid the pod's processes run as in the pod-view tests.
@@ -30,7 +31,7 @@ const attackerUID = 64250
 // read-only, its log FIFO, pid file and control_lock masked read-only with
 // /dev/null right after it, and
 // the instance's private shared-memory directory (a root-owned 1777
-// directory) at /dev/shm; never the host's /dev/shm, and nothing else.
+// tmpfs of its own) at /dev/shm; never the host's /dev/shm, and nothing else.
 func checkPodMounts(t *testing.T, resp *pluginapi.ContainerAllocateResponse, pipe, shm string) {
 	t.Helper()
 	var got []string
@@ -53,6 +54,9 @@ func checkPodMounts(t *testing.T, resp *pluginapi.ContainerAllocateResponse, pip
 	fi, err := os.Lstat(shm)
 	if err != nil || fi.Mode() != os.ModeDir|os.ModeSticky|0o777 || fi.Sys().(*syscall.Stat_t).Uid != 0 {
 		t.Errorf("instance shm dir %s: %v %v; want a root-owned directory of mode 1777", shm, fi, err)
+	}
+	if err := mps.IsShm(shm); err != nil {
+		t.Errorf("instance shm dir %s is not a tmpfs of its own: %v", shm, err)
 	}
 }
 
@@ -320,7 +324,8 @@ func TestPodViewIsolatesShmAndLogFIFO(t *testing.T) {
 // An instance whose daemon does not have its private /dev/shm (a group
 // mpsd does not serve to the kubelet, or a daemon adopted from an mpsd
 // that did not) is refused, never given the host's /dev/shm: without
-// the directory, and with a directory its daemon does not use.
+// the directory, with a plain directory (unbounded, on run_dir's file
+// system), and with a tmpfs its daemon does not use.
 func TestAllocateRefusesInstanceWithoutPrivateShm(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the daemons' private /dev/shm")
@@ -339,10 +344,20 @@ func TestAllocateRefusesInstanceWithoutPrivateShm(t *testing.T) {
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "has no private /dev/shm") {
 		t.Errorf("Allocate on an instance without its shm dir: %v, want FailedPrecondition", err)
 	}
+	// A plain 1777 directory (what an earlier mpsd made): unbounded, so
+	// refused.
 	if err := os.Mkdir(shmB, 0o777); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Chmod(shmB, os.ModeSticky|0o777); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = allocate(t, pcs["mpsd.io/b-sm"], ids("b", 1, seq(0, 49)...), 10)
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "not a tmpfs of its own") {
+		t.Errorf("Allocate on an instance whose private /dev/shm is a plain directory: %v, want FailedPrecondition", err)
+	}
+	// A tmpfs the daemon does not have as its /dev/shm.
+	if _, err := mps.MountShm(mps.ShmMount{Dir: shmB, Size: 1 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	_, _, err = allocate(t, pcs["mpsd.io/b-sm"], ids("b", 1, seq(0, 49)...), 10)

@@ -127,6 +127,8 @@ type instance struct {
 	// capDrifts counts, by cap (caps.go), the times a server's cap was
 	// found off the group's and set back (mpsd_mps_cap_drift_total).
 	capDrifts map[string]uint64
+	// shm is what the last check of its private /dev/shm found (shm.go).
+	shm shmState
 }
 
 func (in *instance) markTried() { in.triedOnce.Do(func() { close(in.tried) }) }
@@ -232,6 +234,7 @@ func (d *Daemon) reconcileLocked(cfg *policy.Config) (added []*instance) {
 			in.log.Info("instance retiring: no longer in the config; it stops when its leases end")
 		}
 	}
+	d.sweepShmLocked() // shm.go
 	return added
 }
 
@@ -253,7 +256,7 @@ func (d *Daemon) mpsConfig(in *instance) mps.Config {
 	}
 	c.Multiuser = in.p.Multiuser
 	if d.opts.PrivateShm != nil && d.opts.PrivateShm(in.group) {
-		c.Runner = mps.PrivateShm(c.Runner, d.layout.ShmDir(in.group, in.gpus[0].UUID))
+		c.Runner = mps.PrivateShm(c.Runner, d.shmMountLocked(in)) // shm.go
 	}
 	if in.serverLogOff >= 0 { // the first adoption after a restart only
 		c.ResumeServerLog, c.ServerLogOffset, in.serverLogOff = true, in.serverLogOff, -1

@@ -134,8 +134,11 @@ func ownDir(dir string, fi fs.FileInfo) error {
 	return nil
 }
 
-// ownShmDir is ownDir for an instance's private /dev/shm: mpsd's own,
-// a real directory, mode exactly 1777.
+// ownShmDir is ownDir for an instance's private /dev/shm: mpsd's own, a
+// real directory, either the root of its tmpfs (mps.MountShm; mode
+// exactly 1777, like /dev/shm itself), an earlier mpsd's plain private
+// /dev/shm (1777 too), or the directory below the tmpfs while none is
+// mounted (writable by neither group nor others).
 func ownShmDir(dir string, fi fs.FileInfo) error {
 	if fi.Mode()&fs.ModeSymlink != 0 || !fi.IsDir() {
 		return fmt.Errorf("%w: %s is not a directory; remove it (rm -r %s) and start mpsd again", errForeignDir, dir, dir)
@@ -144,8 +147,9 @@ func ownShmDir(dir string, fi fs.FileInfo) error {
 	if !ok || int(st.Uid) != os.Geteuid() {
 		return fmt.Errorf("%w: %s is not owned by mpsd's uid %d; remove it (rm -r %s) and start mpsd again", errForeignDir, dir, os.Geteuid(), dir)
 	}
-	if want := fs.ModePerm | fs.ModeSticky; fi.Mode()&(fs.ModePerm|fs.ModeSticky|fs.ModeSetuid|fs.ModeSetgid) != want {
-		return fmt.Errorf("%w: %s has mode %v, want %v (a private /dev/shm); remove it (rm -r %s) and start mpsd again", errForeignDir, dir, fi.Mode().Perm(), want, dir)
+	shm := fs.ModePerm | fs.ModeSticky
+	if mode := fi.Mode() & (fs.ModePerm | fs.ModeSticky | fs.ModeSetuid | fs.ModeSetgid); mode != shm && mode&(0o022|fs.ModeSticky|fs.ModeSetuid|fs.ModeSetgid) != 0 {
+		return fmt.Errorf("%w: %s has mode %v, want %v (a private /dev/shm) or a directory only mpsd may write; remove it (rm -r %s) and start mpsd again", errForeignDir, dir, fi.Mode().Perm(), shm, dir)
 	}
 	return nil
 }
@@ -171,9 +175,9 @@ func checkBelow(dir string, depth int) error {
 			return fmt.Errorf("check %s: %w", p, err)
 		}
 		if depth == 1 && e.Name() == mps.ShmDirName {
-			// An instance's private /dev/shm (mps.PrepareShmDir) is
-			// sticky and world-writable like /dev/shm itself, and what
-			// is in it is the tenants'.
+			// An instance's private /dev/shm (mps.MountShm) is sticky
+			// and world-writable like /dev/shm itself, and what is in it
+			// is the tenants'.
 			if err := ownShmDir(p, fi); err != nil {
 				return err
 			}

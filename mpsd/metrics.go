@@ -50,6 +50,10 @@ var (
 	descLeaseMemUsed  = prometheus.NewDesc("mpsd_lease_memory_used_bytes", "Device memory NVML reports for the group's running leases' processes, summed per lease on its GPU where it is highest, and over the group's leases.", []string{"group"}, nil)
 	descLeaseMemByID  = prometheus.NewDesc("mpsd_lease_memory_used_bytes_by_lease", "Device memory NVML reports for one running lease's processes, summed on its GPU where it is highest (metrics.per_lease: true only).", []string{"group", "lease"}, nil)
 	descCapDrift      = prometheus.NewDesc("mpsd_mps_cap_drift_total", "Times a cap of an MPS server of the instance (cap: thread_percentage, pinned_memory) was found off the group's max_sm or max_mem and set back: its owner changed it, or the server started with other defaults.", append(instLabels[:3:3], "cap"), nil)
+	descShmUsed       = prometheus.NewDesc("mpsd_shm_used_bytes", "Bytes the files in the instance's private /dev/shm hold (a tmpfs of its own, for a group the kubelet device plugin serves; absent otherwise).", instLabels, nil)
+	descShmSize       = prometheus.NewDesc("mpsd_shm_size_bytes", "Size of the instance's private /dev/shm (the group's shm_size).", instLabels, nil)
+	descShmFull       = prometheus.NewDesc("mpsd_shm_full", "1 while the instance's private /dev/shm is full (no byte or no inode left): shared memory allocations of its MPS servers, clients and pods fail until it is emptied, once no lease of the instance runs.", instLabels, nil)
+	descShmCleaned    = prometheus.NewDesc("mpsd_shm_cleaned_total", "Times mpsd emptied the instance's full private /dev/shm, no lease of the instance running.", instLabels, nil)
 	descReloadOK      = prometheus.NewDesc("mpsd_config_last_reload_success", "1 if the last config reload (or the initial load) succeeded.", nil, nil)
 	descReloadTime    = prometheus.NewDesc("mpsd_config_last_reload_timestamp_seconds", "When the config was last loaded or reload attempted.", nil, nil)
 )
@@ -176,7 +180,7 @@ type daemonCollector Daemon
 
 func (c *daemonCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInstanceUp, descInstanceState, descRestarts, descFaults, descQuarantined,
-		descClients, descSM, descMem, descMPSInfo, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime, descUnverified, descCapDrift, descUnreconciled, descReconKilled, descLeaseMemUsed, descLeaseMemByID} {
+		descClients, descSM, descMem, descMPSInfo, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime, descUnverified, descCapDrift, descUnreconciled, descReconKilled, descLeaseMemUsed, descLeaseMemByID, descShmUsed, descShmSize, descShmFull, descShmCleaned} {
 		ch <- d
 	}
 }
@@ -348,6 +352,12 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 		emit(descMem, il.base, float64(in.p.Alloc.Mem), false)
 		emit(descUnverified, il.base, float64(in.unverified), true)
 		emit(descMPSInfo, il.infoLabels(in.versionsLocked()), 1, false)
+		if in.shm.known { // a private /dev/shm is mounted (shm.go)
+			emit(descShmUsed, il.base, float64(in.shm.usage.Used), false)
+			emit(descShmSize, il.base, float64(in.shm.usage.Size), false)
+			emit(descShmFull, il.base, b2f(in.shm.full), false)
+			emit(descShmCleaned, il.base, float64(in.shm.cleaned), true)
+		}
 	}
 	// cap is the first label of these: by cap, then instance.
 	for _, i := range capOrder {

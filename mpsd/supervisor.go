@@ -147,12 +147,16 @@ func (d *Daemon) supervise(in *instance) {
 		}
 		switch next {
 		case supExit:
-			if in.life != instStopped {
+			stopped := in.life == instStopped
+			if !stopped {
 				for _, f := range in.pending {
 					in.unhandledLocked(f)
 				}
 			}
 			d.mu.Unlock()
+			if stopped {
+				d.releaseShm(in) // shm.go
+			}
 			return
 		case supStop:
 			req := in.stopReq
@@ -193,6 +197,7 @@ func (d *Daemon) supervise(in *instance) {
 			wd := d.cfg.Watchdog
 			d.mu.Unlock()
 			d.probe(in, wd.ProbeTimeout, wd.ProbeFailures)
+			d.checkShm(in) // shm.go
 		}
 	}
 }

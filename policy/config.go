@@ -200,6 +200,12 @@ type Group struct {
 	// lease's mem before the lease is revoked for good (not requeued).
 	// 0 disables the check. Default: 30s.
 	MemoryGrace time.Duration
+	// ShmSize bounds each of the group's instances' private /dev/shm, a
+	// tmpfs of its own, in bytes, when the kubelet device plugin serves
+	// the group (mpsd --kubelet-device-plugin): what the instance's MPS
+	// servers, clients and pods may write there together. Unused for a
+	// group not served to the kubelet. Default: 64M.
+	ShmSize int64
 
 	// Instances are the GPU index sets of the group's instances, resolved
 	// against the host's GPUs; nil when the config was read without them.

@@ -60,6 +60,7 @@ func TestParseDesignExample(t *testing.T) {
 			Multiuser:       false,
 			Reconcile:       ReconcileReport,
 			MemoryGrace:     30 * time.Second,
+			ShmSize:         64 << 20,
 			Instances:       [][]int{{0}, {1}},
 		}},
 		Simulate: SimulateConfig{GPUs: 2, Model: "a100-40g", EmulatorDir: ""},
@@ -94,7 +95,7 @@ func TestDefaults(t *testing.T) {
 		Admins:    Members{Users: []string{"root"}, UnixGroups: []string{}},
 		Groups: []Group{{Name: "inference", Members: Members{Users: []string{"alice"}, UnixGroups: []string{}},
 			GPUs: []string{"all"}, GPUsPerInstance: 1, SMPercent: 100, Memory: 16 * gib, MaxClients: 48,
-			DefaultSM: 25, DefaultMem: 4 * gib, MaxSM: 100, MaxMem: 16 * gib, Priority: 0, RequeueAttempts: 3, Reconcile: ReconcileReport, MemoryGrace: 30 * time.Second}},
+			DefaultSM: 25, DefaultMem: 4 * gib, MaxSM: 100, MaxMem: 16 * gib, Priority: 0, RequeueAttempts: 3, Reconcile: ReconcileReport, MemoryGrace: 30 * time.Second, ShmSize: 64 << 20}},
 		Simulate: SimulateConfig{GPUs: 2, Model: "a100-40g"},
 	}
 	cfg.Access = Access{}
@@ -222,6 +223,7 @@ func TestParseProblems(t *testing.T) {
 			}},
 		{"reconcile", group("memory: 1G\nreconcile: kill"), nil, []string{`groups.g.reconcile: "kill": want report or terminate`}},
 		{"memory grace", group("memory: 1G\nmemory_grace: -1s"), nil, []string{"groups.g.memory_grace: -1s: want 0"}},
+		{"tiny shm", group("memory: 1G\nshm_size: 512K"), nil, []string{"groups.g.shm_size: 512K: want at least 1M"}},
 		{"sm over 100", group("memory: 1G\nsm_percent: 101"), nil, []string{"groups.g.sm_percent: 101: want 1-100"}},
 		{"per-client limits", group("memory: 8G\nmax_sm: 50\ndefault_sm: 60\nmax_mem: 4G\ndefault_mem: 5G"), nil,
 			[]string{"groups.g.default_mem: 5G exceeds max_mem (4G)", "groups.g.default_sm: 60 exceeds max_sm (50)"}},

@@ -92,6 +92,7 @@ var groupFields = []field[Group]{
 	{"multiuser", false, func(g *Group) any { return &g.Multiuser }},
 	{"reconcile", "report", func(g *Group) any { return (*string)(&g.Reconcile) }},
 	{"memory_grace", "30s", func(g *Group) any { return &g.MemoryGrace }},
+	{"shm_size", "64M", func(g *Group) any { return (*size)(&g.ShmSize) }},
 }
 
 // deriveGroupDefaults fills the derived keys the file left out (present

@@ -153,6 +153,7 @@ func (d *decoder) validateGroup(g *Group) {
 	}
 	d.check(k("requeue_attempts"), g.RequeueAttempts >= 0, "%d: want 0 (never requeue) or more", g.RequeueAttempts)
 	d.check(k("memory_grace"), g.MemoryGrace >= 0, "%s: want 0 (no check) or more", g.MemoryGrace)
+	d.check(k("shm_size"), g.ShmSize >= units.MiB, "%s: want at least 1M (the private /dev/shm of each instance the kubelet device plugin serves)", units.FormatSize(g.ShmSize))
 	d.check(k("reconcile"), g.Reconcile == ReconcileReport || g.Reconcile == ReconcileTerminate,
 		"%q: want %s or %s", g.Reconcile, ReconcileReport, ReconcileTerminate)
 }

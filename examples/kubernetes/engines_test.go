@@ -15,6 +15,7 @@ import (
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
+	"github.com/mpsd/mpsd/mps"
 )
 
 // engineWait bounds every wait on a real engine (mpsd, containerd, the
@@ -192,11 +193,20 @@ func tail(path string, n int) string {
 }
 
 // killMPS ends the MPS daemons an mpsd left running under runDir (mpsd's
-// stop keeps them, as on a node).
-func killMPS(runDir string) {
+// stop keeps them, as on a node) and unmounts their private /dev/shm.
+func killMPS(t *testing.T, runDir string) {
 	pipes, _ := filepath.Glob(filepath.Join(runDir, "*", "*", "pipe"))
 	for _, p := range pipes {
 		emutest.KillByPipeDir(p)
+	}
+	shms, err := mps.ShmMountsUnder(runDir)
+	if err != nil {
+		t.Errorf("cleanup: %v", err)
+	}
+	for _, shm := range shms {
+		if _, err := mps.UnmountShm(shm, ""); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
 	}
 }
 
@@ -223,7 +233,7 @@ func TestExampleConfigSimulated(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.args = []string{"--kubelet-device-plugin", "--kubelet-dir", kdir}
-	t.Cleanup(func() { m.stop(); killMPS(filepath.Join(dir, "run")) })
+	t.Cleanup(func() { m.stop(); killMPS(t, filepath.Join(dir, "run")) })
 	m.start()
 	st, err := m.status()
 	if err != nil {

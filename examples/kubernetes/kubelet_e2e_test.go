@@ -1070,15 +1070,19 @@ func checkLeaseEnv(t *testing.T, env map[string]string, l api.LeaseStatus, pipe 
 
 // checkLeaseMounts: the container has the instance's pipe directory pipe
 // read-only, its log FIFO and pid file masked by /dev/null, and the
-// instance's private shared memory as /dev/shm.
+// instance's private shared memory (its tmpfs) as /dev/shm.
 func checkLeaseMounts(t *testing.T, mountinfo, pipe string) {
 	t.Helper()
-	type mount struct{ root, opts string }
+	type mount struct{ root, opts, fstype, source string }
 	mounts := map[string]mount{}
 	for _, line := range strings.Split(mountinfo, "\n") {
 		f := strings.Fields(line)
 		if len(f) >= 6 {
-			mounts[f[4]] = mount{root: f[3], opts: f[5]}
+			m := mount{root: f[3], opts: f[5]}
+			if i := slices.Index(f[6:], "-"); i >= 0 && 6+i+2 < len(f) {
+				m.fstype, m.source = f[6+i+1], f[6+i+2]
+			}
+			mounts[f[4]] = m
 		}
 	}
 	// A bind mount's root is its source's path in its filesystem: the
@@ -1094,7 +1098,9 @@ func checkLeaseMounts(t *testing.T, mountinfo, pipe string) {
 			t.Errorf("%s in the pipe directory: mount %+v (present %v); want /dev/null over it", masked, m, ok)
 		}
 	}
-	if m := mounts["/dev/shm"]; !from(m, mps.ShmDirFor(pipe)) {
-		t.Errorf("/dev/shm is %+v; want the instance's private %s", m, mps.ShmDirFor(pipe))
+	// The instance's private /dev/shm is a tmpfs of its own (mps.MountShm):
+	// the pod gets its root.
+	if m := mounts["/dev/shm"]; m.root != "/" || m.fstype != "tmpfs" || m.source != mps.ShmSource {
+		t.Errorf("/dev/shm is %+v; want the instance's private tmpfs (%s) from %s", m, mps.ShmSource, mps.ShmDirFor(pipe))
 	}
 }

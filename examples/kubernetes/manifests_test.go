@@ -190,6 +190,9 @@ func (o *objects) check() []string {
 			// hostMounts maps each container path mounted from the host to
 			// the host path.
 			hostMounts := map[string]string{}
+			// propagation maps each container path to its mount
+			// propagation.
+			propagation := map[string]corev1.MountPropagationMode{}
 			var cfgPath, cfgMap string
 			for _, m := range c.VolumeMounts {
 				v, ok := vols[m.Name]
@@ -199,6 +202,9 @@ func (o *objects) check() []string {
 				}
 				if v.HostPath != nil {
 					hostMounts[m.MountPath] = v.HostPath.Path
+				}
+				if m.MountPropagation != nil {
+					propagation[m.MountPath] = *m.MountPropagation
 				}
 				if v.ConfigMap != nil {
 					cfgPath, cfgMap = m.MountPath, v.ConfigMap.Name
@@ -240,6 +246,11 @@ func (o *objects) check() []string {
 			}
 			// The plugin hands pods host paths under run_dir; mpsd's state
 			// and logs must outlive the container.
+			// mpsd mounts each instance's private /dev/shm (a tmpfs) in the
+			// host's mount namespace, under run_dir, and must see it there.
+			if p := propagation[cfg.RunDir]; p != corev1.MountPropagationHostToContainer && p != corev1.MountPropagationBidirectional {
+				bad("%s: container %s: run_dir %s is mounted without mountPropagation: HostToContainer; mpsd would not see the private /dev/shm it mounts there on the host", where, c.Name, cfg.RunDir)
+			}
 			for _, dir := range []string{cfg.RunDir, cfg.StateDir, cfg.LogDir, path.Dir(cfg.Socket)} {
 				if hostMounts[dir] != dir {
 					bad("%s: container %s: %s is not mounted from the host's %s", where, c.Name, dir, dir)
@@ -366,6 +377,7 @@ func TestExamplesBroken(t *testing.T) {
 		{"not multiuser", "mpsd-daemonset.yaml", "multiuser: true", "multiuser: false", "need multiuser: true"},
 		{"config mpsd refuses", "mpsd-daemonset.yaml", "memory: 32G", "memory: 32G\n        memroy: 1G", "memroy"},
 		{"run_dir not from the host", "mpsd-daemonset.yaml", "run_dir: /run/mpsd ", "run_dir: /run/mpsd2 ", "/run/mpsd2 is not mounted from the host"},
+		{"run_dir without propagation", "mpsd-daemonset.yaml", "              mountPropagation: HostToContainer\n", "", "without mountPropagation: HostToContainer"},
 		{"no device plugin", "mpsd-daemonset.yaml", "            - --kubelet-device-plugin\n", "", "without --kubelet-device-plugin"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
