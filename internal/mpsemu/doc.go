@@ -88,4 +88,12 @@
 // the forked server's "Starting new server" line lands before or after the
 // caller's "UI closed", and which status a quit caller gets while the
 // daemon exits) are resolved the way they were observed most often.
+//
+// The log FIFO is NVIDIA's, hostile writers included (docs/emulator.md,
+// "The log FIFO"): a forged header declaring 4 GiB of text silences the
+// daemon's logs for good and makes it ignore quit (it never exits and
+// keeps control_lock) until about 6 KiB more text kills it; a bad header
+// stops the logger, and the FIFO then filling up hangs the daemon. Only a
+// header declaring 2^38 bytes or more differs: NVIDIA's logger then waits
+// or stops at random, the emulator's always waits.
 package mpsemu

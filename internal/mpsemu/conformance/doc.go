@@ -33,6 +33,12 @@
 // gets "Server N not found" before any check of who asks, so the rules for
 // a real server's owner are left to hack/gpu-check.sh (docs/emulator.md).
 //
+// A step may also write raw bytes into the pipe directory's log FIFO, as
+// any process that may open it can (the log-fifo-* scenarios: a header
+// declaring 4 GiB of text, one that overruns the logger, a bad header, a
+// full FIFO). From then on the log is compared as it stands once it stops
+// growing, since the daemon's logger may swallow or drop every later line.
+//
 // A scenario whose transcripts differ is run again; only a difference that
 // repeats fails. One that does not is logged and marked identical* in the
 // table: NVIDIA's daemon has rare races (a second command to a quitting

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
+	"github.com/mpsd/mpsd/internal/mpsemu/mpslog"
 )
 
 // Target is one implementation of nvidia-cuda-mps-control under test.
@@ -68,6 +69,7 @@ const (
 	opStopForeground
 	opLogDir
 	opWaitFile
+	opFIFO
 )
 
 // Step is one action of a scenario and what it records.
@@ -111,6 +113,14 @@ func serversAlive() Step                     { return Step{op: opServersAlive} }
 func foreground(args ...string) Step         { return Step{op: opForeground, args: args} }
 func stopForeground(sig syscall.Signal) Step { return Step{op: opStopForeground, sig: sig} }
 
+// fifo writes data into the pipe directory's log FIFO without blocking, as
+// any process that may open it can (mpslog.WriteRaw), and records whether
+// it all went in. From then on the log is taken to carry no more than it
+// has: a snapshot waits for it to stop growing, not for the calls' lines
+// (a poisoned or stopped logger never writes them), until a daemon starts
+// again.
+func fifo(data []byte) Step { return Step{op: opFIFO, args: []string{string(data)}} }
+
 // Entry is one recorded observation.
 type Entry struct {
 	What string
@@ -143,6 +153,10 @@ type runner struct {
 	// owner is the user the daemon was started as ("" root): its quit is
 	// obeyed, another user's refused.
 	owner string
+	// unsynced is set by a write into the log FIFO: the daemon's logger
+	// may swallow or drop what follows, so the log is not awaited line by
+	// line until a daemon starts again.
+	unsynced bool
 }
 
 // Run executes the scenario against the target in a fresh directory under
@@ -269,9 +283,14 @@ func (r *runner) step(ctx context.Context, st Step) error {
 		// before its first lines are there. Wait for them (bounded; a daemon
 		// that refused to start never writes them) so later steps see them.
 		if strings.HasSuffix(r.entries[len(r.entries)-1].Text, "exit 0") {
-			r.waitFor(ctx, 2*time.Second, func() bool {
+			started := r.waitFor(ctx, 2*time.Second, func() bool {
 				return strings.Count(r.readLog("control.log"), daemonStartLine) > before
 			})
+			if started && r.unsynced {
+				// A new daemon, a new logger: calls count from here.
+				r.unsynced = false
+				r.uiCalls = strings.Count(r.readLog("control.log"), "] NEW UI\n")
+			}
 		}
 	case opCmd:
 		// A quit the daemon obeys (root's or its owner's) ends its log.
@@ -282,6 +301,9 @@ func (r *runner) step(ctx context.Context, st Step) error {
 		return r.call(ctx, fmt.Sprintf("cmd %q", st.stdin), st.user, nil, r.expand(st.stdin), st.timeout)
 	case opArgv:
 		return r.call(ctx, "argv "+strings.Join(st.args, " "), st.user, st.args, "", st.timeout)
+	case opFIFO:
+		r.unsynced = true
+		r.record(fmt.Sprintf("write %d bytes into the log FIFO", len(st.args[0])), fifoResult(filepath.Join(r.pipe, "log"), []byte(st.args[0])))
 	case opFiles:
 		r.record("pipe dir", listDir(r.pipe))
 	case opLogDir:
@@ -374,6 +396,23 @@ func (r *runner) expand(s string) string {
 	return strings.ReplaceAll(s, "{server}", strconv.Itoa(pid))
 }
 
+// fifoResult writes b into the FIFO at path without blocking and says how
+// it went: "all written", "full" (the FIFO took part, or none), or the
+// error number (no daemon reads it: ENXIO).
+func fifoResult(path string, b []byte) string {
+	n, err := mpslog.WriteRaw(path, b)
+	var errno syscall.Errno
+	switch {
+	case err == nil && n == len(b):
+		return "all written"
+	case errors.Is(err, syscall.EAGAIN):
+		return "full"
+	case errors.As(err, &errno):
+		return errno.Error()
+	}
+	return fmt.Sprintf("%d bytes written: %v", n, err)
+}
+
 func errText(err error) string {
 	if err != nil {
 		return err.Error()
@@ -461,6 +500,11 @@ func (r *runner) snapshotLog(ctx context.Context) {
 		r.record("control.log", "absent") // -f logs to stdout only
 		return
 	}
+	if r.unsynced {
+		r.waitStill(ctx, "control.log")
+		r.record("control.log", r.readLog("control.log"))
+		return
+	}
 	r.waitFor(ctx, 3*time.Second, func() bool {
 		l := r.readLog("control.log")
 		ui := strings.Count(l, "] NEW UI\n")
@@ -469,6 +513,18 @@ func (r *runner) snapshotLog(ctx context.Context) {
 			strings.Count(l, "] Accepting connection...\n") == ui
 	})
 	r.record("control.log", r.readLog("control.log"))
+}
+
+// waitStill waits (at most 3 s) until the log has not grown for 200 ms.
+func (r *runner) waitStill(ctx context.Context, name string) {
+	const still = 200 * time.Millisecond
+	last, since := -1, time.Now()
+	r.waitFor(ctx, 3*time.Second, func() bool {
+		if n := len(r.readLog(name)); n != last {
+			last, since = n, time.Now()
+		}
+		return time.Since(since) >= still
+	})
 }
 
 func (r *runner) readLog(name string) string {

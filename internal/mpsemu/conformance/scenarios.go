@@ -1,6 +1,8 @@
 package conformance
 
 import (
+	"bytes"
+	"encoding/binary"
 	"syscall"
 	"time"
 )
@@ -326,6 +328,71 @@ var Scenarios = []Scenario{
 	{Name: "unknown-server-any-caller", Steps: append(append(append([]Step{daemon("-d")},
 		unknownServer("stranger")...), unknownServer("owner")...),
 		append(unknownServer(""), cmd("start_server -uid 0").As("stranger"), cmd("get_server_list"), cmd("quit"))...)},
+	// The log FIFO is world-writable. One header declaring 0xffffffff
+	// bytes of text: the logger waits for them, so everything after it
+	// (the daemon's own records too) is that text and nothing is logged
+	// any more. quit then answers and closes the sockets and removes the
+	// pid file, but the daemon waits for its logger for ever: it never
+	// exits, keeps control_lock (a second -d is refused) and the FIFO.
+	{Name: "log-fifo-poisoned", Steps: []Step{
+		daemon("-d"),
+		fifo(forgedHeader(recordMagic|3, 0xffffffff)),
+		cmd("get_server_list"),
+		cmd("set_default_active_thread_percentage 50", "get_default_active_thread_percentage"),
+		cmd("quit").Timeout(2 * time.Second),
+		waitDaemonExit().Timeout(time.Second),
+		files(), pidFile(), logDir(),
+		daemon("-d"),
+		cmd("get_server_list"),
+		killDaemon(syscall.SIGKILL), waitDaemonExit(), files(),
+	}},
+	// ... and once more than about 6 KiB of that text has come in, the
+	// daemon dies (SIGSEGV), leaving its files; a new one starts.
+	{Name: "log-fifo-overrun", Steps: []Step{
+		daemon("-d"),
+		fifo(append(forgedHeader(recordMagic|3, 0xffffffff), bytes.Repeat([]byte{'x'}, 8192)...)),
+		waitDaemonExit(),
+		files(), pidFile(),
+		cmd("get_server_list"),
+		daemon("-d"), files(),
+		cmd("get_server_list"),
+		cmd("quit"), waitDaemonExit(), files(),
+	}},
+	// A header that is no record's (a wrong magic number) stops the
+	// logger: nothing is logged any more, the daemon works on and exits on
+	// quit.
+	{Name: "log-fifo-bad-record", Steps: []Step{
+		daemon("-d"),
+		fifo(forgedHeader(0, 3)),
+		cmd("get_server_list"),
+		cmd("quit"), waitDaemonExit(), files(), logDir(),
+	}},
+	// With the logger stopped nobody drains the FIFO: once it is full the
+	// daemon's next record blocks it for good (no call is answered), and
+	// so does a second -d's announcement.
+	{Name: "log-fifo-full", Steps: []Step{
+		daemon("-d"),
+		fifo(append(forgedHeader(0, 3), make([]byte, 128<<10)...)),
+		cmd("get_server_list").Timeout(time.Second),
+		daemon("-d").Timeout(time.Second),
+		files(),
+		killDaemon(syscall.SIGKILL), waitDaemonExit(), files(),
+	}},
+}
+
+// recordMagic is the first word of an MPS log record header, less its
+// kind (mpslog).
+const recordMagic = 0xabcde000
+
+// forgedHeader is a log record header as any process may write it into
+// the FIFO: first word first (the magic number and kind), pid 4242,
+// 2026-01-02 03:04:05.006, declaring n bytes of text.
+func forgedHeader(first, n uint32) []byte {
+	b := make([]byte, 48)
+	for i, v := range []uint32{first, 4242, 2026, 1, 2, 0, 3, 4, 5, 6, n, 0} {
+		binary.LittleEndian.PutUint32(b[4*i:], v)
+	}
+	return b
 }
 
 // changeDefaults: user sets the three defaults, then reads them back.

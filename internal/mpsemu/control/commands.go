@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"syscall"
 	"time"
 
@@ -98,7 +99,7 @@ func (d *Daemon) serveUI(c *ctlwire.Conn) {
 	flush := func() {
 		for _, r := range deferred {
 			r.Time = time.Now()
-			d.log.Write(r)
+			d.record(r)
 		}
 		deferred = nil
 	}
@@ -129,9 +130,6 @@ func (d *Daemon) serveUI(c *ctlwire.Conn) {
 			_ = c.WriteStatus(0)
 			c.Close()
 			return
-		}
-		if len(line) > 0 && line[len(line)-1] == '\n' {
-			line = line[:len(line)-1]
 		}
 		d.mu.Lock()
 		d.deferred = &deferred
@@ -169,10 +167,13 @@ func (s session) mayChangeDefaults() bool {
 	return false
 }
 
-// execLocked runs one command line; d.mu is held.
+// execLocked runs one command line as the caller sent it, its newline
+// included (which the "Cmd:" record keeps, as NVIDIA's does); d.mu is
+// held.
 func (d *Daemon) execLocked(c uiConn, uid uint32, line string) {
 	s := session{d: d, c: c, uid: uid}
 	d.logf("Cmd:%s", line)
+	line = strings.TrimSuffix(line, "\n")
 	name, args, _ := cstr.ScanToken(line)
 	switch name {
 	case "get_server_list":

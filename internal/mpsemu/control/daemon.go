@@ -78,8 +78,11 @@ func prepareLogDir(dir string, stdout io.Writer) bool {
 // announce tells a daemon already running on the pipe directory, through
 // its log FIFO, that another instance is starting: NVIDIA's daemon does
 // this before it finds the lock taken, and the line lands in server.log.
+// Its write blocks while the FIFO is full (a daemon whose logger stopped
+// at a bad record, and whose own records then filled the FIFO), as
+// NVIDIA's does.
 func announce(d dirs) {
-	_ = mpslog.SendFIFO(filepath.Join(d.pipe, fifoName), mpslog.Record{
+	_ = mpslog.WriteFIFO(filepath.Join(d.pipe, fifoName), mpslog.Record{
 		Kind: mpslog.Other, PID: os.Getpid(), Time: time.Now(), Msg: "Using log directory: " + d.log,
 	})
 }
@@ -140,7 +143,17 @@ type Daemon struct {
 
 	log      *mpslog.Sink
 	lockFile *os.File // held for the daemon's life: the fcntl lock is the instance lock
-	fifo     *os.File
+	fifo     *os.File // the log FIFO's reading end, the logger's
+	// logW is the log FIFO's writing end: the daemon's own records go
+	// through the FIFO, behind whatever anyone wrote there before, as
+	// NVIDIA's do. nil without a FIFO: lines go straight to the sink.
+	logW *os.File
+	// logEnd is closed when the logger stops (at the daemon's end of log,
+	// at anyone's bad header, or overrun); nil without a FIFO.
+	logEnd chan struct{}
+	// crash ends the process as NVIDIA's daemon ends when a record's text
+	// overruns its logger's buffer; tests replace it.
+	crash func()
 
 	mu            sync.Mutex
 	defaultSM     float64
@@ -197,7 +210,7 @@ func newDaemon(gen Generation, d dirs, foreground, multiuser, logs bool, stdout 
 	dm := &Daemon{
 		gen: gen, dirs: d, foreground: foreground, multiuser: multiuser, logs: logs,
 		pid: os.Getpid(), uid: uint32(os.Geteuid()), env: env, stdout: stdout,
-		defaultSM: 100, done: make(chan int, 1), start: (*exec.Cmd).Start,
+		defaultSM: 100, done: make(chan int, 1), start: (*exec.Cmd).Start, crash: crash,
 	}
 	// -multiuser-server: every user shares root's server.
 	dm.sched = mpssched.New(schedHost{dm}, multiuser, 0)
@@ -207,7 +220,21 @@ func newDaemon(gen Generation, d dirs, foreground, multiuser, logs bool, stdout 
 func (d *Daemon) path(name string) string { return filepath.Join(d.dirs.pipe, name) }
 
 // logf writes a control.log line as the daemon.
-func (d *Daemon) logf(format string, args ...any) { d.log.Logf(d.pid, format, args...) }
+func (d *Daemon) logf(format string, args ...any) {
+	d.record(mpslog.Record{Kind: mpslog.Control, PID: d.pid, Time: time.Now(), Msg: fmt.Sprintf(format, args...)})
+}
+
+// record logs r as the daemon: into the log FIFO, whose logger writes the
+// line (or swallows it, or has stopped), as NVIDIA's daemon logs. The
+// write blocks while the FIFO is full, NVIDIA's too: a daemon whose logger
+// stopped at a bad record hangs once its own records have filled the FIFO.
+func (d *Daemon) record(r mpslog.Record) {
+	if d.logW == nil {
+		d.log.Write(r)
+		return
+	}
+	_, _ = d.logW.Write(r.Encode())
+}
 
 func withUmask(mask int, f func() error) error {
 	old := syscall.Umask(mask)
@@ -324,8 +351,36 @@ func (d *Daemon) openLogs() {
 	if err != nil {
 		return
 	}
-	d.fifo = f
-	go func() { _ = d.log.Pump(f) }()
+	// The daemon's own writing end. It cannot block: the daemon reads.
+	w, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+	if err != nil {
+		f.Close()
+		return
+	}
+	d.fifo, d.logW, d.logEnd = f, w, make(chan struct{})
+	room := d.gen.LogRoom()
+	go func() {
+		defer close(d.logEnd)
+		if err := d.log.Pump(f, room); errors.Is(err, mpslog.ErrOverrun) {
+			d.crash()
+		}
+	}()
+}
+
+// endLog ends the log as NVIDIA's daemon does on its way out: its end-of-log
+// header into the FIFO, then a wait for the logger to stop. A logger inside
+// a record whose text has not all come (a forged header declaring 4 GiB)
+// never stops: the daemon then waits for ever, still holding control_lock,
+// as NVIDIA's does. d.mu is held, as NVIDIA's daemon's main thread is
+// stuck: nothing else happens in the daemon either.
+func (d *Daemon) endLog() {
+	if d.logW == nil {
+		return
+	}
+	_, _ = d.logW.Write(mpslog.End(d.pid, time.Now()))
+	<-d.logEnd
+	d.logW.Close()
+	d.fifo.Close()
 }
 
 // readEnvDefaults takes the daemon's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and
@@ -348,24 +403,25 @@ func (d *Daemon) readEnvDefaults() {
 	}
 }
 
-// finishLocked ends the daemon after quit: close the sockets (their files
-// stay), log the exit, answer the quit caller, remove the FIFO and pid file.
+// finishLocked ends the daemon after quit in NVIDIA's order (strace of
+// 550): remove the pid file, close the sockets (their files stay), answer
+// the quit callers, log the exit, end the log and wait for the logger,
+// remove the FIFO, exit. With a logger that never stops (endLog) the
+// daemon goes no further than the wait: the pid file is gone and the
+// callers answered, the FIFO stays and control_lock stays held.
 func (d *Daemon) finishLocked() {
 	if d.finished {
 		return
 	}
 	d.finished = true
+	if d.gen.HasPIDFile() {
+		_ = os.Remove(d.path(pidFileName))
+	}
 	for _, l := range d.listeners {
 		l.Close()
 	}
 	if d.quitTimer != nil {
 		d.quitTimer.Stop()
-	}
-	d.logf("Exit with status %d", d.exitStatus)
-	// Files first: a caller that sees quit return finds them gone.
-	_ = os.Remove(d.path(fifoName))
-	if d.gen.HasPIDFile() {
-		_ = os.Remove(d.path(pidFileName))
 	}
 	for _, c := range d.quitConns {
 		// After waiting for its servers NVIDIA's daemon answers the quit
@@ -376,5 +432,8 @@ func (d *Daemon) finishLocked() {
 		}
 		c.Close()
 	}
+	d.logf("Exit with status %d", d.exitStatus)
+	d.endLog()
+	_ = os.Remove(d.path(fifoName))
 	d.done <- d.exitStatus
 }

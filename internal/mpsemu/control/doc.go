@@ -9,11 +9,14 @@
 // daemonizing (Go cannot fork, so -d re-executes the program and waits on a
 // readiness pipe), the pipe-directory files (control and
 // control_privileged sockets, control_lock with its fcntl lock, the log
-// FIFO, the pid file), control.log/server.log lines, every control command
-// with NVIDIA's parsing quirks and messages, and the server lifecycle: one
-// server uid at a time, spawned from PATH as the client's uid, SIGINT and
-// never SIGKILL on shutdown_server -f and quit -t, exit statuses as NVIDIA
-// reports them, immediate restart for waiting clients.
+// FIFO, the pid file), control.log/server.log lines (its own written
+// through the log FIFO behind anyone else's, as NVIDIA's are, so that a
+// poisoned or stopped logger loses them too, and quit waits for the logger
+// as NVIDIA's does), every control command with NVIDIA's parsing quirks
+// and messages, and the server lifecycle: one server uid at a time,
+// spawned from PATH as the client's uid, SIGINT and never SIGKILL on
+// shutdown_server -f and quit -t, exit statuses as NVIDIA reports them,
+// immediate restart for waiting clients.
 //
 // The client mode speaks NVIDIA's control protocol (package ctlwire), so
 // it also drives a real daemon, and NVIDIA's client drives this one.

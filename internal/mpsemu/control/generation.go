@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/mpsd/mpsd/internal/mpsemu/mpslog"
 )
 
 // Generation is the NVIDIA driver generation the emulator imitates; their
@@ -217,4 +219,21 @@ func (g Generation) parseArgs(args []string) (m mode, multiuser bool, exit int) 
 		}
 	}
 	return m, multiuser, 0
+}
+
+// LogRoom is how much text of one log record NVIDIA's logger thread
+// survives (mpslog.Room): records of up to Line bytes are logged; a longer
+// one kills the daemon (SIGSEGV) once Read+1 bytes of its text, or all of
+// it if less, have come in. Measured on each generation's daemon: Line
+// with records of their declared length, Read with the daemon's own
+// records after a header declaring 0xffffffff (other bytes move it by a
+// byte or two). 580 is taken to be 555.
+func (g Generation) LogRoom() mpslog.Room {
+	switch g {
+	case Gen535:
+		return mpslog.Room{Line: 6167, Read: 6243}
+	case Gen550:
+		return mpslog.Room{Line: 6183, Read: 6258}
+	}
+	return mpslog.Room{Line: 6183, Read: 6259}
 }

@@ -147,7 +147,7 @@ func (d *Daemon) startServerLocked(uid int32) *srv {
 	if d.deferred != nil && d.gen != Gen535 {
 		*d.deferred = append(*d.deferred, rec)
 	} else {
-		d.log.Write(rec)
+		d.record(rec)
 	}
 	go d.waitServer(sv)
 	return sv
