@@ -71,6 +71,8 @@ type Daemon struct {
 	exited         map[int]time.Time
 	ready          map[int]bool
 	lastExitStatus int
+	// echo: whether control.log carries the probes back (loglive.go).
+	echo logEcho
 	// binaryVersion: the version line the daemon logged at its start
 	// (version.go), 0 until read or when it logs none.
 	binaryVersion int
@@ -330,7 +332,7 @@ func attach(ctx context.Context, cfg Config, fd int, id DaemonIdentity, how stri
 		d.loadReady(logPath, pid, logOff)
 	}
 	ready := make(chan error, 1)
-	lf := newLogFollower(logPath, logOff, log, d.onLogLine)
+	lf := newLogFollower(logPath, logOff, log, d.onControlLine)
 	d.wg.Add(1)
 	go func() { defer d.wg.Done(); lf.run(d.stop, ready) }()
 	if err := <-ready; err != nil {
@@ -630,6 +632,7 @@ func (d *Daemon) Probe(ctx context.Context) error {
 	if d.Exited() {
 		return fmt.Errorf("mps: probe %s: daemon pid %d exited: %w", d.cfg.PipeDir, d.pid, ErrNoDaemon)
 	}
+	d.probeSent(time.Now())
 	_, err := d.ServerList(ctx)
 	return err
 }

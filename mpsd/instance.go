@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -129,6 +130,11 @@ type instance struct {
 	capDrifts map[string]uint64
 	// shm is what the last check of its private /dev/shm found (shm.go).
 	shm shmState
+	// logLost: the daemon whose log was found lost, and since when
+	// (loglost.go); xidBell is closed at the next Xid on the instance's
+	// GPUs (a release waits on it while the log is lost).
+	logLost logLoss
+	xidBell chan struct{}
 }
 
 func (in *instance) markTried() { in.triedOnce.Do(func() { close(in.tried) }) }
@@ -536,8 +542,10 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 		}
 		switch ev.Kind {
 		case mps.DaemonExited:
-			d.reportFault(in, fault{kind: faultDaemonExit, restart: restartDaemon,
-				reason: fmt.Sprintf("MPS control daemon %d of group %s on GPU %d exited (%s)", ev.PID, in.group, in.gpus[0].Index, exitText(ev))})
+			f := fault{kind: faultDaemonExit, restart: restartDaemon,
+				reason: fmt.Sprintf("MPS control daemon %d of group %s on GPU %d exited (%s)", ev.PID, in.group, in.gpus[0].Index, exitText(ev))}
+			d.chargeUnlessLogLost(in, dm, &f, ev.Signal == syscall.SIGSEGV)
+			d.reportFault(in, f)
 		case mps.ServerExited:
 			d.serverExited(in, ev, exit)
 		case mps.FatalException:
@@ -702,7 +710,8 @@ func exitText(ev mps.Event) string {
 }
 
 // retireIfEmptyLocked stops an instance that left the config (or needs a
-// restart for a changed start option) once its last lease has ended: its
+// restart for a changed start option, or its daemon's log is lost:
+// loglost.go) once its last lease has ended: its
 // supervisor stops the daemon, then starts a new one or ends. One that
 // left the config while starting, with no daemon (none ever answered, or
 // the start of a new one fails) and no lease, is dropped at once: its
@@ -717,11 +726,16 @@ func (d *Daemon) retireIfEmptyLocked(in *instance) {
 		}
 		return
 	}
-	if len(in.leases) > 0 || in.life != instUp || (!in.holds.retiring && !in.holds.restartPending) {
+	logLost := in.logLostLocked()
+	if len(in.leases) > 0 || in.life != instUp || (!in.holds.retiring && !in.holds.restartPending && !logLost) {
 		return
 	}
-	restart := in.holds.restartPending && !in.holds.retiring
-	if !in.askStopLocked(&stopRequest{dm: in.daemon, restart: restart, why: "empty and held for a stop"}) {
+	restart := (in.holds.restartPending || logLost) && !in.holds.retiring
+	why := "empty and held for a stop"
+	if logLost && !in.holds.restartPending && !in.holds.retiring {
+		why = "empty, and its log is lost"
+	}
+	if !in.askStopLocked(&stopRequest{dm: in.daemon, restart: restart, why: why}) {
 		return
 	}
 	if !restart {

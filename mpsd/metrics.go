@@ -33,6 +33,7 @@ var (
 	descRestarts      = prometheus.NewDesc("mpsd_server_restarts_total", "Recoveries of the instance (revoke, restart, requeue), by the fault that caused them.", append(instLabels[:3:3], "reason"), nil)
 	descFaults        = prometheus.NewDesc("mpsd_faults_total", "Faults reported for the instance, by kind.", append(instLabels[:3:3], "kind"), nil)
 	descQuarantined   = prometheus.NewDesc("mpsd_quarantined", "1 while the instance is quarantined (mpsctl resume lifts it).", instLabels, nil)
+	descLogLost       = prometheus.NewDesc("mpsd_mps_log_lost", "1 while the instance's control daemon no longer logs mpsd's probes (its log FIFO may have been poisoned); it is replaced once no lease runs on it.", instLabels, nil)
 	descClients       = prometheus.NewDesc("mpsd_clients", "Running leases on the instance.", instLabels, nil)
 	descSM            = prometheus.NewDesc("mpsd_sm_allocated_percent", "Sum of the running leases' SM percentage, per GPU of the instance.", instLabels, nil)
 	descMem           = prometheus.NewDesc("mpsd_memory_allocated_bytes", "Sum of the running leases' pinned device memory, per GPU of the instance.", instLabels, nil)
@@ -179,7 +180,7 @@ func newMetrics(d *Daemon) *metrics {
 type daemonCollector Daemon
 
 func (c *daemonCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInstanceUp, descInstanceState, descRestarts, descFaults, descQuarantined,
+	for _, d := range []*prometheus.Desc{descInstanceUp, descInstanceState, descRestarts, descFaults, descQuarantined, descLogLost,
 		descClients, descSM, descMem, descMPSInfo, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime, descUnverified, descCapDrift, descUnreconciled, descReconKilled, descLeaseMemUsed, descLeaseMemByID, descShmUsed, descShmSize, descShmFull, descShmCleaned} {
 		ch <- d
 	}
@@ -326,7 +327,7 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 	d.mu.Lock()
 	// One allocation for the series of this scrape over label pairs made
 	// beforehand: the instances', the groups', the daemon's and the GPUs'.
-	perInstance := 7 + len(instanceStates) + 2*len(faultKinds) + len(capKinds)
+	perInstance := 8 + len(instanceStates) + 2*len(faultKinds) + len(capKinds)
 	perGroup := 5 + 2*len(reconKinds)
 	fm := make([]fastMetric, 0, perInstance*len(d.instances)+perGroup*len(d.cfg.Groups)+3+2*len(m.gpuLabels))
 	emit := func(desc *prometheus.Desc, labels []*dto.LabelPair, v float64, isCounter bool) {
@@ -347,6 +348,7 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 			emit(descFaults, il.faults[i], float64(in.faults[kind]), true)
 		}
 		emit(descQuarantined, il.base, b2f(in.holds.quarantined), false)
+		emit(descLogLost, il.base, b2f(in.logLostLocked()), false)
 		emit(descClients, il.base, float64(len(in.leases)), false)
 		emit(descSM, il.base, float64(in.p.Alloc.SM), false)
 		emit(descMem, il.base, float64(in.p.Alloc.Mem), false)

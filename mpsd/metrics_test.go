@@ -24,7 +24,7 @@ import (
 // designMetrics are the names docs/architecture.md#metrics-and-systemd promises.
 // (mpsd_lease_memory_used_bytes_by_lease only with metrics.per_lease).
 var designMetrics = []string{
-	"mpsd_instance_up", "mpsd_server_restarts_total", "mpsd_faults_total", "mpsd_quarantined",
+	"mpsd_instance_up", "mpsd_server_restarts_total", "mpsd_faults_total", "mpsd_quarantined", "mpsd_mps_log_lost",
 	"mpsd_clients", "mpsd_sm_allocated_percent", "mpsd_memory_allocated_bytes", "mpsd_queue_length",
 	"mpsd_requeues_total", "mpsd_admission_wait_seconds", "mpsd_gpu_xid_errors_total",
 	"mpsd_gpu_memory_used_bytes", "mpsd_gpu_utilization_ratio", "mpsd_config_last_reload_success", "mpsd_build_info",
@@ -142,6 +142,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		"mpsd_sm_allocated_percent":   30,
 		"mpsd_memory_allocated_bytes": 2 << 30,
 		"mpsd_quarantined":            0,
+		"mpsd_mps_log_lost":           0,
 	} {
 		if v, ok := value(fams, name, inst); !ok || v != want {
 			t.Errorf("%s%v = %v (found %v), want %v", name, inst, v, ok, want)

@@ -488,6 +488,9 @@ func (d *Daemon) serveRelease(w http.ResponseWriter, r *http.Request) {
 		}
 		t.Stop()
 	}
+	// Without the instance's log, a fault that ended the command can be
+	// seen only in its Xid (loglost.go).
+	d.waitXidIfLogLost(r.Context(), l)
 	revoking := false
 	d.releaseUnless(l, "its command ended", func(l *lease) bool {
 		revoking = l.revocationComingLocked(q.Attempt)

@@ -333,6 +333,7 @@ func (d *Daemon) probe(in *instance, timeout time.Duration, failures int) {
 		if caps && !d.spawn(func() { defer capsDone(); d.probeCaps(in, dm) }) {
 			capsDone()
 		}
+		d.checkLog(in, dm)         // loglost.go
 		d.reconcileSoon(in, false) // reconcile.go
 		return
 	}
@@ -350,7 +351,9 @@ func (d *Daemon) probe(in *instance, timeout time.Duration, failures int) {
 	d.mu.Unlock()
 	in.log.Warn("probe failed", "failures_in_a_row", n, "err", err)
 	if n >= failures {
-		d.reportFault(in, fault{kind: faultHung, restart: restartDaemon,
-			reason: fmt.Sprintf("MPS control daemon of group %s on GPU %d stopped answering (%d probes failed)", in.group, in.gpus[0].Index, n)})
+		f := fault{kind: faultHung, restart: restartDaemon,
+			reason: fmt.Sprintf("MPS control daemon of group %s on GPU %d stopped answering (%d probes failed)", in.group, in.gpus[0].Index, n)}
+		d.chargeUnlessLogLost(in, dm, &f, false)
+		d.reportFault(in, f)
 	}
 }

@@ -58,6 +58,12 @@ type fault struct {
 	// admin: asked for by an operator, so it does not count towards
 	// quarantine.
 	admin bool
+	// uncharged: no workload caused it as far as mpsd can tell, though a
+	// member may have: the daemon died or stopped answering after its log
+	// was lost (a record written into its log FIFO stops NVIDIA's logger,
+	// and some kilobytes later kills the daemon: loglost.go). It counts
+	// towards no quarantine and its victims use up no attempt.
+	uncharged bool
 	// fromServerLog: a server.log line at logOffset told of it; if mpsd
 	// stops before handling it, the next mpsd reads the line again.
 	fromServerLog bool
@@ -207,14 +213,20 @@ type recoveryPlan struct {
 // another revocation has it) is its owner's to finish; every other running
 // lease the faults name is a victim, told the reason of the fault that
 // named it. A victim is spared (its requeue uses up no attempt) when every
-// fault names a culprit and it is none of them. It does no I/O: the
+// fault names a culprit and it is none of them, or when every fault is
+// uncharged (the daemon died of its lost log), which counts towards no
+// quarantine either. It does no I/O: the
 // recovery acts on the plan (and mpsd's simulation checks it).
 func (in *instance) planRecoveryLocked(pending []fault, f fault, now time.Time, wd policy.WatchdogConfig) recoveryPlan {
 	var plan recoveryPlan
 	blamed, anonymous := culprits(pending)
-	if !f.admin && !anonymous {
+	uncharged := !slices.ContainsFunc(pending, func(p fault) bool { return !p.uncharged })
+	switch {
+	case uncharged:
+		// The daemon died of its lost log: nobody is charged.
+	case !f.admin && !anonymous:
 		plan.barred = in.chargeCulpritsLocked(blamed, now, wd)
-	} else if !f.admin {
+	case !f.admin:
 		keep := in.failures[:0]
 		for _, t := range in.failures {
 			if now.Sub(t) < wd.QuarantineWindow {
@@ -237,7 +249,7 @@ func (in *instance) planRecoveryLocked(pending []fault, f fault, now time.Time, 
 			continue
 		}
 		plan.victims = append(plan.victims, l)
-		if !anonymous && !slices.ContainsFunc(pending, func(p fault) bool { return p.culprit.lease == l.id }) {
+		if uncharged || !anonymous && !slices.ContainsFunc(pending, func(p fault) bool { return p.culprit.lease == l.id }) {
 			if plan.spared == nil {
 				plan.spared = map[string]bool{}
 			}
@@ -451,6 +463,17 @@ func (d *Daemon) onXid(ev gpu.XidEvent) {
 				d.mu.Unlock()
 				break
 			}
+		}
+		if len(affected) == 0 {
+			// An instance whose log is lost has no fault record of its
+			// own any more: the Xid is taken for its fault (loglost.go).
+			d.mu.Lock()
+			for _, in := range on {
+				if in.logLostLocked() {
+					affected = append(affected, in)
+				}
+			}
+			d.mu.Unlock()
 		}
 		if len(affected) == 0 {
 			d.log.Warn("application Xid names no process of a lease; its instance is left to MPS's own fault signals", "gpu", ev.UUID, "gpu_index", ev.GPU, "xid", ev.Xid, "pid", ev.PID)

@@ -41,6 +41,7 @@ var (
 		"mpsd_server_restarts_total":                 {labels: append(slices.Clone(instLabels), "reason")},
 		"mpsd_faults_total":                          {labels: append(slices.Clone(instLabels), "kind")},
 		"mpsd_quarantined":                           {labels: instLabels},
+		"mpsd_mps_log_lost":                          {labels: instLabels},
 		"mpsd_clients":                               {labels: instLabels},
 		"mpsd_sm_allocated_percent":                  {labels: instLabels},
 		"mpsd_memory_allocated_bytes":                {labels: instLabels},
