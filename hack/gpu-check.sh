@@ -815,6 +815,11 @@ heading "4. A fault in alpha; beta runs on"
 say "Two long clients in beta, two in alpha; one of alpha's faults (illegal"
 say "address) about 5 s after it is ready. Real MPS puts a sticky error on every"
 say "client of the faulting server: alpha's, not beta's (their own server)."
+# The restarts before the fault: taken before the clients start, since the
+# fault comes 5 s after alpha-fault is ready, which a loaded host can reach
+# before the four are seen ready.
+A_RESTARTS=$(st_inst alpha restarts)
+B_RESTARTS=$(st_inst beta restarts)
 launch beta-1 beta 25 2G "$CLIENT" --duration 20
 launch beta-2 beta 25 2G "$CLIENT" --duration 20
 launch alpha-1 alpha 25 2G "$CLIENT" --duration 15
@@ -834,9 +839,7 @@ B_PIDS=$(st_pids beta)
 A_PIDS=$(st_pids alpha)
 B_SERVER=$(st_inst beta server_pids)
 B_DAEMON=$(st_inst beta daemon_pid)
-B_RESTARTS=$(st_inst beta restarts)
 A_SERVER=$(st_inst alpha server_pids)
-A_RESTARTS=$(st_inst alpha restarts)
 say "all four ready; beta's lease pids: $B_PIDS (server $B_SERVER, daemon $B_DAEMON); alpha's: $A_PIDS (server $A_SERVER)"
 show "mpsctl status"
 "$BIN/mpsctl" status

@@ -72,7 +72,7 @@ func TestPoisonedLogFIFO(t *testing.T) {
 	// daemon's death within seconds, before or after mpsd notices.
 	e.waitLogAny("MPS log lost", "control daemon ended after its log was lost")
 	// Until the daemon dies, the instance and its metric say so.
-	lost, metric := e.logLost("a/0"), e.logLostGauge("a")
+	lost, metric := e.logLost("a/0"), metricOf(t, e.d, "mpsd_mps_log_lost", "group", "a")
 	if b, _ := os.ReadFile(e.log.Name()); (!lost || metric != 1) && !strings.Contains(string(b), "control daemon ended after its log was lost") {
 		t.Errorf("the log is lost, yet the instance says lost %v and mpsd_mps_log_lost{group=a} is %v", lost, metric)
 	}
@@ -115,7 +115,7 @@ func TestPoisonedLogFIFO(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if v := e.logLostGauge("a"); v != 0 {
+	if v := metricOf(t, e.d, "mpsd_mps_log_lost", "group", "a"); v != 0 {
 		t.Errorf("mpsd_mps_log_lost{group=a} = %v with the new daemon, want 0", v)
 	}
 	if r := run(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", client, "--duration", "100ms"), aliceUID)); r.code != 0 {
@@ -129,26 +129,4 @@ func (e *testEnv) logLost(key string) bool {
 	defer e.d.mu.Unlock()
 	in := e.d.instances[key]
 	return in != nil && in.logLostLocked()
-}
-
-// logLostGauge is mpsd_mps_log_lost of group's instance (-1: no series).
-func (e *testEnv) logLostGauge(group string) float64 {
-	e.t.Helper()
-	fams, err := e.d.metrics.reg.Gather()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	for _, f := range fams {
-		if f.GetName() != "mpsd_mps_log_lost" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "group" && l.GetValue() == group {
-					return m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	return -1
 }

@@ -289,18 +289,28 @@ func TestRestartedDaemonRecordedAtOnce(t *testing.T) {
 // on the GPU of that UUID, -1 before it has one.
 func unverifiedRecords(t *testing.T, d *Daemon, gpuUUID string) float64 {
 	t.Helper()
+	return metricOf(t, d, "mpsd_unverified_mps_records_total", "gpu", gpuUUID)
+}
+
+// metricOf is the value (a counter's or a gauge's) of the first series of
+// metric name whose label has value, -1 when there is none.
+func metricOf(t *testing.T, d *Daemon, name, label, value string) float64 {
+	t.Helper()
 	fams, err := d.metrics.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range fams {
-		if f.GetName() != "mpsd_unverified_mps_records_total" {
+		if f.GetName() != name {
 			continue
 		}
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "gpu" && l.GetValue() == gpuUUID {
-					return m.GetCounter().GetValue()
+				if l.GetName() == label && l.GetValue() == value {
+					if c := m.GetCounter(); c != nil {
+						return c.GetValue()
+					}
+					return m.GetGauge().GetValue()
 				}
 			}
 		}

@@ -92,6 +92,45 @@ func TestUIDSwitchIsNoFault(t *testing.T) {
 	}
 }
 
+// tenReady starts e and waits for group a's instance on GPU 0 to be ready;
+// it returns that instance and the emulated client's path.
+func (e *testEnv) tenReady() (api.InstanceStatus, string) {
+	e.t.Helper()
+	e.start()
+	in0 := instanceOf(e.waitStatus("instance ready", func(st api.Status) bool {
+		return instanceOf(st, "a", 0).State == api.InstanceReady
+	}), "a", 0)
+	return in0, filepath.Join(e.emu, "mpsemu-client")
+}
+
+// unleasedClient starts an emulated client of in's server as uid, without
+// a lease: the pipe directory set by hand, as a member can.
+func (e *testEnv) unleasedClient(t *testing.T, uid uint32, in api.InstanceStatus, client string, args ...string) *proc {
+	t.Helper()
+	c := asUID(exec.Command(client, args...), uid)
+	c.Env = append(os.Environ(), api.EnvPipeDirectory+"="+Layout{RunDir: filepath.Join(e.dir, "run")}.PipeDir(in.Group, in.GPUUUID))
+	return startProc(t, c)
+}
+
+// gatedLease starts a lease of uid whose process waits at the gate name
+// (not yet a CUDA client) and then runs client for 100 ms; it returns
+// once the lease runs, with the launcher and the gate's opener.
+func (e *testEnv) gatedLease(t *testing.T, uid uint32, name, client string) (*proc, func()) {
+	t.Helper()
+	gateArgs, open := e.gate(name)
+	script := gateArgs[2] + `; exec "$0" --duration 100ms`
+	p := startProc(t, asUID(e.launch("--sm", "20", "--mem", "1G", "--", "/bin/sh", "-c", script, client), uid))
+	e.waitStatus(name+"'s gated lease running", func(st api.Status) bool {
+		for _, l := range st.Leases {
+			if l.UID == uid && l.State == api.LeaseRunning && len(l.PIDs) > 0 && strings.Contains(strings.Join(l.Command, " "), "gate-"+name) {
+				return true
+			}
+		}
+		return false
+	})
+	return p, open
+}
+
 // waitServerOf waits until group's instance on GPU 0 has a server of uid.
 func (e *testEnv) waitServerOf(t *testing.T, group string, uid int) {
 	t.Helper()
@@ -127,14 +166,8 @@ func TestUnleasedClientHoldsTheInstance(t *testing.T) {
 	for _, pol := range []string{"report", "terminate"} {
 		t.Run(pol, func(t *testing.T) {
 			e := newEnvGPUs(t, 1, tenGroup+"    reconcile: "+pol+"\n", faultWatchdog)
-			e.start()
-			client := filepath.Join(e.emu, "mpsemu-client")
-			in0 := instanceOf(e.waitStatus("instance ready", func(st api.Status) bool {
-				return instanceOf(st, "a", 0).State == api.InstanceReady
-			}), "a", 0)
-			holder := asUID(exec.Command(client, "--duration", "1m"), tenUIDAlice)
-			holder.Env = append(os.Environ(), api.EnvPipeDirectory+"="+Layout{RunDir: filepath.Join(e.dir, "run")}.PipeDir("a", in0.GPUUUID))
-			hp := startProc(t, holder)
+			in0, client := e.tenReady()
+			hp := e.unleasedClient(t, tenUIDAlice, in0, client, "--duration", "1m")
 			e.reconWaitMetric("mpsd_unreconciled_clients_total", "a", map[string]float64{reconUnleased: 1})
 
 			bob := startProc(t, asUID(e.launch("--sm", "20", "--mem", "1G", "--", client, "--duration", "200ms"), tenUIDBob))
@@ -308,24 +341,13 @@ func TestCulpritChargedAlone(t *testing.T) {
 // could have a neighbour's leases revoked at will.)
 func TestSwitchBeforeTheClientConnectsIsNoFault(t *testing.T) {
 	e := newEnvGPUs(t, 1, tenGroup, faultWatchdog)
-	e.start()
-	client := filepath.Join(e.emu, "mpsemu-client")
-	in0 := instanceOf(e.waitStatus("instance ready", func(st api.Status) bool {
-		return instanceOf(st, "a", 0).State == api.InstanceReady
-	}), "a", 0)
+	in0, client := e.tenReady()
 	if r := startProc(t, asUID(e.launch("--sm", "20", "--mem", "1G", "--", client, "--duration", "100ms"), tenUIDAlice)).wait(t); r.code != 0 {
 		t.Fatalf("alice's first job: exit %d, stderr %q", r.code, r.stderr)
 	}
 	e.waitServerOf(t, "a", tenUIDAlice) // her server stays up, idle
-	gateArgs, open := e.gate("alice")
-	script := gateArgs[2] + `; exec "$0" --duration 100ms`
-	alice := startProc(t, asUID(e.launch("--sm", "20", "--mem", "1G", "--", "/bin/sh", "-c", script, client), tenUIDAlice))
-	e.waitStatus("alice's second lease running", func(st api.Status) bool {
-		return len(st.Leases) == 1 && st.Leases[0].State == api.LeaseRunning && len(st.Leases[0].PIDs) > 0
-	})
-	holder := asUID(exec.Command(client, "--duration", "1s"), tenUIDBob)
-	holder.Env = append(os.Environ(), api.EnvPipeDirectory+"="+Layout{RunDir: filepath.Join(e.dir, "run")}.PipeDir("a", in0.GPUUUID))
-	hp := startProc(t, holder)
+	alice, open := e.gatedLease(t, tenUIDAlice, "alice", client)
+	hp := e.unleasedClient(t, tenUIDBob, in0, client, "--duration", "1s")
 	// MPS ended Alice's idle server for Bob's client, and mpsd judged
 	// the exit (within the 250 ms a clean exit once waited for a lease's
 	// processes to end).
@@ -366,20 +388,9 @@ func TestSwitchBeforeTheClientConnectsIsNoFault(t *testing.T) {
 // granted, as her running lease made placement think her server served.)
 func TestContestedInstanceAdmitsNobody(t *testing.T) {
 	e := newEnvGPUs(t, 1, tenGroup, faultWatchdog)
-	e.start()
-	client := filepath.Join(e.emu, "mpsemu-client")
-	in0 := instanceOf(e.waitStatus("instance ready", func(st api.Status) bool {
-		return instanceOf(st, "a", 0).State == api.InstanceReady
-	}), "a", 0)
-	gateArgs, open := e.gate("alice")
-	script := gateArgs[2] + `; exec "$0" --duration 100ms`
-	first := startProc(t, asUID(e.launch("--sm", "20", "--mem", "1G", "--", "/bin/sh", "-c", script, client), tenUIDAlice))
-	e.waitStatus("alice's lease running", func(st api.Status) bool {
-		return len(st.Leases) == 1 && st.Leases[0].State == api.LeaseRunning && len(st.Leases[0].PIDs) > 0
-	})
-	holder := asUID(exec.Command(client, "--duration", "1m"), tenUIDBob)
-	holder.Env = append(os.Environ(), api.EnvPipeDirectory+"="+Layout{RunDir: filepath.Join(e.dir, "run")}.PipeDir("a", in0.GPUUUID))
-	hp := startProc(t, holder)
+	in0, client := e.tenReady()
+	first, open := e.gatedLease(t, tenUIDAlice, "alice", client)
+	hp := e.unleasedClient(t, tenUIDBob, in0, client, "--duration", "1m")
 	e.reconWaitMetric("mpsd_unreconciled_clients_total", "a", map[string]float64{reconUnleased: 1})
 
 	second := startProc(t, asUID(e.launch("--sm", "20", "--mem", "1G", "--", client, "--duration", "100ms"), tenUIDAlice))
