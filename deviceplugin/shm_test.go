@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -117,7 +118,20 @@ func TestPodFillsOnlyItsInstanceShm(t *testing.T) {
 		t.Errorf("the pod's file is still there")
 	}
 
-	// The instance stops: group a leaves the config.
+	// The instances stop: group a leaves the config. It has one on each
+	// GPU (gpu 0's is the one the pod filled, gpu 1's is beside group b's),
+	// each stopped by its own supervisor, in no set order: every one of
+	// them is waited for, not only gpu 0's (with gpu 0's alone, a loaded
+	// host saw gpu 1's tmpfs still mounted, its daemon not yet stopped).
+	var shmsA []string
+	for _, in := range st.Instances {
+		if in.Group == "a" {
+			shmsA = append(shmsA, filepath.Join(run, "a", in.GPUUUID, "shm"))
+		}
+	}
+	if len(shmsA) != 2 {
+		t.Fatalf("group a's private /dev/shm directories: %q; want one per GPU, 2", shmsA)
+	}
 	m.writeConfig(`  b:
     users: ["UID"]
     gpus: ["1"]
@@ -125,20 +139,27 @@ func TestPodFillsOnlyItsInstanceShm(t *testing.T) {
     memory: 10G
 `)
 	deadline := time.Now().Add(waitFor)
-	for {
-		_, err := os.Lstat(shm)
-		if os.IsNotExist(err) {
-			break // and so no mount on it
+	for _, dir := range shmsA {
+		for {
+			_, err := os.Lstat(dir)
+			if os.IsNotExist(err) {
+				// And so no mount on it: a directory some mount sits on
+				// cannot be removed in that namespace, and its removal
+				// detaches those of every other.
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s still there %s after its instance left the config (lstat: %v; a private /dev/shm: %v)", dir, waitFor, err, mps.IsShm(dir))
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s still there %s after its instance left the config (lstat: %v; a private /dev/shm: %v)", shm, waitFor, err, mps.IsShm(shm))
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	if shms, err := mps.ShmMountsUnder(run); err != nil || len(shms) != 1 || !strings.HasPrefix(shms[0], filepath.Join(run, "b")+"/") {
 		t.Errorf("private /dev/shm mounts under run_dir once group a's instances stopped: %q, %v; want group b's only", shms, err)
 	}
-	m.waitLog(`msg="private /dev/shm unmounted and removed: the instance stopped"`)
+	for _, dir := range shmsA {
+		m.waitLogLine(`msg="private /dev/shm unmounted and removed: the instance stopped"`, "dir="+dir)
+	}
 }
 
 // waitLog waits until mpsd's log has s.
@@ -146,5 +167,24 @@ func (m *mpsdProc) waitLog(s string) {
 	m.t.Helper()
 	if !waitFile(m.t, m.log.Name(), s) {
 		m.t.Fatalf("mpsd did not log %q within %s", s, waitFor)
+	}
+}
+
+// waitLogLine waits until a line of mpsd's log has every one of parts.
+func (m *mpsdProc) waitLogLine(parts ...string) {
+	m.t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		b, _ := os.ReadFile(m.log.Name())
+		for line := range strings.Lines(string(b)) {
+			missing := slices.IndexFunc(parts, func(p string) bool { return !strings.Contains(line, p) })
+			if missing < 0 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			m.t.Fatalf("mpsd logged no line with all of %q within %s", parts, waitFor)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
