@@ -242,6 +242,18 @@ cleanup() {
 		done
 	fi
 	declare -F caps_cleanup >/dev/null && caps_cleanup # step 7's own daemon
+	# mpsd mounts each served instance's private /dev/shm (a tmpfs,
+	# source mpsd-shm) and keeps it when SIGTERM stops mpsd alone: those
+	# under this run's directories are ours to unmount, now that their
+	# daemons are gone.
+	if ((UID_NOW == 0)); then
+		for dir in "$D" "$ALT_BASE"; do
+			[[ -n $dir ]] || continue
+			while IFS= read -r p; do
+				umount "$p" 2>/dev/null && say "unmounted $p"
+			done < <(awk -v d="$dir/" 'index($5, d) == 1 && / - tmpfs mpsd-shm / {print $5}' /proc/self/mountinfo | sort -r)
+		done
+	fi
 	if [[ -n $LDCONF ]]; then
 		rm -f "$LDCONF" && ldconfig && say "removed $LDCONF and rebuilt the linker cache"
 	fi

@@ -47,6 +47,9 @@ func Begin(parent string) (string, error) {
 				lines.WriteString(kindPreexists + " " + d + "\n")
 			}
 		}
+		for _, m := range shmMounts(parent) {
+			lines.WriteString(kindPreexists + " " + m + "\n")
+		}
 		// Only this uid writes it: the check removes what it names.
 		if err := os.WriteFile(filepath.Join(dir, ledgerFile), []byte(lines.String()), 0o644); err != nil {
 			return "", fmt.Errorf("testrun: ledger: %w", err)
@@ -63,13 +66,16 @@ type Leftovers struct {
 	Dirs    []string
 	Users   []string
 	Default []string // MPS default directories that appeared during the run
+	// Mounts are mpsd's private /dev/shm tmpfs mounts (source mpsd-shm)
+	// made under the run's parent during the run and still mounted.
+	Mounts []string
 
 	pids []int // of Procs, to kill
 }
 
 // Empty reports whether nothing was left.
 func (l *Leftovers) Empty() bool {
-	return len(l.Procs)+len(l.Cgroups)+len(l.Dirs)+len(l.Users)+len(l.Default) == 0
+	return len(l.Procs)+len(l.Cgroups)+len(l.Dirs)+len(l.Users)+len(l.Default)+len(l.Mounts) == 0
 }
 
 // String is the report, one line per kind and thing.
@@ -84,6 +90,7 @@ func (l *Leftovers) String() string {
 		{"temporary directories left by the tests", l.Dirs},
 		{"test users left behind", l.Users},
 		{"MPS default directories made during the run (a test used them)", l.Default},
+		{"private /dev/shm mounts left by the tests", l.Mounts},
 	} {
 		if len(k.list) > 0 {
 			fmt.Fprintf(&b, "check-leftovers: %s:\n", k.what)
@@ -213,7 +220,41 @@ func Check(run string) (*Leftovers, error) {
 			left.Default = append(left.Default, d)
 		}
 	}
+	for _, m := range shmMounts(filepath.Dir(run)) {
+		if !slices.Contains(led.preexists, m) {
+			left.Mounts = append(left.Mounts, m)
+		}
+	}
 	return left, nil
+}
+
+// shmMounts are the mount points, deepest first, of mpsd's private
+// /dev/shm mounts (tmpfs, source mpsd-shm: only mpsd makes those) under
+// dir, the run's parent (the system's temporary directory): where tests
+// put their run_dir, never a production mpsd's (/run/mpsd).
+func shmMounts(dir string) []string {
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	unescape := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
+	var out []string
+	for line := range strings.SplitSeq(string(b), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 2 || g[0] != "tmpfs" || g[1] != "mpsd-shm" {
+			continue
+		}
+		if mp := unescape.Replace(f[4]); under(mp, dir) {
+			out = append(out, mp)
+		}
+	}
+	slices.Sort(out)
+	slices.Reverse(out)
+	return out
 }
 
 // belongs says why p is the run's, or "".
@@ -310,8 +351,8 @@ func ancestors() map[int]bool {
 }
 
 // Clean removes what l lists: it kills the processes (each proven the
-// run's), then removes the cgroups (deepest first), the directories and
-// the users. MPS's default directories are left: the check cannot tell
+// run's), then removes the cgroups (deepest first), unmounts the private
+// /dev/shm mounts, removes the directories and the users. MPS's default directories are left: the check cannot tell
 // whose they are. It returns what it could not remove.
 func (l *Leftovers) Clean() []error {
 	var errs []error
@@ -336,6 +377,11 @@ func (l *Leftovers) Clean() []error {
 			if err := os.Remove(dirs[i]); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				errs = append(errs, err)
 			}
+		}
+	}
+	for _, m := range l.Mounts {
+		if err := syscall.Unmount(m, 0); err != nil && !errors.Is(err, syscall.EINVAL) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
 		}
 	}
 	for _, d := range l.Dirs {

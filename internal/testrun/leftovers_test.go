@@ -388,3 +388,48 @@ func TestLedgerMustBeOwn(t *testing.T) {
 		t.Errorf("Check of a ledger of its own: %v", err)
 	}
 }
+
+// A private /dev/shm mount (tmpfs, source mpsd-shm) a test left under the
+// run's parent is a leftover, and Clean unmounts it; one there before the
+// run, or a tmpfs of another source, is none of the run's.
+func TestCheckShmMounts(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	parent := t.TempDir()
+	mount := func(name, source string) string {
+		t.Helper()
+		p := filepath.Join(parent, name)
+		if err := os.Mkdir(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mount(source, p, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, "size=1m"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = syscall.Unmount(p, 0) })
+		return p
+	}
+	before := mount("before", "mpsd-shm")
+	run, err := Begin(parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := mount("left", "mpsd-shm")
+	mount("other", "tmpfs")
+	got, err := Check(run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.Mounts, []string{left}) || got.Empty() {
+		t.Fatalf("mounts left: %q; want only %s", got.Mounts, left)
+	}
+	if !strings.Contains(got.String(), "private /dev/shm mounts left by the tests:\n  "+left) {
+		t.Errorf("report %q does not name it", got.String())
+	}
+	if errs := got.Clean(); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if m := shmMounts(parent); !slices.Equal(m, []string{before}) {
+		t.Errorf("after Clean: %q mounted; want only %s, which was there before", m, before)
+	}
+}
