@@ -56,7 +56,7 @@ func fdReserve(nofile int) int { return max(256, nofile/4) }
 // connCaps are the connection caps in force, after fitting them to the
 // descriptor limit.
 type connCaps struct {
-	total, perUser, metrics int
+	total, perUser, metrics, metricsPerUser int
 }
 
 // resources is mpsd's accounting of what outsiders make it hold and of
@@ -113,6 +113,10 @@ func (r *resources) apply(l policy.LimitsConfig) {
 	if c.perUser > c.total {
 		c.perUser = c.total
 	}
+	c.metricsPerUser = l.MetricsConnectionsPerUser
+	if c.metricsPerUser <= 0 || c.metricsPerUser > c.metrics {
+		c.metricsPerUser = c.metrics
+	}
 	if old := r.caps.Swap(&c); old != nil && *old == c {
 		return
 	}
@@ -122,6 +126,7 @@ func (r *resources) apply(l policy.LimitsConfig) {
 	}
 	r.log.Log(context.Background(), lv, "connection limits", "open_files", r.nofile, "reserved_files", fdReserve(r.nofile),
 		"connections", c.total, "connections_per_user", c.perUser, "metrics_connections", c.metrics,
+		"metrics_connections_per_user", c.metricsPerUser,
 		"queued_per_user", l.QueuedPerUser, "lowered_to_fit_open_files", clamped)
 }
 
@@ -197,8 +202,9 @@ func (d *Daemon) localResourceOK(where string) {
 	}
 }
 
-// limitListener caps the connections of one listener: in all and, on the
-// API socket, per uid. A connection over a cap is answered with a 503
+// limitListener caps the connections of one listener: in all and per uid
+// (on the metrics listener per uid where it is known, else per remote
+// address: see metricsPeerOf). A connection over a cap is answered with a 503
 // naming the cap, then closed, before anything of it is read.
 type limitListener struct {
 	net.Listener
@@ -207,9 +213,10 @@ type limitListener struct {
 	key  string // the config key of the total cap
 	wa   string // where label of accept failures
 
-	mu    sync.Mutex
-	open  int
-	byUID map[uint32]int
+	mu     sync.Mutex
+	open   int
+	byUID  map[uint32]int
+	byPeer map[metricsPeer]int // the metrics listener's
 
 	refusing chan struct{}         // one token per refused connection being answered
 	answer   map[net.Conn]struct{} // those connections; guarded by mu
@@ -220,7 +227,7 @@ type limitListener struct {
 }
 
 func (d *Daemon) limitListener(ln net.Listener, name string) *limitListener {
-	l := &limitListener{Listener: ln, d: d, name: name, byUID: map[uint32]int{},
+	l := &limitListener{Listener: ln, d: d, name: name, byUID: map[uint32]int{}, byPeer: map[metricsPeer]int{},
 		refusing: make(chan struct{}, maxRefusing), answer: map[net.Conn]struct{}{}}
 	l.key, l.wa = "limits.connections", whereAPIAccept
 	if name == listenerMetrics {
@@ -258,7 +265,11 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			}
 			hasPeer = true
 		}
-		if reason, msg := l.take(p, hasPeer); reason != "" {
+		var mp metricsPeer
+		if l.name == listenerMetrics {
+			mp = metricsPeerOf(c, p, hasPeer)
+		}
+		if reason, msg := l.take(p, hasPeer, mp); reason != "" {
 			l.d.metrics.connRefused.WithLabelValues(l.name, reason).Inc()
 			lv := slog.LevelDebug
 			if now := time.Now(); now.Sub(l.lastRefuse) >= 10*time.Second {
@@ -270,24 +281,31 @@ func (l *limitListener) Accept() (net.Conn, error) {
 				attrs = append(attrs, "uid", p.uid, "pid", p.pid)
 			} else {
 				attrs = append(attrs, "remote", c.RemoteAddr().String())
+				if mp.byUID {
+					attrs = append(attrs, "uid", mp.uid)
+				}
 			}
 			l.d.log.Log(context.Background(), lv, "connection refused at a cap (mpsd_connections_refused_total counts them all)", attrs...)
 			l.refuse(c, msg)
 			continue
 		}
 		l.d.metrics.connOpen.WithLabelValues(l.name).Inc()
-		return &limitedConn{Conn: c, l: l, p: p, hasPeer: hasPeer}, nil
+		return &limitedConn{Conn: c, l: l, p: p, hasPeer: hasPeer, mp: mp}, nil
 	}
 }
 
 // take counts a new connection in, or says which cap it is over.
-func (l *limitListener) take(p peer, hasPeer bool) (reason, msg string) {
+// On the metrics listener the per-peer cap is
+// limits.metrics_connections_per_user, counted by mp; uid 0 is exempt.
+func (l *limitListener) take(p peer, hasPeer bool, mp metricsPeer) (reason, msg string) {
 	caps := l.d.res.caps.Load()
 	total, perUser := caps.total, caps.perUser
-	if l.name == listenerMetrics {
+	metrics := l.name == listenerMetrics
+	if metrics {
 		total, perUser = caps.metrics, 0
 	}
 	root := hasPeer && p.uid == 0
+	capPeer := metrics && !(mp.byUID && mp.uid == 0) && caps.metricsPerUser > 0
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
@@ -297,20 +315,31 @@ func (l *limitListener) take(p peer, hasPeer bool) (reason, msg string) {
 	case hasPeer && !root && perUser > 0 && l.byUID[p.uid] >= perUser:
 		return "per_user", fmt.Sprintf("uid %d has %d connections open to mpsd, the most limits.connections_per_user (%d) allows; end some (idle mpsctl or mps-launch) and try again",
 			p.uid, l.byUID[p.uid], perUser)
+	case capPeer && l.byPeer[mp] >= caps.metricsPerUser:
+		return "per_user", fmt.Sprintf("%s has %d connections open on mpsd's metrics listener, the most limits.metrics_connections_per_user (%d) allows; try again once some have ended",
+			mp, l.byPeer[mp], caps.metricsPerUser)
 	}
 	l.open++
 	if hasPeer {
 		l.byUID[p.uid]++
 	}
+	if metrics {
+		l.byPeer[mp]++
+	}
 	return "", ""
 }
 
-func (l *limitListener) release(p peer, hasPeer bool) {
+func (l *limitListener) release(p peer, hasPeer bool, mp metricsPeer) {
 	l.mu.Lock()
 	l.open--
 	if hasPeer {
 		if l.byUID[p.uid]--; l.byUID[p.uid] <= 0 {
 			delete(l.byUID, p.uid)
+		}
+	}
+	if l.name == listenerMetrics {
+		if l.byPeer[mp]--; l.byPeer[mp] <= 0 {
+			delete(l.byPeer, mp)
 		}
 	}
 	l.mu.Unlock()
@@ -389,12 +418,13 @@ type limitedConn struct {
 	l       *limitListener
 	p       peer
 	hasPeer bool
+	mp      metricsPeer // on the metrics listener: whom it counts against
 	once    sync.Once
 }
 
 func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(func() { c.l.release(c.p, c.hasPeer) })
+	c.once.Do(func() { c.l.release(c.p, c.hasPeer, c.mp) })
 	return err
 }
 

@@ -397,6 +397,7 @@ func (d *Daemon) scheduleLocked(group string) {
 		for len(q) > 0 {
 			for i, in := range insts {
 				pis[i] = in.policyView()
+				pis[i].UserCap = d.cfg.Limits.UserClients(pis[i].Budget.Clients)
 			}
 			reqs = reqs[:0]
 			for _, l := range q {
@@ -431,8 +432,17 @@ func (d *Daemon) positionsLocked(group string) {
 	slices.SortStableFunc(q, func(a, b *lease) int { return policy.QueueOrder(a.req, b.req) })
 	base := d.waitReasonLocked(group)
 	notes := d.barNotesLocked(group, time.Now())
+	var insts []*instance // fetched for the first uid with a cap
 	for i, l := range q {
 		reason := base
+		if l.uid != 0 {
+			if insts == nil {
+				insts = d.groupInstancesLocked(group)
+			}
+			if note := d.userCapNoteLocked(insts, l); note != "" {
+				reason = note
+			}
+		}
 		if note := notes[l.uid]; note != "" {
 			reason += "; " + note
 		}
@@ -441,6 +451,30 @@ func (d *Daemon) positionsLocked(group string) {
 			l.box.push(api.Event{Type: api.EventQueued, Position: l.position, Group: group, Reason: reason, LeaseID: l.id})
 		}
 	}
+}
+
+// userCapNoteLocked says why l waits when its uid holds its
+// limits.running_per_user on every instance of insts that could ever hold
+// it (policy.Place passes those over); "" when it does not.
+func (d *Daemon) userCapNoteLocked(insts []*instance, l *lease) string {
+	held, capped := 0, 0
+	for _, in := range insts {
+		p := &in.p
+		if len(p.GPUs) < l.req.GPUs || p.Budget.Clients < l.req.Clients() {
+			continue
+		}
+		c := *p
+		c.UserCap = d.cfg.Limits.UserClients(p.Budget.Clients)
+		if !c.OverUserCap(&l.req) {
+			return ""
+		}
+		held, capped = max(held, c.UserClients(l.uid)), c.UserCap
+	}
+	if capped == 0 {
+		return ""
+	}
+	return fmt.Sprintf("waiting for a lease of uid %d to end: its running leases hold %d clients of each instance, and %d more would pass limits.running_per_user (%d)",
+		l.uid, held, l.req.Clients(), capped)
 }
 
 // waitReasonLocked says in a few words what a group's queue waits for:

@@ -157,18 +157,18 @@ func TestCgroupMounts(t *testing.T) {
 // The connection caps are fitted below the open-file limit, leaving the
 // reserve and root's room, and never above what the config says.
 func TestConnCapsFitOpenFiles(t *testing.T) {
-	lim := policy.LimitsConfig{Connections: 1024, ConnectionsPerUser: 128, QueuedPerUser: 64, MetricsConnections: 32}
+	lim := policy.LimitsConfig{Connections: 1024, ConnectionsPerUser: 128, QueuedPerUser: 64, MetricsConnections: 32, MetricsConnectionsPerUser: 8}
 	for _, tc := range []struct {
 		nofile int
 		want   connCaps
 	}{
-		{1 << 20, connCaps{total: 1024, perUser: 128, metrics: 32}},
-		{4096, connCaps{total: 1024, perUser: 128, metrics: 32}},
+		{1 << 20, connCaps{total: 1024, perUser: 128, metrics: 32, metricsPerUser: 8}},
+		{4096, connCaps{total: 1024, perUser: 128, metrics: 32, metricsPerUser: 8}},
 		// 1024 files: 256 reserved, metrics 768/8 = 96 stays 32, the rest
 		// less root's 16 is 720.
-		{1024, connCaps{total: 720, perUser: 128, metrics: 32}},
+		{1024, connCaps{total: 720, perUser: 128, metrics: 32, metricsPerUser: 8}},
 		// 300 files: 44 left; metrics 5, total 23, per user at most that.
-		{300, connCaps{total: 23, perUser: 23, metrics: 5}},
+		{300, connCaps{total: 23, perUser: 23, metrics: 5, metricsPerUser: 5}},
 	} {
 		r := &resources{log: slog.New(slog.DiscardHandler), nofile: tc.nofile}
 		r.apply(lim)

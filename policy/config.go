@@ -124,6 +124,27 @@ type LimitsConfig struct {
 	// MetricsConnections caps the open connections of the metrics
 	// listener. Default: 32.
 	MetricsConnections int
+	// MetricsConnectionsPerUser caps the metrics connections of one peer:
+	// one uid (a unix socket's peer credentials, or the owner of a
+	// loopback TCP peer's socket), else one remote address; uid 0 is
+	// exempt. mpsd lowers it to MetricsConnections. Default: 8.
+	MetricsConnectionsPerUser int
+	// RunningPerUser caps the MPS clients that one uid's running leases
+	// hold on one instance (a lease counts its procs, at least 1); uid 0
+	// is exempt. A uid with no lease on an instance may always start one
+	// there (max_clients bounds a lease). 0 means half the group's
+	// max_clients, rounded up. A request over the cap waits, it is never
+	// refused. Default: 0.
+	RunningPerUser int
+}
+
+// UserClients is the cap RunningPerUser puts on one uid's clients on an
+// instance of maxClients clients.
+func (l LimitsConfig) UserClients(maxClients int) int {
+	if l.RunningPerUser > 0 {
+		return l.RunningPerUser
+	}
+	return (maxClients + 1) / 2
 }
 
 // SimulateConfig is the `simulate` section, read only by mpsd --simulate.

@@ -79,6 +79,41 @@ type Instance struct {
 	// leases end.
 	Budget Usage
 	Alloc  Usage
+	// UserCap is the most clients the running leases of one uid other
+	// than 0 may hold on the instance (limits.running_per_user); 0 means
+	// no cap. A uid with no client there may always take one lease.
+	UserCap int
+	// Running is what each uid's leases hold of Alloc.Clients, kept by
+	// Assign and Release; copies of an Instance share it, so only the
+	// instance's owner calls those two.
+	Running []UserClients
+}
+
+// UserClients is how many of an instance's clients one uid's leases hold.
+type UserClients struct {
+	UID     uint32
+	Clients int
+}
+
+// UserClients returns how many clients uid's leases hold on the instance.
+func (in *Instance) UserClients(uid uint32) int {
+	for _, u := range in.Running {
+		if u.UID == uid {
+			return u.Clients
+		}
+	}
+	return 0
+}
+
+// OverUserCap reports whether placing r on the instance would take r's
+// uid over UserCap: the uid holds clients there already, and those and
+// r's exceed the cap. uid 0 has no cap.
+func (in *Instance) OverUserCap(r *Request) bool {
+	if in.UserCap <= 0 || r.UID == 0 {
+		return false
+	}
+	n := in.UserClients(r.UID)
+	return n > 0 && n+r.Clients() > in.UserCap
 }
 
 // Request is one client's ask as placement and the queue see it: already
@@ -146,7 +181,8 @@ func Head(queue []Request) int {
 //
 // A candidate belongs to r's group, has at least r.GPUs GPUs, all of them
 // in r.Only when that is set, is ready,
-// has room for r.SM, r.Mem and r.Clients() more clients within its budget, and runs
+// has room for r.SM, r.Mem and r.Clients() more clients within its budget,
+// would not take r's uid over the instance's UserCap, and runs
 // no server of another uid that still has clients, leased or not (unless
 // multiuser).
 // Among candidates, those needing no server change come first (an idle
@@ -157,7 +193,8 @@ func Head(queue []Request) int {
 // When none is a candidate, the error is ErrNeverFits if no instance of
 // the group could hold r even empty and ready (no instance, too few GPUs,
 // budgets smaller than r, a client budget below r.Clients()), ErrOnlyClosed if the
-// only ones that could are drained or quarantined, or bar r's uid, else
+// only ones that could are drained or quarantined, or bar r's uid, or hold
+// r's uid's clients up to their UserCap, else
 // ErrNoRoomNow. The
 // errors are the bare sentinels: Place allocates nothing.
 func Place(r *Request, instances []Instance, mode Placement) (int, error) {
@@ -175,7 +212,7 @@ func Place(r *Request, instances []Instance, mode Placement) (int, error) {
 			continue
 		}
 		ever = true
-		if slices.Contains(in.Barred, r.UID) {
+		if slices.Contains(in.Barred, r.UID) || in.OverUserCap(r) {
 			continue // closed to r's uid: r waits without holding back the rest
 		}
 		if in.State != InstanceDraining && in.State != InstanceQuarantined {
@@ -239,7 +276,9 @@ func (r *Request) allows(gpus []int) bool {
 // is placed, so a large request or one waiting for another uid's server
 // to empty is never starved by a stream of smaller ones. A request that
 // only drained or quarantined instances could hold (one confined to such a
-// GPU) waits for an operator, maybe for long: it keeps its place but does
+// GPU) waits for an operator, maybe for long, and one whose uid holds its
+// UserCap on every instance that could hold it waits for one of that uid's
+// leases to end: it keeps its place but does
 // not hold back the rest, and Next decides for the first request after it
 // in queue order instead (ErrOnlyClosed when every request is such). With
 // ErrNeverFits (say a reload shrank the budgets) mpsd refuses that request
@@ -290,6 +329,7 @@ func (in *Instance) Assign(r *Request) {
 	in.Alloc.SM += r.SM
 	in.Alloc.Mem += r.Mem
 	in.Alloc.Clients += r.Clients()
+	in.addUser(r.UID, r.Clients())
 	if !in.Multiuser {
 		in.ServerUp, in.ServerUID = true, r.UID
 	}
@@ -301,4 +341,20 @@ func (in *Instance) Release(r *Request) {
 	in.Alloc.SM -= r.SM
 	in.Alloc.Mem -= r.Mem
 	in.Alloc.Clients -= r.Clients()
+	in.addUser(r.UID, -r.Clients())
+}
+
+// addUser changes uid's count in Running by n, dropping it at 0.
+func (in *Instance) addUser(uid uint32, n int) {
+	for i := range in.Running {
+		if in.Running[i].UID == uid {
+			if in.Running[i].Clients += n; in.Running[i].Clients <= 0 {
+				in.Running = slices.Delete(in.Running, i, i+1)
+			}
+			return
+		}
+	}
+	if n > 0 {
+		in.Running = append(in.Running, UserClients{UID: uid, Clients: n})
+	}
 }

@@ -62,6 +62,8 @@ var configFields = []field[Config]{
 	{"limits.connections_per_user", 128, func(c *Config) any { return &c.Limits.ConnectionsPerUser }},
 	{"limits.queued_per_user", 64, func(c *Config) any { return &c.Limits.QueuedPerUser }},
 	{"limits.metrics_connections", 32, func(c *Config) any { return &c.Limits.MetricsConnections }},
+	{"limits.metrics_connections_per_user", 8, func(c *Config) any { return &c.Limits.MetricsConnectionsPerUser }},
+	{"limits.running_per_user", 0, func(c *Config) any { return &c.Limits.RunningPerUser }},
 	{"placement", "binpack", func(c *Config) any { return (*string)(&c.Placement) }},
 	{"admins.users", []any{"root"}, func(c *Config) any { return &c.Admins.Users }},
 	{"admins.unix_groups", []any{}, func(c *Config) any { return &c.Admins.UnixGroups }},

@@ -68,6 +68,9 @@ func (d *decoder) validate(c *Config) {
 	}
 	d.check("limits.queued_per_user", lim.QueuedPerUser >= 1, "%d: want at least 1", lim.QueuedPerUser)
 	d.check("limits.metrics_connections", lim.MetricsConnections >= 1, "%d: want at least 1", lim.MetricsConnections)
+	d.check("limits.metrics_connections_per_user", lim.MetricsConnectionsPerUser >= 1, "%d: want at least 1", lim.MetricsConnectionsPerUser)
+	d.check("limits.running_per_user", 0 <= lim.RunningPerUser && lim.RunningPerUser <= MaxClientsLimit,
+		"%d: want 0 (half of each group's max_clients) to %d", lim.RunningPerUser, MaxClientsLimit)
 
 	d.check("placement", c.Placement == Binpack || c.Placement == Spread, "%q: want %s or %s", c.Placement, Binpack, Spread)
 	d.members("admins.users", c.Admins.Users)
