@@ -978,3 +978,197 @@ func (w *discardResponse) Write(p []byte) (int, error) {
 func policyRequest(sm int, mem int64) policy.Request {
 	return policy.Request{Group: "inference", SM: sm, Mem: mem, GPUs: 1}
 }
+
+// BenchmarkStateChurn: another group's grants while one tenant churns the
+// state file (docs/security.md rule 21), as the attack that found it did.
+// Group a (GPU 0) has one lease that takes its room. The attack queues 62
+// requests in it whose command is 16 KiB of '<' (six bytes each in JSON)
+// and holds them, then a loop makes requests there one after the other
+// and closes each once mpsd has queued it. Group b (GPU 1) takes leases:
+// each iteration measures, quiet (no attack) and then under the attack,
+// `mps-launch --group b --sm 10 --mem 1G -- /bin/true` and a lease round
+// trip of an API client (request → granted event, then release); the
+// attack ends (its requests closed, mpsd holding only the lease that
+// takes the room) before the next iteration. Reports each figure's
+// median and p99 quiet and under attack, the slowdowns (under attack ÷
+// quiet, of the medians), the loop's pace while it ran, and the bytes a
+// second the attack (queueing, loop, end) made mpsd write into state_dir
+// (from the files, stateMeter).
+//
+//	go test -run '^$' -bench StateChurn -benchtime 20x ./mpsd
+func BenchmarkStateChurn(b *testing.B) {
+	const queued = 62
+	e := newEnvGPUs(b, 2, `  a:
+    users: [root]
+    memory: 20G
+    gpus: ["0"]
+  b:
+    users: [root]
+    memory: 20G
+    gpus: ["1"]
+`, benchLimits)
+	e.opts.Logger = slog.New(slog.NewTextHandler(e.log, nil))
+	m := &stateMeter{path: filepath.Join(e.dir, "state", "state.json")}
+	e.opts.writeHook = m.before
+	e.start()
+	c := leaseClient(e.socket)
+	defer c.CloseIdleConnections()
+
+	long := churnBody(b, api.LeaseRequest{Group: "a", SM: 100, MemBytes: 1 << 30,
+		Command: []string{"/bin/true", strings.Repeat("<", api.MaxCommandBytes-len("/bin/true"))}})
+	holder, _, _, err := grantLease(c, churnBody(b, api.LeaseRequest{Group: "a", SM: 100, MemBytes: 1 << 30}))
+	if err != nil {
+		b.Fatalf("group a's room: %v", err)
+	}
+	defer func() { _ = holder.Close() }()
+
+	launch := filepath.Join(e.bin, "mps-launch")
+	env := append(os.Environ(), api.EnvSocket+"="+e.socket)
+	launchOnce := func() time.Duration {
+		cmd := exec.Command(launch, "--group", "b", "--sm", "10", "--mem", "1G", "--", "/bin/true")
+		cmd.Env = env
+		t0 := time.Now()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("mps-launch: %v\n%s", err, out)
+		}
+		return time.Since(t0)
+	}
+	grantBody := churnBody(b, api.LeaseRequest{Group: "b", SM: 10, MemBytes: 1 << 30})
+	grantOnce := func() time.Duration {
+		t0 := time.Now()
+		h, _, _, err := grantLease(c, grantBody)
+		took := time.Since(t0)
+		if err != nil {
+			b.Fatalf("group b's lease: %v", err)
+		}
+		_ = h.Close()
+		return took
+	}
+	// attack queues and holds the requests, then runs the loop (one
+	// request at a time, as one loop of the tenant's does) until stop,
+	// which ends it all, waits until mpsd holds only the lease that takes
+	// the room, and says how many requests the loop made in how long. It
+	// returns once the loop has made a few requests.
+	attack := func() (stop func() (int, time.Duration)) {
+		held := make([]io.Closer, 0, queued)
+		for i := range queued {
+			h, err := churnQueue(c, long)
+			if err != nil {
+				b.Fatalf("queued request %d: %v", i, err)
+			}
+			held = append(held, h)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		var cycles atomic.Int64
+		started := make(chan struct{})
+		done := make(chan struct{})
+		began := time.Now()
+		go func() {
+			defer close(done)
+			for ctx.Err() == nil {
+				h, err := churnQueue(c, long)
+				if err != nil {
+					if ctx.Err() == nil {
+						b.Errorf("churn: %v", err)
+					}
+					return
+				}
+				_ = h.Close()
+				if cycles.Add(1) == 5 {
+					close(started)
+				}
+			}
+		}()
+		select {
+		case <-started:
+		case <-done:
+		}
+		return func() (int, time.Duration) {
+			cancel()
+			<-done
+			ran := time.Since(began)
+			for _, h := range held {
+				_ = h.Close()
+			}
+			deadline := time.Now().Add(waitFor)
+			for liveLeases(e.d) > 1 {
+				if time.Now().After(deadline) {
+					b.Fatalf("%d leases still held %s after the attack ended", liveLeases(e.d), waitFor)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			return int(cycles.Load()), ran
+		}
+	}
+
+	var grantQuiet, grantAttack, launchQuiet, launchAttack []time.Duration
+	var churned int
+	var churnTime, attackTime time.Duration
+	var attackBytes int64
+	for b.Loop() {
+		launchQuiet = append(launchQuiet, launchOnce())
+		grantQuiet = append(grantQuiet, grantOnce())
+		_, b0 := m.read()
+		t0 := time.Now()
+		stop := attack()
+		launchAttack = append(launchAttack, launchOnce())
+		grantAttack = append(grantAttack, grantOnce())
+		n, ran := stop()
+		churned, churnTime = churned+n, churnTime+ran
+		_, b1 := m.read()
+		attackTime += time.Since(t0)
+		attackBytes += b1 - b0
+	}
+	reportPcts(b, "launch-quiet", launchQuiet)
+	reportPcts(b, "launch-attack", launchAttack)
+	reportPcts(b, "grant-quiet", grantQuiet)
+	reportPcts(b, "grant-attack", grantAttack)
+	b.ReportMetric(pctMS(launchAttack, 50)/pctMS(launchQuiet, 50), "launch-slowdown-x")
+	b.ReportMetric(pctMS(grantAttack, 50)/pctMS(grantQuiet, 50), "grant-slowdown-x")
+	b.ReportMetric(float64(churned)/churnTime.Seconds(), "churn-req/s")
+	b.ReportMetric(float64(attackBytes)/attackTime.Seconds()/1e6, "state-MB/s")
+}
+
+// churnBody is req as the churning tenant sends it: '<' as itself (the
+// request's bound is on its bytes).
+func churnBody(b *testing.B, req api.LeaseRequest) string {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(req); err != nil {
+		b.Fatal(err)
+	}
+	return buf.String()
+}
+
+// churnQueue posts a lease request and reads its stream up to its queued
+// event; the request stays queued until the returned body is closed.
+func churnQueue(c *http.Client, body string) (io.Closer, error) {
+	resp, err := c.Post("http://mpsd"+api.PathLeases, api.ContentTypeJSON, strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		e := api.DecodeError(resp.StatusCode, resp.Body)
+		_ = resp.Body.Close()
+		return nil, e
+	}
+	dec := api.NewEventDecoder(resp.Body)
+	for {
+		ev, err := dec.Next()
+		if err != nil {
+			_ = resp.Body.Close()
+			return nil, err
+		}
+		switch ev.Type {
+		case api.EventQueued:
+			return resp.Body, nil
+		case api.EventError:
+			_ = resp.Body.Close()
+			return nil, fmt.Errorf("%s: %s", ev.Code, ev.Message)
+		case api.EventGranted:
+			_ = resp.Body.Close()
+			return nil, fmt.Errorf("granted, not queued: group a's room is taken")
+		}
+	}
+}

@@ -47,6 +47,7 @@ func (d *Daemon) initDurability() {
 	d.dur.changed = make(chan struct{})
 	d.dur.orphans = map[string]bool{}
 	d.store.onHealth = d.onStateWrite
+	d.store.snapshotAnd = d.snapshotAnd
 }
 
 // onStateWrite is told the outcome of a state write that failed, or of
@@ -149,7 +150,7 @@ func (d *Daemon) awaitDurable(ctx context.Context, w http.ResponseWriter, l *lea
 // file cannot be written within the request timeout; the change stands
 // and is written once the directory can be.
 func (d *Daemon) persistIntent(ctx context.Context) error {
-	ch := d.store.request()
+	ch := d.store.requestNow()
 	t := time.NewTimer(d.opts.RequestTimeout)
 	defer t.Stop()
 	select {

@@ -303,7 +303,7 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 	r.Seq = d.seq
 	now := time.Now()
 	l := &lease{
-		id: newLeaseID(name), group: name, uid: c.UID, req: r, command: req.Command, jobID: req.JobID, willAttach: req.WillAttach,
+		id: newLeaseID(name), group: name, uid: c.UID, req: r, command: keptCommand(req.Command), jobID: req.JobID, willAttach: req.WillAttach,
 		requeue: requeue, attempt: 1, created: now, queuedAt: now, bound: true, box: newMailbox(d.log), log: d.log,
 		user: d.users.cached(c.UID),
 	}

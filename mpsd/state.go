@@ -31,8 +31,9 @@ const stateVersion = 1
 // savedState is the state file: the running leases, enough to re-adopt
 // them after a restart, and the queued ones, fresh or requeued, in their
 // order (Seq), so that their launchers resume them by id in their place.
-// A queued request is saved without its launcher waiting for the write: one
-// that a crash lost is asked for anew (the launcher gets CodeNotFound).
+// A queued request is saved without its launcher waiting for the write
+// (which may wait up to queueSaveDelay for company): one that a crash lost
+// is asked for anew (the launcher gets CodeNotFound).
 type savedState struct {
 	Version int          `json:"version"`
 	Leases  []savedLease `json:"leases"`
@@ -134,15 +135,28 @@ type savedLease struct {
 // burst of grants costs one fsync, and each grant waits only for the write
 // that covers it.
 //
+// What API traffic can make it write is bounded (run): a write that would
+// record nothing but changes to queued requests (one queued, withdrawn,
+// its launcher gone) waits up to queueSaveDelay for one that records more,
+// so a tenant's request/close loop makes at most one write a second, not
+// one per request; and every write waits while the writes before it took
+// more than stateWriteRate bytes a second (after a stateWriteBurst). A
+// grant, release, revocation or requeue, a change of the operator's
+// intent, of a bar, daemon, server or log offset is written at once,
+// budget allowing. A lease's command is cut before it reaches the state
+// (keptCommand), so each lease's record is bounded too.
+//
 // A write that fails releases nobody: its waiters wait for the next write
 // that succeeds, the store retries with a backoff (storeRetryInitial to
 // storeRetryMax), and onHealth tells the daemon, which holds its grants
 // meanwhile (durability.go). A launcher is never told of a lease that a
 // crash could lose.
 type store struct {
-	path     string
-	snapshot func() savedState
-	log      *slog.Logger
+	path string
+	// snapshotAnd takes the state and, before anything can change it
+	// (the daemon holds its lock), runs decide with it.
+	snapshotAnd func(decide func(*savedState)) savedState
+	log         *slog.Logger
 	// onHealth, when set, is called by the writer after every write that
 	// failed (with its error) and after the first that succeeded again
 	// (with nil), without the store's lock.
@@ -158,6 +172,9 @@ type store struct {
 	kick    chan struct{}
 
 	frozen bool // freeze was called: nothing more is written
+	// now: requestNow asked for the next write; it is not put off for
+	// the queue.
+	now bool
 	// failing is the last write's error (nil: it succeeded, or none ran
 	// yet); failures counts the writes that failed.
 	failing  error
@@ -180,20 +197,67 @@ type store struct {
 	j       *os.File
 	jsize   int64
 	jbroken bool
-	// jbytes and jrecords bound the journal (journalMinBytes and
-	// journalRecords; tests lower them).
-	jbytes, jrecords int64
+	// jbytes, jrecords and jmax bound the journal (journalMinBytes,
+	// journalRecords and journalMaxBytes; tests lower them).
+	jbytes, jrecords, jmax int64
+
+	// prev is the state the last write that succeeded recorded (once
+	// written is set), prevIdx its leases by id and prevRunning how many
+	// of them were not queued: what run compares a snapshot with.
+	prev        savedState
+	prevIdx     map[string]*savedLease
+	prevRunning int
+	// queueSince is when run first put off a write that records only
+	// queue changes (zero while none is put off); queueDelay is how long
+	// it may put one off (queueSaveDelay; tests change it).
+	queueSince time.Time
+	queueDelay time.Duration
+	// tokens are the bytes the store may write before a write waits
+	// (negative: owed), refilled at rate bytes a second up to burst
+	// (stateWriteRate, stateWriteBurst; tests change them) as of
+	// refilled. A forced write (flush) spends them without waiting.
+	tokens, rate, burst float64
+	refilled            time.Time
+	// throttled is when run last logged that writes wait for the budget.
+	throttled time.Time
+	// records and bytes count the writes that succeeded and the bytes
+	// they put into the state directory (journal records and compacted
+	// state files); guarded by mu.
+	records, bytes uint64
 }
 
 // journalSuffix names the journal: the state file's path with it.
 const journalSuffix = ".journal"
 
 // journalMinBytes is the least the journal grows to before a write
-// compacts it; it may also grow to journalRecords records.
+// compacts it; it may also grow to journalRecords records, but never past
+// journalMaxBytes.
 const (
 	journalMinBytes = 4 << 20
 	journalRecords  = 32
+	journalMaxBytes = 64 << 20
 )
+
+// What state writes may cost (docs/architecture.md#the-state-file).
+const (
+	// queueSaveDelay: a write that records only changes to queued
+	// requests (or nothing new) waits up to this long for one that
+	// records more. A crash loses at most this much of the queue's
+	// changes, whose launchers ask anew (CodeNotFound).
+	queueSaveDelay = time.Second
+	// stateWriteRate bounds the bytes a second the store writes into
+	// state_dir, on average, after a burst of stateWriteBurst: whatever
+	// the API traffic, writes past it wait. Far above what a busy host
+	// needs (a write is the whole state: BenchmarkAdmission's 100 clients
+	// made it write 11 MB a second at 1,100 grants and releases a
+	// second).
+	stateWriteRate  = 64 << 20
+	stateWriteBurst = 16 << 20
+)
+
+// throttleLogEvery spaces the log lines saying that writes wait for
+// stateWriteRate.
+const throttleLogEvery = time.Minute
 
 // tempPattern names the store's temporary files in the state directory.
 const tempPattern = ".state-*.tmp"
@@ -204,8 +268,17 @@ const (
 	storeRetryMax     = 2 * time.Second
 )
 
+// newStore makes a store of the state snapshot returns. A daemon sets
+// snapshotAnd to one that holds its lock (Daemon.snapshotAnd): with
+// snapshot alone, a request made while it runs could be taken as written.
 func newStore(path string, snapshot func() savedState, log *slog.Logger) *store {
-	return &store{path: path, snapshot: snapshot, log: log, kick: make(chan struct{}, 1), jbytes: journalMinBytes, jrecords: journalRecords}
+	and := func(decide func(*savedState)) savedState {
+		st := snapshot()
+		decide(&st)
+		return st
+	}
+	return &store{path: path, snapshotAnd: and, log: log, kick: make(chan struct{}, 1), jbytes: journalMinBytes, jrecords: journalRecords, jmax: journalMaxBytes,
+		queueDelay: queueSaveDelay, rate: stateWriteRate, burst: stateWriteBurst, tokens: stateWriteBurst}
 }
 
 // request asks for a write of the state as it will be after the caller's
@@ -224,12 +297,25 @@ func (s *store) request() <-chan struct{} {
 	return ch
 }
 
+// requestNow is request for a caller that waits for the write but asks
+// only after letting Daemon.mu go (persistIntent): a write since its
+// change may already hold it, so its own is never put off as one of
+// queue changes alone.
+func (s *store) requestNow() <-chan struct{} {
+	s.mu.Lock()
+	s.now = true
+	s.mu.Unlock()
+	return s.request()
+}
+
 // run writes whenever asked until ctx ends, and retries a write that
-// failed until one succeeds.
+// failed until one succeeds. A write that records only queue changes is
+// put off (queueDelay), and any write waits while the budget is spent
+// (stateWriteRate): the changes meanwhile go into it.
 func (s *store) run(ctx context.Context) {
-	retry := time.NewTimer(time.Hour)
-	retry.Stop()
-	defer retry.Stop()
+	wake := time.NewTimer(time.Hour)
+	wake.Stop()
+	defer wake.Stop()
 	defer s.dropNext()
 	backoff := storeRetryInitial
 	var lastErr string
@@ -238,15 +324,21 @@ func (s *store) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-s.kick:
-		case <-retry.C:
+		case <-wake.C:
 		}
-		err := s.flush()
+		wrote, again, err := s.flushDue(time.Now(), false)
+		wake.Stop()
 		if err == nil {
-			if lastErr != "" {
-				s.log.Info("state written again; grants resume", "path", s.path)
+			if wrote {
+				if lastErr != "" {
+					s.log.Info("state written again; grants resume", "path", s.path)
+				}
+				lastErr, backoff = "", storeRetryInitial
+				s.prepareNext()
 			}
-			lastErr, backoff = "", storeRetryInitial
-			s.prepareNext()
+			if again > 0 {
+				wake.Reset(again)
+			}
 			continue
 		}
 		// Logged when it begins or changes, not at every retry.
@@ -254,39 +346,80 @@ func (s *store) run(ctx context.Context) {
 			s.log.Error("write state; no lease is granted until it is written", "err", err, "retry_in", backoff)
 			lastErr = err.Error()
 		}
-		retry.Stop()
-		retry.Reset(backoff)
+		wake.Reset(max(backoff, again))
 		backoff = min(2*backoff, storeRetryMax)
 	}
 }
 
-// flush writes the state if a write is due: one was requested, or the
-// last one failed. Its waiters are released only once it is on disk.
+// flush writes the state now if a write is due: one was requested, or
+// the last one failed. Its waiters are released only once it is on disk.
+// (Tests, and Run's last write when mpsd stops.)
 func (s *store) flush() error {
+	_, _, err := s.flushDue(time.Now(), true)
+	return err
+}
+
+// flushDue writes the state if a write is due, and reports whether it
+// wrote. Unless forced it may put the write off instead (its waiters
+// wait on), and then says how soon to try again: a write that records
+// only queue changes, until queueDelay after the first such was put off;
+// any write, while the budget of stateWriteRate is spent.
+func (s *store) flushDue(now time.Time, force bool) (wrote bool, again time.Duration, err error) {
 	s.mu.Lock()
-	waiters := s.unsaved
-	s.unsaved = nil
-	if s.pending != nil {
-		waiters = append(waiters, s.pending)
-		s.pending = nil
-	}
-	frozen, retry := s.frozen, s.failing != nil
+	frozen, due := s.frozen, s.pending != nil || len(s.unsaved) > 0 || s.failing != nil
 	s.mu.Unlock()
-	if frozen || (len(waiters) == 0 && !retry) {
+	if frozen || !due {
 		// Frozen: as after mpsd's death, nothing more is written and
 		// nobody is told it was (they end with their connections).
-		return nil
+		return false, 0, nil
+	}
+	var waiters []chan struct{}
+	var owed time.Duration
+	st := s.snapshotAnd(func(st *savedState) {
+		// No change can be made meanwhile: the waiters taken asked
+		// before st was taken, so it holds their changes, and one put
+		// off keeps its channel, which later askers share.
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if !force {
+			again, owed = s.putOff(st, now, s.failing != nil || s.now)
+			if again > 0 {
+				return
+			}
+		}
+		s.now = false
+		waiters = s.unsaved
+		s.unsaved = nil
+		if s.pending != nil {
+			waiters = append(waiters, s.pending)
+			s.pending = nil
+		}
+	})
+	if owed > 0 && now.Sub(s.throttled) >= throttleLogEvery {
+		s.throttled = now
+		s.log.Warn("state writes wait: they took more than their bound", "path", s.path,
+			"bound_bytes_per_second", int64(s.rate), "wait", owed)
+	}
+	if again > 0 {
+		return false, again, nil
 	}
 	if s.beforeWrite != nil {
 		s.beforeWrite()
 	}
-	err := s.write(s.snapshot())
+	n, err := s.write(st)
+	s.tokens -= float64(n)
+	if err == nil {
+		s.wrote(st)
+	}
 	s.mu.Lock()
 	recovered := err == nil && s.failing != nil
 	s.failing = err
 	if err != nil {
 		s.failures++
 		s.unsaved = append(waiters, s.unsaved...)
+	} else {
+		s.records++
+		s.bytes += uint64(n)
 	}
 	s.mu.Unlock()
 	if err == nil {
@@ -297,7 +430,129 @@ func (s *store) flush() error {
 	if s.onHealth != nil && (err != nil || recovered) {
 		s.onHealth(err)
 	}
-	return err
+	return err == nil, 0, err
+}
+
+// putOff says how long a write of st may wait, 0 if it is due now, and
+// of that how long for the budget (owed): one that records only queue
+// changes (unless it is wanted now: it retries a failed write, or
+// requestNow asked) waits until queueDelay after the first such was put
+// off; any waits until the bytes owed are earned back.
+func (s *store) putOff(st *savedState, now time.Time, wanted bool) (wait, owed time.Duration) {
+	if s.written && !wanted && s.changeOf(st) == writeQueue {
+		if s.queueSince.IsZero() {
+			s.queueSince = now
+		}
+		wait = s.queueSince.Add(s.queueDelay).Sub(now)
+	}
+	s.refill(now)
+	if s.tokens < 0 {
+		owed = time.Duration(-s.tokens / s.rate * float64(time.Second))
+	}
+	return max(wait, owed), owed
+}
+
+// refill adds the bytes the budget earned since it was last refilled.
+func (s *store) refill(now time.Time) {
+	if !s.refilled.IsZero() {
+		s.tokens = min(s.burst, s.tokens+now.Sub(s.refilled).Seconds()*s.rate)
+	}
+	s.refilled = now
+}
+
+// wrote takes st as what the state directory holds.
+func (s *store) wrote(st savedState) {
+	s.prev = st
+	clear(s.prevIdx)
+	if s.prevIdx == nil {
+		s.prevIdx = make(map[string]*savedLease, len(st.Leases))
+	}
+	s.prevRunning = 0
+	for i := range st.Leases {
+		l := &st.Leases[i]
+		s.prevIdx[l.ID] = l
+		if !l.Queued {
+			s.prevRunning++
+		}
+	}
+	s.queueSince = time.Time{}
+}
+
+// writeCounts is how many writes succeeded and the bytes they wrote.
+func (s *store) writeCounts() (records, bytes uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.records, s.bytes
+}
+
+// writeKind is how soon a state must be written, given the last written.
+type writeKind int
+
+const (
+	// writeQueue: it differs from the last written only in queued
+	// requests (queued, withdrawn, or changed while queued), or not at
+	// all. Nobody waits for such a write (a queued request is saved
+	// without its launcher waiting), so it may wait for company.
+	writeQueue writeKind = iota
+	// writeNow: anything else. A grant, a release, a revocation, a
+	// requeue, a lease that is not queued changing, the operator's
+	// intent, a bar, a daemon, a server, a log offset.
+	writeNow
+)
+
+// changeOf says how soon st must be written, s.prev being on disk.
+func (s *store) changeOf(st *savedState) writeKind {
+	if !sameRest(&s.prev, st) {
+		return writeNow
+	}
+	running := 0 // leases not queued in prev that st still has
+	for i := range st.Leases {
+		l := &st.Leases[i]
+		p, ok := s.prevIdx[l.ID]
+		if !ok {
+			if !l.Queued {
+				return writeNow // granted (or adopted)
+			}
+			continue
+		}
+		if !p.Queued {
+			running++
+		}
+		if (!p.Queued || !l.Queued) && !sameLease(p, l) {
+			return writeNow
+		}
+	}
+	if running != s.prevRunning {
+		return writeNow // a lease that was not queued is gone
+	}
+	return writeQueue
+}
+
+// sameRest reports whether a and b agree on everything but their leases.
+func sameRest(a, b *savedState) bool {
+	return a.Version == b.Version &&
+		slices.Equal(a.Quarantined, b.Quarantined) &&
+		maps.Equal(a.QuarantineReasons, b.QuarantineReasons) &&
+		slices.Equal(a.Drained, b.Drained) &&
+		maps.Equal(a.ServerLogs, b.ServerLogs) &&
+		maps.EqualFunc(a.Servers, b.Servers, func(x, y map[int]int) bool { return maps.Equal(x, y) }) &&
+		maps.Equal(a.Daemons, b.Daemons) &&
+		maps.EqualFunc(a.Barred, b.Barred, func(x, y []savedBar) bool {
+			return slices.EqualFunc(x, y, func(p, q savedBar) bool {
+				return p.UID == q.UID && p.Until.Equal(q.Until) && p.Reason == q.Reason
+			})
+		})
+}
+
+// sameLease reports whether a and b record the same.
+func sameLease(a, b *savedLease) bool {
+	return a.ID == b.ID && a.Group == b.Group && a.Instance == b.Instance && a.UID == b.UID &&
+		a.SM == b.SM && a.MemBytes == b.MemBytes && a.GPUs == b.GPUs && a.Priority == b.Priority &&
+		a.Seq == b.Seq && a.Attempt == b.Attempt && a.Requeue == b.Requeue && a.Spared == b.Spared &&
+		slices.Equal(a.Command, b.Command) && a.Created.Equal(b.Created) && slices.Equal(a.Only, b.Only) &&
+		a.JobID == b.JobID && a.RevokedFor == b.RevokedFor && a.AwaySince.Equal(b.AwaySince) &&
+		a.Ran == b.Ran && a.Granted.Equal(b.Granted) && a.Revoking == b.Revoking && a.Spare == b.Spare &&
+		a.Queued == b.Queued && a.Adopted == b.Adopted && a.Procs == b.Procs
 }
 
 // health is how many writes have failed and the last write's error (nil
@@ -326,28 +581,29 @@ func (s *store) freeze() {
 // only survive mpsd; a drain or a quarantine is an operator's decision
 // that must survive a reboot. The first write, one after a failed one, and
 // one that would take the journal past its bound (journalMinBytes, or
-// journalRecords records of this size) compact instead.
-func (s *store) write(st savedState) error {
+// journalRecords records of this size, but never journalMaxBytes) compact
+// instead. It returns the bytes it wrote.
+func (s *store) write(st savedState) (int, error) {
 	b, err := st.appendJSON(s.buf[:0])
 	if err != nil {
-		return fmt.Errorf("write state %s: %w", s.path, err)
+		return 0, fmt.Errorf("write state %s: %w", s.path, err)
 	}
 	b = append(b, '\n')
 	s.buf = b
 	intent := st.intent()
 	sync := !slices.Equal(intent, s.lastIntent) || !s.written
-	limit := max(s.jbytes, s.jrecords*int64(len(b)))
+	limit := max(s.jbytes, min(s.jrecords*int64(len(b)), s.jmax))
 	if s.j == nil || s.jbroken || !s.written || s.jsize+int64(len(b)) > limit {
 		err = s.compact(b)
 	} else {
 		err = s.appendRecord(b, sync)
 	}
 	if err != nil {
-		return err
+		return len(b), err
 	}
 	// Only a write that is done counts: one that failed is synced again.
 	s.lastIntent, s.written = intent, true
-	return nil
+	return len(b), nil
 }
 
 // appendRecord appends one record to the journal.
@@ -593,13 +849,16 @@ func decodeState(b []byte) (savedState, error) {
 	if st.Version != stateVersion {
 		return savedState{}, fmt.Errorf("version %d, this mpsd reads %d", st.Version, stateVersion)
 	}
-	for _, l := range st.Leases {
+	for i, l := range st.Leases {
 		if err := api.ValidLeaseID(l.ID); err != nil {
 			return savedState{}, fmt.Errorf("lease %q: %w", l.ID, err)
 		}
 		if l.Attempt < 1 || l.Spared < 0 || l.Spared > l.Attempt-1 || l.SM < 1 || l.SM > 100 || l.MemBytes < 0 || l.GPUs < 1 || l.Procs < 0 || l.Procs > l.SM {
 			return savedState{}, fmt.Errorf("lease %s: values out of range", l.ID)
 		}
+		// An older mpsd kept commands whole: cut as admit cuts them, so
+		// they cost every write what a new request's would.
+		st.Leases[i].Command = keptCommand(l.Command)
 	}
 	for key, bars := range st.Barred {
 		for _, b := range bars {
@@ -621,6 +880,23 @@ func jsonEncode(w io.Writer, v any) error {
 func (d *Daemon) snapshot() savedState {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	return d.snapshotLocked()
+}
+
+// snapshotAnd is snapshot, running decide with it before Daemon.mu is
+// let go (the store's snapshotAnd): a change made under Daemon.mu asks
+// for its write there, so the store takes as written by it the requests
+// whose changes it holds, and only those. (One that asks after letting
+// Daemon.mu go and waits uses requestNow.)
+func (d *Daemon) snapshotAnd(decide func(*savedState)) savedState {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := d.snapshotLocked()
+	decide(&st)
+	return st
+}
+
+func (d *Daemon) snapshotLocked() savedState {
 	st := savedState{Version: stateVersion, Leases: make([]savedLease, 0, len(d.leases))}
 	// Sorted by id (a stable file) as pointers: sorting the records
 	// themselves moved a quarter of a kilobyte per swap.

@@ -1,6 +1,7 @@
 package mpsd
 
 import (
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -339,4 +340,118 @@ func appendJSONString(b []byte, s string) []byte {
 	}
 	b = append(b, s[start:]...)
 	return append(b, '"')
+}
+
+// maxKeptCommand bounds the command mpsd keeps of a lease request for
+// display (status and the state file): the bytes of its JSON
+// encoding as the state file spells it, brackets, quotes, commas and
+// escapes included. A request's command may be api.MaxCommandBytes,
+// which JSON may spell six times over ('<' is \u003c), and every queued
+// request is in every state write: kept whole, 62 of them made each
+// write 6 MiB.
+const maxKeptCommand = 512
+
+// keptMarkerRoom is what keptCommand leaves for its marker: a comma and
+// the quoted "…(+N-more-arguments)" for any N a request can hold.
+const keptMarkerRoom = 32
+
+// keptCommand is argv as mpsd keeps it for display: whole while its
+// encoding fits maxKeptCommand (the same slice); else its first
+// arguments that fit, then a marker saying how many more the command
+// had, as mps-launch marks a command it cut ("…(+3-more-arguments)"); a
+// first argument too long on its own is cut at a character with an
+// ellipsis. The command runs whole: mpsd never runs it.
+func keptCommand(argv []string) []string {
+	n := 2 // brackets
+	for i, a := range argv {
+		if i > 0 {
+			n++
+		}
+		if n += jsonStringLenUpTo(a, maxKeptCommand-n); n > maxKeptCommand {
+			break
+		}
+	}
+	if n <= maxKeptCommand {
+		return argv
+	}
+	room := maxKeptCommand - 2 - keptMarkerRoom
+	kept := make([]string, 0, 8)
+	used := 0
+	for _, a := range argv {
+		comma := 0
+		if len(kept) > 0 {
+			comma = 1
+		}
+		cost := comma + jsonStringLenUpTo(a, room-used-comma)
+		if used+cost > room {
+			break
+		}
+		kept = append(kept, a)
+		used += cost
+	}
+	if len(kept) == 0 {
+		// Its quotes and the ellipsis (three bytes) besides.
+		kept = append(kept, cutJSON(argv[0], room-2-len("…"))+"…")
+	}
+	switch more := len(argv) - len(kept); more {
+	case 0:
+	case 1:
+		kept = append(kept, "…(+1-more-argument)")
+	default:
+		kept = append(kept, "…(+"+strconv.Itoa(more)+"-more-arguments)")
+	}
+	return kept
+}
+
+// jsonStringLen is len(appendJSONString(nil, s)), without the encoding.
+func jsonStringLen(s string) int { return jsonStringLenUpTo(s, math.MaxInt-6) }
+
+// jsonStringLenUpTo is jsonStringLen(s) while that is at most limit, and
+// some length over limit (found without reading all of s) otherwise.
+func jsonStringLenUpTo(s string, limit int) int {
+	n := 2
+	for i := 0; i < len(s) && n <= limit; {
+		enc, size := jsonCharLen(s, i)
+		n += enc
+		i += size
+	}
+	return n
+}
+
+// cutJSON is the longest prefix of s, cut before a character, that
+// appendJSONString spells in at most room bytes (its quotes aside).
+func cutJSON(s string, room int) string {
+	n := 0
+	for i := 0; i < len(s); {
+		enc, size := jsonCharLen(s, i)
+		if n+enc > room {
+			return s[:i]
+		}
+		n += enc
+		i += size
+	}
+	return s
+}
+
+// jsonCharLen is how many bytes appendJSONString spells the character at
+// s[i] in, and how many bytes of s it is: an invalid byte is one
+// character (\ufffd).
+func jsonCharLen(s string, i int) (enc, size int) {
+	if c := s[i]; c < utf8.RuneSelf {
+		switch {
+		case c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&':
+			return 1, 1
+		case c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t':
+			return 2, 1
+		}
+		return 6, 1 // \u00XX
+	}
+	r, size := utf8.DecodeRuneInString(s[i:])
+	switch {
+	case r == utf8.RuneError && size == 1:
+		return 6, 1 // \ufffd
+	case r == '\u2028' || r == '\u2029':
+		return 6, size
+	}
+	return size, size
 }
