@@ -795,15 +795,78 @@ func (d *Daemon) setConfigLocked(cfg *policy.Config) {
 }
 
 // prepareGroupDirs (re)writes the ACLs of every group's run and log
-// directories.
+// directories, and of the directories of its instances below them (made
+// here where missing, before their daemons start): the GPU and pipe
+// directories, and each instance's log directory. Those of an instance
+// the config no longer has get the same ACL. A group the kubelet device
+// plugin serves keeps its pipe directories open (guardInstanceDir).
 func (d *Daemon) prepareGroupDirs(cfg *policy.Config) error {
+	d.mu.Lock()
+	pipes := map[string][]string{} // group -> pipe directories of its instances
+	logs := map[string][]string{}
+	for _, in := range d.instances {
+		pipes[in.group] = append(pipes[in.group], in.pipeDir)
+		logs[in.group] = append(logs[in.group], in.logDir)
+	}
+	d.mu.Unlock()
 	for _, g := range cfg.Groups {
 		uids, gids, _ := cfg.Access.Members(g.Name)
 		// The log directories too: control.log names the group's users,
 		// pids and limits, which are none of another tenant's business.
-		for _, dir := range []string{d.layout.GroupRunDir(g.Name), d.layout.GroupLogDir(g.Name)} {
+		runDir, logDir := d.layout.GroupRunDir(g.Name), d.layout.GroupLogDir(g.Name)
+		for _, dir := range []string{runDir, logDir} {
 			if err := prepareGroupDir(dir, uids, gids); err != nil {
 				return fmt.Errorf("group %s: %w", g.Name, err)
+			}
+		}
+		open := d.opts.PrivateShm != nil && d.opts.PrivateShm(g.Name)
+		guard := func(dir string, open bool) error {
+			if err := guardInstanceDir(dir, uids, gids, open); err != nil {
+				return fmt.Errorf("group %s: %w", g.Name, err)
+			}
+			return nil
+		}
+		for _, pipe := range pipes[g.Name] {
+			if err := guard(filepath.Dir(pipe), false); err != nil {
+				return err
+			}
+			if err := guard(pipe, open); err != nil {
+				return err
+			}
+		}
+		for _, dir := range logs[g.Name] {
+			if err := guard(dir, false); err != nil {
+				return err
+			}
+		}
+		// Directories of instances mpsd no longer runs (prepareGroupDir
+		// has checked that they are its own).
+		for _, top := range []struct {
+			dir  string
+			pipe bool
+		}{{runDir, true}, {logDir, false}} {
+			ents, err := os.ReadDir(top.dir)
+			if err != nil {
+				return fmt.Errorf("group %s: read %s: %w", g.Name, top.dir, err)
+			}
+			for _, e := range ents {
+				if !e.IsDir() {
+					continue
+				}
+				sub := filepath.Join(top.dir, e.Name())
+				if err := guard(sub, false); err != nil {
+					return err
+				}
+				if !top.pipe {
+					continue
+				}
+				pipe := filepath.Join(sub, "pipe")
+				if _, err := os.Lstat(pipe); err != nil {
+					continue
+				}
+				if err := guard(pipe, open); err != nil {
+					return err
+				}
 			}
 		}
 	}

@@ -229,11 +229,59 @@ func prepareGroupDir(dir string, uids, gids []uint32) error {
 	default:
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
+	return setMemberACL(dir, uids, gids)
+}
+
+// setMemberACL writes dir's access ACL: owner rwx, the member uids and
+// gids r-x, nobody else anything (mode 0750 follows from it).
+func setMemberACL(dir string, uids, gids []uint32) error {
 	if err := unix.Setxattr(dir, "system.posix_acl_access", encodeACL(uids, gids), 0); err != nil {
 		if errors.Is(err, unix.EOPNOTSUPP) {
 			return fmt.Errorf("set access ACL on %s: the filesystem does not support POSIX ACLs, which mpsd needs to keep groups apart (mount it with acl, or point run_dir elsewhere): %w", dir, err)
 		}
 		return fmt.Errorf("set access ACL on %s: %w", dir, err)
+	}
+	return nil
+}
+
+// guardInstanceDir makes one of an instance's directories below a group
+// directory (its GPU directory, its pipe directory, its log directory)
+// where missing, owned as prepareGroupDir's, and gives it the group's
+// member ACL itself: a working directory or an O_PATH descriptor a
+// removed member took inside it earlier then gets no further lookup
+// through it, because the kernel checks search permission on the
+// directory a lookup starts from, not on its ancestors. open leaves the
+// directory mode 0755 with no ACL instead: the pipe directory of a group
+// the kubelet device plugin serves, which pods of any uid reach through
+// their bind mount (docs/cluster.md). A directory already there must be
+// mpsd's own (ownDir); it is never repaired.
+func guardInstanceDir(dir string, uids, gids []uint32, open bool) error {
+	switch err := os.Mkdir(dir, 0o750); {
+	case err == nil:
+		if os.Geteuid() == 0 {
+			if err := os.Chown(dir, 0, 0); err != nil {
+				return fmt.Errorf("chown %s: %w", dir, err)
+			}
+		}
+	case errors.Is(err, fs.ErrExist):
+		fi, err := os.Lstat(dir)
+		if err != nil {
+			return fmt.Errorf("check %s: %w", dir, err)
+		}
+		if err := ownDir(dir, fi); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	if !open {
+		return setMemberACL(dir, uids, gids)
+	}
+	if err := unix.Removexattr(dir, "system.posix_acl_access"); err != nil && !errors.Is(err, unix.ENODATA) && !errors.Is(err, unix.EOPNOTSUPP) {
+		return fmt.Errorf("remove access ACL of %s: %w", dir, err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return fmt.Errorf("chmod %s: %w", dir, err)
 	}
 	return nil
 }

@@ -11,7 +11,10 @@ import (
 // names changes. Budgets apply to the next admissions (running leases keep
 // what they hold), new instances start, removed ones drain and stop when
 // empty, and every other instance (its daemon, its servers, its clients)
-// is left alone.
+// is left alone. Membership applies at once: the group directories' ACLs
+// (and those of the instance directories below them) are rewritten, and
+// the queued requests of a uid no longer a member of their group fail
+// (membership.go).
 func (d *Daemon) onReload(r policy.Reload) {
 	d.mu.Lock()
 	d.metrics.reloadOK, d.metrics.reloadAt = r.Err == nil, time.Now()
@@ -33,12 +36,15 @@ func (d *Daemon) onReload(r policy.Reload) {
 		d.log.Info("config group changed", "group", g.Name, "change", g.Change.String(), "keys", g.Keys,
 			"instances_added", g.InstancesAdded, "instances_removed", g.InstancesRemoved)
 	}
-	if err := d.prepareGroupDirs(r.Config); err != nil {
-		d.log.Error("update group directory access", "err", err)
-	}
+	// Looked up before Daemon.mu: who of the lease holders is a member
+	// under the new config (membership.go).
+	creds := d.resolveMembers()
 	d.mu.Lock()
 	d.setConfigLocked(r.Config)
 	added := d.reconcileLocked(r.Config)
+	// A uid the new config removed from a group: its queued requests
+	// fail now, before the schedule below could place them.
+	d.enforceMembershipLocked(r.Config, creds)
 	// Queued requests of a group that is gone can never be placed.
 	for group, q := range d.queues {
 		if _, ok := r.Config.Group(group); ok {
@@ -56,6 +62,11 @@ func (d *Daemon) onReload(r policy.Reload) {
 		d.scheduleLocked(g.Name)
 	}
 	d.mu.Unlock()
+	// After reconcileLocked, so that the directories of added instances
+	// are made with the group's ACL before their daemons start.
+	if err := d.prepareGroupDirs(r.Config); err != nil {
+		d.log.Error("update group directory access", "err", err)
+	}
 	for _, in := range added {
 		d.spawn(func() { d.supervise(in) })
 	}

@@ -292,6 +292,18 @@ func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, err
 	if l.bound {
 		return nil, &refusal{409, api.CodeConflict, fmt.Sprintf("lease %s is held by another connection", req.ResumeLeaseID)}
 	}
+	if _, err := d.cfg.Access.Choose(c, l.group); err != nil {
+		// The config in force no longer lets the caller use the group
+		// (membership.go): a queued lease is withdrawn, a running one is
+		// left to its reconnect grace, which releases it.
+		msg := fmt.Sprintf("lease %s is not resumed: uid %d is no longer a member of group %s (the config was changed)", l.id, c.UID, l.group)
+		if l.state == leaseQueued && !l.running() {
+			d.dequeueLocked(l, "uid no longer a member of its group")
+			d.store.request()
+		}
+		d.log.Info("resume refused: its uid is no longer a member of its group", l.logAttrs("group", l.group)...)
+		return nil, &refusal{403, api.CodeRefused, msg}
+	}
 	l.willAttach = req.WillAttach
 	d.resumeOrphanLocked(l, req)
 	if req.Attempt > l.attempt {
