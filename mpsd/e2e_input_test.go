@@ -59,14 +59,23 @@ func TestE2ELaunchBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	nowhere := filepath.Join(e.dir, "no-such.sock")
-	// A socket file nobody listens on any more, as a crashed mpsd leaves.
-	stale := filepath.Join(e.dir, "stale.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
-	if err != nil {
+	// Socket files nobody listens on any more: one with mpsd's live
+	// marker beside it, as a crashed or restarting mpsd leaves, and one
+	// without, as nothing that will come back leaves.
+	staleSocket := func(name string) string {
+		p := filepath.Join(e.dir, name)
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln.SetUnlinkOnClose(false)
+		_ = ln.Close()
+		return p
+	}
+	stale, gone := staleSocket("stale.sock"), staleSocket("gone.sock")
+	if err := os.WriteFile(api.LiveMarker(stale), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ln.SetUnlinkOnClose(false)
-	_ = ln.Close()
 
 	hostGPUs := fmt.Sprintf("%d GPUs", len(e.d.host.GPUs()))
 	if len(e.d.host.GPUs()) == 1 {
@@ -108,10 +117,13 @@ func TestE2ELaunchBadInput(t *testing.T) {
 			[]string{nowhere}},
 		{"daemon not running (MPSD_SOCKET)", []string{"--", "/bin/true"}, []string{api.EnvSocket + "=" + nowhere}, 125,
 			[]string{nowhere}},
-		// A stale socket is an mpsd that stopped (it leaves its socket):
-		// waited for as a restart, here not at all.
-		{"daemon gone (stale socket)", []string{"--socket", stale, "--no-wait", "--", "/bin/true"}, nil, 75,
+		// A stale socket with the live marker is an mpsd that stopped
+		// and comes back: waited for as a restart, here not at all.
+		{"daemon restarting (stale socket)", []string{"--socket", stale, "--no-wait", "--", "/bin/true"}, nil, 75,
 			[]string{stale, "connection refused", "--no-wait was given"}},
+		// Without the marker no mpsd is coming: said at once.
+		{"daemon gone (stale socket, no marker)", []string{"--socket", gone, "--", "/bin/true"}, nil, 125,
+			[]string{gone, "connection refused", "no mpsd is coming back"}},
 		{"command not found (path)", []string{"--", filepath.Join(e.dir, "no-such-program")}, nil, 127,
 			[]string{"no-such-program"}},
 		{"command not found (PATH)", []string{"--", "mpsd-no-such-program"}, nil, 127,
