@@ -5,6 +5,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/mpsd/mpsd/internal/mountinfo"
 )
 
 // mountEntry is one line of /proc/<pid>/mountinfo (proc(5)).
@@ -46,30 +48,10 @@ func parseMountinfo(s string) []mountEntry {
 		if err1 != nil || err2 != nil {
 			continue
 		}
-		out = append(out, mountEntry{id: id, parent: parent, root: unescapeMount(f[3]), point: unescapeMount(f[4]),
-			fstype: unescapeMount(f[sep+1]), source: unescapeMount(f[sep+2])})
+		out = append(out, mountEntry{id: id, parent: parent, root: mountinfo.Unescape(f[3]), point: mountinfo.Unescape(f[4]),
+			fstype: mountinfo.Unescape(f[sep+1]), source: mountinfo.Unescape(f[sep+2])})
 	}
 	return out
-}
-
-// unescapeMount undoes the kernel's octal escapes of space, tab, newline
-// and backslash (\040, \011, \012, \134) in a mountinfo field.
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // topMountAt is the mount visible at dir (the last of those stacked on

@@ -14,6 +14,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	mountfields "github.com/mpsd/mpsd/internal/mountinfo"
 )
 
 // peer is who is on the other end of a connection, from SO_PEERCRED and
@@ -233,7 +235,7 @@ func cgroupMounts(mountinfo string) (map[string]string, error) {
 		if len(pf) < 5 || len(sf) < 3 || pf[3] != "/" {
 			continue
 		}
-		mp := unescapeMount(pf[4])
+		mp := mountfields.Unescape(pf[4])
 		switch sf[0] {
 		case "cgroup2":
 			if _, seen := out[""]; !seen {
@@ -255,23 +257,4 @@ func cgroupMounts(mountinfo string) (map[string]string, error) {
 		}
 	}
 	return out, sc.Err()
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

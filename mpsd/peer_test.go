@@ -149,9 +149,6 @@ func TestCgroupMounts(t *testing.T) {
 			t.Errorf("cgroupMounts[%q] = %q, want %q", k, got[k], v)
 		}
 	}
-	if unescapeMount(`/a\040b`) != "/a b" {
-		t.Errorf("unescapeMount = %q", unescapeMount(`/a\040b`))
-	}
 }
 
 // The connection caps are fitted below the open-file limit, leaving the

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/mpsd/mpsd/internal/mountinfo"
 )
 
 // DefaultMPSDirs are MPS's default pipe and log directories: tests always
@@ -240,7 +242,6 @@ func shmMounts(dir string) []string {
 	if err != nil {
 		return nil
 	}
-	unescape := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
 	var out []string
 	for line := range strings.SplitSeq(string(b), "\n") {
 		pre, post, ok := strings.Cut(line, " - ")
@@ -248,7 +249,7 @@ func shmMounts(dir string) []string {
 		if !ok || len(f) < 5 || len(g) < 2 || g[0] != "tmpfs" || g[1] != "mpsd-shm" {
 			continue
 		}
-		if mp := unescape.Replace(f[4]); under(mp, dir) {
+		if mp := mountinfo.Unescape(f[4]); under(mp, dir) {
 			out = append(out, mp)
 		}
 	}
