@@ -207,3 +207,48 @@ func TestRemovedMemberResumeRefused(t *testing.T) {
 		t.Errorf("alice's lease across the restart: exit %d, stderr %q", r.code, r.stderr)
 	}
 }
+
+// Bob queues a request behind Alice's lease; mpsd stops, and while it is
+// down the admin removes Bob from group a and Bob's launcher is gone (it
+// will not resume). The restarted mpsd keeps Bob's saved request off the
+// queue, logging so: when Alice's lease ends, nothing is granted to Bob
+// (before, his saved request was queued as it was and granted then, to a
+// uid the config no longer admits).
+func TestRemovedWhileDownQueuedNotGranted(t *testing.T) {
+	alice, bob := emutest.User(t, memberUIDAlice), emutest.User(t, memberUIDBob)
+	e := newEnv(t, membershipGroups(alice, bob), "")
+	e.start()
+	gateArgs, open := e.gate("alice")
+	defer open()
+	aliceLease := startProc(t, asUID(e.launch(append([]string{"--sm", "10", "--mem", "10G", "--"}, gateArgs...)...), memberUIDAlice))
+	e.waitStatus("alice running", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 1 })
+	bobQueued := startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", "/bin/true"), memberUIDBob))
+	e.waitStatus("bob queued", func(st api.Status) bool { return countLeases(st, api.LeaseQueued) == 1 })
+	waitCond(t, "the state file to hold both leases", func() bool { return len(savedLeaseIDs(t, e.d)) == 2 }, nil)
+	waitCond(t, "every lease's events to be sent", func() bool { return eventsSent(e.d) }, nil)
+
+	e.stop()
+	_ = bobQueued.cmd.Process.Kill()
+	_ = bobQueued.wait(t)
+	e.writeConfig(membershipGroups(alice), "")
+	e.start()
+	e.waitLogAny("saved queued request not queued: its uid is no longer a member of its group")
+
+	open()
+	if r := aliceLease.wait(t); r.code != 0 {
+		t.Fatalf("alice's lease across the restart: exit %d, stderr %q", r.code, r.stderr)
+	}
+	st := e.waitStatus("alice's lease released", func(st api.Status) bool {
+		for _, l := range st.Leases {
+			if l.UID == memberUIDAlice {
+				return false
+			}
+		}
+		return true
+	})
+	for _, l := range st.Leases {
+		if l.UID == memberUIDBob && l.State != api.LeaseQueued {
+			t.Errorf("bob's saved request after his removal while mpsd was down: %s, want never granted", l.State)
+		}
+	}
+}

@@ -1084,6 +1084,14 @@ func (d *Daemon) openCgroups() error {
 // quarantines are put back first, before any instance takes a lease.
 func (d *Daemon) adoptLeases(saved savedState) {
 	owned := map[cgroup.LeaseID]bool{}
+	// The config may have dropped a uid from its group while mpsd was down
+	// (membership.go): its credentials are looked up before the lock.
+	creds := map[uint32]policy.Credentials{}
+	for _, sl := range saved.Leases {
+		if _, ok := creds[sl.UID]; !ok {
+			creds[sl.UID] = memberCredentials(sl.UID)
+		}
+	}
 	d.mu.Lock()
 	for key, off := range saved.ServerLogs {
 		if in, ok := d.instances[key]; ok {
@@ -1135,7 +1143,14 @@ func (d *Daemon) adoptLeases(saved savedState) {
 			// Only a requeue moves a lease past its first attempt.
 			l.req.Requeued = sl.Attempt > 1
 			d.leases[l.id] = l
-			d.queues[l.group] = append(d.queues[l.group], l)
+			if _, err := d.cfg.Access.Choose(creds[sl.UID], sl.Group); err != nil {
+				// Kept off the queue, so nothing places it; its launcher's
+				// resume is refused with the reason (resume), or its grace
+				// releases it.
+				d.log.Info("saved queued request not queued: its uid is no longer a member of its group; its resume will be refused", l.logAttrs("group", sl.Group)...)
+			} else {
+				d.queues[l.group] = append(d.queues[l.group], l)
+			}
 			l.grace = time.AfterFunc(grace, func() { d.spawn(func() { d.graceOver(l) }) })
 			continue
 		}
@@ -1157,6 +1172,10 @@ func (d *Daemon) adoptLeases(saved savedState) {
 		in.leases[l.id] = l
 		l.inst = in
 		d.leases[l.id] = l
+		if _, err := d.cfg.Access.Choose(creds[sl.UID], sl.Group); err != nil {
+			l.logger().Info("running lease kept until it ends: its uid is no longer a member of its group; its command is not revoked, a resume after an mpsd restart is refused",
+				l.logAttrs("group", l.group, "attempt", l.attempt)...)
+		}
 		l.grace = time.AfterFunc(grace, func() { d.spawn(func() { d.graceOver(l) }) })
 		if l.state == leaseRevoking {
 			revoking = append(revoking, l)
