@@ -195,16 +195,16 @@ func (d *Daemon) capsForGrantLocked(in *instance, l *lease) func() {
 // once it is ready, retrying while it initializes or a command fails (bounded by
 // capsStartWait; the probes take over then). It runs in a goroutine of
 // the daemon.
-func (d *Daemon) serverStartedCaps(in *instance, dm *mps.Daemon, pid int) {
-	deadline := time.Now().Add(capsStartWait)
+func (d *Daemon) serverStartedCaps(in *instance, dm control, pid int) {
+	deadline := d.clock.Now().Add(capsStartWait)
 	backoff := capsStartBackoff
-	t := time.NewTimer(0)
+	t := d.clock.NewTimer(0)
 	defer t.Stop()
 	for {
 		select {
 		case <-d.ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		d.mu.Lock()
 		_, live := in.mps.servers[pid]
@@ -223,7 +223,7 @@ func (d *Daemon) serverStartedCaps(in *instance, dm *mps.Daemon, pid int) {
 		}
 		// Initializing, or a daemon slow to answer (it serves one
 		// session at a time): tried again until the deadline.
-		if time.Now().After(deadline) {
+		if d.clock.Now().After(deadline) {
 			in.log.Debug("MPS server's caps not checked at its start; the next probes check them", "server", pid, "err", err)
 			return
 		}
@@ -234,7 +234,7 @@ func (d *Daemon) serverStartedCaps(in *instance, dm *mps.Daemon, pid int) {
 
 // probeCaps checks the caps of every verified server of the instance, as
 // part of a probe.
-func (d *Daemon) probeCaps(in *instance, dm *mps.Daemon) {
+func (d *Daemon) probeCaps(in *instance, dm control) {
 	d.mu.Lock()
 	pids := in.mps.pids()
 	d.mu.Unlock()
@@ -254,7 +254,7 @@ func (d *Daemon) probeCaps(in *instance, dm *mps.Daemon) {
 // group's), and sets what differs from what the server should allow now
 // (capsWantLocked). It returns the commands' error (ErrServerNotReady
 // while the server initializes).
-func (d *Daemon) enforceCaps(in *instance, dm *mps.Daemon, pid int, when string) error {
+func (d *Daemon) enforceCaps(in *instance, dm control, pid int, when string) error {
 	in.capsMu.Lock()
 	defer in.capsMu.Unlock()
 	d.mu.Lock()

@@ -16,6 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/mpsd/mpsd/policy"
+
+	"github.com/mpsd/mpsd/internal/clock"
 )
 
 // fakeListener hands out what the test queues: errors or connections.
@@ -48,7 +50,7 @@ func limitTestDaemon(t *testing.T, lim policy.LimitsConfig) (*Daemon, *syncBuffe
 	t.Helper()
 	var logs syncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	d := &Daemon{log: log, res: &resources{log: log, nofile: 1 << 16, failing: map[string]error{}, admitting: map[uint32]int{}}, metrics: &metrics{}}
+	d := &Daemon{clock: clock.Real{}, log: log, res: &resources{log: log, nofile: 1 << 16, failing: map[string]error{}, admitting: map[uint32]int{}}, metrics: &metrics{}}
 	d.metrics.newResourceMetrics()
 	d.res.apply(lim)
 	return d, &logs

@@ -131,10 +131,10 @@ func (d *Daemon) barNotesLocked(group string, now time.Time) map[uint32]string {
 // so that the barred uid's queued requests are placed then.
 func (d *Daemon) reopenAfterBar(in *instance, until time.Time) {
 	d.spawn(func() {
-		t := time.NewTimer(time.Until(until))
+		t := d.clock.NewTimer(until.Sub(d.clock.Now()))
 		defer t.Stop()
 		select {
-		case <-t.C:
+		case <-t.C():
 		case <-d.ctx.Done():
 			return
 		}

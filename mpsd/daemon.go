@@ -1,6 +1,7 @@
 package mpsd
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/mpsd/mpsd/cgroup"
 	"github.com/mpsd/mpsd/gpu"
+	"github.com/mpsd/mpsd/internal/clock"
 	"github.com/mpsd/mpsd/mps"
 	"github.com/mpsd/mpsd/policy"
 )
@@ -98,6 +100,8 @@ type Options struct {
 	// eventHook, when set (tests), sees every MPS event of an instance
 	// before it is handled, and may hold it back.
 	eventHook func(*instance, mps.Event)
+	// clock, when set (tests), is the clock the core runs on.
+	clock clock.Clock
 	// writeHook, when set (tests), runs in the state writer before each
 	// state write.
 	writeHook func()
@@ -128,8 +132,13 @@ type XidInjector interface {
 
 // Daemon is mpsd: one per host.
 type Daemon struct {
-	opts    Options
-	log     *slog.Logger
+	opts Options
+	log  *slog.Logger
+	// starter brings each instance's control daemon up (control.go).
+	starter starter
+	// clock is the time the core reads and waits on: the wall clock, a
+	// fake in a test (Options.clock).
+	clock   clock.Clock
 	host    *gpu.Host
 	watcher *policy.Watcher
 	layout  Layout
@@ -230,7 +239,7 @@ func New(opts Options) (*Daemon, error) {
 	if opts.ReconnectGrace <= 0 {
 		opts.ReconnectGrace = DefaultReconnectGrace
 	}
-	d := &Daemon{opts: opts, log: log, proc: opts.ProcRoot, stopping: make(chan struct{}), shutdownDone: make(chan struct{}), storeRunning: make(chan struct{}), res: newResources(log)}
+	d := &Daemon{opts: opts, log: log, starter: mpsStarter{}, clock: cmp.Or[clock.Clock](opts.clock, clock.Real{}), proc: opts.ProcRoot, stopping: make(chan struct{}), shutdownDone: make(chan struct{}), storeRunning: make(chan struct{}), res: newResources(log)}
 
 	// The full check needs the GPUs: read the file once without them
 	// first, so a config that cannot be used is told before a GPU
@@ -507,14 +516,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 	})
 	select {
 	case <-xidRegistered:
-	case <-time.After(10 * time.Second):
+	case <-d.after(10 * time.Second):
 		d.log.Warn("the GPUs' Xid events are not registered after 10s; starting the instances anyway")
 	}
 	d.spawn(d.runProbeClock)
 	for _, in := range insts {
 		d.spawn(func() { d.supervise(in) })
 	}
-	firstTry := time.After(2 * time.Minute)
+	firstTry := d.after(2 * time.Minute)
 	for _, in := range insts {
 		select {
 		case <-in.tried:
@@ -619,7 +628,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 // announceReady calls Options.Ready once every instance is up.
 func (d *Daemon) announceReady() {
-	t := time.NewTicker(20 * time.Millisecond)
+	t := d.clock.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	for {
 		d.mu.Lock()
@@ -639,7 +648,7 @@ func (d *Daemon) announceReady() {
 		select {
 		case <-d.ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 	}
 }

@@ -151,14 +151,14 @@ func (d *Daemon) awaitDurable(ctx context.Context, w http.ResponseWriter, l *lea
 // and is written once the directory can be.
 func (d *Daemon) persistIntent(ctx context.Context) error {
 	ch := d.store.requestNow()
-	t := time.NewTimer(d.opts.RequestTimeout)
+	t := d.clock.NewTimer(d.opts.RequestTimeout)
 	defer t.Stop()
 	select {
 	case <-ch:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-t.C:
+	case <-t.C():
 	}
 	why := "not written within " + d.opts.RequestTimeout.String()
 	if _, err := d.store.health(); err != nil {
@@ -184,7 +184,7 @@ func (d *Daemon) applyIntentLocked(saved savedState) {
 			in.log.Warn("instance still drained from before the restart; mpsctl resume lifts it")
 		}
 	}
-	now := time.Now()
+	now := d.clock.Now()
 	for key, bars := range saved.Barred {
 		in, ok := d.instances[key]
 		if !ok {
@@ -398,7 +398,7 @@ func (d *Daemon) adoptOrphan(id cgroup.LeaseID, cg cgroup.Lease, pids []int) {
 	}
 	attempt := max(1, h.attempt)
 	d.seq++
-	now := time.Now()
+	now := d.clock.Now()
 	l := &lease{
 		id: id.Lease, group: id.Group, uid: uid, requeue: g.RequeueAttempts, attempt: attempt, ranAttempt: attempt,
 		req:     policy.Request{Group: id.Group, UID: uid, SM: sm, Mem: mem, GPUs: len(in.gpus), Procs: procs, Priority: g.Priority, Seq: d.seq},
@@ -412,7 +412,7 @@ func (d *Daemon) adoptOrphan(id cgroup.LeaseID, cg cgroup.Lease, pids []int) {
 	l.inst = in
 	d.leases[l.id] = l
 	d.dur.orphans[l.id] = true
-	l.grace = time.AfterFunc(d.opts.ReconnectGrace, func() { d.spawn(func() { d.graceOver(l) }) })
+	l.grace = d.clock.AfterFunc(d.opts.ReconnectGrace, func() { d.spawn(func() { d.graceOver(l) }) })
 	// Recorded before its launcher is told of it.
 	l.durable = d.store.request()
 	in.log.Warn("lease cgroup under this mpsd's id is in no state file (unwritable, truncated or lost); its workload is re-adopted and kept for its launcher",

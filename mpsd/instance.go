@@ -35,7 +35,7 @@ type instance struct {
 	p      policy.Instance
 	maxSM  int
 	maxMem int64
-	daemon *mps.Daemon
+	daemon control
 	// mps is what MPS does on the instance: its servers and their uids,
 	// the servers mpsd shut down, the clients no lease holds
 	// (mpsmodel.go).
@@ -411,7 +411,7 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 			return
 		case <-in.kick:
 			// A reload may have dropped it (retireIfEmptyLocked).
-		case <-time.After(backoff):
+		case <-d.after(backoff):
 		}
 		d.mu.Lock()
 		dropped = in.life == instStopped
@@ -427,7 +427,7 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 
 // stopLate stops dm, which in's bring-up started (or adopted) while
 // mpsctl shutdown was under way, and has the shutdown's answer count it.
-func (d *Daemon) stopLate(in *instance, dm *mps.Daemon) {
+func (d *Daemon) stopLate(in *instance, dm control) {
 	r := d.stopDaemon(in, &stopRequest{dm: dm, why: "mpsctl shutdown (it came up during the shutdown)"})
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -441,7 +441,7 @@ func (d *Daemon) stopLate(in *instance, dm *mps.Daemon) {
 	}
 }
 
-func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, error) {
+func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (control, string, error) {
 	ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
 	defer cancel()
 	// A daemon that is there answers within what the watchdog allows a
@@ -460,13 +460,13 @@ func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, e
 	// went with it.
 	gone := false
 	if adopt {
-		t0 := time.Now()
-		dm, err := mps.Adopt(ctx, adoptCfg())
+		t0 := d.clock.Now()
+		dm, err := d.starter.Adopt(ctx, adoptCfg())
 		if err == nil {
 			return dm, "adopted", nil
 		}
 		if !errors.Is(err, mps.ErrNoDaemon) || errors.Is(err, mps.ErrUnverifiedDaemon) {
-			cfg.Logger.Warn("adopting the running MPS control daemon failed", "pipe_dir", cfg.PipeDir, "took", time.Since(t0), "limit", limit, "err", err)
+			cfg.Logger.Warn("adopting the running MPS control daemon failed", "pipe_dir", cfg.PipeDir, "took", d.clock.Since(t0), "limit", limit, "err", err)
 		}
 		if cfg.Expect != nil && errors.Is(err, mps.ErrUnverifiedDaemon) {
 			// The daemon the previous mpsd ran is gone; whatever holds the
@@ -476,13 +476,13 @@ func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, e
 			d.log.Warn("the MPS control daemon the previous mpsd ran is gone; stopping what holds its pipe directory and starting anew",
 				"pipe_dir", cfg.PipeDir, "expected_pid", cfg.Expect.PID, "expected_start_time", cfg.Expect.StartTime, "err", err)
 			cfg.Expect = nil
-			if _, rerr := mps.Reclaim(ctx, cfg); rerr != nil && !errors.Is(rerr, mps.ErrNoDaemon) {
+			if _, rerr := d.starter.Reclaim(ctx, cfg); rerr != nil && !errors.Is(rerr, mps.ErrNoDaemon) {
 				return nil, "", fmt.Errorf("adopt control daemon on %s: %w; reclaim the daemon there: %w", cfg.PipeDir, err, rerr)
 			}
 		} else if errors.Is(err, mps.ErrTimeout) || errors.Is(err, mps.ErrDaemonQuitting) {
 			// A daemon that is there but does not answer (stopped, hung)
 			// would block the instance for ever: stop it and start anew.
-			if _, rerr := mps.Reclaim(ctx, cfg); rerr != nil {
+			if _, rerr := d.starter.Reclaim(ctx, cfg); rerr != nil {
 				return nil, "", fmt.Errorf("adopt control daemon on %s: %w; reclaim it: %w", cfg.PipeDir, err, rerr)
 			}
 		} else if !errors.Is(err, mps.ErrNoDaemon) {
@@ -490,9 +490,9 @@ func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, e
 		}
 		gone = true
 	}
-	dm, err := mps.Start(ctx, cfg)
+	dm, err := d.starter.Start(ctx, cfg)
 	if errors.Is(err, mps.ErrAlreadyRunning) {
-		dm, err = mps.Adopt(ctx, adoptCfg()) // cfg as it is now: Expect dropped, if it was
+		dm, err = d.starter.Adopt(ctx, adoptCfg()) // cfg as it is now: Expect dropped, if it was
 		return dm, "adopted", err
 	}
 	if err != nil {
@@ -508,7 +508,7 @@ func (d *Daemon) startDaemon(cfg mps.Config, adopt bool) (*mps.Daemon, string, e
 // watchInstance follows one daemon's events until its handle closes:
 // it keeps the server pids for placement and status, and hands every sign
 // of failure to the watchdog (watchdog.go).
-func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
+func (d *Daemon) watchInstance(in *instance, dm control) {
 	for ev := range dm.Events() {
 		if d.opts.eventHook != nil {
 			d.opts.eventHook(in, ev)
@@ -553,7 +553,7 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 			// ends, comes from its pidfd. Logged at most once a second,
 			// with how many records the line stands for.
 			d.mu.Lock()
-			records, pass := in.fatalLog.pass(time.Now(), 1+max(ev.Suppressed, 0))
+			records, pass := in.fatalLog.pass(d.clock.Now(), 1+max(ev.Suppressed, 0))
 			d.mu.Unlock()
 			if pass {
 				in.log.Info("MPS logged a fatal exception of a server; its exit, if any, is seen through its pidfd", "pid", ev.PID, "known_server", ev.KnownServer, "records", records)
@@ -579,11 +579,11 @@ func (d *Daemon) watchInstance(in *instance, dm *mps.Daemon) {
 				break
 			}
 			d.mu.Lock()
-			handled := d.xidHandledLocked(in, time.Now())
+			handled := d.xidHandledLocked(in, d.clock.Now())
 			var confirmed *fault
 			var joined bool
 			if !handled {
-				confirmed, joined = d.claimServerFaultLocked(in, dm, ev, f, time.Now())
+				confirmed, joined = d.claimServerFaultLocked(in, dm, ev, f, d.clock.Now())
 			}
 			d.mu.Unlock()
 			switch {

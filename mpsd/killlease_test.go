@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/cgroup"
+
+	"github.com/mpsd/mpsd/internal/clock"
 )
 
 // slowCgroup is a lease cgroup whose Kill waits for the test.
@@ -70,7 +72,7 @@ func within(t *testing.T, what string, f func()) {
 func TestKillLeaseHoldsNoLock(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	d := &Daemon{ctx: ctx}
+	d := &Daemon{clock: clock.Real{}, ctx: ctx}
 	cg := &slowCgroup{killing: make(chan struct{}), release: make(chan struct{})}
 	l := &lease{id: "g-1", group: "g", cg: cg, pids: []int{10}}
 	killed := make(chan error, 1)

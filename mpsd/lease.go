@@ -16,6 +16,7 @@ import (
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/cgroup"
+	"github.com/mpsd/mpsd/internal/clock"
 	"github.com/mpsd/mpsd/internal/gpusel"
 	"github.com/mpsd/mpsd/internal/mpsenv"
 	"github.com/mpsd/mpsd/policy"
@@ -90,7 +91,7 @@ type lease struct {
 	// durable is closed once the state file records the grant, so a
 	// launcher is never told of a lease a crash could lose.
 	durable <-chan struct{}
-	grace   *time.Timer // re-adopted and waiting for its launcher
+	grace   clock.Timer // re-adopted and waiting for its launcher
 	// awaySince: when the launcher was last known gone (set while grace
 	// runs), kept across restarts so the grace is not renewed by each.
 	awaySince time.Time
@@ -301,7 +302,7 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 	}
 	d.seq++
 	r.Seq = d.seq
-	now := time.Now()
+	now := d.clock.Now()
 	l := &lease{
 		id: newLeaseID(name), group: name, uid: c.UID, req: r, command: keptCommand(req.Command), jobID: req.JobID, willAttach: req.WillAttach,
 		requeue: requeue, attempt: 1, created: now, queuedAt: now, bound: true, box: newMailbox(d.log), log: d.log,
@@ -431,7 +432,7 @@ func (d *Daemon) positionsLocked(group string) {
 	}
 	slices.SortStableFunc(q, func(a, b *lease) int { return policy.QueueOrder(a.req, b.req) })
 	base := d.waitReasonLocked(group)
-	notes := d.barNotesLocked(group, time.Now())
+	notes := d.barNotesLocked(group, d.clock.Now())
 	var insts []*instance // fetched for the first uid with a cap
 	for i, l := range q {
 		reason := base
@@ -512,7 +513,7 @@ func (d *Daemon) grantLocked(l *lease, in *instance) {
 	in.p.Assign(&l.req)
 	in.leases[l.id] = l
 	l.inst = in
-	l.grantedAt = time.Now()
+	l.grantedAt = d.clock.Now()
 	l.position, l.waitReason = 0, ""
 	if eff&effPersist != 0 {
 		l.durable = d.store.request()
@@ -692,7 +693,7 @@ func (d *Daemon) finishRelease(l *lease, why string) {
 	delete(d.leases, l.id)
 	l.inst = nil
 	d.store.request()
-	in.log.Info("lease released", l.logAttrs("why", why, "ran", time.Since(l.grantedAt))...)
+	in.log.Info("lease released", l.logAttrs("why", why, "ran", d.clock.Since(l.grantedAt))...)
 	d.retireIfEmptyLocked(in)
 	d.scheduleLocked(in.group)
 	d.mu.Unlock()
@@ -740,13 +741,13 @@ func (d *Daemon) retryKillLocked(l *lease, then func()) {
 		if d.opts.killRetryInitial > 0 {
 			backoff = d.opts.killRetryInitial
 		}
-		t := time.NewTimer(backoff)
+		t := d.clock.NewTimer(backoff)
 		defer t.Stop()
 		for {
 			select {
 			case <-d.ctx.Done():
 				return
-			case <-t.C:
+			case <-t.C():
 			}
 			err := d.killLease(l)
 			if err == nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/mpsd/mpsd/mps"
 )
 
 // A lost MPS log. Any member of a group can write records into its
@@ -43,7 +42,7 @@ import (
 // logLoss is a daemon whose log was found lost, and since when it has
 // carried no probe back.
 type logLoss struct {
-	dm    *mps.Daemon
+	dm    control
 	since time.Time
 }
 
@@ -68,10 +67,10 @@ const logEchoMin = 5 * time.Second
 // checkLog, after a probe of dm answered, notes whether dm's log still
 // carries the probes back, saying so when that changes, and replaces a
 // daemon found with a lost log once the instance has no lease.
-func (d *Daemon) checkLog(in *instance, dm *mps.Daemon) {
+func (d *Daemon) checkLog(in *instance, dm control) {
 	since, unlogged := dm.LogSilentSince()
 	silent := unlogged > 0
-	now := time.Now()
+	now := d.clock.Now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if in.daemon != dm {
@@ -104,7 +103,7 @@ func (in *instance) ringXidLocked() {
 // of a fault that killed the command will not come. It returns at once
 // otherwise.
 func (d *Daemon) waitXidIfLogLost(ctx context.Context, l *lease) {
-	deadline := time.NewTimer(faultClaimWait)
+	deadline := d.clock.NewTimer(faultClaimWait)
 	defer deadline.Stop()
 	for {
 		d.mu.Lock()
@@ -121,7 +120,7 @@ func (d *Daemon) waitXidIfLogLost(ctx context.Context, l *lease) {
 		select {
 		case <-bell:
 			// The Xid's fault, if it takes l, is pending now.
-		case <-deadline.C:
+		case <-deadline.C():
 			return
 		case <-ctx.Done():
 			return
@@ -146,12 +145,12 @@ const (
 // can end the daemon so, and neither the victims nor the instance are
 // charged for it (no attempt used up, no quarantine counted). segv says
 // the daemon was killed by SIGSEGV. The reason says so.
-func (d *Daemon) chargeUnlessLogLost(in *instance, dm *mps.Daemon, f *fault, segv bool) {
+func (d *Daemon) chargeUnlessLogLost(in *instance, dm control, f *fault, segv bool) {
 	since, unlogged := dm.LogSilentSince()
 	d.mu.Lock()
 	lost := in.logLost.dm == dm
 	d.mu.Unlock()
-	lostAtEnd := segv && unlogged >= logLostAtEndProbes && time.Since(since) >= logLostAtEndAge
+	lostAtEnd := segv && unlogged >= logLostAtEndProbes && d.clock.Since(since) >= logLostAtEndAge
 	if !lost && !lostAtEnd {
 		return
 	}

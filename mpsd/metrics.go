@@ -539,5 +539,5 @@ func (m *metrics) groupLabelsLocked(cfg *policy.Config) map[string]*groupLabels 
 // observeGrantLocked records a grant for the metrics.
 func (d *Daemon) observeGrantLocked(l *lease) {
 	d.metrics.granted[l.group]++
-	d.metrics.wait.WithLabelValues(l.group).Observe(time.Since(l.queuedAt).Seconds())
+	d.metrics.wait.WithLabelValues(l.group).Observe(d.clock.Since(l.queuedAt).Seconds())
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/cgroup"
 	"github.com/mpsd/mpsd/gpu"
-	"github.com/mpsd/mpsd/mps"
 	"github.com/mpsd/mpsd/policy"
 )
 
@@ -172,12 +171,12 @@ func (d *Daemon) reconcileRuns(in *instance) {
 		in.reconEvent, in.reconAgain = false, false
 		interval := d.cfg.Watchdog.ProbeInterval
 		d.mu.Unlock()
-		began := time.Now()
+		began := d.clock.Now()
 		d.reconcileInstance(in, event)
-		if wait := time.Until(began.Add(interval)); wait > 0 {
-			t := time.NewTimer(wait)
+		if wait := began.Add(interval).Sub(d.clock.Now()); wait > 0 {
+			t := d.clock.NewTimer(wait)
 			select {
-			case <-t.C:
+			case <-t.C():
 			case <-d.ctx.Done():
 				t.Stop()
 			}
@@ -479,7 +478,7 @@ const memoryExceeded = "memory limit exceeded"
 // process, so a lease of several processes can hold more. A lease over it
 // for longer than its group's memory_grace is revoked for good
 // (memoryExceeded, api.CodeLimitExceeded).
-func (d *Daemon) checkLeaseMemory(in *instance, dm *mps.Daemon, servers []int, procs map[int][]gpu.ProcessMemory, leased map[int]leaseAt) {
+func (d *Daemon) checkLeaseMemory(in *instance, dm control, servers []int, procs map[int][]gpu.ProcessMemory, leased map[int]leaseAt) {
 	type use struct {
 		gpu   int
 		bytes uint64
@@ -497,7 +496,7 @@ func (d *Daemon) checkLeaseMemory(in *instance, dm *mps.Daemon, servers []int, p
 			sums[at.lease][g] += *pm.UsedBytes
 		}
 	}
-	now := time.Now()
+	now := d.clock.Now()
 	var victims []*lease
 	var why []string
 	d.mu.Lock()
@@ -635,7 +634,7 @@ type leasedSnapshot struct {
 func (d *Daemon) leasedPids(maxAge time.Duration) map[int]leaseAt {
 	d.reconMu.Lock()
 	snap := d.reconLeased
-	if snap.pids != nil && (time.Since(snap.at) < maxAge || (maxAge > 0 && snap.refreshing)) {
+	if snap.pids != nil && (d.clock.Since(snap.at) < maxAge || (maxAge > 0 && snap.refreshing)) {
 		// Fresh enough, or another reconciliation is reading every
 		// cgroup right now: one walk at a time, whatever the number of
 		// instances whose probes asked.
@@ -668,7 +667,7 @@ func (d *Daemon) leasedPids(maxAge time.Duration) map[int]leaseAt {
 		}
 	}
 	d.reconMu.Lock()
-	d.reconLeased = leasedSnapshot{pids: leased, at: time.Now(), refreshing: true}
+	d.reconLeased = leasedSnapshot{pids: leased, at: d.clock.Now(), refreshing: true}
 	d.reconMu.Unlock()
 	return leased
 }
@@ -845,7 +844,7 @@ const reconLogMsg = "GPU process not accounted to a lease of its instance"
 // processes and those of no group are only reported; so is a client MPS
 // lists that is not proven its server's (unproven): its caller passes
 // the report policy then.
-func (d *Daemon) actOnFinding(in *instance, dm *mps.Daemon, f finding, h *pidHandle, facts procFacts, pol policy.ReconcilePolicy) {
+func (d *Daemon) actOnFinding(in *instance, dm control, f finding, h *pidHandle, facts procFacts, pol policy.ReconcilePolicy) {
 	gpuUUID := ""
 	if inv := d.host.GPUs(); f.gpu >= 0 && f.gpu < len(inv) {
 		gpuUUID = inv[f.gpu].UUID

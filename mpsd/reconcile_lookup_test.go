@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/cgroup"
+
+	"github.com/mpsd/mpsd/internal/clock"
 )
 
 // pathCgroup is a lease cgroup at a given path whose processes are a
@@ -57,7 +59,7 @@ func TestResolveLeasedRemembersLookups(t *testing.T) {
 	writeProcCgroup(t, proc, "103", "0::/mpsd/0123456789abcdef/g/g-10")
 	l := &lease{id: "g-1", group: "g", cg: &pathCgroup{path: "mpsd/0123456789abcdef/g/g-1", pids: []int{100}}}
 	in := &instance{key: "g/0", group: "g", leases: map[string]*lease{l.id: l}}
-	d := &Daemon{proc: proc, cg: m, instances: map[string]*instance{in.key: in}}
+	d := &Daemon{clock: clock.Real{}, proc: proc, cg: m, instances: map[string]*instance{in.key: in}}
 
 	want := leaseAt{lease: "g-1", inst: "g/0", group: "g"}
 	leased := d.leasedPids(0)

@@ -1,8 +1,6 @@
 package mpsd
 
 import (
-	"time"
-
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/policy"
 )
@@ -17,7 +15,7 @@ import (
 // (membership.go).
 func (d *Daemon) onReload(r policy.Reload) {
 	d.mu.Lock()
-	d.metrics.reloadOK, d.metrics.reloadAt = r.Err == nil, time.Now()
+	d.metrics.reloadOK, d.metrics.reloadAt = r.Err == nil, d.clock.Now()
 	d.mu.Unlock()
 	if r.Err != nil {
 		d.log.Error("config reload failed; the previous config stays in force", "err", r.Err)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
-	"github.com/mpsd/mpsd/mps"
 )
 
 // revokeHow is what a revocation knows of its victims besides the leases.
@@ -15,7 +14,7 @@ type revokeHow struct {
 	// dm and servers: the daemon whose servers the victims are clients
 	// of, asked to terminate them first; nil when there is none to ask
 	// (it is gone, or mpsd has just started).
-	dm      *mps.Daemon
+	dm      control
 	servers []int
 	// force: an operator's requeue, which does not use up an attempt.
 	force bool
@@ -230,7 +229,7 @@ func (d *Daemon) requeue(victims []*lease, why map[*lease]string, force bool) {
 			l.cgAttempt = l.attempt // no child of the revoked attempt joins
 			l.cgMu.Unlock()
 			l.req.Requeued = true
-			l.queuedAt = time.Now()
+			l.queuedAt = d.clock.Now()
 			l.position, l.waitReason = 0, ""
 			if eff&effTellRequeued != 0 {
 				l.box.push(api.Event{Type: api.EventRequeued, Attempt: l.attempt})

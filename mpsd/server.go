@@ -186,9 +186,9 @@ func (d *Daemon) streamLease(w http.ResponseWriter, r *http.Request, l *lease, r
 	}
 	var waitC <-chan time.Time
 	if req.WaitMillis > 0 {
-		t := time.NewTimer(time.Duration(req.WaitMillis) * time.Millisecond)
+		t := d.clock.NewTimer(time.Duration(req.WaitMillis) * time.Millisecond)
 		defer t.Stop()
-		waitC = t.C
+		waitC = t.C()
 	}
 	ctx := r.Context()
 	attachPID := req.AttachPID
@@ -490,10 +490,10 @@ func (d *Daemon) serveRelease(w http.ResponseWriter, r *http.Request) {
 		// A fault record that would take the lease waits for the Xid that
 		// would confirm it: the command may have died of that fault, so
 		// the answer waits for the record's fate.
-		t := time.NewTimer(faultClaimWait + time.Second)
+		t := d.clock.NewTimer(faultClaimWait + time.Second)
 		select {
 		case <-claim:
-		case <-t.C:
+		case <-t.C():
 		case <-r.Context().Done():
 			t.Stop()
 			return
@@ -628,7 +628,7 @@ const hiddenStartError = "the control daemon does not start (an admin's status n
 func (d *Daemon) Status() api.Status {
 	d.mu.Lock()
 	st := api.Status{Instances: []api.InstanceStatus{}, Leases: []api.LeaseStatus{}, Queue: map[string]int{},
-		SchemaVersion: api.StatusSchemaVersion, At: time.Now()}
+		SchemaVersion: api.StatusSchemaVersion, At: d.clock.Now()}
 	for _, in := range d.instanceList() {
 		st.Instances = append(st.Instances, in.statusLocked())
 	}
@@ -747,7 +747,7 @@ func (d *Daemon) setDrained(t api.AdminTarget, drain bool) (api.AdminResult, err
 			in.log.Info("quarantine lifted by admin", "was", lifted.QuarantineReason)
 		}
 		if !drain && len(in.barred) > 0 {
-			in.log.Info("uid bars lifted by admin", "uids", in.barredUIDs(time.Now()))
+			in.log.Info("uid bars lifted by admin", "uids", in.barredUIDs(d.clock.Now()))
 			in.liftBarsLocked()
 			d.store.request()
 		}

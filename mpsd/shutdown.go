@@ -207,9 +207,9 @@ func (d *Daemon) failQueuedLocked(reason string) int {
 // meanwhile; it returns what is left after shutdownDrainMax, "" when
 // nothing is.
 func (d *Daemon) awaitQuiet(reason string) string {
-	deadline := time.NewTimer(shutdownDrainMax)
+	deadline := d.clock.NewTimer(shutdownDrainMax)
 	defer deadline.Stop()
-	tick := time.NewTicker(20 * time.Millisecond)
+	tick := d.clock.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		d.mu.Lock()
@@ -234,8 +234,8 @@ func (d *Daemon) awaitQuiet(reason string) string {
 			return ""
 		}
 		select {
-		case <-tick.C:
-		case <-deadline.C:
+		case <-tick.C():
+		case <-deadline.C():
 			return fmt.Sprintf("%d lease(s) still ending and %d instance(s) still starting, stopping or recovering after %s", leases, busy, shutdownDrainMax)
 		}
 	}

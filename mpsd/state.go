@@ -940,7 +940,7 @@ func (d *Daemon) snapshotLocked() savedState {
 		if in.holds.drained {
 			st.Drained = append(st.Drained, key)
 		}
-		for _, uid := range in.barredUIDs(time.Now()) {
+		for _, uid := range in.barredUIDs(d.clock.Now()) {
 			if st.Barred == nil {
 				st.Barred = map[string][]savedBar{}
 			}
@@ -1122,13 +1122,13 @@ func (d *Daemon) adoptLeases(saved savedState) {
 			awaySince: sl.AwaySince, ranAttempt: sl.Ran, log: d.log, grantedAt: sl.Granted,
 		}
 		if l.awaySince.IsZero() {
-			l.awaySince = time.Now()
+			l.awaySince = d.clock.Now()
 		}
 		if sl.Adopted {
 			d.dur.orphans[l.id] = true
 		}
 		// Clamped both ways: a clock stepped back must not lengthen it.
-		grace := min(d.opts.ReconnectGrace, max(0, d.opts.ReconnectGrace-time.Since(l.awaySince)))
+		grace := min(d.opts.ReconnectGrace, max(0, d.opts.ReconnectGrace-d.clock.Since(l.awaySince)))
 		d.seq = max(d.seq, sl.Seq)
 		id := cgroup.LeaseID{Group: sl.Group, Lease: sl.ID}
 		owned[id] = true
@@ -1151,7 +1151,7 @@ func (d *Daemon) adoptLeases(saved savedState) {
 			} else {
 				d.queues[l.group] = append(d.queues[l.group], l)
 			}
-			l.grace = time.AfterFunc(grace, func() { d.spawn(func() { d.graceOver(l) }) })
+			l.grace = d.clock.AfterFunc(grace, func() { d.spawn(func() { d.graceOver(l) }) })
 			continue
 		}
 		// Taken up in the state it was saved in: running, or revoking
@@ -1176,7 +1176,7 @@ func (d *Daemon) adoptLeases(saved savedState) {
 			l.logger().Info("running lease kept until it ends: its uid is no longer a member of its group; its command is not revoked, a resume after an mpsd restart is refused",
 				l.logAttrs("group", l.group, "attempt", l.attempt)...)
 		}
-		l.grace = time.AfterFunc(grace, func() { d.spawn(func() { d.graceOver(l) }) })
+		l.grace = d.clock.AfterFunc(grace, func() { d.spawn(func() { d.graceOver(l) }) })
 		if l.state == leaseRevoking {
 			revoking = append(revoking, l)
 		}
@@ -1217,13 +1217,13 @@ const reapAdoptedEvery = 250 * time.Millisecond
 // away (or while its launcher was still reconnecting), so nothing is left
 // to wait for. It returns once every re-adopted lease is resumed or gone.
 func (d *Daemon) reapAdopted() {
-	t := time.NewTicker(reapAdoptedEvery)
+	t := d.clock.NewTicker(reapAdoptedEvery)
 	defer t.Stop()
 	for {
 		select {
 		case <-d.ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		d.mu.Lock()
 		var waiting []*lease
@@ -1269,7 +1269,7 @@ func (d *Daemon) reapAdopted() {
 func (d *Daemon) settled(l *lease) bool {
 	d.mu.Lock()
 	in := l.inst
-	var dm *mps.Daemon
+	var dm control
 	if in != nil && in.life == instUp && l.ranAttempt == l.attempt {
 		dm = in.daemon
 	}

@@ -91,7 +91,7 @@ func supervisorNext(c lifecycle, faultPending, stopAsked bool) supAction {
 // stopRequest asks an instance's supervisor to stop its daemon; the
 // instance is stepped to stopping by whoever asks, under Daemon.mu.
 type stopRequest struct {
-	dm *mps.Daemon
+	dm control
 	// restart: a new daemon starts after this one stopped (a start
 	// option changed); else the instance is gone.
 	restart bool
@@ -243,13 +243,13 @@ func (d *Daemon) runProbeClock() {
 	d.mu.Lock()
 	interval := d.cfg.Watchdog.ProbeInterval
 	d.mu.Unlock()
-	t := time.NewTicker(interval)
+	t := d.clock.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-d.ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		d.probes.tick()
 		d.mu.Lock()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"testing"
+
+	"github.com/mpsd/mpsd/internal/clock"
 )
 
 // TestSupervisorNext covers every (lifecycle, fault pending, stop asked)
@@ -78,7 +80,7 @@ func TestKickCoalesces(t *testing.T) {
 // way cancels the probe's context (its recovery waits for no probe
 // timeout) and wakes the supervisor; the instance is recovering at once.
 func TestReportFaultCutsProbeShort(t *testing.T) {
-	d := &Daemon{ctx: t.Context()}
+	d := &Daemon{clock: clock.Real{}, ctx: t.Context()}
 	in := &instance{key: "g/0", life: instUp, faults: map[string]int{}, kick: make(chan struct{}, 1), logHandled: -1}
 	ctx, cancel := context.WithCancel(t.Context())
 	in.probeCancel = cancel
@@ -158,7 +160,7 @@ func TestCombineFaults(t *testing.T) {
 // stops moves the saved offset back to its line, so the next mpsd reads
 // it again, even though its report had moved the offset past it.
 func TestUnhandledFaultReadAgain(t *testing.T) {
-	d := &Daemon{ctx: t.Context()}
+	d := &Daemon{clock: clock.Real{}, ctx: t.Context()}
 	in := &instance{key: "g/0", life: instStarting, faults: map[string]int{}, kick: make(chan struct{}, 1), logHandled: 100,
 		log: slog.New(slog.DiscardHandler)}
 	d.reportFault(in, fault{kind: faultServerFault, fromServerLog: true, logOffset: 500})

@@ -66,7 +66,7 @@ const (
 type faultClaim struct {
 	f        fault
 	ev       mps.Event
-	dm       *mps.Daemon // whose server the record named
+	dm       control // whose server the record named
 	at       time.Time
 	barriers []mps.Event
 	settled  bool
@@ -80,7 +80,7 @@ type faultClaim struct {
 // fault to report is returned), or waits for one as a claim (nil; joined
 // reports that it joined the newest of the maxClaimsPerServer claims
 // already waiting for that server, so it adds no claim and no timer).
-func (d *Daemon) claimServerFaultLocked(in *instance, dm *mps.Daemon, ev mps.Event, f fault, now time.Time) (confirmed *fault, joined bool) {
+func (d *Daemon) claimServerFaultLocked(in *instance, dm control, ev mps.Event, f fault, now time.Time) (confirmed *fault, joined bool) {
 	if d.takeXidLocked(in, now) {
 		return &f, false
 	}
@@ -105,10 +105,10 @@ func (d *Daemon) claimServerFaultLocked(in *instance, dm *mps.Daemon, ev mps.Eve
 	c := &faultClaim{f: f, ev: ev, dm: dm, at: now, decided: make(chan struct{})}
 	in.claims = append(in.claims, c)
 	started := d.spawn(func() {
-		t := time.NewTimer(faultClaimWait)
+		t := d.clock.NewTimer(faultClaimWait)
 		defer t.Stop()
 		select {
-		case <-t.C:
+		case <-t.C():
 		case <-d.ctx.Done():
 		}
 		d.mu.Lock()
@@ -274,9 +274,9 @@ func (d *Daemon) endedLeases(in *instance) []string {
 	}
 	d.mu.Unlock()
 	var ended []string
-	deadline := time.NewTimer(unwatchedFaultWait)
+	deadline := d.clock.NewTimer(unwatchedFaultWait)
 	defer deadline.Stop()
-	tick := time.NewTicker(20 * time.Millisecond)
+	tick := d.clock.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		ls = slices.DeleteFunc(ls, func(l *lease) bool {
@@ -290,8 +290,8 @@ func (d *Daemon) endedLeases(in *instance) []string {
 			return ended
 		}
 		select {
-		case <-tick.C:
-		case <-deadline.C:
+		case <-tick.C():
+		case <-deadline.C():
 			return ended
 		case <-d.ctx.Done():
 			return ended
@@ -304,7 +304,7 @@ func (d *Daemon) endedLeases(in *instance) []string {
 // At most one warning a second per instance: a tenant writing records
 // in a loop must not flood mpsd's log (the counter counts them all).
 func (d *Daemon) unverifiedRecord(in *instance, ev mps.Event, why string) {
-	now := time.Now()
+	now := d.clock.Now()
 	d.mu.Lock()
 	// Suppressed: records mps dropped unreported before this one (its
 	// own bound on a flood).

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/policy"
+
+	"github.com/mpsd/mpsd/internal/clock"
 )
 
 // An Xid confirms one fault record of an instance on its GPU, only while
@@ -12,7 +14,7 @@ import (
 // records after a real fault cannot have each of them taken for one.
 func TestXidConfirmsOneRecord(t *testing.T) {
 	t0 := time.Now()
-	d := &Daemon{xidAt: map[int]time.Time{0: t0}}
+	d := &Daemon{clock: clock.Real{}, xidAt: map[int]time.Time{0: t0}}
 	on0 := &instance{p: policy.Instance{GPUs: []int{0}}}
 	also0 := &instance{p: policy.Instance{GPUs: []int{1, 0}}}
 	on1 := &instance{p: policy.Instance{GPUs: []int{1}}}

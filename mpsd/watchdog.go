@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/gpu"
-	"github.com/mpsd/mpsd/mps"
 	"github.com/mpsd/mpsd/policy"
 )
 
@@ -271,7 +270,7 @@ func (in *instance) planRecoveryLocked(pending []fault, f fault, now time.Time, 
 // fault's victims and restarts what the strongest fault needs.
 func (d *Daemon) recoverOnce(in *instance, pending []fault) {
 	f := combineFaults(pending)
-	start := time.Now()
+	start := d.clock.Now()
 	d.mu.Lock()
 	wd := d.cfg.Watchdog
 	in.restartsBy[f.kind]++
@@ -301,7 +300,7 @@ func (d *Daemon) recoverOnce(in *instance, pending []fault) {
 	in.log.Warn("instance failed; recovering", "fault", f.kind, "reason", f.reason, "faults", len(pending), "leases", len(victims), "restarting", f.restart, "failures_in_window", failures)
 
 	n := d.revoke(victims, f.reason, revokeHow{dm: dm, servers: servers, reasons: reasons, spared: spared})
-	in.log.Info("revocation done", "leases", n, "took", time.Since(start))
+	in.log.Info("revocation done", "leases", n, "took", d.clock.Since(start))
 
 	// The first failure in the window restarts at once; a crash loop
 	// backs off exponentially.
@@ -317,7 +316,7 @@ func (d *Daemon) recoverOnce(in *instance, pending []fault) {
 				_ = dm.Close()
 			}
 			return
-		case <-time.After(delay):
+		case <-d.after(delay):
 		}
 	}
 	switch f.restart {
@@ -373,7 +372,7 @@ func (d *Daemon) recoverOnce(in *instance, pending []fault) {
 
 // restartDaemon stops what is left of the old control daemon (its servers
 // too) and starts a new one, retrying with the watchdog's backoff.
-func (d *Daemon) restartDaemon(in *instance, old *mps.Daemon) {
+func (d *Daemon) restartDaemon(in *instance, old control) {
 	if old != nil {
 		ctx, cancel := context.WithTimeout(d.ctx, 15*time.Second)
 		rep, err := old.Stop(ctx)
@@ -417,7 +416,7 @@ func (d *Daemon) restartDaemon(in *instance, old *mps.Daemon) {
 		select {
 		case <-d.ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-d.after(backoff):
 		}
 		backoff = min(2*backoff, wd.BackoffMax)
 	}
