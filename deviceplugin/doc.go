@@ -27,6 +27,15 @@
 //     serves to the kubelet with it as /dev/shm, mps.PrivateShm) as
 //     /dev/shm, never the host's nor a plain directory, and on a host with NVIDIA's driver the
 //     device nodes. A request that does not fit fails with mpsd's reason.
+//   - PreStartContainer (asked for when Options.PodCheck is set, as mpsd
+//     does unless --kubelet-allow-host-root): before the kubelet creates
+//     and starts a container holding units, the check finds the container
+//     through the kubelet's PodResources API and reads its pod's spec from
+//     the API server (internal/kubeinfo); a container that would run as
+//     host uid 0 (no user namespace, runAsUser 0 or unset without
+//     runAsNonRoot) is refused, and so is one that cannot be checked: host
+//     root is root to the shared MPS daemon, whose control socket a pod
+//     reaches through its read-only mount.
 //
 // The lease's stream is held while the allocation lives. The kubelet does
 // not say when a pod ends; it hands a unit out again only after the pod
@@ -38,7 +47,9 @@
 // A plugin that restarts with mpsd adopts the leases mpsd kept, by their
 // job id, and resumes them.
 //
-// It is a client of mpsd's API over its unix socket (the MPSD interface):
+// It is a client of mpsd's API over its unix socket (the MPSD interface)
+// and, for PreStartContainer, of the kubelet's PodResources API and the
+// API server:
 // it never touches the daemon's state, never runs programs, never kills a
 // process (the pods' processes are the kubelet's) and schedules nothing
 // across nodes: the kubelet places pods on the node; mpsd decides the

@@ -376,9 +376,14 @@ func TestKubeletRestart(t *testing.T) {
 func TestMPSDFlag(t *testing.T) {
 	dir := t.TempDir()
 	k := newFakeKubelet(t, dir)
-	m := newMPSD(t, twoGroups, "--kubelet-device-plugin", "--kubelet-dir", dir, "--kubelet-groups", "a")
+	m := newMPSD(t, twoGroups, "--kubelet-device-plugin", "--kubelet-dir", dir, "--kubelet-groups", "a", "--kubelet-pod-resources", filepath.Join(dir, "none.sock"))
 	pc := k.waitRegistered("mpsd.io/a-sm")["mpsd.io/a-sm"]
 	pc.waitList(t, "all units healthy", allHealthy)
+	// By default every container is checked before it starts, and one
+	// that cannot be checked does not start.
+	if err := kubeletStart(t, pc, ids("a", 0, 0)); !pc.opts.GetPreStartRequired() || status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "none.sock") {
+		t.Errorf("mpsd's plugin: PreStartRequired %v, PreStartContainer without the kubelet's PodResources: %v; want it asked for and failing closed", pc.opts.GetPreStartRequired(), err)
+	}
 	if _, _, err := allocate(t, pc, ids("a", 0, seq(0, 99)...), 40); err != nil {
 		t.Fatalf("Allocate: %v", err)
 	}

@@ -12,7 +12,11 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/mpsd/mpsd/internal/kubeinfo"
 )
 
 // group is the DevicePlugin service of one group's resource.
@@ -116,9 +120,37 @@ func (g *group) snapshot() ([]*pluginapi.Device, <-chan struct{}) {
 }
 
 // GetDevicePluginOptions: GetPreferredAllocation packs units onto one GPU;
-// no PreStartContainer.
+// PreStartContainer checks the container when the plugin has a PodCheck.
 func (g *group) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
-	return &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true}, nil
+	return g.p.pluginOptions(), nil
+}
+
+// PreStartContainer is asked by the kubelet before it creates and starts
+// each container holding units (before each restart too), with the
+// container's device ids. With a PodCheck the container starts only if
+// the check passes: one that would run as host root is refused
+// (PermissionDenied), and so is one the check could not judge
+// (Unavailable: PodResources or the API server out of reach), since a root
+// process in a pod is root to the shared MPS daemon (it may quit it, end
+// other pods' clients or change the caps). The kubelet reports the error
+// in the pod's events and tries again with a backoff.
+func (g *group) PreStartContainer(ctx context.Context, req *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+	chk := g.p.opts.PodCheck
+	if chk == nil {
+		return &pluginapi.PreStartContainerResponse{}, nil
+	}
+	ref, err := chk.Check(ctx, g.resource, req.DevicesIds)
+	if err != nil {
+		var refusal *kubeinfo.Refusal
+		if errors.As(err, &refusal) {
+			g.log.Warn("container refused: it would run as host root, which owns the shared MPS daemon", "namespace", ref.Namespace, "pod", ref.Pod, "container", ref.Container, "reason", refusal.Err)
+			return nil, status.Errorf(codes.PermissionDenied, "mpsd: %v", err)
+		}
+		g.log.Warn("container refused: whether it would run as host root cannot be told", "namespace", ref.Namespace, "pod", ref.Pod, "container", ref.Container, "devices", len(req.DevicesIds), "err", err)
+		return nil, status.Errorf(codes.Unavailable, "mpsd cannot tell whether the container holding %d %s units would run as host root, so it may not start yet: %v", len(req.DevicesIds), g.resource, err)
+	}
+	g.log.Info("container checked: not host root", "namespace", ref.Namespace, "pod", ref.Pod, "container", ref.Container)
+	return &pluginapi.PreStartContainerResponse{}, nil
 }
 
 // ListAndWatch sends the units and their health, then every change.

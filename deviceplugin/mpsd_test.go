@@ -282,11 +282,16 @@ func hasLease(st api.Status, id string) bool {
 // test ends, polling fast.
 func runPlugin(t *testing.T, m *mpsdProc, dir string, groups ...string) (stop func()) {
 	t.Helper()
+	return runPluginWith(t, m, Options{KubeletDir: dir, Groups: groups})
+}
+
+// runPluginWith is runPlugin with more of the plugin's options.
+func runPluginWith(t *testing.T, m *mpsdProc, opts Options) (stop func()) {
+	t.Helper()
 	var logBuf syncBuffer
-	p, err := New(Options{
-		MPSD: m.client, KubeletDir: dir, Groups: groups, PollInterval: 50 * time.Millisecond, ReleaseWait: 5 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelDebug})),
-	})
+	opts.MPSD, opts.PollInterval, opts.ReleaseWait = m.client, 50*time.Millisecond, 5*time.Second
+	opts.Logger = slog.New(slog.NewTextHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	p, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

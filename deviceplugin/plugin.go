@@ -19,6 +19,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/kubeinfo"
 )
 
 // Defaults of Options.
@@ -65,8 +66,23 @@ type Options struct {
 	// ProcRoot and DevRoot are where /proc and /dev are (device nodes of
 	// real GPUs); default /proc and /dev.
 	ProcRoot, DevRoot string
+	// PodCheck, when set, is asked before each container holding units
+	// starts (the kubelet's PreStartContainer): an error keeps the
+	// container from starting, with the error in the pod's events. mpsd
+	// sets a kubeinfo.RootCheck, which refuses a container that would run
+	// as host root (docs/cluster.md). nil: no check, PreStartContainer is
+	// not asked for.
+	PodCheck PodCheck
 	// Logger receives the plugin's log; nil discards it.
 	Logger *slog.Logger
+}
+
+// PodCheck decides whether the container holding device ids of resource
+// may start; kubeinfo.RootCheck is one. A *kubeinfo.Refusal means it may
+// not; another error that it could not be told, and it does not start
+// either.
+type PodCheck interface {
+	Check(ctx context.Context, resource string, ids []string) (kubeinfo.ContainerRef, error)
 }
 
 // Plugin is the device plugin of one node: one DevicePlugin service per
@@ -316,7 +332,7 @@ func (p *Plugin) register(ctx context.Context) (failed bool) {
 			Version:      pluginapi.Version,
 			Endpoint:     filepath.Base(g.socket),
 			ResourceName: g.resource,
-			Options:      &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true},
+			Options:      p.pluginOptions(),
 		})
 		cancel()
 		if err != nil {
@@ -330,6 +346,12 @@ func (p *Plugin) register(ctx context.Context) (failed bool) {
 		p.log.Info("registered with the kubelet", "resource", g.resource, "endpoint", filepath.Base(g.socket))
 	}
 	return failed
+}
+
+// pluginOptions are the options of every group's service: preferred
+// allocations always, PreStartContainer with a PodCheck.
+func (p *Plugin) pluginOptions() *pluginapi.DevicePluginOptions {
+	return &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true, PreStartRequired: p.opts.PodCheck != nil}
 }
 
 // status reads mpsd's status within statusTimeout.

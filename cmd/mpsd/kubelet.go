@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/mpsd/mpsd/deviceplugin"
+	"github.com/mpsd/mpsd/internal/kubeinfo"
 	"github.com/mpsd/mpsd/mpsd"
 	"github.com/mpsd/mpsd/policy"
 )
@@ -20,6 +21,17 @@ type kubeletFlags struct {
 	enabled bool
 	dir     string
 	groups  string
+	// The check that keeps pods' host root off the shared daemons
+	// (kubeinfo.RootCheck): the kubeconfig that reads pods' specs, the
+	// kubelet's PodResources socket, and its opt-out.
+	kubeconfig    string
+	podResources  string
+	allowHostRoot bool
+}
+
+// isKubeletFlag: the flags that need --kubelet-device-plugin.
+func isKubeletFlag(name string) bool {
+	return strings.HasPrefix(name, "kubelet-") && name != "kubelet-device-plugin"
 }
 
 // check refuses the plugin's other flags without --kubelet-device-plugin:
@@ -30,7 +42,7 @@ func (kf kubeletFlags) check(fs *flag.FlagSet) error {
 	}
 	var stray []string
 	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "kubelet-dir" || f.Name == "kubelet-groups" {
+		if isKubeletFlag(f.Name) {
 			stray = append(stray, "--"+f.Name)
 		}
 	})
@@ -80,12 +92,19 @@ func (kf kubeletFlags) privateShm(groups []string) func(string) bool {
 // newDevicePlugin builds the kubelet device plugin of --kubelet-device-plugin,
 // a client of d's own API socket; groups come from deviceplugin.ParseGroups.
 func newDevicePlugin(d *mpsd.Daemon, kf kubeletFlags, groups []string, log *slog.Logger) (*deviceplugin.Plugin, error) {
-	return deviceplugin.New(deviceplugin.Options{
+	opts := deviceplugin.Options{
 		MPSD:       deviceplugin.NewClient(d.SocketPath()),
 		KubeletDir: kf.dir,
 		Groups:     groups,
 		Logger:     log.With("component", "deviceplugin"),
-	})
+	}
+	if kf.allowHostRoot {
+		log.Warn("--kubelet-allow-host-root: containers are started without checking whether they run as host root, which may quit or reconfigure the shared MPS daemons; only for nodes whose pods are all trusted")
+	} else {
+		opts.PodCheck = kubeinfo.RootCheck{PodResources: kf.podResources, Pods: &kubeinfo.LazyAPIServer{Kubeconfig: kf.kubeconfig}}
+		log.Info("containers holding mpsd's units are checked before they start: none may run as host root", "kubeconfig", kf.kubeconfig, "pod_resources", kf.podResources)
+	}
+	return deviceplugin.New(opts)
 }
 
 // runWithDevicePlugin runs the daemon and the device plugin side by side.

@@ -83,6 +83,7 @@ func TestMainUsage(t *testing.T) {
 		{"bad kubelet group", []string{"--kubelet-device-plugin", "--kubelet-groups", "a, Bad"}, 2, `--kubelet-groups: deviceplugin: "Bad" is not a group name`},
 		{"kubelet groups without the plugin", []string{"--kubelet-groups", "a"}, 2, "--kubelet-groups given without --kubelet-device-plugin"},
 		{"kubelet dir without the plugin", []string{"--kubelet-dir", dir, "--kubelet-groups", "a"}, 2, "--kubelet-dir and --kubelet-groups given without --kubelet-device-plugin"},
+		{"root check flags without the plugin", []string{"--kubelet-allow-host-root", "--kubelet-kubeconfig", "in-cluster"}, 2, "--kubelet-allow-host-root and --kubelet-kubeconfig given without --kubelet-device-plugin"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer

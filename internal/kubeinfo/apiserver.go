@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -267,4 +268,40 @@ func (a *APIServer) Pod(ctx context.Context, namespace, name string) (*corev1.Po
 		return nil, fmt.Errorf("kubeinfo: the API server at %s answered pod %s/%s for %s/%s", a.server, pod.Namespace, pod.Name, namespace, name)
 	}
 	return &pod, nil
+}
+
+// InCluster is the kubeconfig value that means the service account of the
+// pod mpsd runs in.
+const InCluster = "in-cluster"
+
+// LazyAPIServer is an APIServer made at its first use, and again at each
+// use until it can be (a kubeconfig that is not there yet at boot, or a
+// DaemonSet pod's service account): until then every Pod is an error
+// saying why.
+type LazyAPIServer struct {
+	// Kubeconfig is the kubeconfig file, or InCluster.
+	Kubeconfig string
+
+	mu sync.Mutex
+	a  *APIServer
+}
+
+// Pod reads namespace/name from the API server.
+func (l *LazyAPIServer) Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	l.mu.Lock()
+	a := l.a
+	if a == nil {
+		path := l.Kubeconfig
+		if path == InCluster {
+			path = ""
+		}
+		var err error
+		if a, err = NewAPIServer(path); err != nil {
+			l.mu.Unlock()
+			return nil, err
+		}
+		l.a = a
+	}
+	l.mu.Unlock()
+	return a.Pod(ctx, namespace, name)
 }

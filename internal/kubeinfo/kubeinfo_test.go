@@ -341,3 +341,20 @@ func TestRootCheck(t *testing.T) {
 		t.Errorf("no kubelet: %v", err)
 	}
 }
+
+// A kubeconfig that is not there yet is an error at each use, not at
+// start, and is read once it is there.
+func TestLazyAPIServer(t *testing.T) {
+	dir := t.TempDir()
+	srv, ca := fakeAPIServer(t, map[string]*corev1.Pod{"ns/p": podWith(nil, nil, nil)}, func(r *http.Request) bool { return r.Header.Get("Authorization") == "Bearer t" })
+	l := &LazyAPIServer{Kubeconfig: filepath.Join(dir, "kubelet.conf")}
+	ctx := context.Background()
+	if _, err := l.Pod(ctx, "ns", "p"); err == nil || !strings.Contains(err.Error(), "kubeconfig") {
+		t.Errorf("no kubeconfig yet: %v", err)
+	}
+	write(t, filepath.Join(dir, "ca.crt"), ca)
+	write(t, l.Kubeconfig, []byte("current-context: c\nclusters:\n- name: k\n  cluster: {server: '"+srv.URL+"', certificate-authority: ca.crt}\ncontexts:\n- name: c\n  context: {cluster: k, user: u}\nusers:\n- name: u\n  user: {token: t}\n"))
+	if _, err := l.Pod(ctx, "ns", "p"); err != nil {
+		t.Errorf("once the kubeconfig is there: %v", err)
+	}
+}
