@@ -141,3 +141,20 @@ func TestReal(t *testing.T) {
 		t.Fatal("Since is short")
 	}
 }
+
+func TestFakeWaitPending(t *testing.T) {
+	f := NewFake(t0)
+	got := make(chan bool)
+	go func() { got <- f.WaitPending(2, nil) }()
+	f.NewTimer(time.Second)
+	f.AfterFunc(time.Second, func() {})
+	if !<-got {
+		t.Fatal("WaitPending(2) returned false with two timers armed")
+	}
+	done := make(chan struct{})
+	close(done)
+	if f.WaitPending(3, done) {
+		t.Fatal("WaitPending(3) returned true with two timers armed")
+	}
+	f.Advance(time.Second) // the AfterFunc's goroutine ends at once
+}

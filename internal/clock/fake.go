@@ -16,12 +16,40 @@ type Fake struct {
 	now    time.Time
 	seq    uint64
 	timers []*fakeTimer
+	// armed is closed (and replaced) whenever a timer is armed.
+	armed chan struct{}
 }
 
 var _ Clock = (*Fake)(nil)
 
 // NewFake returns a fake clock reading start.
-func NewFake(start time.Time) *Fake { return &Fake{now: start} }
+func NewFake(start time.Time) *Fake { return &Fake{now: start, armed: make(chan struct{})} }
+
+// WaitPending waits until at least n timers and tickers wait to fire
+// (the subject under test has armed what it waits on), or until done is
+// closed; false then.
+func (f *Fake) WaitPending(n int, done <-chan struct{}) bool {
+	for {
+		f.mu.Lock()
+		if len(f.timers) >= n {
+			f.mu.Unlock()
+			return true
+		}
+		armed := f.armed
+		f.mu.Unlock()
+		select {
+		case <-armed:
+		case <-done:
+			return false
+		}
+	}
+}
+
+// signalLocked tells WaitPending that a timer was armed.
+func (f *Fake) signalLocked() {
+	close(f.armed)
+	f.armed = make(chan struct{})
+}
 
 func (f *Fake) Now() time.Time {
 	f.mu.Lock()
@@ -128,6 +156,7 @@ func (f *Fake) add(d time.Duration, period time.Duration, fn func()) *fakeTimer 
 		t.c = make(chan time.Time, 1)
 	}
 	f.insertLocked(t)
+	f.signalLocked()
 	// A deadline now or past fires at once, as the real clock's does.
 	f.setLocked(f.now)
 	return t
@@ -186,6 +215,7 @@ func (t *fakeTimer) Reset(d time.Duration) bool {
 		t.period = d
 	}
 	f.insertLocked(t)
+	f.signalLocked()
 	f.setLocked(f.now)
 	return active
 }

@@ -1,0 +1,165 @@
+package mpsd
+
+import (
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/gpu"
+	"github.com/mpsd/mpsd/internal/clock"
+	"github.com/mpsd/mpsd/policy"
+)
+
+// The supervisor's bring-up on a fake control daemon and a fake clock:
+// no process, no root, no sleep. Every wait of the code under test is a
+// timer on the fake clock, which the test moves by exactly what the rule
+// says.
+
+var fakeT0 = time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
+
+// fakeCore is a Daemon with what the supervisor's bring-up and the
+// daemon's event reader use, on a fake clock and a fake starter, and one
+// instance of group g on GPU 0.
+func fakeCore(t *testing.T, wd policy.WatchdogConfig, outcomes ...error) (*Daemon, *instance, *clock.Fake, *fakeStarter) {
+	t.Helper()
+	clk := clock.NewFake(fakeT0)
+	st := &fakeStarter{outcomes: outcomes, calls: make(chan string, 16)}
+	log := slog.New(slog.DiscardHandler)
+	d := &Daemon{clock: clk, starter: st, log: log, ctx: t.Context(),
+		cfg:       &policy.Config{Watchdog: wd},
+		instances: map[string]*instance{}, queues: map[string][]*lease{}, leases: map[string]*lease{},
+		store: &store{kick: make(chan struct{}, 1)}}
+	in := &instance{key: "g/0", group: "g", gpus: []gpu.Info{{Index: 0, UUID: "GPU-fake-0"}}, mps: newMPSModel(),
+		leases: map[string]*lease{}, tried: make(chan struct{}), kick: make(chan struct{}, 1), done: make(chan struct{}),
+		faults: map[string]int{}, restartsBy: map[string]int{}, serverLogOff: -1, logHandled: -1,
+		pipeDir: "/nonexistent/pipe", log: log, p: policy.Instance{Group: "g", GPUs: []int{0}}}
+	d.instances[in.key] = in
+	t.Cleanup(func() {
+		d.gmu.Lock()
+		d.gclosed = true
+		d.gmu.Unlock()
+		for i := range st.next {
+			_ = st.daemon(i).Close()
+		}
+		d.wg.Wait()
+	})
+	return d, in, clk, st
+}
+
+func (st *fakeStarter) wantCall(t *testing.T, want string) {
+	t.Helper()
+	select {
+	case got := <-st.calls:
+		if got != want {
+			t.Fatalf("starter: %s, want %s", got, want)
+		}
+	case <-time.After(waitFor):
+		t.Fatalf("starter: no %s within %v", want, waitFor)
+	}
+}
+
+// A control daemon that fails to start is tried again after the
+// watchdog's backoff, doubling up to its cap, and never sooner: the
+// retries wait on the clock, not on a sleep. Each retry first looks for a
+// daemon to adopt. The fifth start succeeds and
+// the instance is up on that daemon.
+func TestBringUpBacksOffOnTheClock(t *testing.T) {
+	wd := policy.WatchdogConfig{BackoffInitial: time.Second, BackoffMax: 4 * time.Second}
+	d, in, clk, st := fakeCore(t, wd, errFakeStart, errFakeStart, errFakeStart, errFakeStart, nil)
+	done := make(chan struct{})
+	go func() { defer close(done); d.bringUp(in, false) }()
+
+	for i, backoff := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 4 * time.Second} {
+		if i > 0 {
+			// A retry first looks for a daemon that came up meanwhile.
+			st.wantCall(t, "adopt")
+		}
+		st.wantCall(t, "start")
+		if !clk.WaitPending(1, done) {
+			t.Fatalf("start %d failed and the bring-up ended without waiting to retry", i+1)
+		}
+		at, _ := clk.NextDeadline()
+		if got := at.Sub(clk.Now()); got != backoff {
+			t.Fatalf("after failed start %d the retry waits %v, want %v", i+1, got, backoff)
+		}
+		clk.Advance(backoff - time.Nanosecond)
+		select {
+		case how := <-st.calls:
+			t.Fatalf("retry %d (%s) came before its backoff of %v had passed", i+1, how, backoff)
+		default:
+		}
+		clk.Advance(time.Nanosecond)
+	}
+	st.wantCall(t, "adopt")
+	st.wantCall(t, "start")
+	select {
+	case <-done:
+	case <-time.After(waitFor):
+		t.Fatal("the bring-up did not end after a start succeeded")
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if in.life != instUp || in.daemon != st.daemon(0) || in.startErr != "" {
+		t.Fatalf("after the fifth start: life %s, daemon %v, start error %q; want up on the started daemon", in.life, in.daemon, in.startErr)
+	}
+}
+
+// waitLife waits until the instance is in life c on daemon dm (nil: any).
+func waitLife(t *testing.T, d *Daemon, in *instance, c lifecycle, dm control) {
+	t.Helper()
+	waitCond(t, fmt.Sprintf("instance %s", c), func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return in.life == c && (dm == nil || in.daemon == dm)
+	}, nil)
+}
+
+// A control daemon that keeps dying: the first failure in the watchdog's
+// window restarts it at once, each later one after the doubling backoff
+// on the clock (never sooner), and the quarantine_after-th failure
+// within the window quarantines the instance. The supervisor does all of
+// it on fakes, in order.
+func TestDaemonCrashLoopOnTheClock(t *testing.T) {
+	wd := policy.WatchdogConfig{BackoffInitial: time.Second, BackoffMax: 4 * time.Second,
+		QuarantineAfter: 3, QuarantineWindow: 10 * time.Minute, ProbeTimeout: time.Second, ProbeFailures: 2}
+	d, in, clk, st := fakeCore(t, wd)
+	go d.supervise(in)
+	t.Cleanup(func() { <-in.done })
+	st.wantCall(t, "adopt") // mpsd's start looks for a daemon to adopt first
+	st.wantCall(t, "start")
+	waitLife(t, d, in, instUp, st.daemon(0))
+
+	for i, delay := range []time.Duration{0, time.Second, 2 * time.Second} {
+		st.daemon(i).exit(1)
+		if delay > 0 {
+			// The recovery waits its backoff before the restart.
+			if !clk.WaitPending(1, in.done) {
+				t.Fatalf("failure %d: the supervisor ended", i+1)
+			}
+			at, _ := clk.NextDeadline()
+			if got := at.Sub(clk.Now()); got != delay {
+				t.Fatalf("failure %d: restart waits %v, want %v", i+1, got, delay)
+			}
+			clk.Advance(delay - time.Nanosecond)
+			select {
+			case how := <-st.calls:
+				t.Fatalf("failure %d: %s before the backoff of %v passed", i+1, how, delay)
+			default:
+			}
+			clk.Advance(time.Nanosecond)
+		}
+		st.wantCall(t, "adopt")
+		st.wantCall(t, "start")
+		waitLife(t, d, in, instUp, st.daemon(i+1))
+		d.mu.Lock()
+		quarantined, restarts := in.holds.quarantined, in.restarts
+		d.mu.Unlock()
+		if want := i+1 >= wd.QuarantineAfter; quarantined != want || restarts != i+1 {
+			t.Fatalf("after failure %d: quarantined %v, restarts %d; want %v, %d", i+1, quarantined, restarts, want, i+1)
+		}
+		if n := st.daemon(i).stopCount(); n != 1 {
+			t.Fatalf("failure %d: the dead daemon was stopped %d times, want once (its servers with it)", i+1, n)
+		}
+	}
+}
