@@ -3,7 +3,6 @@ package mpsd
 import (
 	"context"
 	"time"
-
 )
 
 // A lost MPS log. Any member of a group can write records into its
