@@ -348,8 +348,20 @@ func kubeletInside(t *testing.T, work string, e engines) {
 
 	// The example's config on one simulated GPU, plus a second group on
 	// it with half the SMs: two resources, 100 and 50 units.
+	// Before each container holding units starts, mpsd's plugin finds it
+	// through the kubelet's PodResources API and reads its pod's spec
+	// from the API server: here a stand-in serving the kubelet's own view
+	// of its static pods.
+	var k *kubelet
+	kubeconfig := podSpecServer(t, cfgDir, "node-token", func() ([]corev1.Pod, error) {
+		if k == nil {
+			return nil, errors.New("no kubelet yet")
+		}
+		return k.pods()
+	})
 	m := &mpsdProc{t: t, bin: e.MPSDBin, socket: filepath.Join(cfgDir, "mpsd.sock"), cfg: filepath.Join(cfgDir, "mpsd.yaml"), log: filepath.Join(work, "mpsd.log"),
-		args: []string{"--kubelet-device-plugin", "--kubelet-dir", "/var/lib/kubelet/device-plugins"}}
+		args: []string{"--kubelet-device-plugin", "--kubelet-dir", "/var/lib/kubelet/device-plugins",
+			"--kubelet-kubeconfig", kubeconfig, "--kubelet-pod-resources", filepath.Join(work, "kubelet", "pod-resources", "kubelet.sock")}}
 	cfg := exampleMPSDConfig(t, cfgDir, e.Emu, 1, `  training:
     users: [root]
     gpus: ["0"]
@@ -364,7 +376,7 @@ func kubeletInside(t *testing.T, work string, e engines) {
 	defer m.stop()
 	step("mpsd ready")
 
-	k := newKubelet(t, work, e, ctrd)
+	k = newKubelet(t, work, e, ctrd)
 	k.start()
 	defer k.stop()
 
@@ -448,7 +460,43 @@ func kubeletInside(t *testing.T, work string, e engines) {
 		t.Errorf("second pod's environment %v; want lease %s at 80%%", envC, st.Leases[0].ID)
 	}
 	k.deletePod(podC)
+
+	// A pod whose container would run as uid 0 without a user namespace
+	// (host root, to the shared daemon) is admitted and allocated, but
+	// its container is never created: the kubelet's PreStartContainer
+	// call fails with the plugin's reason, which the pod's status shows.
+	step("pod C deleted; a root pod")
+	podR := k.writePodAs("root", "mpsd.io/training-sm", 10, "  securityContext:\n    runAsUser: 0\n")
+	p = k.waitPod(podR, "refused before its container starts", func(p *corev1.Pod) bool {
+		if len(p.Status.ContainerStatuses) != 1 || p.Status.ContainerStatuses[0].State.Waiting == nil {
+			return false
+		}
+		w := p.Status.ContainerStatuses[0].State.Waiting
+		return w.Reason == "CreateContainerConfigError" && strings.Contains(w.Message, "refused")
+	})
+	if msg := p.Status.ContainerStatuses[0].State.Waiting.Message; !strings.Contains(msg, "PermissionDenied") || !strings.Contains(msg, "default/"+podR+" container main refused") || !strings.Contains(msg, "runAsUser: 0") {
+		t.Errorf("the root pod's container is waiting with %q; want the plugin's refusal naming the pod, the container and why", msg)
+	}
+	if !m.logLine("container refused: it would run as host root", "pod="+podR, "container=main") {
+		t.Errorf("mpsd's log does not report the refused container of %s", podR)
+	}
+	if _, err := os.Stat(filepath.Join(k.work, "out", "root", "env")); err == nil {
+		t.Errorf("the root pod's container ran")
+	}
+	if st, err := m.status(); err != nil || !allReady(st) {
+		t.Errorf("after the root pod: %+v, %v; want every instance ready (its daemon untouched)", st.Instances, err)
+	}
+	k.deletePod(podR)
 	step("done")
+}
+
+func allReady(st api.Status) bool {
+	for _, in := range st.Instances {
+		if in.State != api.InstanceReady {
+			return false
+		}
+	}
+	return len(st.Instances) > 0
 }
 
 // isolateHost makes the mount namespace the test's own: a fresh /proc for
@@ -884,6 +932,13 @@ func examplePodRequest(t *testing.T) (string, int) {
 // place, so the kubelet never reads half of it.
 func (k *kubelet) writePod(name, resource string, units int) string {
 	k.t.Helper()
+	return k.writePodAs(name, resource, units, fmt.Sprintf("  securityContext:\n    runAsNonRoot: true\n    runAsUser: %[1]d\n    runAsGroup: %[1]d\n", podUID))
+}
+
+// writePodAs is writePod with the pod's securityContext (YAML indented as
+// under spec:).
+func (k *kubelet) writePodAs(name, resource string, units int, securityContext string) string {
+	k.t.Helper()
 	out := filepath.Join(k.work, "out", name)
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		k.t.Fatal(err)
@@ -900,11 +955,7 @@ spec:
   hostNetwork: true
   restartPolicy: Never
   terminationGracePeriodSeconds: 1
-  securityContext:
-    runAsNonRoot: true
-    runAsUser: %[2]d
-    runAsGroup: %[2]d
-  containers:
+%[7]s  containers:
     - name: main
       image: %[3]s
       imagePullPolicy: Never
@@ -920,7 +971,7 @@ spec:
       hostPath:
         path: %[6]s
         type: Directory
-`, name, podUID, busyboxImage, resource, units, out)
+`, name, podUID, busyboxImage, resource, units, out, securityContext)
 	staged := filepath.Join(k.work, "staging", name+".yaml")
 	if err := os.WriteFile(staged, []byte(manifest), 0o644); err != nil {
 		k.t.Fatal(err)
