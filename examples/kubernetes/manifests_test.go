@@ -1,8 +1,10 @@
 // Package kubernetes holds the Kubernetes examples (a DaemonSet running
-// mpsd --kubelet-device-plugin and a pod using it) and their test: each
-// YAML document decodes strictly into the k8s.io/api types and passes the
-// checks `kubectl apply --dry-run=client` and the API server would make,
-// and the two files agree with each other and with mpsd's config schema.
+// mpsd --kubelet-device-plugin, a pod using it, and the admission policy
+// that keeps pods asking for mpsd's units from running as host root) and
+// their test: each YAML document decodes strictly into the k8s.io/api
+// types and passes the checks `kubectl apply --dry-run=client` and the API
+// server would make, and the files agree with each other and with mpsd's
+// config schema (policy_test.go evaluates the policy's expressions).
 package kubernetes
 
 import (
@@ -15,18 +17,21 @@ import (
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	"github.com/mpsd/mpsd/deviceplugin"
+	"github.com/mpsd/mpsd/internal/kubeinfo"
 	"github.com/mpsd/mpsd/policy"
 )
 
-var files = []string{"mpsd-daemonset.yaml", "pod-example.yaml"}
+var files = []string{"mpsd-daemonset.yaml", "mpsd-pod-policy.yaml", "pod-example.yaml"}
 
 // objects are the decoded documents of the examples.
 type objects struct {
@@ -34,6 +39,12 @@ type objects struct {
 	configMaps map[string]*corev1.ConfigMap // by namespace/name
 	daemonSets []*appsv1.DaemonSet
 	pods       []*corev1.Pod
+
+	serviceAccounts     map[string]bool // namespace/name
+	clusterRoles        map[string]*rbacv1.ClusterRole
+	clusterRoleBindings []*rbacv1.ClusterRoleBinding
+	policies            map[string]*admissionregistrationv1.ValidatingAdmissionPolicy
+	policyBindings      []*admissionregistrationv1.ValidatingAdmissionPolicyBinding
 }
 
 var docSep = regexp.MustCompile(`(?m)^---[ \t]*$`)
@@ -42,7 +53,8 @@ var docSep = regexp.MustCompile(`(?m)^---[ \t]*$`)
 // apiVersion and kind, no unknown or repeated fields. It returns the
 // problems found, each naming its file and document.
 func decode(srcs map[string][]byte) (*objects, []string) {
-	o := &objects{namespaces: map[string]bool{}, configMaps: map[string]*corev1.ConfigMap{}}
+	o := &objects{namespaces: map[string]bool{}, configMaps: map[string]*corev1.ConfigMap{}, serviceAccounts: map[string]bool{},
+		clusterRoles: map[string]*rbacv1.ClusterRole{}, policies: map[string]*admissionregistrationv1.ValidatingAdmissionPolicy{}}
 	var problems []string
 	names := make([]string, 0, len(srcs))
 	for n := range srcs {
@@ -70,6 +82,16 @@ func decode(srcs map[string][]byte) (*objects, []string) {
 				obj = &appsv1.DaemonSet{}
 			case "v1 Pod":
 				obj = &corev1.Pod{}
+			case "v1 ServiceAccount":
+				obj = &corev1.ServiceAccount{}
+			case "rbac.authorization.k8s.io/v1 ClusterRole":
+				obj = &rbacv1.ClusterRole{}
+			case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
+				obj = &rbacv1.ClusterRoleBinding{}
+			case "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy":
+				obj = &admissionregistrationv1.ValidatingAdmissionPolicy{}
+			case "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicyBinding":
+				obj = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
 			default:
 				problems = append(problems, fmt.Sprintf("%s: apiVersion %q kind %q: not a type these examples use (missing apiVersion or kind?)", where, tm.APIVersion, tm.Kind))
 				continue
@@ -96,6 +118,16 @@ func decode(srcs map[string][]byte) (*objects, []string) {
 				o.daemonSets = append(o.daemonSets, v)
 			case *corev1.Pod:
 				o.pods = append(o.pods, v)
+			case *corev1.ServiceAccount:
+				o.serviceAccounts[v.Namespace+"/"+v.Name] = true
+			case *rbacv1.ClusterRole:
+				o.clusterRoles[v.Name] = v
+			case *rbacv1.ClusterRoleBinding:
+				o.clusterRoleBindings = append(o.clusterRoleBindings, v)
+			case *admissionregistrationv1.ValidatingAdmissionPolicy:
+				o.policies[v.Name] = v
+			case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
+				o.policyBindings = append(o.policyBindings, v)
 			}
 		}
 	}
@@ -121,6 +153,16 @@ func objectMeta(obj any) metav1.ObjectMeta {
 	case *appsv1.DaemonSet:
 		return v.ObjectMeta
 	case *corev1.Pod:
+		return v.ObjectMeta
+	case *corev1.ServiceAccount:
+		return v.ObjectMeta
+	case *rbacv1.ClusterRole:
+		return v.ObjectMeta
+	case *rbacv1.ClusterRoleBinding:
+		return v.ObjectMeta
+	case *admissionregistrationv1.ValidatingAdmissionPolicy:
+		return v.ObjectMeta
+	case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
 		return v.ObjectMeta
 	}
 	return metav1.ObjectMeta{}
@@ -233,6 +275,11 @@ func (o *objects) check() []string {
 			} else if served != "" && hostMounts["/dev/shm"] != "/dev/shm" {
 				bad("%s: container %s: groups outside --kubelet-groups share memory with host clients through the host's /dev/shm: mount it at /dev/shm", where, c.Name)
 			}
+			// The root check (on unless --kubelet-allow-host-root) reads
+			// pods' specs and the kubelet's PodResources socket.
+			if !slices.Contains(args, "--kubelet-allow-host-root") {
+				problems = append(problems, o.checkRootCheck(where, c.Name, ds.Namespace, spec.ServiceAccountName, args, hostMounts)...)
+			}
 			cfgFile := flagValue(args, "--config", "/etc/mpsd/mpsd.yaml")
 			cm := o.configMaps[ds.Namespace+"/"+cfgMap]
 			if cm == nil || path.Dir(cfgFile) != cfgPath || cm.Data[path.Base(cfgFile)] == "" {
@@ -264,6 +311,7 @@ func (o *objects) check() []string {
 			}
 		}
 	}
+	problems = append(problems, o.checkPolicies()...)
 	for _, p := range o.pods {
 		where := "Pod " + p.Name
 		problems = append(problems, checkPodSpec(where, p.Spec)...)
@@ -291,6 +339,90 @@ func (o *objects) check() []string {
 					bad("%s: container %s: %s: an extended resource goes in limits", where, c.Name, name)
 				}
 			}
+		}
+	}
+	return problems
+}
+
+// checkRootCheck checks that mpsd's root check can work in the DaemonSet:
+// the kubelet's PodResources socket's directory is mounted from the host
+// at its path, and the pods' specs can be read: in-cluster, the pod's
+// service account exists and is bound to a ClusterRole that may get pods;
+// else the kubeconfig is mounted from the host.
+func (o *objects) checkRootCheck(where, ctr, ns, sa string, args []string, hostMounts map[string]string) []string {
+	var problems []string
+	bad := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
+	sock := flagValue(args, "--kubelet-pod-resources", kubeinfo.DefaultPodResourcesSocket)
+	if dir := path.Dir(sock); hostMounts[dir] != dir {
+		bad("%s: container %s: the kubelet's PodResources socket %s: %s is not mounted from the host's %s", where, ctr, sock, dir, dir)
+	}
+	kc := flagValue(args, "--kubelet-kubeconfig", kubeinfo.DefaultKubeconfig)
+	if kc != kubeinfo.InCluster {
+		if dir := path.Dir(kc); hostMounts[dir] != dir {
+			bad("%s: container %s: --kubelet-kubeconfig %s is not mounted from the host", where, ctr, kc)
+		}
+		return problems
+	}
+	if sa == "" || !o.serviceAccounts[ns+"/"+sa] {
+		bad("%s: container %s: --kubelet-kubeconfig=in-cluster reads pods' specs as the pod's service account: set serviceAccountName to one the examples create in %s", where, ctr, ns)
+		return problems
+	}
+	for _, b := range o.clusterRoleBindings {
+		bound := slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool {
+			return s.Kind == rbacv1.ServiceAccountKind && s.Name == sa && s.Namespace == ns
+		})
+		role := o.clusterRoles[b.RoleRef.Name]
+		if !bound || b.RoleRef.Kind != "ClusterRole" || role == nil {
+			continue
+		}
+		for _, r := range role.Rules {
+			if slices.Contains(r.APIGroups, "") && slices.Contains(r.Resources, "pods") && (slices.Contains(r.Verbs, "get") || slices.Contains(r.Verbs, "*")) {
+				return problems
+			}
+		}
+	}
+	bad("%s: container %s: service account %s/%s may not get pods (no ClusterRoleBinding to a ClusterRole that may): the root check would refuse every container", where, ctr, ns, sa)
+	return problems
+}
+
+// checkPolicies checks the admission policies: each binding names a
+// policy of the examples and denies, and each policy is checked when pods
+// are created and fails closed.
+func (o *objects) checkPolicies() []string {
+	var problems []string
+	bad := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
+	bound := map[string]bool{}
+	for _, b := range o.policyBindings {
+		if o.policies[b.Spec.PolicyName] == nil {
+			bad("ValidatingAdmissionPolicyBinding %s: no policy %q in the examples", b.Name, b.Spec.PolicyName)
+		}
+		if !slices.Contains(b.Spec.ValidationActions, admissionregistrationv1.Deny) {
+			bad("ValidatingAdmissionPolicyBinding %s: validationActions %v do not deny", b.Name, b.Spec.ValidationActions)
+		}
+		bound[b.Spec.PolicyName] = true
+	}
+	for name, p := range o.policies {
+		where := "ValidatingAdmissionPolicy " + name
+		if !bound[name] {
+			bad("%s: no binding: it is never applied", where)
+		}
+		if fp := p.Spec.FailurePolicy; fp != nil && *fp != admissionregistrationv1.Fail {
+			bad("%s: failurePolicy %s: a policy that cannot be evaluated must refuse", where, *fp)
+		}
+		creates := false
+		if mc := p.Spec.MatchConstraints; mc != nil {
+			for _, r := range mc.ResourceRules {
+				if slices.Contains(r.APIGroups, "") && slices.Contains(r.Resources, "pods") &&
+					(slices.Contains(r.Operations, admissionregistrationv1.Create) || slices.Contains(r.Operations, admissionregistrationv1.OperationAll)) {
+					creates = true
+				}
+			}
+		}
+		if !creates {
+			bad("%s: does not match the creation of pods", where)
+		}
+		if len(p.Spec.Validations) == 0 {
+			bad("%s: no validations", where)
 		}
 	}
 	return problems
@@ -379,6 +511,14 @@ func TestExamplesBroken(t *testing.T) {
 		{"run_dir not from the host", "mpsd-daemonset.yaml", "run_dir: /run/mpsd ", "run_dir: /run/mpsd2 ", "/run/mpsd2 is not mounted from the host"},
 		{"run_dir without propagation", "mpsd-daemonset.yaml", "              mountPropagation: HostToContainer\n", "", "without mountPropagation: HostToContainer"},
 		{"no device plugin", "mpsd-daemonset.yaml", "            - --kubelet-device-plugin\n", "", "without --kubelet-device-plugin"},
+		{"no service account", "mpsd-daemonset.yaml", "      serviceAccountName: mpsd\n", "", "reads pods' specs as the pod's service account"},
+		{"a service account that may not get pods", "mpsd-daemonset.yaml", `verbs: ["get"]`, `verbs: ["list"]`, "may not get pods"},
+		{"no PodResources socket", "mpsd-daemonset.yaml", "            - name: pod-resources\n              mountPath: /var/lib/kubelet/pod-resources\n", "", "PodResources socket"},
+		{"a kubeconfig not from the host", "mpsd-daemonset.yaml", "- --kubelet-kubeconfig=in-cluster", "- --kubelet-kubeconfig=/etc/kubernetes/kubelet.conf", "is not mounted from the host"},
+		{"a binding of no policy", "mpsd-pod-policy.yaml", "  policyName: mpsd-pods-not-host-root", "  policyName: mpsd-pods", `no policy "mpsd-pods"`},
+		{"a binding that only warns", "mpsd-pod-policy.yaml", "validationActions: [Deny]", "validationActions: [Warn]", "do not deny"},
+		{"a policy that fails open", "mpsd-pod-policy.yaml", "failurePolicy: Fail", "failurePolicy: Ignore", "must refuse"},
+		{"a policy not on pod creation", "mpsd-pod-policy.yaml", `operations: ["CREATE", "UPDATE"]`, `operations: ["UPDATE"]`, "does not match the creation of pods"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srcs := readExamples(t)
