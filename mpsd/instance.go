@@ -663,24 +663,50 @@ func (d *Daemon) serversLostWhileAway(in *instance) {
 	d.mu.Lock()
 	saved := in.savedServers
 	in.savedServers = nil
-	var lost []int
-	for pid, uid := range saved {
-		if _, live := in.mps.servers[pid]; live {
-			continue
-		}
-		for _, l := range in.leases {
-			if in.p.Multiuser || uid < 0 || l.uid == uint32(uid) {
-				lost = append(lost, pid)
-				break
-			}
-		}
-	}
+	lost, victims := lostWhileAway(saved, &in.mps, in.leases, in.p.Multiuser)
 	d.mu.Unlock()
 	if len(lost) > 0 {
-		slices.Sort(lost)
-		d.reportFault(in, fault{kind: faultServerExit, restart: restartNone,
-			reason: fmt.Sprintf("MPS server %d of group %s on GPU %d exited while mpsd was away", lost[0], in.group, in.gpus[0].Index)})
+		in.log.Warn("MPS servers the previous mpsd saw ended while mpsd was away; their leases are requeued without using up an attempt",
+			"servers", lost, "leases", victims)
+		d.reportFault(in, lostWhileAwayFault(in, lost, victims))
 	}
+}
+
+// lostWhileAwayFault is the fault of servers lost while mpsd was away
+// (lostWhileAway): its victims only, charged nothing.
+func lostWhileAwayFault(in *instance, lost []int, victims []string) fault {
+	return fault{kind: faultServerExit, restart: restartNone, leases: victims, uncharged: true,
+		reason: fmt.Sprintf("MPS server %d of group %s on GPU %d exited while mpsd was away", lost[0], in.group, in.gpus[0].Index)}
+}
+
+// lostWhileAway says which servers of saved (pid: uid, as the previous
+// mpsd left them) are gone from the adopted daemon's (m), and which
+// running leases could have been their clients: those of the server's
+// uid, every one when the daemon is multiuser or the uid unknown. A
+// server gone with no such lease is no loss. How it ended is not known:
+// no pidfd saw it, and MPS's log (anyone's to write) is no witness. It
+// may have crashed, or MPS ended it at a uid switch once its clients had
+// gone, so its candidates are revoked (a crash's victims get a server
+// again) but charged nothing: no attempt, no quarantine. Another uid's
+// leases are never its victims. Sorted, for the log and the fault.
+func lostWhileAway(saved map[int]int, m *mpsModel, leases map[string]*lease, multiuser bool) (lost []int, victims []string) {
+	hit := map[string]bool{}
+	for pid, uid := range saved {
+		if _, live := m.servers[pid]; live {
+			continue
+		}
+		any := false
+		for id, l := range leases {
+			if l.state == leaseRunning && (multiuser || uid < 0 || l.uid == uint32(uid)) {
+				hit[id], any = true, true
+			}
+		}
+		if any {
+			lost = append(lost, pid)
+		}
+	}
+	slices.Sort(lost)
+	return lost, slices.Sorted(maps.Keys(hit))
 }
 
 // exitText is how a fault reason says a daemon or server ended, as

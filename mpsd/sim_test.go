@@ -23,8 +23,9 @@ package mpsd
 // server's start or exit, an Xid), a client's fatal fault (its Xid names
 // it: a culprit), a server crash, an Xid naming no process, a control
 // daemon that stops answering, an unleased client started or gone, a
-// reconciliation, a reload of the group's budget, mpsctl resume, and time
-// passing. After every step the invariants are checked:
+// reconciliation, a reload of the group's budget, mpsctl resume, time
+// passing, and mpsd restarts (mpsd away for some steps while MPS and the
+// tenants go on). After every step the invariants are checked:
 //   - no lease is revoked by an expected MPS transition (a uid switch, a
 //     server MPS ended once idle, one mpsd shut down);
 //   - no grant is one MPS makes wait: a granted client never waits behind
@@ -32,7 +33,9 @@ package mpsd
 //   - an instance's allocation equals its leases';
 //   - a victim of another lease's fault keeps its requeue attempts, and
 //     only a culprit spends one;
-//   - quarantine and uid bars follow the rule, counted independently.
+//   - quarantine and uid bars follow the rule, counted independently;
+//   - a server lost while mpsd was away revokes only leases of its uid
+//     (any, multiuser), and charges nobody: MPS may have ended it itself.
 //
 // Replay one seed: go test ./mpsd -run '^TestSimulation$' -sim.seed=N -v
 
@@ -90,7 +93,7 @@ func TestSimulation(t *testing.T) {
 	// The simulation is worth something only if it reached what it
 	// checks: uid switches, culprit faults, spared victims, bars.
 	if *simSeed == 0 {
-		for _, k := range []string{"grant", "uid switch", "culprit fault", "spared victim", "crash", "uid barred", "unleased held", "daemon hang", "refused after a reload"} {
+		for _, k := range []string{"grant", "uid switch", "culprit fault", "spared victim", "crash", "uid barred", "unleased held", "daemon hang", "refused after a reload", "mpsd restart", "server lost while away"} {
 			if totals[k] == 0 {
 				t.Errorf("no %q in %d seeds: the simulation no longer explores it", k, len(seeds))
 			}
@@ -117,6 +120,11 @@ type simWorld struct {
 	pid    int
 	trace  []string
 	tally  map[string]int
+	// down: the steps left while mpsd is stopped (an mpsd restart); the
+	// servers each instance's model held when it stopped, as the state
+	// file saves them.
+	down  int
+	saved map[*simInst]map[int]int
 }
 
 // simInst is one instance: mpsd's view (in) and the fake control daemon.
@@ -230,7 +238,9 @@ func (w *simWorld) run(steps int) error {
 			return err
 		}
 		for _, si := range w.insts {
-			w.schedule(si)
+			if w.down == 0 {
+				w.schedule(si)
+			}
 		}
 		if err := w.check(); err != nil {
 			return err
@@ -244,6 +254,9 @@ func (w *simWorld) pick(n int) int { return w.rng.IntN(n) }
 func (w *simWorld) takeStep() error {
 	w.now = w.now.Add(time.Duration(w.rng.IntN(2000)) * time.Millisecond)
 	si := w.insts[w.pick(len(w.insts))]
+	if w.down > 0 {
+		return w.stepWhileDown(si)
+	}
 	switch r := w.pick(100); {
 	case r < 14:
 		w.request(si)
@@ -274,9 +287,84 @@ func (w *simWorld) takeStep() error {
 		return w.daemonHang(si)
 	case r < 96:
 		w.reload(si)
+	case r < 97:
+		w.mpsdStops()
 	default:
 		return w.deliver(si)
 	}
+	return nil
+}
+
+// mpsdStops: mpsd stops for a restart. MPS, the clients and the tenants
+// go on; what happens meanwhile reaches mpsd only as what it finds when it
+// is back (stepWhileDown, mpsdRestarts).
+func (w *simWorld) mpsdStops() {
+	w.down = 1 + w.pick(8)
+	w.saved = map[*simInst]map[int]int{}
+	for _, si := range w.insts {
+		w.saved[si] = maps.Clone(si.in.mps.servers)
+	}
+	w.tally["mpsd restart"]++
+	w.logf("mpsd stops for %d steps", w.down)
+}
+
+// stepWhileDown is a step while mpsd is stopped: clients start, exit and
+// fault, servers become ready, crash or end at a uid switch; nothing is
+// granted, delivered or reconciled.
+func (w *simWorld) stepWhileDown(si *simInst) error {
+	switch r := w.pick(100); {
+	case r < 30:
+		w.startClient(si)
+	case r < 60:
+		w.exitClient(si)
+	case r < 80:
+		w.serverReady(si)
+	case r < 86:
+		w.clientFault(si)
+	case r < 92:
+		w.serverCrash(si)
+	default:
+		w.unleasedClient(si)
+	}
+	w.down--
+	if w.down == 0 {
+		return w.mpsdRestarts()
+	}
+	return nil
+}
+
+// mpsdRestarts: the new mpsd adopts each control daemon. What the
+// servers' pidfds and NVML told while it was away is lost; it sees the
+// servers that are there now, and hands the saved ones that are gone to
+// lostWhileAway, mpsd's own decision, whose fault it recovers from.
+func (w *simWorld) mpsdRestarts() error {
+	w.logf("mpsd is back")
+	for _, si := range w.insts {
+		in := si.in
+		si.events = nil
+		in.mps = newMPSModel()
+		for _, pid := range slices.Sorted(maps.Keys(si.servers)) {
+			in.mps.serverStarted(pid, int(si.servers[pid].uid))
+		}
+		lost, victims := lostWhileAway(w.saved[si], &in.mps, in.leases, in.p.Multiuser)
+		if len(lost) == 0 {
+			continue
+		}
+		// Only a lost server's uid's leases (every one, multiuser) are
+		// its victims.
+		for _, id := range victims {
+			l := in.leases[id]
+			if !in.p.Multiuser && !slices.ContainsFunc(lost, func(pid int) bool { return w.saved[si][pid] == int(l.uid) }) {
+				return fmt.Errorf("%s (uid %d) revoked for servers %v lost while mpsd was away, none of its uid", id, l.uid, lost)
+			}
+		}
+		w.tally["server lost while away"]++
+		w.logf("mpsd: servers %v lost while away; victims %v", lost, victims)
+		if err := w.recover(si, []fault{lostWhileAwayFault(in, lost, victims)}); err != nil {
+			return err
+		}
+	}
+	w.saved = nil
 	return nil
 }
 
@@ -673,9 +761,16 @@ func (w *simWorld) recover(si *simInst, faults []fault) error {
 		attemptsBefore[id] = l.charged()
 	}
 	blamed, anonymous := culprits(faults)
+	// A server lost while mpsd was away may have been ended by MPS
+	// itself: its fault charges nobody, whatever mpsd marked it.
+	uncharged := !slices.ContainsFunc(faults, func(f fault) bool { return !f.uncharged && !strings.HasSuffix(f.reason, "while mpsd was away") })
 	plan := in.planRecoveryLocked(faults, f, w.now, w.wd)
 	// The simulation's own count of the rule.
-	if anonymous {
+	if uncharged {
+		if plan.quarantined || len(plan.barred) > 0 {
+			return fmt.Errorf("%s: a fault that charges nobody quarantined it or barred %v", in.key, plan.barred)
+		}
+	} else if anonymous {
 		si.anonFailures = append(slices.DeleteFunc(si.anonFailures, func(t time.Time) bool { return w.now.Sub(t) >= w.wd.QuarantineWindow }), w.now)
 		if want := len(si.anonFailures) >= w.wd.QuarantineAfter; want && !in.holds.quarantined {
 			return fmt.Errorf("%d failures naming no culprit in the window, yet %s is not quarantined", len(si.anonFailures), in.key)
@@ -726,7 +821,7 @@ func (w *simWorld) recover(si *simInst, faults []fault) error {
 	}
 	for _, l := range plan.victims {
 		spare, exhausted := l.requeueCharge(false)
-		if plan.spared[l.id] {
+		if plan.spared[l.id] || uncharged {
 			w.tally["spared victim"]++
 			if !spare || exhausted {
 				return fmt.Errorf("%s, a victim of another lease's fault, was charged (spare %v, exhausted %v)", l.id, spare, exhausted)

@@ -60,8 +60,10 @@ type fault struct {
 	// uncharged: no workload caused it as far as mpsd can tell, though a
 	// member may have: the daemon died or stopped answering after its log
 	// was lost (a record written into its log FIFO stops NVIDIA's logger,
-	// and some kilobytes later kills the daemon: loglost.go). It counts
-	// towards no quarantine and its victims use up no attempt.
+	// and some kilobytes later kills the daemon: loglost.go); or it may
+	// be no failure at all: a server gone while mpsd was away, which MPS
+	// may have ended itself (lostWhileAway). It counts towards no
+	// quarantine and its victims use up no attempt.
 	uncharged bool
 	// fromServerLog: a server.log line at logOffset told of it; if mpsd
 	// stops before handling it, the next mpsd reads the line again.
@@ -213,8 +215,8 @@ type recoveryPlan struct {
 // lease the faults name is a victim, told the reason of the fault that
 // named it. A victim is spared (its requeue uses up no attempt) when every
 // fault names a culprit and it is none of them, or when every fault is
-// uncharged (the daemon died of its lost log), which counts towards no
-// quarantine either. It does no I/O: the
+// uncharged (the daemon died of its lost log, a server ended while mpsd
+// was away), which counts towards no quarantine either. It does no I/O: the
 // recovery acts on the plan (and mpsd's simulation checks it).
 func (in *instance) planRecoveryLocked(pending []fault, f fault, now time.Time, wd policy.WatchdogConfig) recoveryPlan {
 	var plan recoveryPlan
@@ -222,7 +224,8 @@ func (in *instance) planRecoveryLocked(pending []fault, f fault, now time.Time, 
 	uncharged := !slices.ContainsFunc(pending, func(p fault) bool { return !p.uncharged })
 	switch {
 	case uncharged:
-		// The daemon died of its lost log: nobody is charged.
+		// The daemon died of its lost log, or a server ended while mpsd
+		// was away: nobody is charged.
 	case !f.admin && !anonymous:
 		plan.barred = in.chargeCulpritsLocked(blamed, now, wd)
 	case !f.admin:
