@@ -163,3 +163,59 @@ func TestDaemonCrashLoopOnTheClock(t *testing.T) {
 		}
 	}
 }
+
+// A fault reported while a recovery waits out its backoff is not lost
+// and does not cut the wait short: once the daemon is back it is handled
+// as a recovery of its own, which counts as the next failure of the
+// window (and backs off by the next step).
+func TestFaultDuringBackoffHandledAfter(t *testing.T) {
+	wd := policy.WatchdogConfig{BackoffInitial: time.Second, BackoffMax: 8 * time.Second,
+		QuarantineAfter: 5, QuarantineWindow: 10 * time.Minute, ProbeTimeout: time.Second, ProbeFailures: 2}
+	d, in, clk, st := fakeCore(t, wd)
+	go d.supervise(in)
+	t.Cleanup(func() { <-in.done })
+	st.wantCall(t, "adopt")
+	st.wantCall(t, "start")
+	waitLife(t, d, in, instUp, st.daemon(0))
+
+	// The first failure restarts at once.
+	st.daemon(0).exit(1)
+	st.wantCall(t, "adopt")
+	st.wantCall(t, "start")
+	waitLife(t, d, in, instUp, st.daemon(1))
+
+	// The second waits 1s; a server's death is reported meanwhile.
+	st.daemon(1).exit(1)
+	if !clk.WaitPending(1, in.done) {
+		t.Fatal("the supervisor ended")
+	}
+	d.reportFault(in, fault{kind: faultServerExit, restart: restartNone, reason: "a server died during the backoff"})
+	select {
+	case how := <-st.calls:
+		t.Fatalf("%s before the backoff passed: the new fault cut the wait short", how)
+	default:
+	}
+	clk.Advance(time.Second)
+	st.wantCall(t, "adopt")
+	st.wantCall(t, "start")
+	// The fault reported during the wait is the third failure: its
+	// recovery waits 2s (it restarts no daemon) and reopens the instance.
+	waitCond(t, "the fault reported during the backoff to be handled", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return in.restarts == 3
+	}, nil)
+	if !clk.WaitPending(1, in.done) {
+		t.Fatal("the supervisor ended")
+	}
+	if at, _ := clk.NextDeadline(); at.Sub(clk.Now()) != 2*time.Second {
+		t.Fatalf("the third failure's recovery waits %v, want 2s", at.Sub(clk.Now()))
+	}
+	clk.Advance(2 * time.Second)
+	waitLife(t, d, in, instUp, st.daemon(2))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if got := in.restartsBy[faultServerExit]; got != 1 || len(in.pending) != 0 {
+		t.Fatalf("server exits handled %d, pending %d; want the one reported during the backoff handled", got, len(in.pending))
+	}
+}
