@@ -32,8 +32,9 @@
 //     and starts a container holding units, the check finds the container
 //     through the kubelet's PodResources API and reads its pod's spec from
 //     the API server (internal/kubeinfo); a container that would run as
-//     host uid 0 (no user namespace, runAsUser 0 or unset without
-//     runAsNonRoot) is refused, and so is one that cannot be checked: host
+//     host uid 0 (no user namespace, and runAsUser 0, or unset without
+//     runAsNonRoot, or allowPrivilegeEscalation not false) is refused, and
+//     so is one that cannot be checked: host
 //     root is root to the shared MPS daemon, whose control socket a pod
 //     reaches through its read-only mount.
 //

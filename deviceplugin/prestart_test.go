@@ -70,10 +70,10 @@ func (p podSpecs) Pod(_ context.Context, ns, name string) (*corev1.Pod, error) {
 	return nil, errors.New("pods \"" + name + "\" not found")
 }
 
-func testPod(name string, hostUsers *bool, sc *corev1.PodSecurityContext) *corev1.Pod {
+func testPod(name string, hostUsers *bool, sc *corev1.PodSecurityContext, csc *corev1.SecurityContext) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "tenants", Name: name},
-		Spec:       corev1.PodSpec{HostUsers: hostUsers, SecurityContext: sc, Containers: []corev1.Container{{Name: "cuda"}}},
+		Spec:       corev1.PodSpec{HostUsers: hostUsers, SecurityContext: sc, Containers: []corev1.Container{{Name: "cuda", SecurityContext: csc}}},
 	}
 }
 
@@ -123,9 +123,9 @@ func TestRootPodRefusedBeforeStart(t *testing.T) {
 	yes, no := true, false
 	uid := int64(attackerUID)
 	specs := podSpecs{
-		"tenants/root":   testPod("root", nil, nil),
-		"tenants/user":   testPod("user", nil, &corev1.PodSecurityContext{RunAsNonRoot: &yes, RunAsUser: &uid}),
-		"tenants/userns": testPod("userns", &no, nil),
+		"tenants/root":   testPod("root", nil, nil, nil),
+		"tenants/user":   testPod("user", nil, &corev1.PodSecurityContext{RunAsNonRoot: &yes, RunAsUser: &uid}, &corev1.SecurityContext{AllowPrivilegeEscalation: &no}),
+		"tenants/userns": testPod("userns", &no, nil, nil),
 	}
 	runPluginWith(t, m, Options{KubeletDir: dir, Groups: []string{"a"}, PodCheck: kubeinfo.RootCheck{PodResources: prSock, Pods: specs}})
 	pc := k.waitRegistered("mpsd.io/a-sm")["mpsd.io/a-sm"]

@@ -170,15 +170,22 @@ func policyPod(hostUsers *bool, psc *corev1.PodSecurityContext, noUnits bool, sc
 // resources, the example pod and the DaemonSet's pods are admitted.
 func TestPolicyAdmitsWhatTheNodeAllows(t *testing.T) {
 	a := newAdmission(t, examplePolicy(t))
-	uid := func(v int64) *corev1.SecurityContext { return &corev1.SecurityContext{RunAsUser: ptr(v)} }
-	nonRoot := func(v bool) *corev1.SecurityContext { return &corev1.SecurityContext{RunAsNonRoot: ptr(v)} }
-	withInit := policyPod(nil, &corev1.PodSecurityContext{RunAsNonRoot: ptr(true)}, false, nil)
+	// Contexts with allowPrivilegeEscalation: false, and without (esc).
+	uid := func(v int64) *corev1.SecurityContext {
+		return &corev1.SecurityContext{RunAsUser: ptr(v), AllowPrivilegeEscalation: ptr(false)}
+	}
+	nonRoot := func(v bool) *corev1.SecurityContext {
+		return &corev1.SecurityContext{RunAsNonRoot: ptr(v), AllowPrivilegeEscalation: ptr(false)}
+	}
+	noEsc := &corev1.SecurityContext{AllowPrivilegeEscalation: ptr(false)}
+	esc := &corev1.SecurityContext{AllowPrivilegeEscalation: ptr(true)}
+	withInit := policyPod(nil, &corev1.PodSecurityContext{RunAsNonRoot: ptr(true)}, false, noEsc)
 	withInit.Spec.InitContainers = []corev1.Container{{Name: "setup", Image: "x", SecurityContext: &corev1.SecurityContext{RunAsUser: ptr(int64(0)), RunAsNonRoot: ptr(false)}}}
-	withEph := policyPod(nil, &corev1.PodSecurityContext{RunAsUser: ptr(int64(1000))}, false, nil)
+	withEph := policyPod(nil, &corev1.PodSecurityContext{RunAsUser: ptr(int64(1000))}, false, noEsc)
 	withEph.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debug", Image: "x"}}}
 	withEph.Spec.EphemeralContainers[0].SecurityContext = uid(0)
 	initUnits := policyPod(nil, nil, true, uid(1000))
-	initUnits.Spec.InitContainers = []corev1.Container{{Name: "warmup", Image: "x", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"mpsd.io/inference-sm": resource.MustParse("1")}}}}
+	initUnits.Spec.InitContainers = []corev1.Container{{Name: "warmup", Image: "x", SecurityContext: nonRoot(false), Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"mpsd.io/inference-sm": resource.MustParse("1")}}}}
 	for _, tc := range []struct {
 		name    string
 		pod     *corev1.Pod
@@ -188,13 +195,15 @@ func TestPolicyAdmitsWhatTheNodeAllows(t *testing.T) {
 		{"nothing set", policyPod(nil, nil, false, nil), true, "c0"},
 		{"runAsUser 0", policyPod(nil, &corev1.PodSecurityContext{RunAsUser: ptr(int64(0))}, false, nil), true, "c0"},
 		{"hostUsers true", policyPod(ptr(true), nil, false, uid(0)), true, "c0"},
-		{"pod non-root", policyPod(nil, &corev1.PodSecurityContext{RunAsNonRoot: ptr(true)}, false, nil, nil), false, ""},
-		{"pod uid 1000", policyPod(nil, &corev1.PodSecurityContext{RunAsUser: ptr(int64(1000))}, false, nil), false, ""},
-		{"a sidecar as root", policyPod(nil, &corev1.PodSecurityContext{RunAsUser: ptr(int64(1000))}, false, nil, uid(0)), true, "c1"},
+		{"pod non-root", policyPod(nil, &corev1.PodSecurityContext{RunAsNonRoot: ptr(true)}, false, noEsc, noEsc), false, ""},
+		{"pod uid 1000", policyPod(nil, &corev1.PodSecurityContext{RunAsUser: ptr(int64(1000))}, false, noEsc), false, ""},
+		{"non-root, privilege escalation unset", policyPod(nil, &corev1.PodSecurityContext{RunAsUser: ptr(int64(1000))}, false, nil), true, "c0"},
+		{"non-root, privilege escalation allowed", policyPod(nil, &corev1.PodSecurityContext{RunAsNonRoot: ptr(true)}, false, noEsc, esc), true, "c1"},
+		{"a sidecar as root", policyPod(nil, &corev1.PodSecurityContext{RunAsUser: ptr(int64(1000))}, false, noEsc, uid(0)), true, "c1"},
 		{"a container not non-root", policyPod(nil, &corev1.PodSecurityContext{RunAsNonRoot: ptr(true)}, false, nonRoot(false)), true, "c0"},
 		{"container uid 1000", policyPod(nil, nil, false, uid(1000)), false, ""},
-		{"uid 0 under runAsNonRoot", policyPod(nil, &corev1.PodSecurityContext{RunAsUser: ptr(int64(0)), RunAsNonRoot: ptr(true)}, false, nil), false, ""},
-		{"user namespace", policyPod(ptr(false), nil, false, uid(0)), false, ""},
+		{"uid 0 under runAsNonRoot", policyPod(nil, &corev1.PodSecurityContext{RunAsUser: ptr(int64(0)), RunAsNonRoot: ptr(true)}, false, noEsc), false, ""},
+		{"user namespace", policyPod(ptr(false), nil, false, nil), false, ""},
 		{"root init container", withInit, true, "setup"},
 		{"root ephemeral container", withEph, true, "debug"},
 		{"units on an init container", initUnits, true, "warmup"},
@@ -207,7 +216,7 @@ func TestPolicyAdmitsWhatTheNodeAllows(t *testing.T) {
 			t.Errorf("%s: policy says %q; want refused %v", tc.name, msg, tc.refused)
 		case node != tc.refused:
 			t.Errorf("%s: the node's check refuses %v, the policy %v: they disagree", tc.name, node, tc.refused)
-		case tc.refused && (!strings.Contains(msg, "container(s) "+tc.naming+" may run as uid 0") || !strings.Contains(msg, "hostUsers: false")):
+		case tc.refused && (!strings.Contains(msg, "container(s) "+tc.naming+" may run as host root") || !strings.Contains(msg, "hostUsers: false")):
 			t.Errorf("%s: message %q does not name %s and the fix", tc.name, msg, tc.naming)
 		}
 	}
@@ -235,6 +244,7 @@ func TestPolicyCompiles(t *testing.T) {
 		"spec.securityContext": true, "spec.securityContext.runAsNonRoot": true, "spec.securityContext.runAsUser": true,
 	}
 	full := policyPod(ptr(false), &corev1.PodSecurityContext{RunAsUser: ptr(int64(1)), RunAsNonRoot: ptr(true)}, false, uid1())
+	full.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation = ptr(false)
 	full.Spec.InitContainers = full.Spec.Containers
 	full.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "e"}}}
 	m := asMap(t, full)
@@ -268,11 +278,16 @@ func TestPolicyCompiles(t *testing.T) {
 		}
 	}
 	// Containers' fields it reads.
-	c := asMap(t, corev1.Container{Name: "c", SecurityContext: &corev1.SecurityContext{RunAsUser: ptr(int64(1)), RunAsNonRoot: ptr(true)},
+	c := asMap(t, corev1.Container{Name: "c", SecurityContext: &corev1.SecurityContext{RunAsUser: ptr(int64(1)), RunAsNonRoot: ptr(true), AllowPrivilegeEscalation: ptr(false)},
 		Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"x": resource.MustParse("1")}, Requests: corev1.ResourceList{"x": resource.MustParse("1")}}})
 	for _, f := range []string{"name", "securityContext", "resources"} {
 		if c[f] == nil {
 			t.Errorf("a Container's JSON has no %s", f)
+		}
+	}
+	for _, f := range []string{"runAsUser", "runAsNonRoot", "allowPrivilegeEscalation"} {
+		if c["securityContext"].(map[string]any)[f] == nil {
+			t.Errorf("a Container's securityContext has no %s", f)
 		}
 	}
 	for _, f := range []string{"limits", "requests"} {

@@ -17,5 +17,6 @@
 // in a user namespace (hostUsers: false) or have every container run as a
 // non-root uid (runAsUser > 0, or runAsNonRoot: true, which the kubelet
 // enforces against the image's user), at the container's level or else
-// the pod's.
+// the pod's, without a way to gain root (allowPrivilegeEscalation: false,
+// so a setuid-root program in the image stays unprivileged).
 package kubeinfo

@@ -31,6 +31,12 @@ func i64(v int64) *int64 { return &v }
 func yes() *bool         { b := true; return &b }
 func no() *bool          { b := false; return &b }
 
+// noEsc is a container securityContext with allowPrivilegeEscalation:
+// false, and uid when not nil.
+func noEsc(uid *int64) *corev1.SecurityContext {
+	return &corev1.SecurityContext{RunAsUser: uid, AllowPrivilegeEscalation: no()}
+}
+
 func podWith(hostUsers *bool, psc *corev1.PodSecurityContext, cscs ...*corev1.SecurityContext) *corev1.Pod {
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"}}
 	p.Spec.HostUsers, p.Spec.SecurityContext = hostUsers, psc
@@ -44,9 +50,9 @@ func podWith(hostUsers *bool, psc *corev1.PodSecurityContext, cscs ...*corev1.Se
 // level sets it; a user namespace or a non-root uid (set, or enforced by
 // runAsNonRoot) is allowed.
 func TestHostRoot(t *testing.T) {
-	init0 := podWith(nil, &corev1.PodSecurityContext{RunAsNonRoot: yes()}, nil)
+	init0 := podWith(nil, &corev1.PodSecurityContext{RunAsNonRoot: yes()}, noEsc(nil))
 	init0.Spec.InitContainers = []corev1.Container{{Name: "setup", SecurityContext: &corev1.SecurityContext{RunAsUser: i64(0), RunAsNonRoot: no()}}}
-	eph := podWith(nil, &corev1.PodSecurityContext{RunAsUser: i64(1000)}, nil)
+	eph := podWith(nil, &corev1.PodSecurityContext{RunAsUser: i64(1000)}, noEsc(nil))
 	eph.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debug", SecurityContext: &corev1.SecurityContext{RunAsUser: i64(0)}}}}
 	for _, tc := range []struct {
 		name string
@@ -56,12 +62,15 @@ func TestHostRoot(t *testing.T) {
 		{"nothing set: the image decides", podWith(nil, nil, nil), `container "c0" may run as uid 0`},
 		{"runAsUser 0", podWith(nil, &corev1.PodSecurityContext{RunAsUser: i64(0)}, nil), "runAsUser: 0"},
 		{"hostUsers true, runAsUser 0", podWith(yes(), nil, &corev1.SecurityContext{RunAsUser: i64(0)}), "runAsUser: 0"},
-		{"pod non-root", podWith(nil, &corev1.PodSecurityContext{RunAsNonRoot: yes()}, nil), ""},
-		{"pod uid 1000", podWith(nil, &corev1.PodSecurityContext{RunAsUser: i64(1000)}, nil), ""},
-		{"pod uid 1000, a container uid 0", podWith(nil, &corev1.PodSecurityContext{RunAsUser: i64(1000)}, nil, &corev1.SecurityContext{RunAsUser: i64(0)}), `container "c1" runs as uid 0`},
-		{"pod non-root, a container not", podWith(nil, &corev1.PodSecurityContext{RunAsNonRoot: yes()}, &corev1.SecurityContext{RunAsNonRoot: no()}), `container "c0" may run as uid 0`},
-		{"container uid 1000", podWith(nil, nil, &corev1.SecurityContext{RunAsUser: i64(1000)}), ""},
-		{"uid 0 under runAsNonRoot (the kubelet refuses it)", podWith(nil, &corev1.PodSecurityContext{RunAsUser: i64(0), RunAsNonRoot: yes()}, nil), ""},
+		{"pod non-root", podWith(nil, &corev1.PodSecurityContext{RunAsNonRoot: yes()}, noEsc(nil)), ""},
+		{"pod uid 1000", podWith(nil, &corev1.PodSecurityContext{RunAsUser: i64(1000)}, noEsc(nil)), ""},
+		{"pod uid 1000, privilege escalation unset", podWith(nil, &corev1.PodSecurityContext{RunAsUser: i64(1000)}, nil), `container "c0" runs as a non-root uid but may gain root`},
+		{"pod non-root, privilege escalation allowed", podWith(nil, &corev1.PodSecurityContext{RunAsNonRoot: yes()}, &corev1.SecurityContext{AllowPrivilegeEscalation: yes()}), "allowPrivilegeEscalation: false"},
+		{"privileged, non-root", podWith(nil, &corev1.PodSecurityContext{RunAsUser: i64(1000)}, &corev1.SecurityContext{Privileged: yes()}), "may gain root"},
+		{"pod uid 1000, a container uid 0", podWith(nil, &corev1.PodSecurityContext{RunAsUser: i64(1000)}, noEsc(nil), &corev1.SecurityContext{RunAsUser: i64(0), AllowPrivilegeEscalation: no()}), `container "c1" runs as uid 0`},
+		{"pod non-root, a container not", podWith(nil, &corev1.PodSecurityContext{RunAsNonRoot: yes()}, &corev1.SecurityContext{RunAsNonRoot: no(), AllowPrivilegeEscalation: no()}), `container "c0" may run as uid 0`},
+		{"container uid 1000", podWith(nil, nil, noEsc(i64(1000))), ""},
+		{"uid 0 under runAsNonRoot (the kubelet refuses it)", podWith(nil, &corev1.PodSecurityContext{RunAsUser: i64(0), RunAsNonRoot: yes()}, noEsc(nil)), ""},
 		{"user namespace", podWith(no(), nil, &corev1.SecurityContext{RunAsUser: i64(0)}), ""},
 		{"root init container", init0, `init container "setup" runs as uid 0`},
 		{"root ephemeral container", eph, `ephemeral container "debug" runs as uid 0`},
@@ -319,7 +328,7 @@ func TestRootCheck(t *testing.T) {
 	})
 	c := RootCheck{PodResources: sock, Pods: pods{
 		"ns/root":   podWith(nil, nil, nil, nil),
-		"ns/user":   podWith(nil, &corev1.PodSecurityContext{RunAsNonRoot: yes(), RunAsUser: i64(1000)}, nil, nil),
+		"ns/user":   podWith(nil, &corev1.PodSecurityContext{RunAsNonRoot: yes(), RunAsUser: i64(1000)}, noEsc(nil), noEsc(nil)),
 		"ns/userns": podWith(no(), nil, nil, nil),
 	}}
 	ctx := context.Background()

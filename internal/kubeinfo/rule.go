@@ -14,9 +14,12 @@ const ResourcePrefix = "mpsd.io/"
 // as host uid 0: in a pod without a user namespace (hostUsers unset or
 // true), a container (init, regular or ephemeral) whose effective
 // runAsUser is 0, or which has neither runAsUser nor runAsNonRoot: true
-// (its image's user decides, root by default). Every container counts,
-// not only the one holding the units: a container of the same pod may
-// share its process namespace or volumes. nil means none can.
+// (its image's user decides, root by default), or which runs as non-root
+// but may gain privileges (allowPrivilegeEscalation not false: a
+// setuid-root program in its image would run as host root; false sets
+// no_new_privs, and privileged containers cannot have it). Every container
+// counts, not only the one holding the units: a container of the same pod
+// may share its process namespace or volumes. nil means none can.
 func HostRoot(pod *corev1.Pod) error {
 	if pod.Spec.HostUsers != nil && !*pod.Spec.HostUsers {
 		return nil // a user namespace: the pod's uid 0 is not the host's
@@ -34,9 +37,12 @@ func HostRoot(pod *corev1.Pod) error {
 			nonRoot = sc.RunAsNonRoot
 		}
 		switch {
-		case nonRoot != nil && *nonRoot:
-			return nil // the kubelet refuses to start it as uid 0
-		case uid != nil && *uid > 0:
+		case nonRoot != nil && *nonRoot, uid != nil && *uid > 0:
+			// Non-root (with runAsNonRoot the kubelet refuses to start
+			// it as uid 0), unless a setuid program can make it root.
+			if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+				return fmt.Errorf("%s %q runs as a non-root uid but may gain root without a user namespace (allowPrivilegeEscalation is not false: a setuid-root program in its image would be host root to the shared MPS daemon); set allowPrivilegeEscalation: false, or hostUsers: false", kind, name)
+			}
 			return nil
 		case uid != nil:
 			return fmt.Errorf("%s %q runs as uid 0 without a user namespace (runAsUser: 0), which is host root to the shared MPS daemon", kind, name)
