@@ -105,7 +105,8 @@ func mpsControl(t *testing.T, uid uint32, root, pipe, cmd string) (string, error
 // A pod whose container would run as host uid 0 is refused before it
 // starts (the kubelet's PreStartContainer), with the pod, the container
 // and the reason; one running as a non-root uid, or in a user namespace,
-// starts, and its `quit` is refused by the daemon itself. With the
+// starts, and its `quit` and a change of the daemon's defaults are refused
+// by the daemon itself. With the
 // kubelet's PodResources API out of reach nothing starts. Without the
 // check (what the plugin did before), the root pod's container, in
 // exactly the mount view Allocate gives it, quits the shared daemon: the
@@ -167,6 +168,12 @@ func TestRootPodRefusedBeforeStart(t *testing.T) {
 			out, err := mpsControl(t, attackerUID, root, pipe, "quit")
 			if err != nil || !strings.Contains(out, "Not enough privilege") {
 				t.Errorf("quit from the non-root pod: %q %v, want the daemon's refusal", out, err)
+			}
+			// Nor may it raise the caps the next server starts with
+			// (refused from driver 550 on; the simulated driver is newer).
+			out, err = mpsControl(t, attackerUID, root, pipe, "set_default_active_thread_percentage 100")
+			if err != nil || !strings.Contains(out, "Insufficient privileges") {
+				t.Errorf("set_default_active_thread_percentage from the non-root pod: %q %v, want the daemon's refusal", out, err)
 			}
 		})
 		after := m.waitStatus("status", func(api.Status) bool { return true })
