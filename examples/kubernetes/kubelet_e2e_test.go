@@ -399,6 +399,11 @@ func kubeletInside(t *testing.T, work string, e engines) {
 	pipe := filepath.Join(cfgDir, "run", lease.Group, gpu.SimUUID(0), "pipe")
 	checkLeaseEnv(t, env, lease, pipe)
 	checkLeaseMounts(t, mounts, pipe)
+	// The check lets a container start that runs as a non-root uid and
+	// cannot gain root (allowPrivilegeEscalation: false): on this runtime
+	// its process has no capabilities (a non-root execve drops them), so it
+	// cannot setuid(0) either.
+	k.checkNonRoot(podA)
 
 	// More than is free (100 - 30): the kubelet refuses it.
 	step("pod running with lease %s; pod asking 80", lease.ID)
@@ -961,7 +966,7 @@ spec:
       imagePullPolicy: Never
       securityContext:
         allowPrivilegeEscalation: false
-      command: ["/bin/sh", "-c", "env > /out/env.tmp && cat /proc/self/mountinfo > /out/mountinfo && mv /out/env.tmp /out/env && exec sleep 2147483647"]
+      command: ["/bin/sh", "-c", "env > /out/env.tmp && cat /proc/self/mountinfo > /out/mountinfo && grep ^Cap /proc/self/status > /out/caps && id -u > /out/uid && mv /out/env.tmp /out/env && exec sleep 2147483647"]
       resources:
         limits:
           %[4]s: %[5]d
@@ -1070,6 +1075,28 @@ func (k *kubelet) waitRunning(pod string) *corev1.Pod {
 		}
 		return p.Status.Phase == corev1.PodRunning && len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].State.Running != nil
 	})
+}
+
+// checkNonRoot checks what the pod's container recorded of itself: its
+// uid is the pods' and it has no effective, permitted or ambient
+// capabilities.
+func (k *kubelet) checkNonRoot(pod string) {
+	k.t.Helper()
+	out := filepath.Join(k.work, "out", strings.TrimSuffix(pod, "-"+nodeName))
+	uid, err := os.ReadFile(filepath.Join(out, "uid"))
+	if err != nil || strings.TrimSpace(string(uid)) != strconv.Itoa(podUID) {
+		k.t.Errorf("pod %s's container runs as uid %q (%v), want %d", pod, uid, err, podUID)
+	}
+	caps, err := os.ReadFile(filepath.Join(out, "caps"))
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(caps)), "\n") {
+		name, val, _ := strings.Cut(line, ":")
+		if (name == "CapEff" || name == "CapPrm" || name == "CapAmb") && strings.Trim(strings.TrimSpace(val), "0") != "" {
+			k.t.Errorf("pod %s's non-root container has %s", pod, line)
+		}
+	}
 }
 
 // podOutput is what the pod's container recorded: its environment and
