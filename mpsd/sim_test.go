@@ -23,7 +23,8 @@ package mpsd
 // server's start or exit, an Xid), a client's fatal fault (its Xid names
 // it: a culprit), a server crash, an Xid naming no process, a control
 // daemon that stops answering, an unleased client started or gone, a
-// reconciliation, a reload of the group's budget, mpsctl resume, time
+// reconciliation, a reload of the group's budget or of its multiuser (a
+// restart of the daemon once the instance is empty), mpsctl resume, time
 // passing, and mpsd restarts (mpsd away for some steps while MPS and the
 // tenants go on). After every step the invariants are checked:
 //   - no lease is revoked by an expected MPS transition (a uid switch, a
@@ -54,6 +55,7 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/gpu"
+	"github.com/mpsd/mpsd/internal/clock"
 	"github.com/mpsd/mpsd/internal/mpsemu/mpssched"
 	"github.com/mpsd/mpsd/mps"
 	"github.com/mpsd/mpsd/policy"
@@ -93,7 +95,7 @@ func TestSimulation(t *testing.T) {
 	// The simulation is worth something only if it reached what it
 	// checks: uid switches, culprit faults, spared victims, bars.
 	if *simSeed == 0 {
-		for _, k := range []string{"grant", "uid switch", "culprit fault", "spared victim", "crash", "uid barred", "unleased held", "daemon hang", "refused after a reload", "mpsd restart", "server lost while away"} {
+		for _, k := range []string{"grant", "uid switch", "culprit fault", "spared victim", "crash", "uid barred", "unleased held", "daemon hang", "refused after a reload", "mpsd restart", "server lost while away", "multiuser reload", "restart for multiuser"} {
 			if totals[k] == 0 {
 				t.Errorf("no %q in %d seeds: the simulation no longer explores it", k, len(seeds))
 			}
@@ -125,6 +127,9 @@ type simWorld struct {
 	// file saves them.
 	down  int
 	saved map[*simInst]map[int]int
+	// core: the Daemon whose methods the simulation calls where they
+	// need one (its config's groups, its instances).
+	core *Daemon
 }
 
 // simInst is one instance: mpsd's view (in) and the fake control daemon.
@@ -201,6 +206,9 @@ func newSimWorld(seed uint64) *simWorld {
 		pid:    100,
 		tally:  map[string]int{},
 	}
+	w.core = &Daemon{clock: clock.NewFake(w.now), log: slog.New(slog.DiscardHandler),
+		cfg: &policy.Config{Groups: []policy.Group{{Name: "a"}, {Name: "m", Multiuser: true}}},
+		instances: map[string]*instance{}, store: &store{kick: make(chan struct{}, 1)}}
 	for i, g := range []struct {
 		name      string
 		multiuser bool
@@ -217,6 +225,7 @@ func newSimWorld(seed uint64) *simWorld {
 			uidFaults: map[uint32][]time.Time{}, started: map[*lease]int{}, knownUnleased: map[int]time.Time{}}
 		si.sched = mpssched.New(simHost{si}, g.multiuser, 0)
 		w.insts = append(w.insts, si)
+		w.core.instances[in.key] = in
 	}
 	return w
 }
@@ -239,7 +248,12 @@ func (w *simWorld) run(steps int) error {
 		}
 		for _, si := range w.insts {
 			if w.down == 0 {
-				w.schedule(si)
+				if err := w.restartWhenEmpty(si); err != nil {
+					return err
+				}
+				if err := w.schedule(si); err != nil {
+					return err
+				}
 			}
 		}
 		if err := w.check(); err != nil {
@@ -392,7 +406,7 @@ func (w *simWorld) request(si *simInst) {
 
 // schedule places the head of the group's queue while it fits, as
 // scheduleLocked does.
-func (w *simWorld) schedule(si *simInst) {
+func (w *simWorld) schedule(si *simInst) error {
 	in := si.in
 	for len(w.queues[in.group]) > 0 {
 		q := w.queues[in.group]
@@ -412,9 +426,12 @@ func (w *simWorld) schedule(si *simInst) {
 			continue
 		}
 		if err != nil {
-			return
+			return nil
 		}
 		l := q[qi]
+		if in.holds.restartPending {
+			return fmt.Errorf("%s granted on %s, held for a restart", l.id, in.key)
+		}
 		w.queues[in.group] = slices.Delete(q, qi, qi+1)
 		in.p.Assign(&l.req)
 		in.leases[l.id] = l
@@ -422,6 +439,7 @@ func (w *simWorld) schedule(si *simInst) {
 		w.tally["grant"]++
 		w.logf("grant %s uid %d attempt %d on %s", l.id, l.uid, l.attempt, in.key)
 	}
+	return nil
 }
 
 // leaseClients are the client processes alive of l.
@@ -695,9 +713,68 @@ func (w *simWorld) daemonHang(si *simInst) error {
 // reload: the group's SM budget changes (a config reload); a queued
 // request that can never fit any more is refused.
 func (w *simWorld) reload(si *simInst) {
+	if w.pick(4) == 0 {
+		w.reloadMultiuser(si)
+		return
+	}
 	sm := []int{20, 60, 100}[w.pick(3)]
 	si.in.p.Budget.SM = sm
 	w.logf("reload: group %s's budget is %d%% SM", si.in.group, sm)
+}
+
+// reloadMultiuser: a reload turns the group's multiuser on or off. It is
+// a start option of the control daemon: as reconcileLocked does, the
+// instance is held (restartPending, which placement honours) until its
+// leases have ended; then mpsd's own retireIfEmptyLocked asks for the
+// stop and takes the new mode (restartWhenEmpty).
+func (w *simWorld) reloadMultiuser(si *simInst) {
+	g, _ := w.core.cfg.Group(si.in.group)
+	g.Multiuser = !g.Multiuser
+	if si.in.p.Multiuser != g.Multiuser {
+		si.in.holds.restartPending = true
+	} else {
+		si.in.holds.restartPending = false // turned back before it restarted
+	}
+	w.tally["multiuser reload"]++
+	w.logf("reload: group %s multiuser %v (restart pending %v)", si.in.group, g.Multiuser, si.in.holds.restartPending)
+}
+
+// restartWhenEmpty runs mpsd's retireIfEmptyLocked on an instance held
+// for a restart; once it asks for the stop, the control daemon is
+// replaced by one in the new mode (the supervisor's stop and bring-up),
+// its servers and any unleased clients ending with the old one.
+func (w *simWorld) restartWhenEmpty(si *simInst) error {
+	in := si.in
+	if !in.holds.restartPending {
+		return nil
+	}
+	w.core.retireIfEmptyLocked(in)
+	if in.life != instStopping {
+		return nil
+	}
+	if len(in.leases) > 0 {
+		return fmt.Errorf("%s stopped for a restart with %d leases on it", in.key, len(in.leases))
+	}
+	if g, _ := w.core.cfg.Group(in.group); g.Multiuser != in.p.Multiuser {
+		return fmt.Errorf("%s restarts with multiuser %v, the config says %v", in.key, in.p.Multiuser, g.Multiuser)
+	}
+	in.stopReq = nil
+	for _, pid := range slices.Sorted(maps.Keys(si.clients)) {
+		si.clients[pid].doomed = true
+		delete(si.clients, pid)
+	}
+	clear(si.servers)
+	si.events = nil
+	in.mps = newMPSModel()
+	si.sched = mpssched.New(simHost{si}, in.p.Multiuser, 0)
+	for _, ev := range []instEvent{instEvRestart, instEvUp} {
+		if _, err := in.step(ev, "restart for a changed start option"); err != nil {
+			return fmt.Errorf("%s: %w", in.key, err)
+		}
+	}
+	w.tally["restart for multiuser"]++
+	w.logf("%s restarted: multiuser %v", in.key, in.p.Multiuser)
+	return nil
 }
 
 // unleasedClient: a member starts a client without a lease, or one ends.
