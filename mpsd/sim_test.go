@@ -207,7 +207,7 @@ func newSimWorld(seed uint64) *simWorld {
 		tally:  map[string]int{},
 	}
 	w.core = &Daemon{clock: clock.NewFake(w.now), log: slog.New(slog.DiscardHandler),
-		cfg: &policy.Config{Groups: []policy.Group{{Name: "a"}, {Name: "m", Multiuser: true}}},
+		cfg:       &policy.Config{Groups: []policy.Group{{Name: "a"}, {Name: "m", Multiuser: true}}},
 		instances: map[string]*instance{}, store: &store{kick: make(chan struct{}, 1)}}
 	for i, g := range []struct {
 		name      string
