@@ -631,6 +631,11 @@ type LeaseStatus struct {
 	// than Procs means the lease runs more workers than it declared, each
 	// with SMPerProcess: together they can take more than SM.
 	Clients *int `json:"clients,omitempty"`
+	// Pod (running, a kubelet device plugin's lease) is the container
+	// whose processes are the lease's (BindPodRequest); PIDs are then that
+	// container's processes. Absent until the plugin has bound it, and
+	// again after mpsd restarts until the plugin binds it anew.
+	Pod *PodContainer `json:"pod,omitempty"`
 }
 
 // AdminTarget is the body of PathDrain and PathResume: the instances of

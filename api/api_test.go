@@ -79,6 +79,7 @@ func TestDecodersRefuseNonObjects(t *testing.T) {
 		"admin request":      func(r io.Reader) error { _, err := DecodeAdminTarget(r); return err },
 		"requeue request":    func(r io.Reader) error { _, err := DecodeRequeueRequest(r); return err },
 		"inject-xid request": func(r io.Reader) error { _, err := DecodeInjectXidRequest(r); return err },
+		"pod binding":        func(r io.Reader) error { _, err := DecodeBindPodRequest(r); return err },
 	}
 	for what, decode := range decoders {
 		for _, tc := range []struct{ body, kind string }{

@@ -174,6 +174,19 @@
 // launcher that never sends it loses nothing: closing the stream releases
 // the lease too, a moment later.
 //
+// POST /v1/leases/{id}/pod (PodPath), body BindPodRequest, root only and
+// for the caller's own running lease: the kubelet device plugin names the
+// running container that holds the lease's units (the kubelet's
+// PodResources API) and a process of it (the container runtime's); mpsd
+// reads the container's cgroups from the kernel through that process,
+// keeps those named after the container's id, and from then on takes the
+// processes in them for the lease's (LeaseStatus.Pod and PIDs), as it
+// takes an mps-launch lease's cgroup. A later binding (the container
+// restarted) replaces it. 200 {}; 403 CodeForbidden: the caller is not
+// root or the lease not its; 404 CodeNotFound; 409 CodeConflict: the
+// lease is not running; 422 CodeRefused: the process is gone or in no
+// cgroup named after the container id.
+//
 // Every request body is one JSON object: null, an array, a number or a
 // string is refused with 400 CodeBadRequest, never taken as an empty
 // request.

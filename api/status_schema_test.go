@@ -26,7 +26,8 @@ func fullStatus() Status {
 		Leases: []LeaseStatus{
 			{ID: "l", Group: "g", GPUIndexes: []int{0}, UID: 1001, PIDs: []int{12}, SM: 30, MemBytes: 1, Attempt: 2, State: LeaseRunning,
 				JobID: "42", Command: []string{"python", "train.py"}, RunningSince: at.Add(-time.Minute),
-				Procs: 4, SMPerProcess: 7, Clients: &clients},
+				Procs: 4, SMPerProcess: 7, Clients: &clients,
+				Pod: &PodContainer{Namespace: "default", Pod: "train-0", Container: "main", ContainerID: "0123456789abcdef"}},
 			{ID: "m", Group: "g", GPUIndexes: []int{}, UID: 1002, PIDs: []int{}, SM: 10, MemBytes: 1, Attempt: 1, State: LeaseQueued,
 				Command: []string{"true"}, QueuedSince: at.Add(-time.Second), Position: 1, WaitReason: "waiting for room; GPU 0 quarantined",
 				Procs: 1, SMPerProcess: 10},

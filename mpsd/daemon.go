@@ -213,6 +213,9 @@ type Daemon struct {
 	// held with mu).
 	reconMu     sync.Mutex
 	reconLeased leasedSnapshot
+	// pods: the device plugin's leases bound to their pods' containers
+	// (podprocs.go). It locks itself, never before mu.
+	pods podTable
 	// shuttingDown: mpsctl shutdown is under way; nothing is admitted or
 	// granted any more.
 	shuttingDown bool

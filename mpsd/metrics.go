@@ -48,6 +48,7 @@ var (
 	descUnverified    = prometheus.NewDesc("mpsd_unverified_mps_records_total", "MPS log records (or server list entries) that named a process which is no verified server of the instance's daemon, and were ignored: forged by a local user who can reach the pipe directory, or about a server gone before it could be checked.", instLabels, nil)
 	descUnreconciled  = prometheus.NewDesc("mpsd_unreconciled_clients_total", "GPU processes found on an instance that no lease of it accounts for, by kind: unleased (an MPS client without a lease), wrong_instance (a lease's process on another instance's server), bypass (a compute process beside MPS). group is the group it was found in (for bypass, the group its owner belongs to; empty for none).", []string{"group", "kind"}, nil)
 	descReconKilled   = prometheus.NewDesc("mpsd_unreconciled_clients_terminated_total", "Processes of mpsd_unreconciled_clients_total that mpsd ended (the group's reconcile: terminate), by kind.", []string{"group", "kind"}, nil)
+	descPodMemExceed  = prometheus.NewDesc("mpsd_pod_memory_exceeded_total", "Containers of pods (kubelet device-plugin leases) whose CUDA processes mpsd ended because they held more device memory than their lease for longer than the group's memory_grace (the lease ends, not requeued; the kubelet restarts the container).", []string{"group"}, nil)
 	descLeaseMemUsed  = prometheus.NewDesc("mpsd_lease_memory_used_bytes", "Device memory NVML reports for the group's running leases' processes, summed per lease on its GPU where it is highest, and over the group's leases.", []string{"group"}, nil)
 	descLeaseMemByID  = prometheus.NewDesc("mpsd_lease_memory_used_bytes_by_lease", "Device memory NVML reports for one running lease's processes, summed on its GPU where it is highest (metrics.per_lease: true only).", []string{"group", "lease"}, nil)
 	descCapDrift      = prometheus.NewDesc("mpsd_mps_cap_drift_total", "Times a cap of an MPS server of the instance (cap: thread_percentage, pinned_memory) was found off the group's max_sm or max_mem and set back: its owner changed it, or the server started with other defaults.", append(instLabels[:3:3], "cap"), nil)
@@ -98,6 +99,9 @@ type metrics struct {
 	requeues map[string]uint64
 	// killFailures counts failed kills of lease cgroups per group.
 	killFailures map[string]uint64
+	// podMemExceeded counts pods' containers ended for their lease's
+	// memory, by group (podprocs.go).
+	podMemExceeded map[string]uint64
 	// unreconciled and reconTerminated count reconciliation's findings
 	// and the processes it ended, by (group, kind).
 	unreconciled    map[[2]string]uint64
@@ -139,6 +143,7 @@ func newMetrics(d *Daemon) *metrics {
 		killFailures:    map[string]uint64{},
 		unreconciled:    map[[2]string]uint64{},
 		reconTerminated: map[[2]string]uint64{},
+		podMemExceeded:  map[string]uint64{},
 		reconRuns:       map[string]uint64{},
 		xids:            map[[2]uint64]uint64{},
 		reloadOK:        true,
@@ -181,7 +186,7 @@ type daemonCollector Daemon
 
 func (c *daemonCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInstanceUp, descInstanceState, descRestarts, descFaults, descQuarantined, descLogLost,
-		descClients, descSM, descMem, descMPSInfo, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime, descUnverified, descCapDrift, descUnreconciled, descReconKilled, descLeaseMemUsed, descLeaseMemByID, descShmUsed, descShmSize, descShmFull, descShmCleaned} {
+		descClients, descSM, descMem, descMPSInfo, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime, descUnverified, descCapDrift, descUnreconciled, descReconKilled, descLeaseMemUsed, descLeaseMemByID, descPodMemExceed, descShmUsed, descShmSize, descShmFull, descShmCleaned} {
 		ch <- d
 	}
 }
@@ -328,7 +333,7 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 	// One allocation for the series of this scrape over label pairs made
 	// beforehand: the instances', the groups', the daemon's and the GPUs'.
 	perInstance := 8 + len(instanceStates) + 2*len(faultKinds) + len(capKinds)
-	perGroup := 5 + 2*len(reconKinds)
+	perGroup := 6 + 2*len(reconKinds)
 	fm := make([]fastMetric, 0, perInstance*len(d.instances)+perGroup*len(d.cfg.Groups)+3+2*len(m.gpuLabels))
 	emit := func(desc *prometheus.Desc, labels []*dto.LabelPair, v float64, isCounter bool) {
 		fm = append(fm, fastMetric{desc: desc, labels: labels, value: v, counter: isCounter})
@@ -393,6 +398,7 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 		emit(descGranted, gl.base, float64(m.granted[g.Name]), true)
 		emit(descRequeues, gl.base, float64(m.requeues[g.Name]), true)
 		emit(descKillFailures, gl.base, float64(m.killFailures[g.Name]), true)
+		emit(descPodMemExceed, gl.base, float64(m.podMemExceeded[g.Name]), true)
 		// Every kind, zeros included, so increase() sees the first one.
 		for _, j := range reconOrder {
 			k := [2]string{g.Name, reconKinds[j]}

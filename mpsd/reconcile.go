@@ -212,6 +212,11 @@ func (d *Daemon) reconcileRuns(in *instance) {
 func (d *Daemon) reconcileInstance(in *instance, event bool) {
 	d.mu.Lock()
 	dm := in.daemon
+	// A run that began once an adopted instance was held for it opens the
+	// instance when it ends, however it ends (adoptReconciled).
+	if in.holds.unreconciled {
+		defer d.adoptReconciled(in)
+	}
 	if dm == nil || !in.daemonUp() || d.ctx.Err() != nil {
 		d.mu.Unlock()
 		return
@@ -528,12 +533,27 @@ func (d *Daemon) checkLeaseMemory(in *instance, dm control, servers []int, procs
 				"used_bytes", over.bytes, "limit_bytes", l.req.Mem, "grace", grace)
 		case now.Sub(l.memOverSince) >= grace:
 			victims = append(victims, l)
-			why = append(why, fmt.Sprintf("lease %s revoked: %s (%d bytes on GPU %d over its %d for %s); not requeued",
-				l.id, memoryExceeded, over.bytes, over.gpu, l.req.Mem, now.Sub(l.memOverSince).Round(time.Second)))
+			pod := ""
+			if b := d.pods.get(l.id); b != nil {
+				pod = fmt.Sprintf("; %s (container id %s): its CUDA processes are ended", b.ref, b.ref.ContainerID)
+			}
+			why = append(why, fmt.Sprintf("lease %s revoked: %s (%d bytes on GPU %d over its %d for %s)%s; not requeued",
+				l.id, memoryExceeded, over.bytes, over.gpu, l.req.Mem, now.Sub(l.memOverSince).Round(time.Second), pod))
 		}
 	}
 	d.mu.Unlock()
 	for i, l := range victims {
+		if b := d.pods.get(l.id); b != nil {
+			// A pod's lease: its container's CUDA processes are ended
+			// here (revoke ends only a lease's own cgroup), then the lease.
+			d.mu.Lock()
+			d.metrics.podMemExceeded[l.group]++
+			log := l.logger()
+			attrs := l.logAttrs("namespace", b.ref.Namespace, "pod", b.ref.Pod, "container", b.ref.Container, "container_id", b.ref.ContainerID)
+			d.mu.Unlock()
+			n := d.endPodClients(l, log, b, dm, servers, procs)
+			log.Error(podMemoryExceeded, append(attrs, "ended", n, "limit_bytes", l.req.Mem, "detail", why[i])...)
+		}
 		l.log.Error("lease revoked: "+memoryExceeded, "lease", l.id, "detail", why[i])
 		d.revoke([]*lease{l}, memoryExceeded, revokeHow{dm: dm, servers: servers,
 			end: &api.Error{Code: api.CodeLimitExceeded, Message: why[i]}})
@@ -661,11 +681,15 @@ func (d *Daemon) leasedPids(maxAge time.Duration) map[int]leaseAt {
 	}
 	d.mu.Unlock()
 	leased := map[int]leaseAt{}
+	onInst := make(map[string]bool, len(ls))
 	for _, p := range ls {
-		for _, pid := range p.l.livePids() {
+		onInst[p.id] = true
+		// A pod's lease: its container's processes (podprocs.go).
+		for _, pid := range d.leasePids(p.l) {
 			leased[pid] = leaseAt{lease: p.id, inst: p.inst, group: p.group}
 		}
 	}
+	d.pods.keepOnly(onInst)
 	d.reconMu.Lock()
 	d.reconLeased = leasedSnapshot{pids: leased, at: d.clock.Now(), refreshing: true}
 	d.reconMu.Unlock()
@@ -751,12 +775,25 @@ func (d *Daemon) leaseOfPids(pids []int) (ats map[int]leaseAt, known bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	byPath := map[string]leaseAt{}
+	podsKnown := true
 	for _, in := range d.instances {
 		for _, l := range in.leases {
 			if p := d.leaseUnifiedCgroup(l); p != "" {
 				byPath[p] = leaseAt{lease: l.id, inst: in.key, group: l.group}
 			}
+			// A pod's lease: its container's cgroup v2 (podprocs.go);
+			// one in v1 hierarchies only is read with every lease's.
+			if b := d.pods.get(l.id); b != nil {
+				if p, ok := b.paths[""]; ok {
+					byPath[p] = leaseAt{lease: l.id, inst: in.key, group: l.group}
+				} else {
+					podsKnown = false
+				}
+			}
 		}
+	}
+	if !podsKnown {
+		return ats, false
 	}
 	if len(byPath) == 0 {
 		// No lease has a cgroup v2 path: either none has a cgroup yet

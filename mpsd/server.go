@@ -42,6 +42,7 @@ func (d *Daemon) newHTTPServer() *http.Server {
 	mux.HandleFunc("POST "+api.PathInjectXid, d.serveInjectXid)
 	mux.HandleFunc("POST "+api.PathShutdown, d.serveShutdown)
 	mux.HandleFunc("POST "+api.PathLeases+"/{id}/release", d.serveRelease)
+	mux.HandleFunc("POST "+api.PathLeases+"/{id}/pod", d.serveBindPod)
 	return &http.Server{
 		Handler:           d.track(mux),
 		ReadHeaderTimeout: d.opts.RequestTimeout,
@@ -643,7 +644,8 @@ func (d *Daemon) Status() api.Status {
 	d.mu.Unlock()
 	for i, l := range ls {
 		if st.Leases[i].State == api.LeaseRunning {
-			st.Leases[i].PIDs = l.livePids()
+			st.Leases[i].PIDs = d.leasePids(l)
+			st.Leases[i].Pod = d.podRef(l.id)
 		}
 	}
 	slices.SortFunc(st.Leases, func(a, b api.LeaseStatus) int { return strings.Compare(a.ID, b.ID) })

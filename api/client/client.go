@@ -154,6 +154,14 @@ func (c *Client) Attach(ctx context.Context, id string, attempt, pid int) error 
 	return err
 }
 
+// BindPod tells mpsd which running container holds lease id
+// (api.PodPath; root only, for its own lease). A refusal is returned as
+// an *api.Error.
+func (c *Client) BindPod(ctx context.Context, id string, b api.BindPodRequest) error {
+	_, err := c.Post(ctx, api.PodPath(id), b, nil)
+	return err
+}
+
 // Release asks mpsd to release lease id, whose command ran under attempt
 // and has ended, and waits for its answer: the lease is gone once it
 // returns nil. A refusal is returned as an *api.Error (CodeRevoking: a

@@ -67,6 +67,7 @@ var (
 		"mpsd_unreconciled_clients_total":            {labels: []string{"group", "kind"}},
 		"mpsd_unreconciled_clients_terminated_total": {labels: []string{"group", "kind"}},
 		"mpsd_lease_memory_used_bytes":               {labels: []string{"group"}},
+		"mpsd_pod_memory_exceeded_total":             {labels: []string{"group"}},
 		"mpsd_lease_memory_used_bytes_by_lease":      {labels: []string{"group", "lease"}},
 	}
 	// Values a matcher on these labels may name.
