@@ -16,6 +16,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/kubeinfo"
 	"github.com/mpsd/mpsd/internal/mpsenv"
 	"github.com/mpsd/mpsd/mps"
 )
@@ -67,6 +68,14 @@ type allocation struct {
 	// retryAt and retries pace reconcile's attempts to get a lease back.
 	retryAt time.Time
 	retries int
+	// pod is the container the kubelet lists holding the units
+	// (trackPods), podSeen whether it ever listed one, podMissing since
+	// when it lists none; bindWarned the lease/container whose binding
+	// failed and was reported.
+	pod        kubeinfo.ContainerRef
+	podSeen    bool
+	podMissing time.Time
+	bindWarned string
 }
 
 // allocate leases one container's units: all on one instance of g, held
@@ -90,7 +99,7 @@ func (p *Plugin) allocate(ctx context.Context, g *group, ids []string) (*plugina
 	// The kubelet hands a unit out again only once the pod that had it
 	// has ended: its lease goes first.
 	for _, old := range p.overlapping(g.name, gpu, units) {
-		p.release(ctx, old)
+		p.release(ctx, old, "its units were handed out again")
 	}
 	a := &allocation{group: g.name, gpu: gpu, units: units}
 	req := leaseRequest(in, units)
@@ -107,7 +116,7 @@ func (p *Plugin) allocate(ctx context.Context, g *group, ids []string) (*plugina
 	}
 	resp, err := p.containerResponse(lease, in.DaemonPID)
 	if err != nil {
-		p.release(ctx, a)
+		p.release(ctx, a, "its container cannot be given the lease")
 		if _, ok := status.FromError(err); ok {
 			return nil, nil, err
 		}
@@ -290,9 +299,18 @@ func (p *Plugin) follow(a *allocation, s LeaseStream) {
 			if lost {
 				a.stream, a.leaseID = nil, ""
 			}
+			ref, seen := a.pod, a.podSeen
 			p.mu.Unlock()
-			if lost {
+			switch {
+			case lost && ev.Code == api.CodeLimitExceeded && seen:
+				// mpsd ended the container's CUDA processes: the kubelet
+				// restarts the container, bound to the new lease.
+				log.Error("pod over its lease's limits: mpsd ended its container's CUDA processes and the lease; a new lease is asked for, and bound to the container the kubelet restarts",
+					"namespace", ref.Namespace, "pod", ref.Pod, "container", ref.Container, "code", ev.Code, "message", ev.Message)
+			case lost:
 				log.Warn("mpsd ended the lease; a new one is asked for once the instance is ready", "code", ev.Code, "message", ev.Message)
+			}
+			if lost {
 				p.poke()
 			}
 			return
@@ -326,16 +344,16 @@ func (p *Plugin) releaseFree(ctx context.Context, group string, available []stri
 	for gpu, ns := range free {
 		slices.Sort(ns)
 		for _, a := range p.overlapping(group, gpu, ns) {
-			p.release(ctx, a)
+			p.release(ctx, a, "its units were handed out again")
 		}
 	}
 }
 
-// release ends a's lease: closing its stream makes mpsd release it (it
-// kills nothing: the pod's processes are the kubelet's). A lease that no
-// stream holds (mpsd restarted meanwhile) is resumed and closed at once,
-// so mpsd does not keep it through its reconnect grace.
-func (p *Plugin) release(ctx context.Context, a *allocation) {
+// release ends a's lease, for why: closing its stream makes mpsd release
+// it (it kills nothing: the pod's processes are the kubelet's). A lease
+// that no stream holds (mpsd restarted meanwhile) is resumed and closed at
+// once, so mpsd does not keep it through its reconnect grace.
+func (p *Plugin) release(ctx context.Context, a *allocation, why string) {
 	p.mu.Lock()
 	if a.ended {
 		p.mu.Unlock()
@@ -349,7 +367,7 @@ func (p *Plugin) release(ctx context.Context, a *allocation) {
 		p.releasing[id] = a.group
 	}
 	p.mu.Unlock()
-	p.log.Info("releasing lease: its units were handed out again", "group", a.group, "gpu", a.gpu, "lease", id, "units", len(a.units))
+	p.log.Info("releasing lease: "+why, "group", a.group, "gpu", a.gpu, "lease", id, "units", len(a.units))
 	if s != nil {
 		_ = s.Close()
 		return

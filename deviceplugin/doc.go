@@ -37,20 +37,34 @@
 //     so is one that cannot be checked: host
 //     root is root to the shared MPS daemon, whose control socket a pod
 //     reaches through its read-only mount.
+//   - Pods (Options.Pods, which mpsd sets: kubeinfo.Pods): every poll, the
+//     container holding each allocation's units (the kubelet's PodResources
+//     API) and, from the container runtime's CRI, its id and first
+//     process; the plugin binds the allocation's lease to that container
+//     on mpsd (POST /v1/leases/{id}/pod) whenever mpsd's status shows it
+//     bound to none or another. mpsd then reads the container's cgroup
+//     from the kernel and holds its processes to the lease as it holds an
+//     mps-launch lease's: their device memory past memory_grace ends the
+//     container's CUDA processes and the lease (the plugin logs the pod
+//     and the container, then leases the units again for the container
+//     the kubelet restarts). Nothing the pod writes decides which
+//     processes are the lease's.
 //
 // The lease's stream is held while the allocation lives. The kubelet does
 // not say when a pod ends; it hands a unit out again only after the pod
 // that had it has ended, so a lease is released when a later
 // GetPreferredAllocation lists one of its units as available or a later
-// Allocate asks for one. A lease mpsd revokes (the pod's CUDA clients died
+// Allocate asks for one, or when the PodResources API, having listed the
+// container holding its units, lists none for Options.PodGoneAfter. A
+// lease mpsd revokes (the pod's CUDA clients died
 // with their server; the kubelet restarts the container) ends, and the
 // plugin asks for a new one for the same units once the instance is ready.
 // A plugin that restarts with mpsd adopts the leases mpsd kept, by their
 // job id, and resumes them.
 //
 // It is a client of mpsd's API over its unix socket (the MPSD interface)
-// and, for PreStartContainer, of the kubelet's PodResources API and the
-// API server:
+// and, for PreStartContainer and Pods, of the kubelet's PodResources API,
+// the API server and the container runtime's CRI:
 // it never touches the daemon's state, never runs programs, never kills a
 // process (the pods' processes are the kubelet's) and schedules nothing
 // across nodes: the kubelet places pods on the node; mpsd decides the

@@ -193,7 +193,7 @@ func (g *group) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (*
 		r, a, err := g.p.allocate(ctx, g, cr.DevicesIds)
 		if err != nil {
 			for _, a := range made {
-				g.p.release(ctx, a)
+				g.p.release(ctx, a, "another container of the same request could not be allocated")
 			}
 			g.log.Warn("allocate refused", "devices", len(cr.DevicesIds), "err", err)
 			return nil, err

@@ -73,6 +73,15 @@ type Options struct {
 	// as host root (docs/cluster.md). nil: no check, PreStartContainer is
 	// not asked for.
 	PodCheck PodCheck
+	// Pods, when set, finds the container holding each allocation's units
+	// and a process of it (mpsd sets kubeinfo.Pods: the kubelet's
+	// PodResources API and the container runtime's CRI), and the plugin
+	// binds the allocation's lease to that container, so that mpsd holds
+	// the container's processes to the lease (docs/cluster.md). It needs
+	// an MPSD that is a PodBinder. nil: leases hold no process.
+	Pods PodSource
+	// PodGoneAfter: see DefaultPodGoneAfter.
+	PodGoneAfter time.Duration
 	// Logger receives the plugin's log; nil discards it.
 	Logger *slog.Logger
 }
@@ -105,6 +114,9 @@ type Plugin struct {
 	// statusFailing: the last status poll failed (reported once);
 	// statusSeen: one succeeded (before that mpsd is still starting).
 	statusFailing, statusSeen bool
+	// podsFailing: the last look at the pods (Options.Pods) failed
+	// (reported once).
+	podsFailing bool
 
 	mu      sync.Mutex
 	closed  bool
@@ -139,6 +151,9 @@ func New(opts Options) (*Plugin, error) {
 	}
 	if opts.ReleaseWait <= 0 {
 		opts.ReleaseWait = DefaultReleaseWait
+	}
+	if opts.PodGoneAfter <= 0 {
+		opts.PodGoneAfter = DefaultPodGoneAfter
 	}
 	if opts.ProcRoot == "" {
 		opts.ProcRoot = "/proc"
@@ -418,6 +433,7 @@ func (p *Plugin) refresh(ctx context.Context) (due bool) {
 		}
 	}
 	p.reconcile(ctx, st)
+	p.trackPods(ctx, st)
 	return due
 }
 

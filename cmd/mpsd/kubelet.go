@@ -27,6 +27,9 @@ type kubeletFlags struct {
 	kubeconfig    string
 	podResources  string
 	allowHostRoot bool
+	// runtime is the container runtime's CRI socket, through which each
+	// lease is bound to its pod's container (kubeinfo.Pods).
+	runtime string
 }
 
 // isKubeletFlag: the flags that need --kubelet-device-plugin.
@@ -98,6 +101,8 @@ func newDevicePlugin(d *mpsd.Daemon, kf kubeletFlags, groups []string, log *slog
 		Groups:     groups,
 		Logger:     log.With("component", "deviceplugin"),
 	}
+	opts.Pods = kubeinfo.Pods{PodResources: kf.podResources, Runtime: kubeinfo.Runtime{Socket: kf.runtime}}
+	log.Info("each lease is bound to the container holding its units: mpsd holds the container's processes to the lease's memory", "pod_resources", kf.podResources, "runtime", kf.runtime)
 	if kf.allowHostRoot {
 		log.Warn("--kubelet-allow-host-root: containers are started without checking whether they run as host root, which may quit or reconfigure the shared MPS daemons; only for nodes whose pods are all trusted")
 	} else {

@@ -75,10 +75,11 @@ func run(ctx context.Context, args []string, stderr io.Writer, rc runConfig) int
 	fs.StringVar(&kf.groups, "kubelet-groups", "", "comma-separated groups to offer the kubelet; default every group, with --kubelet-device-plugin")
 	fs.StringVar(&kf.kubeconfig, "kubelet-kubeconfig", kubeinfo.DefaultKubeconfig, "kubeconfig that reads the specs of pods on this node (the kubelet's own by default), or "+kubeinfo.InCluster+" for mpsd's pod's service account, with --kubelet-device-plugin")
 	fs.StringVar(&kf.podResources, "kubelet-pod-resources", kubeinfo.DefaultPodResourcesSocket, "the kubelet's PodResources API socket, with --kubelet-device-plugin")
+	fs.StringVar(&kf.runtime, "kubelet-cri", kubeinfo.DefaultRuntimeSocket, "the container runtime's CRI socket (containerd's; CRI-O's is /var/run/crio/crio.sock), through which each lease is bound to its pod's container, with --kubelet-device-plugin")
 	fs.BoolVar(&kf.allowHostRoot, "kubelet-allow-host-root", false, "start containers holding mpsd's units without checking that they do not run as host root (trusted pods only), with --kubelet-device-plugin")
 	version := fs.Bool("version", false, "print mpsd's version, commit and Go version, and exit")
 	fs.Usage = func() {
-		_, _ = fmt.Fprintf(stderr, "usage: mpsd [--config FILE] [--simulate] [--log-level LEVEL] [--log-format text|json] [--kubelet-device-plugin [--kubelet-dir DIR] [--kubelet-groups G,...] [--kubelet-kubeconfig FILE|in-cluster] [--kubelet-pod-resources SOCKET] [--kubelet-allow-host-root]]\n       mpsd --version\n")
+		_, _ = fmt.Fprintf(stderr, "usage: mpsd [--config FILE] [--simulate] [--log-level LEVEL] [--log-format text|json] [--kubelet-device-plugin [--kubelet-dir DIR] [--kubelet-groups G,...] [--kubelet-kubeconfig FILE|in-cluster] [--kubelet-pod-resources SOCKET] [--kubelet-cri SOCKET] [--kubelet-allow-host-root]]\n       mpsd --version\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

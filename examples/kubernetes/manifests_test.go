@@ -356,6 +356,11 @@ func (o *objects) checkRootCheck(where, ctr, ns, sa string, args []string, hostM
 	if dir := path.Dir(sock); hostMounts[dir] != dir {
 		bad("%s: container %s: the kubelet's PodResources socket %s: %s is not mounted from the host's %s", where, ctr, sock, dir, dir)
 	}
+	// The runtime's CRI socket: each lease is bound to its pod's
+	// container through it.
+	if cri := flagValue(args, "--kubelet-cri", kubeinfo.DefaultRuntimeSocket); hostMounts[path.Dir(cri)] != path.Dir(cri) {
+		bad("%s: container %s: the container runtime's CRI socket %s: %s is not mounted from the host's %s", where, ctr, cri, path.Dir(cri), path.Dir(cri))
+	}
 	kc := flagValue(args, "--kubelet-kubeconfig", kubeinfo.DefaultKubeconfig)
 	if kc != kubeinfo.InCluster {
 		if dir := path.Dir(kc); hostMounts[dir] != dir {

@@ -2,7 +2,10 @@
 // server give, whether a container that holds mpsd's device-plugin units
 // would run as host root, so that the device plugin can refuse to start it
 // (PreStartContainer) before it can reach a shared MPS daemon's control
-// socket.
+// socket; and, from the kubelet's PodResources API and the container
+// runtime's CRI (Pods), which running container holds which units and a
+// process of it, so that mpsd can hold the container's processes to the
+// lease of those units.
 //
 // Which pod and container hold the units comes from the kubelet's
 // PodResources API (a unix socket only root reaches); the pod's spec from

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -71,4 +72,40 @@ func Locate(ctx context.Context, socket, resource string, ids []string) (Contain
 		return found[0], nil
 	}
 	return ContainerRef{}, fmt.Errorf("kubeinfo: %d containers hold %s devices %v (%s, %s)", len(found), resource, ids, found[0], found[1])
+}
+
+// Device is one device id of one extended resource.
+type Device struct {
+	Resource, ID string
+}
+
+// Holders asks the kubelet's PodResources API at socket which container
+// holds each device of the resources whose names start with prefix: the
+// kubelet's record of its allocations, which it keeps from a pod's
+// admission until the pod has ended.
+func Holders(ctx context.Context, socket, prefix string) (map[Device]ContainerRef, error) {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("kubeinfo: the kubelet's PodResources API at %s: %w", socket, err)
+	}
+	defer conn.Close()
+	resp, err := podresourcesapi.NewPodResourcesListerClient(conn).List(ctx, &podresourcesapi.ListPodResourcesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("kubeinfo: the kubelet's PodResources API at %s: %w", socket, err)
+	}
+	out := map[Device]ContainerRef{}
+	for _, p := range resp.GetPodResources() {
+		for _, c := range p.GetContainers() {
+			ref := ContainerRef{Namespace: p.GetNamespace(), Pod: p.GetName(), Container: c.GetName()}
+			for _, d := range c.GetDevices() {
+				if !strings.HasPrefix(d.GetResourceName(), prefix) {
+					continue
+				}
+				for _, id := range d.GetDeviceIds() {
+					out[Device{Resource: d.GetResourceName(), ID: id}] = ref
+				}
+			}
+		}
+	}
+	return out, nil
 }
