@@ -120,6 +120,9 @@ type engines struct {
 	Kubelet, Containerd, Ctr, Runc, Busybox string
 	MPSDBin, Emu                            string
 	CgroupRoot                              string // under every cgroup hierarchy
+	// PodEmu holds a static mpsemu-client, which a pod's busybox image
+	// can run.
+	PodEmu string
 }
 
 // findEngines looks for the kubelet (in hack/build-kubelet.sh's cache),
@@ -297,6 +300,7 @@ func TestKubeletE2E(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	e.PodEmu = staticClient(t, work)
 	b, _ := json.Marshal(e)
 	if err := os.WriteFile(filepath.Join(work, "engines.json"), b, 0o644); err != nil {
 		t.Fatal(err)
@@ -321,6 +325,28 @@ func TestKubeletE2E(t *testing.T) {
 	if err != nil {
 		t.Errorf("the test in its namespaces failed: %v\n%s", err, out.String())
 	}
+}
+
+// staticClient builds the emulator's CUDA client without cgo into a
+// directory of work the pods' uid reaches: a pod's busybox image has no C
+// library.
+func staticClient(t *testing.T, work string) string {
+	t.Helper()
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatalf("go env GOMOD: %v", err)
+	}
+	dir := filepath.Join(work, "emu")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./internal/mpsemu/cmd/mpsemu-client")
+	cmd.Dir = filepath.Dir(strings.TrimSpace(string(out)))
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("CGO_ENABLED=0 go build mpsemu-client: %v\n%s", err, b)
+	}
+	return dir
 }
 
 // kubeletInside is the test proper, in the namespaces.
@@ -361,14 +387,22 @@ func kubeletInside(t *testing.T, work string, e engines) {
 	})
 	m := &mpsdProc{t: t, bin: e.MPSDBin, socket: filepath.Join(cfgDir, "mpsd.sock"), cfg: filepath.Join(cfgDir, "mpsd.yaml"), log: filepath.Join(work, "mpsd.log"),
 		args: []string{"--kubelet-device-plugin", "--kubelet-dir", "/var/lib/kubelet/device-plugins",
-			"--kubelet-kubeconfig", kubeconfig, "--kubelet-pod-resources", filepath.Join(work, "kubelet", "pod-resources", "kubelet.sock")}}
+			"--kubelet-kubeconfig", kubeconfig, "--kubelet-pod-resources", filepath.Join(work, "kubelet", "pod-resources", "kubelet.sock"),
+			"--kubelet-cri", ctrd.socket}}
 	cfg := exampleMPSDConfig(t, cfgDir, e.Emu, 1, `  training:
     users: [root]
     gpus: ["0"]
     sm_percent: 50
     memory: 8G
     multiuser: true
+    memory_grace: 2s
 `)
+	// mpsd's metrics, for the count of pods ended over their memory.
+	metricsAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	if !strings.Contains(cfg, "  listen: \"\"\n") {
+		t.Fatal("the test's mpsd.yaml has no metrics listen line")
+	}
+	cfg = strings.Replace(cfg, "  listen: \"\"\n", "  listen: "+metricsAddr+"\n", 1)
 	if err := os.WriteFile(m.cfg, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -492,7 +526,86 @@ func kubeletInside(t *testing.T, work string, e engines) {
 		t.Errorf("after the root pod: %+v, %v; want every instance ready (its daemon untouched)", st.Instances, err)
 	}
 	k.deletePod(podR)
+
+	// A pod over its lease's memory: 1 unit of training (1 of 50: 163
+	// MiB), whose CUDA process raises its own MPS limits (100 %, 12G)
+	// and takes 2 GiB. The plugin binds the lease to the pod's container
+	// (PodResources, then containerd's CRI), mpsd ends the container's
+	// CUDA process past memory_grace, both logs name the pod and the
+	// container, the metric counts it, and the kubelet restarts the
+	// container (restartPolicy: Always); the plugin leases the units
+	// again for it.
+	step("root pod deleted; a pod over its lease's memory")
+	podG := k.writeGreedyPod("greedy", "mpsd.io/training-sm", 1)
+	st = m.waitStatus("the greedy pod's lease bound to its container", func(st api.Status) bool {
+		for _, l := range st.Leases {
+			if l.Group == "training" && l.Pod != nil && l.Pod.Pod == podG && l.Pod.Container == "main" && len(l.PIDs) > 0 {
+				return true
+			}
+		}
+		return false
+	})
+	var greedy api.LeaseStatus
+	for _, l := range st.Leases {
+		if l.Group == "training" {
+			greedy = l
+		}
+	}
+	if greedy.SM != 1 || greedy.MemBytes != 163<<20 {
+		t.Errorf("the greedy pod's lease %+v; want 1 %% SM and 163 MiB", greedy)
+	}
+	step("lease %s bound to container %s; waiting for its end", greedy.ID, greedy.Pod.ContainerID)
+	k.waitPod(podG, "restarted by the kubelet after mpsd ended its CUDA process", func(p *corev1.Pod) bool {
+		return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].RestartCount >= 1
+	})
+	if !m.logLine(`msg="pod over its lease's memory: its container's CUDA processes are ended"`, "lease="+greedy.ID, "pod="+podG, "container=main", "container_id="+greedy.Pod.ContainerID) {
+		t.Errorf("mpsd's log does not report the greedy pod's container ended")
+	}
+	if !m.logLine("pod over its lease's limits", "component=deviceplugin", "pod="+podG, "container=main", "memory limit exceeded") {
+		t.Errorf("the plugin's log does not report the greedy pod's lease ended")
+	}
+	if v := metricValue(t, metricsAddr, `mpsd_pod_memory_exceeded_total{group="training"}`); v < 1 {
+		t.Errorf("mpsd_pod_memory_exceeded_total{group=\"training\"} = %v, want 1 or more", v)
+	}
+	m.waitStatus("a new lease for the greedy pod's units, bound to its restarted container", func(st api.Status) bool {
+		for _, l := range st.Leases {
+			if l.Group == "training" && l.ID != greedy.ID && l.Pod != nil && l.Pod.Pod == podG && l.Pod.ContainerID != greedy.Pod.ContainerID {
+				return true
+			}
+		}
+		return false
+	})
+	if st, err := m.status(); err != nil || !allReady(st) {
+		t.Errorf("after the greedy pod: %+v, %v; want every instance ready", st.Instances, err)
+	}
+	k.deletePod(podG)
 	step("done")
+}
+
+// metricValue reads one series of mpsd's /metrics at addr; -1 when it is
+// not there.
+func metricValue(t *testing.T, addr, series string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Errorf("mpsd's metrics: %v", err)
+		return -1
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Errorf("mpsd's metrics: %v", err)
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err == nil {
+				return f
+			}
+		}
+	}
+	return -1
 }
 
 func allReady(st api.Status) bool {
@@ -979,6 +1092,58 @@ spec:
         path: %[6]s
         type: Directory
 `, name, podUID, busyboxImage, resource, units, out, securityContext)
+	staged := filepath.Join(k.work, "staging", name+".yaml")
+	if err := os.WriteFile(staged, []byte(manifest), 0o644); err != nil {
+		k.t.Fatal(err)
+	}
+	if err := os.Rename(staged, filepath.Join(k.manifest, name+".yaml")); err != nil {
+		k.t.Fatal(err)
+	}
+	return name + "-" + nodeName
+}
+
+// writeGreedyPod writes a static pod of the pods' uid asking units of
+// resource, whose container (restartPolicy: Always) runs the emulator's
+// CUDA client with the MPS limits it set itself, 100 % SM and 12G, and
+// takes 2 GiB. It shares the host's pid namespace only because the
+// emulator's NVML reports the pid a client gives itself (NVIDIA's reports
+// the host's).
+func (k *kubelet) writeGreedyPod(name, resource string, units int) string {
+	k.t.Helper()
+	manifest := fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: %[1]s
+  namespace: default
+spec:
+  hostNetwork: true
+  hostPID: true
+  restartPolicy: Always
+  terminationGracePeriodSeconds: 1
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: %[2]d
+    runAsGroup: %[2]d
+  containers:
+    - name: main
+      image: %[3]s
+      imagePullPolicy: Never
+      securityContext:
+        allowPrivilegeEscalation: false
+      command: ["/bin/sh", "-c", "export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=12G; exec /emu/mpsemu-client --alloc 2G --duration 1h"]
+      resources:
+        limits:
+          %[4]s: %[5]d
+      volumeMounts:
+        - name: emu
+          mountPath: /emu
+          readOnly: true
+  volumes:
+    - name: emu
+      hostPath:
+        path: %[6]s
+        type: Directory
+`, name, podUID, busyboxImage, resource, units, k.e.PodEmu)
 	staged := filepath.Join(k.work, "staging", name+".yaml")
 	if err := os.WriteFile(staged, []byte(manifest), 0o644); err != nil {
 		k.t.Fatal(err)
