@@ -259,7 +259,8 @@ const podGroup = `  a:
 // same uid outside the container that copied the lease's environment
 // (MPSD_LEASE_ID and all): the environment decides nothing. Binding is
 // root's alone, and a process in no cgroup named after the container is
-// refused. Without the binding (what the plugin did before) the pod's
+// refused. Once the kubelet no longer lists the pod, its lease is
+// released. Without the binding (what the plugin did before) the pod's
 // process runs on with its 2 GiB: the test plays a real attack.
 func TestPodOverMemoryEnded(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -274,7 +275,7 @@ func TestPodOverMemoryEnded(t *testing.T) {
 	k := newFakeKubelet(t, dir)
 	podRes := servePodResources(t, filepath.Join(dir, "pod-resources.sock"))
 	rt := serveRuntime(t, filepath.Join(dir, "cri.sock"))
-	plog := runPluginLogged(t, m, Options{KubeletDir: dir, Pods: kubeinfo.Pods{
+	plog := runPluginLogged(t, m, Options{KubeletDir: dir, PodGoneAfter: time.Second, Pods: kubeinfo.Pods{
 		PodResources: filepath.Join(dir, "pod-resources.sock"), Runtime: kubeinfo.Runtime{Socket: filepath.Join(dir, "cri.sock")}}})
 	pc := k.waitRegistered("mpsd.io/a-sm")["mpsd.io/a-sm"]
 	pc.waitList(t, "a healthy", allHealthy)
@@ -392,5 +393,15 @@ func TestPodOverMemoryEnded(t *testing.T) {
 		if !strings.Contains(plog.String(), want) {
 			t.Errorf("the plugin's log has no %q", want)
 		}
+	}
+
+	// The pod ends: once the kubelet lists no container holding the units
+	// for PodGoneAfter, the lease is released.
+	podRes.mu.Lock()
+	podRes.pods = nil
+	podRes.mu.Unlock()
+	m.waitStatus("the ended pod's lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
+	if !strings.Contains(plog.String(), `msg="releasing lease: its pod has ended"`) {
+		t.Errorf("the plugin's log does not say why it released the lease")
 	}
 }
