@@ -83,6 +83,12 @@ func (f *fakeRuntime) add(id string, ref kubeinfo.ContainerRef, pid int) {
 	f.ctrs[id] = fakeContainer{ref: ref, pid: pid}
 }
 
+func (f *fakeRuntime) remove(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.ctrs, id)
+}
+
 func serveRuntime(t *testing.T, sock string) *fakeRuntime {
 	t.Helper()
 	ln, err := net.Listen("unix", sock)
@@ -254,7 +260,8 @@ const podGroup = `  a:
 // the lease: past memory_grace the CUDA process is ended (terminate_client,
 // then SIGKILL), the lease ends with the reason, naming the pod and the
 // container (mpsd's log, the plugin's), and the plugin leases the units
-// again and binds the new lease to the container. The container's other
+// again and binds the new lease to the container, and to the container
+// the kubelet starts in its place. The container's other
 // process, which is no CUDA process, runs on; so does a process of the
 // same uid outside the container that copied the lease's environment
 // (MPSD_LEASE_ID and all): the environment decides nothing. Binding is
@@ -394,6 +401,19 @@ func TestPodOverMemoryEnded(t *testing.T) {
 			t.Errorf("the plugin's log has no %q", want)
 		}
 	}
+
+	// The kubelet restarts the container: a new id, cgroup and first
+	// process; the plugin binds the lease to it.
+	renewed := st.Leases[0].ID
+	cid2 := fmt.Sprintf("%064x", time.Now().UnixNano())
+	pause2, err := startAs(exec.Command("sleep", "300"), attackerUID)
+	own(t, pause2, err, containerCgroup(t, cid2))
+	rt.remove(cid)
+	rt.add(cid2, ref, pause2.pid())
+	m.waitStatus("the lease bound to the restarted container", func(st api.Status) bool {
+		return len(st.Leases) == 1 && st.Leases[0].ID == renewed && st.Leases[0].Pod != nil && st.Leases[0].Pod.ContainerID == cid2 &&
+			slices.Contains(st.Leases[0].PIDs, pause2.pid()) && !slices.Contains(st.Leases[0].PIDs, pause.pid())
+	})
 
 	// The pod ends: once the kubelet lists no container holding the units
 	// for PodGoneAfter, the lease is released.

@@ -433,6 +433,15 @@ func kubeletInside(t *testing.T, work string, e engines) {
 	pipe := filepath.Join(cfgDir, "run", lease.Group, gpu.SimUUID(0), "pipe")
 	checkLeaseEnv(t, env, lease, pipe)
 	checkLeaseMounts(t, mounts, pipe)
+	// The plugin binds the lease to the pod's container (PodResources,
+	// then containerd's CRI): its processes are the lease's.
+	st = m.waitStatus("the pod's lease bound to its container", func(st api.Status) bool {
+		return len(st.Leases) == 1 && st.Leases[0].Pod != nil && len(st.Leases[0].PIDs) > 0
+	})
+	bound := st.Leases[0].Pod
+	if bound.Namespace != "default" || bound.Pod != podA || bound.Container != "main" || len(bound.ContainerID) != 64 {
+		t.Errorf("the pod's lease is bound to %+v; want default/%s container main", bound, podA)
+	}
 	// The check lets a container start that runs as a non-root uid and
 	// cannot gain root (allowPrivilegeEscalation: false): on this runtime
 	// its process has no capabilities (a non-root execve drops them), so it
@@ -459,9 +468,11 @@ func kubeletInside(t *testing.T, work string, e engines) {
 	m.start()
 	// Kept by mpsd, and held again by the new plugin (else mpsd would
 	// release it once its reconnect grace ran out).
-	m.waitStatus("the pod's lease kept across mpsd's restart and resumed by its plugin", func(st api.Status) bool {
+	// The new mpsd knows no binding until the plugin makes it again.
+	m.waitStatus("the pod's lease kept across mpsd's restart, resumed by its plugin and bound to its container again", func(st api.Status) bool {
 		return len(st.Leases) == 1 && st.Leases[0].ID == lease.ID && st.Leases[0].State == api.LeaseRunning &&
-			m.logLine(`msg="lease resumed"`, "component=deviceplugin", "lease="+lease.ID)
+			m.logLine(`msg="lease resumed"`, "component=deviceplugin", "lease="+lease.ID) &&
+			st.Leases[0].Pod != nil && *st.Leases[0].Pod == *bound
 	})
 	k.waitAllocatable(map[string]int{"mpsd.io/inference-sm": 100, "mpsd.io/training-sm": 50})
 
