@@ -85,6 +85,8 @@ type Sim struct {
 	devs []*simDevice
 	sets map[*simEventSet]struct{} // live event sets
 	refs int                       // Init minus Shutdown, as NVML counts it
+	// procsFile: where the MPS process table is kept (KeepMPSProcs).
+	procsFile string
 
 	// waiting is closed while some event set is waiting for events, and
 	// replaced by an open one when the last set is freed.

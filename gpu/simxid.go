@@ -2,10 +2,12 @@ package gpu
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"strconv"
@@ -115,9 +117,10 @@ func (s *Sim) procReport(line string, log *slog.Logger) {
 	}
 	if r.Gone {
 		_ = s.RemoveMPSServer(idx, r.Server)
-		return
+	} else {
+		_ = s.SetMPSServer(idx, r.Server, r.Clients)
 	}
-	_ = s.SetMPSServer(idx, r.Server, r.Clients)
+	s.saveMPSProcs()
 }
 
 func (s *Sim) indexOf(uuid string) int {
@@ -230,4 +233,65 @@ func peerUID(c *net.UnixConn) (uint32, error) {
 		return 0, cerr
 	}
 	return cred.Uid, nil
+}
+
+// KeepMPSProcs makes the MPS process table (SetMPSServer, RemoveMPSServer)
+// outlive this process, as a real driver's knowledge of a device's
+// processes outlives mpsd: the table is read from file now (servers that
+// have exited since are dropped, as the driver forgets them) and written
+// there after every process report of the emulated daemons. A file that
+// cannot be read is ignored (the table starts empty, as before).
+func (s *Sim) KeepMPSProcs(file string) error {
+	b, err := os.ReadFile(file)
+	if err == nil {
+		var saved map[string]map[int]map[int]uint64 // GPU UUID → server → client → bytes
+		if json.Unmarshal(b, &saved) == nil {
+			for uuid, servers := range saved {
+				idx := s.indexOf(uuid)
+				if idx < 0 {
+					continue
+				}
+				for server, clients := range servers {
+					if unix.Kill(server, 0) == unix.ESRCH {
+						continue
+					}
+					_ = s.SetMPSServer(idx, server, clients)
+				}
+			}
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("gpu: sim: read the MPS process table: %w", err)
+	}
+	s.mu.Lock()
+	s.procsFile = file
+	s.mu.Unlock()
+	return nil
+}
+
+// saveMPSProcs writes the MPS process table to the KeepMPSProcs file, if
+// any (atomically: a file written elsewhere and renamed).
+func (s *Sim) saveMPSProcs() {
+	s.mu.Lock()
+	file := s.procsFile
+	table := map[string]map[int]map[int]uint64{}
+	for _, d := range s.devs {
+		if len(d.mps) > 0 {
+			table[d.uuid] = map[int]map[int]uint64{}
+			for server, clients := range d.mps {
+				table[d.uuid][server] = maps.Clone(clients)
+			}
+		}
+	}
+	s.mu.Unlock()
+	if file == "" {
+		return
+	}
+	b, err := json.Marshal(table)
+	if err != nil {
+		return
+	}
+	tmp := file + ".tmp"
+	if os.WriteFile(tmp, b, 0o600) == nil {
+		_ = os.Rename(tmp, file)
+	}
 }

@@ -246,3 +246,54 @@ func TestHostProcesses(t *testing.T) {
 		t.Error("Processes of a GPU the host does not have: no error")
 	}
 }
+
+// The MPS process table outlives the Sim that heard it, as a driver's
+// outlives mpsd: a new Sim keeping the same file lists the live server's
+// clients again, and forgets a server that has exited since.
+func TestKeepMPSProcs(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "sim-procs.json")
+	sleeper := exec.Command("sleep", "60")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sleeper.Process.Kill(); _ = sleeper.Wait() })
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	live, gone := sleeper.Process.Pid, dead.Process.Pid
+
+	s1, err := NewSim(SimSpec{GPUs: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ret := s1.NVML().Init(); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	defer s1.NVML().Shutdown()
+	if err := s1.KeepMPSProcs(file); err != nil {
+		t.Fatal(err)
+	}
+	uuid := SimUUID(0)
+	s1.procReport(fmt.Sprintf("procs %s %d %d=%d\n", uuid, live, 4242, 1<<20), slog.New(slog.DiscardHandler))
+	s1.procReport(fmt.Sprintf("procs %s %d %d=%d\n", uuid, gone, 4343, 1<<20), slog.New(slog.DiscardHandler))
+
+	s2, err := NewSim(SimSpec{GPUs: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.KeepMPSProcs(file); err != nil {
+		t.Fatal(err)
+	}
+	if ret := s2.NVML().Init(); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	defer s2.NVML().Shutdown()
+	clients, ret := s2.devs[0].GetMPSComputeRunningProcesses()
+	if ret != nvml.SUCCESS || len(clients) != 1 || clients[0].Pid != 4242 || clients[0].UsedGpuMemory != 1<<20 {
+		t.Fatalf("after a new Sim read the table: MPS clients %+v (%v); want only the live server's client 4242 with 1 MiB", clients, ret)
+	}
+	if err := s2.KeepMPSProcs(filepath.Join(t.TempDir(), "none.json")); err != nil {
+		t.Fatalf("a table not written yet: %v", err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -411,5 +412,43 @@ func TestContestedInstanceAdmitsNobody(t *testing.T) {
 	}
 	if in := instanceOf(e.d.Status(), "a", 0); in.Restarts != 0 {
 		t.Errorf("instance restarted %d times; an unleased client is no fault", in.Restarts)
+	}
+}
+
+// Alice's unleased client holds her server when mpsd restarts. The new
+// mpsd adopts the instance and places nothing on it until a
+// reconciliation has read MPS's client lists: Bob's request, made as soon
+// as mpsd is back, waits behind her client instead of being granted into
+// a hang inside MPS (before, the adopted instance took it at once, and
+// only the next probe's reconciliation, a probe interval later, knew of
+// Alice's client). The probe interval is long here so that the first
+// probe comes after Bob's request.
+func TestUnleasedHolderKnownAfterRestart(t *testing.T) {
+	wd := strings.Replace(faultWatchdog, "probe_interval: 250ms", "probe_interval: 5s", 1)
+	e := newEnvGPUs(t, 1, tenGroup+"    reconcile: report\n", wd)
+	in0, client := e.tenReady()
+	hp := e.unleasedClient(t, tenUIDAlice, in0, client, "--duration", "1m")
+	e.reconWaitMetric("mpsd_unreconciled_clients_total", "a", map[string]float64{reconUnleased: 1})
+
+	e.stop()
+	e.start()
+	bob := startProc(t, asUID(e.launch("--sm", "20", "--mem", "1G", "--", client, "--duration", "200ms"), tenUIDBob))
+	st := e.waitStatus("bob's request taken", func(st api.Status) bool {
+		return slices.ContainsFunc(st.Leases, func(l api.LeaseStatus) bool { return l.UID == tenUIDBob })
+	})
+	if i := slices.IndexFunc(st.Leases, func(l api.LeaseStatus) bool { return l.UID == tenUIDBob }); st.Leases[i].State != api.LeaseQueued {
+		t.Fatalf("after mpsd's restart bob's request is %s while alice's unleased client holds her server; want it queued", st.Leases[i].State)
+	}
+	e.waitLogAny("adopted instance reconciled; it takes leases")
+	e.d.mu.Lock()
+	granted := len(e.d.instances["a/0"].leases)
+	e.d.mu.Unlock()
+	if granted != 0 {
+		t.Fatalf("after the adopted instance's reconciliation bob's request was granted while alice's unleased client holds her server")
+	}
+	_ = hp.cmd.Process.Kill()
+	hp.wait(t)
+	if r := bob.wait(t); r.code != 0 {
+		t.Fatalf("bob: exit %d, stderr %q", r.code, r.stderr)
 	}
 }

@@ -352,6 +352,13 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 				d.serversLostWhileAway(in)
 			}
 			d.mu.Lock()
+			if how == "adopted" && !in.p.Multiuser {
+				// Placed on nothing until a reconciliation has read MPS's
+				// client lists: a member's unleased client the previous
+				// mpsd knew of holds its server for its uid, and another
+				// uid's grant would hang inside MPS behind it.
+				in.holds.unreconciled = true
+			}
 			if in.life == instStarting {
 				// Else a fault found meanwhile made it recovering: the
 				// recovery reopens it.
@@ -359,7 +366,11 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 					d.scheduleLocked(in.group)
 				}
 			}
+			held := in.holds.unreconciled
 			d.mu.Unlock()
+			if held {
+				d.reconcileSoon(in, true)
+			}
 			in.log.Info("instance up", "how", how, "daemon_pid", dm.PID(), "multiuser", cfg.Multiuser)
 			d.mu.Lock()
 			orphaned := len(in.leases)
@@ -670,6 +681,21 @@ func (d *Daemon) serversLostWhileAway(in *instance) {
 			"servers", lost, "leases", victims)
 		d.reportFault(in, lostWhileAwayFault(in, lost, victims))
 	}
+}
+
+// adoptReconciled opens an adopted instance once a reconciliation that
+// began after its adoption has ended (reconcileInstance): what holds its
+// servers is known now, or the instance is not up (a fault found
+// meanwhile; its recovery reopens it). d.mu is not held.
+func (d *Daemon) adoptReconciled(in *instance) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !in.holds.unreconciled {
+		return
+	}
+	in.holds.unreconciled = false
+	in.log.Info("adopted instance reconciled; it takes leases", "unleased_held", in.mps.held())
+	d.scheduleLocked(in.group)
 }
 
 // lostWhileAwayFault is the fault of servers lost while mpsd was away

@@ -164,6 +164,10 @@ type holds struct {
 	retiring bool
 	// restartPending: a start option changed; it restarts once empty.
 	restartPending bool
+	// unreconciled: adopted after an mpsd restart, and not reconciled
+	// since: the unleased clients holding its servers are not known yet
+	// (adoptReconciled).
+	unreconciled bool
 }
 
 // placementState is the state placement, status and metrics see: the one
@@ -176,7 +180,7 @@ func placementState(c lifecycle, h holds, restarts int) policy.InstanceState {
 		return policy.InstanceDraining
 	case c == instRecovering || (c != instUp && restarts > 0):
 		return policy.InstanceRecovering
-	case c != instUp:
+	case c != instUp || h.unreconciled:
 		return policy.InstanceStarting
 	default:
 		return policy.InstanceReady

@@ -24,6 +24,11 @@ import (
 // the socket they were started with).
 func XidSocket(stateDir string) string { return filepath.Join(stateDir, "sim-xid.sock") }
 
+// ProcsFile is where the simulated GPUs keep the MPS process table the
+// emulated daemons reported (gpu.Sim.KeepMPSProcs), in mpsd's state
+// directory beside XidSocket.
+func ProcsFile(stateDir string) string { return filepath.Join(stateDir, "sim-procs.json") }
+
 // MPS is base, mpsd's MPS configuration (its Env starting with PATH),
 // changed to run the emulator's programs in emulatorDir. Simulation only
 // changes where the programs are found: the emulator's control program,
@@ -61,6 +66,12 @@ func MPS(base mps.Config, emulatorDir, stateDir, driverVersion string) mps.Confi
 // root-only state directory keeps the socket from tenants
 // (ServeXidReports also checks the uid).
 func ServeXidReports(sim *gpu.Sim, stateDir string, log *slog.Logger) (stop func(), err error) {
+	// What the emulated daemons reported of their servers' clients is
+	// kept beside the socket, so that the next mpsd's simulated GPUs know
+	// the clients a real driver would still list.
+	if err := sim.KeepMPSProcs(ProcsFile(stateDir)); err != nil {
+		return nil, fmt.Errorf("simulate: %w", err)
+	}
 	stop, err = sim.ServeXidReports(XidSocket(stateDir), log)
 	if err != nil {
 		return nil, fmt.Errorf("simulate: %w", err)
