@@ -308,6 +308,22 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 		d.mu.Unlock()
 		dm, how, err := d.startDaemon(cfg, adopt)
 		cfg.Expect = nil // the saved daemon is looked for once
+		if err == nil && how != "adopted" && !toldGone {
+			d.mu.Lock()
+			orphaned := len(in.leases)
+			d.mu.Unlock()
+			if orphaned > 0 {
+				// Leases re-adopted from the state had their clients on a
+				// daemon that is gone (or was found hung and stopped):
+				// their MPS server went with it. Reported before the
+				// instance is up, so that it never looks up with them on
+				// it: a lease whose command that end killed would be
+				// taken for one that ended on its own (reapAdopted).
+				toldGone = true
+				d.reportFault(in, fault{kind: faultDaemonExit, restart: restartNone,
+					reason: fmt.Sprintf("the MPS control daemon of group %s on GPU %d was gone or hung when mpsd started; a new one runs", in.group, in.gpus[0].Index)})
+			}
+		}
 		if err == nil {
 			d.mu.Lock()
 			if d.shuttingDown {
@@ -372,16 +388,6 @@ func (d *Daemon) bringUp(in *instance, adopt bool) {
 				d.reconcileSoon(in, true)
 			}
 			in.log.Info("instance up", "how", how, "daemon_pid", dm.PID(), "multiuser", cfg.Multiuser)
-			d.mu.Lock()
-			orphaned := len(in.leases)
-			d.mu.Unlock()
-			if how != "adopted" && orphaned > 0 && !toldGone {
-				// Leases re-adopted from the state had their clients on a
-				// daemon that is gone (or was found hung and stopped):
-				// their MPS server went with it.
-				d.reportFault(in, fault{kind: faultDaemonExit, restart: restartNone,
-					reason: fmt.Sprintf("the MPS control daemon of group %s on GPU %d was gone or hung when mpsd started; a new one runs", in.group, in.gpus[0].Index)})
-			}
 			return
 		}
 		d.mu.Lock()

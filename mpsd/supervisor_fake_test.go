@@ -3,6 +3,7 @@ package mpsd
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -217,5 +218,51 @@ func TestFaultDuringBackoffHandledAfter(t *testing.T) {
 	defer d.mu.Unlock()
 	if got := in.restartsBy[faultServerExit]; got != 1 || len(in.pending) != 0 {
 		t.Fatalf("server exits handled %d, pending %d; want the one reported during the backoff handled", got, len(in.pending))
+	}
+}
+
+// mpsd restarts and finds the control daemon its saved lease ran on gone:
+// the new daemon's bring-up reports the lease's loss before the instance
+// is up, so that it never looks up with the lease on it (a lease whose
+// command that loss killed would then be taken by the reaper of
+// re-adopted leases for one that ended on its own: released as "command
+// ended while its launcher was away", not requeued; the chaos soak met
+// that race). The lease is revoked and requeued.
+func TestOrphanedLeaseReportedBeforeUp(t *testing.T) {
+	wd := policy.WatchdogConfig{BackoffInitial: time.Second, BackoffMax: 4 * time.Second,
+		QuarantineAfter: 3, QuarantineWindow: 10 * time.Minute, ProbeTimeout: time.Second, ProbeFailures: 2}
+	d, in, _, st := fakeCore(t, wd)
+	d.metrics = &metrics{requeues: map[string]uint64{}}
+	l := &lease{id: "g-1", group: "g", uid: 1000, state: leaseRunning, attempt: 1, requeue: 2, inst: in, box: newMailbox(d.log), log: d.log,
+		req: policy.Request{Group: "g", UID: 1000, SM: 10, Mem: 1 << 30, GPUs: 1, Procs: 1, Seq: 1}}
+	in.p.Budget = policy.Usage{SM: 100, Mem: 1 << 40, Clients: 48}
+	in.p.Assign(&l.req)
+	in.leases[l.id], d.leases[l.id] = l, l
+	var lifeAtReport []lifecycle
+	d.opts.faultHook = func(in *instance, f fault) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		lifeAtReport = append(lifeAtReport, in.life)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); d.bringUp(in, true) }()
+	st.wantCall(t, "adopt") // none there: the saved one is gone
+	st.wantCall(t, "start")
+	<-done
+	d.mu.Lock()
+	reported := slices.Clone(lifeAtReport)
+	d.mu.Unlock()
+	if len(reported) != 1 || reported[0] == instUp {
+		t.Fatalf("the lost daemon's fault was reported with the instance %v; want once, before it is up", reported)
+	}
+	waitCond(t, "the lease requeued", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return l.state == leaseQueued && l.attempt == 2
+	}, nil)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if in.life != instRecovering || len(in.pending) != 1 || in.pending[0].kind != faultDaemonExit {
+		t.Fatalf("after the bring-up: %s with %d faults pending; want recovering from the daemon's loss", in.life, len(in.pending))
 	}
 }
