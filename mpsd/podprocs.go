@@ -289,11 +289,14 @@ const podMemoryExceeded = "pod over its lease's memory: its container's CUDA pro
 // endPodClients ends the CUDA processes of lease l's container (b),
 // logging to log (l's): the container's processes that NVML lists on the
 // instance's GPUs (procs) or a server of it (servers, of dm) lists as its
-// client. Each client MPS lists is
-// terminated by its server first (killing a client with work in flight
-// can hang the server), then each is killed through a pidfd, after its
-// cgroups, read while the pidfd holds it, show it is still the
-// container's. It returns how many were ended.
+// client. Each is held by a pidfd and checked first: its cgroups, read
+// while the pidfd holds it, show it in the container, and an MPS client
+// (whose pid is the one the client gave its server, which another pod's
+// client may give too) is proven a client of one of the servers
+// (proveClient); a compute process beside MPS is the driver's own pid.
+// Then each client MPS lists is terminated by its server (killing a
+// client with work in flight can hang the server), and each is killed
+// through its pidfd. It returns how many were ended.
 func (d *Daemon) endPodClients(l *lease, log *slog.Logger, b *podBinding, dm control, servers []int, procs map[int][]gpu.ProcessMemory) int {
 	pids, err := b.pids()
 	if err != nil {
@@ -303,62 +306,90 @@ func (d *Daemon) endPodClients(l *lease, log *slog.Logger, b *podBinding, dm con
 	for _, pid := range pids {
 		mine[pid] = true
 	}
-	cuda := map[int]bool{}
+	// compute: true for a compute process beside MPS, false for an MPS
+	// client; server: the server that lists it as a client.
+	compute, server := map[int]bool{}, map[int]int{}
 	for _, list := range procs {
 		for _, pm := range list {
 			if mine[pm.PID] {
-				cuda[pm.PID] = true
+				compute[pm.PID] = compute[pm.PID] || pm.Kind == gpu.ProcessCompute
 			}
 		}
 	}
-	if dm != nil && !dm.Exited() {
-		for _, server := range servers {
+	live := dm != nil && !dm.Exited()
+	if live {
+		for _, s := range servers {
 			ctx, cancel := context.WithTimeout(d.ctx, time.Second)
-			clients, err := dm.ClientList(ctx, server)
+			clients, err := dm.ClientList(ctx, s)
 			cancel()
 			if err != nil {
 				continue
 			}
 			for _, c := range clients {
-				if !mine[c] {
-					continue
+				if mine[c] {
+					server[c] = s
+					if _, ok := compute[c]; !ok {
+						compute[c] = false
+					}
 				}
-				cuda[c] = true
-				ctx, cancel := context.WithTimeout(d.ctx, 2*time.Second)
-				if err := dm.TerminateClient(ctx, server, c); err != nil {
-					log.Warn("terminate_client of a pod's client failed; killing it", "lease", l.id, "pid", c, "server", server, "err", err)
-				}
-				cancel()
 			}
 		}
 	}
+	type target struct {
+		pid int
+		h   *pidHandle
+	}
+	var targets []target
+	defer func() {
+		for _, t := range targets {
+			t.h.close()
+		}
+	}()
+	for _, pid := range slices.Sorted(maps.Keys(compute)) {
+		h, err := openPid(d.proc, pid)
+		if err != nil {
+			continue // gone already
+		}
+		lines, err := procCgroups(d.proc, pid)
+		switch {
+		case !h.alive(), err != nil || !b.holds(lines):
+			h.close() // gone, or its pid names another process now
+			continue
+		case !compute[pid] && !d.provenClient(h, servers):
+			log.Warn("a pid listed as a client of the pod's lease is not proven a client of the instance's server; not signalled",
+				"pid", pid, "namespace", b.ref.Namespace, "pod", b.ref.Pod, "container", b.ref.Container)
+			h.close()
+			continue
+		}
+		targets = append(targets, target{pid, h})
+	}
+	for _, t := range targets {
+		if s := server[t.pid]; s != 0 && live {
+			ctx, cancel := context.WithTimeout(d.ctx, 2*time.Second)
+			if err := dm.TerminateClient(ctx, s, t.pid); err != nil {
+				log.Warn("terminate_client of a pod's client failed; killing it", "lease", l.id, "pid", t.pid, "server", s, "err", err)
+			}
+			cancel()
+		}
+	}
 	ended := 0
-	for _, pid := range slices.Sorted(maps.Keys(cuda)) {
-		if d.killPodProcess(b, pid) {
+	for _, t := range targets {
+		if d.killPodProcess(log, b, t.pid, t.h) {
 			ended++
 		}
 	}
 	return ended
 }
 
-// killPodProcess kills pid through a pidfd if it is still the container's
-// (b) and waits, a few seconds at most, for it to be gone; true once it
-// is.
-func (d *Daemon) killPodProcess(b *podBinding, pid int) bool {
-	h, err := openPid(d.proc, pid)
-	if err != nil {
-		return true // gone already
-	}
-	defer h.close()
-	lines, err := procCgroups(d.proc, pid)
+// killPodProcess kills the process h holds (pid, of the container b)
+// through the pidfd, unless it has ended already, and waits, a few
+// seconds at most, for it to be gone; true once it is.
+func (d *Daemon) killPodProcess(log *slog.Logger, b *podBinding, pid int, h *pidHandle) bool {
 	if !h.alive() {
 		return true
 	}
-	if err != nil || !b.holds(lines) {
-		return false // its pid names another process now
-	}
 	if err := unix.PidfdSendSignal(h.fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
-		d.log.Error("killing a pod's CUDA process failed", "pid", pid, "namespace", b.ref.Namespace, "pod", b.ref.Pod, "container", b.ref.Container, "err", err)
+		log.Error("killing a pod's CUDA process failed", "pid", pid, "namespace", b.ref.Namespace, "pod", b.ref.Pod, "container", b.ref.Container, "err", err)
 		return false
 	}
 	fds := []unix.PollFd{{Fd: int32(h.fd), Events: unix.POLLIN}}
@@ -373,4 +404,21 @@ func (d *Daemon) killPodProcess(b *podBinding, pid int) bool {
 		}
 	}
 	return !h.alive()
+}
+
+// provenClient reports whether the process h holds is a client of one of
+// servers (proveClient).
+func (d *Daemon) provenClient(h *pidHandle, servers []int) bool {
+	for _, s := range servers {
+		sh, err := openPid(d.proc, s)
+		if err != nil {
+			continue
+		}
+		ok, err := proveClient(d.proc, h, sh)
+		sh.close()
+		if err == nil && ok {
+			return true
+		}
+	}
+	return false
 }

@@ -69,7 +69,9 @@ func moveTo(t *testing.T, dir string, pid int) {
 // past memory_grace mpsd ends it, logs the pod and the container, counts
 // it (mpsd_pod_memory_exceeded_total), and ends the lease with
 // CodeLimitExceeded naming them, not requeued. The container's process
-// that is no CUDA process runs on. A binding to a process in no cgroup
+// that is no CUDA process runs on, though a client outside the container
+// gave MPS its pid (MPS then lists it as a client: unproven, it is never
+// signalled). A binding to a process in no cgroup
 // named after the container is refused.
 func TestPodLeaseOverMemoryEnded(t *testing.T) {
 	// The pod's uid reaches the pipe directory as a member (a group served
@@ -115,6 +117,12 @@ func TestPodLeaseOverMemoryEnded(t *testing.T) {
 	greedy := startProc(t, greedyCmd)
 	moveTo(t, cg, greedy.pid())
 	other := startProc(t, asUID(exec.Command("sleep", "300"), podUID))
+	// A client outside the container that gives MPS the pid of the
+	// container's process that is no CUDA process: MPS lists that pid as a
+	// client, which proves nothing.
+	claimCmd := asUID(exec.Command(filepath.Join(e.emu, "mpsemu-client"), "--claim-pid", strconv.Itoa(pause.pid()), "--duration", "1m"), podUID)
+	claimCmd.Env = greedyCmd.Env
+	claimer := startProc(t, claimCmd)
 
 	pod := api.PodContainer{Namespace: "tenants", Pod: "greedy", Container: "cuda", ContainerID: cid}
 	var ae *api.Error
@@ -154,7 +162,11 @@ func TestPodLeaseOverMemoryEnded(t *testing.T) {
 		t.Errorf("mpsd_pod_memory_exceeded_total{group=a} = %v, want 1", got)
 	}
 	if !alive(pause.pid()) || !alive(other.pid()) {
-		t.Errorf("a process that is no CUDA process of the container was ended")
+		t.Errorf("a process that is no CUDA process of the container, or none of it, was ended")
+	}
+	e.waitLogAny(fmt.Sprintf("not proven a client of the instance's server; not signalled\" group=a gpu=%s gpu_index=0 pid=%d namespace=tenants", lease.GPUUUIDs[0], pause.pid()))
+	if !alive(claimer.pid()) {
+		t.Errorf("the client outside the container that claimed a pid of it was ended")
 	}
 	e.waitStatus("no lease left", func(st api.Status) bool { return len(st.Leases) == 0 })
 }
