@@ -333,8 +333,15 @@ func step(st state, in input, tm timing) (state, []action) {
 					break
 				}
 				st.lease, st.attempt = ev.Lease, ev.Lease.Attempt
-				if st.verdict != nil {
-					// mpsd kept the lease: the failure was not its revocation.
+				if st.verdict != nil && st.verdict.why == verdictAway {
+					// The stream resumed after the command failed, and
+					// mpsd kept the lease: the failure was not its
+					// revocation. Any other verdict was reached with this
+					// stream open since the failure: its grant is the one
+					// a resume confirmed before, which says nothing of the
+					// failure (the release's answer or the revoked event
+					// does; the chaos soak met a server killed between a
+					// resume and the reading of its grant).
 					endVerdict()
 				}
 			case st.child:

@@ -308,6 +308,22 @@ func TestStep(t *testing.T) {
 					t.Errorf("state %+v", st)
 				}
 			}},
+		{name: "the resumed lease's grant read after the failure, with the stream open since: it says nothing of the failure",
+			st: failedVerdict(verdictRevoking), in: evGranted(grant("lease-1", 1)), phase: phaseVerdictPending, acts: nil,
+			check: func(t *testing.T, st state, _ []action) {
+				if st.verdict == nil || st.verdict.why != verdictRevoking {
+					t.Errorf("state %+v", st)
+				}
+			}},
+		{name: "a grant read while the release is asked for decides nothing either",
+			st: failedVerdict(verdictFailed), in: evGranted(grant("lease-1", 1)), phase: phaseVerdictPending, acts: nil},
+		{name: "the resumed lease's grant after the failure while mpsd was away: mpsd kept the lease, the failure was the command's",
+			st: failedVerdict(verdictAway), in: evGranted(grant("lease-1", 1)), phase: phaseDone, acts: []actionKind{actEnd},
+			check: func(t *testing.T, _ state, acts []action) {
+				if acts[0].code != 3 {
+					t.Errorf("end %+v", acts[0])
+				}
+			}},
 		{name: "the revocation mpsd announced never comes: the command's status, and a word why",
 			st: failedVerdict(verdictRevoking), in: input{kind: inVerdictDue, now: t0}, phase: phaseDone, acts: []actionKind{actSay, actEnd},
 			check: func(t *testing.T, _ state, acts []action) {
