@@ -2,6 +2,7 @@ package deviceplugin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"os"
@@ -63,9 +64,14 @@ func servePodResources(t *testing.T, sock string) *fakePodResources {
 // podSpecs stands for the API server.
 type podSpecs map[string]*corev1.Pod
 
-func (p podSpecs) Pod(_ context.Context, ns, name string) (*corev1.Pod, error) {
+func (p podSpecs) Pod(_ context.Context, ns, name string) (*kubeinfo.Pod, error) {
 	if pod := p[ns+"/"+name]; pod != nil {
-		return pod, nil
+		// As the API server sends it, decoded as the check reads it.
+		b, err := json.Marshal(pod)
+		if err != nil {
+			return nil, err
+		}
+		return kubeinfo.DecodePod(b)
 	}
 	return nil, errors.New("pods \"" + name + "\" not found")
 }

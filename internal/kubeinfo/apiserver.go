@@ -18,7 +18,6 @@ import (
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -227,7 +226,7 @@ func fileOrData(file, data string) ([]byte, error) {
 func (a *APIServer) Server() string { return a.server }
 
 // Pod reads namespace/name.
-func (a *APIServer) Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+func (a *APIServer) Pod(ctx context.Context, namespace, name string) (*Pod, error) {
 	u := a.server + "/api/v1/namespaces/" + url.PathEscape(namespace) + "/pods/" + url.PathEscape(name)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
@@ -260,14 +259,14 @@ func (a *APIServer) Pod(ctx context.Context, namespace, name string) (*corev1.Po
 		}
 		return nil, fmt.Errorf("kubeinfo: the API server at %s: get pod %s/%s: %s: %s", a.server, namespace, name, resp.Status, msg)
 	}
-	var pod corev1.Pod
-	if err := json.Unmarshal(b, &pod); err != nil {
+	pod, err := DecodePod(b)
+	if err != nil {
 		return nil, fmt.Errorf("kubeinfo: the API server at %s: pod %s/%s: %w", a.server, namespace, name, err)
 	}
-	if pod.Namespace != namespace || pod.Name != name {
-		return nil, fmt.Errorf("kubeinfo: the API server at %s answered pod %s/%s for %s/%s", a.server, pod.Namespace, pod.Name, namespace, name)
+	if pod.Metadata.Namespace != namespace || pod.Metadata.Name != name {
+		return nil, fmt.Errorf("kubeinfo: the API server at %s answered pod %s/%s for %s/%s", a.server, pod.Metadata.Namespace, pod.Metadata.Name, namespace, name)
 	}
-	return &pod, nil
+	return pod, nil
 }
 
 // InCluster is the kubeconfig value that means the service account of the
@@ -287,7 +286,7 @@ type LazyAPIServer struct {
 }
 
 // Pod reads namespace/name from the API server.
-func (l *LazyAPIServer) Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+func (l *LazyAPIServer) Pod(ctx context.Context, namespace, name string) (*Pod, error) {
 	l.mu.Lock()
 	a := l.a
 	if a == nil {

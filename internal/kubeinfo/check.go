@@ -3,13 +3,11 @@ package kubeinfo
 import (
 	"context"
 	"fmt"
-
-	corev1 "k8s.io/api/core/v1"
 )
 
 // PodGetter reads a pod's spec; *APIServer is one.
 type PodGetter interface {
-	Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
+	Pod(ctx context.Context, namespace, name string) (*Pod, error)
 }
 
 // RootCheck refuses containers that would run as host root: it finds the

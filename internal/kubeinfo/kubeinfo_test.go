@@ -75,7 +75,7 @@ func TestHostRoot(t *testing.T) {
 		{"root init container", init0, `init container "setup" runs as uid 0`},
 		{"root ephemeral container", eph, `ephemeral container "debug" runs as uid 0`},
 	} {
-		err := HostRoot(tc.pod)
+		err := HostRoot(fromAPI(t, tc.pod))
 		switch {
 		case tc.want == "" && err != nil:
 			t.Errorf("%s: refused: %v", tc.name, err)
@@ -87,13 +87,27 @@ func TestHostRoot(t *testing.T) {
 
 func TestAsksMPSD(t *testing.T) {
 	p := podWith(nil, nil, nil, nil)
-	if AsksMPSD(p) {
+	if AsksMPSD(fromAPI(t, p)) {
 		t.Error("a pod without resources asks for mpsd's")
 	}
 	p.Spec.Containers[1].Resources.Limits = corev1.ResourceList{"mpsd.io/inference-sm": {}}
-	if !AsksMPSD(p) {
+	if !AsksMPSD(fromAPI(t, p)) {
 		t.Error("a pod with an mpsd.io limit does not ask for mpsd's")
 	}
+}
+
+// fromAPI is pod as the API server sends it, decoded as the check reads it.
+func fromAPI(t *testing.T, pod *corev1.Pod) *Pod {
+	t.Helper()
+	b, err := json.Marshal(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := DecodePod(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // fakePodResources serves the kubelet's PodResources List on a unix socket.
@@ -308,9 +322,13 @@ func mustRead(t *testing.T, path string) []byte {
 
 type pods map[string]*corev1.Pod
 
-func (p pods) Pod(_ context.Context, ns, name string) (*corev1.Pod, error) {
+func (p pods) Pod(_ context.Context, ns, name string) (*Pod, error) {
 	if pod := p[ns+"/"+name]; pod != nil {
-		return pod, nil
+		b, err := json.Marshal(pod)
+		if err != nil {
+			return nil, err
+		}
+		return DecodePod(b)
 	}
 	return nil, errors.New("not found")
 }

@@ -1,10 +1,9 @@
 package kubeinfo
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
-
-	corev1 "k8s.io/api/core/v1"
 )
 
 // ResourcePrefix is the domain of mpsd's extended resources.
@@ -20,15 +19,15 @@ const ResourcePrefix = "mpsd.io/"
 // no_new_privs, and privileged containers cannot have it). Every container
 // counts, not only the one holding the units: a container of the same pod
 // may share its process namespace or volumes. nil means none can.
-func HostRoot(pod *corev1.Pod) error {
+func HostRoot(pod *Pod) error {
 	if pod.Spec.HostUsers != nil && !*pod.Spec.HostUsers {
 		return nil // a user namespace: the pod's uid 0 is not the host's
 	}
 	psc := pod.Spec.SecurityContext
 	if psc == nil {
-		psc = &corev1.PodSecurityContext{}
+		psc = &PodSecurityContext{}
 	}
-	check := func(kind string, name string, sc *corev1.SecurityContext) error {
+	check := func(kind string, name string, sc *SecurityContext) error {
 		uid, nonRoot := psc.RunAsUser, psc.RunAsNonRoot
 		if sc != nil && sc.RunAsUser != nil {
 			uid = sc.RunAsUser
@@ -69,9 +68,9 @@ func HostRoot(pod *corev1.Pod) error {
 
 // AsksMPSD reports whether a container of pod asks for an mpsd.io
 // resource.
-func AsksMPSD(pod *corev1.Pod) bool {
-	asks := func(rr corev1.ResourceRequirements) bool {
-		for _, l := range []corev1.ResourceList{rr.Limits, rr.Requests} {
+func AsksMPSD(pod *Pod) bool {
+	asks := func(rr ResourceRequirements) bool {
+		for _, l := range []map[string]json.RawMessage{rr.Limits, rr.Requests} {
 			for k := range l {
 				if strings.HasPrefix(string(k), ResourcePrefix) {
 					return true
