@@ -188,8 +188,9 @@ func TestRestartWhileLaunchesFlow(t *testing.T) {
 
 // A lease whose release the previous mpsd finished (its command gone, its
 // cgroup deleted) but had not yet written down when it went is released
-// by the next mpsd at once, not held for the reconnect grace: its attempt
-// ran, and without its cgroup nothing of it can still run.
+// by the next mpsd within seconds (reapAdoptedAfter), not held for the
+// reconnect grace: its attempt ran, and without its cgroup nothing of it
+// can still run.
 func TestAdoptedLeaseWithoutCgroup(t *testing.T) {
 	e := newEnv(t, oneGroup, "")
 	e.opts.ReconnectGrace = time.Hour

@@ -1212,11 +1212,23 @@ func (d *Daemon) adoptLeases(saved savedState) {
 // checked for an empty cgroup.
 const reapAdoptedEvery = 250 * time.Millisecond
 
+// reapAdoptedAfter is how long after mpsd's start the first check waits:
+// a launcher that is there resumes its lease within it and tells its
+// command's end itself (the chaos soak met a lease released 28 ms after a
+// restart, a millisecond before its launcher resumed it and was told it
+// was unknown); the check is for launchers that are gone.
+const reapAdoptedAfter = 2 * time.Second
+
 // reapAdopted releases re-adopted leases whose launcher has not resumed
 // them and whose cgroup has emptied: the command ended while mpsd was
 // away (or while its launcher was still reconnecting), so nothing is left
 // to wait for. It returns once every re-adopted lease is resumed or gone.
 func (d *Daemon) reapAdopted() {
+	select {
+	case <-d.ctx.Done():
+		return
+	case <-d.after(reapAdoptedAfter):
+	}
 	t := d.clock.NewTicker(reapAdoptedEvery)
 	defer t.Stop()
 	for {
