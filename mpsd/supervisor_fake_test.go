@@ -48,6 +48,28 @@ func fakeCore(t *testing.T, wd policy.WatchdogConfig, outcomes ...error) (*Daemo
 	return d, in, clk, st
 }
 
+// waitsExactly checks that the code under test has armed a timer due in
+// exactly want and starts nothing before it is due: it moves the clock to
+// a nanosecond short of it, checks that no starter call came, then to it.
+// ended closes if the code under test ends instead.
+func waitsExactly(t *testing.T, clk *clock.Fake, st *fakeStarter, ended <-chan struct{}, want time.Duration, what string) {
+	t.Helper()
+	if !clk.WaitPending(1, ended) {
+		t.Fatalf("%s: the code under test ended without waiting", what)
+	}
+	at, _ := clk.NextDeadline()
+	if got := at.Sub(clk.Now()); got != want {
+		t.Fatalf("%s waits %v, want %v", what, got, want)
+	}
+	clk.Advance(want - time.Nanosecond)
+	select {
+	case how := <-st.calls:
+		t.Fatalf("%s: %s came before %v had passed", what, how, want)
+	default:
+	}
+	clk.Advance(time.Nanosecond)
+}
+
 func (st *fakeStarter) wantCall(t *testing.T, want string) {
 	t.Helper()
 	select {
@@ -77,20 +99,7 @@ func TestBringUpBacksOffOnTheClock(t *testing.T) {
 			st.wantCall(t, "adopt")
 		}
 		st.wantCall(t, "start")
-		if !clk.WaitPending(1, done) {
-			t.Fatalf("start %d failed and the bring-up ended without waiting to retry", i+1)
-		}
-		at, _ := clk.NextDeadline()
-		if got := at.Sub(clk.Now()); got != backoff {
-			t.Fatalf("after failed start %d the retry waits %v, want %v", i+1, got, backoff)
-		}
-		clk.Advance(backoff - time.Nanosecond)
-		select {
-		case how := <-st.calls:
-			t.Fatalf("retry %d (%s) came before its backoff of %v had passed", i+1, how, backoff)
-		default:
-		}
-		clk.Advance(time.Nanosecond)
+		waitsExactly(t, clk, st, done, backoff, fmt.Sprintf("after failed start %d the retry", i+1))
 	}
 	st.wantCall(t, "adopt")
 	st.wantCall(t, "start")
@@ -135,20 +144,7 @@ func TestDaemonCrashLoopOnTheClock(t *testing.T) {
 		st.daemon(i).exit(1)
 		if delay > 0 {
 			// The recovery waits its backoff before the restart.
-			if !clk.WaitPending(1, in.done) {
-				t.Fatalf("failure %d: the supervisor ended", i+1)
-			}
-			at, _ := clk.NextDeadline()
-			if got := at.Sub(clk.Now()); got != delay {
-				t.Fatalf("failure %d: restart waits %v, want %v", i+1, got, delay)
-			}
-			clk.Advance(delay - time.Nanosecond)
-			select {
-			case how := <-st.calls:
-				t.Fatalf("failure %d: %s before the backoff of %v passed", i+1, how, delay)
-			default:
-			}
-			clk.Advance(time.Nanosecond)
+			waitsExactly(t, clk, st, in.done, delay, fmt.Sprintf("after failure %d the restart", i+1))
 		}
 		st.wantCall(t, "adopt")
 		st.wantCall(t, "start")
