@@ -244,15 +244,17 @@ func peerUID(c *net.UnixConn) (uint32, error) {
 func (s *Sim) KeepMPSProcs(file string) error {
 	b, err := os.ReadFile(file)
 	if err == nil {
-		var saved map[string]map[int]map[int]uint64 // GPU UUID → server → client → bytes
+		var saved savedProcs
 		if json.Unmarshal(b, &saved) == nil {
-			for uuid, servers := range saved {
+			for uuid, servers := range saved.Servers {
 				idx := s.indexOf(uuid)
 				if idx < 0 {
 					continue
 				}
 				for server, clients := range servers {
-					if unix.Kill(server, 0) == unix.ESRCH {
+					// The same process, still running: not one that has
+					// exited (a zombie included) or taken its pid since.
+					if start, ok := runningSince(server); !ok || start != saved.Started[server] {
 						continue
 					}
 					_ = s.SetMPSServer(idx, server, clients)
@@ -273,18 +275,25 @@ func (s *Sim) KeepMPSProcs(file string) error {
 func (s *Sim) saveMPSProcs() {
 	s.mu.Lock()
 	file := s.procsFile
-	table := map[string]map[int]map[int]uint64{}
+	table := savedProcs{Servers: map[string]map[int]map[int]uint64{}, Started: map[int]uint64{}}
 	for _, d := range s.devs {
 		if len(d.mps) > 0 {
-			table[d.uuid] = map[int]map[int]uint64{}
+			table.Servers[d.uuid] = map[int]map[int]uint64{}
 			for server, clients := range d.mps {
-				table[d.uuid][server] = maps.Clone(clients)
+				table.Servers[d.uuid][server] = maps.Clone(clients)
 			}
 		}
 	}
 	s.mu.Unlock()
 	if file == "" {
 		return
+	}
+	for _, servers := range table.Servers {
+		for server := range servers {
+			if start, ok := runningSince(server); ok {
+				table.Started[server] = start
+			}
+		}
 	}
 	b, err := json.Marshal(table)
 	if err != nil {
@@ -294,4 +303,36 @@ func (s *Sim) saveMPSProcs() {
 	if os.WriteFile(tmp, b, 0o600) == nil {
 		_ = os.Rename(tmp, file)
 	}
+}
+
+// savedProcs is the KeepMPSProcs file: GPU UUID → server → client →
+// bytes, and each server's start time (clock ticks after boot), which the
+// next reader checks so that a pid taken by another process since is not
+// listed.
+type savedProcs struct {
+	Servers map[string]map[int]map[int]uint64 `json:"servers"`
+	Started map[int]uint64                    `json:"started"`
+}
+
+// runningSince is the start time of process pid (field 22 of its stat, in
+// clock ticks after boot), false when it has exited (a zombie included)
+// or cannot be read.
+func runningSince(pid int) (uint64, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
+		return 0, false
+	}
+	start, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return start, true
 }

@@ -249,7 +249,8 @@ func TestHostProcesses(t *testing.T) {
 
 // The MPS process table outlives the Sim that heard it, as a driver's
 // outlives mpsd: a new Sim keeping the same file lists the live server's
-// clients again, and forgets a server that has exited since.
+// clients again, and forgets a server that has exited since (reaped or
+// not).
 func TestKeepMPSProcs(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "sim-procs.json")
 	sleeper := exec.Command("sleep", "60")
@@ -262,6 +263,13 @@ func TestKeepMPSProcs(t *testing.T) {
 		t.Fatal(err)
 	}
 	live, gone := sleeper.Process.Pid, dead.Process.Pid
+	// A server that has exited and not been reaped yet (a zombie) is gone
+	// too, as the driver sees it.
+	zombie := exec.Command("true")
+	if err := zombie.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = zombie.Wait() })
 
 	s1, err := NewSim(SimSpec{GPUs: 1})
 	if err != nil {
@@ -277,6 +285,16 @@ func TestKeepMPSProcs(t *testing.T) {
 	uuid := SimUUID(0)
 	s1.procReport(fmt.Sprintf("procs %s %d %d=%d\n", uuid, live, 4242, 1<<20), slog.New(slog.DiscardHandler))
 	s1.procReport(fmt.Sprintf("procs %s %d %d=%d\n", uuid, gone, 4343, 1<<20), slog.New(slog.DiscardHandler))
+	for deadline := time.Now().Add(10 * time.Second); ; { // until true has exited: a zombie
+		if _, running := runningSince(zombie.Process.Pid); !running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("true did not exit within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	s1.procReport(fmt.Sprintf("procs %s %d %d=%d\n", uuid, zombie.Process.Pid, 4444, 1<<20), slog.New(slog.DiscardHandler))
 
 	s2, err := NewSim(SimSpec{GPUs: 1})
 	if err != nil {
