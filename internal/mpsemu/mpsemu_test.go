@@ -69,8 +69,18 @@ func TestDaemonFilesPerGeneration(t *testing.T) {
 					t.Errorf("control.log line %q not in MPS format", l)
 				}
 			}
+			daemon := m.lockHolder()
+			if daemon == 0 {
+				t.Fatal("no process holds control_lock while the daemon runs")
+			}
 			if r := m.control("quit\n"); r.code != 0 || r.stdout != "" {
 				t.Fatalf("quit: %+v", r)
+			}
+			// NVIDIA's daemon answers quit before it removes its FIFO
+			// and exits: the files are final once it has gone.
+			emutest.WaitGone(daemon)
+			if emutest.Alive(daemon) {
+				t.Fatalf("daemon %d still runs 5 s after quit", daemon)
 			}
 			if got := listDir(t, m.pipe); got != tt.end {
 				t.Errorf("pipe dir after quit: %q; want %q", got, tt.end)
