@@ -727,13 +727,13 @@ func lostWhileAway(saved map[int]int, m *mpsModel, leases map[string]*lease, mul
 		if _, live := m.servers[pid]; live {
 			continue
 		}
-		any := false
+		candidates := false
 		for id, l := range leases {
 			if l.state == leaseRunning && (multiuser || uid < 0 || l.uid == uint32(uid)) {
-				hit[id], any = true, true
+				hit[id], candidates = true, true
 			}
 		}
-		if any {
+		if candidates {
 			lost = append(lost, pid)
 		}
 	}

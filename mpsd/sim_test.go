@@ -374,7 +374,7 @@ func (w *simWorld) mpsdRestarts() error {
 		}
 		w.tally["server lost while away"]++
 		w.logf("mpsd: servers %v lost while away; victims %v", lost, victims)
-		if err := w.recover(si, []fault{lostWhileAwayFault(in, lost, victims)}); err != nil {
+		if err := w.recover(si, []fault{lostWhileAwayFault(in, lost, victims)}, true); err != nil {
 			return err
 		}
 	}
@@ -619,14 +619,14 @@ func (w *simWorld) deliver(si *simInst) error {
 		for i, l := range victims {
 			ids[i] = l.id
 		}
-		return w.recover(si, []fault{{kind: faultServerExit, restart: restartNone, leases: ids, reason: "server died"}})
+		return w.recover(si, []fault{{kind: faultServerExit, restart: restartNone, leases: ids, reason: "server died"}}, false)
 	case evXid:
 		f := fault{kind: faultXid, restart: restartServer, reason: "Xid"}
 		if c := w.leaseOfPID(si, ev.xidPID); c != nil {
 			f.culprit = culpritID{lease: c.id, uid: c.uid}
 		}
 		w.logf("mpsd: Xid pid %d culprit %q", ev.xidPID, f.culprit.lease)
-		return w.recover(si, []fault{f})
+		return w.recover(si, []fault{f}, false)
 	}
 	return nil
 }
@@ -694,7 +694,7 @@ func (w *simWorld) anonXid(si *simInst) {
 func (w *simWorld) daemonHang(si *simInst) error {
 	w.tally["daemon hang"]++
 	w.logf("daemon of %s hangs", si.in.key)
-	if err := w.recover(si, []fault{{kind: faultHung, restart: restartDaemon, reason: "control daemon stopped answering"}}); err != nil {
+	if err := w.recover(si, []fault{{kind: faultHung, restart: restartDaemon, reason: "control daemon stopped answering"}}, false); err != nil {
 		return err
 	}
 	// The old daemon, its servers and their clients are gone.
@@ -829,8 +829,11 @@ func (w *simWorld) resume(si *simInst) {
 }
 
 // recover runs one recovery of the faults: mpsd's plan, then the
-// revocation, the server's restart and the requeues.
-func (w *simWorld) recover(si *simInst, faults []fault) error {
+// revocation, the server's restart and the requeues. chargesNobody is
+// the simulation's own knowledge, whatever mpsd marked the faults: a
+// server lost while mpsd was away may have been ended by MPS itself, so
+// its fault charges nobody.
+func (w *simWorld) recover(si *simInst, faults []fault, chargesNobody bool) error {
 	in := si.in
 	f := combineFaults(faults)
 	attemptsBefore := map[string]int{}
@@ -838,9 +841,7 @@ func (w *simWorld) recover(si *simInst, faults []fault) error {
 		attemptsBefore[id] = l.charged()
 	}
 	blamed, anonymous := culprits(faults)
-	// A server lost while mpsd was away may have been ended by MPS
-	// itself: its fault charges nobody, whatever mpsd marked it.
-	uncharged := !slices.ContainsFunc(faults, func(f fault) bool { return !f.uncharged && !strings.HasSuffix(f.reason, "while mpsd was away") })
+	uncharged := chargesNobody
 	plan := in.planRecoveryLocked(faults, f, w.now, w.wd)
 	// The simulation's own count of the rule.
 	if uncharged {
