@@ -25,7 +25,7 @@ func (d *Daemon) serveRestart(w http.ResponseWriter, r *http.Request) {
 	if !d.requireAdmin(w, r) {
 		return
 	}
-	t, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.AdminTarget, error) { return api.DecodeAdminTarget(r.Body) })
+	t, ok := readBody(w, r, d.opts.RequestTimeout, api.DecodeAdminTarget)
 	if !ok {
 		return
 	}
@@ -52,7 +52,7 @@ func (d *Daemon) serveRequeue(w http.ResponseWriter, r *http.Request) {
 	if !d.requireAdmin(w, r) {
 		return
 	}
-	q, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.RequeueRequest, error) { return api.DecodeRequeueRequest(r.Body) })
+	q, ok := readBody(w, r, d.opts.RequestTimeout, api.DecodeRequeueRequest)
 	if !ok {
 		return
 	}
@@ -84,7 +84,7 @@ func (d *Daemon) serveInjectXid(w http.ResponseWriter, r *http.Request) {
 	if !d.requireAdmin(w, r) {
 		return
 	}
-	q, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.InjectXidRequest, error) { return api.DecodeInjectXidRequest(r.Body) })
+	q, ok := readBody(w, r, d.opts.RequestTimeout, api.DecodeInjectXidRequest)
 	if !ok {
 		return
 	}

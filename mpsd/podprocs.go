@@ -230,16 +230,11 @@ func (d *Daemon) podRef(id string) *api.PodContainer {
 // the kubelet device plugin runs as (a pod's processes are never host
 // root: the plugin refuses to start them so).
 func (d *Daemon) serveBindPod(w http.ResponseWriter, r *http.Request) {
-	p, _, ok := d.credentials(r)
+	p, _, req, ok := openRequest(d, w, r, api.DecodeBindPodRequest)
 	if !ok {
-		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, "cannot identify the caller (no peer credentials)")
 		return
 	}
 	id := r.PathValue("id")
-	req, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.BindPodRequest, error) { return api.DecodeBindPodRequest(r.Body) })
-	if !ok {
-		return
-	}
 	if p.uid != 0 {
 		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("uid %d may not bind a lease to a container: only root (the kubelet device plugin) may", p.uid))
 		return

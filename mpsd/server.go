@@ -106,12 +106,25 @@ func credentialsOf(p peer) policy.Credentials {
 	return c
 }
 
+// openRequest opens a handler: it identifies the caller by its peer
+// credentials (403 when it cannot) and reads the request body with
+// decode (readBody). ok false: the answer has been written.
+func openRequest[T any](d *Daemon, w http.ResponseWriter, r *http.Request, decode func(io.Reader) (T, error)) (p peer, c policy.Credentials, req T, ok bool) {
+	p, c, ok = d.credentials(r)
+	if !ok {
+		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, "cannot identify the caller (no peer credentials)")
+		return p, c, req, false
+	}
+	req, ok = readBody(w, r, d.opts.RequestTimeout, decode)
+	return p, c, req, ok
+}
+
 // readBody gives the client timeout to send its body, then lifts the
 // deadline again: a lease stream's connection lives long.
-func readBody[T any](w http.ResponseWriter, r *http.Request, timeout time.Duration, decode func(*http.Request) (T, error)) (T, bool) {
+func readBody[T any](w http.ResponseWriter, r *http.Request, timeout time.Duration, decode func(io.Reader) (T, error)) (T, bool) {
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(timeout))
-	v, err := decode(r)
+	v, err := decode(r.Body)
 	if err != nil {
 		// The deadline stays: the server drains an unread body after the
 		// handler, and a client that never sends it must not hold the
@@ -133,12 +146,7 @@ func readBody[T any](w http.ResponseWriter, r *http.Request, timeout time.Durati
 }
 
 func (d *Daemon) serveLease(w http.ResponseWriter, r *http.Request) {
-	p, c, ok := d.credentials(r)
-	if !ok {
-		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, "cannot identify the caller (no peer credentials)")
-		return
-	}
-	req, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.LeaseRequest, error) { return api.DecodeLeaseRequest(r.Body) })
+	p, c, req, ok := openRequest(d, w, r, api.DecodeLeaseRequest)
 	if !ok {
 		return
 	}
@@ -348,16 +356,11 @@ func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, err
 }
 
 func (d *Daemon) serveAttach(w http.ResponseWriter, r *http.Request) {
-	p, _, ok := d.credentials(r)
+	p, _, req, ok := openRequest(d, w, r, api.DecodeAttachRequest)
 	if !ok {
-		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, "cannot identify the caller (no peer credentials)")
 		return
 	}
 	id := r.PathValue("id")
-	req, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.AttachRequest, error) { return api.DecodeAttachRequest(r.Body) })
-	if !ok {
-		return
-	}
 	d.mu.Lock()
 	l, found := d.leases[id]
 	var running bool
@@ -454,16 +457,11 @@ func callersLease(w http.ResponseWriter, l *lease, found bool, uid uint32, id st
 // status no longer shows it by the time the launcher exits. Closing the
 // stream does the same, a moment after the launcher is gone.
 func (d *Daemon) serveRelease(w http.ResponseWriter, r *http.Request) {
-	p, _, ok := d.credentials(r)
+	p, _, q, ok := openRequest(d, w, r, api.DecodeReleaseRequest)
 	if !ok {
-		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, "cannot identify the caller (no peer credentials)")
 		return
 	}
 	id := r.PathValue("id")
-	q, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.ReleaseRequest, error) { return api.DecodeReleaseRequest(r.Body) })
-	if !ok {
-		return
-	}
 	var l *lease
 	for waited := false; ; waited = true {
 		d.mu.Lock()
@@ -669,7 +667,7 @@ func (d *Daemon) serveAdmin(w http.ResponseWriter, r *http.Request, drain bool) 
 	if !d.requireAdmin(w, r) {
 		return
 	}
-	t, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.AdminTarget, error) { return api.DecodeAdminTarget(r.Body) })
+	t, ok := readBody(w, r, d.opts.RequestTimeout, api.DecodeAdminTarget)
 	if !ok {
 		return
 	}

@@ -31,7 +31,7 @@ func (d *Daemon) serveShutdown(w http.ResponseWriter, r *http.Request) {
 	if !d.requireAdmin(w, r) {
 		return
 	}
-	if _, ok := readBody(w, r, d.opts.RequestTimeout, func(r *http.Request) (api.ShutdownRequest, error) { return api.DecodeShutdownRequest(r.Body) }); !ok {
+	if _, ok := readBody(w, r, d.opts.RequestTimeout, api.DecodeShutdownRequest); !ok {
 		return
 	}
 	_, c, _ := d.credentials(r)
