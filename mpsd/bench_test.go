@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/leasetest"
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
 	"github.com/mpsd/mpsd/internal/testrun"
 	"github.com/mpsd/mpsd/policy"
@@ -1132,43 +1133,16 @@ func BenchmarkStateChurn(b *testing.B) {
 // churnBody is req as the churning tenant sends it: '<' as itself (the
 // request's bound is on its bytes).
 func churnBody(b *testing.B, req api.LeaseRequest) string {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(req); err != nil {
+	body, err := leasetest.Body(req)
+	if err != nil {
 		b.Fatal(err)
 	}
-	return buf.String()
+	return body
 }
 
 // churnQueue posts a lease request and reads its stream up to its queued
 // event; the request stays queued until the returned body is closed.
 func churnQueue(c *http.Client, body string) (io.Closer, error) {
-	resp, err := c.Post("http://mpsd"+api.PathLeases, api.ContentTypeJSON, strings.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		e := api.DecodeError(resp.StatusCode, resp.Body)
-		_ = resp.Body.Close()
-		return nil, e
-	}
-	dec := api.NewEventDecoder(resp.Body)
-	for {
-		ev, err := dec.Next()
-		if err != nil {
-			_ = resp.Body.Close()
-			return nil, err
-		}
-		switch ev.Type {
-		case api.EventQueued:
-			return resp.Body, nil
-		case api.EventError:
-			_ = resp.Body.Close()
-			return nil, fmt.Errorf("%s: %s", ev.Code, ev.Message)
-		case api.EventGranted:
-			_ = resp.Body.Close()
-			return nil, fmt.Errorf("granted, not queued: group a's room is taken")
-		}
-	}
+	h, _, err := leasetest.Ask(c, body, api.EventQueued)
+	return h, err
 }

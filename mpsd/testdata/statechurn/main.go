@@ -13,9 +13,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -25,6 +23,7 @@ import (
 	"strings"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/leasetest"
 )
 
 func main() {
@@ -75,38 +74,12 @@ func main() {
 // ask sends a lease request and reads its stream up to an event of type
 // want, returning the stream to hold.
 func ask(c *http.Client, req api.LeaseRequest, want api.EventType) (io.Closer, error) {
-	// '<' as itself: escaped, 16 KiB of it would pass the request's
-	// bound.
-	var body bytes.Buffer
-	enc := json.NewEncoder(&body)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(req); err != nil {
-		return nil, err
-	}
-	resp, err := c.Post("http://mpsd"+api.PathLeases, api.ContentTypeJSON, &body)
+	body, err := leasetest.Body(req)
 	if err != nil {
 		return nil, err
 	}
-	if resp.StatusCode != http.StatusOK {
-		e := api.DecodeError(resp.StatusCode, resp.Body)
-		_ = resp.Body.Close()
-		return nil, e
-	}
-	dec := api.NewEventDecoder(resp.Body)
-	for {
-		ev, err := dec.Next()
-		if err != nil {
-			_ = resp.Body.Close()
-			return nil, err
-		}
-		switch ev.Type {
-		case want:
-			return resp.Body, nil
-		case api.EventError:
-			_ = resp.Body.Close()
-			return nil, fmt.Errorf("%s: %s", ev.Code, ev.Message)
-		}
-	}
+	h, _, err := leasetest.Ask(c, body, want)
+	return h, err
 }
 
 func fail(format string, args ...any) {
