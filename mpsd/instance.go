@@ -131,10 +131,13 @@ type instance struct {
 	// shm is what the last check of its private /dev/shm found (shm.go).
 	shm shmState
 	// logLost: the daemon whose log was found lost, and since when
-	// (loglost.go); xidBell is closed at the next Xid on the instance's
-	// GPUs (a release waits on it while the log is lost).
+	// (loglost.go).
 	logLost logLoss
-	xidBell chan struct{}
+	// bell is closed at the next change a waiting release looks at (an
+	// Xid on the instance's GPUs, a probe's outcome, a fault reported):
+	// releases wait on it while the log is lost (loglost.go) or the
+	// daemon does not answer (unanswered.go).
+	bell chan struct{}
 }
 
 func (in *instance) markTried() { in.triedOnce.Do(func() { close(in.tried) }) }

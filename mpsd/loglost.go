@@ -88,12 +88,21 @@ func (d *Daemon) checkLog(in *instance, dm control) {
 	}
 }
 
-// ringXidLocked wakes whoever waits for an Xid on the instance's GPUs.
-func (in *instance) ringXidLocked() {
-	if in.xidBell != nil {
-		close(in.xidBell)
-		in.xidBell = nil
+// ringLocked wakes whoever waits on the instance's bell (an Xid on its
+// GPUs, a probe's outcome, a fault reported).
+func (in *instance) ringLocked() {
+	if in.bell != nil {
+		close(in.bell)
+		in.bell = nil
 	}
+}
+
+// bellLocked is the channel the next ringLocked closes.
+func (in *instance) bellLocked() <-chan struct{} {
+	if in.bell == nil {
+		in.bell = make(chan struct{})
+	}
+	return in.bell
 }
 
 // waitXidIfLogLost: a release of l (its command ended) on an instance
@@ -111,10 +120,7 @@ func (d *Daemon) waitXidIfLogLost(ctx context.Context, l *lease) {
 			d.mu.Unlock()
 			return
 		}
-		if in.xidBell == nil {
-			in.xidBell = make(chan struct{})
-		}
-		bell := in.xidBell
+		bell := in.bellLocked()
 		d.mu.Unlock()
 		select {
 		case <-bell:

@@ -500,8 +500,10 @@ func (d *Daemon) serveRelease(w http.ResponseWriter, r *http.Request) {
 		t.Stop()
 	}
 	// Without the instance's log, a fault that ended the command can be
-	// seen only in its Xid (loglost.go).
+	// seen only in its Xid (loglost.go); while its daemon does not
+	// answer, only once it does again or is found hung (unanswered.go).
 	d.waitXidIfLogLost(r.Context(), l)
+	d.waitWhileUnanswered(r.Context(), l)
 	revoking := false
 	d.releaseUnless(l, "its command ended", func(l *lease) bool {
 		revoking = l.revocationComingLocked(q.Attempt)

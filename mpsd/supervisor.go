@@ -317,6 +317,7 @@ func (d *Daemon) probe(in *instance, timeout time.Duration, failures int) {
 		d.mu.Unlock()
 		return
 	}
+	in.ringLocked() // a release waiting while the daemon did not answer
 	if err == nil {
 		in.probeFails = 0
 		caps := !in.capsProbing

@@ -223,7 +223,7 @@ func (d *Daemon) xidConfirms(ev gpu.XidEvent, alsoReported map[*instance]bool) {
 		if !slices.Contains(in.p.GPUs, ev.GPU) {
 			continue
 		}
-		in.ringXidLocked() // a release waiting while the log is lost
+		in.ringLocked() // a release waiting while the log is lost
 		if len(in.claims) == 0 {
 			if alsoReported[in] && ev.Time.After(in.xidUsed) {
 				// The Xid took the instance down itself: the record of

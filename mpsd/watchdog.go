@@ -123,6 +123,7 @@ func (d *Daemon) reportFault(in *instance, f fault) {
 		// A probe under way would keep the recovery waiting.
 		in.probeCancel()
 	}
+	in.ringLocked() // a release waiting for the fault's verdict
 	in.kickLocked()
 }
 
@@ -399,6 +400,7 @@ func (d *Daemon) restartDaemon(in *instance, old control) {
 			}
 			in.daemon, in.logHandled = dm, dm.ServerLogStart()
 			in.probeFails = 0
+			in.ringLocked()
 			// Saved at once, as in bringUp: the next mpsd adopts only the
 			// daemon the state file names.
 			d.store.request()

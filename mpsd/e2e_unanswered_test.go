@@ -1,0 +1,90 @@
+package mpsd
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
+)
+
+// A fault while the control daemon does not answer. The instance's daemon
+// is stopped (SIGSTOP: stuck, as a daemon can be), so it passes on none of
+// its server's log records; then Bob's client faults. The server tells
+// both clients at once (Alice's and Bob's), both commands fail, and both
+// launchers ask for their release a second later, before mpsd has any
+// record of the fault. mpsd must not take those commands for ended by
+// themselves: the releases wait while the daemon fails its probes, the
+// daemon is found hung, and its recovery revokes and requeues both leases,
+// whose next runs end well. (Before, both were released and both jobs
+// ended with their commands' CUDA error, exit 70.)
+func TestFaultWhileDaemonUnansweredRequeues(t *testing.T) {
+	const aliceUID, bobUID = 64041, 64042
+	alice, bob := emutest.User(t, aliceUID), emutest.User(t, bobUID)
+	e := newEnvGPUs(t, 1, fmt.Sprintf(`  a:
+    users: [%s, %s]
+    memory: 10G
+    gpus: ["0"]
+    multiuser: true
+`, alice, bob), `watchdog:
+  probe_interval: 1s
+  probe_timeout: 500ms
+  probe_failures: 3
+  backoff_initial: 50ms
+  backoff_max: 1s`)
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	job := func(uid uint32, firstRun string) *proc {
+		return startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c",
+			`if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" `+firstRun+`; else exec "$0" --duration 100ms; fi`, client), uid))
+	}
+	ap := job(aliceUID, "--duration 1m")
+	bp := job(bobUID, "--fault-on-usr1 --duration 1m")
+	st := e.waitStatus("both clients connected", func(st api.Status) bool {
+		return len(st.Leases) == 2 && e.mpsClients(instanceOf(st, "a", 0)) >= 2
+	})
+	daemon := instanceOf(st, "a", 0).DaemonPID
+	if err := syscall.Kill(daemon, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(daemon, syscall.SIGCONT) })
+	e.waitLogAny("probe failed")
+	for _, l := range st.Leases {
+		if l.UID == bobUID {
+			for _, pid := range l.PIDs {
+				_ = syscall.Kill(pid, syscall.SIGUSR1) // the shell's exec'd client
+			}
+		}
+	}
+	for who, p := range map[string]*proc{"alice": ap, "bob": bp} {
+		r := p.wait(t)
+		if r.code != 0 || !strings.Contains(r.stderr, requeueLine) || !strings.Contains(r.stderr, "stopped answering") {
+			t.Errorf("%s: exit %d, stderr %q; want the faulted run revoked with the hung daemon and requeued, and the next one done", who, r.code, r.stderr)
+		}
+	}
+}
+
+// The release's wait is bounded by the hung verdict, one interval more,
+// and maxUnansweredWait.
+func TestUnansweredWait(t *testing.T) {
+	s := time.Second
+	for _, tt := range []struct {
+		interval, timeout time.Duration
+		failures, fails   int
+		want              time.Duration
+	}{
+		{s, s / 2, 3, 1, 4 * s},     // 2×1.5 s + 1 s
+		{s, s / 2, 3, 2, 5 * s / 2}, // 1×1.5 s + 1 s
+		{600 * time.Millisecond, 500 * time.Millisecond, 2, 1, 1700 * time.Millisecond},
+		{s, s / 2, 2, 5, 5 * s / 2},         // past the verdict: one more probe
+		{2 * s, s, 3, 1, maxUnansweredWait}, // 2×3 s + 2 s, bounded
+	} {
+		if got := unansweredWait(tt.interval, tt.timeout, tt.failures, tt.fails); got != tt.want {
+			t.Errorf("unansweredWait(%v, %v, %d, %d) = %v, want %v", tt.interval, tt.timeout, tt.failures, tt.fails, got, tt.want)
+		}
+	}
+}
