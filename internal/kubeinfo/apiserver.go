@@ -18,7 +18,7 @@ import (
 	"sync"
 	"time"
 
-	"sigs.k8s.io/yaml"
+	"go.yaml.in/yaml/v3"
 )
 
 // DefaultKubeconfig is the kubelet's own kubeconfig on a kubeadm node:
@@ -88,7 +88,7 @@ func NewAPIServer(path string) (*APIServer, error) {
 		return nil, fmt.Errorf("kubeinfo: kubeconfig: %w", err)
 	}
 	var kc kubeconfig
-	if err := yaml.Unmarshal(b, &kc); err != nil {
+	if err := unmarshalYAMLAsJSON(b, &kc); err != nil {
 		return nil, fmt.Errorf("kubeinfo: kubeconfig %s: %w", path, err)
 	}
 	dir := filepath.Dir(path)
@@ -303,4 +303,19 @@ func (l *LazyAPIServer) Pod(ctx context.Context, namespace, name string) (*Pod, 
 	}
 	l.mu.Unlock()
 	return a.Pod(ctx, namespace, name)
+}
+
+// unmarshalYAMLAsJSON decodes YAML into v by its json tags, as kubectl
+// reads a kubeconfig: YAML to a generic value, then JSON. It uses the YAML
+// decoder mpsd has already (its config's), not a second one.
+func unmarshalYAMLAsJSON(b []byte, v any) error {
+	var generic any
+	if err := yaml.Unmarshal(b, &generic); err != nil {
+		return err
+	}
+	j, err := json.Marshal(generic)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(j, v)
 }
