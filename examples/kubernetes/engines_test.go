@@ -141,6 +141,26 @@ func (m *mpsdProc) stop() {
 	m.cmd = nil
 }
 
+// shutdown is `mpsctl shutdown`: mpsd revokes the leases, stops its MPS
+// daemons (their instances stop for good) and exits.
+func (m *mpsdProc) shutdown() {
+	m.t.Helper()
+	if out, err := exec.Command(filepath.Join(m.bin, "mpsctl"), "--socket", m.socket, "shutdown").CombinedOutput(); err != nil {
+		m.t.Fatalf("mpsctl shutdown: %v\n%s", err, out)
+	}
+	select {
+	case err := <-m.done:
+		if err != nil {
+			m.t.Errorf("mpsd after mpsctl shutdown: %v", err)
+		}
+	case <-time.After(engineWait):
+		_ = m.cmd.Process.Kill()
+		<-m.done
+		m.t.Errorf("mpsd did not exit within %s of mpsctl shutdown", engineWait)
+	}
+	m.cmd = nil
+}
+
 // status is `mpsctl status --json`.
 func (m *mpsdProc) status() (api.Status, error) {
 	var st api.Status

@@ -254,7 +254,9 @@ func removeCgroupTree(dir string) error {
 // TestKubeletE2E: a real kubelet offers mpsd's groups, admits a pod that
 // fits (its container sees the lease's environment and mounts), refuses
 // one that does not, keeps the allocation across mpsd and kubelet
-// restarts, and frees it when the pod is gone.
+// restarts, and frees it when the pod is gone; a pod filling its /dev/shm
+// fills only its instance's private tmpfs, which is gone once the instance
+// stops.
 func TestKubeletE2E(t *testing.T) {
 	if work := os.Getenv(kubeletWorkEnv); work != "" {
 		var e engines
@@ -368,12 +370,24 @@ func kubeletInside(t *testing.T, work string, e engines) {
 		}
 	}
 
+	// run_dir is a tmpfs of its own, as /run is on a node: what the
+	// instances' private /dev/shm take from it, or do not, is counted.
+	runDir := filepath.Join(cfgDir, "run")
+	if err := os.Mkdir(runDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("mpsd-e2e-run", runDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, fmt.Sprintf("size=%d,mode=0755", runDirSize)); err != nil {
+		t.Fatalf("mount a tmpfs on run_dir: %v", err)
+	}
+
 	ctrd := startContainerd(t, work, e)
 	importImages(t, work, e, ctrd)
 	step("containerd up, images imported")
 
 	// The example's config on one simulated GPU, plus a second group on
-	// it with half the SMs: two resources, 100 and 50 units.
+	// it with half the SMs and a third with a tenth of them and a small
+	// private /dev/shm (shm_size): three resources, 100, 50 and 10 units.
+	// Their memory adds up to the simulated GPU's 40G.
 	// Before each container holding units starts, mpsd's plugin finds it
 	// through the kubelet's PodResources API and reads its pod's spec
 	// from the API server: here a stand-in serving the kubelet's own view
@@ -393,9 +407,16 @@ func kubeletInside(t *testing.T, work string, e engines) {
     users: [root]
     gpus: ["0"]
     sm_percent: 50
-    memory: 8G
+    memory: 7G
     multiuser: true
     memory_grace: 2s
+  scratch:
+    users: [root]
+    gpus: ["0"]
+    sm_percent: 10
+    memory: 1G
+    multiuser: true
+    shm_size: `+strconv.Itoa(scratchShm>>20)+`M
 `)
 	// mpsd's metrics, for the count of pods ended over their memory.
 	metricsAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
@@ -416,7 +437,7 @@ func kubeletInside(t *testing.T, work string, e engines) {
 
 	// Registration: one resource per group, a unit per SM percent.
 	step("kubelet up; waiting for the plugin's registration")
-	k.waitAllocatable(map[string]int{"mpsd.io/inference-sm": 100, "mpsd.io/training-sm": 50})
+	k.waitAllocatable(map[string]int{"mpsd.io/inference-sm": 100, "mpsd.io/training-sm": 50, "mpsd.io/scratch-sm": 10})
 
 	// The example pod's 30 units are admitted; the container has the
 	// lease's environment and mounts.
@@ -474,14 +495,14 @@ func kubeletInside(t *testing.T, work string, e engines) {
 			m.logLine(`msg="lease resumed"`, "component=deviceplugin", "lease="+lease.ID) &&
 			st.Leases[0].Pod != nil && *st.Leases[0].Pod == *bound
 	})
-	k.waitAllocatable(map[string]int{"mpsd.io/inference-sm": 100, "mpsd.io/training-sm": 50})
+	k.waitAllocatable(map[string]int{"mpsd.io/inference-sm": 100, "mpsd.io/training-sm": 50, "mpsd.io/scratch-sm": 10})
 
 	// A kubelet restart: the plugin registers again; the pod runs on.
 	step("lease kept; restarting the kubelet")
 	k.stop()
 	k.start()
-	k.waitAllocatable(map[string]int{"mpsd.io/inference-sm": 100, "mpsd.io/training-sm": 50})
-	for _, r := range []string{"mpsd.io/inference-sm", "mpsd.io/training-sm"} {
+	k.waitAllocatable(map[string]int{"mpsd.io/inference-sm": 100, "mpsd.io/training-sm": 50, "mpsd.io/scratch-sm": 10})
+	for _, r := range []string{"mpsd.io/inference-sm", "mpsd.io/training-sm", "mpsd.io/scratch-sm"} {
 		if k.logCount(`"Got registration request from device plugin with resource" resourceName="`+r+`"`) == 0 {
 			t.Errorf("the restarted kubelet's log has no registration of %s", r)
 		}
@@ -538,7 +559,7 @@ func kubeletInside(t *testing.T, work string, e engines) {
 	}
 	k.deletePod(podR)
 
-	// A pod over its lease's memory: 1 unit of training (1 of 50: 163
+	// A pod over its lease's memory: 1 unit of training (1 of 50: 143
 	// MiB), whose CUDA process raises its own MPS limits (100 %, 12G)
 	// and takes 2 GiB. The plugin binds the lease to the pod's container
 	// (PodResources, then containerd's CRI), mpsd ends the container's
@@ -562,8 +583,8 @@ func kubeletInside(t *testing.T, work string, e engines) {
 			greedy = l
 		}
 	}
-	if greedy.SM != 1 || greedy.MemBytes != 163<<20 {
-		t.Errorf("the greedy pod's lease %+v; want 1 %% SM and 163 MiB", greedy)
+	if greedy.SM != 1 || greedy.MemBytes != 143<<20 {
+		t.Errorf("the greedy pod's lease %+v; want 1 %% SM and 143 MiB", greedy)
 	}
 	step("lease %s bound to container %s; waiting for its end", greedy.ID, greedy.Pod.ContainerID)
 	k.waitPod(podG, "restarted by the kubelet after mpsd ended its CUDA process", func(p *corev1.Pod) bool {
@@ -590,7 +611,126 @@ func kubeletInside(t *testing.T, work string, e engines) {
 		t.Errorf("after the greedy pod: %+v, %v; want every instance ready", st.Instances, err)
 	}
 	k.deletePod(podG)
+
+	step("greedy pod deleted; a pod filling its /dev/shm")
+	shmFull(t, step, m, k, metricsAddr, runDir)
 	step("done")
+}
+
+const (
+	// scratchShm is the scratch group's shm_size, and shmFill what its
+	// pod writes into its /dev/shm: four times as much.
+	scratchShm = 4 << 20
+	shmFill    = 4 * scratchShm
+	// runDirSize is the size of run_dir's tmpfs: room for the whole fill.
+	runDirSize = 64 << 20
+)
+
+// shmFull: a pod filling its /dev/shm fills only its instance's private
+// tmpfs, of the group's shm_size: its write fails with no space left, the
+// tmpfs is full, run_dir's file system and the host's /dev/shm keep their
+// space, and mpsd reports it full. mpsctl shutdown, which stops the
+// instances for good (SIGTERM leaves them and their tmpfs to the next
+// mpsd), unmounts it and removes its directory. It ends mpsd.
+func shmFull(t *testing.T, step func(string, ...any), m *mpsdProc, k *kubelet, metricsAddr, runDir string) {
+	t.Helper()
+	shm := filepath.Join(runDir, "scratch", gpu.SimUUID(0), mps.ShmDirName)
+	if u, err := mps.ReadShmUsage(shm); err != nil || u.Size != scratchShm || u.Used != 0 {
+		t.Errorf("the scratch instance's private /dev/shm: %+v, %v; want an empty %d MiB tmpfs (the group's shm_size)", u, err, scratchShm>>20)
+	}
+	runFree, hostShmFree := freeBytes(t, runDir), freeBytes(t, mps.DevShm)
+	pod := k.writePodRunning("shmfill", "mpsd.io/scratch-sm", 1, nonRootPod,
+		fmt.Sprintf("dd if=/dev/zero of=/dev/shm/fill bs=1M count=%d 2> /out/dd.err; echo $? > /out/rc.tmp && mv /out/rc.tmp /out/rc && exec sleep 2147483647", shmFill>>20))
+	out := filepath.Join(k.work, "out", "shmfill")
+	k.d.wait("pod "+pod+"'s dd", func() (bool, string) {
+		_, err := os.Stat(filepath.Join(out, "rc"))
+		return err == nil, fmt.Sprint(err)
+	})
+	// (a) The write stopped at the tmpfs's size.
+	rc, _ := os.ReadFile(filepath.Join(out, "rc"))
+	ddErr, _ := os.ReadFile(filepath.Join(out, "dd.err"))
+	if strings.TrimSpace(string(rc)) == "0" || !strings.Contains(string(ddErr), "No space left on device") {
+		t.Errorf("the pod wrote %d MiB into its %d MiB /dev/shm: dd exited %q: %s; want no space left", shmFill>>20, scratchShm>>20, strings.TrimSpace(string(rc)), ddErr)
+	}
+	if fi, err := os.Stat(filepath.Join(shm, "fill")); err != nil || fi.Size() == 0 || fi.Size() > scratchShm || fi.Sys().(*syscall.Stat_t).Uid != podUID {
+		t.Errorf("the pod's file in its instance's private /dev/shm: %v, %v; want up to %d MiB, of uid %d", fi, err, scratchShm>>20, podUID)
+	}
+	if u, err := mps.ReadShmUsage(shm); err != nil || !u.Full() || u.Size != scratchShm {
+		t.Errorf("the instance's private /dev/shm after the pod filled it: %+v, %v; want its %d MiB full", u, err, scratchShm>>20)
+	}
+	// (b) Nothing of it went to run_dir's file system or the host's
+	// /dev/shm (shared with the host: only a loss of half the fill counts).
+	if after := freeBytes(t, runDir); after+(1<<20) < runFree {
+		t.Errorf("run_dir's file system lost %d of its %d free bytes to the pod's /dev/shm", runFree-after, runFree)
+	}
+	if after := freeBytes(t, mps.DevShm); after+shmFill/2 < hostShmFree {
+		t.Errorf("the host's /dev/shm lost %d of its %d free bytes while the pod filled its own", hostShmFree-after, hostShmFree)
+	}
+	first, _, _ := strings.Cut(string(ddErr), "\n")
+	step("pod %s's dd stopped: %s; waiting for mpsd to report the instance's /dev/shm full", pod, first)
+	// (c) mpsd reports it full (at its next check, a probe interval).
+	labels := fmt.Sprintf(`{gpu=%q,gpu_index="0",group="scratch"}`, gpu.SimUUID(0))
+	waitMetric(t, metricsAddr, "mpsd_shm_full"+labels, 1)
+	if used, size := metricValue(t, metricsAddr, "mpsd_shm_used_bytes"+labels), metricValue(t, metricsAddr, "mpsd_shm_size_bytes"+labels); used != scratchShm || size != scratchShm {
+		t.Errorf("mpsd_shm_used_bytes%s = %v, mpsd_shm_size_bytes = %v; want both %d", labels, used, size, scratchShm)
+	}
+	if !m.logLine(`msg="private /dev/shm full`, "dir="+shm) {
+		t.Errorf("mpsd's log does not report %s full", shm)
+	}
+	// The pod ends; its lease lives on until the plugin takes the pod for
+	// gone, and the tmpfs stays full with it.
+	step("reported full; deleting the pod")
+	k.deletePod(pod)
+	if err := mps.IsShm(shm); err != nil {
+		t.Errorf("the instance's private /dev/shm once its pod ended, its instance still running: %v; want it mounted", err)
+	}
+
+	// (d) The instances stop for good: the tmpfs is unmounted and its
+	// directory removed.
+	step("pod deleted; mpsctl shutdown")
+	m.shutdown()
+	if _, err := os.Lstat(shm); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s after its instance stopped: lstat: %v; want it removed", shm, err)
+	}
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(mi), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], runDir+"/") {
+			t.Errorf("still mounted under run_dir after mpsctl shutdown: %s", line)
+		}
+	}
+	if !m.logLine(`msg="private /dev/shm unmounted and removed: the instance stopped"`, "dir="+shm) {
+		t.Errorf("mpsd's log does not report %s unmounted and removed", shm)
+	}
+}
+
+// freeBytes is what an unprivileged user may still write on the file
+// system holding path.
+func freeBytes(t *testing.T, path string) int64 {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return int64(st.Bavail) * st.Bsize
+}
+
+// waitMetric polls one series of mpsd's /metrics at addr until it is want.
+func waitMetric(t *testing.T, addr, series string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(engineWait)
+	for {
+		v := metricValue(t, addr, series)
+		if v == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %v after %s; want %v", series, v, engineWait, want)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // metricValue reads one series of mpsd's /metrics at addr; -1 when it is
@@ -815,7 +955,7 @@ func importImages(t *testing.T, work string, e engines, c *containerd) {
 	}
 	add(&tar.Header{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
 	add(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bb))}, bb)
-	for _, applet := range []string{"sh", "sleep", "cat", "env", "ls", "mv", "id"} {
+	for _, applet := range []string{"sh", "sleep", "cat", "env", "ls", "mv", "id", "dd"} {
 		add(&tar.Header{Name: "bin/" + applet, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777}, nil)
 	}
 	add(&tar.Header{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o1777}, nil)
@@ -1061,13 +1201,29 @@ func examplePodRequest(t *testing.T) (string, int) {
 // place, so the kubelet never reads half of it.
 func (k *kubelet) writePod(name, resource string, units int) string {
 	k.t.Helper()
-	return k.writePodAs(name, resource, units, fmt.Sprintf("  securityContext:\n    runAsNonRoot: true\n    runAsUser: %[1]d\n    runAsGroup: %[1]d\n", podUID))
+	return k.writePodAs(name, resource, units, nonRootPod)
 }
+
+// nonRootPod is the pods' securityContext (indented as under spec:): the
+// pods' uid and group.
+var nonRootPod = fmt.Sprintf("  securityContext:\n    runAsNonRoot: true\n    runAsUser: %[1]d\n    runAsGroup: %[1]d\n", podUID)
 
 // writePodAs is writePod with the pod's securityContext (YAML indented as
 // under spec:).
 func (k *kubelet) writePodAs(name, resource string, units int, securityContext string) string {
 	k.t.Helper()
+	return k.writePodRunning(name, resource, units, securityContext,
+		"env > /out/env.tmp && cat /proc/self/mountinfo > /out/mountinfo && grep ^Cap /proc/self/status > /out/caps && id -u > /out/uid && mv /out/env.tmp /out/env && exec sleep 2147483647")
+}
+
+// writePodRunning is writePodAs with the container's shell script, which
+// has the pod's output directory as /out.
+func (k *kubelet) writePodRunning(name, resource string, units int, securityContext, script string) string {
+	k.t.Helper()
+	cmd, err := json.Marshal([]string{"/bin/sh", "-c", script})
+	if err != nil {
+		k.t.Fatal(err)
+	}
 	out := filepath.Join(k.work, "out", name)
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		k.t.Fatal(err)
@@ -1090,7 +1246,7 @@ spec:
       imagePullPolicy: Never
       securityContext:
         allowPrivilegeEscalation: false
-      command: ["/bin/sh", "-c", "env > /out/env.tmp && cat /proc/self/mountinfo > /out/mountinfo && grep ^Cap /proc/self/status > /out/caps && id -u > /out/uid && mv /out/env.tmp /out/env && exec sleep 2147483647"]
+      command: %[8]s
       resources:
         limits:
           %[4]s: %[5]d
@@ -1102,7 +1258,7 @@ spec:
       hostPath:
         path: %[6]s
         type: Directory
-`, name, podUID, busyboxImage, resource, units, out, securityContext)
+`, name, podUID, busyboxImage, resource, units, out, securityContext, cmd)
 	staged := filepath.Join(k.work, "staging", name+".yaml")
 	if err := os.WriteFile(staged, []byte(manifest), 0o644); err != nil {
 		k.t.Fatal(err)
