@@ -109,9 +109,11 @@ type instance struct {
 	deciding []*faultClaim
 	xidUsed  time.Time
 	// xidHandled is the time of the last Xid that took the instance down
-	// itself (its own fault, reported): the fault record MPS writes
-	// after it is the same fault's.
-	xidHandled time.Time
+	// itself (its own fault, reported), and xidHandledServers the servers
+	// it took down: the fault record MPS writes after it about one of
+	// them is the same fault's; one about a server started since is not.
+	xidHandled        time.Time
+	xidHandledServers []int
 	// unverifiedLog and fatalLog let through a line a second about
 	// unverified and fatal-exception records (anyone may write them).
 	unverifiedLog, fatalLog logGate
@@ -599,7 +601,7 @@ func (d *Daemon) watchInstance(in *instance, dm control) {
 				break
 			}
 			d.mu.Lock()
-			handled := d.xidHandledLocked(in, d.clock.Now())
+			handled := d.xidHandledLocked(in, d.clock.Now(), ev.PID)
 			var confirmed *fault
 			var joined bool
 			if !handled {

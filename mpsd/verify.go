@@ -158,11 +158,16 @@ func (d *Daemon) newestXidLocked(in *instance) time.Time {
 
 // xidHandledLocked reports whether the newest Xid on in's GPUs, within
 // xidEvidenceWindow of now, is one that took in down itself (its own
-// fault, reported by onXid): a fault record that comes after it is the
-// same fault's, and needs no recovery of its own.
-func (d *Daemon) xidHandledLocked(in *instance, now time.Time) bool {
+// fault, reported by onXid) while server ran: a fault record of that
+// server that comes after it is the same fault's, and needs no recovery
+// of its own. A server started after the Xid (its recovery's, or the
+// next uid's) had no part in it: its record is a fault of its own (the
+// chaos soak met a culprit's fault on such a server dropped so, and its
+// leases released as if their commands had ended by themselves).
+func (d *Daemon) xidHandledLocked(in *instance, now time.Time, server int) bool {
 	newest := d.newestXidLocked(in)
-	return !newest.IsZero() && newest.Equal(in.xidHandled) && now.Sub(newest) <= xidEvidenceWindow
+	return !newest.IsZero() && newest.Equal(in.xidHandled) && now.Sub(newest) <= xidEvidenceWindow &&
+		slices.Contains(in.xidHandledServers, server)
 }
 
 // settleClaimLocked takes c off in's claims and returns its barriers for
@@ -229,7 +234,7 @@ func (d *Daemon) xidConfirms(ev gpu.XidEvent, alsoReported map[*instance]bool) {
 				// The Xid took the instance down itself: the record of
 				// the same fault that MPS writes after it is that
 				// fault's, not a second one (xidHandledLocked).
-				in.xidUsed, in.xidHandled = ev.Time, ev.Time
+				in.xidUsed, in.xidHandled, in.xidHandledServers = ev.Time, ev.Time, in.mps.pids()
 			}
 			continue
 		}
