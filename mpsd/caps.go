@@ -88,10 +88,7 @@ func (in *instance) capsWantLocked(uid int) (c serverCaps, ok bool) {
 // newServerCapsLocked is what a server that starts now on in allows: the
 // daemon's defaults, as mpsd last set them (the group's caps until then).
 func (in *instance) newServerCapsLocked() serverCaps {
-	if in.mps.defaults != nil {
-		return *in.mps.defaults
-	}
-	return serverCaps{sm: float64(in.maxSM), mem: in.maxMem}
+	return in.mps.newServerCaps(serverCaps{sm: float64(in.maxSM), mem: in.maxMem})
 }
 
 // capsForGrantLocked: l has just been placed on in, whose daemon is not
@@ -109,12 +106,12 @@ func (d *Daemon) capsForGrantLocked(in *instance, l *lease) func() {
 	want, _ := in.capsWantLocked(int(l.uid))
 	var pids []int
 	uidServes := false
-	for pid, uid := range in.mps.servers {
+	for pid, uid := range in.mps.serverUIDs() {
 		if uid != int(l.uid) {
 			continue
 		}
 		uidServes = true
-		if set, ok := in.mps.caps[pid]; !ok || set != want {
+		if set, ok := in.mps.capsOf(pid); !ok || set != want {
 			pids = append(pids, pid)
 		}
 	}
@@ -124,7 +121,7 @@ func (d *Daemon) capsForGrantLocked(in *instance, l *lease) func() {
 		if in.newServerCapsLocked() != want {
 			setDefaults = true
 		} else {
-			inFlight = in.mps.defaultsSet // the same defaults, being set
+			inFlight = in.mps.defaultsInFlight() // the same defaults, being set
 		}
 	}
 	if len(pids) == 0 && !setDefaults && inFlight == nil {
@@ -132,13 +129,11 @@ func (d *Daemon) capsForGrantLocked(in *instance, l *lease) func() {
 	}
 	devices := len(in.gpus)
 	timeout := d.cfg.Watchdog.ProbeTimeout
-	var prev *serverCaps
-	var set chan struct{}
+	var setting defaultsSetting
 	if setDefaults {
 		// Recorded now, so that the grants placed while the command runs
 		// wait for it instead of each setting them again.
-		prev, set = in.mps.defaults, make(chan struct{})
-		in.mps.defaults, in.mps.defaultsSet = &want, set
+		setting = in.mps.beginDefaults(want)
 	}
 	return func() {
 		for _, pid := range pids {
@@ -152,8 +147,7 @@ func (d *Daemon) capsForGrantLocked(in *instance, l *lease) func() {
 			case <-d.ctx.Done():
 			}
 			d.mu.Lock()
-			now := in.mps.defaults // a later grant may have raised them
-			held := now != nil && now.sm >= want.sm && now.mem >= want.mem
+			held := in.mps.defaultsHold(want) // a later grant may have raised them
 			d.mu.Unlock()
 			if !held {
 				in.log.Warn("the MPS daemon's defaults for this grant were not set; its new server starts with the previous ones until a check sets them", "lease", l.id)
@@ -162,14 +156,14 @@ func (d *Daemon) capsForGrantLocked(in *instance, l *lease) func() {
 		if !setDefaults {
 			return
 		}
-		defer close(set)
+		defer close(setting.done)
 		in.capsMu.Lock()
 		defer in.capsMu.Unlock()
 		// The newest decision, which a later grant may have made while
 		// this one waited: the commands land in the order of the
 		// decisions, whatever order their goroutines run in.
 		d.mu.Lock()
-		target, current := in.mps.defaults, in.daemon == dm
+		target, current := in.mps.defaultsTarget(), in.daemon == dm
 		d.mu.Unlock()
 		if !current || target == nil {
 			return // the daemon was replaced: its successor starts with the group's caps
@@ -178,12 +172,7 @@ func (d *Daemon) capsForGrantLocked(in *instance, l *lease) func() {
 		defer cancel()
 		err := dm.SetDefaults(ctx, target.sm, target.mem, devices)
 		d.mu.Lock()
-		if in.mps.defaultsSet == set {
-			in.mps.defaultsSet = nil
-		}
-		if err != nil && in.mps.defaults == target {
-			in.mps.defaults = prev // the next grant tries again
-		}
+		in.mps.endDefaults(setting, target, err)
 		d.mu.Unlock()
 		if err != nil {
 			in.log.Warn("could not set the MPS daemon's defaults for a grant; its new server starts with the previous ones until a check sets them", "lease", l.id, "err", err)
@@ -207,7 +196,7 @@ func (d *Daemon) serverStartedCaps(in *instance, dm control, pid int) {
 		case <-t.C():
 		}
 		d.mu.Lock()
-		_, live := in.mps.servers[pid]
+		_, live := in.mps.uidOf(pid)
 		current := in.daemon == dm
 		d.mu.Unlock()
 		if !live || !current {
@@ -258,8 +247,8 @@ func (d *Daemon) enforceCaps(in *instance, dm control, pid int, when string) err
 	in.capsMu.Lock()
 	defer in.capsMu.Unlock()
 	d.mu.Lock()
-	uid, known := in.mps.servers[pid]
-	last, seen := in.mps.caps[pid]
+	uid, known := in.mps.uidOf(pid)
+	last, seen := in.mps.capsOf(pid)
 	if !seen {
 		last = in.newServerCapsLocked()
 	}

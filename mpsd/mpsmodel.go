@@ -13,7 +13,8 @@ import (
 // holds (reconciliation's unleased findings). From it mpsd decides what a
 // server's exit means (exitVerdict) and whose server MPS serves now, which
 // placement must respect (serving). It is guarded by Daemon.mu, like the
-// instance that holds it; it does no I/O.
+// instance that holds it; it does no I/O. Its fields are its own: the rest
+// of mpsd asks and tells it through its methods.
 //
 // MPS's rules it follows (docs/architecture.md, "The MPS model"): a
 // control daemon without -multiuser-server runs servers of one uid at a
@@ -244,4 +245,77 @@ func (m *mpsModel) serving(leases map[string]*lease) (up bool, uid uint32, held,
 		return true, uint32(m.servers[idlePID]), false, false
 	}
 	return false, 0, false, false
+}
+
+// The model's fields are its own: the rest of mpsd asks and tells it
+// through these methods, never reading or writing a field
+// (TestMPSModelFieldsAreItsOwn).
+
+// serverUIDs is a copy of the live servers' uids, by pid.
+func (m *mpsModel) serverUIDs() map[int]int { return maps.Clone(m.servers) }
+
+// uidOf is the live server pid's uid (-1 unknown); false if pid is no
+// live server.
+func (m *mpsModel) uidOf(pid int) (int, bool) {
+	uid, live := m.servers[pid]
+	return uid, live
+}
+
+// capsOf is what mpsd last set on, or found a live server pid to allow;
+// false if nothing is known (a new server starts with the defaults).
+func (m *mpsModel) capsOf(pid int) (serverCaps, bool) {
+	c, ok := m.caps[pid]
+	return c, ok
+}
+
+// newServerCaps is what a server the daemon starts now allows: the
+// defaults mpsd last set (or is setting), else group, the caps the
+// daemon started with.
+func (m *mpsModel) newServerCaps(group serverCaps) serverCaps {
+	if m.defaults != nil {
+		return *m.defaults
+	}
+	return group
+}
+
+// defaultsInFlight is the channel closed once the defaults being set now
+// are held, nil when no setting is under way.
+func (m *mpsModel) defaultsInFlight() chan struct{} { return m.defaultsSet }
+
+// defaultsHold reports whether the daemon's defaults, as mpsd last set
+// them, allow at least want.
+func (m *mpsModel) defaultsHold(want serverCaps) bool {
+	return m.defaults != nil && m.defaults.sm >= want.sm && m.defaults.mem >= want.mem
+}
+
+// defaultsSetting is a setting of the daemon's defaults under way
+// (beginDefaults): what they were before, and its channel.
+type defaultsSetting struct {
+	prev *serverCaps
+	done chan struct{}
+}
+
+// beginDefaults records want as the daemon's defaults now, before the
+// command that sets them runs, so that grants needing the same wait on
+// the setting instead of setting them again.
+func (m *mpsModel) beginDefaults(want serverCaps) defaultsSetting {
+	s := defaultsSetting{prev: m.defaults, done: make(chan struct{})}
+	m.defaults, m.defaultsSet = &want, s.done
+	return s
+}
+
+// defaultsTarget is the newest defaults decided (a later grant may have
+// raised them while an earlier setting waited); nil: the group's.
+func (m *mpsModel) defaultsTarget() *serverCaps { return m.defaults }
+
+// endDefaults ends setting s, which set target (err: it failed, and the
+// defaults fall back to what they were, unless a later decision replaced
+// them). The caller closes s.done.
+func (m *mpsModel) endDefaults(s defaultsSetting, target *serverCaps, err error) {
+	if m.defaultsSet == s.done {
+		m.defaultsSet = nil
+	}
+	if err != nil && m.defaults == target {
+		m.defaults = s.prev // the next grant tries again
+	}
 }

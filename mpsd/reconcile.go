@@ -225,7 +225,7 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 	view := reconView{key: in.key, group: in.group, gpus: slices.Clone(in.p.GPUs), clients: map[int][]int{}}
 	own := in.mps.pids()
 	multiuser := in.p.Multiuser
-	serverUID := maps.Clone(in.mps.servers)
+	serverUID := in.mps.serverUIDs()
 	timeout := d.cfg.Watchdog.ProbeTimeout
 	maxAge := reconLeasedAge * d.cfg.Watchdog.ProbeInterval
 	onGPU := map[string]bool{}
@@ -625,7 +625,7 @@ func (d *Daemon) serverSnapshot() map[int]string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, in := range d.instances {
-		for pid := range in.mps.servers {
+		for _, pid := range in.mps.pids() {
 			servers[pid] = in.key
 		}
 	}
