@@ -674,7 +674,7 @@ func (d *Daemon) serverExited(in *instance, ev mps.Event, v exitVerdict) {
 	for i, l := range victims {
 		ids[i] = l.id
 	}
-	d.reportFault(in, fault{kind: faultServerExit, restart: restartNone, leases: ids,
+	d.reportFault(in, fault{kind: faultServerExit, restart: restartNone, leases: ids, server: ev.PID, serverUID: v.uid,
 		reason: fmt.Sprintf("MPS server %d of group %s on GPU %d died (%s)", ev.PID, in.group, in.gpus[0].Index, exitText(ev))})
 }
 

@@ -45,6 +45,11 @@ type mpsModel struct {
 	// need the same defaults meanwhile wait on it instead of setting
 	// them again.
 	defaultsSet chan struct{}
+	// crashedUnhandled: servers whose crash mpsd saw as it stopped, too
+	// late to recover from it, by pid: their uid. They stay in the server
+	// list the state file keeps (saved), so the next mpsd finds them gone
+	// and revokes their leases (lostWhileAway).
+	crashedUnhandled map[int]int
 }
 
 func newMPSModel() mpsModel { return mpsModel{servers: map[int]int{}} }
@@ -56,6 +61,7 @@ func (m *mpsModel) pids() []int { return slices.Sorted(maps.Keys(m.servers)) }
 // a server's before).
 func (m *mpsModel) serverStarted(pid, uid int) {
 	m.servers[pid] = uid
+	delete(m.crashedUnhandled, pid)
 	delete(m.shutDown, pid)
 	delete(m.unleased, pid)
 	delete(m.caps, pid)
@@ -76,6 +82,7 @@ func (m *mpsModel) noteCaps(pid int, c serverCaps) {
 // (or mpsd stopped it).
 func (m *mpsModel) daemonGone() {
 	clear(m.servers)
+	clear(m.crashedUnhandled)
 	clear(m.unleased)
 	clear(m.caps)
 	m.defaults, m.defaultsSet = nil, nil
@@ -253,6 +260,30 @@ func (m *mpsModel) serving(leases map[string]*lease) (up bool, uid uint32, held,
 
 // serverUIDs is a copy of the live servers' uids, by pid.
 func (m *mpsModel) serverUIDs() map[int]int { return maps.Clone(m.servers) }
+
+// crashUnhandled records that the crash of server pid (of uid) was seen
+// while mpsd stopped, and left to the next mpsd.
+func (m *mpsModel) crashUnhandled(pid, uid int) {
+	if m.crashedUnhandled == nil {
+		m.crashedUnhandled = map[int]int{}
+	}
+	m.crashedUnhandled[pid] = uid
+}
+
+// saved is the server list the state file keeps, by pid: their uid. The
+// live servers, and those whose crash is left to the next mpsd, which
+// finds them gone (lostWhileAway); nil when there is none.
+func (m *mpsModel) saved() map[int]int {
+	if len(m.servers) == 0 && len(m.crashedUnhandled) == 0 {
+		return nil
+	}
+	s := maps.Clone(m.servers)
+	if s == nil {
+		s = map[int]int{}
+	}
+	maps.Copy(s, m.crashedUnhandled)
+	return s
+}
 
 // uidOf is the live server pid's uid (-1 unknown); false if pid is no
 // live server.

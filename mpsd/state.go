@@ -947,11 +947,11 @@ func (d *Daemon) snapshotLocked() savedState {
 			b := in.barred[uid]
 			st.Barred[key] = append(st.Barred[key], savedBar{UID: uid, Until: b.until, Reason: b.reason})
 		}
-		if len(in.mps.pids()) > 0 {
+		if saved := in.mps.saved(); saved != nil {
 			if st.Servers == nil {
 				st.Servers = map[string]map[int]int{}
 			}
-			st.Servers[key] = in.mps.serverUIDs()
+			st.Servers[key] = saved
 		}
 		if in.daemon != nil {
 			if st.Daemons == nil {

@@ -74,6 +74,10 @@ type fault struct {
 	// culprit, when set, is the lease whose client caused the fault, as
 	// a fact named it (culprit.go): it alone is charged for it.
 	culprit culpritID
+	// server and serverUID, on a server_exit seen on the server's pidfd:
+	// the crashed server, which the state file keeps if mpsd stops
+	// before recovering from it (unhandledLocked).
+	server, serverUID int
 }
 
 // culpritID names a culprit lease and its uid.
@@ -159,7 +163,13 @@ func (in *instance) unhandledLocked(f fault) {
 		// the stop goes back to it.
 		in.logHandled = min(in.logHandled, f.logOffset)
 	}
-	in.log.Warn("fault left for the next mpsd", "fault", f.kind, "reason", f.reason, "read_again", f.fromServerLog)
+	if f.kind == faultServerExit && f.server > 0 {
+		// Its pidfd's news dies with this mpsd: the saved server list
+		// keeps the server, so the next mpsd finds it gone and revokes
+		// its leases (lostWhileAway).
+		in.mps.crashUnhandled(f.server, f.serverUID)
+	}
+	in.log.Warn("fault left for the next mpsd", "fault", f.kind, "reason", f.reason, "read_again", f.fromServerLog || f.server > 0)
 }
 
 // combineFaults is one recovery of the faults pending together (pure):

@@ -1,0 +1,78 @@
+package mpsd
+
+import (
+	"context"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/mps"
+	"github.com/mpsd/mpsd/policy"
+)
+
+// A server's crash that mpsd sees as it stops is left to the next mpsd,
+// which has no pidfd of that server: the saved server list keeps it, so
+// the next mpsd finds it gone and revokes the leases of its uid (Alice's,
+// not Bob's). Before, the model forgot the server at its exit and the
+// state file no longer listed it: the next mpsd revoked nothing, and the
+// crash's victims were released as if their commands had ended by
+// themselves (the chaos soak met it: three jobs ended with their CUDA
+// error, 806).
+func TestCrashSeenWhileStoppingIsSaved(t *testing.T) {
+	wd := policy.WatchdogConfig{BackoffInitial: time.Second, BackoffMax: 4 * time.Second,
+		QuarantineAfter: 3, QuarantineWindow: 10 * time.Minute, ProbeTimeout: time.Second, ProbeFailures: 2}
+	d, in, clk, st := fakeCore(t, wd)
+	ctx, stop := context.WithCancel(t.Context())
+	defer stop()
+	d.ctx = ctx
+	d.metrics = &metrics{requeues: map[string]uint64{}}
+	const aliceUID, bobUID, server = 1000, 1001, 100
+	done := make(chan struct{})
+	go func() { defer close(done); d.bringUp(in, false) }()
+	st.wantCall(t, "start")
+	<-done
+	dm := st.daemon(0)
+	// Granted once the instance is up: Alice's and Bob's leases run.
+	d.mu.Lock()
+	in.p.Budget = policy.Usage{SM: 100, Mem: 1 << 40, Clients: 48}
+	for i, uid := range []uint32{aliceUID, bobUID} {
+		id := []string{"g-alice", "g-bob"}[i]
+		l := &lease{id: id, group: "g", uid: uid, state: leaseRunning, attempt: 1, requeue: 2, inst: in, box: newMailbox(d.log), log: d.log,
+			req: policy.Request{Group: "g", UID: uid, SM: 10, Mem: 1 << 30, GPUs: 1, Procs: 1, Seq: uint64(i + 1)}}
+		in.p.Assign(&l.req)
+		in.leases[l.id], d.leases[l.id] = l, l
+	}
+	d.mu.Unlock()
+	dm.events <- mps.Event{Kind: mps.ServerStarted, PID: server, UID: aliceUID, Time: clk.Now(), ExitStatus: -1, Source: mps.SourcePidfd}
+	waitCond(t, "alice's server known", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		_, live := in.mps.uidOf(server)
+		return live
+	}, nil)
+
+	stop() // mpsd stops; then the server is killed
+	dm.events <- mps.Event{Kind: mps.ServerExited, PID: server, UID: -1, Time: clk.Now(), ExitStatus: -1, Signal: syscall.SIGKILL, Source: mps.SourcePidfd}
+	waitCond(t, "the crash left for the next mpsd in the saved servers", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		_, live := in.mps.uidOf(server)
+		_, saved := in.mps.saved()[server]
+		return !live && saved
+	}, nil)
+
+	d.mu.Lock()
+	saved := in.mps.saved()
+	leases := in.leases
+	d.mu.Unlock()
+	if uid, ok := saved[server]; !ok || uid != aliceUID {
+		t.Fatalf("saved servers %v; want the crashed server %d of uid %d kept for the next mpsd", saved, server, aliceUID)
+	}
+	// The next mpsd: a new model, the daemon without that server.
+	next := newMPSModel()
+	lost, victims := lostWhileAway(saved, &next, leases, false)
+	if !slices.Equal(lost, []int{server}) || !slices.Equal(victims, []string{"g-alice"}) {
+		t.Fatalf("the next mpsd finds lost %v, victims %v; want [%d] and alice's lease only", lost, victims, server)
+	}
+}
