@@ -662,6 +662,19 @@ func firstRunFails(client, firstRun string) []string {
 		`if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" ` + firstRun + `; else exec "$0" --duration 100ms; fi`, client}
 }
 
+// signalLeaseProcs sends sig to the processes of uid's leases in st (an
+// emulated client started by firstRunFails is the shell's exec'd process:
+// --fault-on-usr1 makes it fault on SIGUSR1).
+func signalLeaseProcs(st api.Status, uid uint32, sig syscall.Signal) {
+	for _, l := range st.Leases {
+		if l.UID == uid {
+			for _, pid := range l.PIDs {
+				_ = syscall.Kill(pid, sig)
+			}
+		}
+	}
+}
+
 // wantRequeuedAndDone waits for a launch whose first run a fault took:
 // requeued (its stderr says so, with want) and done on a later attempt.
 func wantRequeuedAndDone(t *testing.T, p *proc, want string) {

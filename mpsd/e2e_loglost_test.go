@@ -54,12 +54,8 @@ func TestPoisonedLogFIFO(t *testing.T) {
 
 	// Each job runs until the test makes Bob's client fault on its first
 	// attempt, and ends well, soon, on the next.
-	job := func(uid uint32, firstRun string) *proc {
-		return startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c",
-			`if [ "$MPSD_ATTEMPT" = 1 ]; then exec "$0" `+firstRun+`; else exec "$0" --duration 100ms; fi`, client), uid))
-	}
-	ap := job(aliceUID, "--duration 1m")
-	bp := job(bobUID, "--fault-on-usr1 --duration 1m")
+	ap := startProc(t, asUID(e.launch(firstRunFails(client, "--duration 1m")...), aliceUID))
+	bp := startProc(t, asUID(e.launch(firstRunFails(client, "--fault-on-usr1 --duration 1m")...), bobUID))
 	st := e.waitStatus("both clients connected", func(st api.Status) bool {
 		return len(st.Leases) == 2 && e.mpsClients(instanceOf(st, "a", 0)) >= 2
 	})
@@ -78,13 +74,7 @@ func TestPoisonedLogFIFO(t *testing.T) {
 	}
 
 	// A real fault now, which no log record tells of.
-	for _, l := range st.Leases {
-		if l.UID == bobUID {
-			for _, pid := range l.PIDs {
-				_ = syscall.Kill(pid, syscall.SIGUSR1) // the shell's exec'd client
-			}
-		}
-	}
+	signalLeaseProcs(st, bobUID, syscall.SIGUSR1)
 	for who, p := range map[string]*proc{"alice": ap, "bob": bp} {
 		r := p.wait(t)
 		if r.code != 0 || !strings.Contains(r.stderr, requeueLine) {
@@ -101,7 +91,7 @@ func TestPoisonedLogFIFO(t *testing.T) {
 		t.Errorf("%d failures counted towards quarantine; want at most Bob's fault", failures)
 	}
 	// Empty now: the poisoned daemon is gone, and the new one logs.
-	st = e.waitStatus("a new control daemon", func(st api.Status) bool {
+	e.waitStatus("a new control daemon", func(st api.Status) bool {
 		in := instanceOf(st, "a", 0)
 		return in.DaemonPID != in0.DaemonPID && in.State == api.InstanceReady
 	})
