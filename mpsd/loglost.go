@@ -3,6 +3,8 @@ package mpsd
 import (
 	"context"
 	"time"
+
+	"github.com/mpsd/mpsd/internal/clock"
 )
 
 // A lost MPS log. Any member of a group can write records into its
@@ -113,10 +115,19 @@ func (in *instance) bellLocked() <-chan struct{} {
 func (d *Daemon) waitXidIfLogLost(ctx context.Context, l *lease) {
 	deadline := d.clock.NewTimer(faultClaimWait)
 	defer deadline.Stop()
+	// At each Xid the fault, if it takes l, is pending.
+	d.waitOnBell(ctx, l, deadline, func(in *instance) bool { return in.logLostLocked() })
+}
+
+// waitOnBell waits while l runs on an instance for which waiting(in) holds
+// and no fault is coming for l, looking again at each ring of the
+// instance's bell, until deadline fires or ctx ends. d.mu is held for
+// waiting.
+func (d *Daemon) waitOnBell(ctx context.Context, l *lease, deadline clock.Timer, waiting func(in *instance) bool) {
 	for {
 		d.mu.Lock()
 		in := l.inst
-		if in == nil || l.state != leaseRunning || !in.logLostLocked() || l.revocationComingLocked(0) {
+		if in == nil || l.state != leaseRunning || !waiting(in) || l.revocationComingLocked(0) {
 			d.mu.Unlock()
 			return
 		}
@@ -124,7 +135,6 @@ func (d *Daemon) waitXidIfLogLost(ctx context.Context, l *lease) {
 		d.mu.Unlock()
 		select {
 		case <-bell:
-			// The Xid's fault, if it takes l, is pending now.
 		case <-deadline.C():
 			return
 		case <-ctx.Done():

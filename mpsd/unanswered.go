@@ -3,8 +3,6 @@ package mpsd
 import (
 	"context"
 	"time"
-
-	"github.com/mpsd/mpsd/internal/clock"
 )
 
 // A release while the daemon does not answer. A control daemon that stops
@@ -40,33 +38,18 @@ func unansweredWait(interval, timeout time.Duration, failures, fails int) time.D
 // probes (or never failed one), a fault is coming for l, l is no longer
 // running there, ctx ends, or the wait's bound passes.
 func (d *Daemon) waitWhileUnanswered(ctx context.Context, l *lease) {
-	var deadline clock.Timer
-	defer func() {
-		if deadline != nil {
-			deadline.Stop()
-		}
-	}()
-	for {
-		d.mu.Lock()
-		in := l.inst
-		if in == nil || l.state != leaseRunning || in.life != instUp || in.probeFails == 0 || l.revocationComingLocked(0) {
-			d.mu.Unlock()
-			return
-		}
-		if deadline == nil {
-			wd := d.cfg.Watchdog
-			wait := unansweredWait(wd.ProbeInterval, wd.ProbeTimeout, wd.ProbeFailures, in.probeFails)
-			deadline = d.clock.NewTimer(wait)
-			l.logger().Info("release waits: the instance's daemon does not answer, and a fault it has not passed on may have ended the command", l.logAttrs("failed_probes", in.probeFails, "wait", wait)...)
-		}
-		bell := in.bellLocked()
+	unanswered := func(in *instance) bool { return in.life == instUp && in.probeFails > 0 }
+	d.mu.Lock()
+	in := l.inst
+	if in == nil || l.state != leaseRunning || !unanswered(in) || l.revocationComingLocked(0) {
 		d.mu.Unlock()
-		select {
-		case <-bell:
-		case <-deadline.C():
-			return
-		case <-ctx.Done():
-			return
-		}
+		return
 	}
+	wd := d.cfg.Watchdog
+	wait := unansweredWait(wd.ProbeInterval, wd.ProbeTimeout, wd.ProbeFailures, in.probeFails)
+	l.logger().Info("release waits: the instance's daemon does not answer, and a fault it has not passed on may have ended the command", l.logAttrs("failed_probes", in.probeFails, "wait", wait)...)
+	d.mu.Unlock()
+	deadline := d.clock.NewTimer(wait)
+	defer deadline.Stop()
+	d.waitOnBell(ctx, l, deadline, unanswered)
 }
