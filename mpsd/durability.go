@@ -86,14 +86,34 @@ func errnoText(err error) string {
 	return err.Error()
 }
 
-// grantsHeldLocked reports whether grants are held because the state
-// file cannot be written.
-func (d *Daemon) grantsHeldLocked() bool { return d.dur.held != "" || d.shuttingDown }
+// grantsHeldLocked reports whether grants are held: the state file
+// cannot be written, an operator's shutdown runs, or mpsd is stopping. A
+// grant made as mpsd stops reaches its launcher, if at all, from an mpsd
+// that is going, on an instance whose recovery the stop may have cut
+// short (a server it was restarting still listed as running): the next
+// mpsd, finding that server gone, would revoke the new lease for it. The
+// request stays queued in the state file, and the next mpsd places it.
+func (d *Daemon) grantsHeldLocked() bool {
+	return d.dur.held != "" || d.shuttingDown || d.stoppingLocked()
+}
+
+// stoppingLocked reports whether Run has begun to stop.
+func (d *Daemon) stoppingLocked() bool {
+	select {
+	case <-d.stopping:
+		return true
+	default:
+	}
+	return d.ctx != nil && d.ctx.Err() != nil
+}
 
 // heldReasonLocked is why grants are held, "" when they are not.
 func (d *Daemon) heldReasonLocked() string {
-	if d.shuttingDown {
+	switch {
+	case d.shuttingDown:
 		return "mpsd is shutting down"
+	case d.stoppingLocked():
+		return "mpsd is stopping"
 	}
 	return d.dur.held
 }
