@@ -347,7 +347,7 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 		switch {
 		case f.kind == reconUnleased && isLeased,
 			f.kind == reconWrongInstance && (!isLeased || at.inst == f.inst),
-			f.kind == reconBypass && (isServer || d.isMPSServer(facts)):
+			f.kind == reconBypass && d.notBypass(isServer, facts):
 			h.close()
 			continue
 		}
@@ -854,6 +854,17 @@ const mpsServerProgram = "nvidia-cuda-mps-server"
 // instance, one whose start mpsd has not seen yet, or one a killed daemon
 // left behind (the watchdog's to handle), never a program beside MPS. A
 // tenant's copy under that name elsewhere does not count.
+// notBypass reports whether a compute process NVML shows beside MPS is
+// none of a tenant's: a server mpsd knows, a process running the MPS
+// server program mpsd starts, or one whose program can no longer be read
+// (/proc's exe link goes with the process's memory as it exits, before
+// its pidfd says so: the chaos soak met another instance's server, killed
+// with its daemon, reported so). A live process's program root can
+// always read.
+func (d *Daemon) notBypass(isServer bool, facts procFacts) bool {
+	return isServer || facts.exe == "" || d.isMPSServer(facts)
+}
+
 func (d *Daemon) isMPSServer(facts procFacts) bool {
 	if filepath.Base(facts.exe) != mpsServerProgram {
 		return false
