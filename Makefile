@@ -9,6 +9,8 @@ export MPSD_NVIDIA_MPS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/nvid
 export MPSD_PROMETHEUS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/prometheus
 # Where hack/build-kubelet.sh caches the kubelet it builds (outside the repo).
 export MPSD_KUBELET_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/kubelet
+# Where hack/build-apiserver.sh caches the kube-apiserver and etcd it builds (outside the repo).
+export MPSD_APISERVER_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/apiserver
 
 BIN := bin
 EMU := $(BIN)/emu
@@ -31,6 +33,7 @@ help:
 	@echo "make fetch-mps    fetch NVIDIA's real nvidia-cuda-mps-control into $(MPSD_NVIDIA_MPS_CACHE)"
 	@echo "make fetch-prometheus  fetch promtool and prometheus (Debian package) into $(MPSD_PROMETHEUS_CACHE)"
 	@echo "make fetch-kubelet  build the kubelet (k8s.io/kubernetes, 5-10 min cold) into $(MPSD_KUBELET_CACHE)"
+	@echo "make fetch-apiserver  build kube-apiserver and etcd (5-10 min cold, after the kubelet) into $(MPSD_APISERVER_CACHE)"
 	@echo "make conformance  print the emulator-vs-real conformance table"
 	@echo "make clean        remove $(BIN)/"
 
@@ -61,6 +64,13 @@ fetch-prometheus:
 .PHONY: fetch-kubelet
 fetch-kubelet:
 	@hack/build-kubelet.sh || echo "make: kubelet unavailable; the kubelet end-to-end test will say so and skip"
+
+# The admission policy test on a real API server (examples/kubernetes) runs
+# kube-apiserver on etcd. make test runs it after fetch-kubelet, whose
+# wrapper module and Go build cache it shares.
+.PHONY: fetch-apiserver
+fetch-apiserver:
+	@hack/build-apiserver.sh || echo "make: kube-apiserver or etcd unavailable; the admission policy test on a real API server will say so and skip"
 
 demo: build
 	bash hack/demo.sh
@@ -94,7 +104,7 @@ TESTRUN := $(BIN)/testrun
 testrun:
 	@$(GO) build -o $(TESTRUN) ./internal/testrun/cmd/testrun
 
-test: fetch-kubelet
+test: fetch-kubelet fetch-apiserver
 
 test: fetch-mps fetch-prometheus build testrun
 	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) MPSD_BIN_DIR=$(CURDIR)/bin GO=$(GO) $(TESTRUN) -race -timeout $(TEST_TIMEOUT) ./...

@@ -5,9 +5,10 @@
 #
 # `go install k8s.io/kubernetes/cmd/kubelet@vX` refuses: the kubernetes module
 # replaces its 33 staging modules (k8s.io/api, k8s.io/client-go, ...) with
-# directories of its own tree. A wrapper module, generated in a temp dir,
-# requires k8s.io/kubernetes and replaces each staging module with its
-# published release (k8s.io/<name> v0.<minor>.<patch>).
+# directories of its own tree. A wrapper module, generated in a temp dir
+# (hack/k8s-wrapper.sh, shared with hack/build-apiserver.sh), requires
+# k8s.io/kubernetes and replaces each staging module with its published
+# release (k8s.io/<name> v0.<minor>.<patch>).
 #
 # Usage: hack/build-kubelet.sh [VERSION]     (default: v1.37.2; stay on 1.37.x:
 #   1.38 needs containerd 2.x, which Debian does not ship)
@@ -20,6 +21,8 @@
 # rebuild take seconds.
 # Exits 0 when the kubelet is available, 1 otherwise (with the reason on stderr).
 set -euo pipefail
+# shellcheck source=hack/k8s-wrapper.sh
+. "$(dirname "${BASH_SOURCE[0]}")/k8s-wrapper.sh"
 
 # CI may run without HOME; take it from the user database then.
 : "${HOME:=$(getent passwd "$(id -u)" | cut -d: -f6)}"
@@ -41,43 +44,11 @@ esac
 have && exit 0
 command -v "$GO" >/dev/null || die "go not found"
 
-# v1.37.2 -> v0.37.2: the staging modules' tags.
-staging_version="v0.${version#v1.}"
-
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
-"$GO" mod init mpsd.invalid/kubelet-build >/dev/null 2>&1
-
-# The kubernetes module's own go.mod names its staging replacements.
-kmod=$("$GO" mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
-if [ -z "$kmod" ] || [ ! -r "$kmod" ]; then die "k8s.io/kubernetes@$version: go mod download gave no go.mod"; fi
-mapfile -t staging < <(sed -n 's#^[[:space:]]*\(k8s\.io/[A-Za-z0-9._-]*\) => \./staging/src/.*$#\1#p' "$kmod" | sort -u)
-[ ${#staging[@]} -gt 0 ] || die "k8s.io/kubernetes@$version: no staging replace directives in its go.mod"
-# Its go line (a newer Go than ours fails plainly in go build).
-gover=$(awk '$1=="go" {print $2; exit}' "$kmod")
-[ -n "$gover" ] && "$GO" mod edit -go="$gover"
-
-args=()
-for m in "${staging[@]}"; do
-	args+=("-replace=$m=$m@$staging_version")
-done
-"$GO" mod edit "${args[@]}"
-"$GO" mod edit -require="k8s.io/kubernetes@$version"
-
-cat >tools.go <<'EOF'
-//go:build tools
-
-package tools
-
-import _ "k8s.io/kubernetes/cmd/kubelet"
-EOF
-"$GO" mod tidy >"$work/tidy.log" 2>&1 || die "go mod tidy failed: $(tail -n3 "$work/tidy.log")"
-
-pkg=k8s.io/component-base/version
-minor=${version#v1.}
-minor=${minor%%.*}
-ldflags="-s -w -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+k8s_wrapper_module mpsd.invalid/kubelet-build "$version" k8s.io/kubernetes/cmd/kubelet || die "the wrapper module: see above"
+ldflags=$(k8s_ldflags "$version")
 mkdir -p "$(dirname "$cache")"
 tmp="$cache.tmp"
 rm -rf "$tmp"

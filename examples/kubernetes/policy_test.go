@@ -164,12 +164,20 @@ func policyPod(hostUsers *bool, psc *corev1.PodSecurityContext, noUnits bool, sc
 	return p
 }
 
-// The shipped admission policy refuses exactly the pods mpsd's node check
-// refuses (kubeinfo.HostRoot, for pods asking for mpsd.io resources),
-// naming the containers that may run as root; pods not asking for mpsd.io
-// resources, the example pod and the DaemonSet's pods are admitted.
-func TestPolicyAdmitsWhatTheNodeAllows(t *testing.T) {
-	a := newAdmission(t, examplePolicy(t))
+// policyCase is a pod the shipped admission policy refuses or admits;
+// naming is the container its message names when refused.
+// TestPolicyAdmitsWhatTheNodeAllows (the policy's CEL, and the node's
+// check) and TestPolicyOnAPIServer (a real API server) judge the same
+// cases.
+type policyCase struct {
+	name    string
+	pod     *corev1.Pod
+	refused bool
+	naming  string
+}
+
+// policyCases are fresh pods each call (the tests change them).
+func policyCases() []policyCase {
 	// Contexts with allowPrivilegeEscalation: false, and without (esc).
 	uid := func(v int64) *corev1.SecurityContext {
 		return &corev1.SecurityContext{RunAsUser: ptr(v), AllowPrivilegeEscalation: ptr(false)}
@@ -186,12 +194,7 @@ func TestPolicyAdmitsWhatTheNodeAllows(t *testing.T) {
 	withEph.Spec.EphemeralContainers[0].SecurityContext = uid(0)
 	initUnits := policyPod(nil, nil, true, uid(1000))
 	initUnits.Spec.InitContainers = []corev1.Container{{Name: "warmup", Image: "x", SecurityContext: nonRoot(false), Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"mpsd.io/inference-sm": resource.MustParse("1")}}}}
-	for _, tc := range []struct {
-		name    string
-		pod     *corev1.Pod
-		refused bool
-		naming  string
-	}{
+	return []policyCase{
 		{"nothing set", policyPod(nil, nil, false, nil), true, "c0"},
 		{"runAsUser 0", policyPod(nil, &corev1.PodSecurityContext{RunAsUser: ptr(int64(0))}, false, nil), true, "c0"},
 		{"hostUsers true", policyPod(ptr(true), nil, false, uid(0)), true, "c0"},
@@ -208,7 +211,16 @@ func TestPolicyAdmitsWhatTheNodeAllows(t *testing.T) {
 		{"root ephemeral container", withEph, true, "debug"},
 		{"units on an init container", initUnits, true, "warmup"},
 		{"no units, root", policyPod(nil, nil, true, uid(0)), false, ""},
-	} {
+	}
+}
+
+// The shipped admission policy refuses exactly the pods mpsd's node check
+// refuses (kubeinfo.HostRoot, for pods asking for mpsd.io resources),
+// naming the containers that may run as root; pods not asking for mpsd.io
+// resources, the example pod and the DaemonSet's pods are admitted.
+func TestPolicyAdmitsWhatTheNodeAllows(t *testing.T) {
+	a := newAdmission(t, examplePolicy(t))
+	for _, tc := range policyCases() {
 		msg := a.admit(t, tc.pod)
 		b, err := json.Marshal(tc.pod)
 		if err != nil {
