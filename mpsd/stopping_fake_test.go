@@ -5,7 +5,6 @@ import (
 	"slices"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/mpsd/mpsd/mps"
 	"github.com/mpsd/mpsd/policy"
@@ -20,19 +19,10 @@ import (
 // themselves (the chaos soak met it: three jobs ended with their CUDA
 // error, 806).
 func TestCrashSeenWhileStoppingIsSaved(t *testing.T) {
-	wd := policy.WatchdogConfig{BackoffInitial: time.Second, BackoffMax: 4 * time.Second,
-		QuarantineAfter: 3, QuarantineWindow: 10 * time.Minute, ProbeTimeout: time.Second, ProbeFailures: 2}
-	d, in, clk, st := fakeCore(t, wd)
 	ctx, stop := context.WithCancel(t.Context())
 	defer stop()
-	d.ctx = ctx
-	d.metrics = &metrics{requeues: map[string]uint64{}}
+	d, in, clk, dm := fakeUp(t, ctx)
 	const aliceUID, bobUID, server = 1000, 1001, 100
-	done := make(chan struct{})
-	go func() { defer close(done); d.bringUp(in, false) }()
-	st.wantCall(t, "start")
-	<-done
-	dm := st.daemon(0)
 	// Granted once the instance is up: Alice's and Bob's leases run.
 	d.mu.Lock()
 	in.p.Budget = policy.Usage{SM: 100, Mem: 1 << 40, Clients: 48}

@@ -1,6 +1,7 @@
 package mpsd
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -46,6 +47,23 @@ func fakeCore(t *testing.T, wd policy.WatchdogConfig, outcomes ...error) (*Daemo
 		d.wg.Wait()
 	})
 	return d, in, clk, st
+}
+
+// fakeUp is fakeCore with its instance up on a started fake control
+// daemon (returned), under ctx (mpsd's context: cancelling it is mpsd
+// beginning to stop).
+func fakeUp(t *testing.T, ctx context.Context) (*Daemon, *instance, *clock.Fake, *fakeControl) {
+	t.Helper()
+	wd := policy.WatchdogConfig{BackoffInitial: time.Second, BackoffMax: 4 * time.Second,
+		QuarantineAfter: 3, QuarantineWindow: 10 * time.Minute, ProbeTimeout: time.Second, ProbeFailures: 2}
+	d, in, clk, st := fakeCore(t, wd)
+	d.ctx = ctx
+	d.metrics = &metrics{requeues: map[string]uint64{}}
+	done := make(chan struct{})
+	go func() { defer close(done); d.bringUp(in, false) }()
+	st.wantCall(t, "start")
+	<-done
+	return d, in, clk, st.daemon(0)
 }
 
 // waitsExactly checks that the code under test has armed a timer due in

@@ -6,7 +6,6 @@ import (
 
 	"github.com/mpsd/mpsd/gpu"
 	"github.com/mpsd/mpsd/mps"
-	"github.com/mpsd/mpsd/policy"
 )
 
 // An Xid that took the instance down covers the fault records of the
@@ -19,15 +18,7 @@ import (
 // culprit's fault dropped so, its leases released as if their commands
 // had ended by themselves).
 func TestXidCoversOnlyTheServersItTookDown(t *testing.T) {
-	wd := policy.WatchdogConfig{BackoffInitial: time.Second, BackoffMax: 4 * time.Second,
-		QuarantineAfter: 3, QuarantineWindow: 10 * time.Minute, ProbeTimeout: time.Second, ProbeFailures: 2}
-	d, in, clk, st := fakeCore(t, wd)
-	d.metrics = &metrics{requeues: map[string]uint64{}}
-	done := make(chan struct{})
-	go func() { defer close(done); d.bringUp(in, false) }()
-	st.wantCall(t, "start")
-	<-done
-	dm := st.daemon(0)
+	d, in, clk, dm := fakeUp(t, t.Context())
 	const alice, bob = 100, 200
 	dm.events <- mps.Event{Kind: mps.ServerStarted, PID: alice, UID: 1000, Time: clk.Now(), ExitStatus: -1, Source: mps.SourcePidfd}
 	waitCond(t, "alice's server known", func() bool {
