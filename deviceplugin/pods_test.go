@@ -123,29 +123,7 @@ func containerCgroup(t *testing.T, id string) string {
 	if mount == "" {
 		t.Skip("no cgroup v2 or v1 freezer hierarchy mounted")
 	}
-	parent := filepath.Join(mount, testrun.CgroupName(fmt.Sprintf("podprocs-%d", os.Getpid())))
-	dir := filepath.Join(parent, "cri-containerd-"+id+".scope")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		deadline := time.Now().Add(waitFor)
-		for {
-			b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-			for f := range strings.FieldsSeq(string(b)) {
-				if pid, err := strconv.Atoi(f); err == nil {
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-				}
-			}
-			err := os.Remove(dir)
-			if err == nil || errors.Is(err, os.ErrNotExist) || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		_ = os.Remove(parent)
-	})
-	return dir
+	return emutest.ContainerCgroup(t, mount, testrun.CgroupName(fmt.Sprintf("podprocs-%d", os.Getpid())), id)
 }
 
 // podProc is a process of the test's pod.

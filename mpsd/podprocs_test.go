@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,29 +28,7 @@ const podUID = 65010
 // it.
 func (e *testEnv) podCgroup(t *testing.T, id string) string {
 	t.Helper()
-	parent := filepath.Join(e.cgroupMount(t), testrun.CgroupName(fmt.Sprintf("pod-%d", os.Getpid())))
-	dir := filepath.Join(parent, "cri-containerd-"+id+".scope")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		deadline := time.Now().Add(waitFor)
-		for {
-			b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-			for f := range strings.FieldsSeq(string(b)) {
-				if pid, err := strconv.Atoi(f); err == nil {
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-				}
-			}
-			err := os.Remove(dir)
-			if err == nil || errors.Is(err, os.ErrNotExist) || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		_ = os.Remove(parent)
-	})
-	return dir
+	return emutest.ContainerCgroup(t, e.cgroupMount(t), testrun.CgroupName(fmt.Sprintf("pod-%d", os.Getpid())), id)
 }
 
 func moveTo(t *testing.T, dir string, pid int) {

@@ -2,12 +2,14 @@ package emutest
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -93,4 +95,35 @@ func RemoveCgroupTree(parent string) {
 			_ = os.Remove(dirs[i])
 		}
 	}
+}
+
+// ContainerCgroup makes, under mount (a cgroup hierarchy's root), a cgroup
+// named as containerd names a container's, <parent>/cri-containerd-<id>.scope,
+// and returns its directory; cleanup kills what is left in it and removes
+// it and parent.
+func ContainerCgroup(tb testing.TB, mount, parent, id string) string {
+	tb.Helper()
+	top := filepath.Join(mount, parent)
+	dir := filepath.Join(top, "cri-containerd-"+id+".scope")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+			for f := range strings.FieldsSeq(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+			err := os.Remove(dir)
+			if err == nil || errors.Is(err, os.ErrNotExist) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		_ = os.Remove(top)
+	})
+	return dir
 }
