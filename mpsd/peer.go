@@ -167,26 +167,36 @@ func parseStatStart(b []byte) (uint64, error) {
 	return v, nil
 }
 
+// procCgroups reads /proc/PID/cgroup: each hierarchy's key ("" for cgroup
+// v2, the controller list for v1) and the process's cgroup in it.
+func procCgroups(proc string, pid int) (map[string]string, error) {
+	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 || !strings.HasPrefix(parts[2], "/") {
+			continue
+		}
+		out[parts[1]] = parts[2]
+	}
+	return out, nil
+}
+
 // unifiedCgroup is pid's cgroup v2 path ("0::" line of /proc/PID/cgroup),
 // or "" when it has none.
 func unifiedCgroup(proc string, pid int) (string, error) {
-	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "cgroup"))
-	if err != nil {
-		return "", err
-	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if p, ok := strings.CutPrefix(line, "0::"); ok {
-			return p, nil
-		}
-	}
-	return "", nil
+	cgs, err := procCgroups(proc, pid)
+	return cgs[""], err
 }
 
 // restoreCgroups moves pid into the cgroups process from is in, in every
 // hierarchy /proc/FROM/cgroup lists: where a child forked by from would
 // be. It undoes mpsd's move of a process that was not the one it checked.
 func restoreCgroups(proc string, pid, from int) error {
-	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(from), "cgroup"))
+	cgs, err := procCgroups(proc, from)
 	if err != nil {
 		return err
 	}
@@ -195,17 +205,12 @@ func restoreCgroups(proc string, pid, from int) error {
 		return err
 	}
 	var errs []error
-	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		key := parts[1] // controller list; "" for v2, name=... for named v1
+	for key, path := range cgs { // key: the controller list; "" for v2, name=... for named v1
 		dir, ok := mounts[key]
 		if !ok {
 			continue
 		}
-		target := filepath.Join(dir, filepath.Clean("/"+parts[2]), "cgroup.procs")
+		target := filepath.Join(dir, filepath.Clean(path), "cgroup.procs")
 		if err := os.WriteFile(target, []byte(strconv.Itoa(pid)), 0); err != nil && !errors.Is(err, syscall.ESRCH) {
 			errs = append(errs, fmt.Errorf("move pid %d to %s: %w", pid, target, err))
 		}

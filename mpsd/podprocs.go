@@ -98,24 +98,6 @@ func (t *podTable) keepOnly(ids map[string]bool) {
 // errPodBinding: the process named is no process of the container named.
 var errPodBinding = errors.New("not the container's process")
 
-// procCgroups reads /proc/PID/cgroup: each hierarchy's key ("" for cgroup
-// v2, the controller list for v1) and the process's cgroup in it.
-func procCgroups(proc string, pid int) (map[string]string, error) {
-	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "cgroup"))
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]string{}
-	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 || !strings.HasPrefix(parts[2], "/") {
-			continue
-		}
-		out[parts[1]] = parts[2]
-	}
-	return out, nil
-}
-
 // bindPod reads, through a pidfd on req.PID, the cgroups of the container
 // req names: those of the process whose last element holds the container's
 // id. A process that is gone, or in no such cgroup, is refused
