@@ -34,17 +34,12 @@ func Locate(ctx context.Context, socket, resource string, ids []string) (Contain
 	if len(ids) == 0 {
 		return ContainerRef{}, fmt.Errorf("kubeinfo: no device ids to look up")
 	}
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	pods, err := listPodResources(ctx, socket)
 	if err != nil {
-		return ContainerRef{}, fmt.Errorf("kubeinfo: the kubelet's PodResources API at %s: %w", socket, err)
-	}
-	defer conn.Close()
-	resp, err := podresourcesapi.NewPodResourcesListerClient(conn).List(ctx, &podresourcesapi.ListPodResourcesRequest{})
-	if err != nil {
-		return ContainerRef{}, fmt.Errorf("kubeinfo: the kubelet's PodResources API at %s: %w", socket, err)
+		return ContainerRef{}, err
 	}
 	var found []ContainerRef
-	for _, p := range resp.GetPodResources() {
+	for _, p := range pods {
 		for _, c := range p.GetContainers() {
 			held := 0
 			for _, d := range c.GetDevices() {
@@ -84,17 +79,12 @@ type Device struct {
 // kubelet's record of its allocations, which it keeps from a pod's
 // admission until the pod has ended.
 func Holders(ctx context.Context, socket, prefix string) (map[Device]ContainerRef, error) {
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	pods, err := listPodResources(ctx, socket)
 	if err != nil {
-		return nil, fmt.Errorf("kubeinfo: the kubelet's PodResources API at %s: %w", socket, err)
-	}
-	defer conn.Close()
-	resp, err := podresourcesapi.NewPodResourcesListerClient(conn).List(ctx, &podresourcesapi.ListPodResourcesRequest{})
-	if err != nil {
-		return nil, fmt.Errorf("kubeinfo: the kubelet's PodResources API at %s: %w", socket, err)
+		return nil, err
 	}
 	out := map[Device]ContainerRef{}
-	for _, p := range resp.GetPodResources() {
+	for _, p := range pods {
 		for _, c := range p.GetContainers() {
 			ref := ContainerRef{Namespace: p.GetNamespace(), Pod: p.GetName(), Container: c.GetName()}
 			for _, d := range c.GetDevices() {
@@ -108,4 +98,19 @@ func Holders(ctx context.Context, socket, prefix string) (map[Device]ContainerRe
 		}
 	}
 	return out, nil
+}
+
+// listPodResources is the kubelet's PodResources List at socket: every
+// pod's containers and the devices each holds.
+func listPodResources(ctx context.Context, socket string) ([]*podresourcesapi.PodResources, error) {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("kubeinfo: the kubelet's PodResources API at %s: %w", socket, err)
+	}
+	defer conn.Close()
+	resp, err := podresourcesapi.NewPodResourcesListerClient(conn).List(ctx, &podresourcesapi.ListPodResourcesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("kubeinfo: the kubelet's PodResources API at %s: %w", socket, err)
+	}
+	return resp.GetPodResources(), nil
 }
