@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mpsd/mpsd/internal/procstat"
 )
 
 // EnvXidSocket names, in the MPS emulator's control daemons' environment,
@@ -318,21 +320,9 @@ type savedProcs struct {
 // clock ticks after boot), false when it has exited (a zombie included)
 // or cannot be read.
 func runningSince(pid int) (uint64, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
+	st, err := procstat.Read("/proc", pid)
+	if err != nil || st.Exited() || !st.HasStart {
 		return 0, false
 	}
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
-		return 0, false
-	}
-	start, err := strconv.ParseUint(f[19], 10, 64)
-	if err != nil {
-		return 0, false
-	}
-	return start, true
+	return st.StartTime, true
 }

@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mpsd/mpsd/internal/procstat"
 )
 
 // Files the control daemon keeps in its pipe directory.
@@ -41,43 +41,21 @@ type procStat struct {
 
 // readProcStat reads /proc/<pid>/stat under procRoot.
 func readProcStat(procRoot string, pid int) (procStat, error) {
-	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return procStat{}, err
-	}
-	return parseProcStat(string(b))
+	st, err := procstat.Read(procRoot, pid)
+	return fromStat(st), err
 }
 
-// parseProcStat parses a /proc/<pid>/stat line. comm may contain spaces and
-// parentheses, so fields are counted from the last ')'.
+// parseProcStat parses a /proc/<pid>/stat line (procstat.Parse).
 func parseProcStat(s string) (procStat, error) {
-	open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-	if open < 0 || closing < open {
-		return procStat{}, fmt.Errorf("proc stat %q: no comm", s)
+	st, err := procstat.Parse(s)
+	return fromStat(st), err
+}
+
+func fromStat(st procstat.Stat) procStat {
+	if st == (procstat.Stat{}) {
+		return procStat{}
 	}
-	f := strings.Fields(s[closing+1:])
-	// f[0] is field 3 (state); exit_code is field 52 (Linux 3.5+).
-	if len(f) < 2 || len(f[0]) != 1 {
-		return procStat{}, fmt.Errorf("proc stat %q: too short", s)
-	}
-	st := procStat{comm: s[open+1 : closing], state: f[0][0], exitCode: -1}
-	var err error
-	if st.ppid, err = strconv.Atoi(f[1]); err != nil {
-		return procStat{}, fmt.Errorf("proc stat ppid %q: %w", f[1], err)
-	}
-	// starttime is field 22, f[19].
-	if len(f) >= 20 {
-		if st.startTime, err = strconv.ParseUint(f[19], 10, 64); err != nil {
-			return procStat{}, fmt.Errorf("proc stat starttime %q: %w", f[19], err)
-		}
-		st.hasStart = true
-	}
-	if len(f) >= 50 {
-		if n, err := strconv.Atoi(f[49]); err == nil {
-			st.exitCode = n
-		}
-	}
-	return st, nil
+	return procStat{comm: st.Comm, state: st.State, ppid: st.PPID, exitCode: st.ExitCode, startTime: st.StartTime, hasStart: st.HasStart}
 }
 
 // lockHolder returns the pid holding a POSIX write-conflicting lock on

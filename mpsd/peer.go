@@ -2,7 +2,6 @@ package mpsd
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	mountfields "github.com/mpsd/mpsd/internal/mountinfo"
+	"github.com/mpsd/mpsd/internal/procstat"
 )
 
 // peer is who is on the other end of a connection, from SO_PEERCRED and
@@ -150,21 +150,14 @@ func bootTicks() (uint64, error) {
 }
 
 func parseStatStart(b []byte) (uint64, error) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, errors.New("stat: no command name")
+	st, err := procstat.Parse(string(b))
+	if err != nil {
+		return 0, err
 	}
-	// After ") ": field 3 (state) is the first.
-	f := strings.Fields(string(b[i+1:]))
-	const startField = 22 - 3
-	if len(f) <= startField {
+	if !st.HasStart {
 		return 0, errors.New("stat: too few fields")
 	}
-	v, err := strconv.ParseUint(f[startField], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("stat: start time %q: %w", f[startField], err)
-	}
-	return v, nil
+	return st.StartTime, nil
 }
 
 // procCgroups reads /proc/PID/cgroup: each hierarchy's key ("" for cgroup
