@@ -255,10 +255,12 @@ func (r *emfileRunner) Start(cmd *exec.Cmd) error {
 // and /readyz fails while it lasts, but no daemon is declared hung, nothing
 // restarts and no lease is revoked.
 func TestProbeOutOfLocalResourcesIsNotHung(t *testing.T) {
+	// Probes often, each with room to answer on a loaded host (with a
+	// 40 ms timeout, make test once saw a slow answer declared a hang).
 	e := newEnv(t, `  a:
     users: ["`+strconv.Itoa(limUIDHolder)+`"]
     memory: 10G
-`, "watchdog:\n  probe_interval: 50ms\n  probe_timeout: 40ms\n  probe_failures: 2\n  backoff_initial: 50ms\n  backoff_max: 1s\n")
+`, "watchdog:\n  probe_interval: 200ms\n  probe_timeout: 190ms\n  probe_failures: 3\n  backoff_initial: 50ms\n  backoff_max: 1s\n")
 	runner := &emfileRunner{}
 	e.opts.mpsRunner = runner
 	mln, err := net.Listen("tcp", "127.0.0.1:0")
