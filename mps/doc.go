@@ -43,7 +43,8 @@
 //     whose lines only point at processes to verify. Each exit is reported
 //     once, from the pidfd. A server.log follower
 //     reports the fatal GPU faults a server survives (ServerFault), whose
-//     clients all got a sticky error.
+//     clients all got a sticky error, and the client each names just
+//     before (FaultCulprit: a hint, the pid a client told its server).
 //   - Stop: `quit -t N`, then SIGKILL of servers that ignore SIGINT, then of
 //     the daemon and its orphans, all through pidfds of verified processes
 //     (no recycled pid, no process a record merely names, is ever

@@ -43,6 +43,15 @@ const (
 	// it unreported (over the rate limit of 20 a second). Nothing is done
 	// about it but counting.
 	UnverifiedRecord
+	// FaultCulprit: a server's log names the client whose fatal GPU
+	// error it is about to handle ("Client {PID: C, Context: N}
+	// encountered a fatal GPU error.", before its ServerFault record).
+	// From server.log; PID is the server's (verified, KnownServer), Client
+	// the pid the record names. Only a hint of whose fault it was: anyone
+	// who reaches the log FIFO may write the record, naming anyone.
+	// While one waits for the reader, more of the same server's are
+	// folded into it (Suppressed): then the culprit is not known.
+	FaultCulprit
 )
 
 func (k EventKind) String() string {
@@ -67,6 +76,8 @@ func (k EventKind) String() string {
 		return "barrier"
 	case UnverifiedRecord:
 		return "unverified record"
+	case FaultCulprit:
+		return "fault culprit"
 	}
 	return fmt.Sprintf("EventKind(%d)", int(k))
 }
@@ -101,6 +112,8 @@ type Event struct {
 	// PID is the daemon's (DaemonExited), the server's or the client's pid;
 	// for FatalException the pid that logged it; 0 when unknown.
 	PID int
+	// Client, on FaultCulprit: the client pid the record names.
+	Client int
 	// UID of the server or client; -1 when unknown.
 	UID int
 	// ExitStatus is the exit code, -1 when unknown or killed by a signal.
@@ -149,7 +162,7 @@ func (e Event) Ack() {
 }
 
 func (e Event) String() string {
-	return fmt.Sprintf("%s pid=%d uid=%d status=%d signal=%d source=%s known_server=%v %s", e.Kind, e.PID, e.UID, e.ExitStatus, int(e.Signal), e.Source, e.KnownServer, e.Message)
+	return fmt.Sprintf("%s pid=%d client=%d uid=%d status=%d signal=%d source=%s known_server=%v %s", e.Kind, e.PID, e.Client, e.UID, e.ExitStatus, int(e.Signal), e.Source, e.KnownServer, e.Message)
 }
 
 // maxQueuedEvents bounds the hints (events learned from log lines, which
@@ -191,7 +204,7 @@ type coalesceKey struct {
 
 func (e Event) coalesceKey() (coalesceKey, bool) {
 	switch e.Kind {
-	case ServerReady:
+	case ServerReady, FaultCulprit:
 		return coalesceKey{e.Kind, e.PID}, true
 	case ServerFault, UnverifiedRecord:
 		return coalesceKey{}, false

@@ -250,13 +250,27 @@ func logEvent(l LogLine) (Event, bool) {
 // serverLogEvent maps a server.log line to an event. A server that
 // contains a fatal GPU error (Volta and newer) logs "Server is handling a
 // fatal GPU error." before it tears down every client's contexts; that
-// line alone is enough to act on, and comes before the clients exit.
+// line alone is enough to act on, and comes before the clients exit. Just
+// before it, the server names the client whose error it is ("Client {PID:
+// C, Context: N} encountered a fatal GPU error."): a FaultCulprit, a hint
+// of whose fault it was.
 func serverLogEvent(l LogLine) (Event, bool) {
-	if l.Source != "Server" || l.Message != "Server is handling a fatal GPU error." || l.PID <= 0 {
+	if l.Source != "Server" || l.PID <= 0 {
 		return Event{}, false
 	}
-	return Event{Kind: ServerFault, Time: l.Time, PID: l.PID, UID: -1, ExitStatus: -1, Source: SourceLog, Message: l.Message}, true
+	if l.Message == "Server is handling a fatal GPU error." {
+		return Event{Kind: ServerFault, Time: l.Time, PID: l.PID, UID: -1, ExitStatus: -1, Source: SourceLog, Message: l.Message}, true
+	}
+	var client, ctx int
+	if strings.HasPrefix(l.Message, "Client {PID: ") && scan2(l.Message, culpritFormat, &client, &ctx) && client > 0 && ctx >= 0 {
+		return Event{Kind: FaultCulprit, Time: l.Time, PID: l.PID, Client: client, UID: -1, ExitStatus: -1, Source: SourceLog, Message: l.Message}, true
+	}
+	return Event{}, false
 }
+
+// culpritFormat is the record a server writes naming the client whose
+// fatal GPU error it handles next.
+const culpritFormat = "Client {PID: %d, Context: %d} encountered a fatal GPU error."
 
 // scan1 and scan2 match a whole message against a format whose only verbs
 // are %d (scanInts).

@@ -150,17 +150,25 @@ func TestLogEvent(t *testing.T) {
 
 func TestServerLogEvent(t *testing.T) {
 	for _, tc := range []struct {
-		l    LogLine
-		want bool
+		l      LogLine
+		want   EventKind // 0: no event
+		client int
 	}{
-		{LogLine{PID: 77, Source: "Server", Message: "Server is handling a fatal GPU error."}, true},
-		{LogLine{PID: 77, Source: "Control", Message: "Server is handling a fatal GPU error."}, false},
-		{LogLine{PID: 77, Source: "Server", Message: "Client {PID: 5, Context: 1} encountered a fatal GPU error."}, false},
-		{LogLine{PID: 0, Source: "Server", Message: "Server is handling a fatal GPU error."}, false},
+		{LogLine{PID: 77, Source: "Server", Message: "Server is handling a fatal GPU error."}, ServerFault, 0},
+		{LogLine{PID: 77, Source: "Control", Message: "Server is handling a fatal GPU error."}, 0, 0},
+		{LogLine{PID: 0, Source: "Server", Message: "Server is handling a fatal GPU error."}, 0, 0},
+		{LogLine{PID: 77, Source: "Server", Message: "Client {PID: 5, Context: 1} encountered a fatal GPU error."}, FaultCulprit, 5},
+		{LogLine{PID: 77, Source: "Server", Message: "Client {PID: 5, Context: 0} encountered a fatal GPU error."}, FaultCulprit, 5},
+		{LogLine{PID: 77, Source: "Control", Message: "Client {PID: 5, Context: 1} encountered a fatal GPU error."}, 0, 0},
+		{LogLine{PID: 77, Source: "Server", Message: "Client {PID: 0, Context: 1} encountered a fatal GPU error."}, 0, 0},
+		{LogLine{PID: 77, Source: "Server", Message: "Client {PID: -5, Context: 1} encountered a fatal GPU error."}, 0, 0},
+		{LogLine{PID: 77, Source: "Server", Message: "Client {PID: 05, Context: 1} encountered a fatal GPU error."}, 0, 0},
+		{LogLine{PID: 77, Source: "Server", Message: "Client {PID: 5, Context: 1} encountered a fatal GPU error. and more"}, 0, 0},
+		{LogLine{PID: 77, Source: "Server", Message: "Client {PID: 5, Context: -1} encountered a fatal GPU error."}, 0, 0},
 	} {
 		ev, ok := serverLogEvent(tc.l)
-		if ok != tc.want || (ok && (ev.Kind != ServerFault || ev.PID != tc.l.PID)) {
-			t.Errorf("serverLogEvent(%+v) = %v, %v; want ok %v", tc.l, ev, ok, tc.want)
+		if ok != (tc.want != 0) || ok && (ev.Kind != tc.want || ev.PID != tc.l.PID || ev.Client != tc.client) {
+			t.Errorf("serverLogEvent(%+v) = %v, %v; want %v (client %d)", tc.l, ev, ok, tc.want, tc.client)
 		}
 	}
 }
@@ -240,6 +248,8 @@ func FuzzParseLogLine(f *testing.F) {
 		"[2026-11-29 19:34:29.400 Control  8004] Server 8004 exited with status 0",
 		"[2026-11-29 19:34:29.400 Control  8004] Failed to start server using uid 5, error: x",
 		"[2026-11-29 19:34:29.400 Server 1] Server encountered a fatal exception. Shutting down",
+		"[2026-11-29 19:34:29.400 Server 1] Client {PID: 42, Context: 1} encountered a fatal GPU error.",
+		"[2026-11-29 19:34:29.400 Server 1] Server is handling a fatal GPU error.",
 		"[", "]", "",
 	} {
 		f.Add(s)
@@ -254,6 +264,10 @@ func FuzzParseLogLine(f *testing.F) {
 		}
 		if ev, ok := logEvent(l); ok && (ev.PID < 0 || ev.UID < -1 || ev.Kind < DaemonExited || ev.Kind > ClientConnected || ev.KnownServer) {
 			t.Fatalf("logEvent(%+v) = %+v", l, ev)
+		}
+		if ev, ok := serverLogEvent(l); ok && (ev.PID != l.PID || l.Source != "Server" || ev.KnownServer ||
+			(ev.Kind == FaultCulprit) != (ev.Client > 0) || ev.Kind != ServerFault && ev.Kind != FaultCulprit) {
+			t.Fatalf("serverLogEvent(%+v) = %+v", l, ev)
 		}
 	})
 }

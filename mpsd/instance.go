@@ -108,6 +108,9 @@ type instance struct {
 	claims   []*faultClaim
 	deciding []*faultClaim
 	xidUsed  time.Time
+	// culpritHints: the clients servers' logs named as their next fault's
+	// culprit, waiting for the fault's recovery (culprithint.go).
+	culpritHints []culpritHint
 	// xidHandled is the time of the last Xid that took the instance down
 	// itself (its own fault, reported), and xidHandledServers the servers
 	// it took down: the fault record MPS writes after it about one of
@@ -585,7 +588,7 @@ func (d *Daemon) watchInstance(in *instance, dm control) {
 				d.unverifiedRecord(in, ev, "it names no verified server of the daemon")
 				break
 			}
-			f := fault{kind: faultServerFault, restart: restartNone, fromServerLog: ev.InServerLog, logOffset: ev.LogOffset,
+			f := fault{kind: faultServerFault, restart: restartNone, fromServerLog: ev.InServerLog, logOffset: ev.LogOffset, server: ev.PID,
 				reason: fmt.Sprintf("a client of group %s on GPU %d hit a fatal GPU error; MPS set a sticky error on every client of the server", in.group, in.gpus[0].Index)}
 			if ev.InServerLog && dm.WrittenUnwatched(ev.LogOffset) {
 				// Read again after mpsd was away: its Xid, if any, came
@@ -629,6 +632,10 @@ func (d *Daemon) watchInstance(in *instance, dm control) {
 			if !held {
 				ev.Ack()
 			}
+		case mps.FaultCulprit:
+			// A hint of whose fault the server's next one is; facts
+			// decide whether it names the culprit (culprithint.go).
+			d.noteCulpritHint(in, dm, ev)
 		case mps.UnverifiedRecord:
 			// Anyone who can reach the pipe directory can write MPS log
 			// records; mps acted on none of this one.

@@ -990,6 +990,15 @@ func (l *lease) statusLocked() api.LeaseStatus {
 	return st
 }
 
+// seenPids is what mpsd last knew of the lease's processes without
+// looking again: the pids it attached, or its cgroup held at the last
+// look.
+func (l *lease) seenPids() []int {
+	l.cgMu.Lock()
+	defer l.cgMu.Unlock()
+	return slices.Clone(l.pids)
+}
+
 // livePids lists the lease's processes: the cgroup's when it has one
 // (read without cgMu, and kept for when it cannot be read), else the
 // pids last known.

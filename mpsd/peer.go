@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -117,6 +118,23 @@ func (h *pidHandle) alive() bool {
 			continue
 		}
 		return err == nil && n == 0
+	}
+}
+
+// exitsWithin waits up to d for the process to exit and reports whether
+// it has.
+func (h *pidHandle) exitsWithin(d time.Duration) bool {
+	fds := []unix.PollFd{{Fd: int32(h.fd), Events: unix.POLLIN}}
+	deadline := time.Now().Add(d)
+	for {
+		n, err := unix.Poll(fds, int(max(time.Until(deadline), 0).Milliseconds()))
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return false
+		}
+		return n > 0
 	}
 }
 

@@ -76,7 +76,9 @@ type fault struct {
 	culprit culpritID
 	// server and serverUID, on a server_exit seen on the server's pidfd:
 	// the crashed server, which the state file keeps if mpsd stops
-	// before recovering from it (unhandledLocked).
+	// before recovering from it (unhandledLocked). server, on a
+	// server_fault: the server whose log recorded it, whose log may name
+	// its culprit (culprithint.go).
 	server, serverUID int
 }
 
@@ -283,6 +285,9 @@ func (in *instance) planRecoveryLocked(pending []fault, f fault, now time.Time, 
 // supervisor, as one failure: it counts it (quarantine), revokes every
 // fault's victims and restarts what the strongest fault needs.
 func (d *Daemon) recoverOnce(in *instance, pending []fault) {
+	// A culprit the server's log named, where facts confirm it; before
+	// anything is revoked, so that its process's own end is its own.
+	d.nameLogCulprits(in, pending)
 	f := combineFaults(pending)
 	start := d.clock.Now()
 	d.mu.Lock()

@@ -1,0 +1,256 @@
+package mpsd
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/mpsd/mpsd/mps"
+)
+
+// Culprits a server's log names. Just before a server handles a fatal GPU
+// error it logs which client raised it ("Client {PID: C, Context: N}
+// encountered a fatal GPU error."). The record comes through the log FIFO,
+// which any member can write, naming anyone; and C is the pid the client
+// told the server, which a client may choose. So the record is a hint. It
+// names the fault's culprit (culprit.go) only on a daemon without
+// multiuser, and only when facts no tenant writes confirm it:
+//
+//   - the fault itself is confirmed (an Xid matched the server's fault
+//     record, verify.go), and the hint came from that server's log within
+//     culpritHintAge of the recovery;
+//   - it is the only client the server's log named in that time (two, or
+//     a record folded into another while it waited, name nobody: a member
+//     who forges a record beside its own real fault only hides itself);
+//   - the pid was a process of a running lease of the server's uid, as
+//     mpsd's own records say (the processes the lease attached, or its
+//     cgroup): a daemon without multiuser serves one uid per server, so
+//     only a lease of the uid whose server faulted can be charged, never
+//     another member's;
+//   - that process ended on its own, with the fault: it had exited when
+//     the hint was read, or does so within culpritExitWait of it, before
+//     the recovery revokes anything. A real fault gives every client of
+//     the server a sticky error; a forged fault record leaves the process
+//     it names running.
+//
+// On a multiuser daemon the record is never taken: every member's clients
+// share the server, a member's client can make the server's own record
+// name another member's process (it tells the server its pid), and a real
+// fault ends that process too. There only an Xid naming a process names a
+// culprit. Otherwise the fault names no culprit and is charged as one that
+// names nobody (culprit.go); the record is logged and counted as
+// unverified.
+
+const (
+	// culpritHintAge is how old a hint may be when its fault's recovery
+	// begins: its claim waits at most faultClaimWait for an Xid.
+	culpritHintAge = faultClaimWait + 3*time.Second
+	// culpritExitWait is how long after its hint the named client has to
+	// end on its own.
+	culpritExitWait = time.Second
+	// maxCulpritHints bounds the hints an instance keeps (one per
+	// server: a second of a server is folded into the first).
+	maxCulpritHints = 8
+)
+
+// culpritHint is a server's log naming the client of its next fault.
+type culpritHint struct {
+	ev mps.Event // the record (Client is the pid it names)
+	at time.Time // when mpsd read it
+	// lease and uid: the running lease the named pid was a process of
+	// ("" when none).
+	lease string
+	uid   uint32
+	// start is the process's start time when the hint was read; gone: it
+	// had ended by then.
+	start uint64
+	gone  bool
+	// records: the records the hint stands for (more than 1: it was
+	// folded with others of the server, or the bound was hit).
+	records int
+}
+
+// noteCulpritHint takes a FaultCulprit record of in's daemon dm: it finds
+// the lease whose process the record names and keeps the hint for the
+// recovery of the server's fault (nameLogCulprits).
+func (d *Daemon) noteCulpritHint(in *instance, dm control, ev mps.Event) {
+	if !ev.KnownServer {
+		d.unverifiedRecord(in, ev, "it names no verified server of the daemon")
+		return
+	}
+	if ev.InServerLog && dm.WrittenUnwatched(ev.LogOffset) {
+		// Read again after mpsd was away: the process it names may have
+		// ended long since, for any reason.
+		in.log.Debug("MPS fault culprit record written while mpsd was away; not used", "server", ev.PID, "client", ev.Client)
+		return
+	}
+	now := d.clock.Now()
+	h := culpritHint{ev: ev, at: now, records: 1 + max(ev.Suppressed, 0)}
+	d.mu.Lock()
+	if d.foldCulpritHintLocked(in, h) {
+		// A second name for the server's next fault: it names nobody now,
+		// so nothing needs looking up (a member writing records in a
+		// loop costs a lookup per server every culpritHintAge at most).
+		d.mu.Unlock()
+		return
+	}
+	multiuser := in.p.Multiuser
+	suid, _ := in.mps.uidOf(ev.PID)
+	var cands []*lease
+	for _, l := range in.leases {
+		if l.state == leaseRunning && suid >= 0 && l.uid == uint32(suid) {
+			cands = append(cands, l)
+		}
+	}
+	d.mu.Unlock()
+	if multiuser {
+		d.unverifiedRecord(in, ev, "on a multiuser daemon a client's own pid claim names the culprit: only an Xid naming a process does")
+		return
+	}
+	// The pid's lease, from mpsd's records: what the lease attached or
+	// its cgroup last held, else what its cgroup holds now.
+	slices.SortFunc(cands, func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
+	var owner *lease
+	for _, l := range cands {
+		if slices.Contains(l.seenPids(), ev.Client) || slices.Contains(l.livePids(), ev.Client) {
+			owner = l
+			break
+		}
+	}
+	if owner != nil {
+		p, err := openPid(d.proc, ev.Client)
+		if err != nil {
+			h.gone = true
+		} else {
+			switch {
+			case slices.Contains(owner.livePids(), ev.Client):
+				h.start = p.start
+				h.gone = !p.alive() // a zombie: ended, not yet reaped
+			case p.exitsWithin(culpritExitWait / 10):
+				// Out of its cgroup as it exits (the kernel takes an
+				// exiting process out of its cgroup before its pidfd
+				// says it has exited).
+				h.gone = true
+			default:
+				// Alive, and no process of the lease: the pid is another
+				// process's now, or the lease's process left its cgroup.
+				owner = nil
+			}
+			p.close()
+		}
+	}
+	if owner != nil {
+		h.lease, h.uid = owner.id, owner.uid
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.foldCulpritHintLocked(in, h) { // one came meanwhile
+		return
+	}
+	if len(in.culpritHints) >= maxCulpritHints {
+		// Bounded: the oldest goes, and the server of the newest can no
+		// longer tell its culprit.
+		in.culpritHints = in.culpritHints[1:]
+		h.records++
+	}
+	in.culpritHints = append(in.culpritHints, h)
+	in.log.Info("MPS names the client of a server's next fault (a hint until facts confirm it)", "server", ev.PID, "client", ev.Client, "lease", h.lease, "ended", h.gone)
+}
+
+// foldCulpritHintLocked drops in's hints older than culpritHintAge, and
+// folds h into a hint of the same server kept already (then reporting
+// true): the server's log has named more than one client since.
+func (d *Daemon) foldCulpritHintLocked(in *instance, h culpritHint) bool {
+	in.culpritHints = slices.DeleteFunc(in.culpritHints, func(x culpritHint) bool { return h.at.Sub(x.at) > culpritHintAge })
+	for i := range in.culpritHints {
+		if in.culpritHints[i].ev.PID == h.ev.PID {
+			in.culpritHints[i].records += h.records
+			return true
+		}
+	}
+	return false
+}
+
+// nameLogCulprits names, for each server fault among pending that names
+// no culprit yet, the culprit its server's log named, where the facts
+// above confirm it; it waits up to culpritExitWait for the named process
+// to end. It runs in in's supervisor before the recovery acts.
+func (d *Daemon) nameLogCulprits(in *instance, pending []fault) {
+	for i := range pending {
+		d.mu.Lock()
+		f := pending[i]
+		if f.kind != faultServerFault || f.culprit.lease != "" || f.server <= 0 {
+			d.mu.Unlock()
+			continue
+		}
+		now := d.clock.Now()
+		var hints []culpritHint
+		records := 0
+		for _, h := range in.culpritHints {
+			if h.ev.PID == f.server && now.Sub(h.at) <= culpritHintAge {
+				hints = append(hints, h)
+				records += h.records
+			}
+		}
+		// Used up: a later fault of the server needs hints of its own.
+		in.culpritHints = slices.DeleteFunc(in.culpritHints, func(h culpritHint) bool { return h.ev.PID == f.server })
+		d.mu.Unlock()
+		if len(hints) == 0 {
+			continue
+		}
+		h := hints[0]
+		why := ""
+		switch {
+		case records > 1:
+			why = fmt.Sprintf("the server's log named %d clients for one fault: none is taken for its culprit", records)
+		case h.lease == "":
+			why = fmt.Sprintf("pid %d is no process of a running lease of the server's uid", h.ev.Client)
+		case !h.gone && !d.endsWithin(h.ev.Client, h.start, h.at.Add(culpritExitWait)):
+			why = fmt.Sprintf("pid %d of lease %s still ran %s after the record named it as a fault's culprit", h.ev.Client, h.lease, culpritExitWait)
+		}
+		d.mu.Lock()
+		if l := in.leases[h.lease]; why == "" && (l == nil || l.uid != h.uid) {
+			why = fmt.Sprintf("lease %s is gone", h.lease)
+		}
+		if why == "" {
+			pending[i].culprit = culpritID{lease: h.lease, uid: h.uid}
+			pending[i].reason += fmt.Sprintf(", raised by lease %s (uid %d): the server's log named its process %d, which ended with the fault", h.lease, h.uid, h.ev.Client)
+		} else {
+			// Counted as a record not acted on; logged here, once per
+			// confirmed fault (not behind the unverified records' gate).
+			in.unverified += uint64(records)
+		}
+		d.mu.Unlock()
+		if why != "" {
+			in.log.Warn("the server's log named a culprit of the fault; not taken: nothing confirms it", "server", f.server, "client", h.ev.Client, "lease", h.lease, "why", why)
+			continue
+		}
+		in.log.Warn("fault culprit named by the server's log and confirmed by its process's end", "server", f.server, "client", h.ev.Client, "lease", h.lease, "uid", h.uid)
+	}
+}
+
+// endsWithin reports whether process pid, which had start time start,
+// ends (or had ended) by deadline on mpsd's clock, waiting at most
+// culpritExitWait.
+func (d *Daemon) endsWithin(pid int, start uint64, deadline time.Time) bool {
+	p, err := openPid(d.proc, pid)
+	if err != nil {
+		return true // gone
+	}
+	defer p.close()
+	if p.start != start {
+		return true // the pid names another process: the one named ended
+	}
+	// In slices of a tenth of the wait, so that mpsd's stop is not held
+	// up; at most culpritExitWait in all, whatever the clock says.
+	for range 10 {
+		wait := min(deadline.Sub(d.clock.Now()), culpritExitWait/10)
+		if wait <= 0 || d.ctx.Err() != nil {
+			break
+		}
+		if p.exitsWithin(wait) {
+			return true
+		}
+	}
+	return !p.alive()
+}

@@ -1,0 +1,99 @@
+package mpsd
+
+import (
+	"log/slog"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/mps"
+	"github.com/mpsd/mpsd/policy"
+)
+
+// A culprit named by a server's log only where facts confirm it
+// (culprithint.go), decided on the fake core with real processes standing
+// for the clients: Alice's (uid 1000) on her server, Bob's (uid 1001).
+func TestLogNamedCulpritNeedsFacts(t *testing.T) {
+	const server, aliceUID, bobUID = 100, 1000, 1001
+	// spawn starts a process that runs until killed (or has ended, when
+	// ended is set).
+	spawn := func(t *testing.T, ended bool) *exec.Cmd {
+		t.Helper()
+		c := exec.Command("sleep", "60")
+		if ended {
+			c = exec.Command("true")
+		}
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if ended {
+			_ = c.Wait()
+		} else {
+			t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
+		}
+		return c
+	}
+	hint := func(client int) mps.Event {
+		return mps.Event{Kind: mps.FaultCulprit, PID: server, Client: client, UID: -1, ExitStatus: -1, KnownServer: true,
+			Message: "Client {PID: …, Context: 1} encountered a fatal GPU error."}
+	}
+	for _, tc := range []struct {
+		name      string
+		multiuser bool
+		// hints: which processes the server's log names: "alice-ended",
+		// "alice-runs", "alice-ends" (ends 50 ms after the recovery
+		// begins), "bob-ended".
+		hints []string
+		want  string // the culprit lease, "" none
+		why   string // the unverified reason logged, when none
+	}{
+		{name: "ended with the fault", hints: []string{"alice-ended"}, want: "alice"},
+		{name: "ends within the wait", hints: []string{"alice-ends"}, want: "alice"},
+		{name: "runs on", hints: []string{"alice-runs"}, why: "still ran 1s after the record named it"},
+		{name: "two names", hints: []string{"alice-ended", "alice-runs"}, why: "named 2 clients for one fault"},
+		{name: "another uid's process", hints: []string{"bob-ended"}, why: "no process of a running lease of the server's uid"},
+		{name: "multiuser", multiuser: true, hints: []string{"alice-ended"}, why: "on a multiuser daemon"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, in, clk, _ := fakeCore(t, policy.WatchdogConfig{QuarantineAfter: 3, QuarantineWindow: time.Minute})
+			d.proc = "/proc"
+			var logs syncBuffer
+			in.log = slog.New(slog.NewTextHandler(&logs, nil))
+			in.p.Multiuser = tc.multiuser
+			in.mps.serverStarted(server, aliceUID)
+			procs := map[string]*exec.Cmd{
+				"alice-ended": spawn(t, true), "alice-runs": spawn(t, false),
+				"alice-ends": spawn(t, false), "bob-ended": spawn(t, true)}
+			alice := &lease{id: "alice", uid: aliceUID, state: leaseRunning, inst: in,
+				pids: []int{procs["alice-ended"].Process.Pid, procs["alice-runs"].Process.Pid, procs["alice-ends"].Process.Pid}}
+			bob := &lease{id: "bob", uid: bobUID, state: leaseRunning, inst: in, pids: []int{procs["bob-ended"].Process.Pid}}
+			in.leases = map[string]*lease{"alice": alice, "bob": bob}
+			for _, h := range tc.hints {
+				d.noteCulpritHint(in, nil, hint(procs[h].Process.Pid))
+			}
+			pending := []fault{{kind: faultServerFault, server: server, reason: "a fault"}}
+			if tc.hints[0] == "alice-ends" {
+				go func() {
+					time.Sleep(50 * time.Millisecond)
+					_ = procs["alice-ends"].Process.Kill()
+				}()
+			} else {
+				clk.Advance(culpritExitWait) // the wait is over
+			}
+			d.nameLogCulprits(in, pending)
+			if got := pending[0].culprit.lease; got != tc.want {
+				t.Fatalf("culprit %q; want %q\nlog:\n%s", got, tc.want, logs.String())
+			}
+			if tc.want != "" && !strings.Contains(pending[0].reason, "raised by lease alice (uid 1000)") {
+				t.Errorf("reason %q does not name the culprit", pending[0].reason)
+			}
+			if tc.why != "" && !strings.Contains(logs.String(), tc.why) {
+				t.Errorf("log does not say %q:\n%s", tc.why, logs.String())
+			}
+			if len(in.culpritHints) != 0 {
+				t.Errorf("hints kept after the recovery used them: %+v", in.culpritHints)
+			}
+		})
+	}
+}
