@@ -39,7 +39,7 @@ type instance struct {
 	// mps is what MPS does on the instance: its servers and their uids,
 	// the servers mpsd shut down, the clients no lease holds
 	// (mpsmodel.go).
-	mps mpsModel
+	mps *mpsModel
 	// driver is the NVIDIA driver's version, as NVML reported it
 	// (mpsversion.go).
 	driver   string
@@ -692,7 +692,7 @@ func (d *Daemon) serversLostWhileAway(in *instance) {
 	d.mu.Lock()
 	saved := in.savedServers
 	in.savedServers = nil
-	lost, victims := lostWhileAway(saved, &in.mps, in.leases, in.p.Multiuser)
+	lost, victims := lostWhileAway(saved, in.mps, in.leases, in.p.Multiuser)
 	d.mu.Unlock()
 	if len(lost) > 0 {
 		in.log.Warn("MPS servers the previous mpsd saw ended while mpsd was away; their leases are requeued without using up an attempt",
@@ -736,7 +736,7 @@ func lostWhileAwayFault(in *instance, lost []int, victims []string) fault {
 func lostWhileAway(saved map[int]int, m *mpsModel, leases map[string]*lease, multiuser bool) (lost []int, victims []string) {
 	hit := map[string]bool{}
 	for pid, uid := range saved {
-		if _, live := m.servers[pid]; live {
+		if _, live := m.uidOf(pid); live {
 			continue
 		}
 		candidates := false

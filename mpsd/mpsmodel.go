@@ -3,6 +3,7 @@ package mpsd
 import (
 	"maps"
 	"slices"
+	"sync"
 
 	"github.com/mpsd/mpsd/mps"
 )
@@ -12,8 +13,11 @@ import (
 // servers mpsd shut down itself, and the clients of a server that no lease
 // holds (reconciliation's unleased findings). From it mpsd decides what a
 // server's exit means (exitVerdict) and whose server MPS serves now, which
-// placement must respect (serving). It is guarded by Daemon.mu, like the
-// instance that holds it; it does no I/O. Its fields are its own: the rest
+// placement must respect (serving). It has a lock of its own, which each
+// method holds while it runs: it does no I/O and calls nothing outside
+// it, so it may be taken under Daemon.mu (the order is Daemon.mu, then
+// the model's; the methods given the instance's leases read them under
+// Daemon.mu, which their callers hold). Its fields are its own: the rest
 // of mpsd asks and tells it through its methods.
 //
 // MPS's rules it follows (docs/architecture.md, "The MPS model"): a
@@ -24,6 +28,7 @@ import (
 // ends a server that has clients; a server that crashed exits by a signal
 // or with a status other than 0.
 type mpsModel struct {
+	mu sync.Mutex
 	// servers: the live verified servers, by pid: their uid (-1 unknown).
 	servers map[int]int
 	// shutDown: servers a recovery stopped itself (restartServer), by
@@ -52,14 +57,20 @@ type mpsModel struct {
 	crashedUnhandled map[int]int
 }
 
-func newMPSModel() mpsModel { return mpsModel{servers: map[int]int{}} }
+func newMPSModel() *mpsModel { return &mpsModel{servers: map[int]int{}} }
 
 // pids are the live servers' pids, sorted.
-func (m *mpsModel) pids() []int { return slices.Sorted(maps.Keys(m.servers)) }
+func (m *mpsModel) pids() []int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Sorted(maps.Keys(m.servers))
+}
 
 // serverStarted records a verified server (a new incarnation, if pid was
 // a server's before).
 func (m *mpsModel) serverStarted(pid, uid int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	m.servers[pid] = uid
 	delete(m.crashedUnhandled, pid)
 	delete(m.shutDown, pid)
@@ -69,6 +80,8 @@ func (m *mpsModel) serverStarted(pid, uid int) {
 
 // noteCaps records what a live server allows, as mpsd set or found it.
 func (m *mpsModel) noteCaps(pid int, c serverCaps) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if _, live := m.servers[pid]; !live {
 		return
 	}
@@ -81,6 +94,8 @@ func (m *mpsModel) noteCaps(pid int, c serverCaps) {
 // daemonGone forgets every server: they went with their control daemon
 // (or mpsd stopped it).
 func (m *mpsModel) daemonGone() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	clear(m.servers)
 	clear(m.crashedUnhandled)
 	clear(m.unleased)
@@ -92,6 +107,8 @@ func (m *mpsModel) daemonGone() {
 // returns the channel closed when its exit is seen; nil when pid is no
 // live server.
 func (m *mpsModel) shuttingDown(pid int) chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if _, live := m.servers[pid]; !live {
 		return nil
 	}
@@ -109,11 +126,15 @@ func (m *mpsModel) shuttingDown(pid int) chan struct{} {
 // setUnleased records what a reconciliation confirmed: the number of
 // unleased clients of each server it listed.
 func (m *mpsModel) setUnleased(byServer map[int]int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	m.unleased = byServer
 }
 
 // held reports whether a live server has clients no lease holds.
 func (m *mpsModel) held() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	for pid, n := range m.unleased {
 		if _, live := m.servers[pid]; live && n > 0 {
 			return true
@@ -157,6 +178,8 @@ type exitVerdict struct {
 // leases are the instance's; multiuser says the daemon shares one server
 // among uids. ev is the exit as the server's pidfd told it.
 func (m *mpsModel) serverExited(ev mps.Event, leases map[string]*lease, multiuser bool) exitVerdict {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	uid, known := m.servers[ev.PID]
 	if !known {
 		uid = -1
@@ -220,6 +243,8 @@ func (v exitVerdict) victims() []*lease {
 // taken alone, a lease of the holder's uid was granted and waited behind
 // the leased clients.)
 func (m *mpsModel) serving(leases map[string]*lease) (up bool, uid uint32, held, contested bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	var first *lease
 	for _, l := range leases {
 		if first == nil || l.req.Seq < first.req.Seq {
@@ -259,11 +284,17 @@ func (m *mpsModel) serving(leases map[string]*lease) (up bool, uid uint32, held,
 // (TestMPSModelFieldsAreItsOwn).
 
 // serverUIDs is a copy of the live servers' uids, by pid.
-func (m *mpsModel) serverUIDs() map[int]int { return maps.Clone(m.servers) }
+func (m *mpsModel) serverUIDs() map[int]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.servers)
+}
 
 // crashUnhandled records that the crash of server pid (of uid) was seen
 // while mpsd stopped, and left to the next mpsd.
 func (m *mpsModel) crashUnhandled(pid, uid int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if m.crashedUnhandled == nil {
 		m.crashedUnhandled = map[int]int{}
 	}
@@ -274,6 +305,8 @@ func (m *mpsModel) crashUnhandled(pid, uid int) {
 // live servers, and those whose crash is left to the next mpsd, which
 // finds them gone (lostWhileAway); nil when there is none.
 func (m *mpsModel) saved() map[int]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if len(m.servers) == 0 && len(m.crashedUnhandled) == 0 {
 		return nil
 	}
@@ -288,6 +321,8 @@ func (m *mpsModel) saved() map[int]int {
 // uidOf is the live server pid's uid (-1 unknown); false if pid is no
 // live server.
 func (m *mpsModel) uidOf(pid int) (int, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	uid, live := m.servers[pid]
 	return uid, live
 }
@@ -295,6 +330,8 @@ func (m *mpsModel) uidOf(pid int) (int, bool) {
 // capsOf is what mpsd last set on, or found a live server pid to allow;
 // false if nothing is known (a new server starts with the defaults).
 func (m *mpsModel) capsOf(pid int) (serverCaps, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	c, ok := m.caps[pid]
 	return c, ok
 }
@@ -303,6 +340,8 @@ func (m *mpsModel) capsOf(pid int) (serverCaps, bool) {
 // defaults mpsd last set (or is setting), else group, the caps the
 // daemon started with.
 func (m *mpsModel) newServerCaps(group serverCaps) serverCaps {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if m.defaults != nil {
 		return *m.defaults
 	}
@@ -311,11 +350,17 @@ func (m *mpsModel) newServerCaps(group serverCaps) serverCaps {
 
 // defaultsInFlight is the channel closed once the defaults being set now
 // are held, nil when no setting is under way.
-func (m *mpsModel) defaultsInFlight() chan struct{} { return m.defaultsSet }
+func (m *mpsModel) defaultsInFlight() chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.defaultsSet
+}
 
 // defaultsHold reports whether the daemon's defaults, as mpsd last set
 // them, allow at least want.
 func (m *mpsModel) defaultsHold(want serverCaps) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	return m.defaults != nil && m.defaults.sm >= want.sm && m.defaults.mem >= want.mem
 }
 
@@ -330,6 +375,8 @@ type defaultsSetting struct {
 // command that sets them runs, so that grants needing the same wait on
 // the setting instead of setting them again.
 func (m *mpsModel) beginDefaults(want serverCaps) defaultsSetting {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	s := defaultsSetting{prev: m.defaults, done: make(chan struct{})}
 	m.defaults, m.defaultsSet = &want, s.done
 	return s
@@ -337,12 +384,18 @@ func (m *mpsModel) beginDefaults(want serverCaps) defaultsSetting {
 
 // defaultsTarget is the newest defaults decided (a later grant may have
 // raised them while an earlier setting waited); nil: the group's.
-func (m *mpsModel) defaultsTarget() *serverCaps { return m.defaults }
+func (m *mpsModel) defaultsTarget() *serverCaps {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.defaults
+}
 
 // endDefaults ends setting s, which set target (err: it failed, and the
 // defaults fall back to what they were, unless a later decision replaced
 // them). The caller closes s.done.
 func (m *mpsModel) endDefaults(s defaultsSetting, target *serverCaps, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if m.defaultsSet == s.done {
 		m.defaultsSet = nil
 	}

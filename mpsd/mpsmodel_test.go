@@ -86,29 +86,29 @@ func TestMPSModelServing(t *testing.T) {
 		}
 	}
 	m := newMPSModel()
-	check("no server", &m, nil, want{})
+	check("no server", m, nil, want{})
 	m.serverStarted(10, alice)
-	check("alice's idle server", &m, nil, want{true, alice, false, false})
+	check("alice's idle server", m, nil, want{true, alice, false, false})
 	m.setUnleased(map[int]int{10: 1})
 	if !m.held() {
 		t.Error("a server with an unleased client is not held")
 	}
-	check("alice's server held by her unleased client", &m, nil, want{true, alice, true, false})
-	check("alice's lease beside her unleased client", &m, map[string]*lease{"a1": {id: "a1", uid: alice}}, want{true, alice, true, false})
+	check("alice's server held by her unleased client", m, nil, want{true, alice, true, false})
+	check("alice's lease beside her unleased client", m, map[string]*lease{"a1": {id: "a1", uid: alice}}, want{true, alice, true, false})
 	// Bob's lease waits inside MPS behind alice's unleased client; a new
 	// client of either would wait too.
-	check("bob's lease placed, alice's unleased client holds her server", &m, map[string]*lease{"b1": {id: "b1", uid: bob}}, want{true, alice, true, true})
+	check("bob's lease placed, alice's unleased client holds her server", m, map[string]*lease{"b1": {id: "b1", uid: bob}}, want{true, alice, true, true})
 	m.setUnleased(map[int]int{})
-	check("the unleased client gone", &m, nil, want{true, alice, false, false})
+	check("the unleased client gone", m, nil, want{true, alice, false, false})
 	m.setUnleased(map[int]int{10: 2})
 	m.serverExited(mps.Event{PID: 10, ExitStatus: 0}, nil, false)
 	if m.held() {
 		t.Error("a server gone is still held")
 	}
-	check("the held server gone", &m, nil, want{})
+	check("the held server gone", m, nil, want{})
 	m.serverStarted(11, -1)
-	check("a server of unknown uid", &m, nil, want{})
+	check("a server of unknown uid", m, nil, want{})
 	m.serverStarted(12, bob)
 	m.daemonGone()
-	check("the daemon gone", &m, nil, want{})
+	check("the daemon gone", m, nil, want{})
 }

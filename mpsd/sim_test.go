@@ -360,7 +360,7 @@ func (w *simWorld) mpsdRestarts() error {
 		for _, pid := range slices.Sorted(maps.Keys(si.servers)) {
 			in.mps.serverStarted(pid, int(si.servers[pid].uid))
 		}
-		lost, victims := lostWhileAway(w.saved[si], &in.mps, in.leases, in.p.Multiuser)
+		lost, victims := lostWhileAway(w.saved[si], in.mps, in.leases, in.p.Multiuser)
 		if len(lost) == 0 {
 			continue
 		}

@@ -61,7 +61,7 @@ func TestCrashSeenWhileStoppingIsSaved(t *testing.T) {
 	}
 	// The next mpsd: a new model, the daemon without that server.
 	next := newMPSModel()
-	lost, victims := lostWhileAway(saved, &next, leases, false)
+	lost, victims := lostWhileAway(saved, next, leases, false)
 	if !slices.Equal(lost, []int{server}) || !slices.Equal(victims, []string{"g-alice"}) {
 		t.Fatalf("the next mpsd finds lost %v, victims %v; want [%d] and alice's lease only", lost, victims, server)
 	}
