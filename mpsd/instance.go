@@ -76,6 +76,10 @@ type instance struct {
 	probeFails int            // failed probes in a row
 	faults     map[string]int // faults reported, by kind
 	restartsBy map[string]int // recoveries, by the kind of fault
+	// handlingMarked: the recovery of handling has marked its victims
+	// revoking (with the state write that records them): the lines its
+	// faults were read from need not be read again (serverLogSavedLocked).
+	handlingMarked bool
 	// quarantinedFor: why it was quarantined (the failures, the last
 	// one's reason), while it is.
 	quarantinedFor string

@@ -30,6 +30,10 @@ type revokeHow struct {
 	// spared, by lease id: victims of a fault another lease (its
 	// culprit) caused; their requeue does not use up an attempt.
 	spared map[string]bool
+	// marked, when set, runs under Daemon.mu once the victims are marked
+	// revoking, before the state write that records them (a recovery
+	// notes that its faults need not be read again).
+	marked func()
 }
 
 // revoke is the one revocation sequence, for recovery, an operator's
@@ -86,6 +90,10 @@ func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 		taken = append(taken, l)
 		why[l] = r
 		l.logger().Info("lease revoked", l.logAttrs("attempt", l.attempt, "reason", r)...)
+	}
+	if how.marked != nil {
+		how.marked()
+		persist = true
 	}
 	var written <-chan struct{}
 	if persist {

@@ -964,7 +964,7 @@ func (d *Daemon) snapshotLocked() savedState {
 			if st.ServerLogs == nil {
 				st.ServerLogs = map[string]int64{}
 			}
-			st.ServerLogs[key] = in.logHandled
+			st.ServerLogs[key] = in.serverLogSavedLocked()
 		}
 	}
 	slices.Sort(st.Quarantined)

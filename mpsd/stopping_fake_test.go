@@ -2,6 +2,7 @@ package mpsd
 
 import (
 	"context"
+	"os/exec"
 	"slices"
 	"syscall"
 	"testing"
@@ -64,5 +65,70 @@ func TestCrashSeenWhileStoppingIsSaved(t *testing.T) {
 	lost, victims := lostWhileAway(saved, next, leases, false)
 	if !slices.Equal(lost, []int{server}) || !slices.Equal(victims, []string{"g-alice"}) {
 		t.Fatalf("the next mpsd finds lost %v, victims %v; want [%d] and alice's lease only", lost, victims, server)
+	}
+}
+
+// A fault read from server.log stays to be read again, in what the state
+// file keeps, until its recovery has marked its victims revoking: an mpsd
+// killed in between would otherwise lose it (the chaos soak met it: a
+// recovery waited for the culprit the server's log named while mpsd was
+// killed; the next mpsd, whose state file had the line handled and the
+// lease running, took the culprit's job for one whose command had ended,
+// exit 70). Here the recovery waits on Alice's named process, which runs
+// on, for up to a second.
+func TestFaultLineKeptUntilVictimsRevoking(t *testing.T) {
+	d, in, clk, dm := fakeUp(t, t.Context())
+	d.proc = "/proc"
+	const aliceUID, server, line = 1000, 100, 4096
+	dm.events <- mps.Event{Kind: mps.ServerStarted, PID: server, UID: aliceUID, Time: clk.Now(), ExitStatus: -1, Source: mps.SourcePidfd}
+	waitCond(t, "alice's server known", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		_, live := in.mps.uidOf(server)
+		return live
+	}, nil)
+	runs := exec.Command("sleep", "60")
+	if err := runs.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = runs.Process.Kill(); _ = runs.Wait() })
+	d.mu.Lock()
+	in.p.Budget = policy.Usage{SM: 100, Mem: 1 << 40, Clients: 48}
+	l := &lease{id: "g-alice", group: "g", uid: aliceUID, state: leaseRunning, attempt: 1, requeue: 2, inst: in, box: newMailbox(d.log), log: d.log,
+		pids: []int{runs.Process.Pid}, req: policy.Request{Group: "g", UID: aliceUID, SM: 10, Mem: 1 << 30, GPUs: 1, Procs: 1, Seq: 1}}
+	in.p.Assign(&l.req)
+	in.leases[l.id], d.leases[l.id] = l, l
+	in.logHandled = 0
+	d.mu.Unlock()
+
+	saved := func() int64 {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.snapshotLocked().ServerLogs[in.key]
+	}
+	d.noteCulpritHint(in, dm, mps.Event{Kind: mps.FaultCulprit, PID: server, Client: runs.Process.Pid, UID: -1, ExitStatus: -1, KnownServer: true})
+	d.reportFault(in, fault{kind: faultServerFault, server: server, fromServerLog: true, logOffset: line, reason: "a fault"})
+	if got := saved(); got != line {
+		t.Fatalf("while the fault waits for its recovery, the state file keeps server.log from %d; want %d (the fault's line)", got, line)
+	}
+	// The supervisor's recovery step (supervisor.go), run here.
+	d.mu.Lock()
+	pending := in.pending
+	in.pending, in.handling, in.handlingMarked = nil, pending, false
+	d.mu.Unlock()
+	done := make(chan struct{})
+	go func() { defer close(done); d.recoverOnce(in, pending) }()
+	if got := saved(); got != line {
+		t.Fatalf("while its recovery has not marked its victims, the state file keeps server.log from %d; want %d", got, line)
+	}
+	<-done
+	d.mu.Lock()
+	state, handled := l.state, in.handlingMarked
+	d.mu.Unlock()
+	if state == leaseRunning || !handled {
+		t.Fatalf("after the recovery: alice's lease %v, victims marked %v; want revoked and marked", state, handled)
+	}
+	if got := saved(); got != line+1 {
+		t.Fatalf("once the victims are marked, the state file keeps server.log from %d; want %d", got, line+1)
 	}
 }

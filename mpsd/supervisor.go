@@ -169,7 +169,7 @@ func (d *Daemon) supervise(in *instance) {
 			continue
 		case supRecover:
 			pending := in.pending
-			in.pending, in.handling = nil, pending
+			in.pending, in.handling, in.handlingMarked = nil, pending, false
 			d.mu.Unlock()
 			d.recoverOnce(in, pending)
 			d.mu.Lock()

@@ -110,8 +110,10 @@ func (d *Daemon) reportFault(in *instance, f fault) {
 		return
 	}
 	if f.fromServerLog && in.logHandled >= 0 {
-		// Handled from here on (its recovery begins now or next): a
-		// crash of mpsd need not read its line again.
+		// Handled from here on (its recovery begins now or next). Until
+		// that recovery has marked its victims revoking, the state file
+		// keeps the line to be read again (serverLogSavedLocked): an mpsd
+		// that dies before then would otherwise lose the fault.
 		in.logHandled = max(in.logHandled, f.logOffset+1)
 	}
 	in.faults[f.kind]++
@@ -172,6 +174,26 @@ func (in *instance) unhandledLocked(f fault) {
 		in.mps.crashUnhandled(f.server, f.serverUID)
 	}
 	in.log.Warn("fault left for the next mpsd", "fault", f.kind, "reason", f.reason, "read_again", f.fromServerLog || f.server > 0)
+}
+
+// serverLogSavedLocked is the server.log offset the state file keeps for
+// in: where the next mpsd reads its faults again. That is logHandled,
+// unless a fault read from the log waits for a recovery, or its recovery
+// has not yet marked its victims revoking (the chaos soak met an mpsd
+// killed in between: the next one neither read the line again nor knew of
+// the revocation, and the culprit's job ended as if its command had).
+func (in *instance) serverLogSavedLocked() int64 {
+	off := in.logHandled
+	unplanned := in.pending
+	if !in.handlingMarked {
+		unplanned = append(slices.Clip(unplanned), in.handling...)
+	}
+	for _, f := range unplanned {
+		if f.fromServerLog && f.logOffset >= 0 {
+			off = min(off, f.logOffset)
+		}
+	}
+	return off
 }
 
 // combineFaults is one recovery of the faults pending together (pure):
@@ -318,7 +340,8 @@ func (d *Daemon) recoverOnce(in *instance, pending []fault) {
 	d.mu.Unlock()
 	in.log.Warn("instance failed; recovering", "fault", f.kind, "reason", f.reason, "faults", len(pending), "leases", len(victims), "restarting", f.restart, "failures_in_window", failures)
 
-	n := d.revoke(victims, f.reason, revokeHow{dm: dm, servers: servers, reasons: reasons, spared: spared})
+	n := d.revoke(victims, f.reason, revokeHow{dm: dm, servers: servers, reasons: reasons, spared: spared,
+		marked: func() { in.handlingMarked = true }})
 	in.log.Info("revocation done", "leases", n, "took", d.clock.Since(start))
 
 	// The first failure in the window restarts at once; a crash loop
