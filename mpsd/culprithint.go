@@ -16,22 +16,32 @@ import (
 // names the fault's culprit (culprit.go) only on a daemon without
 // multiuser, and only when facts no tenant writes confirm it:
 //
-//   - the fault itself is confirmed (an Xid matched the server's fault
-//     record, verify.go), and the hint came from that server's log within
-//     culpritHintAge of the recovery;
+//   - the fault itself is confirmed: an Xid on the instance's GPUs
+//     confirmed the server's fault record (fault.xidConfirmed, verify.go;
+//     a fault record read again after mpsd was away has none); the hint
+//     came from that server's log before the fault's own record (MPS names
+//     the culprit, then handles the fault), within culpritHintAge of the
+//     recovery, and was read while mpsd watched the log;
 //   - it is the only client the server's log named in that time (two, or
 //     a record folded into another while it waited, name nobody: a member
 //     who forges a record beside its own real fault only hides itself);
 //   - the pid was a process of a running lease of the server's uid, as
-//     mpsd's own records say (the processes the lease attached, or its
-//     cgroup): a daemon without multiuser serves one uid per server, so
-//     only a lease of the uid whose server faulted can be charged, never
-//     another member's;
-//   - that process ended on its own, with the fault: it had exited when
-//     the hint was read, or does so within culpritExitWait of it, before
-//     the recovery revokes anything. A real fault gives every client of
-//     the server a sticky error; a forged fault record leaves the process
-//     it names running.
+//     mpsd's own readings say: the lease's cgroup held it as the hint was
+//     read, or held it at a reading at most culpritSeenAge old and it has
+//     ended since (a pid the lease held longer ago may be anyone's now).
+//     A daemon without multiuser serves one uid per server, so only a
+//     lease of the uid whose server faulted can be charged, never another
+//     member's;
+//   - that process ended: it had exited when the hint was read, or did so
+//     within culpritExitWait of it (or, where the recovery begins later,
+//     by then), before the recovery revokes anything. A real fault gives
+//     every client of the server a sticky error; a forged fault record
+//     leaves the process it names running.
+//
+// What is left to a member who writes the FIFO: a record naming a live
+// process of the server's uid, written before a real fault whose server
+// names no culprit itself (MPS names one for memory faults), is taken; a
+// record beside the server's own names nobody.
 //
 // On a multiuser daemon the record is never taken: every member's clients
 // share the server, a member's client can make the server's own record
@@ -48,6 +58,11 @@ const (
 	// culpritExitWait is how long after its hint the named client has to
 	// end on its own.
 	culpritExitWait = time.Second
+	// culpritSeenAge is how old a reading of a lease's cgroup may be for
+	// a process it held, gone when a record names it, to be taken for the
+	// lease's (reconciliation reads every lease's cgroup at least every
+	// reconLeasedAge probe intervals, 10 s by default).
+	culpritSeenAge = 15 * time.Second
 	// maxCulpritHints bounds the hints an instance keeps (one per
 	// server: a second of a server is folded into the first).
 	maxCulpritHints = 8
@@ -107,36 +122,18 @@ func (d *Daemon) noteCulpritHint(in *instance, dm control, ev mps.Event) {
 		d.unverifiedRecord(in, ev, "on a multiuser daemon a client's own pid claim names the culprit: only an Xid naming a process does")
 		return
 	}
-	// The pid's lease, from mpsd's records: what the lease attached or
-	// its cgroup last held, else what its cgroup holds now.
+	// The pid's lease, from mpsd's records: a process its cgroup holds
+	// now, or held at a reading at most culpritSeenAge old and has left
+	// since (it ended, or is ending: the kernel takes an exiting process
+	// out of its cgroup before its pidfd says it has exited). A pid the
+	// lease held longer ago names nobody: its process may have ended for
+	// any reason, and the pid be another's.
 	slices.SortFunc(cands, func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
 	var owner *lease
 	for _, l := range cands {
-		if slices.Contains(l.seenPids(), ev.Client) || slices.Contains(l.livePids(), ev.Client) {
-			owner = l
+		if ok, start, gone := d.leaseProcessAtHint(l, ev.Client); ok {
+			owner, h.start, h.gone = l, start, gone
 			break
-		}
-	}
-	if owner != nil {
-		p, err := openPid(d.proc, ev.Client)
-		if err != nil {
-			h.gone = true
-		} else {
-			switch {
-			case slices.Contains(owner.livePids(), ev.Client):
-				h.start = p.start
-				h.gone = !p.alive() // a zombie: ended, not yet reaped
-			case p.exitsWithin(culpritExitWait / 10):
-				// Out of its cgroup as it exits (the kernel takes an
-				// exiting process out of its cgroup before its pidfd
-				// says it has exited).
-				h.gone = true
-			default:
-				// Alive, and no process of the lease: the pid is another
-				// process's now, or the lease's process left its cgroup.
-				owner = nil
-			}
-			p.close()
 		}
 	}
 	if owner != nil {
@@ -155,6 +152,35 @@ func (d *Daemon) noteCulpritHint(in *instance, dm control, ev mps.Event) {
 	}
 	in.culpritHints = append(in.culpritHints, h)
 	in.log.Info("MPS names the client of a server's next fault (a hint until facts confirm it)", "server", ev.PID, "client", ev.Client, "lease", h.lease, "ended", h.gone)
+}
+
+// leaseProcessAtHint reports whether pid is a process of l as a hint
+// naming it is read (ok), with its start time while it runs, or gone once
+// it has ended.
+func (d *Daemon) leaseProcessAtHint(l *lease, pid int) (ok bool, start uint64, gone bool) {
+	seen, seenAt := l.seenPidsAt() // before the cgroup is read again
+	if live, now := l.readPids(); now && slices.Contains(live, pid) {
+		p, err := openPid(d.proc, pid)
+		if err != nil {
+			return true, 0, true // ended since the reading just now
+		}
+		defer p.close()
+		return true, p.start, !p.alive() // a zombie: ended, not yet reaped
+	}
+	if !slices.Contains(seen, pid) || seenAt.IsZero() || time.Since(seenAt) > culpritSeenAge {
+		return false, 0, false
+	}
+	p, err := openPid(d.proc, pid)
+	if err != nil {
+		return true, 0, true // ended since the recent reading
+	}
+	defer p.close()
+	if p.exitsWithin(culpritExitWait / 10) {
+		return true, 0, true // out of its cgroup as it exits
+	}
+	// Alive and no process of the lease: the pid is another process's
+	// now, or the lease's process left its cgroup.
+	return false, 0, false
 }
 
 // foldCulpritHintLocked drops in's hints older than culpritHintAge, and
@@ -201,6 +227,10 @@ func (d *Daemon) nameLogCulprits(in *instance, pending []fault) {
 		h := hints[0]
 		why := ""
 		switch {
+		case !f.xidConfirmed:
+			why = "no Xid confirmed the fault it names a culprit of"
+		case h.ev.InServerLog && f.fromServerLog && h.ev.LogOffset > f.logOffset:
+			why = "the record came after the fault's own in the server's log (MPS names the culprit before it handles the fault)"
 		case records > 1:
 			why = fmt.Sprintf("the server's log named %d clients for one fault: none is taken for its culprit", records)
 		case h.lease == "":

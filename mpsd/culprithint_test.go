@@ -34,19 +34,26 @@ func TestLogNamedCulpritNeedsFacts(t *testing.T) {
 		}
 		return c
 	}
-	hint := func(client int) mps.Event {
+	// hint is the record naming client, at offset 10 of server.log (the
+	// fault's own record is at 100).
+	hint := func(client int, off int64) mps.Event {
 		return mps.Event{Kind: mps.FaultCulprit, PID: server, Client: client, UID: -1, ExitStatus: -1, KnownServer: true,
-			Message: "Client {PID: …, Context: 1} encountered a fatal GPU error."}
+			InServerLog: true, LogOffset: off, Message: "Client {PID: …, Context: 1} encountered a fatal GPU error."}
 	}
 	for _, tc := range []struct {
 		name      string
 		multiuser bool
-		// hints: which processes the server's log names: "alice-ended",
-		// "alice-runs", "alice-ends" (ends 50 ms after the recovery
-		// begins), "bob-ended".
+		// hints: which processes the server's log names: "alice-ended"
+		// (ended since a reading of her cgroup that listed it),
+		// "alice-runs", "alice-ends" (in her cgroup; ends 50 ms after the
+		// recovery begins), "bob-ended".
 		hints []string
-		want  string // the culprit lease, "" none
-		why   string // the unverified reason logged, when none
+		// hintAfter: the record comes after the fault's own in the log;
+		// noXid: no Xid confirmed the fault; stale: the reading of
+		// Alice's cgroup that listed her ended process is a minute old.
+		hintAfter, noXid, stale bool
+		want                    string // the culprit lease, "" none
+		why                     string // the unverified reason logged, when none
 	}{
 		{name: "ended with the fault", hints: []string{"alice-ended"}, want: "alice"},
 		{name: "ends within the wait", hints: []string{"alice-ends"}, want: "alice"},
@@ -54,6 +61,9 @@ func TestLogNamedCulpritNeedsFacts(t *testing.T) {
 		{name: "two names", hints: []string{"alice-ended", "alice-runs"}, why: "named 2 clients for one fault"},
 		{name: "another uid's process", hints: []string{"bob-ended"}, why: "no process of a running lease of the server's uid"},
 		{name: "multiuser", multiuser: true, hints: []string{"alice-ended"}, why: "on a multiuser daemon"},
+		{name: "no Xid", noXid: true, hints: []string{"alice-ends"}, why: "no Xid confirmed the fault"},
+		{name: "after the fault's record", hintAfter: true, hints: []string{"alice-ends"}, why: "came after the fault's own"},
+		{name: "long gone", stale: true, hints: []string{"alice-ended"}, why: "no process of a running lease of the server's uid"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d, in, clk, _ := fakeCore(t, policy.WatchdogConfig{QuarantineAfter: 3, QuarantineWindow: time.Minute})
@@ -65,14 +75,27 @@ func TestLogNamedCulpritNeedsFacts(t *testing.T) {
 			procs := map[string]*exec.Cmd{
 				"alice-ended": spawn(t, true), "alice-runs": spawn(t, false),
 				"alice-ends": spawn(t, false), "bob-ended": spawn(t, true)}
-			alice := &lease{id: "alice", uid: aliceUID, state: leaseRunning, inst: in,
-				pids: []int{procs["alice-ended"].Process.Pid, procs["alice-runs"].Process.Pid, procs["alice-ends"].Process.Pid}}
-			bob := &lease{id: "bob", uid: bobUID, state: leaseRunning, inst: in, pids: []int{procs["bob-ended"].Process.Pid}}
-			in.leases = map[string]*lease{"alice": alice, "bob": bob}
-			for _, h := range tc.hints {
-				d.noteCulpritHint(in, nil, hint(procs[h].Process.Pid))
+			read := time.Now()
+			if tc.stale {
+				read = read.Add(-time.Minute)
 			}
-			pending := []fault{{kind: faultServerFault, server: server, reason: "a fault"}}
+			// Alice's cgroup holds her two running processes; its last
+			// reading listed the ended one too.
+			alice := &lease{id: "alice", uid: aliceUID, state: leaseRunning, inst: in, pidsAt: read,
+				pids: []int{procs["alice-ended"].Process.Pid, procs["alice-runs"].Process.Pid, procs["alice-ends"].Process.Pid},
+				cg:   &pathCgroup{pids: []int{procs["alice-runs"].Process.Pid, procs["alice-ends"].Process.Pid}}}
+			bob := &lease{id: "bob", uid: bobUID, state: leaseRunning, inst: in, pidsAt: read, pids: []int{procs["bob-ended"].Process.Pid}}
+			in.leases = map[string]*lease{"alice": alice, "bob": bob}
+			off := int64(10)
+			if tc.hintAfter {
+				off = 200
+			}
+			for _, h := range tc.hints {
+				d.noteCulpritHint(in, newFakeControl(1, "/nonexistent/pipe"), hint(procs[h].Process.Pid, off))
+				off++
+			}
+			pending := []fault{{kind: faultServerFault, server: server, reason: "a fault",
+				fromServerLog: true, logOffset: 100, xidConfirmed: !tc.noXid}}
 			if tc.hints[0] == "alice-ends" {
 				go func() {
 					time.Sleep(50 * time.Millisecond)

@@ -107,8 +107,11 @@ type lease struct {
 	cgMu sync.Mutex
 	cg   cgroup.Lease
 	// pids: the pids attached, and after each successful look at the
-	// cgroup, what it held (what Status shows while a kill runs).
-	pids []int
+	// cgroup, what it held (what Status shows while a kill runs); pidsAt
+	// when it was last read or added to, on the wall clock (it dates real
+	// processes' exits, which no fake clock moves: culprithint.go).
+	pids   []int
+	pidsAt time.Time
 	// killing: a kill of cg is under way (without cgMu). closed: the
 	// lease's end (revocation or release) has begun killing it; no process
 	// joins it until its next grant. attach refuses both.
@@ -846,7 +849,7 @@ func (d *Daemon) killLease(l *lease) error {
 	if err != nil {
 		if p, err := cg.Pids(); err == nil {
 			l.cgMu.Lock()
-			l.pids = p
+			l.pids, l.pidsAt = p, time.Now()
 			l.cgMu.Unlock()
 		}
 		ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
@@ -933,7 +936,7 @@ func (d *Daemon) attach(l *lease, attempt, pid int, same func() error) error {
 	if err := l.cg.Attach(pid); err != nil {
 		return fmt.Errorf("attach pid %d to lease %s: %w", pid, l.id, err)
 	}
-	l.pids = append(l.pids, pid)
+	l.pids, l.pidsAt = append(l.pids, pid), time.Now()
 	if d.opts.attachMoved != nil {
 		d.opts.attachMoved(l)
 	}
@@ -990,19 +993,26 @@ func (l *lease) statusLocked() api.LeaseStatus {
 	return st
 }
 
-// seenPids is what mpsd last knew of the lease's processes without
-// looking again: the pids it attached, or its cgroup held at the last
-// look.
-func (l *lease) seenPids() []int {
+// seenPidsAt is what mpsd last knew of the lease's processes without
+// looking again (the pids it attached, or its cgroup held at the last
+// look), and when it learnt them (zero: never).
+func (l *lease) seenPidsAt() ([]int, time.Time) {
 	l.cgMu.Lock()
 	defer l.cgMu.Unlock()
-	return slices.Clone(l.pids)
+	return slices.Clone(l.pids), l.pidsAt
 }
 
 // livePids lists the lease's processes: the cgroup's when it has one
 // (read without cgMu, and kept for when it cannot be read), else the
 // pids last known.
 func (l *lease) livePids() []int {
+	pids, _ := l.readPids()
+	return pids
+}
+
+// readPids is livePids, and whether they are a reading of the cgroup just
+// now (else the pids last known).
+func (l *lease) readPids() (pids []int, now bool) {
 	l.cgMu.Lock()
 	cg := l.cg
 	l.cgMu.Unlock()
@@ -1010,13 +1020,13 @@ func (l *lease) livePids() []int {
 		if p, err := cg.Pids(); err == nil {
 			l.cgMu.Lock()
 			if l.cg == cg {
-				l.pids = p
+				l.pids, l.pidsAt = p, time.Now()
 			}
 			l.cgMu.Unlock()
-			return slices.Clone(p)
+			return slices.Clone(p), true
 		}
 	}
 	l.cgMu.Lock()
 	defer l.cgMu.Unlock()
-	return slices.Clone(l.pids)
+	return slices.Clone(l.pids), false
 }

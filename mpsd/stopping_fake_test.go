@@ -6,6 +6,7 @@ import (
 	"slices"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/mpsd/mpsd/mps"
 	"github.com/mpsd/mpsd/policy"
@@ -95,7 +96,7 @@ func TestFaultLineKeptUntilVictimsRevoking(t *testing.T) {
 	d.mu.Lock()
 	in.p.Budget = policy.Usage{SM: 100, Mem: 1 << 40, Clients: 48}
 	l := &lease{id: "g-alice", group: "g", uid: aliceUID, state: leaseRunning, attempt: 1, requeue: 2, inst: in, box: newMailbox(d.log), log: d.log,
-		pids: []int{runs.Process.Pid}, req: policy.Request{Group: "g", UID: aliceUID, SM: 10, Mem: 1 << 30, GPUs: 1, Procs: 1, Seq: 1}}
+		pids: []int{runs.Process.Pid}, pidsAt: time.Now(), req: policy.Request{Group: "g", UID: aliceUID, SM: 10, Mem: 1 << 30, GPUs: 1, Procs: 1, Seq: 1}}
 	in.p.Assign(&l.req)
 	in.leases[l.id], d.leases[l.id] = l, l
 	in.logHandled = 0
@@ -106,8 +107,12 @@ func TestFaultLineKeptUntilVictimsRevoking(t *testing.T) {
 		defer d.mu.Unlock()
 		return d.snapshotLocked().ServerLogs[in.key]
 	}
+	// The server's log names Alice's process, which runs on: the
+	// recovery's check of that culprit holds it for culpritExitWait
+	// before it marks anything (the fault is confirmed, the process one of
+	// the lease's, so the check waits for its end).
 	d.noteCulpritHint(in, dm, mps.Event{Kind: mps.FaultCulprit, PID: server, Client: runs.Process.Pid, UID: -1, ExitStatus: -1, KnownServer: true})
-	d.reportFault(in, fault{kind: faultServerFault, server: server, fromServerLog: true, logOffset: line, reason: "a fault"})
+	d.reportFault(in, fault{kind: faultServerFault, server: server, fromServerLog: true, logOffset: line, xidConfirmed: true, reason: "a fault"})
 	if got := saved(); got != line {
 		t.Fatalf("while the fault waits for its recovery, the state file keeps server.log from %d; want %d (the fault's line)", got, line)
 	}
@@ -131,4 +136,35 @@ func TestFaultLineKeptUntilVictimsRevoking(t *testing.T) {
 	if got := saved(); got != line+1 {
 		t.Fatalf("once the victims are marked, the state file keeps server.log from %d; want %d", got, line+1)
 	}
+}
+
+// A fault record waiting for its Xid keeps its line in the state file: a
+// later record marked handled (any member can write one into the log
+// FIFO) does not move the saved offset past it, so an mpsd killed while
+// the claim waits leaves the line to the next one; once the claim expires
+// unconfirmed, the offset moves on.
+func TestFaultLineKeptWhileItsClaimWaits(t *testing.T) {
+	d, in, clk, dm := fakeUp(t, t.Context())
+	const aliceUID, server, line = 1000, 100, 4096
+	dm.events <- mps.Event{Kind: mps.ServerStarted, PID: server, UID: aliceUID, Time: clk.Now(), ExitStatus: -1, Source: mps.SourcePidfd}
+	d.mu.Lock()
+	in.logHandled = 0
+	d.mu.Unlock()
+	dm.events <- mps.Event{Kind: mps.ServerFault, PID: server, UID: -1, ExitStatus: -1, KnownServer: true, InServerLog: true, LogOffset: line}
+	waitCond(t, "the fault record waits for an Xid", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return len(in.claims) == 1
+	}, nil)
+	d.unverifiedRecord(in, mps.Event{Kind: mps.ServerFault, PID: 4242, InServerLog: true, LogOffset: 2 * line}, "a member's record")
+	saved := func() int64 {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.snapshotLocked().ServerLogs[in.key]
+	}
+	if got := saved(); got != line {
+		t.Fatalf("while the claim waits, the state file keeps server.log from %d; want %d (the claim's line)", got, line)
+	}
+	clk.Advance(faultClaimWait)
+	waitCond(t, "the claim expired and its line is passed", func() bool { return saved() == 2*line+1 }, nil)
 }

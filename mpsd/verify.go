@@ -82,6 +82,7 @@ type faultClaim struct {
 // already waiting for that server, so it adds no claim and no timer).
 func (d *Daemon) claimServerFaultLocked(in *instance, dm control, ev mps.Event, f fault, now time.Time) (confirmed *fault, joined bool) {
 	if d.takeXidLocked(in, now) {
+		f.xidConfirmed = true
 		return &f, false
 	}
 	var newest *faultClaim
@@ -243,6 +244,7 @@ func (d *Daemon) xidConfirms(ev gpu.XidEvent, alsoReported map[*instance]bool) {
 		}
 		c := in.claims[0]
 		f := c.f
+		f.xidConfirmed = true
 		if c.dm != in.daemon {
 			// The daemon whose server it named is gone, and its
 			// recovery took every lease it had: nothing is left to take.

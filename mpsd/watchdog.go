@@ -80,6 +80,10 @@ type fault struct {
 	// server_fault: the server whose log recorded it, whose log may name
 	// its culprit (culprithint.go).
 	server, serverUID int
+	// xidConfirmed, on a server_fault: an Xid on the instance's GPUs
+	// confirmed the record (verify.go), so a real fault happened; only
+	// then may the server's log name its culprit (culprithint.go).
+	xidConfirmed bool
 }
 
 // culpritID names a culprit lease and its uid.
@@ -178,15 +182,23 @@ func (in *instance) unhandledLocked(f fault) {
 
 // serverLogSavedLocked is the server.log offset the state file keeps for
 // in: where the next mpsd reads its faults again. That is logHandled,
-// unless a fault read from the log waits for a recovery, or its recovery
-// has not yet marked its victims revoking (the chaos soak met an mpsd
-// killed in between: the next one neither read the line again nor knew of
-// the revocation, and the culprit's job ended as if its command had).
+// unless a fault read from the log waits for its Xid (a claim, settled or
+// not yet acted on) or for a recovery, or its recovery has not yet marked
+// its victims revoking (the chaos soak met an mpsd killed in between: the
+// next one neither read the line again nor knew of the revocation, and
+// the culprit's job ended as if its command had). A later record marked
+// handled meanwhile (an unverified one moves logHandled past the claim's
+// line) does not move it past them.
 func (in *instance) serverLogSavedLocked() int64 {
 	off := in.logHandled
 	unplanned := in.pending
 	if !in.handlingMarked {
 		unplanned = append(slices.Clip(unplanned), in.handling...)
+	}
+	for _, c := range slices.Concat(in.claims, in.deciding) {
+		if c.dm == in.daemon {
+			unplanned = append(slices.Clip(unplanned), c.f)
+		}
 	}
 	for _, f := range unplanned {
 		if f.fromServerLog && f.logOffset >= 0 {
