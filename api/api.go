@@ -510,7 +510,8 @@ type Status struct {
 	// when OwnOnly is.
 	Running map[string]int `json:"running,omitempty"`
 	// OwnOnly: the caller is not an admin, so Leases lists only its own
-	// leases, and instances carry no pids (DaemonPID 0, ServerPIDs empty).
+	// leases, and instances carry no pids (DaemonPID 0, ServerPIDs empty,
+	// no Servers).
 	OwnOnly bool `json:"own_only,omitempty"`
 	// SchemaVersion is StatusSchemaVersion of the mpsd that sent it.
 	SchemaVersion int `json:"schema_version"`
@@ -582,6 +583,25 @@ type InstanceStatus struct {
 	// is still enforced per lease). Elsewhere each uid's server is held
 	// to what that uid's leases were granted.
 	Multiuser bool `json:"multiuser,omitempty"`
+	// Servers are the instance's live MPS servers as mpsd's model of MPS
+	// holds them (an admin's status only; a non-admin's has none). An
+	// mpsd before them sends none.
+	Servers []ServerStatus `json:"servers,omitempty"`
+}
+
+// ServerStatus is one live MPS server of an instance.
+type ServerStatus struct {
+	PID int `json:"pid"`
+	// UID is the user it serves (-1: not known). A daemon without
+	// multiuser runs one server per uid, and one uid's at a time.
+	UID int `json:"uid"`
+	// LeasedClients and UnleasedClients are its MPS clients as mpsd's last
+	// reconciliation counted them: those of running leases, and those no
+	// lease holds. While a server of a daemon without multiuser has
+	// unleased clients, MPS makes every other uid's clients wait, so mpsd
+	// grants no other uid there.
+	LeasedClients   int `json:"leased_clients"`
+	UnleasedClients int `json:"unleased_clients"`
 }
 
 // Lease states.

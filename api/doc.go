@@ -148,7 +148,9 @@
 // LastStartError; Multiuser says that the instance's one MPS server serves
 // every member, so that a lease's SM share there is advisory. What it shows depends on who asks: an admin (admins in the config) sees every
 // lease with its uid, pids and job id, and every instance with its daemon
-// and server pids. Anyone else sees only its own leases (in full), the
+// and server pids and its Servers (each live MPS server's uid and its
+// clients of leases and of no lease, as the last reconciliation counted
+// them). Anyone else sees only its own leases (in full), the
 // per-group counts of running (Status.Running) and queued (Status.Queue)
 // leases of everyone, and the instances' states and allocations without
 // any pid; Status.OwnOnly says the document is so restricted. Other

@@ -180,6 +180,18 @@ func TestUnleasedClientHoldsTheInstance(t *testing.T) {
 				t.Fatalf("bob's request was granted while alice's unleased client holds her server")
 			}
 			if pol == "report" {
+				// The holder is reported: status shows alice's server
+				// held by a client of no lease, and bob's wait says so.
+				e.waitStatus("alice's server held in status, and bob told why he waits", func(st api.Status) bool {
+					in := instanceOf(st, "a", 0)
+					held := slices.ContainsFunc(in.Servers, func(s api.ServerStatus) bool {
+						return s.UID == tenUIDAlice && s.UnleasedClients == 1
+					})
+					told := slices.ContainsFunc(st.Leases, func(l api.LeaseStatus) bool {
+						return l.UID == tenUIDBob && strings.Contains(l.WaitReason, "GPU 0 serves another user, whose clients of no lease hold its MPS server")
+					})
+					return held && told
+				})
 				_ = hp.cmd.Process.Kill()
 			}
 			if r := bob.wait(t); r.code != 0 {

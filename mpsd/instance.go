@@ -166,7 +166,7 @@ func (in *instance) statusLocked() api.InstanceStatus {
 		GPUIndex:          in.gpus[0].Index,
 		Group:             in.group,
 		State:             in.placementState().String(),
-		ServerPIDs:        in.mps.pids(),
+		ServerPIDs:        []int{},
 		Clients:           len(in.leases),
 		Restarts:          in.restarts,
 		SMAllocated:       in.p.Alloc.SM,
@@ -184,8 +184,9 @@ func (in *instance) statusLocked() api.InstanceStatus {
 			st.QuarantineReason = "unknown (quarantined by an older mpsd)"
 		}
 	}
-	if st.ServerPIDs == nil {
-		st.ServerPIDs = []int{}
+	for _, v := range in.mps.view() {
+		st.ServerPIDs = append(st.ServerPIDs, v.pid)
+		st.Servers = append(st.Servers, api.ServerStatus{PID: v.pid, UID: v.uid, LeasedClients: v.leased, UnleasedClients: v.unleased})
 	}
 	for _, g := range in.gpus {
 		st.GPUIndexes = append(st.GPUIndexes, g.Index)

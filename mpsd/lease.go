@@ -436,6 +436,7 @@ func (d *Daemon) positionsLocked(group string) {
 	slices.SortStableFunc(q, func(a, b *lease) int { return policy.QueueOrder(a.req, b.req) })
 	base := d.waitReasonLocked(group)
 	notes := d.barNotesLocked(group, d.clock.Now())
+	held := d.heldInstancesLocked(group)
 	var insts []*instance // fetched for the first uid with a cap
 	for i, l := range q {
 		reason := base
@@ -450,11 +451,38 @@ func (d *Daemon) positionsLocked(group string) {
 		if note := notes[l.uid]; note != "" {
 			reason += "; " + note
 		}
+		for _, h := range held {
+			if h.uid != l.uid {
+				reason += fmt.Sprintf("; GPU %s serves another user, whose clients of no lease hold its MPS server (MPS serves one user at a time)", h.gpus)
+			}
+		}
 		if l.position != i+1 || l.waitReason != reason {
 			l.position, l.waitReason = i+1, reason
 			l.box.push(api.Event{Type: api.EventQueued, Position: l.position, Group: group, Reason: reason, LeaseID: l.id})
 		}
 	}
+}
+
+// heldInstance is a ready instance of a daemon without multiuser whose
+// server clients of no lease hold for their uid: MPS makes every other
+// uid wait there, so placement passes it over for them.
+type heldInstance struct {
+	gpus string
+	uid  uint32
+}
+
+// heldInstancesLocked lists group's held instances, in a stable order.
+func (d *Daemon) heldInstancesLocked(group string) []heldInstance {
+	var out []heldInstance
+	for _, in := range d.groupInstancesLocked(group) {
+		if in.p.Multiuser || in.placementState() != policy.InstanceReady || !in.mps.held() {
+			continue
+		}
+		if _, uid, held, _ := in.mps.serving(in.leases); held {
+			out = append(out, heldInstance{gpus: gpuList(in), uid: uid})
+		}
+	}
+	return out
 }
 
 // userCapNoteLocked says why l waits when its uid holds its

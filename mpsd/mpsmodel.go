@@ -10,8 +10,9 @@ import (
 
 // mpsModel is what MPS itself is doing on one instance, as far as mpsd
 // can know it: the control daemon's verified servers and their uids, the
-// servers mpsd shut down itself, and the clients of a server that no lease
-// holds (reconciliation's unleased findings). From it mpsd decides what a
+// servers mpsd shut down itself, and each server's clients as the last
+// reconciliation counted them, those of leases and those no lease holds
+// (its unleased findings). From it mpsd decides what a
 // server's exit means (exitVerdict) and whose server MPS serves now, which
 // placement must respect (serving). It has a lock of its own, which each
 // method holds while it runs: it does no I/O and calls nothing outside
@@ -39,6 +40,9 @@ type mpsModel struct {
 	// as the last reconciliation confirmed them (reconcile.go). While a
 	// server of one uid has any, MPS makes every other uid wait.
 	unleased map[int]int
+	// leased: the running leases' MPS clients each server serves, by
+	// server pid, as the last reconciliation counted them (noteClients).
+	leased map[int]int
 	// caps: what mpsd last set on each server, or found it to allow
 	// (caps.go); absent, a new server, which starts with the group's.
 	caps map[int]serverCaps
@@ -75,6 +79,7 @@ func (m *mpsModel) serverStarted(pid, uid int) {
 	delete(m.crashedUnhandled, pid)
 	delete(m.shutDown, pid)
 	delete(m.unleased, pid)
+	delete(m.leased, pid)
 	delete(m.caps, pid)
 }
 
@@ -99,6 +104,7 @@ func (m *mpsModel) daemonGone() {
 	clear(m.servers)
 	clear(m.crashedUnhandled)
 	clear(m.unleased)
+	clear(m.leased)
 	clear(m.caps)
 	m.defaults, m.defaultsSet = nil, nil
 }
@@ -129,6 +135,49 @@ func (m *mpsModel) setUnleased(byServer map[int]int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.unleased = byServer
+}
+
+// noteClients records the running leases' MPS clients a reconciliation
+// counted, by the leases' uid, as clients of the servers that serve them
+// by MPS's rules: a shared (multiuser) daemon's one server serves every
+// uid; otherwise each uid has a server of its own (the lowest pid, in the
+// moment of a switch when two live). Clients of a uid without a live
+// server wait inside MPS for one (pending): they are no server's.
+func (m *mpsModel) noteClients(byUID map[uint32]int, multiuser bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.leased = map[int]int{}
+	for uid, n := range byUID {
+		if n <= 0 {
+			continue
+		}
+		best := 0
+		for pid, u := range m.servers {
+			if (multiuser || u == int(uid)) && (best == 0 || pid < best) {
+				best = pid
+			}
+		}
+		if best != 0 {
+			m.leased[best] += n
+		}
+	}
+}
+
+// serverView is one live server as the model holds it.
+type serverView struct {
+	pid, uid         int
+	leased, unleased int
+}
+
+// view lists the live servers, by pid.
+func (m *mpsModel) view() []serverView {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]serverView, 0, len(m.servers))
+	for _, pid := range slices.Sorted(maps.Keys(m.servers)) {
+		out = append(out, serverView{pid: pid, uid: m.servers[pid], leased: m.leased[pid], unleased: m.unleased[pid]})
+	}
+	return out
 }
 
 // held reports whether a live server has clients no lease holds.
@@ -186,6 +235,7 @@ func (m *mpsModel) serverExited(ev mps.Event, leases map[string]*lease, multiuse
 	}
 	delete(m.servers, ev.PID)
 	delete(m.unleased, ev.PID)
+	delete(m.leased, ev.PID)
 	delete(m.caps, ev.PID)
 	v := exitVerdict{uid: uid}
 	if done, ours := m.shutDown[ev.PID]; ours {

@@ -112,3 +112,37 @@ func TestMPSModelServing(t *testing.T) {
 	m.daemonGone()
 	check("the daemon gone", m, nil, want{})
 }
+
+// Each server's clients as the model holds them: the leases' clients go to
+// the server MPS serves their uid with (one per uid, the lowest pid while
+// a switch has two live; the one shared server of a multiuser daemon), a
+// uid without a live server has none (its clients wait inside MPS), and a
+// server's exit or a new incarnation of its pid forgets them.
+func TestMPSModelClients(t *testing.T) {
+	const alice, bob, carol = 64021, 64022, 64023
+	m := newMPSModel()
+	m.serverStarted(20, bob)
+	m.serverStarted(10, alice)
+	m.serverStarted(12, alice) // a switch's moment: two of alice's
+	m.setUnleased(map[int]int{20: 1})
+	m.noteClients(map[uint32]int{alice: 3, bob: 2, carol: 4}, false)
+	want := []serverView{{pid: 10, uid: alice, leased: 3}, {pid: 12, uid: alice}, {pid: 20, uid: bob, leased: 2, unleased: 1}}
+	if got := m.view(); !slices.Equal(got, want) {
+		t.Errorf("view %+v; want %+v", got, want)
+	}
+	m.serverExited(mps.Event{PID: 20, ExitStatus: 0}, nil, false)
+	m.serverStarted(10, alice)
+	if got, want := m.view(), []serverView{{pid: 10, uid: alice}, {pid: 12, uid: alice}}; !slices.Equal(got, want) {
+		t.Errorf("after bob's server exited and alice's pid 10 started again: view %+v; want %+v", got, want)
+	}
+	shared := newMPSModel()
+	shared.serverStarted(30, 0)
+	shared.noteClients(map[uint32]int{alice: 1, bob: 2}, true)
+	if got, want := shared.view(), []serverView{{pid: 30, uid: 0, leased: 3}}; !slices.Equal(got, want) {
+		t.Errorf("multiuser: view %+v; want %+v", got, want)
+	}
+	shared.daemonGone()
+	if got := shared.view(); len(got) != 0 {
+		t.Errorf("after the daemon's end: view %+v; want none", got)
+	}
+}

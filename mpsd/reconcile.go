@@ -380,6 +380,17 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 	// Only findings not reported before are reported; those gone are
 	// forgotten, so a process found again later is reported again.
 	d.mu.Lock()
+	if in.daemon == dm {
+		// The leases' clients just counted (noteLeaseClients), as clients
+		// of the servers MPS serves their uids with.
+		byUID := map[uint32]int{}
+		for _, l := range in.leases {
+			if l.state == leaseRunning && l.clients != nil {
+				byUID[l.uid] += *l.clients
+			}
+		}
+		in.mps.noteClients(byUID, multiuser)
+	}
 	if in.daemon == dm && !multiuser {
 		// What holds a server of one uid for MPS: its unleased clients
 		// make every other uid wait (mpsModel.serving). Without MPS's
@@ -392,7 +403,9 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 		}
 		wasHeld := in.mps.held()
 		in.mps.setUnleased(unleased)
-		if wasHeld && !in.mps.held() {
+		if wasHeld != in.mps.held() {
+			// Released: another uid may be served now. Taken: the
+			// waiting requests of other uids say so.
 			d.scheduleLocked(in.group)
 		}
 	}

@@ -602,7 +602,7 @@ func ownView(st api.Status, uid uint32) api.Status {
 		}
 	}
 	for _, in := range st.Instances {
-		in.DaemonPID, in.ServerPIDs = 0, []int{}
+		in.DaemonPID, in.ServerPIDs, in.Servers = 0, []int{}, nil
 		// The last failure's reason names processes (a server's pid,
 		// another tenant's); the count and window are everyone's.
 		if before, _, found := strings.Cut(in.QuarantineReason, lastFailure); found {

@@ -20,6 +20,7 @@ func statusFixture() api.Status {
 			{
 				GPUUUID: "GPU-bbbbbbbb-1111-2222-3333-444444444444", GPUIndex: 1, Group: "inference",
 				State: api.InstanceDraining, Drained: true, DaemonPID: 2100, ServerPIDs: []int{2101}, Clients: 1, Restarts: 0,
+				Servers:    []api.ServerStatus{{PID: 2101, UID: 1002, UnleasedClients: 1}},
 				GPUIndexes: []int{1}, GPUUUIDs: []string{"GPU-bbbbbbbb-1111-2222-3333-444444444444"},
 				SMAllocated: 25, SMBudget: 100, MemAllocatedBytes: 8 * units.GiB, MemBudgetBytes: 24 * units.GiB, MaxClients: 16,
 			},
@@ -33,6 +34,7 @@ func statusFixture() api.Status {
 			{
 				GPUUUID: "GPU-aaaaaaaa-1111-2222-3333-444444444444", GPUIndex: 0, Group: "inference",
 				State: api.InstanceReady, DaemonPID: 1000, ServerPIDs: []int{1001, 1002}, Clients: 3, Restarts: 1,
+				Servers:    []api.ServerStatus{{PID: 1001, UID: 0, LeasedClients: 1}, {PID: 1002, UID: 1001, LeasedClients: 5}},
 				GPUIndexes: []int{0}, GPUUUIDs: []string{"GPU-aaaaaaaa-1111-2222-3333-444444444444"},
 				SMAllocated: 75, SMBudget: 100, MemAllocatedBytes: 20*units.GiB + 512*units.MiB, MemBudgetBytes: 24 * units.GiB, MaxClients: 16,
 				ClientsAllocated: 6,
@@ -92,7 +94,7 @@ func ownViewFixture() api.Status {
 	}
 	st.Leases = st.Leases[:1]
 	for i := range st.Instances {
-		st.Instances[i].DaemonPID, st.Instances[i].ServerPIDs = 0, []int{}
+		st.Instances[i].DaemonPID, st.Instances[i].ServerPIDs, st.Instances[i].Servers = 0, []int{}, nil
 		if st.Instances[i].LastStartError != "" {
 			st.Instances[i].LastStartError = "the control daemon does not start (an admin's status names why)"
 		}

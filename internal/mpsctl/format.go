@@ -290,6 +290,16 @@ func instanceNote(in api.InstanceStatus) string {
 		// An error names its cause last (what the daemon said).
 		note = append(note, "start failed: "+tailText(in.LastStartError, 100))
 	}
+	for _, s := range in.Servers {
+		switch {
+		case s.UnleasedClients == 0:
+		case in.Multiuser:
+			note = append(note, fmt.Sprintf("server %d: clients of no lease (%d)", s.PID, s.UnleasedClients))
+		default:
+			// MPS serves one uid at a time: the rest wait inside it.
+			note = append(note, fmt.Sprintf("server %d of uid %d held by clients of no lease (%d): other users wait", s.PID, s.UID, s.UnleasedClients))
+		}
+	}
 	if len(note) == 0 {
 		return none
 	}
