@@ -199,12 +199,34 @@ func (in *instance) policyViewAt(now time.Time) policy.Instance {
 	p := in.p
 	p.State = in.placementState()
 	if !p.Multiuser { // a shared server serves every uid: nothing to keep off
-		p.ServerUp, p.ServerUID, p.ServerHeld, p.ServerContested = in.mps.serving(in.leases)
+		p.ServerUp, p.ServerUID, p.ServerHeld, p.ServerContested = in.mps.serving(in.placedUID())
 	}
 	if len(in.barred) > 0 {
 		p.Barred = in.barredUIDs(now)
 	}
 	return p
+}
+
+// placedUID is the uid of in's placed leases, false when it has none: the
+// one uid of p.Running (Assign and Release keep it with in.leases), so a
+// view costs no walk of the leases; the earliest placed lease's (by
+// request sequence) when they are of several uids, as after an adoption or
+// a reload of multiuser, so that the answer does not depend on a map's
+// order.
+func (in *instance) placedUID() (uint32, bool) {
+	if len(in.p.Running) == 1 {
+		return in.p.Running[0].UID, true
+	}
+	var first *lease
+	for _, l := range in.leases {
+		if first == nil || l.req.Seq < first.req.Seq {
+			first = l
+		}
+	}
+	if first == nil {
+		return 0, false
+	}
+	return first.uid, true
 }
 
 // daemonUp: the instance has a daemon that answered (up, or recovering

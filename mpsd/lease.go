@@ -478,7 +478,7 @@ func (d *Daemon) heldInstancesLocked(group string) []heldInstance {
 		if in.p.Multiuser || in.placementState() != policy.InstanceReady || !in.mps.held() {
 			continue
 		}
-		if _, uid, held, _ := in.mps.serving(in.leases); held {
+		if _, uid, held, _ := in.mps.serving(in.placedUID()); held {
 			out = append(out, heldInstance{gpus: gpuList(in), uid: uid})
 		}
 	}

@@ -283,24 +283,19 @@ func (v exitVerdict) victims() []*lease {
 // serving says whose server MPS serves on the instance now, as placement
 // must see it (policy.Instance's ServerUp, ServerUID, ServerHeld and
 // ServerContested): that of a server with clients no lease holds, if any
-// (held: MPS makes every other uid wait behind them; contested when running
+// (held: MPS makes every other uid wait behind them; contested when placed
 // leases of another uid wait too: then nobody new is placed); else the uid
-// of the running leases (admission keeps them to one uid on a daemon that
-// is not multiuser); else that of an idle server, which MPS ends for a
-// client of another uid. (mpsd's simulation found the running leases' uid
-// taken first: another lease of that uid was granted, and waited inside
-// MPS, behind an unleased holder mpsd knew of; and with the holder's uid
-// taken alone, a lease of the holder's uid was granted and waited behind
-// the leased clients.)
-func (m *mpsModel) serving(leases map[string]*lease) (up bool, uid uint32, held, contested bool) {
+// of the placed leases (placedUID, when placed: admission keeps them to
+// one uid on a daemon that is not multiuser; the earliest placed's when
+// they are of several, instance.placedUID); else that of an idle server,
+// which MPS ends for a client of another uid. (mpsd's simulation found the
+// running leases' uid taken first: another lease of that uid was granted,
+// and waited inside MPS, behind an unleased holder mpsd knew of; and with
+// the holder's uid taken alone, a lease of the holder's uid was granted
+// and waited behind the leased clients.)
+func (m *mpsModel) serving(placedUID uint32, placed bool) (up bool, uid uint32, held, contested bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var first *lease
-	for _, l := range leases {
-		if first == nil || l.req.Seq < first.req.Seq {
-			first = l
-		}
-	}
 	// The lowest pid of a kind, so that the answer does not depend on
 	// the map's order (MPS runs one server at a time; two are a moment
 	// of a switch).
@@ -318,10 +313,10 @@ func (m *mpsModel) serving(leases map[string]*lease) (up bool, uid uint32, held,
 	}
 	if heldPID != 0 {
 		uid := uint32(m.servers[heldPID])
-		return true, uid, true, first != nil && first.uid != uid
+		return true, uid, true, placed && placedUID != uid
 	}
-	if first != nil {
-		return true, first.uid, false, false
+	if placed {
+		return true, placedUID, false, false
 	}
 	if idlePID != 0 {
 		return true, uint32(m.servers[idlePID]), false, false

@@ -80,7 +80,17 @@ func TestMPSModelServing(t *testing.T) {
 	}
 	check := func(name string, m *mpsModel, leases map[string]*lease, w want) {
 		t.Helper()
-		up, uid, held, contested := m.serving(leases)
+		var first *lease
+		for _, l := range leases {
+			if first == nil || l.req.Seq < first.req.Seq {
+				first = l
+			}
+		}
+		var placed uint32
+		if first != nil {
+			placed = first.uid
+		}
+		up, uid, held, contested := m.serving(placed, first != nil)
 		if up != w.up || (up && uid != w.uid) || held != w.held || contested != w.contested {
 			t.Errorf("%s: serving (%v, %d, held %v, contested %v), want (%v, %d, held %v, contested %v)", name, up, uid, held, contested, w.up, w.uid, w.held, w.contested)
 		}
