@@ -382,11 +382,14 @@ func budgetText(g *policy.Group) string {
 // placement ties break the same way every time.
 func (d *Daemon) groupInstancesLocked(group string) []*instance {
 	var out []*instance
-	for _, in := range d.instanceList() {
+	for _, in := range d.instances {
 		if in.group == group {
 			out = append(out, in)
 		}
 	}
+	// Sorted as instanceList sorts, after the filter: a grant sorts the
+	// group's instances, not the host's.
+	slices.SortFunc(out, func(a, b *instance) int { return strings.Compare(a.key, b.key) })
 	return out
 }
 
