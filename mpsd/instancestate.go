@@ -192,8 +192,6 @@ func (in *instance) placementState() policy.InstanceState {
 }
 
 // policyView is the instance as placement sees it.
-func (in *instance) policyView() policy.Instance { return in.policyViewAt(time.Now()) }
-
 // policyViewAt is policyView at now (bars lapse with time).
 func (in *instance) policyViewAt(now time.Time) policy.Instance {
 	p := in.p

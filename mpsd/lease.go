@@ -286,8 +286,9 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 	// Whether it could ever fit is judged against the group's instances
 	// as if they were empty and ready.
 	probe := make([]policy.Instance, len(insts))
+	now := d.clock.Now()
 	for i, in := range insts {
-		probe[i] = in.policyView()
+		probe[i] = in.policyViewAt(now)
 		probe[i].State = policy.InstanceReady
 		probe[i].Alloc = policy.Usage{}
 		probe[i].ServerUp = false
@@ -305,7 +306,6 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 	}
 	d.seq++
 	r.Seq = d.seq
-	now := d.clock.Now()
 	l := &lease{
 		id: newLeaseID(name), group: name, uid: c.UID, req: r, command: keptCommand(req.Command), jobID: req.JobID, willAttach: req.WillAttach,
 		requeue: requeue, attempt: 1, created: now, queuedAt: now, bound: true, box: newMailbox(d.log), log: d.log,
@@ -401,9 +401,10 @@ func (d *Daemon) scheduleLocked(group string) {
 		insts := d.groupInstancesLocked(group)
 		pis := make([]policy.Instance, len(insts))
 		reqs := make([]policy.Request, 0, len(q))
+		now := d.clock.Now()
 		for len(q) > 0 {
 			for i, in := range insts {
-				pis[i] = in.policyView()
+				pis[i] = in.policyViewAt(now)
 				pis[i].UserCap = d.cfg.Limits.UserClients(pis[i].Budget.Clients)
 			}
 			reqs = reqs[:0]

@@ -898,6 +898,7 @@ func (d *Daemon) snapshotAnd(decide func(*savedState)) savedState {
 
 func (d *Daemon) snapshotLocked() savedState {
 	st := savedState{Version: stateVersion, Leases: make([]savedLease, 0, len(d.leases))}
+	now := d.clock.Now()
 	// Sorted by id (a stable file) as pointers: sorting the records
 	// themselves moved a quarter of a kilobyte per swap.
 	sorted := d.snapshotOrder[:0]
@@ -940,7 +941,7 @@ func (d *Daemon) snapshotLocked() savedState {
 		if in.holds.drained {
 			st.Drained = append(st.Drained, key)
 		}
-		for _, uid := range in.barredUIDs(d.clock.Now()) {
+		for _, uid := range in.barredUIDs(now) {
 			if st.Barred == nil {
 				st.Barred = map[string][]savedBar{}
 			}
@@ -955,14 +956,14 @@ func (d *Daemon) snapshotLocked() savedState {
 		}
 		if in.daemon != nil {
 			if st.Daemons == nil {
-				st.Daemons = map[string]savedDaemon{}
+				st.Daemons = make(map[string]savedDaemon, len(d.instances))
 			}
 			id := in.daemon.Identity()
 			st.Daemons[key] = savedDaemon{PID: id.PID, StartTime: id.StartTime}
 		}
 		if in.daemon != nil && in.logHandled >= 0 {
 			if st.ServerLogs == nil {
-				st.ServerLogs = map[string]int64{}
+				st.ServerLogs = make(map[string]int64, len(d.instances))
 			}
 			st.ServerLogs[key] = in.serverLogSavedLocked()
 		}

@@ -191,18 +191,24 @@ func (in *instance) unhandledLocked(f fault) {
 // line) does not move it past them.
 func (in *instance) serverLogSavedLocked() int64 {
 	off := in.logHandled
-	unplanned := in.pending
-	if !in.handlingMarked {
-		unplanned = append(slices.Clip(unplanned), in.handling...)
-	}
-	for _, c := range slices.Concat(in.claims, in.deciding) {
-		if c.dm == in.daemon {
-			unplanned = append(slices.Clip(unplanned), c.f)
-		}
-	}
-	for _, f := range unplanned {
+	keep := func(f fault) {
 		if f.fromServerLog && f.logOffset >= 0 {
 			off = min(off, f.logOffset)
+		}
+	}
+	for _, f := range in.pending {
+		keep(f)
+	}
+	if !in.handlingMarked {
+		for _, f := range in.handling {
+			keep(f)
+		}
+	}
+	for _, cs := range [...][]*faultClaim{in.claims, in.deciding} {
+		for _, c := range cs {
+			if c.dm == in.daemon {
+				keep(c.f)
+			}
 		}
 	}
 	return off
