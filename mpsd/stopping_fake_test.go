@@ -2,12 +2,14 @@ package mpsd
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"slices"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/mpsd/mpsd/internal/clock"
 	"github.com/mpsd/mpsd/mps"
 	"github.com/mpsd/mpsd/policy"
 )
@@ -36,13 +38,7 @@ func TestCrashSeenWhileStoppingIsSaved(t *testing.T) {
 		in.leases[l.id], d.leases[l.id] = l, l
 	}
 	d.mu.Unlock()
-	dm.events <- mps.Event{Kind: mps.ServerStarted, PID: server, UID: aliceUID, Time: clk.Now(), ExitStatus: -1, Source: mps.SourcePidfd}
-	waitCond(t, "alice's server known", func() bool {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		_, live := in.mps.uidOf(server)
-		return live
-	}, nil)
+	fakeServerUp(t, d, in, clk, dm, server, aliceUID)
 
 	stop() // mpsd stops; then the server is killed
 	dm.events <- mps.Event{Kind: mps.ServerExited, PID: server, UID: -1, Time: clk.Now(), ExitStatus: -1, Signal: syscall.SIGKILL, Source: mps.SourcePidfd}
@@ -81,13 +77,7 @@ func TestFaultLineKeptUntilVictimsRevoking(t *testing.T) {
 	d, in, clk, dm := fakeUp(t, t.Context())
 	d.proc = "/proc"
 	const aliceUID, server, line = 1000, 100, 4096
-	dm.events <- mps.Event{Kind: mps.ServerStarted, PID: server, UID: aliceUID, Time: clk.Now(), ExitStatus: -1, Source: mps.SourcePidfd}
-	waitCond(t, "alice's server known", func() bool {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		_, live := in.mps.uidOf(server)
-		return live
-	}, nil)
+	fakeServerUp(t, d, in, clk, dm, server, aliceUID)
 	runs := exec.Command("sleep", "60")
 	if err := runs.Start(); err != nil {
 		t.Fatal(err)
@@ -146,7 +136,7 @@ func TestFaultLineKeptUntilVictimsRevoking(t *testing.T) {
 func TestFaultLineKeptWhileItsClaimWaits(t *testing.T) {
 	d, in, clk, dm := fakeUp(t, t.Context())
 	const aliceUID, server, line = 1000, 100, 4096
-	dm.events <- mps.Event{Kind: mps.ServerStarted, PID: server, UID: aliceUID, Time: clk.Now(), ExitStatus: -1, Source: mps.SourcePidfd}
+	fakeServerUp(t, d, in, clk, dm, server, aliceUID)
 	d.mu.Lock()
 	in.logHandled = 0
 	d.mu.Unlock()
@@ -167,4 +157,17 @@ func TestFaultLineKeptWhileItsClaimWaits(t *testing.T) {
 	}
 	clk.Advance(faultClaimWait)
 	waitCond(t, "the claim expired and its line is passed", func() bool { return saved() == 2*line+1 }, nil)
+}
+
+// fakeServerUp has the fake control daemon dm start server pid of uid, as
+// its pidfd would tell it, and waits for in's model to know it.
+func fakeServerUp(t *testing.T, d *Daemon, in *instance, clk *clock.Fake, dm *fakeControl, pid, uid int) {
+	t.Helper()
+	dm.events <- mps.Event{Kind: mps.ServerStarted, PID: pid, UID: uid, Time: clk.Now(), ExitStatus: -1, Source: mps.SourcePidfd}
+	waitCond(t, fmt.Sprintf("server %d of uid %d known", pid, uid), func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		_, live := in.mps.uidOf(pid)
+		return live
+	}, nil)
 }
