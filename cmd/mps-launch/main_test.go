@@ -316,6 +316,9 @@ func TestSignalWhileQueued(t *testing.T) {
 	}
 	lc := fake.NextLease(t)
 	lc.MustSend(t, api.Event{Type: api.EventQueued, Position: 5, Group: "g"})
+	// mps-launch registers its signals while its request goes out: a
+	// SIGINT before that ends it by the signal's default action.
+	waitCaught(t, cmd.Process.Pid, syscall.SIGINT)
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
@@ -419,5 +422,29 @@ func BenchmarkTrue(b *testing.B) {
 			b.ReportMetric(float64(times[len(times)/2].Microseconds()), "median-µs")
 			b.ReportMetric(float64(times[len(times)*99/100].Microseconds()), "p99-µs")
 		})
+	}
+}
+
+// waitCaught waits until process pid catches sig (SigCgt in its
+// /proc/PID/status).
+func waitCaught(t *testing.T, pid int, sig syscall.Signal) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.Lines(string(b)) {
+			if mask, ok := strings.CutPrefix(line, "SigCgt:"); ok {
+				if m, err := strconv.ParseUint(strings.TrimSpace(mask), 16, 64); err == nil && m&(1<<(sig-1)) != 0 {
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d does not catch %v after 10s", pid, sig)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
