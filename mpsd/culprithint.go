@@ -124,10 +124,9 @@ func (d *Daemon) noteCulpritHint(in *instance, dm control, ev mps.Event) {
 	}
 	// The pid's lease, from mpsd's records: a process its cgroup holds
 	// now, or held at a reading at most culpritSeenAge old and has left
-	// since (it ended, or is ending: the kernel takes an exiting process
-	// out of its cgroup before its pidfd says it has exited). A pid the
-	// lease held longer ago names nobody: its process may have ended for
-	// any reason, and the pid be another's.
+	// since (it ended, or is ending). A pid the lease held longer ago
+	// names nobody: its process may have ended for any reason, and the
+	// pid be another's.
 	slices.SortFunc(cands, func(a, b *lease) int { return int(a.req.Seq - b.req.Seq) })
 	var owner *lease
 	for _, l := range cands {
@@ -158,7 +157,6 @@ func (d *Daemon) noteCulpritHint(in *instance, dm control, ev mps.Event) {
 // naming it is read (ok), with its start time while it runs, or gone once
 // it has ended.
 func (d *Daemon) leaseProcessAtHint(l *lease, pid int) (ok bool, start uint64, gone bool) {
-	seen, seenAt := l.seenPidsAt() // before the cgroup is read again
 	if live, now := l.readPids(); now && slices.Contains(live, pid) {
 		p, err := openPid(d.proc, pid)
 		if err != nil {
@@ -167,7 +165,11 @@ func (d *Daemon) leaseProcessAtHint(l *lease, pid int) (ok bool, start uint64, g
 		defer p.close()
 		return true, p.start, !p.alive() // a zombie: ended, not yet reaped
 	}
-	if !slices.Contains(seen, pid) || seenAt.IsZero() || time.Since(seenAt) > culpritSeenAge {
+	// Listed by a reading at most culpritSeenAge old (this one included:
+	// a process that left as the record came is remembered).
+	seenAt, seen := l.seenAt(pid)
+	if !seen {
+		l.logger().Debug("culprit hint: pid not in the lease's cgroup, nor in a recent reading of it", "lease", l.id, "pid", pid)
 		return false, 0, false
 	}
 	p, err := openPid(d.proc, pid)
@@ -175,12 +177,21 @@ func (d *Daemon) leaseProcessAtHint(l *lease, pid int) (ok bool, start uint64, g
 		return true, 0, true // ended since the recent reading
 	}
 	defer p.close()
-	if p.exitsWithin(culpritExitWait / 10) {
-		return true, 0, true // out of its cgroup as it exits
+	// Out of the cgroup and still there: the process the reading listed,
+	// exiting (the kernel takes an exiting process out of its cgroup
+	// before the last of its threads is gone, which under load takes a
+	// while), if it started before that reading; one started since took
+	// the pid again. The recovery then waits for its end (endsWithin).
+	ticks, err := bootTicks()
+	if err != nil {
+		return false, 0, false
 	}
-	// Alive and no process of the lease: the pid is another process's
-	// now, or the lease's process left its cgroup.
-	return false, 0, false
+	readAt := ticks - uint64(time.Since(seenAt)/(time.Second/userHZ))
+	if p.start > readAt {
+		l.logger().Debug("culprit hint: pid taken again since the lease's reading listed it", "lease", l.id, "pid", pid, "start", p.start, "read_at", readAt)
+		return false, 0, false
+	}
+	return true, p.start, !p.alive()
 }
 
 // foldCulpritHintLocked drops in's hints older than culpritHintAge, and

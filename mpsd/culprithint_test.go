@@ -46,8 +46,13 @@ func TestLogNamedCulpritNeedsFacts(t *testing.T) {
 		// hints: which processes the server's log names: "alice-ended"
 		// (ended since a reading of her cgroup that listed it),
 		// "alice-runs", "alice-ends" (in her cgroup; ends 50 ms after the
-		// recovery begins), "bob-ended".
+		// recovery begins), "alice-leaving" (listed by that reading, out
+		// of her cgroup now, as an exiting process is; ends 50 ms after
+		// the recovery begins), "bob-ended".
 		hints []string
+		// pidReused: the reading that listed alice-leaving was taken 2 s
+		// before that process started (its pid was another's then).
+		pidReused bool
 		// hintAfter: the record comes after the fault's own in the log;
 		// noXid: no Xid confirmed the fault; stale: the reading of
 		// Alice's cgroup that listed her ended process is a minute old.
@@ -64,6 +69,8 @@ func TestLogNamedCulpritNeedsFacts(t *testing.T) {
 		{name: "no Xid", noXid: true, hints: []string{"alice-ends"}, why: "no Xid confirmed the fault"},
 		{name: "after the fault's record", hintAfter: true, hints: []string{"alice-ends"}, why: "came after the fault's own"},
 		{name: "long gone", stale: true, hints: []string{"alice-ended"}, why: "no process of a running lease of the server's uid"},
+		{name: "leaving its cgroup as it exits", hints: []string{"alice-leaving"}, want: "alice"},
+		{name: "a pid taken since the reading", pidReused: true, hints: []string{"alice-leaving"}, why: "no process of a running lease of the server's uid"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d, in, clk, _ := fakeCore(t, policy.WatchdogConfig{QuarantineAfter: 3, QuarantineWindow: time.Minute})
@@ -74,15 +81,18 @@ func TestLogNamedCulpritNeedsFacts(t *testing.T) {
 			in.mps.serverStarted(server, aliceUID)
 			procs := map[string]*exec.Cmd{
 				"alice-ended": spawn(t, true), "alice-runs": spawn(t, false),
-				"alice-ends": spawn(t, false), "bob-ended": spawn(t, true)}
+				"alice-ends": spawn(t, false), "alice-leaving": spawn(t, false), "bob-ended": spawn(t, true)}
 			read := time.Now()
-			if tc.stale {
+			switch {
+			case tc.stale:
 				read = read.Add(-time.Minute)
+			case tc.pidReused:
+				read = read.Add(-2 * time.Second)
 			}
 			// Alice's cgroup holds her two running processes; its last
 			// reading listed the ended one too.
 			alice := &lease{id: "alice", uid: aliceUID, state: leaseRunning, inst: in, pidsAt: read,
-				pids: []int{procs["alice-ended"].Process.Pid, procs["alice-runs"].Process.Pid, procs["alice-ends"].Process.Pid},
+				pids: []int{procs["alice-ended"].Process.Pid, procs["alice-runs"].Process.Pid, procs["alice-ends"].Process.Pid, procs["alice-leaving"].Process.Pid},
 				cg:   &pathCgroup{pids: []int{procs["alice-runs"].Process.Pid, procs["alice-ends"].Process.Pid}}}
 			bob := &lease{id: "bob", uid: bobUID, state: leaseRunning, inst: in, pidsAt: read, pids: []int{procs["bob-ended"].Process.Pid}}
 			in.leases = map[string]*lease{"alice": alice, "bob": bob}
@@ -96,10 +106,10 @@ func TestLogNamedCulpritNeedsFacts(t *testing.T) {
 			}
 			pending := []fault{{kind: faultServerFault, server: server, reason: "a fault",
 				fromServerLog: true, logOffset: 100, xidConfirmed: !tc.noXid}}
-			if tc.hints[0] == "alice-ends" {
+			if h := tc.hints[0]; h == "alice-ends" || h == "alice-leaving" {
 				go func() {
 					time.Sleep(50 * time.Millisecond)
-					_ = procs["alice-ends"].Process.Kill()
+					_ = procs[h].Process.Kill()
 				}()
 			} else {
 				clk.Advance(culpritExitWait) // the wait is over

@@ -191,8 +191,8 @@ func (in *instance) placementState() policy.InstanceState {
 	return placementState(in.life, in.holds, in.restarts)
 }
 
-// policyView is the instance as placement sees it.
-// policyViewAt is policyView at now (bars lapse with time).
+// policyViewAt is the instance as placement sees it at now (bars lapse
+// with time; callers read the clock once for all the instances they view).
 func (in *instance) policyViewAt(now time.Time) policy.Instance {
 	p := in.p
 	p.State = in.placementState()

@@ -112,6 +112,11 @@ type lease struct {
 	// processes' exits, which no fake clock moves: culprithint.go).
 	pids   []int
 	pidsAt time.Time
+	// left: pids a reading of the cgroup listed and the next one no
+	// longer did, each with the time of the last reading that listed it,
+	// kept for culpritSeenAge (at most maxLeftPids): a process that left
+	// as it exited may be named as a fault's culprit just after.
+	left map[int]time.Time
 	// killing: a kill of cg is under way (without cgMu). closed: the
 	// lease's end (revocation or release) has begun killing it; no process
 	// joins it until its next grant. attach refuses both.
@@ -881,7 +886,7 @@ func (d *Daemon) killLease(l *lease) error {
 	if err != nil {
 		if p, err := cg.Pids(); err == nil {
 			l.cgMu.Lock()
-			l.pids, l.pidsAt = p, time.Now()
+			l.readLocked(p, time.Now())
 			l.cgMu.Unlock()
 		}
 		ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
@@ -1025,13 +1030,39 @@ func (l *lease) statusLocked() api.LeaseStatus {
 	return st
 }
 
-// seenPidsAt is what mpsd last knew of the lease's processes without
-// looking again (the pids it attached, or its cgroup held at the last
-// look), and when it learnt them (zero: never).
-func (l *lease) seenPidsAt() ([]int, time.Time) {
+// maxLeftPids bounds lease.left.
+const maxLeftPids = 256
+
+// readLocked records a reading p of the lease's cgroup taken at now
+// (under cgMu): the pids the last reading listed and this one does not
+// join left.
+func (l *lease) readLocked(p []int, now time.Time) {
+	maps.DeleteFunc(l.left, func(_ int, at time.Time) bool { return now.Sub(at) > culpritSeenAge })
+	for _, pid := range l.pids {
+		if len(l.left) >= maxLeftPids {
+			break
+		}
+		if !slices.Contains(p, pid) {
+			if l.left == nil {
+				l.left = map[int]time.Time{}
+			}
+			l.left[pid] = l.pidsAt
+		}
+	}
+	l.pids, l.pidsAt = p, now
+}
+
+// seenAt says when a reading of the lease's cgroup (or an attach) last
+// listed pid, if one did within culpritSeenAge; what mpsd knows without
+// looking again.
+func (l *lease) seenAt(pid int) (time.Time, bool) {
 	l.cgMu.Lock()
 	defer l.cgMu.Unlock()
-	return slices.Clone(l.pids), l.pidsAt
+	at, ok := l.left[pid]
+	if slices.Contains(l.pids, pid) {
+		at, ok = l.pidsAt, true
+	}
+	return at, ok && !at.IsZero() && time.Since(at) <= culpritSeenAge
 }
 
 // livePids lists the lease's processes: the cgroup's when it has one
@@ -1052,7 +1083,7 @@ func (l *lease) readPids() (pids []int, now bool) {
 		if p, err := cg.Pids(); err == nil {
 			l.cgMu.Lock()
 			if l.cg == cg {
-				l.pids, l.pidsAt = p, time.Now()
+				l.readLocked(p, time.Now())
 			}
 			l.cgMu.Unlock()
 			return slices.Clone(p), true
