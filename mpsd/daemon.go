@@ -196,15 +196,17 @@ type Daemon struct {
 	shutdownDone chan struct{}
 	shutOnce     sync.Once
 
-	mu        sync.Mutex
+	mu        coreMu // logAfter: lines written once it is let go
 	cfg       *policy.Config
 	instances map[string]*instance
-	xidAt     map[int]time.Time   // GPU index → its last Xid (verify.go)
-	queues    map[string][]*lease // queued leases per group, arrival order
-	leases    map[string]*lease   // every lease, queued or running
-	// snapshotOrder is snapshot's scratch list of the leases (under mu).
-	snapshotOrder []*lease
-	seq           uint64
+	// byGroup is every group's instances in key order, built from
+	// instances when nil (groupInstancesLocked); whoever adds or removes
+	// an instance sets it to nil (setInstanceLocked, dropInstanceLocked).
+	byGroup map[string][]*instance
+	xidAt   map[int]time.Time   // GPU index → its last Xid (verify.go)
+	queues  map[string][]*lease // queued leases per group, arrival order
+	leases  map[string]*lease   // every lease, queued or running
+	seq     uint64
 	// reconSeen: reconciliation's findings reported so far and still
 	// there (reconcile.go).
 	reconSeen map[reconKey]bool

@@ -235,7 +235,7 @@ func (d *Daemon) reconcileLocked(cfg *policy.Config) (added []*instance) {
 				in.log = d.log.With("group", g.Name, "gpu", in.gpus[0].UUID, "gpu_index", in.gpus[0].Index)
 				in.p = policy.Instance{Group: g.Name, GPUs: slices.Clone(set), Multiuser: g.Multiuser}
 				in.driver = d.host.DriverVersion()
-				d.instances[key] = in
+				d.setInstanceLocked(in)
 				added = append(added, in)
 			} else if in.p.Multiuser != g.Multiuser {
 				// -multiuser-server is a start option: the daemon is
@@ -255,6 +255,18 @@ func (d *Daemon) reconcileLocked(cfg *policy.Config) (added []*instance) {
 	}
 	d.sweepShmLocked() // shm.go
 	return added
+}
+
+// setInstanceLocked adds an instance to d.instances.
+func (d *Daemon) setInstanceLocked(in *instance) {
+	d.instances[in.key] = in
+	d.byGroup = nil
+}
+
+// dropInstanceLocked removes an instance from d.instances.
+func (d *Daemon) dropInstanceLocked(in *instance) {
+	delete(d.instances, in.key)
+	d.byGroup = nil
 }
 
 func (d *Daemon) instanceList() []*instance {
@@ -794,7 +806,7 @@ func exitText(ev mps.Event) string {
 func (d *Daemon) retireIfEmptyLocked(in *instance) {
 	if in.holds.retiring && len(in.leases) == 0 && in.life == instStarting && in.daemon == nil && !in.bringing {
 		if _, err := in.step(instEvGone, "left the config before its daemon started"); err == nil {
-			delete(d.instances, in.key)
+			d.dropInstanceLocked(in)
 			d.store.request() // its holds leave the state file
 			in.log.Info("instance dropped: it left the config and its control daemon never started", "last_start_error", in.startErr)
 			in.kickLocked()
@@ -814,7 +826,7 @@ func (d *Daemon) retireIfEmptyLocked(in *instance) {
 		return
 	}
 	if !restart {
-		delete(d.instances, in.key)
+		d.dropInstanceLocked(in)
 	}
 	in.daemon = nil
 	in.holds.restartPending = false

@@ -384,18 +384,18 @@ func budgetText(g *policy.Group) string {
 }
 
 // groupInstancesLocked returns a group's instances in key order, so
-// placement ties break the same way every time.
+// placement ties break the same way every time. The slice is shared:
+// callers read it and never change it.
 func (d *Daemon) groupInstancesLocked(group string) []*instance {
-	var out []*instance
-	for _, in := range d.instances {
-		if in.group == group {
-			out = append(out, in)
+	if d.byGroup == nil {
+		// Built once per change of the instances, not per grant: every
+		// admission, placement and queue position asks for it.
+		d.byGroup = map[string][]*instance{}
+		for _, in := range d.instanceList() {
+			d.byGroup[in.group] = append(d.byGroup[in.group], in)
 		}
 	}
-	// Sorted as instanceList sorts, after the filter: a grant sorts the
-	// group's instances, not the host's.
-	slices.SortFunc(out, func(a, b *instance) int { return strings.Compare(a.key, b.key) })
-	return out
+	return d.byGroup[group]
 }
 
 // scheduleLocked places the head of a group's queue while it fits, then
@@ -588,7 +588,7 @@ func (d *Daemon) grantLocked(l *lease, in *instance) {
 		}
 	}
 	d.observeGrantLocked(l)
-	in.log.Info("lease granted", l.logAttrs("attempt", l.attempt, "sm", l.req.SM, "mem", l.req.Mem, "waited", l.grantedAt.Sub(l.queuedAt))...)
+	d.mu.logAfter(in.log, "lease granted", l.logAttrs("attempt", l.attempt, "sm", l.req.SM, "mem", l.req.Mem, "waited", l.grantedAt.Sub(l.queuedAt))...)
 }
 
 // dequeueLocked withdraws a queued lease.
@@ -733,7 +733,7 @@ func (d *Daemon) finishRelease(l *lease, why string) {
 	delete(d.leases, l.id)
 	l.inst = nil
 	d.store.request()
-	in.log.Info("lease released", l.logAttrs("why", why, "ran", d.clock.Since(l.grantedAt))...)
+	d.mu.logAfter(in.log, "lease released", l.logAttrs("why", why, "ran", d.clock.Since(l.grantedAt))...)
 	d.retireIfEmptyLocked(in)
 	d.scheduleLocked(in.group)
 	d.mu.Unlock()

@@ -225,7 +225,7 @@ func newSimWorld(seed uint64) *simWorld {
 			uidFaults: map[uint32][]time.Time{}, started: map[*lease]int{}, knownUnleased: map[int]time.Time{}}
 		si.sched = mpssched.New(simHost{si}, g.multiuser, 0)
 		w.insts = append(w.insts, si)
-		w.core.instances[in.key] = in
+		w.core.setInstanceLocked(in)
 	}
 	return w
 }

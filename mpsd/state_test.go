@@ -2,11 +2,13 @@ package mpsd
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -345,6 +347,35 @@ func TestStoreLoadRemovesStaleTemps(t *testing.T) {
 	for _, p := range []string{path, other} {
 		if _, err := os.Stat(p); err != nil {
 			t.Errorf("%s: %v; load removed what is not its temporary file", p, err)
+		}
+	}
+}
+
+// TestSortLeases: the store's sort of a state's leases (outside
+// Daemon.mu, along the cycles of a sorted index) puts every record, whole,
+// in id order, for every length and starting order, reusing its scratch.
+func TestSortLeases(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var order []int32
+	for n := range 40 {
+		for range 20 {
+			leases := make([]savedLease, n)
+			for i := range leases {
+				leases[i] = savedLease{ID: fmt.Sprintf("g-%06x", rng.IntN(1<<20)), Attempt: i}
+			}
+			want := slices.Clone(leases)
+			slices.SortStableFunc(want, func(a, b savedLease) int { return strings.Compare(a.ID, b.ID) })
+			order = sortLeases(leases, order)
+			if !slices.IsSortedFunc(leases, func(a, b savedLease) int { return strings.Compare(a.ID, b.ID) }) {
+				t.Fatalf("n=%d: not sorted: %v", n, leases)
+			}
+			// The same records, each whole (an id with its own attempt).
+			got := slices.Clone(leases)
+			slices.SortFunc(got, func(a, b savedLease) int { return cmp.Or(strings.Compare(a.ID, b.ID), a.Attempt-b.Attempt) })
+			slices.SortFunc(want, func(a, b savedLease) int { return cmp.Or(strings.Compare(a.ID, b.ID), a.Attempt-b.Attempt) })
+			if !slices.EqualFunc(got, want, func(a, b savedLease) bool { return a.ID == b.ID && a.Attempt == b.Attempt }) {
+				t.Fatalf("n=%d: records changed: got %v, want %v", n, got, want)
+			}
 		}
 	}
 }

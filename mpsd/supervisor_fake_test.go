@@ -36,7 +36,7 @@ func fakeCore(t *testing.T, wd policy.WatchdogConfig, outcomes ...error) (*Daemo
 		leases: map[string]*lease{}, tried: make(chan struct{}), kick: make(chan struct{}, 1), done: make(chan struct{}),
 		faults: map[string]int{}, restartsBy: map[string]int{}, serverLogOff: -1, logHandled: -1,
 		pipeDir: "/nonexistent/pipe", log: log, p: policy.Instance{Group: "g", GPUs: []int{0}}}
-	d.instances[in.key] = in
+	d.setInstanceLocked(in)
 	t.Cleanup(func() {
 		d.gmu.Lock()
 		d.gclosed = true
