@@ -207,6 +207,9 @@ type Daemon struct {
 	queues  map[string][]*lease // queued leases per group, arrival order
 	leases  map[string]*lease   // every lease, queued or running
 	seq     uint64
+	// leaseID names a new lease; nil: newLeaseID (random). The
+	// simulation names its leases in order, so that its seeds replay.
+	leaseID func(group string) string
 	// reconSeen: reconciliation's findings reported so far and still
 	// there (reconcile.go).
 	reconSeen map[reconKey]bool

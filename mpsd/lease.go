@@ -311,8 +311,12 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 	}
 	d.seq++
 	r.Seq = d.seq
+	newID := newLeaseID
+	if d.leaseID != nil {
+		newID = d.leaseID
+	}
 	l := &lease{
-		id: newLeaseID(name), group: name, uid: c.UID, req: r, command: keptCommand(req.Command), jobID: req.JobID, willAttach: req.WillAttach,
+		id: newID(name), group: name, uid: c.UID, req: r, command: keptCommand(req.Command), jobID: req.JobID, willAttach: req.WillAttach,
 		requeue: requeue, attempt: 1, created: now, queuedAt: now, bound: true, box: newMailbox(d.log), log: d.log,
 		user: d.users.cached(c.UID),
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/mpsd/mpsd/gpu"
 	"github.com/mpsd/mpsd/policy"
 )
 
@@ -149,7 +150,11 @@ func newMetrics(d *Daemon) *metrics {
 		reloadOK:        true,
 		reloadAt:        time.Now(),
 	}
-	for _, g := range d.host.GPUs() {
+	var gpus []gpu.Info
+	if d.host != nil { // nil: the simulation's daemon, which has no host
+		gpus = d.host.GPUs()
+	}
+	for _, g := range gpus {
 		m.gpuUUIDs = append(m.gpuUUIDs, g.UUID)
 		m.gpuIndexStr = append(m.gpuIndexStr, strconv.Itoa(g.Index))
 		m.gpuLabels = append(m.gpuLabels, []*dto.LabelPair{labelPair("gpu", g.UUID), labelPair("gpu_index", strconv.Itoa(g.Index))})

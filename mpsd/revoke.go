@@ -76,20 +76,13 @@ func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 			}
 			continue
 		}
-		if l.state != leaseRunning {
+		p, ok := l.markRevokedLocked(r, how.end, how.spared[l.id])
+		if !ok {
 			continue
 		}
-		eff, err := l.step(leaseRevoke, r)
-		if err != nil {
-			continue
-		}
-		l.revokedFor = r
-		l.endWith = how.end
-		l.spareNext = how.spared[l.id]
-		persist = persist || eff&effPersist != 0
+		persist = persist || p
 		taken = append(taken, l)
 		why[l] = r
-		l.logger().Info("lease revoked", l.logAttrs("attempt", l.attempt, "reason", r)...)
 	}
 	if how.marked != nil {
 		how.marked()
@@ -160,6 +153,24 @@ func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 	wg.Wait()
 	d.requeue(taken, why, how.force)
 	return len(taken)
+}
+
+// markRevokedLocked takes a running lease for a revocation (revoke's
+// step 1): it is revoking, with its reason, how it ends (nil: requeued)
+// and whether its requeue is spared. ok is false when it is not running:
+// its end has an owner already (a release or another revocation).
+// persist: the state file must record the change. Daemon.mu is held.
+func (l *lease) markRevokedLocked(reason string, end *api.Error, spare bool) (persist, ok bool) {
+	if l.state != leaseRunning {
+		return false, false
+	}
+	eff, err := l.step(leaseRevoke, reason)
+	if err != nil {
+		return false, false
+	}
+	l.revokedFor, l.endWith, l.spareNext = reason, end, spare
+	l.logger().Info("lease revoked", l.logAttrs("attempt", l.attempt, "reason", reason)...)
+	return eff&effPersist != 0, true
 }
 
 // requeue ends the revocation of leases whose processes are gone: each is

@@ -5,17 +5,21 @@ package mpsd
 // simulation and TigerBeetle's VOPR: one seed fixes every choice, so a
 // failing seed replays exactly.
 //
-// What runs is mpsd's own code for each decision: the MPS model
-// (mpsModel: servers, uids, unleased holders, exit verdicts), placement
-// (instance.policyViewAt and policy.Next, Assign and Release), a recovery's
-// plan (planRecoveryLocked: culprits charged, quarantine, victims, spares),
-// a clean exit's victims (exitVerdict.victims) and a requeue's charge
-// (lease.requeueCharge). The control daemon is the emulator's scheduling
-// (internal/mpsemu/mpssched, the one definition of MPS's rules the
-// emulated nvidia-cuda-mps-control runs on), with servers and clients as
-// records instead of processes. The glue between them (the queue, the
-// grant's bookkeeping, revocation and requeue) is the simulation's, kept
-// to what those functions need.
+// What runs is mpsd's own code for each decision: admission and the
+// queue (Daemon.admit on the config's groups and members, scheduleLocked,
+// grantLocked, positionsLocked; a refusal after a reload is failLocked's),
+// a release's end (finishRelease), every lease transition (lease.step and
+// its table), the MPS model (mpsModel: servers, uids, unleased holders,
+// exit verdicts), placement (instance.policyViewAt and policy.Next, Assign
+// and Release), a recovery's plan (planRecoveryLocked: culprits charged,
+// quarantine, victims, spares), a clean exit's victims
+// (exitVerdict.victims) and a requeue's charge (lease.requeueCharge). The
+// control daemon is the emulator's scheduling (internal/mpsemu/mpssched,
+// the one definition of MPS's rules the emulated nvidia-cuda-mps-control
+// runs on), with servers and clients as records instead of processes. The
+// glue of a revocation (its victims' processes killed, their capacity
+// freed, the requeue) is the simulation's, kept to what those functions
+// need.
 //
 // Each step picks one of: a request from one of several users of a group
 // without multiuser and of a multiuser group, a client process starting
@@ -31,7 +35,9 @@ package mpsd
 //     server MPS ended once idle, one mpsd shut down);
 //   - no grant is one MPS makes wait: a granted client never waits behind
 //     another uid's clients that mpsd knew of when it granted;
-//   - an instance's allocation equals its leases';
+//   - an instance's allocation equals its leases', and the daemon's
+//     leases are exactly the queued ones, each once in its group's queue,
+//     and the running ones;
 //   - a victim of another lease's fault keeps its requeue attempts, and
 //     only a culprit spends one;
 //   - quarantine and uid bars follow the rule, counted independently;
@@ -44,7 +50,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
@@ -54,6 +59,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/gpu"
 	"github.com/mpsd/mpsd/internal/clock"
 	"github.com/mpsd/mpsd/internal/mpsemu/mpssched"
@@ -78,14 +84,17 @@ func TestSimulation(t *testing.T) {
 	}
 	totals := map[string]int{}
 	for _, seed := range seeds {
-		w := newSimWorld(seed)
-		err := w.run(*simSteps)
+		w, err := newSimWorld(seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = w.run(*simSteps)
 		for k, v := range w.tally {
 			totals[k] += v
 		}
 		if err != nil {
 			t.Fatalf("seed %d, step %d: %v\nlast steps:\n%s\nreplay: go test ./mpsd -run '^TestSimulation$' -sim.seed=%d -sim.steps=%d -v",
-				seed, w.step, err, w.traceTail(40), seed, *simSteps)
+				seed, w.step, err, w.traceTail(60), seed, *simSteps)
 		}
 		if *simSeed != 0 {
 			t.Logf("trace:\n%s", strings.Join(w.trace, "\n"))
@@ -95,7 +104,7 @@ func TestSimulation(t *testing.T) {
 	// The simulation is worth something only if it reached what it
 	// checks: uid switches, culprit faults, spared victims, bars.
 	if *simSeed == 0 {
-		for _, k := range []string{"grant", "uid switch", "culprit fault", "spared victim", "crash", "uid barred", "unleased held", "daemon hang", "refused after a reload", "mpsd restart", "server lost while away", "multiuser reload", "restart for multiuser"} {
+		for _, k := range []string{"grant", "uid switch", "culprit fault", "spared victim", "crash", "uid barred", "unleased held", "daemon hang", "refused after a reload", "refused at admission", "mpsd restart", "server lost while away", "multiuser reload", "restart for multiuser"} {
 			if totals[k] == 0 {
 				t.Errorf("no %q in %d seeds: the simulation no longer explores it", k, len(seeds))
 			}
@@ -116,19 +125,24 @@ type simWorld struct {
 	step  int
 	wd    policy.WatchdogConfig
 	insts []*simInst
-	// queues: the queued leases per group, arrival order.
-	queues map[string][]*lease
-	seq    uint64
-	pid    int
-	trace  []string
-	tally  map[string]int
+	// clk is the Daemon's clock, set to now at every step.
+	clk *clock.Fake
+	// seq numbers the leases (Daemon.leaseID).
+	seq uint64
+	// live: the leases the daemon holds, with the attempt the simulation
+	// last saw placed (0: none yet); a lease the simulation ends leaves.
+	live  map[*lease]int
+	pid   int
+	trace []string
+	tally map[string]int
 	// down: the steps left while mpsd is stopped (an mpsd restart); the
 	// servers each instance's model held when it stopped, as the state
 	// file saves them.
 	down  int
 	saved map[*simInst]map[int]int
-	// core: the Daemon whose methods the simulation calls where they
-	// need one (its config's groups, its instances).
+	// core: the Daemon whose admission, queue, grants and releases run,
+	// with the simulation's instances and a config whose groups name its
+	// users.
 	core *Daemon
 }
 
@@ -197,37 +211,90 @@ type simEvent struct {
 	xidPID int
 }
 
-func newSimWorld(seed uint64) *simWorld {
-	w := &simWorld{
-		rng:    rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15)),
-		now:    time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
-		wd:     policy.WatchdogConfig{QuarantineAfter: 3, QuarantineWindow: 10 * time.Minute},
-		queues: map[string][]*lease{},
-		pid:    100,
-		tally:  map[string]int{},
+// simConfig is the simulation's config: group a without multiuser and
+// group m with it, one GPU each, three members each (u1000.., u2000..).
+const simConfig = `
+version: 1
+admins:
+  users: [u0]
+placement: binpack
+watchdog:
+  quarantine_after: 3
+  quarantine_window: 10m
+groups:
+  a:
+    users: [u1000, u1001, u1002]
+    gpus: ["0"]
+    sm_percent: 100
+    memory: 1024G
+    max_clients: 48
+    max_sm: 100
+    max_mem: 1G
+    requeue_attempts: 2
+  m:
+    users: [u2000, u2001, u2002]
+    gpus: ["1"]
+    sm_percent: 100
+    memory: 1024G
+    max_clients: 48
+    max_sm: 100
+    max_mem: 1G
+    requeue_attempts: 2
+    multiuser: true
+`
+
+// simUsers resolves the simulation's user names: uN is uid N.
+type simUsers struct{}
+
+func (simUsers) UserID(name string) (uint32, error) {
+	var uid uint32
+	if _, err := fmt.Sscanf(name, "u%d", &uid); err != nil {
+		return 0, fmt.Errorf("no user %q", name)
 	}
-	w.core = &Daemon{clock: clock.NewFake(w.now), log: slog.New(slog.DiscardHandler),
-		cfg:       &policy.Config{Groups: []policy.Group{{Name: "a"}, {Name: "m", Multiuser: true}}},
-		instances: map[string]*instance{}, store: &store{kick: make(chan struct{}, 1)}}
-	for i, g := range []struct {
-		name      string
-		multiuser bool
-	}{{"a", false}, {"m", true}} {
+	return uid, nil
+}
+
+func (simUsers) GroupID(name string) (uint32, error) { return 0, fmt.Errorf("no group %q", name) }
+
+func newSimWorld(seed uint64) (*simWorld, error) {
+	w := &simWorld{
+		rng:   rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15)),
+		now:   time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+		pid:   100,
+		tally: map[string]int{},
+		live:  map[*lease]int{},
+	}
+	host := policy.Host{Users: simUsers{}, Driver: "555.42.06",
+		GPUs: []policy.GPU{{Index: 0, UUID: "GPU-sim-0", Memory: 2 << 40}, {Index: 1, UUID: "GPU-sim-1", Memory: 2 << 40}}}
+	cfg, err := policy.Parse(strings.NewReader(simConfig), host)
+	if err != nil {
+		return nil, fmt.Errorf("the simulation's config: %w", err)
+	}
+	w.wd = cfg.Watchdog
+	log := slog.New(slog.DiscardHandler)
+	w.clk = clock.NewFake(w.now)
+	w.core = &Daemon{clock: w.clk, log: log, cfg: cfg,
+		instances: map[string]*instance{}, queues: map[string][]*lease{}, leases: map[string]*lease{},
+		store:   &store{kick: make(chan struct{}, 1)},
+		leaseID: func(string) string { w.seq++; return fmt.Sprintf("L%d", w.seq) }}
+	w.core.metrics = newMetrics(w.core)
+	for i, g := range cfg.Groups {
 		in := &instance{
-			key: fmt.Sprintf("%s/%d", g.name, i), group: g.name, gpus: []gpu.Info{{Index: i}},
-			log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			p: policy.Instance{Group: g.name, GPUs: []int{i}, Multiuser: g.multiuser,
-				Budget: policy.Usage{SM: 100, Mem: 1 << 40, Clients: 48}},
+			key: fmt.Sprintf("%s/%d", g.Name, i), group: g.Name, gpus: []gpu.Info{{Index: i}},
+			log: log,
+			p: policy.Instance{Group: g.Name, GPUs: slices.Clone(g.Instances[0]), Multiuser: g.Multiuser,
+				Budget: g.Budget()},
+			maxSM: g.MaxSM, maxMem: g.MaxMem,
 			mps: newMPSModel(), life: instUp, leases: map[string]*lease{},
 			restartsBy: map[string]int{}, faults: map[string]int{},
 		}
 		si := &simInst{w: w, in: in, servers: map[int]*simServer{}, clients: map[int]*simClient{},
 			uidFaults: map[uint32][]time.Time{}, started: map[*lease]int{}, knownUnleased: map[int]time.Time{}}
-		si.sched = mpssched.New(simHost{si}, g.multiuser, 0)
+		si.sched = mpssched.New(simHost{si}, g.Multiuser, 0)
 		w.insts = append(w.insts, si)
 		w.core.setInstanceLocked(in)
 	}
-	return w
+	return w, nil
 }
 
 func (w *simWorld) logf(format string, args ...any) {
@@ -267,17 +334,19 @@ func (w *simWorld) pick(n int) int { return w.rng.IntN(n) }
 
 func (w *simWorld) takeStep() error {
 	w.now = w.now.Add(time.Duration(w.rng.IntN(2000)) * time.Millisecond)
+	defer func() { w.clk.Set(w.now) }() // time passing is a step of its own
+	w.clk.Set(w.now)
 	si := w.insts[w.pick(len(w.insts))]
 	if w.down > 0 {
 		return w.stepWhileDown(si)
 	}
 	switch r := w.pick(100); {
 	case r < 14:
-		w.request(si)
+		return w.request(si)
 	case r < 30:
 		w.startClient(si)
 	case r < 44:
-		w.exitClient(si)
+		return w.exitClient(si)
 	case r < 54:
 		w.serverReady(si)
 	case r < 76:
@@ -330,7 +399,9 @@ func (w *simWorld) stepWhileDown(si *simInst) error {
 	case r < 30:
 		w.startClient(si)
 	case r < 60:
-		w.exitClient(si)
+		if err := w.exitClient(si); err != nil {
+			return err
+		}
 	case r < 80:
 		w.serverReady(si)
 	case r < 86:
@@ -379,65 +450,82 @@ func (w *simWorld) mpsdRestarts() error {
 		}
 	}
 	w.saved = nil
+	// The launchers whose commands ended while mpsd was away report it.
+	for _, si := range w.insts {
+		for _, id := range slices.Sorted(maps.Keys(si.in.leases)) {
+			if err := w.releaseIfDone(si, si.in.leases[id]); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 
-// request: a member asks for a lease.
-func (w *simWorld) request(si *simInst) {
+// request: a member asks for a lease, through Daemon.admit, which
+// queues it and runs the group's queue.
+func (w *simWorld) request(si *simInst) error {
 	in := si.in
-	if len(in.leases)+len(w.queues[in.group]) >= simMaxLeases {
-		return
+	if len(in.leases)+len(w.core.queues[in.group]) >= simMaxLeases {
+		return nil
 	}
-	base := simUIDsA
-	if in.p.Multiuser {
+	base := simUIDsA // the group's members (a reload may turn its multiuser)
+	if in.group == "m" {
 		base = simUIDsM
 	}
 	uid := uint32(base + w.pick(3))
-	w.seq++
-	l := &lease{
-		id: fmt.Sprintf("L%d", w.seq), group: in.group, uid: uid, state: leaseQueued,
-		requeue: 2, attempt: 1, created: w.now, queuedAt: w.now,
-		req: policy.Request{Group: in.group, UID: uid, SM: 5 + 5*w.pick(6), Mem: 1 << 20, GPUs: 1,
-			Procs: 1 + w.pick(2), Seq: w.seq},
+	req := api.LeaseRequest{Group: in.group, SM: 5 + 5*w.pick(6), MemBytes: 1 << 20, Procs: 1 + w.pick(2)}
+	l, err := w.core.admit(policy.Credentials{UID: uid}, req)
+	if err != nil {
+		// Only a request that can never fit is refused (a reload shrank
+		// the group's budget below it).
+		var r *refusal
+		if !errors.As(err, &r) || r.code != api.CodeRefused || !strings.Contains(r.msg, "can never fit") {
+			return fmt.Errorf("uid %d's request (sm %d, procs %d) refused: %w", uid, req.SM, req.Procs, err)
+		}
+		w.tally["refused at admission"]++
+		w.logf("request of uid %d group %s sm %d procs %d refused: %v", uid, in.group, req.SM, req.Procs, err)
+		return nil
 	}
-	w.queues[in.group] = append(w.queues[in.group], l)
+	w.live[l] = 0
 	w.logf("request %s uid %d group %s sm %d procs %d", l.id, uid, in.group, l.req.SM, l.req.Procs)
+	return w.noteGrants()
 }
 
-// schedule places the head of the group's queue while it fits, as
-// scheduleLocked does.
+// schedule runs the group's queue (scheduleLocked), as every change that
+// frees room does.
 func (w *simWorld) schedule(si *simInst) error {
-	in := si.in
-	for len(w.queues[in.group]) > 0 {
-		q := w.queues[in.group]
-		reqs := make([]policy.Request, len(q))
-		for i, l := range q {
-			reqs[i] = l.req
-		}
-		qi, _, err := policy.Next(reqs, []policy.Instance{in.policyViewAt(w.now)}, policy.Binpack)
-		if errors.Is(err, policy.ErrNeverFits) {
-			// A reload shrank the group under it: refused, as
-			// scheduleLocked does.
-			l := q[qi]
-			w.queues[in.group] = slices.Delete(q, qi, qi+1)
-			l.state = leaseReleasing
+	w.core.scheduleLocked(si.in.group)
+	return w.noteGrants()
+}
+
+// noteGrants reports what the Daemon's queue did since the last look:
+// the leases it placed (none on an instance held for a restart) and the
+// queued ones it refused after a reload (told so, with CodeRefused).
+func (w *simWorld) noteGrants() error {
+	for _, l := range slices.SortedFunc(maps.Keys(w.live), func(a, b *lease) int { return strings.Compare(a.id, b.id) }) {
+		switch {
+		case l.state == leaseEnded:
+			if w.core.leases[l.id] != nil {
+				return fmt.Errorf("%s ended but the daemon still holds it", l.id)
+			}
+			var refused bool
+			for _, ev := range l.box.take() {
+				refused = refused || ev.Type == api.EventError && ev.Code == api.CodeRefused
+			}
+			if !refused {
+				return fmt.Errorf("%s left the queue without a refusal", l.id)
+			}
+			delete(w.live, l)
 			w.tally["refused after a reload"]++
 			w.logf("%s refused: it can no longer fit", l.id)
-			continue
+		case l.inst != nil && w.live[l] != l.attempt:
+			if l.inst.holds.restartPending {
+				return fmt.Errorf("%s granted on %s, held for a restart", l.id, l.inst.key)
+			}
+			w.live[l] = l.attempt
+			w.tally["grant"]++
+			w.logf("grant %s uid %d attempt %d on %s", l.id, l.uid, l.attempt, l.inst.key)
 		}
-		if err != nil {
-			return nil
-		}
-		l := q[qi]
-		if in.holds.restartPending {
-			return fmt.Errorf("%s granted on %s, held for a restart", l.id, in.key)
-		}
-		w.queues[in.group] = slices.Delete(q, qi, qi+1)
-		in.p.Assign(&l.req)
-		in.leases[l.id] = l
-		l.inst, l.state, l.grantedAt = in, leaseRunning, w.now
-		w.tally["grant"]++
-		w.logf("grant %s uid %d attempt %d on %s", l.id, l.uid, l.attempt, in.key)
 	}
 	return nil
 }
@@ -487,8 +575,9 @@ func (si *simInst) connect(c *simClient) {
 }
 
 // exitClient: a client process exits by itself; a lease whose processes
-// have all run and exited is released (its launcher reports the end).
-func (w *simWorld) exitClient(si *simInst) {
+// have all run and exited is released (its launcher reports the end, and
+// the Daemon's finishRelease hands its room back and runs the queue).
+func (w *simWorld) exitClient(si *simInst) error {
 	var cands []*simClient
 	for _, pid := range slices.Sorted(maps.Keys(si.clients)) {
 		if c := si.clients[pid]; !c.doomed && c.lease != nil {
@@ -496,18 +585,33 @@ func (w *simWorld) exitClient(si *simInst) {
 		}
 	}
 	if len(cands) == 0 {
-		return
+		return nil
 	}
 	c := cands[w.pick(len(cands))]
 	w.logf("client %d of %s exits", c.pid, c.lease.id)
 	si.gone(c)
-	l := c.lease
-	if len(si.leaseClients(l)) == 0 && si.startedOf(l) >= l.req.Procs && l.state == leaseRunning {
-		si.in.p.Release(&l.req)
-		delete(si.in.leases, l.id)
-		l.state, l.inst = leaseReleasing, nil
-		w.logf("release %s", l.id)
+	if w.down > 0 {
+		return nil // its launcher reports the end once mpsd is back (mpsdRestarts)
 	}
+	return w.releaseIfDone(si, c.lease)
+}
+
+// releaseIfDone releases l if every process of its attempt has run and
+// exited.
+func (w *simWorld) releaseIfDone(si *simInst, l *lease) error {
+	if len(si.leaseClients(l)) == 0 && si.startedOf(l) >= l.req.Procs && l.state == leaseRunning {
+		w.logf("release %s", l.id)
+		if _, err := l.step(leaseRelease, "its command ended"); err != nil {
+			return err
+		}
+		w.core.finishRelease(l, "its command ended")
+		if l.state != leaseEnded || l.inst != nil || w.core.leases[l.id] != nil {
+			return fmt.Errorf("%s released, yet %v on %v", l.id, l.state, l.inst != nil)
+		}
+		delete(w.live, l)
+		return w.noteGrants()
+	}
+	return nil
 }
 
 // gone: a client process is gone (exited, killed, or died with its
@@ -718,7 +822,9 @@ func (w *simWorld) reload(si *simInst) {
 		return
 	}
 	sm := []int{20, 60, 100}[w.pick(3)]
-	si.in.p.Budget.SM = sm
+	g, _ := w.core.cfg.Group(si.in.group)
+	g.SMPercent = sm
+	si.in.p.Budget = g.Budget() // as reconcileLocked sets it
 	w.logf("reload: group %s's budget is %d%% SM", si.in.group, sm)
 }
 
@@ -745,10 +851,11 @@ func (w *simWorld) reloadMultiuser(si *simInst) {
 // its servers and any unleased clients ending with the old one.
 func (w *simWorld) restartWhenEmpty(si *simInst) error {
 	in := si.in
-	if !in.holds.restartPending {
-		return nil
+	if in.holds.restartPending {
+		w.core.retireIfEmptyLocked(in)
 	}
-	w.core.retireIfEmptyLocked(in)
+	// The stop may have been asked already, by the release or the
+	// requeue that emptied the instance (both run retireIfEmptyLocked).
 	if in.life != instStopping {
 		return nil
 	}
@@ -875,12 +982,17 @@ func (w *simWorld) recover(si *simInst, faults []fault, chargesNobody bool) erro
 	}
 	w.logf("recovery: %s, culprits %v, victims %s, spared %v", f.kind, slices.Sorted(maps.Keys(blamed)), simIDs(plan.victims), slices.Sorted(maps.Keys(plan.spared)))
 	// Revoke: each victim's processes are killed, its allocation freed.
+	why := map[*lease]string{}
 	for _, l := range plan.victims {
-		l.spareNext = plan.spared[l.id]
+		// revoke's steps 1 and 3; its kill is the clients gone below.
+		if _, ok := l.markRevokedLocked(f.reason, nil, plan.spared[l.id]); !ok {
+			return fmt.Errorf("%s, a victim, could not be revoked from %v", l.id, l.state)
+		}
+		why[l] = f.reason
+		l.box.push(api.Event{Type: api.EventRevoked, Reason: f.reason})
 		for _, c := range si.leaseClients(l) {
 			si.gone(c)
 		}
-		l.state = leaseRevoking
 	}
 	if f.restart == restartDaemon {
 		in.mps.daemonGone() // as recoverOnce does
@@ -897,36 +1009,58 @@ func (w *simWorld) recover(si *simInst, faults []fault, chargesNobody bool) erro
 			}
 		}
 	}
+	// The Daemon's requeue: each victim back at the head of its queue,
+	// or ended with no attempts left; then the queue runs.
+	type before struct{ attempt, spared int }
+	was := map[*lease]before{}
 	for _, l := range plan.victims {
-		spare, exhausted := l.requeueCharge(false)
+		was[l] = before{l.attempt, l.spared}
+	}
+	w.core.requeue(plan.victims, why, false)
+	for _, l := range plan.victims {
+		l.pids = nil
+		delete(si.started, l)
+		// Ended: with no attempts left, or requeued and then refused
+		// by its queue (a reload shrank the group below it).
+		var exhausted, refused bool
+		if l.state == leaseEnded {
+			for _, ev := range l.box.take() {
+				exhausted = exhausted || ev.Type == api.EventError && ev.Code == api.CodeAttemptsExhausted
+				refused = refused || ev.Type == api.EventError && ev.Code == api.CodeRefused
+			}
+			if w.core.leases[l.id] != nil || exhausted == refused {
+				return fmt.Errorf("%s ended (held still %v, exhausted %v, refused %v)", l.id, w.core.leases[l.id] != nil, exhausted, refused)
+			}
+			delete(w.live, l)
+		}
+		spare := l.spared > was[l].spared
 		if plan.spared[l.id] || uncharged {
 			w.tally["spared victim"]++
 			if !spare || exhausted {
-				return fmt.Errorf("%s, a victim of another lease's fault, was charged (spare %v, exhausted %v)", l.id, spare, exhausted)
+				return fmt.Errorf("%s, a victim of another lease's fault, was charged (spared %d, was %d, exhausted %v)", l.id, l.spared, was[l].spared, exhausted)
 			}
 		} else if spare {
 			return fmt.Errorf("%s was spared although the fault was its own or named no culprit", l.id)
 		}
-		in.p.Release(&l.req)
-		delete(in.leases, l.id)
-		l.inst, l.pids = nil, nil
-		delete(si.started, l)
-		if exhausted {
-			l.state = leaseReleasing
+		switch {
+		case exhausted:
+			if l.charged() < l.requeue {
+				return fmt.Errorf("%s ended after %d charged attempts of %d", l.id, l.charged(), l.requeue)
+			}
 			w.logf("%s ends: no requeue attempts left", l.id)
 			continue
+		case refused:
+			w.tally["refused after a reload"]++
+			w.logf("%s requeued, then refused: it can no longer fit", l.id)
 		}
-		l.attempt++
-		if spare {
-			l.spared++
+		if l.attempt != was[l].attempt+1 {
+			return fmt.Errorf("%s requeued as attempt %d after attempt %d", l.id, l.attempt, was[l].attempt)
 		}
 		if got, was := l.charged(), attemptsBefore[l.id]; got != was+map[bool]int{true: 0, false: 1}[spare] {
 			return fmt.Errorf("%s charged %d attempts, was %d, spare %v", l.id, got, was, spare)
 		}
-		l.state, l.req.Requeued, l.queuedAt = leaseQueued, true, w.now
-		w.queues[l.group] = append(w.queues[l.group], l)
 	}
-	return nil
+	return w.noteGrants()
 }
 
 func simIDs(ls []*lease) string {
@@ -939,6 +1073,31 @@ func simIDs(ls []*lease) string {
 
 // check verifies the invariants that hold between steps.
 func (w *simWorld) check() error {
+	// The daemon's leases are the queued ones, each once in its group's
+	// queue, and the running ones, each on its instance.
+	queued := 0
+	inQueue := map[*lease]bool{}
+	for group, q := range w.core.queues {
+		for _, l := range q {
+			if l.state != leaseQueued || l.group != group || w.core.leases[l.id] != l || inQueue[l] {
+				return fmt.Errorf("queue of %s holds %s (state %v, held %v, twice %v)", group, l.id, l.state, w.core.leases[l.id] == l, inQueue[l])
+			}
+			inQueue[l] = true
+			queued++
+		}
+	}
+	running := 0
+	for _, si := range w.insts {
+		running += len(si.in.leases)
+		for id, l := range si.in.leases {
+			if w.core.leases[id] != l || l.inst != si.in {
+				return fmt.Errorf("%s runs on %s but the daemon does not hold it there", id, si.in.key)
+			}
+		}
+	}
+	if len(w.core.leases) != queued+running {
+		return fmt.Errorf("the daemon holds %d leases: %d queued, %d running", len(w.core.leases), queued, running)
+	}
 	for _, si := range w.insts {
 		in := si.in
 		// The allocation is the leases'.
