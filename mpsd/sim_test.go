@@ -213,35 +213,21 @@ type simEvent struct {
 
 // simConfig is the simulation's config: group a without multiuser and
 // group m with it, one GPU each, three members each (u1000.., u2000..).
-const simConfig = `
-version: 1
-admins:
-  users: [u0]
-placement: binpack
-watchdog:
-  quarantine_after: 3
-  quarantine_window: 10m
-groups:
-  a:
-    users: [u1000, u1001, u1002]
-    gpus: ["0"]
-    sm_percent: 100
-    memory: 1024G
-    max_clients: 48
-    max_sm: 100
-    max_mem: 1G
-    requeue_attempts: 2
-  m:
-    users: [u2000, u2001, u2002]
-    gpus: ["1"]
-    sm_percent: 100
-    memory: 1024G
-    max_clients: 48
-    max_sm: 100
-    max_mem: 1G
-    requeue_attempts: 2
-    multiuser: true
-`
+func simConfig() string {
+	var b strings.Builder
+	b.WriteString("version: 1\nadmins:\n  users: [u0]\nplacement: binpack\n" +
+		"watchdog:\n  quarantine_after: 3\n  quarantine_window: 10m\ngroups:\n")
+	for i, g := range []struct {
+		name      string
+		uids      int
+		multiuser bool
+	}{{"a", simUIDsA, false}, {"m", simUIDsM, true}} {
+		fmt.Fprintf(&b, "  %s:\n    users: [u%d, u%d, u%d]\n    gpus: [\"%d\"]\n", g.name, g.uids, g.uids+1, g.uids+2, i)
+		b.WriteString("    sm_percent: 100\n    memory: 1024G\n    max_clients: 48\n    max_sm: 100\n    max_mem: 1G\n    requeue_attempts: 2\n")
+		fmt.Fprintf(&b, "    multiuser: %v\n", g.multiuser)
+	}
+	return b.String()
+}
 
 // simUsers resolves the simulation's user names: uN is uid N.
 type simUsers struct{}
@@ -266,7 +252,7 @@ func newSimWorld(seed uint64) (*simWorld, error) {
 	}
 	host := policy.Host{Users: simUsers{}, Driver: "555.42.06",
 		GPUs: []policy.GPU{{Index: 0, UUID: "GPU-sim-0", Memory: 2 << 40}, {Index: 1, UUID: "GPU-sim-1", Memory: 2 << 40}}}
-	cfg, err := policy.Parse(strings.NewReader(simConfig), host)
+	cfg, err := policy.Parse(strings.NewReader(simConfig()), host)
 	if err != nil {
 		return nil, fmt.Errorf("the simulation's config: %w", err)
 	}
