@@ -1042,11 +1042,20 @@ const maxLeftPids = 256
 // join left.
 func (l *lease) readLocked(p []int, now time.Time) {
 	maps.DeleteFunc(l.left, func(_ int, at time.Time) bool { return now.Sub(at) > culpritSeenAge })
+	// One pass over each list, however many processes a tenant forks in
+	// its cgroup: no lookup of every old pid in the new list.
+	var listed map[int]bool
+	if len(l.pids) > 0 && !slices.Equal(l.pids, p) {
+		listed = make(map[int]bool, len(p))
+		for _, pid := range p {
+			listed[pid] = true
+		}
+	}
 	for _, pid := range l.pids {
-		if len(l.left) >= maxLeftPids {
+		if listed == nil || len(l.left) >= maxLeftPids {
 			break
 		}
-		if !slices.Contains(p, pid) {
+		if !listed[pid] {
 			if l.left == nil {
 				l.left = map[int]time.Time{}
 			}

@@ -3,6 +3,7 @@ package mpsd
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/mpsd/mpsd/api"
 )
@@ -164,5 +165,41 @@ func TestRevocationComing(t *testing.T) {
 				t.Errorf("claimNamingLocked found one: %v, want %v", got, tc.wantClaim)
 			}
 		})
+	}
+}
+
+// TestLeaseReadRemembersLeft: a pid one reading of a lease's cgroup listed
+// and the next does not is remembered with the time of the reading that
+// listed it, for culpritSeenAge, and at most maxLeftPids of them; a pid no
+// reading listed is not.
+func TestLeaseReadRemembersLeft(t *testing.T) {
+	l := &lease{}
+	t0 := time.Now()
+	l.readLocked([]int{1, 2, 3}, t0)
+	l.readLocked([]int{2, 3, 4}, t0.Add(time.Second))
+	if at, ok := l.left[1]; !ok || !at.Equal(t0) {
+		t.Fatalf("pid 1 left at %v (%v), want the first reading's time", at, ok)
+	}
+	if _, ok := l.left[2]; ok {
+		t.Fatal("pid 2, still listed, counted as left")
+	}
+	if _, ok := l.seenAt(1); !ok {
+		t.Fatal("seenAt forgot pid 1, which left just now")
+	}
+	if _, ok := l.seenAt(5); ok {
+		t.Fatal("seenAt knows pid 5, which no reading listed")
+	}
+	l.readLocked([]int{2, 3, 4}, t0.Add(culpritSeenAge+2*time.Second))
+	if _, ok := l.left[1]; ok {
+		t.Fatal("pid 1 kept past culpritSeenAge")
+	}
+	many := make([]int, 2*maxLeftPids)
+	for i := range many {
+		many[i] = 1000 + i
+	}
+	l.readLocked(many, t0)
+	l.readLocked(nil, t0)
+	if len(l.left) != maxLeftPids {
+		t.Fatalf("%d pids remembered, want the bound %d", len(l.left), maxLeftPids)
 	}
 }
