@@ -602,6 +602,12 @@ type ServerStatus struct {
 	// grants no other uid there.
 	LeasedClients   int `json:"leased_clients"`
 	UnleasedClients int `json:"unleased_clients"`
+	// PendingLeases are the running leases whose clients MPS makes wait
+	// behind this server (its pending list, as mpsd infers it by MPS's
+	// rule: a daemon without multiuser starts no server for their uid
+	// while this one, of another uid, has clients); none while nobody
+	// waits.
+	PendingLeases []string `json:"pending_leases,omitempty"`
 }
 
 // Lease states.

@@ -23,7 +23,7 @@ func fullStatus() Status {
 			GPUIndexes: []int{0}, GPUUUIDs: []string{"GPU-1"}, SMAllocated: 30, SMBudget: 100, MemAllocatedBytes: 1, MemBudgetBytes: 2, MaxClients: 48,
 			Drained: true, QuarantineReason: "5 failures in 10m0s; the last: MPS server exited", ClientsAllocated: 4,
 			LastStartError: "mps: start control daemon: Cannot find MPS control daemon process",
-			Servers:        []ServerStatus{{PID: 11, UID: 1001, LeasedClients: 1, UnleasedClients: 2}}}},
+			Servers:        []ServerStatus{{PID: 11, UID: 1001, LeasedClients: 1, UnleasedClients: 2, PendingLeases: []string{"m2"}}}}},
 		Leases: []LeaseStatus{
 			{ID: "l", Group: "g", GPUIndexes: []int{0}, UID: 1001, PIDs: []int{12}, SM: 30, MemBytes: 1, Attempt: 2, State: LeaseRunning,
 				JobID: "42", Command: []string{"python", "train.py"}, RunningSince: at.Add(-time.Minute),

@@ -405,6 +405,17 @@ func TestContestedInstanceAdmitsNobody(t *testing.T) {
 	first, open := e.gatedLease(t, tenUIDAlice, "alice", client)
 	hp := e.unleasedClient(t, tenUIDBob, in0, client, "--duration", "1m")
 	e.reconWaitMetric("mpsd_unreconciled_clients_total", "a", map[string]float64{reconUnleased: 1})
+	// The model holds Alice's lease as MPS's pending client: it waits
+	// behind Bob's server, which status shows.
+	e.waitStatus("alice's lease pending behind bob's server", func(st api.Status) bool {
+		i := slices.IndexFunc(st.Leases, func(l api.LeaseStatus) bool { return l.UID == tenUIDAlice && l.State == api.LeaseRunning })
+		if i < 0 {
+			return false
+		}
+		return slices.ContainsFunc(instanceOf(st, "a", 0).Servers, func(s api.ServerStatus) bool {
+			return s.UID == tenUIDBob && s.UnleasedClients == 1 && slices.Equal(s.PendingLeases, []string{st.Leases[i].ID})
+		})
+	})
 
 	second := startProc(t, asUID(e.launch("--sm", "20", "--mem", "1G", "--", client, "--duration", "100ms"), tenUIDAlice))
 	e.waitStatus("alice's second request queued", func(st api.Status) bool { return st.Queue["a"] == 1 })

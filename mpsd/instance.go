@@ -184,9 +184,17 @@ func (in *instance) statusLocked() api.InstanceStatus {
 			st.QuarantineReason = "unknown (quarantined by an older mpsd)"
 		}
 	}
+	pending := in.mps.pending()
 	for _, v := range in.mps.view() {
 		st.ServerPIDs = append(st.ServerPIDs, v.pid)
-		st.Servers = append(st.Servers, api.ServerStatus{PID: v.pid, UID: v.uid, LeasedClients: v.leased, UnleasedClients: v.unleased})
+		s := api.ServerStatus{PID: v.pid, UID: v.uid, LeasedClients: v.leased, UnleasedClients: v.unleased}
+		for _, id := range pending[v.pid] {
+			// As the last reconciliation saw them: only those running now.
+			if l := in.leases[id]; l != nil && l.state == leaseRunning {
+				s.PendingLeases = append(s.PendingLeases, id)
+			}
+		}
+		st.Servers = append(st.Servers, s)
 	}
 	for _, g := range in.gpus {
 		st.GPUIndexes = append(st.GPUIndexes, g.Index)

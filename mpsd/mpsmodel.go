@@ -10,9 +10,10 @@ import (
 
 // mpsModel is what MPS itself is doing on one instance, as far as mpsd
 // can know it: the control daemon's verified servers and their uids, the
-// servers mpsd shut down itself, and each server's clients as the last
+// servers mpsd shut down itself, each server's clients as the last
 // reconciliation counted them, those of leases and those no lease holds
-// (its unleased findings). From it mpsd decides what a
+// (its unleased findings), and the leases whose clients MPS makes wait
+// behind another uid's server (pending). From it mpsd decides what a
 // server's exit means (exitVerdict) and whose server MPS serves now, which
 // placement must respect (serving). It has a lock of its own, which each
 // method holds while it runs: it does no I/O and calls nothing outside
@@ -43,6 +44,14 @@ type mpsModel struct {
 	// leased: the running leases' MPS clients each server serves, by
 	// server pid, as the last reconciliation counted them (noteClients).
 	leased map[int]int
+	// noClient: the running leases that the last reconciliation counted
+	// no MPS client of (noteClients), by lease id: their uid. One whose
+	// uid has no live server while another uid's server has clients is
+	// pending: MPS makes its clients wait (pending).
+	noClient map[string]uint32
+	// multiuser: the daemon shares one server among uids (as the last
+	// noteClients was told); nobody is pending there.
+	multiuser bool
 	// caps: what mpsd last set on each server, or found it to allow
 	// (caps.go); absent, a new server, which starts with the group's.
 	caps map[int]serverCaps
@@ -105,6 +114,7 @@ func (m *mpsModel) daemonGone() {
 	clear(m.crashedUnhandled)
 	clear(m.unleased)
 	clear(m.leased)
+	clear(m.noClient)
 	clear(m.caps)
 	m.defaults, m.defaultsSet = nil, nil
 }
@@ -143,9 +153,12 @@ func (m *mpsModel) setUnleased(byServer map[int]int) {
 // uid; otherwise each uid has a server of its own (the lowest pid, in the
 // moment of a switch when two live). Clients of a uid without a live
 // server wait inside MPS for one (pending): they are no server's.
-func (m *mpsModel) noteClients(byUID map[uint32]int, multiuser bool) {
+// noClient are the running leases it counted no client of, by id: their
+// uid (pending).
+func (m *mpsModel) noteClients(byUID map[uint32]int, noClient map[string]uint32, multiuser bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.noClient, m.multiuser = noClient, multiuser
 	m.leased = map[int]int{}
 	for uid, n := range byUID {
 		if n <= 0 {
@@ -176,6 +189,50 @@ func (m *mpsModel) view() []serverView {
 	out := make([]serverView, 0, len(m.servers))
 	for _, pid := range slices.Sorted(maps.Keys(m.servers)) {
 		out = append(out, serverView{pid: pid, uid: m.servers[pid], leased: m.leased[pid], unleased: m.unleased[pid]})
+	}
+	return out
+}
+
+// pending lists, by the pid of the server they wait behind, the running
+// leases whose clients MPS makes wait (MPS's pending list): on a daemon
+// without multiuser, a lease the last reconciliation counted no MPS
+// client of, whose uid has no live server while a server of another uid
+// has clients (leased or not). MPS starts no server for their uid until
+// those clients have gone, so their processes that reach CUDA wait inside
+// it (one that has not reached CUDA yet will wait once it does). MPS
+// lists no pending client (its client lists are its servers'; NVML shows
+// a client once its server runs), and its log line of one is anyone's to
+// write, so the model infers them by MPS's rule. Each list is sorted; nil
+// when nobody waits.
+func (m *mpsModel) pending() map[int][]string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.multiuser || len(m.noClient) == 0 {
+		return nil
+	}
+	served := map[int]bool{} // the uids with a live server
+	behind := 0              // the lowest pid of a server with clients
+	for pid, u := range m.servers {
+		served[u] = true
+		if u >= 0 && m.leased[pid]+m.unleased[pid] > 0 && (behind == 0 || pid < behind) {
+			behind = pid
+		}
+	}
+	if behind == 0 {
+		return nil
+	}
+	var out map[int][]string
+	for id, uid := range m.noClient {
+		if served[int(uid)] {
+			continue
+		}
+		if out == nil {
+			out = map[int][]string{}
+		}
+		out[behind] = append(out[behind], id)
+	}
+	for _, ids := range out {
+		slices.Sort(ids)
 	}
 	return out
 }

@@ -1,6 +1,7 @@
 package mpsd
 
 import (
+	"maps"
 	"slices"
 	"testing"
 
@@ -135,7 +136,7 @@ func TestMPSModelClients(t *testing.T) {
 	m.serverStarted(10, alice)
 	m.serverStarted(12, alice) // a switch's moment: two of alice's
 	m.setUnleased(map[int]int{20: 1})
-	m.noteClients(map[uint32]int{alice: 3, bob: 2, carol: 4}, false)
+	m.noteClients(map[uint32]int{alice: 3, bob: 2, carol: 4}, nil, false)
 	want := []serverView{{pid: 10, uid: alice, leased: 3}, {pid: 12, uid: alice}, {pid: 20, uid: bob, leased: 2, unleased: 1}}
 	if got := m.view(); !slices.Equal(got, want) {
 		t.Errorf("view %+v; want %+v", got, want)
@@ -147,12 +148,55 @@ func TestMPSModelClients(t *testing.T) {
 	}
 	shared := newMPSModel()
 	shared.serverStarted(30, 0)
-	shared.noteClients(map[uint32]int{alice: 1, bob: 2}, true)
+	shared.noteClients(map[uint32]int{alice: 1, bob: 2}, nil, true)
 	if got, want := shared.view(), []serverView{{pid: 30, uid: 0, leased: 3}}; !slices.Equal(got, want) {
 		t.Errorf("multiuser: view %+v; want %+v", got, want)
 	}
 	shared.daemonGone()
 	if got := shared.view(); len(got) != 0 {
 		t.Errorf("after the daemon's end: view %+v; want none", got)
+	}
+}
+
+// MPS's pending clients as the model infers them: on a daemon without
+// multiuser, a running lease with no MPS client, whose uid has no live
+// server while another uid's server has clients (leased or not), waits
+// behind that server; nobody waits behind an idle server (MPS replaces
+// it), nor on a shared daemon, nor once its uid has a server.
+func TestMPSModelPending(t *testing.T) {
+	const alice, bob, carol = 64021, 64022, 64023
+	m := newMPSModel()
+	m.serverStarted(20, alice)
+	m.noteClients(map[uint32]int{}, map[string]uint32{"b1": bob}, false)
+	if got := m.pending(); got != nil {
+		t.Errorf("alice's server idle: pending %v; want none (MPS ends it for bob)", got)
+	}
+	m.setUnleased(map[int]int{20: 1})
+	if got, want := m.pending(), map[int][]string{20: {"b1"}}; !maps.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("alice's server held by a client of no lease: pending %v; want %v", got, want)
+	}
+	m.setUnleased(nil)
+	m.noteClients(map[uint32]int{alice: 2}, map[string]uint32{"c1": carol, "b1": bob, "a2": alice}, false)
+	if got, want := m.pending(), map[int][]string{20: {"b1", "c1"}}; !maps.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("alice's server with leased clients: pending %v; want %v (alice's own lease waits for nobody)", got, want)
+	}
+	m.serverStarted(30, bob) // the switch's moment: bob's server starts
+	if got, want := m.pending(), map[int][]string{20: {"c1"}}; !maps.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("bob's server up: pending %v; want %v", got, want)
+	}
+	m.serverExited(mps.Event{PID: 20}, nil, false)
+	if got := m.pending(); got != nil {
+		t.Errorf("alice's server gone, bob's without counted clients: pending %v; want none", got)
+	}
+	shared := newMPSModel()
+	shared.serverStarted(40, 0)
+	shared.setUnleased(map[int]int{40: 1})
+	shared.noteClients(map[uint32]int{alice: 1}, map[string]uint32{"b1": bob}, true)
+	if got := shared.pending(); got != nil {
+		t.Errorf("multiuser: pending %v; want none (one server serves every uid)", got)
+	}
+	m.daemonGone()
+	if got := m.pending(); got != nil {
+		t.Errorf("after the daemon's end: pending %v; want none", got)
 	}
 }

@@ -383,13 +383,16 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 	if in.daemon == dm {
 		// The leases' clients just counted (noteLeaseClients), as clients
 		// of the servers MPS serves their uids with.
-		byUID := map[uint32]int{}
+		byUID, noClient := map[uint32]int{}, map[string]uint32{}
 		for _, l := range in.leases {
 			if l.state == leaseRunning && l.clients != nil {
 				byUID[l.uid] += *l.clients
+				if *l.clients == 0 {
+					noClient[l.id] = l.uid
+				}
 			}
 		}
-		in.mps.noteClients(byUID, multiuser)
+		in.mps.noteClients(byUID, noClient, multiuser)
 	}
 	if in.daemon == dm && !multiuser {
 		// What holds a server of one uid for MPS: its unleased clients

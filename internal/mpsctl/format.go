@@ -291,6 +291,14 @@ func instanceNote(in api.InstanceStatus) string {
 		note = append(note, "start failed: "+tailText(in.LastStartError, 100))
 	}
 	for _, s := range in.Servers {
+		if len(s.PendingLeases) > 0 {
+			// MPS's pending list: their clients wait inside MPS.
+			who := "lease " + text(s.PendingLeases[0], 60) + " waits"
+			if len(s.PendingLeases) > 1 {
+				who = "leases " + text(strings.Join(s.PendingLeases, ","), 60) + " wait"
+			}
+			note = append(note, fmt.Sprintf("server %d of uid %d: %s behind it inside MPS", s.PID, s.UID, who))
+		}
 		switch {
 		case s.UnleasedClients == 0:
 		case in.Multiuser:

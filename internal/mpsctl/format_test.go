@@ -18,6 +18,8 @@ func TestInstanceNoteServers(t *testing.T) {
 		{"leased only", api.InstanceStatus{Servers: []api.ServerStatus{{PID: 7, UID: 1000, LeasedClients: 3}}}, none},
 		{"held", api.InstanceStatus{Servers: []api.ServerStatus{{PID: 7, UID: 1000, LeasedClients: 1, UnleasedClients: 2}}},
 			"server 7 of uid 1000 held by clients of no lease (2): other users wait"},
+		{"pending", api.InstanceStatus{Servers: []api.ServerStatus{{PID: 7, UID: 1000, UnleasedClients: 1, PendingLeases: []string{"l-2", "l-3"}}}},
+			"server 7 of uid 1000: leases l-2,l-3 wait behind it inside MPS; server 7 of uid 1000 held by clients of no lease (1): other users wait"},
 		{"multiuser", api.InstanceStatus{Multiuser: true, Servers: []api.ServerStatus{{PID: 9, UID: 0, UnleasedClients: 1}}},
 			"multiuser; server 9: clients of no lease (1)"},
 	} {
