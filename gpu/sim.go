@@ -87,6 +87,9 @@ type Sim struct {
 	refs int                       // Init minus Shutdown, as NVML counts it
 	// procsFile: where the MPS process table is kept (KeepMPSProcs).
 	procsFile string
+	// procsKick: tells ServeXidReports's writer that the table changed
+	// (nil while no ServeXidReports runs).
+	procsKick chan struct{}
 
 	// waiting is closed while some event set is waiting for events, and
 	// replaced by an open one when the last set is freed.

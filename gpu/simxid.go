@@ -25,6 +25,10 @@ import (
 // report there, as a GPU's driver reports them to NVML as Xids.
 const EnvXidSocket = "MPSEMU_XID_SOCKET"
 
+// procsSaveDelay: how long after a process report the table is written
+// (KeepMPSProcs), so that one write covers a burst of reports.
+const procsSaveDelay = 20 * time.Millisecond
+
 // xidReportMax bounds one report line (a process report of 64 clients
 // fits).
 const xidReportMax = 4096
@@ -45,7 +49,43 @@ func (s *Sim) ServeXidReports(path string, log *slog.Logger) (stop func(), err e
 	if err != nil {
 		return nil, fmt.Errorf("gpu: sim: listen for Xid reports: %w", err)
 	}
+	// The process table is written by a goroutine of its own, not by the
+	// one that hears reports: a burst of reports (every client of a
+	// server reconnecting) is one write, and no report waits on the disk.
+	kick, done := make(chan struct{}, 1), make(chan struct{})
+	s.mu.Lock()
+	s.procsKick = kick
+	s.mu.Unlock()
 	var wg sync.WaitGroup
+	var writer sync.WaitGroup
+	writer.Go(func() {
+		for {
+			select {
+			case <-kick:
+			case <-done:
+				select {
+				case <-kick: // the last reports, written before stop returns
+					s.saveMPSProcs()
+				default:
+				}
+				return
+			}
+			// Reports come in bursts (a server's clients connecting, or
+			// all leaving as it dies): one write, a moment after the
+			// first, covers the burst.
+			t := time.NewTimer(procsSaveDelay)
+			select {
+			case <-t.C:
+			case <-done:
+				t.Stop()
+			}
+			select {
+			case <-kick: // heard before the save below: covered by it
+			default:
+			}
+			s.saveMPSProcs()
+		}
+	})
 	wg.Go(func() {
 		for {
 			c, err := ln.AcceptUnix()
@@ -63,6 +103,11 @@ func (s *Sim) ServeXidReports(path string, log *slog.Logger) (stop func(), err e
 	return func() {
 		_ = ln.Close()
 		wg.Wait()
+		s.mu.Lock()
+		s.procsKick = nil
+		s.mu.Unlock()
+		close(done)
+		writer.Wait()
 		_ = os.Remove(path)
 	}, nil
 }
@@ -122,7 +167,13 @@ func (s *Sim) procReport(line string, log *slog.Logger) {
 	} else {
 		_ = s.SetMPSServer(idx, r.Server, r.Clients)
 	}
-	s.saveMPSProcs()
+	s.mu.Lock()
+	kick := s.procsKick
+	s.mu.Unlock()
+	select {
+	case kick <- struct{}{}: // ServeXidReports's writer saves the table
+	default: // a save is already due: it will see this report too
+	}
 }
 
 func (s *Sim) indexOf(uuid string) int {
@@ -241,7 +292,8 @@ func peerUID(c *net.UnixConn) (uint32, error) {
 // outlive this process, as a real driver's knowledge of a device's
 // processes outlives mpsd: the table is read from file now (servers that
 // have exited since are dropped, as the driver forgets them) and written
-// there after every process report of the emulated daemons. A file that
+// there after the process reports of the emulated daemons (by
+// ServeXidReports, off the path that hears them). A file that
 // cannot be read is ignored (the table starts empty, as before).
 func (s *Sim) KeepMPSProcs(file string) error {
 	b, err := os.ReadFile(file)

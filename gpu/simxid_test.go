@@ -282,6 +282,12 @@ func TestKeepMPSProcs(t *testing.T) {
 	if err := s1.KeepMPSProcs(file); err != nil {
 		t.Fatal(err)
 	}
+	// The table is written by ServeXidReports's writer, and the reports
+	// it has heard are written by the time stop returns.
+	stop, err := s1.ServeXidReports(filepath.Join(t.TempDir(), "xid.sock"), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
 	uuid := SimUUID(0)
 	s1.procReport(fmt.Sprintf("procs %s %d %d=%d\n", uuid, live, 4242, 1<<20), slog.New(slog.DiscardHandler))
 	s1.procReport(fmt.Sprintf("procs %s %d %d=%d\n", uuid, gone, 4343, 1<<20), slog.New(slog.DiscardHandler))
@@ -295,6 +301,7 @@ func TestKeepMPSProcs(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	s1.procReport(fmt.Sprintf("procs %s %d %d=%d\n", uuid, zombie.Process.Pid, 4444, 1<<20), slog.New(slog.DiscardHandler))
+	stop()
 
 	s2, err := NewSim(SimSpec{GPUs: 1})
 	if err != nil {
