@@ -184,7 +184,7 @@ func (in *instance) statusLocked() api.InstanceStatus {
 			st.QuarantineReason = "unknown (quarantined by an older mpsd)"
 		}
 	}
-	pending := in.mps.pending()
+	pending := in.mps.pending(in.p.Multiuser)
 	for _, v := range in.mps.view() {
 		st.ServerPIDs = append(st.ServerPIDs, v.pid)
 		s := api.ServerStatus{PID: v.pid, UID: v.uid, LeasedClients: v.leased, UnleasedClients: v.unleased}

@@ -49,9 +49,6 @@ type mpsModel struct {
 	// uid has no live server while another uid's server has clients is
 	// pending: MPS makes its clients wait (pending).
 	noClient map[string]uint32
-	// multiuser: the daemon shares one server among uids (as the last
-	// noteClients was told); nobody is pending there.
-	multiuser bool
 	// caps: what mpsd last set on each server, or found it to allow
 	// (caps.go); absent, a new server, which starts with the group's.
 	caps map[int]serverCaps
@@ -158,7 +155,7 @@ func (m *mpsModel) setUnleased(byServer map[int]int) {
 func (m *mpsModel) noteClients(byUID map[uint32]int, noClient map[string]uint32, multiuser bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.noClient, m.multiuser = noClient, multiuser
+	m.noClient = noClient
 	m.leased = map[int]int{}
 	for uid, n := range byUID {
 		if n <= 0 {
@@ -203,11 +200,12 @@ func (m *mpsModel) view() []serverView {
 // lists no pending client (its client lists are its servers'; NVML shows
 // a client once its server runs), and its log line of one is anyone's to
 // write, so the model infers them by MPS's rule. Each list is sorted; nil
-// when nobody waits.
-func (m *mpsModel) pending() map[int][]string {
+// when nobody waits, and on a daemon that shares one server among uids
+// (multiuser).
+func (m *mpsModel) pending(multiuser bool) map[int][]string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.multiuser || len(m.noClient) == 0 {
+	if multiuser || len(m.noClient) == 0 {
 		return nil
 	}
 	served := map[int]bool{} // the uids with a live server

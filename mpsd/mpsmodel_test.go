@@ -168,35 +168,35 @@ func TestMPSModelPending(t *testing.T) {
 	m := newMPSModel()
 	m.serverStarted(20, alice)
 	m.noteClients(map[uint32]int{}, map[string]uint32{"b1": bob}, false)
-	if got := m.pending(); got != nil {
+	if got := m.pending(false); got != nil {
 		t.Errorf("alice's server idle: pending %v; want none (MPS ends it for bob)", got)
 	}
 	m.setUnleased(map[int]int{20: 1})
-	if got, want := m.pending(), map[int][]string{20: {"b1"}}; !maps.EqualFunc(got, want, slices.Equal) {
+	if got, want := m.pending(false), map[int][]string{20: {"b1"}}; !maps.EqualFunc(got, want, slices.Equal) {
 		t.Errorf("alice's server held by a client of no lease: pending %v; want %v", got, want)
 	}
 	m.setUnleased(nil)
 	m.noteClients(map[uint32]int{alice: 2}, map[string]uint32{"c1": carol, "b1": bob, "a2": alice}, false)
-	if got, want := m.pending(), map[int][]string{20: {"b1", "c1"}}; !maps.EqualFunc(got, want, slices.Equal) {
+	if got, want := m.pending(false), map[int][]string{20: {"b1", "c1"}}; !maps.EqualFunc(got, want, slices.Equal) {
 		t.Errorf("alice's server with leased clients: pending %v; want %v (alice's own lease waits for nobody)", got, want)
 	}
 	m.serverStarted(30, bob) // the switch's moment: bob's server starts
-	if got, want := m.pending(), map[int][]string{20: {"c1"}}; !maps.EqualFunc(got, want, slices.Equal) {
+	if got, want := m.pending(false), map[int][]string{20: {"c1"}}; !maps.EqualFunc(got, want, slices.Equal) {
 		t.Errorf("bob's server up: pending %v; want %v", got, want)
 	}
 	m.serverExited(mps.Event{PID: 20}, nil, false)
-	if got := m.pending(); got != nil {
+	if got := m.pending(false); got != nil {
 		t.Errorf("alice's server gone, bob's without counted clients: pending %v; want none", got)
 	}
 	shared := newMPSModel()
 	shared.serverStarted(40, 0)
 	shared.setUnleased(map[int]int{40: 1})
 	shared.noteClients(map[uint32]int{alice: 1}, map[string]uint32{"b1": bob}, true)
-	if got := shared.pending(); got != nil {
+	if got := shared.pending(true); got != nil {
 		t.Errorf("multiuser: pending %v; want none (one server serves every uid)", got)
 	}
 	m.daemonGone()
-	if got := m.pending(); got != nil {
+	if got := m.pending(false); got != nil {
 		t.Errorf("after the daemon's end: pending %v; want none", got)
 	}
 }
