@@ -157,22 +157,23 @@ func (d *Daemon) noteCulpritHint(in *instance, dm control, ev mps.Event) {
 // naming it is read (ok), with its start time while it runs, or gone once
 // it has ended.
 func (d *Daemon) leaseProcessAtHint(l *lease, pid int) (ok bool, start uint64, gone bool) {
-	if live, now := l.readPids(); now && slices.Contains(live, pid) {
-		p, err := openPid(d.proc, pid)
+	now := d.clock.Now()
+	if live, read := l.readPids(now); read && slices.Contains(live, pid) {
+		p, err := d.procs.open(pid)
 		if err != nil {
 			return true, 0, true // ended since the reading just now
 		}
 		defer p.close()
-		return true, p.start, !p.alive() // a zombie: ended, not yet reaped
+		return true, p.startTime(), !p.alive() // a zombie: ended, not yet reaped
 	}
 	// Listed by a reading at most culpritSeenAge old (this one included:
 	// a process that left as the record came is remembered).
-	seenAt, seen := l.seenAt(pid)
+	seenAt, seen := l.seenAt(pid, now)
 	if !seen {
 		l.logger().Debug("culprit hint: pid not in the lease's cgroup, nor in a recent reading of it", "lease", l.id, "pid", pid)
 		return false, 0, false
 	}
-	p, err := openPid(d.proc, pid)
+	p, err := d.procs.open(pid)
 	if err != nil {
 		return true, 0, true // ended since the recent reading
 	}
@@ -182,16 +183,16 @@ func (d *Daemon) leaseProcessAtHint(l *lease, pid int) (ok bool, start uint64, g
 	// before the last of its threads is gone, which under load takes a
 	// while), if it started before that reading; one started since took
 	// the pid again. The recovery then waits for its end (endsWithin).
-	ticks, err := bootTicks()
+	ticks, err := d.procs.bootTicks()
 	if err != nil {
 		return false, 0, false
 	}
-	readAt := ticks - uint64(time.Since(seenAt)/(time.Second/userHZ))
-	if p.start > readAt {
-		l.logger().Debug("culprit hint: pid taken again since the lease's reading listed it", "lease", l.id, "pid", pid, "start", p.start, "read_at", readAt)
+	readAt := ticks - uint64(now.Sub(seenAt)/(time.Second/userHZ))
+	if p.startTime() > readAt {
+		l.logger().Debug("culprit hint: pid taken again since the lease's reading listed it", "lease", l.id, "pid", pid, "start", p.startTime(), "read_at", readAt)
 		return false, 0, false
 	}
-	return true, p.start, !p.alive()
+	return true, p.startTime(), !p.alive()
 }
 
 // foldCulpritHintLocked drops in's hints older than culpritHintAge, and
@@ -274,12 +275,12 @@ func (d *Daemon) nameLogCulprits(in *instance, pending []fault) {
 // ends (or had ended) by deadline on mpsd's clock, waiting at most
 // culpritExitWait.
 func (d *Daemon) endsWithin(pid int, start uint64, deadline time.Time) bool {
-	p, err := openPid(d.proc, pid)
+	p, err := d.procs.open(pid)
 	if err != nil {
 		return true // gone
 	}
 	defer p.close()
-	if p.start != start {
+	if p.startTime() != start {
 		return true // the pid names another process: the one named ended
 	}
 	// In slices of a tenth of the wait, so that mpsd's stop is not held

@@ -74,7 +74,7 @@ func TestLogNamedCulpritNeedsFacts(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d, in, clk, _ := fakeCore(t, policy.WatchdogConfig{QuarantineAfter: 3, QuarantineWindow: time.Minute})
-			d.proc = "/proc"
+			d.procs = procFS{root: "/proc"}
 			var logs syncBuffer
 			in.log = slog.New(slog.NewTextHandler(&logs, nil))
 			in.p.Multiuser = tc.multiuser
@@ -82,7 +82,7 @@ func TestLogNamedCulpritNeedsFacts(t *testing.T) {
 			procs := map[string]*exec.Cmd{
 				"alice-ended": spawn(t, true), "alice-runs": spawn(t, false),
 				"alice-ends": spawn(t, false), "alice-leaving": spawn(t, false), "bob-ended": spawn(t, true)}
-			read := time.Now()
+			read := clk.Now()
 			switch {
 			case tc.stale:
 				read = read.Add(-time.Minute)

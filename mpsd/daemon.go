@@ -151,9 +151,11 @@ type Daemon struct {
 	instanceID string
 	mpsBase    mps.Config // control path and environment shared by every instance
 	proc       string
-	store      *store
-	ln         net.Listener
-	srv        *http.Server
+	// procs looks up processes mpsd did not start, by pid (processes.go).
+	procs processes
+	store *store
+	ln    net.Listener
+	srv   *http.Server
 	// socket is the API socket mpsd listens on itself and sockFile the
 	// file listen made there ("" and nil under socket activation):
 	// mpsctl shutdown removes that file, and only while it is that one.
@@ -247,7 +249,7 @@ func New(opts Options) (*Daemon, error) {
 	if opts.ReconnectGrace <= 0 {
 		opts.ReconnectGrace = DefaultReconnectGrace
 	}
-	d := &Daemon{opts: opts, log: log, starter: mpsStarter{}, clock: cmp.Or[clock.Clock](opts.clock, clock.Real{}), proc: opts.ProcRoot, stopping: make(chan struct{}), shutdownDone: make(chan struct{}), storeRunning: make(chan struct{}), res: newResources(log)}
+	d := &Daemon{opts: opts, log: log, starter: mpsStarter{}, clock: cmp.Or[clock.Clock](opts.clock, clock.Real{}), proc: opts.ProcRoot, procs: procFS{root: opts.ProcRoot}, stopping: make(chan struct{}), shutdownDone: make(chan struct{}), storeRunning: make(chan struct{}), res: newResources(log)}
 
 	// The full check needs the GPUs: read the file once without them
 	// first, so a config that cannot be used is told before a GPU

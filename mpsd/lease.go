@@ -890,7 +890,7 @@ func (d *Daemon) killLease(l *lease) error {
 	if err != nil {
 		if p, err := cg.Pids(); err == nil {
 			l.cgMu.Lock()
-			l.readLocked(p, time.Now())
+			l.readLocked(p, d.clock.Now())
 			l.cgMu.Unlock()
 		}
 		ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
@@ -977,7 +977,7 @@ func (d *Daemon) attach(l *lease, attempt, pid int, same func() error) error {
 	if err := l.cg.Attach(pid); err != nil {
 		return fmt.Errorf("attach pid %d to lease %s: %w", pid, l.id, err)
 	}
-	l.pids, l.pidsAt = append(l.pids, pid), time.Now()
+	l.pids, l.pidsAt = append(l.pids, pid), d.clock.Now()
 	if d.opts.attachMoved != nil {
 		d.opts.attachMoved(l)
 	}
@@ -1068,27 +1068,28 @@ func (l *lease) readLocked(p []int, now time.Time) {
 // seenAt says when a reading of the lease's cgroup (or an attach) last
 // listed pid, if one did within culpritSeenAge; what mpsd knows without
 // looking again.
-func (l *lease) seenAt(pid int) (time.Time, bool) {
+func (l *lease) seenAt(pid int, now time.Time) (time.Time, bool) {
 	l.cgMu.Lock()
 	defer l.cgMu.Unlock()
 	at, ok := l.left[pid]
 	if slices.Contains(l.pids, pid) {
 		at, ok = l.pidsAt, true
 	}
-	return at, ok && !at.IsZero() && time.Since(at) <= culpritSeenAge
+	return at, ok && !at.IsZero() && now.Sub(at) <= culpritSeenAge
 }
 
 // livePids lists the lease's processes: the cgroup's when it has one
-// (read without cgMu, and kept for when it cannot be read), else the
-// pids last known.
-func (l *lease) livePids() []int {
-	pids, _ := l.readPids()
+// (read without cgMu at now, on mpsd's clock, and kept for when it cannot
+// be read), else the pids last known.
+func (l *lease) livePids(now time.Time) []int {
+	pids, _ := l.readPids(now)
 	return pids
 }
 
 // readPids is livePids, and whether they are a reading of the cgroup just
-// now (else the pids last known).
-func (l *lease) readPids() (pids []int, now bool) {
+// now (else the pids last known); at is now on mpsd's clock, when the
+// reading is taken.
+func (l *lease) readPids(at time.Time) (pids []int, now bool) {
 	l.cgMu.Lock()
 	cg := l.cg
 	l.cgMu.Unlock()
@@ -1096,7 +1097,7 @@ func (l *lease) readPids() (pids []int, now bool) {
 		if p, err := cg.Pids(); err == nil {
 			l.cgMu.Lock()
 			if l.cg == cg {
-				l.readLocked(p, time.Now())
+				l.readLocked(p, at)
 			}
 			l.cgMu.Unlock()
 			return slices.Clone(p), true

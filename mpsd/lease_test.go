@@ -183,10 +183,14 @@ func TestLeaseReadRemembersLeft(t *testing.T) {
 	if _, ok := l.left[2]; ok {
 		t.Fatal("pid 2, still listed, counted as left")
 	}
-	if _, ok := l.seenAt(1); !ok {
+	if _, ok := l.seenAt(1, t0.Add(time.Second)); !ok {
 		t.Fatal("seenAt forgot pid 1, which left just now")
 	}
-	if _, ok := l.seenAt(5); ok {
+	// The age is on the caller's clock (mpsd's), not the wall clock's.
+	if _, ok := l.seenAt(1, t0.Add(culpritSeenAge+time.Second)); ok {
+		t.Fatal("seenAt knows pid 1 on a clock past culpritSeenAge after the reading that listed it")
+	}
+	if _, ok := l.seenAt(5, t0.Add(time.Second)); ok {
 		t.Fatal("seenAt knows pid 5, which no reading listed")
 	}
 	l.readLocked([]int{2, 3, 4}, t0.Add(culpritSeenAge+2*time.Second))

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/mpsd/mpsd/internal/clock"
 	"github.com/mpsd/mpsd/mps"
@@ -75,7 +74,7 @@ func TestCrashSeenWhileStoppingIsSaved(t *testing.T) {
 // on, for up to a second.
 func TestFaultLineKeptUntilVictimsRevoking(t *testing.T) {
 	d, in, clk, dm := fakeUp(t, t.Context())
-	d.proc = "/proc"
+	d.procs = procFS{root: "/proc"}
 	const aliceUID, server, line = 1000, 100, 4096
 	fakeServerUp(t, d, in, clk, dm, server, aliceUID)
 	runs := exec.Command("sleep", "60")
@@ -86,7 +85,7 @@ func TestFaultLineKeptUntilVictimsRevoking(t *testing.T) {
 	d.mu.Lock()
 	in.p.Budget = policy.Usage{SM: 100, Mem: 1 << 40, Clients: 48}
 	l := &lease{id: "g-alice", group: "g", uid: aliceUID, state: leaseRunning, attempt: 1, requeue: 2, inst: in, box: newMailbox(d.log), log: d.log,
-		pids: []int{runs.Process.Pid}, pidsAt: time.Now(), req: policy.Request{Group: "g", UID: aliceUID, SM: 10, Mem: 1 << 30, GPUs: 1, Procs: 1, Seq: 1}}
+		pids: []int{runs.Process.Pid}, pidsAt: clk.Now(), req: policy.Request{Group: "g", UID: aliceUID, SM: 10, Mem: 1 << 30, GPUs: 1, Procs: 1, Seq: 1}}
 	in.p.Assign(&l.req)
 	in.leases[l.id], d.leases[l.id] = l, l
 	in.logHandled = 0
