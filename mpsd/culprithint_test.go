@@ -130,3 +130,32 @@ func TestLogNamedCulpritNeedsFacts(t *testing.T) {
 		})
 	}
 }
+
+// A record folded into an older hint of its server keeps the hint as
+// young as itself: a third record 6 s after the first and 2 s after the
+// second still finds two names before it, and names nobody.
+func TestCulpritHintAgesFromItsNewestRecord(t *testing.T) {
+	d := &Daemon{}
+	in := &instance{}
+	t0 := fakeT0
+	rec := func(client int, at time.Time) culpritHint {
+		return culpritHint{ev: mps.Event{Kind: mps.FaultCulprit, PID: 100, Client: client}, at: at, records: 1}
+	}
+	if d.foldCulpritHintLocked(in, rec(1, t0)) {
+		t.Fatal("the first record folded into nothing")
+	}
+	in.culpritHints = append(in.culpritHints, rec(1, t0))
+	if !d.foldCulpritHintLocked(in, rec(2, t0.Add(4*time.Second))) {
+		t.Fatal("a second record 4 s later was not folded into the first")
+	}
+	if !d.foldCulpritHintLocked(in, rec(3, t0.Add(6*time.Second))) {
+		t.Fatalf("a third record 2 s after the second was not counted with it: hints %+v", in.culpritHints)
+	}
+	if len(in.culpritHints) != 1 || in.culpritHints[0].records != 3 {
+		t.Fatalf("hints %+v; want one of 3 records", in.culpritHints)
+	}
+	// Past culpritHintAge after the newest record, it is gone.
+	if d.foldCulpritHintLocked(in, rec(4, t0.Add(6*time.Second+culpritHintAge+time.Millisecond))) {
+		t.Fatal("a record folded into a hint older than culpritHintAge")
+	}
+}

@@ -8,24 +8,38 @@ package mpsd
 // What runs is mpsd's own code for each decision: admission and the
 // queue (Daemon.admit on the config's groups and members, scheduleLocked,
 // grantLocked, positionsLocked; a refusal after a reload is failLocked's),
-// a release's end (finishRelease), every lease transition (lease.step and
-// its table), the MPS model (mpsModel: servers, uids, unleased holders,
-// exit verdicts), placement (instance.policyViewAt and policy.Next, Assign
-// and Release), a recovery's plan (planRecoveryLocked: culprits charged,
-// quarantine, victims, spares), a clean exit's victims
-// (exitVerdict.victims) and a requeue's charge (lease.requeueCharge). The
-// control daemon is the emulator's scheduling (internal/mpsemu/mpssched,
-// the one definition of MPS's rules the emulated nvidia-cuda-mps-control
-// runs on), with servers and clients as records instead of processes. The
-// glue of a revocation (its victims' processes killed, their capacity
-// freed, the requeue) is the simulation's, kept to what those functions
-// need.
+// a release (Daemon.release: the lease's cgroup deleted, its room handed
+// back, the queue run), an attach (Daemon.attach), every lease transition
+// (lease.step and its table), the MPS model (mpsModel: servers, uids,
+// unleased holders, exit verdicts), placement (instance.policyViewAt and
+// policy.Next, Assign and Release), the culprit records of a server's log
+// (noteCulpritHint) and reconciliation's readings of every lease's cgroup
+// (leasedPids), and the first part of a recovery as the supervisor runs it
+// (beginRecovery: the culprits the log named where facts confirm them,
+// planRecoveryLocked's charges, quarantine, victims and spares, and the
+// revocation, Daemon.revoke: marked, told, their clients terminated
+// through the control daemon, their cgroups killed, requeued or ended).
+// Its edges are fakes over the simulation's records (simedges_test.go):
+// lease cgroups (a cgroup.Manager), the control daemon's client list and
+// terminate_client, and the processes mpsd looks up by pid (processes).
+// The control daemon's scheduling is the emulator's
+// (internal/mpsemu/mpssched, the one definition of MPS's rules the
+// emulated nvidia-cuda-mps-control runs on), with servers and clients as
+// records instead of processes. What is the simulation's: the instance's
+// steps into and out of recovering (as reportFault and the supervisor
+// make them), the servers' restart after a recovery, a daemon's
+// replacement, and a restart's adoption.
 //
 // Each step picks one of: a request from one of several users of a group
 // without multiuser and of a multiuser group, a client process starting
 // or exiting, a server becoming ready, an MPS event reaching mpsd (a
-// server's start or exit, an Xid), a client's fatal fault (its Xid names
-// it: a culprit), a server crash, an Xid naming no process, a control
+// server's start or exit, an Xid, a server log's records), a client's
+// fatal fault (its Xid names it: a culprit), a client's memory fault (the
+// server's log names its culprit, or for some fatal errors nobody; its Xid
+// names no process; the culprit ends as mpsd reads the record, before,
+// or hangs), a member's forged culprit record (naming a live process, one
+// of a running lease that ended lately, or nobody's pid; on its own or
+// just before a fault), a server crash, an Xid naming no process, a control
 // daemon that stops answering, an unleased client started or gone, a
 // reconciliation, a reload of the group's budget or of its multiuser (a
 // restart of the daemon once the instance is empty), mpsctl resume, time
@@ -42,11 +56,18 @@ package mpsd
 //     only a culprit spends one;
 //   - quarantine and uid bars follow the rule, counted independently;
 //   - a server lost while mpsd was away revokes only leases of its uid
-//     (any, multiuser), and charges nobody: MPS may have ended it itself.
+//     (any, multiuser), and charges nobody: MPS may have ended it itself;
+//   - a culprit the server's log named is charged only as the rule says,
+//     counted on the simulation's own records (checkLogCulprits): not on
+//     a multiuser daemon, never with two records in culpritHintAge, only
+//     a lease of the server's uid whose named process ended before the
+//     recovery, and another than the true culprit only on a forged record;
+//   - a revoked lease's processes are all gone, killed by the revocation.
 //
 // Replay one seed: go test ./mpsd -run '^TestSimulation$' -sim.seed=N -v
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -104,7 +125,7 @@ func TestSimulation(t *testing.T) {
 	// The simulation is worth something only if it reached what it
 	// checks: uid switches, culprit faults, spared victims, bars.
 	if *simSeed == 0 {
-		for _, k := range []string{"grant", "uid switch", "culprit fault", "spared victim", "crash", "uid barred", "unleased held", "daemon hang", "refused after a reload", "refused at admission", "mpsd restart", "server lost while away", "multiuser reload", "restart for multiuser"} {
+		for _, k := range []string{"grant", "uid switch", "culprit fault", "spared victim", "crash", "uid barred", "unleased held", "memory fault", "forged record", "log-named culprit", "daemon hang", "refused after a reload", "refused at admission", "mpsd restart", "server lost while away", "multiuser reload", "restart for multiuser"} {
 			if totals[k] == 0 {
 				t.Errorf("no %q in %d seeds: the simulation no longer explores it", k, len(seeds))
 			}
@@ -144,6 +165,10 @@ type simWorld struct {
 	// with the simulation's instances and a config whose groups name its
 	// users.
 	core *Daemon
+	// cgs: the lease cgroups (simedges_test.go); procs: every process
+	// the simulation started, by pid (pids are never taken again).
+	cgs   *simCgroups
+	procs map[int]*simProc
 }
 
 // simInst is one instance: mpsd's view (in) and the fake control daemon.
@@ -166,6 +191,25 @@ type simInst struct {
 	// knownUnleased: the unleased clients the last reconciliation saw,
 	// by pid, with the time it saw them.
 	knownUnleased map[int]time.Time
+	// ctl: the control daemon (its client list and terminate_client).
+	ctl *simControl
+	// logOff: the server log's size: each record the next offset.
+	logOff int64
+	// culprit: the lease whose client truly raised each server's fault
+	// (by server pid); forged: the records members wrote naming a
+	// culprit of each server, the uid that wrote each.
+	culprit  map[int]*lease
+	faultUID map[int]int32
+	// records: the culprit records of each server that reached mpsd
+	// (while it knew the server) since its last fault's recovery.
+	records map[int][]simRecord
+}
+
+// simRecord is a culprit record as it reached mpsd.
+type simRecord struct {
+	client int       // the pid it names
+	forged bool      // a member wrote it into the log FIFO
+	at     time.Time // when mpsd read it
 }
 
 type simServer struct {
@@ -188,6 +232,9 @@ type simClient struct {
 	// mpsd knew then).
 	grantedAt time.Time
 	doomed    bool // its server faulted or crashed
+	// endsWithFault: it raised its server's fault and ends once mpsd has
+	// read the record naming it.
+	endsWithFault bool
 }
 
 type simEventKind uint8
@@ -196,6 +243,13 @@ const (
 	evStarted simEventKind = iota
 	evExited
 	evXid
+	// evCulpritRecord: the server log names the client of a server's
+	// next fault ("Client {PID: C, Context: 1} encountered a fatal GPU
+	// error."), MPS's own or a member's forgery; evServerFault: the
+	// server's log records the fault ("Server is handling a fatal GPU
+	// error."), which an Xid naming no process confirms.
+	evCulpritRecord
+	evServerFault
 )
 
 type simEvent struct {
@@ -209,6 +263,11 @@ type simEvent struct {
 	// xid: the faulting client's pid (0: none), and whether it is a real
 	// fault (every Xid the simulation raises is).
 	xidPID int
+	// A record's client (evCulpritRecord) and its offset in the server
+	// log (both records); forged: a member wrote it.
+	client int
+	off    int64
+	forged bool
 }
 
 // simConfig is the simulation's config: group a without multiuser and
@@ -249,6 +308,8 @@ func newSimWorld(seed uint64) (*simWorld, error) {
 		pid:   100,
 		tally: map[string]int{},
 		live:  map[*lease]int{},
+		cgs:   newSimCgroups(),
+		procs: map[int]*simProc{},
 	}
 	host := policy.Host{Users: simUsers{}, Driver: "555.42.06",
 		GPUs: []policy.GPU{{Index: 0, UUID: "GPU-sim-0", Memory: 2 << 40}, {Index: 1, UUID: "GPU-sim-1", Memory: 2 << 40}}}
@@ -262,7 +323,8 @@ func newSimWorld(seed uint64) (*simWorld, error) {
 	w.core = &Daemon{clock: w.clk, log: log, cfg: cfg,
 		instances: map[string]*instance{}, queues: map[string][]*lease{}, leases: map[string]*lease{},
 		store:   &store{kick: make(chan struct{}, 1)},
-		leaseID: func(string) string { w.seq++; return fmt.Sprintf("L%d", w.seq) }}
+		leaseID: func(string) string { w.seq++; return fmt.Sprintf("L%d", w.seq) },
+		ctx:     context.Background(), cg: w.cgs, procs: simProcs{w}}
 	w.core.metrics = newMetrics(w.core)
 	for i, g := range cfg.Groups {
 		in := &instance{
@@ -275,8 +337,10 @@ func newSimWorld(seed uint64) (*simWorld, error) {
 			restartsBy: map[string]int{}, faults: map[string]int{},
 		}
 		si := &simInst{w: w, in: in, servers: map[int]*simServer{}, clients: map[int]*simClient{},
-			uidFaults: map[uint32][]time.Time{}, started: map[*lease]int{}, knownUnleased: map[int]time.Time{}}
+			uidFaults: map[uint32][]time.Time{}, started: map[*lease]int{}, knownUnleased: map[int]time.Time{},
+			culprit: map[int]*lease{}, faultUID: map[int]int32{}, records: map[int][]simRecord{}}
 		si.sched = mpssched.New(simHost{si}, g.Multiuser, 0)
+		si.newControl()
 		w.insts = append(w.insts, si)
 		w.core.setInstanceLocked(in)
 	}
@@ -293,14 +357,70 @@ func (w *simWorld) traceTail(n int) string {
 
 func (w *simWorld) nextPID() int { w.pid++; return w.pid }
 
+// simBoot is the simulation's boot, in clock ticks before its first
+// instant: process start times count from it.
+const simBoot = 1_000_000
+
+// ticks is the time since the simulation's boot in clock ticks.
+func (w *simWorld) ticks() uint64 {
+	return simBoot + uint64(w.clk.Now().Sub(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))/(time.Second/userHZ))
+}
+
+// newProcess starts a process: a new pid, with its start time.
+func (w *simWorld) newProcess() int {
+	pid := w.nextPID()
+	w.procs[pid] = &simProc{start: w.ticks()}
+	return pid
+}
+
+// processEnds: process pid has ended; it leaves its cgroup.
+func (w *simWorld) processEnds(pid int) {
+	if p := w.procs[pid]; p != nil {
+		p.ended = true
+	}
+	w.cgs.exited(pid)
+}
+
+// newControl gives the instance a new control daemon (its start, or its
+// replacement after a hang or for a changed start option).
+func (si *simInst) newControl() {
+	si.ctl = &simControl{fakeControl: newFakeControl(si.w.nextPID(), "/nonexistent/sim/"+si.in.key), si: si}
+}
+
+// applyKills ends the processes mpsd's revocation killed (their cgroups
+// or MPS's terminate_client), in pid order.
+func (w *simWorld) applyKills(si *simInst) {
+	for _, pid := range w.cgs.takeKilled() {
+		if c := si.clients[pid]; c != nil {
+			w.logf("client %d killed", pid)
+			si.gone(c)
+		} else {
+			w.processEnds(pid)
+		}
+	}
+}
+
 // run takes steps steps, checking the invariants after each.
 func (w *simWorld) run(steps int) error {
 	for w.step = 1; w.step <= steps; w.step++ {
 		if err := w.takeStep(); err != nil {
 			return err
 		}
+		if w.down == 0 {
+			// Reconciliation, at every probe, reads every lease's cgroup
+			// once its last reading is reconLeasedAge probe intervals old
+			// (leasedPids): what a culprit a server's log names is
+			// checked against.
+			w.core.leasedPids(reconLeasedAge * w.wd.ProbeInterval)
+		}
 		for _, si := range w.insts {
 			if w.down == 0 {
+				// The launchers whose commands have ended report it.
+				for _, id := range slices.Sorted(maps.Keys(si.in.leases)) {
+					if err := w.releaseIfDone(si, si.in.leases[id]); err != nil {
+						return err
+					}
+				}
 				if err := w.restartWhenEmpty(si); err != nil {
 					return err
 				}
@@ -330,33 +450,37 @@ func (w *simWorld) takeStep() error {
 	case r < 14:
 		return w.request(si)
 	case r < 30:
-		w.startClient(si)
-	case r < 44:
+		return w.startClient(si)
+	case r < 43:
 		return w.exitClient(si)
-	case r < 54:
+	case r < 53:
 		w.serverReady(si)
-	case r < 76:
+	case r < 73:
 		return w.deliver(si)
-	case r < 80:
-		w.clientFault(si)
+	case r < 76:
+		w.memFault(si)
+	case r < 77:
+		w.forgeRecord(si)
 	case r < 82:
+		w.clientFault(si)
+	case r < 84:
 		w.serverCrash(si)
-	case r < 83:
+	case r < 85:
 		w.anonXid(si)
-	case r < 87:
+	case r < 89:
 		w.unleasedClient(si)
-	case r < 92:
-		w.reconcile(si)
 	case r < 93:
-		w.resume(si)
+		w.reconcile(si)
 	case r < 94:
+		w.resume(si)
+	case r < 95:
 		w.now = w.now.Add(time.Duration(1+w.rng.IntN(6)) * time.Minute)
 		w.logf("time passes")
-	case r < 95:
-		return w.daemonHang(si)
 	case r < 96:
-		w.reload(si)
+		return w.daemonHang(si)
 	case r < 97:
+		w.reload(si)
+	case r < 98:
 		w.mpsdStops()
 	default:
 		return w.deliver(si)
@@ -383,7 +507,9 @@ func (w *simWorld) mpsdStops() {
 func (w *simWorld) stepWhileDown(si *simInst) error {
 	switch r := w.pick(100); {
 	case r < 30:
-		w.startClient(si)
+		if err := w.startClient(si); err != nil {
+			return err
+		}
 	case r < 60:
 		if err := w.exitClient(si); err != nil {
 			return err
@@ -413,6 +539,8 @@ func (w *simWorld) mpsdRestarts() error {
 	for _, si := range w.insts {
 		in := si.in
 		si.events = nil
+		in.culpritHints = nil // the old mpsd's
+		clear(si.records)
 		in.mps = newMPSModel()
 		for _, pid := range slices.Sorted(maps.Keys(si.servers)) {
 			in.mps.serverStarted(pid, int(si.servers[pid].uid))
@@ -532,7 +660,7 @@ func (si *simInst) leaseClients(l *lease) []*simClient {
 func (si *simInst) startedOf(l *lease) int { return si.started[l] }
 
 // startClient: a granted lease's command starts one more CUDA process.
-func (w *simWorld) startClient(si *simInst) {
+func (w *simWorld) startClient(si *simInst) error {
 	var cands []*lease
 	for _, id := range slices.Sorted(maps.Keys(si.in.leases)) {
 		l := si.in.leases[id]
@@ -541,14 +669,38 @@ func (w *simWorld) startClient(si *simInst) {
 		}
 	}
 	if len(cands) == 0 {
-		return
+		return nil
 	}
 	l := cands[w.pick(len(cands))]
+	first := si.startedOf(l) == 0
+	if first && w.down > 0 {
+		return nil // its launcher waits for mpsd to attach the command
+	}
 	si.started[l]++
-	c := &simClient{pid: w.nextPID(), uid: l.uid, lease: l, grantedAt: l.grantedAt}
-	l.pids = append(l.pids, c.pid) // what its cgroup holds
+	c := &simClient{pid: w.newProcess(), uid: l.uid, lease: l, grantedAt: l.grantedAt}
+	w.procs[c.pid].lease = l.id
+	if first {
+		// mps-launch has mpsd attach its command to the lease's cgroup
+		// (attach, which creates the cgroup on first use).
+		if err := w.core.attach(l, l.attempt, c.pid, nil); err != nil {
+			return fmt.Errorf("attach client %d to %s: %w", c.pid, l.id, err)
+		}
+	} else {
+		// A child of the command: born in its cgroup; mpsd knows of it
+		// at its next reading.
+		l.cgMu.Lock()
+		cg := l.cg
+		l.cgMu.Unlock()
+		if cg == nil {
+			return fmt.Errorf("%s runs processes but has no cgroup", l.id)
+		}
+		if err := cg.Attach(c.pid); err != nil {
+			return err
+		}
+	}
 	w.logf("client %d of %s (uid %d) starts", c.pid, l.id, l.uid)
 	si.connect(c)
+	return nil
 }
 
 // connect: a client asks the control daemon for a server.
@@ -587,10 +739,10 @@ func (w *simWorld) exitClient(si *simInst) error {
 func (w *simWorld) releaseIfDone(si *simInst, l *lease) error {
 	if len(si.leaseClients(l)) == 0 && si.startedOf(l) >= l.req.Procs && l.state == leaseRunning {
 		w.logf("release %s", l.id)
-		if _, err := l.step(leaseRelease, "its command ended"); err != nil {
-			return err
-		}
-		w.core.finishRelease(l, "its command ended")
+		// mpsd's release: the lease's cgroup deleted (its kill, were
+		// anything left in it), its room handed back, the queue run.
+		w.core.release(l, "its command ended")
+		w.applyKills(si)
 		if l.state != leaseEnded || l.inst != nil || w.core.leases[l.id] != nil {
 			return fmt.Errorf("%s released, yet %v on %v", l.id, l.state, l.inst != nil)
 		}
@@ -604,12 +756,20 @@ func (w *simWorld) releaseIfDone(si *simInst, l *lease) error {
 // server). Its server, asked to exit and now idle, exits with status 0.
 func (si *simInst) gone(c *simClient) {
 	delete(si.clients, c.pid)
+	si.w.processEnds(c.pid)
 	if c.req != nil {
 		c.req.Done = true // it gave up waiting
 	}
 	if sv := c.server; sv != nil {
 		delete(sv.clients, c.pid)
 		c.server = nil
+		if sv.faulted && len(sv.clients) == 0 {
+			// Every client of its fault has gone: its contexts are torn
+			// down and it serves again (the emulator's server, with no
+			// device reset delay).
+			sv.faulted = false
+			si.w.logf("server %d leaves FAULT", sv.pid)
+		}
 		if si.servers[sv.pid] == sv && mpssched.ExitsWhenIdle(sv.sv.Stopping, len(sv.clients)) {
 			si.serverGone(sv, 0, true)
 		}
@@ -625,6 +785,7 @@ func (si *simInst) serverGone(sv *simServer, signal int, expected bool) {
 		c.server = nil
 		c.doomed = true // died with its server
 		delete(si.clients, pid)
+		si.w.processEnds(pid)
 	}
 	si.w.logf("server %d (uid %d) exits signal %d expected %v", sv.pid, sv.uid, signal, expected)
 	if expected && signal == 0 {
@@ -672,11 +833,18 @@ func (h simHost) HandOver(mc *mpssched.Client, s *mpssched.Server) {
 	if h.si.clients[c.pid] != c {
 		return
 	}
+	if sv.faulted {
+		// A server in FAULT refuses new clients until the clients of its
+		// fault have gone: the client's CUDA initialization fails and its
+		// process ends (its launcher reports the end).
+		c.req = nil
+		delete(h.si.clients, c.pid)
+		h.si.w.processEnds(c.pid)
+		h.si.w.logf("client %d refused by server %d in FAULT; it ends", c.pid, sv.pid)
+		return
+	}
 	c.req, c.server = nil, sv
 	sv.clients[c.pid] = c
-	if sv.faulted {
-		c.doomed = true
-	}
 	h.si.w.logf("client %d handed to server %d", c.pid, sv.pid)
 }
 
@@ -717,19 +885,50 @@ func (w *simWorld) deliver(si *simInst) error {
 		}
 		w.logf("mpsd: Xid pid %d culprit %q", ev.xidPID, f.culprit.lease)
 		return w.recover(si, []fault{f}, false)
+	case evCulpritRecord:
+		// As the watcher hands it over (instance.go): mpsd's own
+		// decision whether it names anyone (noteCulpritHint).
+		_, known := in.mps.uidOf(ev.pid)
+		w.logf("mpsd: server %d's log names client %d (known server %v)", ev.pid, ev.client, known)
+		if known {
+			si.records[ev.pid] = append(si.records[ev.pid], simRecord{client: ev.client, forged: ev.forged, at: w.clk.Now()})
+		}
+		w.core.noteCulpritHint(in, si.ctl, mps.Event{Kind: mps.FaultCulprit, PID: ev.pid, Client: ev.client, UID: -1, ExitStatus: -1,
+			KnownServer: known, InServerLog: true, LogOffset: ev.off})
+		if c := si.clients[ev.client]; c != nil && c.endsWithFault {
+			w.logf("client %d ends with its fault", c.pid)
+			si.gone(c)
+		}
+		if len(si.events) > 0 && si.events[0].kind == evServerFault && si.events[0].pid == ev.pid && si.events[0].off == ev.off+1 {
+			// The fault's own record, written with it, comes in the
+			// same read of the server's log.
+			return w.deliver(si)
+		}
+	case evServerFault:
+		// The fault record of a verified server, confirmed by the Xid
+		// (naming no process) that came with it, as the watcher and
+		// claimServerFaultLocked make it.
+		if _, known := in.mps.uidOf(ev.pid); !known {
+			w.logf("mpsd: fault record of server %d, no verified server", ev.pid)
+			return nil
+		}
+		f := fault{kind: faultServerFault, restart: restartNone, fromServerLog: true, logOffset: ev.off, server: ev.pid, xidConfirmed: true,
+			reason: "a client hit a fatal GPU error; MPS set a sticky error on every client of the server"}
+		w.logf("mpsd: server %d's fault record, confirmed", ev.pid)
+		return w.recover(si, []fault{f}, false)
 	}
 	return nil
 }
 
-// leaseOfPID is the running lease whose cgroup held pid: an Xid names the
-// culprit's process, which may have died since.
+// leaseOfPID is the running lease whose cgroup holds pid, read as onXid
+// reads it (livePids): an Xid names the culprit's process.
 func (w *simWorld) leaseOfPID(si *simInst, pid int) *lease {
 	if pid == 0 {
 		return nil
 	}
 	for _, id := range slices.Sorted(maps.Keys(si.in.leases)) {
 		l := si.in.leases[id]
-		if slices.Contains(l.pids, pid) && l.state == leaseRunning {
+		if l.state == leaseRunning && slices.Contains(l.livePids(w.clk.Now()), pid) {
 			return l
 		}
 	}
@@ -740,16 +939,10 @@ func (w *simWorld) leaseOfPID(si *simInst, pid int) *lease {
 // every client of it holds a sticky error; the driver raises an Xid
 // naming the culprit's pid.
 func (w *simWorld) clientFault(si *simInst) {
-	var cands []*simClient
-	for _, pid := range slices.Sorted(maps.Keys(si.clients)) {
-		if c := si.clients[pid]; c.lease != nil && c.server != nil && !c.server.faulted {
-			cands = append(cands, c)
-		}
-	}
-	if len(cands) == 0 {
+	c := w.faultingClient(si)
+	if c == nil {
 		return
 	}
-	c := cands[w.pick(len(cands))]
 	sv := c.server
 	sv.faulted = true
 	for _, o := range sv.clients {
@@ -758,6 +951,28 @@ func (w *simWorld) clientFault(si *simInst) {
 	w.tally["culprit fault"]++
 	w.logf("client %d of %s (uid %d) faults server %d", c.pid, c.lease.id, c.uid, sv.pid)
 	si.events = append(si.events, simEvent{kind: evXid, xidPID: c.pid})
+}
+
+// faultingClient picks the leased client that raises a fatal fault: three
+// times in four one of the group's first member, whose clients keep faulting
+// (what a uid's bar is for), when it has one served.
+func (w *simWorld) faultingClient(si *simInst) *simClient {
+	var cands, poison []*simClient
+	for _, pid := range slices.Sorted(maps.Keys(si.clients)) {
+		if c := si.clients[pid]; c.lease != nil && c.server != nil && !c.server.faulted {
+			cands = append(cands, c)
+			if c.uid == simUIDsA || c.uid == simUIDsM {
+				poison = append(poison, c)
+			}
+		}
+	}
+	if len(poison) > 0 && w.pick(4) > 0 {
+		cands = poison
+	}
+	if len(cands) == 0 {
+		return nil
+	}
+	return cands[w.pick(len(cands))]
 }
 
 // serverCrash: a server dies by a signal; its clients die with it.
@@ -769,6 +984,104 @@ func (w *simWorld) serverCrash(si *simInst) {
 	sv := si.servers[pids[w.pick(len(pids))]]
 	w.tally["crash"]++
 	si.serverGone(sv, 11, false)
+}
+
+// memFault: a leased client's illegal memory access. Its server logs it
+// by name, then its own FAULT ("encountered a fatal GPU error", "Server is
+// handling a fatal GPU error"), or for a third of them (fatal errors MPS
+// names no client of) only its FAULT; the Xid names no process (NVML's
+// events give none). Every client of the server holds a sticky error; the
+// culprit's process ends at once, most often, or hangs until its
+// revocation.
+func (w *simWorld) memFault(si *simInst) {
+	c := w.faultingClient(si)
+	if c == nil {
+		return
+	}
+	sv := c.server
+	sv.faulted = true
+	for _, o := range sv.clients {
+		o.doomed = true
+	}
+	si.culprit[sv.pid], si.faultUID[sv.pid] = c.lease, sv.uid
+	w.tally["memory fault"]++
+	if w.pick(3) == 0 {
+		// A member who knows the fault is coming (its own client raises
+		// it, say) names someone else first.
+		w.forgeFor(si, sv)
+	}
+	if w.pick(3) > 0 {
+		si.logOff++
+		si.events = append(si.events, simEvent{kind: evCulpritRecord, pid: sv.pid, client: c.pid, off: si.logOff})
+	} else {
+		// A fatal error MPS names no client of (only its own FAULT).
+		w.tally["fault MPS names nobody of"]++
+	}
+	si.logOff++
+	si.events = append(si.events, simEvent{kind: evServerFault, pid: sv.pid, off: si.logOff})
+	w.logf("client %d of %s (uid %d) faults server %d (memory)", c.pid, c.lease.id, c.uid, sv.pid)
+	switch w.pick(4) {
+	case 0: // it hangs
+	case 1:
+		w.logf("client %d ends with its fault", c.pid)
+		si.gone(c)
+	default:
+		// It ends as its error reaches it: after mpsd has read the
+		// server's log (evCulpritRecord).
+		c.endsWithFault = true
+	}
+}
+
+// forgeRecord: a member writes a culprit record into the log FIFO, naming
+// a live process of the instance (any member's, leased or not) or a pid
+// of nobody, as a record of one of the servers.
+func (w *simWorld) forgeRecord(si *simInst) {
+	servers := slices.Sorted(maps.Keys(si.servers))
+	if len(servers) == 0 {
+		return
+	}
+	w.forgeFor(si, si.servers[servers[w.pick(len(servers))]])
+}
+
+// forgeFor: a member writes a record naming a culprit of server sv's next
+// fault: a live process of the instance (any member's, leased or not), a
+// process of a lease that ended lately (any member's), or a pid of nobody.
+func (w *simWorld) forgeFor(si *simInst, sv *simServer) {
+	base := simUIDsA // the group's members
+	if si.in.group == "m" {
+		base = simUIDsM
+	}
+	by := uint32(base + w.pick(3))
+	named := w.pid + 1000 // nobody's
+	// Ended processes of leases still running, another member's first
+	// (the one a forger would frame).
+	var ended, others []int
+	for pid := w.pid; pid > w.pid-60 && pid > 0; pid-- {
+		p := w.procs[pid]
+		if p == nil || !p.ended || p.lease == "" {
+			continue
+		}
+		if l := w.core.leases[p.lease]; l != nil && l.state == leaseRunning {
+			ended = append(ended, pid)
+			if int32(l.uid) != sv.uid {
+				others = append(others, pid)
+			}
+		}
+	}
+	if len(others) > 0 && w.pick(2) == 0 {
+		ended = others
+	}
+	pids := slices.Sorted(maps.Keys(si.clients))
+	switch r := w.pick(4); {
+	case r < 2 && len(pids) > 0:
+		named = pids[w.pick(len(pids))]
+	case r == 2 && len(ended) > 0:
+		named = ended[w.pick(len(ended))]
+	}
+	si.logOff++
+	si.events = append(si.events, simEvent{kind: evCulpritRecord, pid: sv.pid, client: named, off: si.logOff, forged: true})
+	w.tally["forged record"]++
+	w.logf("uid %d forges a record: server %d's client %d raised its next fault", by, sv.pid, named)
 }
 
 // anonXid: an Xid that names no process takes the instance's server down.
@@ -784,6 +1097,7 @@ func (w *simWorld) anonXid(si *simInst) {
 func (w *simWorld) daemonHang(si *simInst) error {
 	w.tally["daemon hang"]++
 	w.logf("daemon of %s hangs", si.in.key)
+	si.ctl.hung = true
 	if err := w.recover(si, []fault{{kind: faultHung, restart: restartDaemon, reason: "control daemon stopped answering"}}, false); err != nil {
 		return err
 	}
@@ -792,10 +1106,12 @@ func (w *simWorld) daemonHang(si *simInst) error {
 		c := si.clients[pid]
 		c.doomed = true
 		delete(si.clients, pid)
+		w.processEnds(pid)
 	}
 	clear(si.servers)
 	si.events = nil
 	si.sched = mpssched.New(simHost{si}, si.in.p.Multiuser, 0)
+	si.newControl()
 	w.logf("new daemon for %s", si.in.key)
 	return nil
 }
@@ -855,11 +1171,13 @@ func (w *simWorld) restartWhenEmpty(si *simInst) error {
 	for _, pid := range slices.Sorted(maps.Keys(si.clients)) {
 		si.clients[pid].doomed = true
 		delete(si.clients, pid)
+		w.processEnds(pid)
 	}
 	clear(si.servers)
 	si.events = nil
 	in.mps = newMPSModel()
 	si.sched = mpssched.New(simHost{si}, in.p.Multiuser, 0)
+	si.newControl()
 	for _, ev := range []instEvent{instEvRestart, instEvUp} {
 		if _, err := in.step(ev, "restart for a changed start option"); err != nil {
 			return fmt.Errorf("%s: %w", in.key, err)
@@ -879,11 +1197,11 @@ func (w *simWorld) unleasedClient(si *simInst) {
 			return
 		}
 	}
-	base := simUIDsA
-	if si.in.p.Multiuser {
+	base := simUIDsA // the group's members
+	if si.in.group == "m" {
 		base = simUIDsM
 	}
-	c := &simClient{pid: w.nextPID(), uid: uint32(base + w.pick(3))}
+	c := &simClient{pid: w.newProcess(), uid: uint32(base + w.pick(3))}
 	w.logf("unleased client %d of uid %d starts", c.pid, c.uid)
 	si.connect(c)
 }
@@ -921,23 +1239,56 @@ func (w *simWorld) resume(si *simInst) {
 	w.logf("resume %s", in.key)
 }
 
-// recover runs one recovery of the faults: mpsd's plan, then the
-// revocation, the server's restart and the requeues. chargesNobody is
-// the simulation's own knowledge, whatever mpsd marked the faults: a
-// server lost while mpsd was away may have been ended by MPS itself, so
-// its fault charges nobody.
+// recover runs one recovery of the faults: mpsd's own beginning of it
+// (beginRecovery: the culprits the server's log named where facts
+// confirm them, the plan, bars and quarantine, and the revocation with
+// its kills and requeues), then the servers' restart as recoverOnce
+// asks for it. chargesNobody is the simulation's own knowledge, whatever
+// mpsd marked the faults: a server lost while mpsd was away may have been
+// ended by MPS itself, so its fault charges nobody.
 func (w *simWorld) recover(si *simInst, faults []fault, chargesNobody bool) error {
 	in := si.in
-	f := combineFaults(faults)
-	attemptsBefore := map[string]int{}
-	for id, l := range in.leases {
-		attemptsBefore[id] = l.charged()
+	type before struct{ attempt, spared, charged int }
+	was := map[*lease]before{}
+	for _, l := range in.leases {
+		was[l] = before{l.attempt, l.spared, l.charged()}
 	}
+	// Whether the daemon of the faults is multiuser: a release or requeue
+	// of the recovery may empty an instance held for a restart, which
+	// then takes the config's (retireIfEmptyLocked).
+	multiuser := in.p.Multiuser
+	// Which processes the culprit records name had ended before the
+	// recovery revokes (and kills) anything.
+	endedBefore := map[int]bool{}
+	for _, rs := range si.records {
+		for _, r := range rs {
+			if p := w.procs[r.client]; p != nil && p.ended {
+				endedBefore[r.client] = true
+			}
+		}
+	}
+	// As reportFault: an instance that is up is recovering, closed to
+	// placements, until its supervisor has handled the faults.
+	if in.life == instUp {
+		if _, err := in.step(instEvFault, faults[0].kind); err != nil {
+			return fmt.Errorf("%s: %w", in.key, err)
+		}
+	}
+	// The instance's control daemon is its own only for the recovery:
+	// the caps commands of a grant (a goroutine each) are not simulated.
+	in.daemon = si.ctl
+	r := w.core.beginRecovery(in, faults)
+	if in.daemon == si.ctl {
+		in.daemon = nil
+	}
+	w.applyKills(si)
+	f, plan := r.f, r.plan
 	blamed, anonymous := culprits(faults)
-	uncharged := chargesNobody
-	plan := in.planRecoveryLocked(faults, f, w.now, w.wd)
+	if err := w.checkLogCulprits(si, faults, multiuser, endedBefore); err != nil {
+		return err
+	}
 	// The simulation's own count of the rule.
-	if uncharged {
+	if chargesNobody {
 		if plan.quarantined || len(plan.barred) > 0 {
 			return fmt.Errorf("%s: a fault that charges nobody quarantined it or barred %v", in.key, plan.barred)
 		}
@@ -967,22 +1318,6 @@ func (w *simWorld) recover(si *simInst, faults []fault, chargesNobody bool) erro
 		}
 	}
 	w.logf("recovery: %s, culprits %v, victims %s, spared %v", f.kind, slices.Sorted(maps.Keys(blamed)), simIDs(plan.victims), slices.Sorted(maps.Keys(plan.spared)))
-	// Revoke: each victim's processes are killed, its allocation freed.
-	why := map[*lease]string{}
-	for _, l := range plan.victims {
-		// revoke's steps 1 and 3; its kill is the clients gone below.
-		if _, ok := l.markRevokedLocked(f.reason, nil, plan.spared[l.id]); !ok {
-			return fmt.Errorf("%s, a victim, could not be revoked from %v", l.id, l.state)
-		}
-		why[l] = f.reason
-		l.box.push(api.Event{Type: api.EventRevoked, Reason: f.reason})
-		for _, c := range si.leaseClients(l) {
-			si.gone(c)
-		}
-	}
-	if f.restart == restartDaemon {
-		in.mps.daemonGone() // as recoverOnce does
-	}
 	// Restart the servers (restartServer): mpsd shuts down each server
 	// it knows of (in.mps.pids, as recoverOnce) itself.
 	if f.restart == restartServer {
@@ -995,16 +1330,28 @@ func (w *simWorld) recover(si *simInst, faults []fault, chargesNobody bool) erro
 			}
 		}
 	}
-	// The Daemon's requeue: each victim back at the head of its queue,
-	// or ended with no attempts left; then the queue runs.
-	type before struct{ attempt, spared int }
-	was := map[*lease]before{}
-	for _, l := range plan.victims {
-		was[l] = before{l.attempt, l.spared}
+	// As the supervisor once the recovery is done: the instance is up
+	// again, its queue runs, and one held for a restart that the
+	// recovery emptied is stopped.
+	if in.life == instRecovering {
+		eff, err := in.step(instEvRecovered, "faults handled")
+		if err != nil {
+			return fmt.Errorf("%s: %w", in.key, err)
+		}
+		if eff&effSchedule != 0 {
+			w.core.scheduleLocked(in.group)
+		}
+		w.core.retireIfEmptyLocked(in)
 	}
-	w.core.requeue(plan.victims, why, false)
+	// What the revocation did to each victim: killed (none of its
+	// processes is left), then requeued or ended.
 	for _, l := range plan.victims {
-		l.pids = nil
+		if left := si.leaseClients(l); len(left) > 0 {
+			return fmt.Errorf("%s revoked, yet its client %d runs on", l.id, left[0].pid)
+		}
+		if l.state == leaseRunning && l.attempt == was[l].attempt {
+			return fmt.Errorf("%s, a victim, was not revoked", l.id)
+		}
 		delete(si.started, l)
 		// Ended: with no attempts left, or requeued and then refused
 		// by its queue (a reload shrank the group below it).
@@ -1020,7 +1367,7 @@ func (w *simWorld) recover(si *simInst, faults []fault, chargesNobody bool) erro
 			delete(w.live, l)
 		}
 		spare := l.spared > was[l].spared
-		if plan.spared[l.id] || uncharged {
+		if plan.spared[l.id] || chargesNobody {
 			w.tally["spared victim"]++
 			if !spare || exhausted {
 				return fmt.Errorf("%s, a victim of another lease's fault, was charged (spared %d, was %d, exhausted %v)", l.id, l.spared, was[l].spared, exhausted)
@@ -1042,11 +1389,63 @@ func (w *simWorld) recover(si *simInst, faults []fault, chargesNobody bool) erro
 		if l.attempt != was[l].attempt+1 {
 			return fmt.Errorf("%s requeued as attempt %d after attempt %d", l.id, l.attempt, was[l].attempt)
 		}
-		if got, was := l.charged(), attemptsBefore[l.id]; got != was+map[bool]int{true: 0, false: 1}[spare] {
-			return fmt.Errorf("%s charged %d attempts, was %d, spare %v", l.id, got, was, spare)
+		if got := l.charged(); got != was[l].charged+map[bool]int{true: 0, false: 1}[spare] {
+			return fmt.Errorf("%s charged %d attempts, was %d, spare %v", l.id, got, was[l].charged, spare)
 		}
 	}
 	return w.noteGrants()
+}
+
+// checkLogCulprits checks each server fault's culprit as the server's
+// log named it (nameLogCulprits sets it on the fault), against the rule
+// (culprithint.go) counted on the simulation's own records: only on a
+// daemon without multiuser; only where exactly one record of the server
+// reached mpsd within culpritHintAge; only the lease of the server's uid
+// whose process that record named, and only once that process has ended
+// (before the recovery kills anything: endedBefore);
+// and a lease other than the one whose client raised the fault only when
+// the record was forged (what a member who writes the FIFO can do within
+// the server's uid, docs/security.md), never another uid's lease.
+func (w *simWorld) checkLogCulprits(si *simInst, faults []fault, multiuser bool, endedBefore map[int]bool) error {
+	now := w.clk.Now()
+	for _, f := range faults {
+		if f.kind != faultServerFault {
+			continue
+		}
+		var recs []simRecord
+		for _, r := range si.records[f.server] {
+			if now.Sub(r.at) <= culpritHintAge {
+				recs = append(recs, r)
+			}
+		}
+		delete(si.records, f.server) // used up, as nameLogCulprits does
+		if f.culprit.lease == "" {
+			continue
+		}
+		w.tally["log-named culprit"]++
+		switch {
+		case multiuser:
+			return fmt.Errorf("server %d's log named culprit %s on multiuser daemon %s", f.server, f.culprit.lease, si.in.key)
+		case len(recs) != 1:
+			return fmt.Errorf("server %d's fault charged %s on its log's word, with %d records naming culprits", f.server, f.culprit.lease, len(recs))
+		}
+		r := recs[0]
+		p := w.procs[r.client]
+		switch suid := si.faultUID[f.server]; {
+		case p == nil || p.lease != f.culprit.lease:
+			return fmt.Errorf("server %d's fault charged %s; its record named pid %d, no process of it", f.server, f.culprit.lease, r.client)
+		case !endedBefore[r.client]:
+			return fmt.Errorf("server %d's fault charged %s; pid %d, which its record named, ran on until the recovery", f.server, f.culprit.lease, r.client)
+		case int32(f.culprit.uid) != suid:
+			return fmt.Errorf("server %d (uid %d) faulted; %s of uid %d charged on its log's word", f.server, suid, f.culprit.lease, f.culprit.uid)
+		case si.culprit[f.server] != nil && si.culprit[f.server].id == f.culprit.lease:
+		case !r.forged:
+			return fmt.Errorf("server %d's own record named %s, not the lease whose client raised the fault", f.server, f.culprit.lease)
+		default:
+			w.tally["framed within its uid"]++
+		}
+	}
+	return nil
 }
 
 func simIDs(ls []*lease) string {

@@ -321,46 +321,34 @@ func (in *instance) planRecoveryLocked(pending []fault, f fault, now time.Time, 
 	return plan
 }
 
+// recovery is a recovery begun (beginRecovery): its faults combined, its
+// plan, and what the rest of it (recoverOnce) restarts.
+type recovery struct {
+	f    fault
+	plan recoveryPlan
+	// failures: the instance's failures in the quarantine window, this
+	// one included (the backoff before the restart grows with them).
+	failures int
+	// dm and servers: the control daemon the faults were on and its
+	// servers as the recovery began (dm is nil on a daemon gone).
+	dm      control
+	servers []int
+	// reopen: when each uid barred now may be served again.
+	reopen []time.Time
+	start  time.Time
+	wd     policy.WatchdogConfig
+}
+
 // recoverOnce handles the faults pending together in the instance's
 // supervisor, as one failure: it counts it (quarantine), revokes every
-// fault's victims and restarts what the strongest fault needs.
+// fault's victims (beginRecovery) and restarts what the strongest fault
+// needs.
 func (d *Daemon) recoverOnce(in *instance, pending []fault) {
-	// A culprit the server's log named, where facts confirm it; before
-	// anything is revoked, so that its process's own end is its own.
-	d.nameLogCulprits(in, pending)
-	f := combineFaults(pending)
-	start := d.clock.Now()
-	d.mu.Lock()
-	wd := d.cfg.Watchdog
-	in.restartsBy[f.kind]++
-	in.restarts++
-	plan := in.planRecoveryLocked(pending, f, start, wd)
-	for _, uid := range plan.barred {
-		b := in.barred[uid]
-		in.log.Error("uid barred from the instance: its clients' faults keep taking the server down; mpsctl resume lifts it",
-			"uid", uid, "until", b.until, "reason", b.reason)
-		d.reopenAfterBar(in, b.until)
-		d.store.request()
+	r := d.beginRecovery(in, pending)
+	for _, until := range r.reopen {
+		d.reopenAfterBar(in, until)
 	}
-	if plan.quarantined {
-		d.store.request()
-		in.log.Error("instance quarantined: it failed too often; mpsctl resume reopens it",
-			"failures", len(in.failures), "window", wd.QuarantineWindow)
-	}
-	failures := len(in.failures)
-	victims, reasons, spared := plan.victims, plan.reasons, plan.spared
-	dm := in.daemon
-	servers := in.mps.pids()
-	if f.restart == restartDaemon {
-		in.daemon, in.logHandled = nil, -1
-		in.mps.daemonGone()
-	}
-	d.mu.Unlock()
-	in.log.Warn("instance failed; recovering", "fault", f.kind, "reason", f.reason, "faults", len(pending), "leases", len(victims), "restarting", f.restart, "failures_in_window", failures)
-
-	n := d.revoke(victims, f.reason, revokeHow{dm: dm, servers: servers, reasons: reasons, spared: spared,
-		marked: func() { in.handlingMarked = true }})
-	in.log.Info("revocation done", "leases", n, "took", d.clock.Since(start))
+	f, failures, dm, servers, wd := r.f, r.failures, r.dm, r.servers, r.wd
 
 	// The first failure in the window restarts at once; a crash loop
 	// backs off exponentially.
@@ -428,6 +416,54 @@ func (d *Daemon) recoverOnce(in *instance, pending []fault) {
 		}
 		d.mu.Unlock()
 	}
+}
+
+// beginRecovery is the part of a recovery that decides and revokes, with
+// no wait of its own but the revocation's: the culprits the server's log
+// named where facts confirm them (nameLogCulprits), the failure counted
+// and its victims picked (planRecoveryLocked), bars and quarantine noted,
+// a daemon gone taken out of the instance, and the victims revoked
+// (revoke). What is left to the supervisor (recoverOnce) is the
+// backoff, the restart and the probe; mpsd's simulation runs this part
+// as it is.
+func (d *Daemon) beginRecovery(in *instance, pending []fault) recovery {
+	// A culprit the server's log named, where facts confirm it; before
+	// anything is revoked, so that its process's own end is its own.
+	d.nameLogCulprits(in, pending)
+	f := combineFaults(pending)
+	start := d.clock.Now()
+	d.mu.Lock()
+	wd := d.cfg.Watchdog
+	in.restartsBy[f.kind]++
+	in.restarts++
+	plan := in.planRecoveryLocked(pending, f, start, wd)
+	r := recovery{f: f, plan: plan, start: start, wd: wd}
+	for _, uid := range plan.barred {
+		b := in.barred[uid]
+		in.log.Error("uid barred from the instance: its clients' faults keep taking the server down; mpsctl resume lifts it",
+			"uid", uid, "until", b.until, "reason", b.reason)
+		r.reopen = append(r.reopen, b.until)
+		d.store.request()
+	}
+	if plan.quarantined {
+		d.store.request()
+		in.log.Error("instance quarantined: it failed too often; mpsctl resume reopens it",
+			"failures", len(in.failures), "window", wd.QuarantineWindow)
+	}
+	r.failures = len(in.failures)
+	r.dm = in.daemon
+	r.servers = in.mps.pids()
+	if f.restart == restartDaemon {
+		in.daemon, in.logHandled = nil, -1
+		in.mps.daemonGone()
+	}
+	d.mu.Unlock()
+	in.log.Warn("instance failed; recovering", "fault", f.kind, "reason", f.reason, "faults", len(pending), "leases", len(plan.victims), "restarting", f.restart, "failures_in_window", r.failures)
+
+	n := d.revoke(plan.victims, f.reason, revokeHow{dm: r.dm, servers: r.servers, reasons: plan.reasons, spared: plan.spared,
+		marked: func() { in.handlingMarked = true }})
+	in.log.Info("revocation done", "leases", n, "took", d.clock.Since(start))
+	return r
 }
 
 // restartDaemon stops what is left of the old control daemon (its servers
