@@ -608,6 +608,11 @@ type ServerStatus struct {
 	// while this one, of another uid, has clients); none while nobody
 	// waits.
 	PendingLeases []string `json:"pending_leases,omitempty"`
+	// Fault: MPS holds the server in FAULT after a client's fatal fault,
+	// refusing new clients, because clients of the fault that no lease
+	// holds still live (the recovery ended the leased ones): nothing is
+	// placed on the instance until a reconciliation counts none.
+	Fault bool `json:"fault,omitempty"`
 }
 
 // Lease states.

@@ -475,3 +475,56 @@ func TestUnleasedHolderKnownAfterRestart(t *testing.T) {
 		t.Fatalf("bob: exit %d, stderr %q", r.code, r.stderr)
 	}
 }
+
+// A server held in FAULT. Alice's leased client raises a fatal GPU fault
+// while her client of no lease (started with the pipe directory, as a
+// member can) catches the sticky error and hangs on: MPS keeps her server
+// in FAULT, refusing new clients, until that client has gone. The fault's
+// recovery revokes the leased one; the MPS model holds the server in FAULT
+// (status servers[].fault), and the requeued lease waits, told why,
+// instead of being granted into MPS's refusal. Once the hanger is gone a
+// reconciliation ends the FAULT and the lease's second attempt runs and
+// ends 0. (Before the model held FAULT, the lease was granted again at
+// once and its client refused by the server in FAULT: the job failed.)
+func TestServerHeldInFaultByAClientOfNoLease(t *testing.T) {
+	e := newEnvGPUs(t, 1, tenGroup, faultWatchdog)
+	in0, client := e.tenReady()
+	hp := e.unleasedClient(t, tenUIDAlice, in0, client, "--duration", "1m", "--hold-on-fault")
+	e.reconWaitMetric("mpsd_unreconciled_clients_total", "a", map[string]float64{reconUnleased: 1})
+	// Her job faults on its first attempt and runs briefly on the next
+	// (the test opens the gate before the fault).
+	_, openSecond := e.gate("second")
+	script := `if [ -e "$1" ]; then exec "$0" --duration 100ms; fi; exec "$0" --fault-on-usr1 --duration 1m`
+	alice := startProc(t, asUID(e.launch("--sm", "20", "--mem", "1G", "--", "/bin/sh", "-c", script, client, filepath.Join(e.dir, "gate-second")), tenUIDAlice))
+	var pid int
+	e.waitStatus("alice's lease running, its client connected beside the hanger", func(st api.Status) bool {
+		for _, l := range st.Leases {
+			if l.UID == tenUIDAlice && l.State == api.LeaseRunning && len(l.PIDs) > 0 {
+				pid = l.PIDs[0]
+			}
+		}
+		return pid != 0 && e.mpsClients(instanceOf(st, "a", 0)) >= 2
+	})
+	openSecond()
+	if err := syscall.Kill(pid, syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	e.waitStatus("alice's server held in FAULT, her requeued lease waiting for it", func(st api.Status) bool {
+		in := instanceOf(st, "a", 0)
+		fault := slices.ContainsFunc(in.Servers, func(s api.ServerStatus) bool { return s.Fault && s.UID == tenUIDAlice })
+		waits := slices.ContainsFunc(st.Leases, func(l api.LeaseStatus) bool {
+			return l.UID == tenUIDAlice && l.State == api.LeaseQueued && l.Attempt == 2 && strings.Contains(l.WaitReason, "in FAULT until its clients of no lease have gone")
+		})
+		return in.Restarts == 1 && fault && waits
+	})
+	if err := hp.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	hp.wait(t)
+	if r := alice.wait(t); r.code != 0 {
+		t.Fatalf("alice's job: exit %d, stderr %q; want 0, its second attempt run once the FAULT was over", r.code, r.stderr)
+	}
+	if in := instanceOf(e.d.Status(), "a", 0); in.Restarts != 1 || slices.ContainsFunc(in.Servers, func(s api.ServerStatus) bool { return s.Fault }) {
+		t.Errorf("instance: %d restarts, servers %+v; want the one fault, and no server in FAULT", in.Restarts, in.Servers)
+	}
+}

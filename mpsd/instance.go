@@ -187,7 +187,7 @@ func (in *instance) statusLocked() api.InstanceStatus {
 	pending := in.mps.pending(in.p.Multiuser)
 	for _, v := range in.mps.view() {
 		st.ServerPIDs = append(st.ServerPIDs, v.pid)
-		s := api.ServerStatus{PID: v.pid, UID: v.uid, LeasedClients: v.leased, UnleasedClients: v.unleased}
+		s := api.ServerStatus{PID: v.pid, UID: v.uid, LeasedClients: v.leased, UnleasedClients: v.unleased, Fault: v.fault}
 		for _, id := range pending[v.pid] {
 			// As the last reconciliation saw them: only those running now.
 			if l := in.leases[id]; l != nil && l.state == leaseRunning {

@@ -37,10 +37,11 @@ type mpsModel struct {
 	// pid; the channel is closed when their exit is seen. Their exit is
 	// no fault, whatever leases the instance has taken since.
 	shutDown map[int]chan struct{}
-	// unleased: clients of a server that no lease holds, by server pid,
-	// as the last reconciliation confirmed them (reconcile.go). While a
-	// server of one uid has any, MPS makes every other uid wait.
-	unleased map[int]int
+	// unleased: clients of a server that no lease holds, by server pid
+	// (their pids, sorted), as the last reconciliation confirmed them
+	// (reconcile.go). While a server of one uid has any, MPS makes every
+	// other uid wait.
+	unleased map[int][]int
 	// leased: the running leases' MPS clients each server serves, by
 	// server pid, as the last reconciliation counted them (noteClients).
 	leased map[int]int
@@ -65,6 +66,20 @@ type mpsModel struct {
 	// list the state file keeps (saved), so the next mpsd finds them gone
 	// and revokes their leases (lostWhileAway).
 	crashedUnhandled map[int]int
+	// faults: live servers MPS holds in FAULT after a fatal fault of a
+	// client (refusing every new client while any client of the fault
+	// lives), by pid. A fault's recovery revokes the leases; the clients
+	// no lease holds keep the server in FAULT until a reconciliation that
+	// began after it finds none of them (endFaults).
+	faults   map[int]faultHold
+	faultSeq uint64
+}
+
+// faultHold is a server held in FAULT: the fault's number (faultSeq when
+// it was held) and the clients of no lease it had then (pids, sorted).
+type faultHold struct {
+	seq     uint64
+	clients []int
 }
 
 func newMPSModel() *mpsModel { return &mpsModel{servers: map[int]int{}} }
@@ -87,6 +102,7 @@ func (m *mpsModel) serverStarted(pid, uid int) {
 	delete(m.unleased, pid)
 	delete(m.leased, pid)
 	delete(m.caps, pid)
+	delete(m.faults, pid)
 }
 
 // noteCaps records what a live server allows, as mpsd set or found it.
@@ -113,6 +129,7 @@ func (m *mpsModel) daemonGone() {
 	clear(m.leased)
 	clear(m.noClient)
 	clear(m.caps)
+	clear(m.faults)
 	m.defaults, m.defaultsSet = nil, nil
 }
 
@@ -136,12 +153,71 @@ func (m *mpsModel) shuttingDown(pid int) chan struct{} {
 	return done
 }
 
-// setUnleased records what a reconciliation confirmed: the number of
-// unleased clients of each server it listed.
-func (m *mpsModel) setUnleased(byServer map[int]int) {
+// holdFault records the end of a fatal fault's recovery on live server
+// pid, whose leases it revoked: MPS keeps a server in FAULT, refusing new
+// clients, until every client it had at the fault has gone. held reports
+// whether the last reconciliation found clients of it that no lease holds
+// (no revocation ends them): the server is then held in FAULT, and nothing
+// is placed on the instance, until a reconciliation that began after now
+// finds none of them (endFaults; a client of no lease that came since is
+// one MPS accepted, after the FAULT). Without them the revocation ended
+// every client of the fault.
+func (m *mpsModel) holdFault(pid int) (held bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.unleased = byServer
+	if _, live := m.servers[pid]; !live || len(m.unleased[pid]) == 0 {
+		return false
+	}
+	if m.faults == nil {
+		m.faults = map[int]faultHold{}
+	}
+	m.faultSeq++
+	m.faults[pid] = faultHold{seq: m.faultSeq, clients: slices.Clone(m.unleased[pid])}
+	return true
+}
+
+// faultMark is taken as a reconciliation begins: the faults held by then
+// are those whose end it can see (endFaults).
+func (m *mpsModel) faultMark() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.faultSeq
+}
+
+// endFaults ends the FAULT of each server held at or before mark that a
+// reconciliation which began at mark found none of the fault's clients
+// of (unleased, by server pid, as it confirmed them). It reports whether
+// one ended.
+func (m *mpsModel) endFaults(unleased map[int][]int, mark uint64) (ended bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for pid, h := range m.faults {
+		if h.seq <= mark && !slices.ContainsFunc(h.clients, func(c int) bool { return slices.Contains(unleased[pid], c) }) {
+			delete(m.faults, pid)
+			ended = true
+		}
+	}
+	return ended
+}
+
+// inFault lists the servers held in FAULT, sorted.
+func (m *mpsModel) inFault() []int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Sorted(maps.Keys(m.faults))
+}
+
+// setUnleased records what a reconciliation confirmed: the unleased
+// clients of each server it listed (their pids).
+func (m *mpsModel) setUnleased(byServer map[int][]int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.unleased = map[int][]int{}
+	for pid, cs := range byServer {
+		if len(cs) > 0 {
+			m.unleased[pid] = slices.Sorted(slices.Values(cs))
+		}
+	}
 }
 
 // noteClients records the running leases' MPS clients a reconciliation
@@ -177,6 +253,7 @@ func (m *mpsModel) noteClients(byUID map[uint32]int, noClient map[string]uint32,
 type serverView struct {
 	pid, uid         int
 	leased, unleased int
+	fault            bool // held in FAULT (holdFault)
 }
 
 // view lists the live servers, by pid.
@@ -185,7 +262,8 @@ func (m *mpsModel) view() []serverView {
 	defer m.mu.Unlock()
 	out := make([]serverView, 0, len(m.servers))
 	for _, pid := range slices.Sorted(maps.Keys(m.servers)) {
-		out = append(out, serverView{pid: pid, uid: m.servers[pid], leased: m.leased[pid], unleased: m.unleased[pid]})
+		_, fault := m.faults[pid]
+		out = append(out, serverView{pid: pid, uid: m.servers[pid], leased: m.leased[pid], unleased: len(m.unleased[pid]), fault: fault})
 	}
 	return out
 }
@@ -212,7 +290,7 @@ func (m *mpsModel) pending(multiuser bool) map[int][]string {
 	behind := 0              // the lowest pid of a server with clients
 	for pid, u := range m.servers {
 		served[u] = true
-		if u >= 0 && m.leased[pid]+m.unleased[pid] > 0 && (behind == 0 || pid < behind) {
+		if u >= 0 && m.leased[pid]+len(m.unleased[pid]) > 0 && (behind == 0 || pid < behind) {
 			behind = pid
 		}
 	}
@@ -239,8 +317,8 @@ func (m *mpsModel) pending(multiuser bool) map[int][]string {
 func (m *mpsModel) held() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for pid, n := range m.unleased {
-		if _, live := m.servers[pid]; live && n > 0 {
+	for pid, cs := range m.unleased {
+		if _, live := m.servers[pid]; live && len(cs) > 0 {
 			return true
 		}
 	}
@@ -292,6 +370,7 @@ func (m *mpsModel) serverExited(ev mps.Event, leases map[string]*lease, multiuse
 	delete(m.unleased, ev.PID)
 	delete(m.leased, ev.PID)
 	delete(m.caps, ev.PID)
+	delete(m.faults, ev.PID)
 	v := exitVerdict{uid: uid}
 	if done, ours := m.shutDown[ev.PID]; ours {
 		delete(m.shutDown, ev.PID)
@@ -358,7 +437,7 @@ func (m *mpsModel) serving(placedUID uint32, placed bool) (up bool, uid uint32, 
 	for pid, u := range m.servers {
 		switch {
 		case u < 0:
-		case m.unleased[pid] > 0:
+		case len(m.unleased[pid]) > 0:
 			if heldPID == 0 || pid < heldPID {
 				heldPID = pid
 			}

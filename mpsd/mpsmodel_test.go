@@ -100,7 +100,7 @@ func TestMPSModelServing(t *testing.T) {
 	check("no server", m, nil, want{})
 	m.serverStarted(10, alice)
 	check("alice's idle server", m, nil, want{true, alice, false, false})
-	m.setUnleased(map[int]int{10: 1})
+	m.setUnleased(map[int][]int{10: {9100}})
 	if !m.held() {
 		t.Error("a server with an unleased client is not held")
 	}
@@ -109,9 +109,9 @@ func TestMPSModelServing(t *testing.T) {
 	// Bob's lease waits inside MPS behind alice's unleased client; a new
 	// client of either would wait too.
 	check("bob's lease placed, alice's unleased client holds her server", m, map[string]*lease{"b1": {id: "b1", uid: bob}}, want{true, alice, true, true})
-	m.setUnleased(map[int]int{})
+	m.setUnleased(map[int][]int{})
 	check("the unleased client gone", m, nil, want{true, alice, false, false})
-	m.setUnleased(map[int]int{10: 2})
+	m.setUnleased(map[int][]int{10: {9100, 9101}})
 	m.serverExited(mps.Event{PID: 10, ExitStatus: 0}, nil, false)
 	if m.held() {
 		t.Error("a server gone is still held")
@@ -135,7 +135,7 @@ func TestMPSModelClients(t *testing.T) {
 	m.serverStarted(20, bob)
 	m.serverStarted(10, alice)
 	m.serverStarted(12, alice) // a switch's moment: two of alice's
-	m.setUnleased(map[int]int{20: 1})
+	m.setUnleased(map[int][]int{20: {9200}})
 	m.noteClients(map[uint32]int{alice: 3, bob: 2, carol: 4}, nil, false)
 	want := []serverView{{pid: 10, uid: alice, leased: 3}, {pid: 12, uid: alice}, {pid: 20, uid: bob, leased: 2, unleased: 1}}
 	if got := m.view(); !slices.Equal(got, want) {
@@ -171,7 +171,7 @@ func TestMPSModelPending(t *testing.T) {
 	if got := m.pending(false); got != nil {
 		t.Errorf("alice's server idle: pending %v; want none (MPS ends it for bob)", got)
 	}
-	m.setUnleased(map[int]int{20: 1})
+	m.setUnleased(map[int][]int{20: {9200}})
 	if got, want := m.pending(false), map[int][]string{20: {"b1"}}; !maps.EqualFunc(got, want, slices.Equal) {
 		t.Errorf("alice's server held by a client of no lease: pending %v; want %v", got, want)
 	}
@@ -190,7 +190,7 @@ func TestMPSModelPending(t *testing.T) {
 	}
 	shared := newMPSModel()
 	shared.serverStarted(40, 0)
-	shared.setUnleased(map[int]int{40: 1})
+	shared.setUnleased(map[int][]int{40: {9400}})
 	shared.noteClients(map[uint32]int{alice: 1}, map[string]uint32{"b1": bob}, true)
 	if got := shared.pending(true); got != nil {
 		t.Errorf("multiuser: pending %v; want none (one server serves every uid)", got)
@@ -198,5 +198,57 @@ func TestMPSModelPending(t *testing.T) {
 	m.daemonGone()
 	if got := m.pending(false); got != nil {
 		t.Errorf("after the daemon's end: pending %v; want none", got)
+	}
+}
+
+// A server's fatal fault: MPS keeps it in FAULT, refusing new clients,
+// while any client of the fault lives. The model holds it only where its
+// recovery's revocation left clients no lease holds, and ends it once a
+// reconciliation that began after the fault finds none of those (a client
+// of no lease that came since is one MPS accepted: the FAULT was over);
+// the server's exit and the daemon's end end it too.
+func TestMPSModelFault(t *testing.T) {
+	const alice = 64021
+	m := newMPSModel()
+	m.serverStarted(20, alice)
+	if m.holdFault(20) {
+		t.Fatal("held in FAULT with no client of no lease found: the revocation ended every client")
+	}
+	if m.holdFault(99) {
+		t.Fatal("a server that is not live held in FAULT")
+	}
+	m.setUnleased(map[int][]int{20: {501}})
+	before := m.faultMark() // a reconciliation under way as the fault came
+	if !m.holdFault(20) {
+		t.Fatal("not held in FAULT with a client of no lease left")
+	}
+	if got := m.inFault(); !slices.Equal(got, []int{20}) {
+		t.Fatalf("in FAULT %v; want [20]", got)
+	}
+	if v := m.view(); len(v) != 1 || !v[0].fault {
+		t.Fatalf("view %+v; want server 20 in FAULT", v)
+	}
+	if m.endFaults(nil, before) {
+		t.Fatal("a reconciliation that began before the fault ended it")
+	}
+	after := m.faultMark()
+	if m.endFaults(map[int][]int{20: {501, 502}}, after) {
+		t.Fatal("FAULT ended while its client of no lease is left")
+	}
+	if !m.endFaults(map[int][]int{20: {502}}, after) || len(m.inFault()) != 0 {
+		t.Fatalf("FAULT not ended once its client has gone (502 came since: MPS accepted it): %v", m.inFault())
+	}
+	m.setUnleased(map[int][]int{20: {502}})
+	m.holdFault(20)
+	m.serverExited(mps.Event{PID: 20}, nil, false)
+	if got := m.inFault(); len(got) != 0 {
+		t.Fatalf("in FAULT after the server's exit: %v", got)
+	}
+	m.serverStarted(30, alice)
+	m.setUnleased(map[int][]int{30: {503}})
+	m.holdFault(30)
+	m.daemonGone()
+	if got := m.inFault(); len(got) != 0 {
+		t.Fatalf("in FAULT after the daemon's end: %v", got)
 	}
 }

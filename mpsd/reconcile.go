@@ -224,6 +224,7 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 	d.metrics.reconRuns[in.key]++
 	view := reconView{key: in.key, group: in.group, gpus: slices.Clone(in.p.GPUs), clients: map[int][]int{}}
 	own := in.mps.pids()
+	faultMark := in.mps.faultMark()
 	multiuser := in.p.Multiuser
 	serverUID := in.mps.serverUIDs()
 	timeout := d.cfg.Watchdog.ProbeTimeout
@@ -394,21 +395,31 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 		}
 		in.mps.noteClients(byUID, noClient, multiuser)
 	}
-	if in.daemon == dm && !multiuser {
-		// What holds a server of one uid for MPS: its unleased clients
-		// make every other uid wait (mpsModel.serving). Without MPS's
-		// lists read, NVML showed every MPS client leased: none.
-		unleased := map[int]int{}
-		for _, c := range confirmed {
-			if c.f.kind == reconUnleased {
-				unleased[c.f.server]++
-			}
+	// The clients no lease holds, by server. Without MPS's lists read,
+	// NVML showed every MPS client leased: none.
+	unleased := map[int][]int{}
+	for _, c := range confirmed {
+		if c.f.kind == reconUnleased {
+			unleased[c.f.server] = append(unleased[c.f.server], c.f.pid)
 		}
+	}
+	if in.daemon == dm {
+		// What holds a server of one uid for MPS: its unleased clients
+		// make every other uid wait (mpsModel.serving; a multiuser
+		// daemon's one server serves every uid).
 		wasHeld := in.mps.held()
 		in.mps.setUnleased(unleased)
-		if wasHeld != in.mps.held() {
+		if !multiuser && wasHeld != in.mps.held() {
 			// Released: another uid may be served now. Taken: the
 			// waiting requests of other uids say so.
+			d.scheduleLocked(in.group)
+		}
+	}
+	if in.daemon == dm {
+		// A server held in FAULT (mpsModel.holdFault) serves again once
+		// no client of it is left.
+		if in.mps.endFaults(unleased, faultMark) {
+			in.log.Info("MPS server out of FAULT: no client of its fault is left")
 			d.scheduleLocked(in.group)
 		}
 	}

@@ -156,6 +156,9 @@ type simWorld struct {
 	pid   int
 	trace []string
 	tally map[string]int
+	// violation: an invariant a step broke where it could not return it
+	// (an emulated MPS callback); check reports it.
+	violation error
 	// down: the steps left while mpsd is stopped (an mpsd restart); the
 	// servers each instance's model held when it stopped, as the state
 	// file saves them.
@@ -203,6 +206,9 @@ type simInst struct {
 	// records: the culprit records of each server that reached mpsd
 	// (while it knew the server) since its last fault's recovery.
 	records map[int][]simRecord
+	// faultAtGrant: the servers mpsd's model held in FAULT when each
+	// lease was last granted.
+	faultAtGrant map[*lease][]int
 }
 
 // simRecord is a culprit record as it reached mpsd.
@@ -338,7 +344,7 @@ func newSimWorld(seed uint64) (*simWorld, error) {
 		}
 		si := &simInst{w: w, in: in, servers: map[int]*simServer{}, clients: map[int]*simClient{},
 			uidFaults: map[uint32][]time.Time{}, started: map[*lease]int{}, knownUnleased: map[int]time.Time{},
-			culprit: map[int]*lease{}, faultUID: map[int]int32{}, records: map[int][]simRecord{}}
+			culprit: map[int]*lease{}, faultUID: map[int]int32{}, records: map[int][]simRecord{}, faultAtGrant: map[*lease][]int{}}
 		si.sched = mpssched.New(simHost{si}, g.Multiuser, 0)
 		si.newControl()
 		w.insts = append(w.insts, si)
@@ -470,7 +476,7 @@ func (w *simWorld) takeStep() error {
 	case r < 89:
 		w.unleasedClient(si)
 	case r < 93:
-		w.reconcile(si)
+		return w.reconcile(si)
 	case r < 94:
 		w.resume(si)
 	case r < 95:
@@ -638,6 +644,11 @@ func (w *simWorld) noteGrants() error {
 			}
 			w.live[l] = l.attempt
 			w.tally["grant"]++
+			for _, si := range w.insts {
+				if si.in == l.inst {
+					si.faultAtGrant[l] = si.in.mps.inFault()
+				}
+			}
 			w.logf("grant %s uid %d attempt %d on %s", l.id, l.uid, l.attempt, l.inst.key)
 		}
 	}
@@ -841,6 +852,9 @@ func (h simHost) HandOver(mc *mpssched.Client, s *mpssched.Server) {
 		delete(h.si.clients, c.pid)
 		h.si.w.processEnds(c.pid)
 		h.si.w.logf("client %d refused by server %d in FAULT; it ends", c.pid, sv.pid)
+		if l := c.lease; l != nil && slices.Contains(h.si.faultAtGrant[l], sv.pid) && h.si.w.violation == nil {
+			h.si.w.violation = fmt.Errorf("client %d of %s refused by server %d in FAULT, which mpsd held in FAULT when it granted the lease", c.pid, l.id, sv.pid)
+		}
 		return
 	}
 	c.req, c.server = nil, sv
@@ -1208,8 +1222,9 @@ func (w *simWorld) unleasedClient(si *simInst) {
 
 // reconcile: mpsd lists the servers' clients and counts those no lease
 // holds (reconciliation under "report": it ends none).
-func (w *simWorld) reconcile(si *simInst) {
-	by := map[int]int{}
+func (w *simWorld) reconcile(si *simInst) error {
+	mark := si.in.mps.faultMark()
+	by := map[int][]int{}
 	clear(si.knownUnleased)
 	for _, pid := range slices.Sorted(maps.Keys(si.servers)) {
 		sv := si.servers[pid]
@@ -1218,16 +1233,27 @@ func (w *simWorld) reconcile(si *simInst) {
 		}
 		for _, c := range sv.clients {
 			if c.lease == nil {
-				by[pid]++
+				by[pid] = append(by[pid], c.pid)
 				si.knownUnleased[c.pid] = w.now
 			}
 		}
 	}
 	si.in.mps.setUnleased(by)
+	if si.in.mps.endFaults(by, mark) {
+		w.logf("mpsd: a server leaves FAULT")
+	}
+	// A server mpsd holds in FAULT is one MPS holds in FAULT.
+	for _, pid := range si.in.mps.inFault() {
+		if sv := si.servers[pid]; sv == nil || !sv.faulted {
+			return fmt.Errorf("mpsd holds server %d in FAULT after a reconciliation; MPS does not", pid)
+		}
+		w.tally["FAULT held"]++
+	}
 	if len(by) > 0 {
 		w.tally["unleased held"]++
 	}
 	w.logf("reconcile: unleased %v", by)
+	return nil
 }
 
 // resume: mpsctl resume lifts the quarantine and the bars.
@@ -1458,6 +1484,9 @@ func simIDs(ls []*lease) string {
 
 // check verifies the invariants that hold between steps.
 func (w *simWorld) check() error {
+	if w.violation != nil {
+		return w.violation
+	}
 	// The daemon's leases are the queued ones, each once in its group's
 	// queue, and the running ones, each on its instance.
 	queued := 0

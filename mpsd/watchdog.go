@@ -463,6 +463,18 @@ func (d *Daemon) beginRecovery(in *instance, pending []fault) recovery {
 	n := d.revoke(plan.victims, f.reason, revokeHow{dm: r.dm, servers: r.servers, reasons: plan.reasons, spared: plan.spared,
 		marked: func() { in.handlingMarked = true }})
 	in.log.Info("revocation done", "leases", n, "took", d.clock.Since(start))
+	if f.restart == restartNone {
+		// A server's fatal fault: MPS keeps the server in FAULT while any
+		// client of the fault lives; the revocation ended the leased ones.
+		d.mu.Lock()
+		for _, p := range pending {
+			if p.kind == faultServerFault && p.server > 0 && in.mps.holdFault(p.server) {
+				in.log.Warn("MPS server stays in FAULT: clients no lease holds still use it, and it refuses new clients; nothing is placed on the instance until they have gone",
+					"server", p.server)
+			}
+		}
+		d.mu.Unlock()
+	}
 	return r
 }
 

@@ -69,6 +69,10 @@ type Instance struct {
 	// uid waits behind the leased ones' pending start), so nothing is
 	// placed until one side has gone.
 	ServerContested bool
+	// ServerFault: a server of the instance is in FAULT after a client's
+	// fatal fault and refuses every new client until the clients of the
+	// fault have gone (some no lease holds are left): nothing is placed.
+	ServerFault bool
 	// Barred are uids the instance refuses for now: their clients' faults
 	// kept taking its server down. It is closed to them as a quarantine
 	// closes it to everyone; it lapses by itself.
@@ -229,6 +233,9 @@ func Place(r *Request, instances []Instance, mode Placement) (int, error) {
 		swap := !in.Multiuser && in.ServerUp && in.ServerUID != r.UID
 		if swap && (in.Alloc.Clients > 0 || in.ServerHeld) || !in.Multiuser && in.ServerContested {
 			continue // would wait behind another uid's clients
+		}
+		if in.ServerFault {
+			continue // MPS refuses its clients until the fault's have gone
 		}
 		if best >= 0 {
 			if swap != bestSwap {

@@ -94,6 +94,9 @@ func TestPlace(t *testing.T) {
 		{"quarantined", req("a", 1, 10, gib), []Instance{inState(ready("a", 0, Usage{}), InstanceQuarantined)}, Binpack, -1, ErrOnlyClosed},
 		{"quarantined and too small", req("a", 1, 10, 41*gib), []Instance{inState(ready("a", 0, Usage{}), InstanceQuarantined)}, Binpack, -1, ErrNeverFits},
 		{"recovering", req("a", 1, 10, gib), []Instance{inState(ready("a", 0, Usage{}), InstanceRecovering)}, Binpack, -1, ErrNoRoomNow},
+		{"server in FAULT", req("a", 1, 10, gib), []Instance{inFault(ready("a", 0, Usage{}))}, Binpack, -1, ErrNoRoomNow},
+		{"server in FAULT passed over", req("a", 1, 10, gib), []Instance{inFault(ready("a", 0, Usage{})), ready("a", 1, Usage{SM: 50, Mem: gib, Clients: 1})}, Binpack, 1, nil},
+		{"multiuser server in FAULT", req("a", 1, 10, gib), []Instance{func() Instance { in := inFault(ready("a", 0, Usage{})); in.Multiuser = true; return in }()}, Binpack, -1, ErrNoRoomNow},
 		{"starting", req("a", 1, 10, gib), []Instance{inState(ready("a", 0, Usage{}), InstanceStarting)}, Binpack, -1, ErrNoRoomNow},
 		{"uid mismatch with clients", req("a", 2, 10, gib),
 			[]Instance{withServer(ready("a", 0, Usage{SM: 10, Mem: gib, Clients: 1}), 1)}, Binpack, -1, ErrNoRoomNow},
@@ -432,4 +435,10 @@ func BenchmarkNext(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// inFault is in with a server in FAULT (Instance.ServerFault).
+func inFault(in Instance) Instance {
+	in.ServerFault = true
+	return in
 }

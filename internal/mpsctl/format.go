@@ -291,6 +291,9 @@ func instanceNote(in api.InstanceStatus) string {
 		note = append(note, "start failed: "+tailText(in.LastStartError, 100))
 	}
 	for _, s := range in.Servers {
+		if s.Fault {
+			note = append(note, fmt.Sprintf("server %d in FAULT: new clients are refused until its %d clients of no lease have gone", s.PID, s.UnleasedClients))
+		}
 		if len(s.PendingLeases) > 0 {
 			// MPS's pending list: their clients wait inside MPS.
 			who := "lease " + text(s.PendingLeases[0], 60) + " waits"

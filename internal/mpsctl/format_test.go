@@ -22,6 +22,8 @@ func TestInstanceNoteServers(t *testing.T) {
 			"server 7 of uid 1000: leases l-2,l-3 wait behind it inside MPS; server 7 of uid 1000 held by clients of no lease (1): other users wait"},
 		{"multiuser", api.InstanceStatus{Multiuser: true, Servers: []api.ServerStatus{{PID: 9, UID: 0, UnleasedClients: 1}}},
 			"multiuser; server 9: clients of no lease (1)"},
+		{"fault", api.InstanceStatus{Servers: []api.ServerStatus{{PID: 7, UID: 1000, UnleasedClients: 2, Fault: true}}},
+			"server 7 in FAULT: new clients are refused until its 2 clients of no lease have gone; server 7 of uid 1000 held by clients of no lease (2): other users wait"},
 	} {
 		if got := instanceNote(tc.in); got != tc.want {
 			t.Errorf("%s: note %q; want %q", tc.name, got, tc.want)

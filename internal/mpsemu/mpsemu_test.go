@@ -333,6 +333,46 @@ func TestFaultOnSignal(t *testing.T) {
 	}
 }
 
+// --hold-on-fault: a client that catches the sticky error and hangs on
+// keeps its server in FAULT, refusing new clients, until it has gone.
+func TestHoldOnFault(t *testing.T) {
+	m := newMPS(t, "550", "", "MPSEMU_FAULT_RESET=0")
+	m.startDaemon()
+	a := m.start(-1, emutest.ClientName, "--duration", "1m", "--hold-on-fault")
+	a.line(t)
+	c := m.start(-1, emutest.ClientName, "--duration", "1m", "--fault-on-usr1")
+	c.line(t)
+	server := strconv.Itoa(m.serverPID())
+	if err := c.cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	if code := c.wait(t); code != 70 {
+		t.Errorf("the faulting client: exit %d, stderr %q; want 70", code, c.stderr.String())
+	}
+	if got := m.cmd("get_server_status " + server); got != "FAULT\n" {
+		t.Errorf("with a client of the fault holding on: %q; want FAULT", got)
+	}
+	d := m.start(-1, emutest.ClientName, "--duration", "1ms")
+	if code := d.wait(t); code == 0 {
+		t.Errorf("a new client of a server in FAULT: exit 0; want it refused")
+	}
+	if err := a.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	a.wait(t)
+	until := time.Now().Add(deadline)
+	for m.cmd("get_server_status "+server) != "ACTIVE\n" {
+		if time.Now().After(until) {
+			t.Fatalf("the server is not ACTIVE %v after its last client of the fault has gone", deadline)
+		}
+		time.Sleep(20 * time.Millisecond) // a command-line interface: nothing to wait on
+	}
+	e := m.start(-1, emutest.ClientName, "--duration", "1ms")
+	if code := e.wait(t); code != 0 {
+		t.Errorf("a new client once the FAULT is over: exit %d, stderr %q", code, e.stderr.String())
+	}
+}
+
 func TestMaxClientsProcesses(t *testing.T) {
 	m := newMPS(t, "550", "", "MPSEMU_MAX_CLIENTS=2")
 	m.startDaemon()

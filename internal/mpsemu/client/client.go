@@ -96,6 +96,11 @@ type Options struct {
 	// FaultNow raises a fatal fault when it receives (once), so a test
 	// can fault a client at the moment it chooses; nil: never.
 	FaultNow <-chan struct{}
+	// HoldOnFault: a fault the server reports (the sticky error) does not
+	// end the client; it stays connected for the rest of Duration, as a
+	// process that catches the error and hangs on does (MPS keeps its
+	// server in FAULT until it has gone).
+	HoldOnFault bool
 	// Connected, when set, runs once the server has taken the client
 	// (before its limits line); an error ends the client with it.
 	Connected func() error
@@ -225,6 +230,10 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 			return lost(err)
 		case m := <-msgs:
 			if err := event(m); err != nil {
+				if opts.HoldOnFault && m.Op == emuwire.OpFault {
+					fmt.Fprintf(out, "mpsemu-client: %v; holding on\n", err)
+					continue
+				}
 				return err
 			}
 		}

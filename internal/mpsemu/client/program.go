@@ -16,7 +16,7 @@ import (
 // Main is the mpsemu-client program; it returns the exit status (doc.go).
 //
 //	mpsemu-client [--alloc SIZE] [--device N] [--duration D] [--fault-after D] [--fault-on-usr1]
-//	              [--setuid-after-connect UID] [--claim-pid PID]
+//	              [--hold-on-fault] [--setuid-after-connect UID] [--claim-pid PID]
 func Main(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	return MainEnv(args, func(k string) (string, bool) { v := getenv(k); return v, v != "" }, stdout, stderr)
 }
@@ -32,6 +32,7 @@ func MainEnv(args []string, lookup func(string) (string, bool), stdout, stderr i
 	duration := fs.Duration("duration", 0, "stay connected this long after setup")
 	faultAfter := fs.Duration("fault-after", 0, "raise a fatal GPU fault after this long")
 	faultOnUSR1 := fs.Bool("fault-on-usr1", false, "raise a fatal GPU fault when SIGUSR1 arrives (once)")
+	holdOnFault := fs.Bool("hold-on-fault", false, "stay connected for the rest of --duration after the server reports a fatal fault (MPS keeps the server in FAULT meanwhile)")
 	setuid := fs.Int("setuid-after-connect", -1, "once connected, become `UID` (uid, gid and no groups; needs root): MPS then lists a process of that uid, which it never served")
 	claim := fs.Int("claim-pid", 0, "tell the daemon and the server that the client is `PID` (a CUDA client reports its own pid, which MPS takes as told): MPS then lists that pid for this client")
 	if err := fs.Parse(args); err != nil {
@@ -49,6 +50,7 @@ func MainEnv(args []string, lookup func(string) (string, bool), stdout, stderr i
 		AllocDevice: *device,
 		Duration:    *duration,
 		FaultAfter:  *faultAfter,
+		HoldOnFault: *holdOnFault,
 	}
 	opts.EnvVisible, opts.HasVisible = lookup("CUDA_VISIBLE_DEVICES")
 	if *claim > 0 {
