@@ -14,7 +14,9 @@ package mpsd
 // unleased holders, exit verdicts), placement (instance.policyViewAt and
 // policy.Next, Assign and Release), the culprit records of a server's log
 // (noteCulpritHint) and reconciliation's readings of every lease's cgroup
-// (leasedPids), and the first part of a recovery as the supervisor runs it
+// (leasedPids), a fault's intake (reportFault: pending, the instance
+// recovering and closed to placements; the supervisor's takePendingLocked),
+// and the first part of a recovery as the supervisor runs it
 // (beginRecovery: the culprits the log named where facts confirm them,
 // planRecoveryLocked's charges, quarantine, victims and spares, and the
 // revocation, Daemon.revoke: marked, told, their clients terminated
@@ -26,9 +28,9 @@ package mpsd
 // (internal/mpsemu/mpssched, the one definition of MPS's rules the
 // emulated nvidia-cuda-mps-control runs on), with servers and clients as
 // records instead of processes. What is the simulation's: the instance's
-// steps into and out of recovering (as reportFault and the supervisor
-// make them), the servers' restart after a recovery, a daemon's
-// replacement, and a restart's adoption.
+// step out of recovering (as the supervisor makes it), the servers'
+// restart after a recovery, a daemon's replacement, and a restart's
+// adoption.
 //
 // Each step picks one of: a request from one of several users of a group
 // without multiuser and of a multiuser group, a client process starting
@@ -1293,13 +1295,17 @@ func (w *simWorld) recover(si *simInst, faults []fault, chargesNobody bool) erro
 			}
 		}
 	}
-	// As reportFault: an instance that is up is recovering, closed to
-	// placements, until its supervisor has handled the faults.
-	if in.life == instUp {
-		if _, err := in.step(instEvFault, faults[0].kind); err != nil {
-			return fmt.Errorf("%s: %w", in.key, err)
-		}
+	// mpsd's intake (reportFault): each fault is pending, and an instance
+	// that is up is recovering, closed to placements, until its
+	// supervisor has handled them; the supervisor takes them all for one
+	// recovery.
+	for _, f := range faults {
+		w.core.reportFault(in, f)
 	}
+	if in.life != instRecovering {
+		return fmt.Errorf("%s is %v after a fault was reported", in.key, in.life)
+	}
+	faults = in.takePendingLocked()
 	// The instance's control daemon is its own only for the recovery:
 	// the caps commands of a grant (a goroutine each) are not simulated.
 	in.daemon = si.ctl
@@ -1307,6 +1313,7 @@ func (w *simWorld) recover(si *simInst, faults []fault, chargesNobody bool) erro
 	if in.daemon == si.ctl {
 		in.daemon = nil
 	}
+	in.handling = nil
 	w.applyKills(si)
 	f, plan := r.f, r.plan
 	blamed, anonymous := culprits(faults)

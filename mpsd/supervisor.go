@@ -114,6 +114,15 @@ func (in *instance) kickLocked() {
 	}
 }
 
+// takePendingLocked takes the faults pending on in for one recovery:
+// they are being handled (in.handling, whose server.log lines the state
+// file keeps until the recovery has marked its victims revoking).
+func (in *instance) takePendingLocked() []fault {
+	pending := in.pending
+	in.pending, in.handling, in.handlingMarked = nil, pending, false
+	return pending
+}
+
 // askStopLocked steps the instance to stopping and has its supervisor
 // stop dm (under Daemon.mu). False: the instance cannot stop now (it is
 // not up).
@@ -168,8 +177,7 @@ func (d *Daemon) supervise(in *instance) {
 			}
 			continue
 		case supRecover:
-			pending := in.pending
-			in.pending, in.handling, in.handlingMarked = nil, pending, false
+			pending := in.takePendingLocked()
 			d.mu.Unlock()
 			d.recoverOnce(in, pending)
 			d.mu.Lock()
