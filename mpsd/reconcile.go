@@ -414,10 +414,8 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 			// waiting requests of other uids say so.
 			d.scheduleLocked(in.group)
 		}
-	}
-	if in.daemon == dm {
 		// A server held in FAULT (mpsModel.holdFault) serves again once
-		// no client of it is left.
+		// no client of its fault is left.
 		if in.mps.endFaults(unleased, faultMark) {
 			in.log.Info("MPS server out of FAULT: no client of its fault is left")
 			d.scheduleLocked(in.group)
