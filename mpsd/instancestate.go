@@ -199,7 +199,7 @@ func (in *instance) policyViewAt(now time.Time) policy.Instance {
 	if !p.Multiuser { // a shared server serves every uid: nothing to keep off
 		p.ServerUp, p.ServerUID, p.ServerHeld, p.ServerContested = in.mps.serving(in.placedUID())
 	}
-	p.ServerFault = len(in.mps.inFault()) > 0
+	p.ServerFault = in.mps.faulted()
 	if len(in.barred) > 0 {
 		p.Barred = in.barredUIDs(now)
 	}

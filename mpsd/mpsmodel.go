@@ -200,6 +200,14 @@ func (m *mpsModel) endFaults(unleased map[int][]int, mark uint64) (ended bool) {
 	return ended
 }
 
+// faulted reports whether a server is held in FAULT (placement's view:
+// nothing is placed meanwhile).
+func (m *mpsModel) faulted() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.faults) > 0
+}
+
 // inFault lists the servers held in FAULT, sorted.
 func (m *mpsModel) inFault() []int {
 	m.mu.Lock()

@@ -222,8 +222,8 @@ func TestMPSModelFault(t *testing.T) {
 	if !m.holdFault(20) {
 		t.Fatal("not held in FAULT with a client of no lease left")
 	}
-	if got := m.inFault(); !slices.Equal(got, []int{20}) {
-		t.Fatalf("in FAULT %v; want [20]", got)
+	if got := m.inFault(); !slices.Equal(got, []int{20}) || !m.faulted() {
+		t.Fatalf("in FAULT %v (faulted %v); want [20]", got, m.faulted())
 	}
 	if v := m.view(); len(v) != 1 || !v[0].fault {
 		t.Fatalf("view %+v; want server 20 in FAULT", v)
@@ -235,7 +235,7 @@ func TestMPSModelFault(t *testing.T) {
 	if m.endFaults(map[int][]int{20: {501, 502}}, after) {
 		t.Fatal("FAULT ended while its client of no lease is left")
 	}
-	if !m.endFaults(map[int][]int{20: {502}}, after) || len(m.inFault()) != 0 {
+	if !m.endFaults(map[int][]int{20: {502}}, after) || len(m.inFault()) != 0 || m.faulted() {
 		t.Fatalf("FAULT not ended once its client has gone (502 came since: MPS accepted it): %v", m.inFault())
 	}
 	m.setUnleased(map[int][]int{20: {502}})
