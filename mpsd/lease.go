@@ -533,8 +533,10 @@ func (d *Daemon) waitReasonLocked(group string) string {
 	for _, in := range d.groupInstancesLocked(group) {
 		if st := in.placementState(); st != policy.InstanceReady {
 			closed = append(closed, fmt.Sprintf("GPU %s %s", gpuList(in), st))
-		} else if f := in.mps.inFault(); len(f) > 0 {
-			closed = append(closed, fmt.Sprintf("GPU %s: MPS server %d in FAULT until its clients of no lease have gone", gpuList(in), f[0]))
+		} else if in.mps.faulted() {
+			if f := in.mps.inFault(); len(f) > 0 {
+				closed = append(closed, fmt.Sprintf("GPU %s: MPS server %d in FAULT until its clients of no lease have gone", gpuList(in), f[0]))
+			}
 		}
 	}
 	if len(closed) == 0 {
