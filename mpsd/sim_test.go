@@ -955,24 +955,21 @@ func (w *simWorld) leaseOfPID(si *simInst, pid int) *lease {
 // every client of it holds a sticky error; the driver raises an Xid
 // naming the culprit's pid.
 func (w *simWorld) clientFault(si *simInst) {
-	c := w.faultingClient(si)
+	c := w.faultClient(si)
 	if c == nil {
 		return
 	}
 	sv := c.server
-	sv.faulted = true
-	for _, o := range sv.clients {
-		o.doomed = true
-	}
 	w.tally["culprit fault"]++
 	w.logf("client %d of %s (uid %d) faults server %d", c.pid, c.lease.id, c.uid, sv.pid)
 	si.events = append(si.events, simEvent{kind: evXid, xidPID: c.pid})
 }
 
-// faultingClient picks the leased client that raises a fatal fault: three
-// times in four one of the group's first member, whose clients keep faulting
-// (what a uid's bar is for), when it has one served.
-func (w *simWorld) faultingClient(si *simInst) *simClient {
+// faultClient picks the leased client that raises a fatal fault (three
+// times in four one of the group's first member, whose clients keep
+// faulting: what a uid's bar is for, when it has one served) and puts its
+// server in FAULT: every client of it holds a sticky error.
+func (w *simWorld) faultClient(si *simInst) *simClient {
 	var cands, poison []*simClient
 	for _, pid := range slices.Sorted(maps.Keys(si.clients)) {
 		if c := si.clients[pid]; c.lease != nil && c.server != nil && !c.server.faulted {
@@ -988,7 +985,12 @@ func (w *simWorld) faultingClient(si *simInst) *simClient {
 	if len(cands) == 0 {
 		return nil
 	}
-	return cands[w.pick(len(cands))]
+	c := cands[w.pick(len(cands))]
+	c.server.faulted = true
+	for _, o := range c.server.clients {
+		o.doomed = true
+	}
+	return c
 }
 
 // serverCrash: a server dies by a signal; its clients die with it.
@@ -1007,18 +1009,14 @@ func (w *simWorld) serverCrash(si *simInst) {
 // handling a fatal GPU error"), or for a third of them (fatal errors MPS
 // names no client of) only its FAULT; the Xid names no process (NVML's
 // events give none). Every client of the server holds a sticky error; the
-// culprit's process ends at once, most often, or hangs until its
-// revocation.
+// culprit's process ends as mpsd reads the record naming it (half the
+// time), before (a quarter), or hangs on until its revocation.
 func (w *simWorld) memFault(si *simInst) {
-	c := w.faultingClient(si)
+	c := w.faultClient(si)
 	if c == nil {
 		return
 	}
 	sv := c.server
-	sv.faulted = true
-	for _, o := range sv.clients {
-		o.doomed = true
-	}
 	si.culprit[sv.pid], si.faultUID[sv.pid] = c.lease, sv.uid
 	w.tally["memory fault"]++
 	if w.pick(3) == 0 {
