@@ -127,7 +127,7 @@ func TestSimulation(t *testing.T) {
 	// The simulation is worth something only if it reached what it
 	// checks: uid switches, culprit faults, spared victims, bars.
 	if *simSeed == 0 {
-		for _, k := range []string{"grant", "uid switch", "culprit fault", "spared victim", "crash", "uid barred", "unleased held", "memory fault", "forged record", "log-named culprit", "daemon hang", "refused after a reload", "refused at admission", "mpsd restart", "server lost while away", "multiuser reload", "restart for multiuser"} {
+		for _, k := range []string{"grant", "uid switch", "culprit fault", "spared victim", "crash", "uid barred", "unleased held", "memory fault", "forged record", "log-named culprit", "FAULT held", "daemon hang", "refused after a reload", "refused at admission", "mpsd restart", "server lost while away", "multiuser reload", "restart for multiuser"} {
 			if totals[k] == 0 {
 				t.Errorf("no %q in %d seeds: the simulation no longer explores it", k, len(seeds))
 			}
