@@ -64,7 +64,10 @@ package mpsd
 //     a multiuser daemon, never with two records in culpritHintAge, only
 //     a lease of the server's uid whose named process ended before the
 //     recovery, and another than the true culprit only on a forged record;
-//   - a revoked lease's processes are all gone, killed by the revocation.
+//   - a revoked lease's processes are all gone, killed by the revocation;
+//   - no granted client is refused by a server mpsd held in FAULT when it
+//     granted, and after a reconciliation mpsd holds a server in FAULT
+//     only where MPS does.
 //
 // Replay one seed: go test ./mpsd -run '^TestSimulation$' -sim.seed=N -v
 
