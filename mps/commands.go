@@ -84,6 +84,13 @@ func (d *Daemon) ServerStatus(ctx context.Context, pid int) (ServerState, error)
 	return StateInitializing, nil
 }
 
+// ReportedServerStatus is a server's state as the daemon's
+// get_server_status reports it, never inferred: ErrUnknownCommand on a
+// daemon without the command (535), which cannot tell FAULT.
+func (d *Daemon) ReportedServerStatus(ctx context.Context, pid int) (ServerState, error) {
+	return parsed(ctx, d, "get_server_status "+strconv.Itoa(pid), parseServerState)
+}
+
 // StartServer asks the daemon to start a server for uid (start_server
 // -uid). A server for that uid already running: no-op; for another uid: the
 // daemon queues it until that server exits.

@@ -112,6 +112,12 @@ func TestStartCommands(t *testing.T) {
 		if err != nil || (st != StateInitializing && st != StateActive) {
 			t.Errorf("ServerStatus(%d) = %v, %v", pid, st, err)
 		}
+		// As the daemon reports it, never inferred: 535 cannot.
+		if rst, err := d.ReportedServerStatus(ctx, pid); b.gen == "535" {
+			wantErr(t, err, ErrUnknownCommand)
+		} else if err != nil || (rst != StateInitializing && rst != StateActive) {
+			t.Errorf("ReportedServerStatus(%d) = %v, %v", pid, rst, err)
+		}
 		if b.real {
 			// The stand-in never completes the private handshake.
 			if st != StateInitializing {

@@ -34,6 +34,7 @@ type control interface {
 	Command(ctx context.Context, line string) (string, error)
 	ShutdownServer(ctx context.Context, pid int, force bool) error
 	ClientList(ctx context.Context, serverPID int) ([]int, error)
+	ReportedServerStatus(ctx context.Context, pid int) (mps.ServerState, error)
 	TerminateClient(ctx context.Context, serverPID, clientPID int) error
 	ServerCaps(ctx context.Context, serverPID, devices int) (mps.ServerCaps, error)
 	SetServerCaps(ctx context.Context, serverPID int, p float64, memBytes []int64) (mps.ServerCaps, error)

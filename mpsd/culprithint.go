@@ -157,8 +157,7 @@ func (d *Daemon) noteCulpritHint(in *instance, dm control, ev mps.Event) {
 // naming it is read (ok), with its start time while it runs, or gone once
 // it has ended.
 func (d *Daemon) leaseProcessAtHint(l *lease, pid int) (ok bool, start uint64, gone bool) {
-	now := d.clock.Now()
-	if live, read := l.readPids(now); read && slices.Contains(live, pid) {
+	if live, read := l.readPids(d.clock); read && slices.Contains(live, pid) {
 		p, err := d.procs.open(pid)
 		if err != nil {
 			return true, 0, true // ended since the reading just now
@@ -168,6 +167,7 @@ func (d *Daemon) leaseProcessAtHint(l *lease, pid int) (ok bool, start uint64, g
 	}
 	// Listed by a reading at most culpritSeenAge old (this one included:
 	// a process that left as the record came is remembered).
+	now := d.clock.Now()
 	seenAt, seen := l.seenAt(pid, now)
 	if !seen {
 		l.logger().Debug("culprit hint: pid not in the lease's cgroup, nor in a recent reading of it", "lease", l.id, "pid", pid)
@@ -187,7 +187,7 @@ func (d *Daemon) leaseProcessAtHint(l *lease, pid int) (ok bool, start uint64, g
 	if err != nil {
 		return false, 0, false
 	}
-	readAt := ticks - uint64(now.Sub(seenAt)/(time.Second/userHZ))
+	readAt := ticks - uint64(max(now.Sub(seenAt), 0)/(time.Second/userHZ))
 	if p.startTime() > readAt {
 		l.logger().Debug("culprit hint: pid taken again since the lease's reading listed it", "lease", l.id, "pid", pid, "start", p.startTime(), "read_at", readAt)
 		return false, 0, false

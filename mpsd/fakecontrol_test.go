@@ -86,6 +86,13 @@ func (f *fakeControl) ClientList(context.Context, int) ([]int, error) {
 	return nil, f.record("get_client_list")
 }
 
+func (f *fakeControl) ReportedServerStatus(_ context.Context, pid int) (mps.ServerState, error) {
+	if err := f.record(fmt.Sprintf("get_server_status %d", pid)); err != nil {
+		return mps.StateUnknown, err
+	}
+	return mps.StateActive, nil
+}
+
 func (f *fakeControl) TerminateClient(_ context.Context, server, client int) error {
 	return f.record(fmt.Sprintf("terminate_client %d %d", server, client))
 }

@@ -577,11 +577,12 @@ func (d *Daemon) watchInstance(in *instance, dm control) {
 				d.spawn(func() { d.serverStartedCaps(in, dm, ev.PID) })
 			}
 		case mps.ServerExited:
-			held := in.mps.held()
+			held, faulted := in.mps.held(), in.mps.faulted()
 			exit = in.mps.serverExited(ev, in.leases, in.p.Multiuser)
-			if current && held && !in.mps.held() {
-				// The server that unleased clients held is gone: another
-				// uid may be served now.
+			if current && (held && !in.mps.held() || faulted && !in.mps.faulted()) {
+				// The server that unleased clients held, or that was
+				// held in FAULT, is gone: another uid, or anyone, may be
+				// served now.
 				d.scheduleLocked(in.group)
 			}
 		}

@@ -79,7 +79,7 @@ func TestKillLeaseHoldsNoLock(t *testing.T) {
 	go func() { killed <- d.killLease(l) }()
 	<-cg.killing
 	within(t, "livePids", func() {
-		if got := l.livePids(time.Now()); !slices.Equal(got, []int{10, 11}) {
+		if got := l.livePids(clock.Real{}); !slices.Equal(got, []int{10, 11}) {
 			t.Errorf("pids during the kill: %v, want [10 11]", got)
 		}
 	})

@@ -1083,17 +1083,16 @@ func (l *lease) seenAt(pid int, now time.Time) (time.Time, bool) {
 }
 
 // livePids lists the lease's processes: the cgroup's when it has one
-// (read without cgMu at now, on mpsd's clock, and kept for when it cannot
-// be read), else the pids last known.
-func (l *lease) livePids(now time.Time) []int {
-	pids, _ := l.readPids(now)
+// (read without cgMu, and kept, stamped on clk, mpsd's clock, for when it
+// cannot be read), else the pids last known.
+func (l *lease) livePids(clk clock.Clock) []int {
+	pids, _ := l.readPids(clk)
 	return pids
 }
 
 // readPids is livePids, and whether they are a reading of the cgroup just
-// now (else the pids last known); at is now on mpsd's clock, when the
-// reading is taken.
-func (l *lease) readPids(at time.Time) (pids []int, now bool) {
+// now (else the pids last known).
+func (l *lease) readPids(clk clock.Clock) (pids []int, now bool) {
 	l.cgMu.Lock()
 	cg := l.cg
 	l.cgMu.Unlock()
@@ -1101,7 +1100,9 @@ func (l *lease) readPids(at time.Time) (pids []int, now bool) {
 		if p, err := cg.Pids(); err == nil {
 			l.cgMu.Lock()
 			if l.cg == cg {
-				l.readLocked(p, at)
+				// Stamped once read, under cgMu: readings are kept in
+				// the order of their times.
+				l.readLocked(p, clk.Now())
 			}
 			l.cgMu.Unlock()
 			return slices.Clone(p), true

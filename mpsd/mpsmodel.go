@@ -184,15 +184,38 @@ func (m *mpsModel) faultMark() uint64 {
 	return m.faultSeq
 }
 
-// endFaults ends the FAULT of each server held at or before mark that a
-// reconciliation which began at mark found none of the fault's clients
-// of (unleased, by server pid, as it confirmed them). It reports whether
-// one ended.
-func (m *mpsModel) endFaults(unleased map[int][]int, mark uint64) (ended bool) {
+// faultEvidence is what a reconciliation saw of the servers held in FAULT
+// (endFaults).
+type faultEvidence struct {
+	// unleased: the clients of no lease it confirmed, by server pid;
+	// seen: the servers whose clients it saw (their list read, or NVML's
+	// showing every MPS client leased).
+	unleased map[int][]int
+	seen     map[int]bool
+	// state: what the control daemon's get_server_status reported of a
+	// held server (550 and newer; 535 has no such command), by pid.
+	state map[int]mps.ServerState
+}
+
+// endFaults ends the FAULT of each server held at or before mark, as a
+// reconciliation which began at mark saw it: where the control daemon
+// reported the server's state, by that state (anything but FAULT ends
+// it: MPS serves again); otherwise once it saw the server's clients and
+// found none of the fault's. It reports whether one ended.
+func (m *mpsModel) endFaults(ev faultEvidence, mark uint64) (ended bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for pid, h := range m.faults {
-		if h.seq <= mark && !slices.ContainsFunc(h.clients, func(c int) bool { return slices.Contains(unleased[pid], c) }) {
+		if h.seq > mark {
+			continue
+		}
+		over := false
+		if st, ok := ev.state[pid]; ok {
+			over = st != mps.StateFault
+		} else {
+			over = ev.seen[pid] && !slices.ContainsFunc(h.clients, func(c int) bool { return slices.Contains(ev.unleased[pid], c) })
+		}
+		if over {
 			delete(m.faults, pid)
 			ended = true
 		}

@@ -228,17 +228,31 @@ func TestMPSModelFault(t *testing.T) {
 	if v := m.view(); len(v) != 1 || !v[0].fault {
 		t.Fatalf("view %+v; want server 20 in FAULT", v)
 	}
-	if m.endFaults(nil, before) {
+	seen := map[int]bool{20: true}
+	if m.endFaults(faultEvidence{seen: seen, state: map[int]mps.ServerState{20: mps.StateActive}}, before) {
 		t.Fatal("a reconciliation that began before the fault ended it")
 	}
 	after := m.faultMark()
-	if m.endFaults(map[int][]int{20: {501, 502}}, after) {
+	if m.endFaults(faultEvidence{unleased: map[int][]int{20: {501, 502}}, seen: seen}, after) {
 		t.Fatal("FAULT ended while its client of no lease is left")
 	}
-	if !m.endFaults(map[int][]int{20: {502}}, after) || len(m.inFault()) != 0 || m.faulted() {
+	if m.endFaults(faultEvidence{}, after) {
+		t.Fatal("FAULT ended by a reconciliation that could not read the server's clients")
+	}
+	if m.endFaults(faultEvidence{seen: seen, state: map[int]mps.ServerState{20: mps.StateFault}}, after) {
+		t.Fatal("FAULT ended while the daemon reports the server in FAULT")
+	}
+	if !m.endFaults(faultEvidence{unleased: map[int][]int{20: {502}}, seen: seen}, after) || len(m.inFault()) != 0 || m.faulted() {
 		t.Fatalf("FAULT not ended once its client has gone (502 came since: MPS accepted it): %v", m.inFault())
 	}
+	// The daemon's own word decides where it has one: a server it reports
+	// ACTIVE is out of FAULT, whatever clients of no lease it has (they
+	// came after the FAULT).
 	m.setUnleased(map[int][]int{20: {502}})
+	m.holdFault(20)
+	if !m.endFaults(faultEvidence{unleased: map[int][]int{20: {502}}, seen: seen, state: map[int]mps.ServerState{20: mps.StateActive}}, m.faultMark()) || m.faulted() {
+		t.Fatal("FAULT not ended by the daemon reporting the server ACTIVE")
+	}
 	m.holdFault(20)
 	m.serverExited(mps.Event{PID: 20}, nil, false)
 	if got := m.inFault(); len(got) != 0 {

@@ -188,7 +188,7 @@ func (b *podBinding) holds(lines map[string]string) bool {
 // leasePids is the lease's processes: its cgroup's (livePids) and, for a
 // lease bound to a pod's container, that container's.
 func (d *Daemon) leasePids(l *lease) []int {
-	pids := l.livePids(d.clock.Now())
+	pids := l.livePids(d.clock)
 	if b := d.pods.get(l.id); b != nil {
 		if p, err := b.pids(); err == nil {
 			pids = append(pids, p...)

@@ -17,6 +17,7 @@ import (
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/cgroup"
 	"github.com/mpsd/mpsd/gpu"
+	"github.com/mpsd/mpsd/mps"
 	"github.com/mpsd/mpsd/policy"
 )
 
@@ -224,7 +225,8 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 	d.metrics.reconRuns[in.key]++
 	view := reconView{key: in.key, group: in.group, gpus: slices.Clone(in.p.GPUs), clients: map[int][]int{}}
 	own := in.mps.pids()
-	faultMark := in.mps.faultMark()
+	// The servers held in FAULT by then: this run may end those.
+	faultMark, inFault := in.mps.faultMark(), in.mps.inFault()
 	multiuser := in.p.Multiuser
 	serverUID := in.mps.serverUIDs()
 	timeout := d.cfg.Watchdog.ProbeTimeout
@@ -378,6 +380,19 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 		confirmed = append(confirmed, checked{f: f, h: h, facts: facts, reportOnly: reportOnly})
 	}
 
+	// The control daemon's own word on each server held in FAULT
+	// (get_server_status; 535 has none, and then the fault's clients
+	// decide): a fact no tenant writes.
+	faultStates := map[int]mps.ServerState{}
+	for _, server := range inFault {
+		ctx, cancel := context.WithTimeout(d.ctx, timeout)
+		st, err := dm.ReportedServerStatus(ctx, server)
+		cancel()
+		if err == nil {
+			faultStates[server] = st
+		}
+	}
+
 	// Only findings not reported before are reported; those gone are
 	// forgotten, so a process found again later is reported again.
 	d.mu.Lock()
@@ -415,8 +430,18 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 			d.scheduleLocked(in.group)
 		}
 		// A server held in FAULT (mpsModel.holdFault) serves again once
-		// no client of its fault is left.
-		if in.mps.endFaults(unleased, faultMark) {
+		// the daemon reports it out of FAULT, or, where it cannot say,
+		// once no client of its fault is left, as seen by this
+		// reconciliation: in MPS's list of the server, or, where MPS's
+		// lists were not read, in NVML's, which showed every MPS client
+		// leased. A server whose list could not be read shows nothing.
+		ev := faultEvidence{unleased: unleased, seen: map[int]bool{}, state: faultStates}
+		for _, server := range own {
+			if _, listed := view.clients[server]; listed || !needMPS {
+				ev.seen[server] = true
+			}
+		}
+		if in.mps.endFaults(ev, faultMark) {
 			in.log.Info("MPS server out of FAULT: no client of its fault is left")
 			d.scheduleLocked(in.group)
 		}

@@ -116,7 +116,7 @@ func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 	if dm := how.dm; dm != nil && !dm.Exited() {
 		mine := map[int]bool{}
 		for _, l := range taken {
-			for _, pid := range l.livePids(d.clock.Now()) {
+			for _, pid := range l.livePids(d.clock) {
 				mine[pid] = true
 			}
 		}

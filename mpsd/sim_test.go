@@ -947,7 +947,7 @@ func (w *simWorld) leaseOfPID(si *simInst, pid int) *lease {
 	}
 	for _, id := range slices.Sorted(maps.Keys(si.in.leases)) {
 		l := si.in.leases[id]
-		if l.state == leaseRunning && slices.Contains(l.livePids(w.clk.Now()), pid) {
+		if l.state == leaseRunning && slices.Contains(l.livePids(w.clk), pid) {
 			return l
 		}
 	}
@@ -1227,13 +1227,14 @@ func (w *simWorld) unleasedClient(si *simInst) {
 // holds (reconciliation under "report": it ends none).
 func (w *simWorld) reconcile(si *simInst) error {
 	mark := si.in.mps.faultMark()
-	by := map[int][]int{}
+	by, seen := map[int][]int{}, map[int]bool{}
 	clear(si.knownUnleased)
 	for _, pid := range slices.Sorted(maps.Keys(si.servers)) {
 		sv := si.servers[pid]
 		if _, known := si.in.mps.servers[pid]; !known {
 			continue // not verified yet: mpsd lists only its verified servers
 		}
+		seen[pid] = true
 		for _, c := range sv.clients {
 			if c.lease == nil {
 				by[pid] = append(by[pid], c.pid)
@@ -1242,12 +1243,21 @@ func (w *simWorld) reconcile(si *simInst) error {
 		}
 	}
 	si.in.mps.setUnleased(by)
-	if si.in.mps.endFaults(by, mark) {
+	// The daemon's word on each server held in FAULT (get_server_status),
+	// as reconcileInstance asks it.
+	states := map[int]mps.ServerState{}
+	for _, pid := range si.in.mps.inFault() {
+		if st, err := si.ctl.ReportedServerStatus(context.Background(), pid); err == nil {
+			states[pid] = st
+		}
+	}
+	if si.in.mps.endFaults(faultEvidence{unleased: by, seen: seen, state: states}, mark) {
 		w.logf("mpsd: a server leaves FAULT")
 	}
-	// A server mpsd holds in FAULT is one MPS holds in FAULT.
+	// A server mpsd holds in FAULT is one MPS holds in FAULT (or one gone,
+	// whose exit has not reached mpsd yet).
 	for _, pid := range si.in.mps.inFault() {
-		if sv := si.servers[pid]; sv == nil || !sv.faulted {
+		if sv := si.servers[pid]; sv != nil && !sv.faulted {
 			return fmt.Errorf("mpsd holds server %d in FAULT after a reconciliation; MPS does not", pid)
 		}
 		w.tally["FAULT held"]++

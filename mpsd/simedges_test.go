@@ -179,6 +179,22 @@ func (c *simControl) ClientList(ctx context.Context, server int) ([]int, error) 
 	return slices.Sorted(maps.Keys(sv.clients)), nil
 }
 
+// ReportedServerStatus is MPS's get_server_status (550 and newer): FAULT
+// while a server holds clients of its fault.
+func (c *simControl) ReportedServerStatus(_ context.Context, pid int) (mps.ServerState, error) {
+	if c.hung {
+		return mps.StateUnknown, context.DeadlineExceeded
+	}
+	sv := c.si.servers[pid]
+	switch {
+	case sv == nil:
+		return mps.StateUnknown, fmt.Errorf("server %d: %w", pid, mps.ErrServerNotFound)
+	case sv.faulted:
+		return mps.StateFault, nil
+	}
+	return mps.StateActive, nil
+}
+
 func (c *simControl) TerminateClient(_ context.Context, server, client int) error {
 	if c.hung {
 		return context.DeadlineExceeded

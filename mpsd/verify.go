@@ -287,7 +287,7 @@ func (d *Daemon) endedLeases(in *instance) []string {
 	defer tick.Stop()
 	for {
 		ls = slices.DeleteFunc(ls, func(l *lease) bool {
-			if len(l.livePids(d.clock.Now())) == 0 {
+			if len(l.livePids(d.clock)) == 0 {
 				ended = append(ended, l.id)
 				return true
 			}

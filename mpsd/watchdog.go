@@ -562,7 +562,7 @@ func (d *Daemon) onXid(ev gpu.XidEvent) {
 	if ev.Level == gpu.LevelApplication {
 		affected = nil
 		for _, l := range leases {
-			if ev.PID > 0 && slices.Contains(l.livePids(d.clock.Now()), ev.PID) {
+			if ev.PID > 0 && slices.Contains(l.livePids(d.clock), ev.PID) {
 				d.mu.Lock()
 				if l.inst != nil {
 					affected = append(affected, l.inst)

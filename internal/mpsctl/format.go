@@ -292,7 +292,7 @@ func instanceNote(in api.InstanceStatus) string {
 	}
 	for _, s := range in.Servers {
 		if s.Fault {
-			note = append(note, fmt.Sprintf("server %d in FAULT: new clients are refused until its %d clients of no lease have gone", s.PID, s.UnleasedClients))
+			note = append(note, fmt.Sprintf("server %d in FAULT: new clients are refused until the clients of no lease of its fault have gone", s.PID))
 		}
 		if len(s.PendingLeases) > 0 {
 			// MPS's pending list: their clients wait inside MPS.

@@ -23,7 +23,7 @@ func TestInstanceNoteServers(t *testing.T) {
 		{"multiuser", api.InstanceStatus{Multiuser: true, Servers: []api.ServerStatus{{PID: 9, UID: 0, UnleasedClients: 1}}},
 			"multiuser; server 9: clients of no lease (1)"},
 		{"fault", api.InstanceStatus{Servers: []api.ServerStatus{{PID: 7, UID: 1000, UnleasedClients: 2, Fault: true}}},
-			"server 7 in FAULT: new clients are refused until its 2 clients of no lease have gone; server 7 of uid 1000 held by clients of no lease (2): other users wait"},
+			"server 7 in FAULT: new clients are refused until the clients of no lease of its fault have gone; server 7 of uid 1000 held by clients of no lease (2): other users wait"},
 	} {
 		if got := instanceNote(tc.in); got != tc.want {
 			t.Errorf("%s: note %q; want %q", tc.name, got, tc.want)
