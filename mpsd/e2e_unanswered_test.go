@@ -74,3 +74,47 @@ func TestUnansweredWait(t *testing.T) {
 		}
 	}
 }
+
+// mpsd stops while releases wait for a daemon that does not answer. The
+// set-up of TestFaultWhileDaemonUnansweredRequeues: the daemon stopped,
+// Bob's client faults, both commands fail and both launchers ask for
+// their release, which waits; then mpsd stops (SIGTERM) before the daemon
+// is found hung. The stop must release neither lease as ended by its
+// command: the next mpsd finds the daemon hung, revokes and requeues
+// both, and both jobs end 0. (Before, the stop ended the waits and both
+// leases were released: both jobs ended with their commands' CUDA error,
+// unrequeued.)
+func TestReleaseWaitingOnUnansweredDaemonSurvivesMpsdStop(t *testing.T) {
+	const aliceUID, bobUID = 64043, 64044
+	alice, bob := emutest.User(t, aliceUID), emutest.User(t, bobUID)
+	e := newEnvGPUs(t, 1, fmt.Sprintf(`  a:
+    users: [%s, %s]
+    memory: 10G
+    gpus: ["0"]
+    multiuser: true
+`, alice, bob), `watchdog:
+  probe_interval: 1s
+  probe_timeout: 500ms
+  probe_failures: 3
+  backoff_initial: 50ms
+  backoff_max: 1s`)
+	e.start()
+	client := filepath.Join(e.emu, "mpsemu-client")
+	ap := startProc(t, asUID(e.launch(firstRunFails(client, "--duration 1m")...), aliceUID))
+	bp := startProc(t, asUID(e.launch(firstRunFails(client, "--fault-on-usr1 --duration 1m")...), bobUID))
+	st := e.waitStatus("both clients connected", func(st api.Status) bool {
+		return len(st.Leases) == 2 && e.mpsClients(instanceOf(st, "a", 0)) >= 2
+	})
+	daemon := instanceOf(st, "a", 0).DaemonPID
+	if err := syscall.Kill(daemon, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(daemon, syscall.SIGCONT) })
+	e.waitLogAny("probe failed")
+	signalLeaseProcs(st, bobUID, syscall.SIGUSR1) // Bob's client faults
+	e.waitLogAny("release waits: the instance's daemon does not answer")
+	e.stop()
+	e.start()
+	wantRequeuedAndDone(t, ap, "revoked")
+	wantRequeuedAndDone(t, bp, "revoked")
+}

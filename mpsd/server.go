@@ -504,6 +504,17 @@ func (d *Daemon) serveRelease(w http.ResponseWriter, r *http.Request) {
 	// answer, only once it does again or is found hung (unanswered.go).
 	d.waitXidIfLogLost(r.Context(), l)
 	d.waitWhileUnanswered(r.Context(), l)
+	if r.Context().Err() != nil {
+		// The wait ended with the request: mpsd is stopping (its own stop
+		// releases nothing: the next mpsd, which the launcher asks again,
+		// learns what ended the command), or the launcher has gone (its
+		// stream's end releases the lease). Released now, a command a
+		// fault killed would pass for one that ended by itself (the chaos
+		// soak met it: mpsd stopped while releases waited for a daemon
+		// that did not answer, and four jobs ended with their commands'
+		// CUDA error, unrequeued).
+		return
+	}
 	revoking := false
 	d.releaseUnless(l, "its command ended", func(l *lease) bool {
 		revoking = l.revocationComingLocked(q.Attempt)
