@@ -22,9 +22,20 @@ import (
 // whose next runs end well. (Before, both were released and both jobs
 // ended with their commands' CUDA error, exit 70.)
 func TestFaultWhileDaemonUnansweredRequeues(t *testing.T) {
-	const aliceUID, bobUID = 64041, 64042
+	_, ap, bp := faultWhileDaemonUnanswered(t, 64041, 64042)
+	// Both revoked with the hung daemon, not released.
+	wantRequeuedAndDone(t, ap, "stopped answering")
+	wantRequeuedAndDone(t, bp, "stopped answering")
+}
+
+// faultWhileDaemonUnanswered runs mpsd on a multiuser group of Alice and
+// Bob, each with a job whose first run holds a client; it stops the
+// instance's daemon (SIGSTOP), has Bob's client fault once the probes
+// fail, and returns the environment and the two launchers.
+func faultWhileDaemonUnanswered(t *testing.T, aliceUID, bobUID uint32) (e *testEnv, ap, bp *proc) {
+	t.Helper()
 	alice, bob := emutest.User(t, aliceUID), emutest.User(t, bobUID)
-	e := newEnvGPUs(t, 1, fmt.Sprintf(`  a:
+	e = newEnvGPUs(t, 1, fmt.Sprintf(`  a:
     users: [%s, %s]
     memory: 10G
     gpus: ["0"]
@@ -37,8 +48,8 @@ func TestFaultWhileDaemonUnansweredRequeues(t *testing.T) {
   backoff_max: 1s`)
 	e.start()
 	client := filepath.Join(e.emu, "mpsemu-client")
-	ap := startProc(t, asUID(e.launch(firstRunFails(client, "--duration 1m")...), aliceUID))
-	bp := startProc(t, asUID(e.launch(firstRunFails(client, "--fault-on-usr1 --duration 1m")...), bobUID))
+	ap = startProc(t, asUID(e.launch(firstRunFails(client, "--duration 1m")...), aliceUID))
+	bp = startProc(t, asUID(e.launch(firstRunFails(client, "--fault-on-usr1 --duration 1m")...), bobUID))
 	st := e.waitStatus("both clients connected", func(st api.Status) bool {
 		return len(st.Leases) == 2 && e.mpsClients(instanceOf(st, "a", 0)) >= 2
 	})
@@ -49,9 +60,7 @@ func TestFaultWhileDaemonUnansweredRequeues(t *testing.T) {
 	t.Cleanup(func() { _ = syscall.Kill(daemon, syscall.SIGCONT) })
 	e.waitLogAny("probe failed")
 	signalLeaseProcs(st, bobUID, syscall.SIGUSR1) // Bob's client faults
-	// Both revoked with the hung daemon, not released.
-	wantRequeuedAndDone(t, ap, "stopped answering")
-	wantRequeuedAndDone(t, bp, "stopped answering")
+	return e, ap, bp
 }
 
 // The release's wait is bounded by the hung verdict, one interval more,
@@ -85,33 +94,7 @@ func TestUnansweredWait(t *testing.T) {
 // leases were released: both jobs ended with their commands' CUDA error,
 // unrequeued.)
 func TestReleaseWaitingOnUnansweredDaemonSurvivesMpsdStop(t *testing.T) {
-	const aliceUID, bobUID = 64043, 64044
-	alice, bob := emutest.User(t, aliceUID), emutest.User(t, bobUID)
-	e := newEnvGPUs(t, 1, fmt.Sprintf(`  a:
-    users: [%s, %s]
-    memory: 10G
-    gpus: ["0"]
-    multiuser: true
-`, alice, bob), `watchdog:
-  probe_interval: 1s
-  probe_timeout: 500ms
-  probe_failures: 3
-  backoff_initial: 50ms
-  backoff_max: 1s`)
-	e.start()
-	client := filepath.Join(e.emu, "mpsemu-client")
-	ap := startProc(t, asUID(e.launch(firstRunFails(client, "--duration 1m")...), aliceUID))
-	bp := startProc(t, asUID(e.launch(firstRunFails(client, "--fault-on-usr1 --duration 1m")...), bobUID))
-	st := e.waitStatus("both clients connected", func(st api.Status) bool {
-		return len(st.Leases) == 2 && e.mpsClients(instanceOf(st, "a", 0)) >= 2
-	})
-	daemon := instanceOf(st, "a", 0).DaemonPID
-	if err := syscall.Kill(daemon, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Kill(daemon, syscall.SIGCONT) })
-	e.waitLogAny("probe failed")
-	signalLeaseProcs(st, bobUID, syscall.SIGUSR1) // Bob's client faults
+	e, ap, bp := faultWhileDaemonUnanswered(t, 64043, 64044)
 	e.waitLogAny("release waits: the instance's daemon does not answer")
 	e.stop()
 	e.start()
