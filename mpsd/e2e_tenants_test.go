@@ -482,10 +482,11 @@ func TestUnleasedHolderKnownAfterRestart(t *testing.T) {
 // in FAULT, refusing new clients, until that client has gone. The fault's
 // recovery revokes the leased one; the MPS model holds the server in FAULT
 // (status servers[].fault), and the requeued lease waits, told why,
-// instead of being granted into MPS's refusal. Once the hanger is gone a
-// reconciliation ends the FAULT and the lease's second attempt runs and
-// ends 0. (Before the model held FAULT, the lease was granted again at
-// once and its client refused by the server in FAULT: the job failed.)
+// instead of being granted into MPS's refusal; so does Bob's request,
+// made meanwhile. Once the hanger is gone a reconciliation ends the FAULT
+// and both run and end 0, Alice's on its second attempt, neither revoked.
+// (Before the model held FAULT, Alice's lease was granted again at once
+// and its client refused by the server in FAULT: the job failed.)
 func TestServerHeldInFaultByAClientOfNoLease(t *testing.T) {
 	e := newEnvGPUs(t, 1, tenGroup, faultWatchdog)
 	in0, client := e.tenReady()
@@ -517,12 +518,19 @@ func TestServerHeldInFaultByAClientOfNoLease(t *testing.T) {
 		})
 		return in.Restarts == 1 && fault && waits
 	})
+	bob := startProc(t, asUID(e.launch("--sm", "20", "--mem", "1G", "--", client, "--duration", "100ms"), tenUIDBob))
+	e.waitStatus("bob's request queued while alice's server is held in FAULT", func(st api.Status) bool {
+		return slices.ContainsFunc(st.Leases, func(l api.LeaseStatus) bool { return l.UID == tenUIDBob && l.State == api.LeaseQueued })
+	})
 	if err := hp.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	hp.wait(t)
 	if r := alice.wait(t); r.code != 0 {
 		t.Fatalf("alice's job: exit %d, stderr %q; want 0, its second attempt run once the FAULT was over", r.code, r.stderr)
+	}
+	if r := bob.wait(t); r.code != 0 || strings.Contains(r.stderr, "revoked") {
+		t.Fatalf("bob's job: exit %d, stderr %q; want 0, granted once the FAULT was over and never revoked", r.code, r.stderr)
 	}
 	if in := instanceOf(e.d.Status(), "a", 0); in.Restarts != 1 || slices.ContainsFunc(in.Servers, func(s api.ServerStatus) bool { return s.Fault }) {
 		t.Errorf("instance: %d restarts, servers %+v; want the one fault, and no server in FAULT", in.Restarts, in.Servers)

@@ -409,16 +409,15 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 			}
 		}
 		in.mps.noteClients(byUID, noClient, multiuser)
-	}
-	// The clients no lease holds, by server. Without MPS's lists read,
-	// NVML showed every MPS client leased: none.
-	unleased := map[int][]int{}
-	for _, c := range confirmed {
-		if c.f.kind == reconUnleased {
-			unleased[c.f.server] = append(unleased[c.f.server], c.f.pid)
+
+		// The clients no lease holds, by server. Without MPS's lists
+		// read, NVML showed every MPS client leased: none.
+		unleased := map[int][]int{}
+		for _, c := range confirmed {
+			if c.f.kind == reconUnleased {
+				unleased[c.f.server] = append(unleased[c.f.server], c.f.pid)
+			}
 		}
-	}
-	if in.daemon == dm {
 		// What holds a server of one uid for MPS: its unleased clients
 		// make every other uid wait (mpsModel.serving; a multiuser
 		// daemon's one server serves every uid).
