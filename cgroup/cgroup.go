@@ -7,6 +7,8 @@ import (
 	"path"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Manager creates, finds and lists lease cgroups. Both *Cgroups (real
@@ -48,6 +50,10 @@ type Lease interface {
 	// Kill SIGKILLs everything in the lease and returns only when it is
 	// empty, processes forked during the kill included, or when ctx ends.
 	Kill(ctx context.Context) error
+	// Signal sends sig to every process in the lease, each proven a
+	// member through a pidfd, and returns how many it reached; it does
+	// not wait for them.
+	Signal(sig unix.Signal) (int, error)
 	// Delete removes the lease cgroup (and any cgroups the workload nested
 	// in it). It fails with ErrNotEmpty while processes remain and returns
 	// nil when the lease is already gone.

@@ -202,6 +202,24 @@ func (l *disabledLease) Pids() ([]int, error) {
 	return pids, nil
 }
 
+// Signal implements Lease: sig to each tracked process through its pidfd
+// (the processes of a lease without cgroups are those it tracks).
+func (l *disabledLease) Signal(sig unix.Signal) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.prune()
+	n := 0
+	for _, p := range l.procs {
+		switch err := unix.PidfdSendSignal(p.pidfd, sig, nil, 0); {
+		case err == nil:
+			n++
+		case !errors.Is(err, unix.ESRCH):
+			return n, fmt.Errorf("cgroup: signal %d in %s (disabled): %w", p.pid, l.id, err)
+		}
+	}
+	return n, nil
+}
+
 // Kill implements Lease: SIGKILL to each tracked process (and the process
 // group of those Start made), then wait on their pidfds.
 func (l *disabledLease) Kill(ctx context.Context) error {

@@ -30,7 +30,7 @@ import (
 // that does not complete within freezeWait (a task in uninterruptible
 // sleep, for example in a GPU driver) does not stall the kill: the
 // processes seen so far are killed anyway and the next round tries again.
-// Each is signalled through a pidfd, never by its number (see killListed).
+// Each is signalled through a pidfd, never by its number (see signalListed).
 
 const (
 	rekillInterval = 100 * time.Millisecond
@@ -151,7 +151,7 @@ func (l *lease) killFrozen(ctx context.Context, f freezer) error {
 		_ = waitFor(ctx, freezeWait, f.frozen)
 		pids, err = l.pids()
 		if err == nil {
-			err = l.killListed(pids)
+			_, err = l.signalListed(pids, unix.SIGKILL)
 		}
 		if terr := f.set(false); terr != nil {
 			return errors.Join(err, terr)
@@ -170,16 +170,17 @@ func (l *lease) killFrozen(ctx context.Context, f freezer) error {
 	}
 }
 
-// killListed SIGKILLs the processes of listed that are still the lease's,
-// each through a pidfd and never mpsd itself. A pid number alone is not
-// enough: the freeze is best effort, an exiting task cannot be frozen and
-// stays listed until it is gone, and once a reaper outside the lease has
-// reaped it its number may be a stranger's. So each listed pid is pinned
-// with a pidfd first, the lease is listed again, and a pidfd is signalled
-// only if its pid is in that second listing and its process is alive
-// after it: alive, it has held that number since before the second
-// listing, which was therefore of this process.
-func (l *lease) killListed(listed []int) error {
+// signalListed sends sig to the processes of listed that are still the
+// lease's, each through a pidfd and never mpsd itself, and returns how
+// many it signalled. A pid number alone is not enough: the freeze is best
+// effort, an exiting task cannot be frozen and stays listed until it is
+// gone, and once a reaper outside the lease has reaped it its number may
+// be a stranger's. So each listed pid is pinned with a pidfd first, the
+// lease is listed again, and a pidfd is signalled only if its pid is in
+// that second listing and its process is alive after it: alive, it has
+// held that number since before the second listing, which was therefore
+// of this process.
+func (l *lease) signalListed(listed []int, sig unix.Signal) (int, error) {
 	dir := l.m.memberDir(l.rel)
 	self := os.Getpid()
 	type pinned struct{ pid, fd int }
@@ -201,11 +202,11 @@ open:
 		case errors.Is(err, unix.ESRCH):
 			// Gone and reaped already.
 		case errors.Is(err, unix.EMFILE), errors.Is(err, unix.ENFILE):
-			// Out of descriptors: those pinned are killed now, the rest
-			// in a later round.
+			// Out of descriptors: those pinned are signalled now, the
+			// rest in a later round.
 			break open
 		default:
-			return fmt.Errorf("cgroup: kill %s: pidfd_open %d: %w", dir, pid, err)
+			return 0, fmt.Errorf("cgroup: signal %s: pidfd_open %d: %w", dir, pid, err)
 		}
 	}
 	if testHookKillListed != nil {
@@ -213,17 +214,21 @@ open:
 	}
 	members, err := l.pids()
 	if err != nil {
-		return err
+		return 0, err
 	}
+	n := 0
 	for _, p := range fds {
 		if _, ok := slices.BinarySearch(members, p.pid); !ok || exited(p.fd) {
 			continue
 		}
-		if err := unix.PidfdSendSignal(p.fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
-			return fmt.Errorf("cgroup: kill %s: pidfd_send_signal %d: %w", dir, p.pid, err)
+		switch err := unix.PidfdSendSignal(p.fd, sig, nil, 0); {
+		case err == nil:
+			n++
+		case !errors.Is(err, unix.ESRCH):
+			return n, fmt.Errorf("cgroup: signal %s: pidfd_send_signal %d: %w", dir, p.pid, err)
 		}
 	}
-	return nil
+	return n, nil
 }
 
 var errTimeout = errors.New("timed out")

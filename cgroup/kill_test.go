@@ -129,3 +129,45 @@ func TestKillFrozenSignalsOnlyMembers(t *testing.T) {
 		}
 	})
 }
+
+// Signal sends its signal to the lease's processes and only to them: one
+// that left the lease after it was listed is not signalled (as a pid
+// reaped outside the lease and taken by a stranger would not be).
+func TestSignalReachesOnlyMembers(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		m := newManager(t, b)
+		id := LeaseID{"g", "signal"}
+		l := mustCreate(t, m, id, Limits{})
+		outside := LeaseID{"g", "outside"}
+		mustCreate(t, m, outside, Limits{})
+		stay := startIn(t, l.Start, "echo ready; exec sleep 1000")
+		leave := startIn(t, l.Start, "echo ready; exec sleep 1000")
+		stay.readLine(t, 10*time.Second)
+		leave.readLine(t, 10*time.Second)
+		pid := leave.cmd.Process.Pid
+		pidfd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(pidfd)
+		hookKillListed(t, func([]int) {
+			for _, d := range m.dirs(m.rel(outside)) {
+				if err := writeProcs(d.hierarchy, d.path, pid); err != nil {
+					t.Errorf("move %d out of the lease: %v", pid, err)
+				}
+			}
+		})
+		n, err := l.Signal(unix.SIGTERM)
+		if err != nil || n != 1 {
+			t.Fatalf("Signal(SIGTERM) = %d, %v; want 1, nil", n, err)
+		}
+		var ee *exec.ExitError
+		if err := stay.wait(); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGTERM {
+			t.Fatalf("the member ended with %v, want SIGTERM", err)
+		}
+		if exited(pidfd) {
+			t.Fatalf("%d, moved out of the lease after it was listed, was signalled: %v", pid, leave.wait())
+		}
+		mustKill(t, mustOpen(t, m, outside))
+	})
+}

@@ -118,6 +118,19 @@ func (l *lease) Kill(ctx context.Context) error {
 	return l.killFrozen(ctx, v1Freezer{dir: l.m.v1.dir(cgroup1.Freezer, l.rel)})
 }
 
+// Signal implements Lease: one round of pinning, listing and signalling
+// (signalListed), with no freeze: a process forked meanwhile may miss it,
+// as it would miss a signal sent to a process group.
+func (l *lease) Signal(sig unix.Signal) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	pids, err := l.pids()
+	if err != nil {
+		return 0, err
+	}
+	return l.signalListed(pids, sig)
+}
+
 // Delete implements Lease.
 func (l *lease) Delete() error {
 	l.mu.Lock()
