@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -472,6 +473,10 @@ const (
 	// or a fault pending on its instance is about to revoke it: the
 	// stream's revoked event follows, then its requeue or its end.
 	CodeRevoking ErrorCode = "revoking"
+	// CodeCancelled: the lease's owner or an admin cancelled it (mpsctl
+	// cancel): it ended for good, its command stopped, and is not
+	// requeued. The message names who cancelled it.
+	CodeCancelled ErrorCode = "cancelled"
 )
 
 // Temporary reports whether trying again later may succeed: the codes
@@ -527,6 +532,12 @@ const (
 	InstanceRecovering  = "recovering"
 	InstanceQuarantined = "quarantined"
 	InstanceDraining    = "draining"
+	// InstanceDrained: drained (mpsctl drain) and empty, no lease left
+	// on it: safe to reset its GPU. InstanceRetiring: gone from the
+	// config; it stops once its leases have ended. An mpsd before them
+	// showed both as draining.
+	InstanceDrained  = "drained"
+	InstanceRetiring = "retiring"
 )
 
 // InstanceStatus is one MPS instance in Status.
@@ -555,6 +566,14 @@ type InstanceStatus struct {
 	// Drained: mpsctl drain closed it (until mpsctl resume), whatever
 	// State shows (a quarantine shows first).
 	Drained bool `json:"drained,omitempty"`
+	// DrainReason, DrainedBy and DrainedAt (with Drained) are the drain's
+	// record: the reason mpsctl drain --reason gave, the admin who drained
+	// it (user name, or uid when it has none) and when. They hold, like
+	// the drain, across restarts of mpsd; a drain from an mpsd before them
+	// has none.
+	DrainReason string    `json:"drain_reason,omitempty"`
+	DrainedBy   string    `json:"drained_by,omitempty"`
+	DrainedAt   time.Time `json:"drained_at,omitzero"`
 	// QuarantineReason, while State is quarantined, says why: the
 	// failures that quarantined it, the last one's reason among them (an
 	// admin's status only: that reason names processes).
@@ -676,15 +695,41 @@ type AdminTarget struct {
 	GPU string `json:"gpu,omitempty"`
 	// Group is a tenant group's name.
 	Group string `json:"group,omitempty"`
+	// Reason (drain) says why, as Slurm's Reason= does: recorded with
+	// who drained and when, and shown in status until the resume. A drain
+	// without one records "no reason given".
+	Reason string `json:"reason,omitempty"`
 }
 
-// Validate checks that the target names something.
+// MaxReasonBytes bounds AdminTarget.Reason.
+const MaxReasonBytes = 256
+
+// Validate checks that the target names something and that the reason is
+// one printable line.
 func (t AdminTarget) Validate() error {
 	if t.GPU == "" && t.Group == "" {
 		return fmt.Errorf("%w: name a gpu, a group or both", ErrInvalid)
 	}
 	if len(t.GPU) > 128 || len(t.Group) > 128 {
 		return fmt.Errorf("%w: gpu or group longer than 128 bytes", ErrInvalid)
+	}
+	if err := validReason(t.Reason); err != nil {
+		return err
+	}
+	return nil
+}
+
+// validReason checks an operator's reason: at most MaxReasonBytes of
+// valid UTF-8, one line, no control characters (it is shown in tables and
+// logs).
+func validReason(r string) error {
+	switch {
+	case len(r) > MaxReasonBytes:
+		return fmt.Errorf("%w: reason longer than %d bytes", ErrInvalid, MaxReasonBytes)
+	case !utf8.ValidString(r):
+		return fmt.Errorf("%w: reason is not valid UTF-8", ErrInvalid)
+	case strings.IndexFunc(r, unicode.IsControl) >= 0:
+		return fmt.Errorf("%w: reason has a control character (one line, printable)", ErrInvalid)
 	}
 	return nil
 }
@@ -696,6 +741,10 @@ type AdminResult struct {
 	// Lifted (resume) says, for each of Instances in the same order, what
 	// the resume lifted.
 	Lifted []Lifted `json:"lifted,omitempty"`
+	// Already (drain) says, for each of Instances in the same order,
+	// whether it was drained before this request (which then changed
+	// nothing but, with a new reason, the reason).
+	Already []bool `json:"already,omitempty"`
 }
 
 // Lifted is what a resume lifted from one instance: a drain, a

@@ -78,6 +78,7 @@ func TestDecodersRefuseNonObjects(t *testing.T) {
 		"attach request":     func(r io.Reader) error { _, err := DecodeAttachRequest(r); return err },
 		"admin request":      func(r io.Reader) error { _, err := DecodeAdminTarget(r); return err },
 		"requeue request":    func(r io.Reader) error { _, err := DecodeRequeueRequest(r); return err },
+		"cancel request":     func(r io.Reader) error { _, err := DecodeCancelRequest(r); return err },
 		"inject-xid request": func(r io.Reader) error { _, err := DecodeInjectXidRequest(r); return err },
 		"pod binding":        func(r io.Reader) error { _, err := DecodeBindPodRequest(r); return err },
 	}

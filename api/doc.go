@@ -215,7 +215,24 @@
 // simulated Xid and answers {}; an mpsd on real GPUs refuses it with 409
 // CodeConflict. The resume's AdminResult.Lifted says per instance what it
 // lifted: a drain, a quarantine (with the reason it had been quarantined
-// for), both or nothing.
+// for), both or nothing. A drain's AdminTarget.Reason (one printable line,
+// MaxReasonBytes) is recorded with the admin who drained and when, saved
+// with the drain and shown in InstanceStatus (DrainReason, DrainedBy,
+// DrainedAt) until the resume; AdminResult.Already says per instance that
+// it was drained before (the request then changed nothing but a new
+// reason). An instance drained and empty shows the state InstanceDrained,
+// one leaving the config InstanceRetiring (an mpsd before them showed
+// both as draining).
+//
+// POST /v1/cancel (PathCancel), body CancelRequest, by the lease's owner or
+// an admin (403 CodeForbidden for anyone else, 404 CodeNotFound for no
+// such lease, 409 CodeConflict for a lease already ending), ends a lease
+// for good: a queued one leaves its queue; a running one is revoked
+// (revoked{reason} naming who cancelled it), with Signal set its
+// processes are sent that signal and given GraceMs to end, then MPS and
+// its cgroup's kill end what is left; it is not requeued. Its stream ends
+// with an error event CodeCancelled naming who cancelled it, and the
+// answer, a CancelResult, comes once the lease has ended.
 //
 // POST /v1/shutdown (PathShutdown, admins only), body {}
 // (ShutdownRequest), shuts the host's MPS service down, where SIGTERM
@@ -235,5 +252,6 @@
 // (exit 75); every
 // other code, including ones this version does not know, is a refusal or
 // failure (exit 125): CodeLimitExceeded, a lease revoked for going over its
-// limits, among them (running it again would do the same).
+// limits, among them (running it again would do the same). CodeCancelled
+// has its own exit status, 122: the job is not to be tried again.
 package api

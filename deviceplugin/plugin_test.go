@@ -20,6 +20,8 @@ func TestDeviceListsHealth(t *testing.T) {
 		{api.InstanceRecovering, pluginapi.Unhealthy},
 		{api.InstanceQuarantined, pluginapi.Unhealthy},
 		{api.InstanceDraining, pluginapi.Unhealthy},
+		{api.InstanceDrained, pluginapi.Unhealthy},
+		{api.InstanceRetiring, pluginapi.Unhealthy},
 	} {
 		t.Run(tc.state, func(t *testing.T) {
 			st := api.Status{Instances: []api.InstanceStatus{

@@ -193,6 +193,8 @@ func TestExitCode(t *testing.T) {
 		{"attempts used up", &api.Error{Code: api.CodeAttemptsExhausted, Message: "m"}, ExitTempFail},
 		{"unavailable", &api.Error{Code: api.CodeUnavailable, Message: "m"}, ExitTempFail},
 		{"wrapped temporary", fmt.Errorf("launcher: x: %w", &api.Error{Code: api.CodeWaitTimeout, Message: "m"}), ExitTempFail},
+		{"cancelled", &api.Error{Code: api.CodeCancelled, Message: "m"}, ExitCancelled},
+		{"wrapped cancelled", fmt.Errorf("launcher: x: %w", &api.Error{Code: api.CodeCancelled, Message: "m"}), ExitCancelled},
 		{"refused", &api.Error{Code: api.CodeRefused, Message: "m"}, ExitFailure},
 		{"bad request", &api.Error{Code: api.CodeBadRequest, Message: "m"}, ExitFailure},
 		{"unknown code", &api.Error{Code: "new-in-v1.5", Message: "m"}, ExitFailure},

@@ -17,6 +17,12 @@ const (
 	// Config.ReconnectTimeout; trying later may work, and a batch system
 	// may requeue the job (Slurm's RequeueExit=75).
 	ExitTempFail = 75
+	// ExitCancelled: the lease's owner or an admin cancelled it (mpsctl
+	// cancel): its command was stopped (or never ran) and it is not to be
+	// tried again; the line printed names who cancelled it. Not 75, so a
+	// batch system that requeues on 75 does not bring a cancelled job
+	// back.
+	ExitCancelled = 122
 	// ExitFailure: bad usage, no mpsd at the socket and none coming (no
 	// socket, or one nothing listens on without its api.LiveMarker, before
 	// mpsd ever answered), refused by policy, or any other launcher or
@@ -59,7 +65,7 @@ var (
 
 // ExitCode is the exit status mps-launch reports for err (never 0):
 // ExitNotFound, ExitNotExecutable, ExitTempFail for ErrLost and temporary
-// api errors, otherwise ExitFailure.
+// api errors, ExitCancelled for a cancel, otherwise ExitFailure.
 func ExitCode(err error) int {
 	var apiErr *api.Error
 	switch {
@@ -69,6 +75,8 @@ func ExitCode(err error) int {
 		return ExitNotExecutable
 	case errors.Is(err, ErrLost):
 		return ExitTempFail
+	case errors.As(err, &apiErr) && apiErr.Code == api.CodeCancelled:
+		return ExitCancelled
 	case errors.As(err, &apiErr) && apiErr.Code.Temporary():
 		return ExitTempFail
 	}

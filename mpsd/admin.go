@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/api/apihttp"
@@ -74,6 +77,71 @@ func (d *Daemon) serveRequeue(w http.ResponseWriter, r *http.Request) {
 	if d.revoke([]*lease{l}, reason, how) == 0 {
 		apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no running lease %s (it ended or another revocation took it)", q.Lease))
 		return
+	}
+	writeJSON(w, res)
+}
+
+// serveCancel ends a lease for good at its owner's or an admin's request
+// (mpsctl cancel): a queued one leaves its queue, a running one is revoked
+// (its launcher told, a signal and its grace first when asked, then MPS
+// and the kill end its processes) and not requeued. Its launcher gets
+// CodeCancelled naming who cancelled it; the answer comes once the lease
+// has ended.
+func (d *Daemon) serveCancel(w http.ResponseWriter, r *http.Request) {
+	p, c, q, ok := openRequest(d, w, r, api.DecodeCancelRequest)
+	if !ok {
+		return
+	}
+	who := d.users.resolve(p.uid)
+	if who == "" {
+		who = "uid " + strconv.FormatUint(uint64(p.uid), 10)
+	} else {
+		who = fmt.Sprintf("%s (uid %d)", who, p.uid)
+	}
+	msg := fmt.Sprintf("lease %s cancelled by %s", q.Lease, who)
+	d.mu.Lock()
+	l, found := d.leases[q.Lease]
+	if found && l.uid != p.uid && !d.cfg.Access.Admin(c) {
+		d.mu.Unlock()
+		apihttp.WriteError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf("lease %s is not yours (only its owner or an mpsd admin may cancel it)", q.Lease))
+		return
+	}
+	if !found {
+		d.mu.Unlock()
+		apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no lease %s (it ended, or never was)", q.Lease))
+		return
+	}
+	switch l.state {
+	case leaseQueued:
+		group := l.group
+		d.dequeueLocked(l, "cancelled by "+who)
+		d.store.request()
+		l.box.push(api.Event{Type: api.EventError, Code: api.CodeCancelled, Message: msg + " while it was queued"})
+		d.mu.Unlock()
+		d.log.Info("queued lease cancelled", "lease", l.id, "group", group, "job", l.jobID, "by", who)
+		writeJSON(w, api.CancelResult{Lease: q.Lease, Was: api.LeaseQueued})
+		return
+	case leaseRunning:
+	default:
+		d.mu.Unlock()
+		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is ending already (being revoked or released); it is not requeued unless a fault revoked it", q.Lease))
+		return
+	}
+	in := l.inst
+	how := revokeHow{dm: in.daemon, servers: in.mps.pids(), force: true,
+		end: &api.Error{Code: api.CodeCancelled, Message: msg + "; its command was stopped"}}
+	if q.Signal != 0 {
+		how.signal = &revokeSignal{sig: unix.Signal(q.Signal), grace: q.Grace()}
+	}
+	d.mu.Unlock()
+	l.logger().Info("lease cancel requested", l.logAttrs("by", who, "signal", q.Signal)...)
+	if d.revoke([]*lease{l}, "cancelled by "+who, how) == 0 {
+		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s ended or began its end meanwhile; not cancelled", q.Lease))
+		return
+	}
+	res := api.CancelResult{Lease: q.Lease, Was: api.LeaseRunning, Killed: true}
+	if how.signal != nil {
+		res.Signalled, res.Killed = how.signal.signalled, how.signal.left
 	}
 	writeJSON(w, res)
 }

@@ -687,10 +687,10 @@ func (d *Daemon) Summary() string {
 	defer d.mu.Unlock()
 	states := map[string]int{}
 	for _, in := range d.instances {
-		states[in.placementState().String()]++
+		states[in.shownState()]++
 	}
 	var parts []string
-	for _, st := range []string{"ready", "starting", "recovering", "draining", "quarantined"} {
+	for _, st := range []string{"ready", "starting", "recovering", "draining", "drained", "retiring", "quarantined"} {
 		if n := states[st]; n > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", n, st))
 		}

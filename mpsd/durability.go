@@ -201,7 +201,11 @@ func (d *Daemon) applyIntentLocked(saved savedState) {
 	for _, key := range saved.Drained {
 		if in, ok := d.instances[key]; ok {
 			in.holds.drained = true
-			in.log.Warn("instance still drained from before the restart; mpsctl resume lifts it")
+			if dr, ok := saved.Drains[key]; ok {
+				in.drain = drainRecord{reason: dr.Reason, by: dr.By, at: dr.At}
+			}
+			in.log.Warn("instance still drained from before the restart; mpsctl resume lifts it",
+				"reason", in.drain.reason, "drained_by", in.drain.by, "drained_at", in.drain.at)
 		}
 	}
 	now := d.clock.Now()

@@ -347,16 +347,16 @@ func TestIntentSurvivesRestart(t *testing.T) {
 			}
 
 			e.admin(t, "drain", "--gpu", "0")
-			if got := durInstanceState(restart(), 0); got != api.InstanceDraining {
-				t.Fatalf("GPU 0 after a restart of a drained instance: %q, want draining", got)
+			if got := durInstanceState(restart(), 0); got != api.InstanceDrained {
+				t.Fatalf("GPU 0 after a restart of a drained instance: %q, want drained", got)
 			}
-			if got := durInstanceState(e.d.Status(), 1); got == api.InstanceDraining {
-				t.Errorf("GPU 1, never drained, is draining after the restart")
+			if got := durInstanceState(e.d.Status(), 1); got == api.InstanceDrained {
+				t.Errorf("GPU 1, never drained, is drained after the restart")
 			}
 			// Only GPU 1 takes leases.
 			st := e.waitStatus("GPU 1 ready", func(st api.Status) bool { return durInstanceState(st, 1) == api.InstanceReady })
-			if got := durInstanceState(st, 0); got != api.InstanceDraining {
-				t.Fatalf("GPU 0 once the instances are up: %q, want draining", got)
+			if got := durInstanceState(st, 0); got != api.InstanceDrained {
+				t.Fatalf("GPU 0 once the instances are up: %q, want drained", got)
 			}
 
 			e.admin(t, "resume", "--gpu", "0")

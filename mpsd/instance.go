@@ -83,6 +83,9 @@ type instance struct {
 	// quarantinedFor: why it was quarantined (the failures, the last
 	// one's reason), while it is.
 	quarantinedFor string
+	// drain is the record of an operator's drain (who, when, why) while
+	// holds.drained is set.
+	drain drainRecord
 	// uidFailures: the faults each culprit uid caused within the
 	// quarantine window; barred: the uids refused for them (culprit.go).
 	uidFailures map[uint32][]time.Time
@@ -165,7 +168,7 @@ func (in *instance) statusLocked() api.InstanceStatus {
 		GPUUUID:           in.gpus[0].UUID,
 		GPUIndex:          in.gpus[0].Index,
 		Group:             in.group,
-		State:             in.placementState().String(),
+		State:             in.shownState(),
 		ServerPIDs:        []int{},
 		Clients:           len(in.leases),
 		Restarts:          in.restarts,
@@ -177,6 +180,9 @@ func (in *instance) statusLocked() api.InstanceStatus {
 		Drained:           in.holds.drained,
 		ClientsAllocated:  in.p.Alloc.Clients,
 		Multiuser:         in.p.Multiuser,
+	}
+	if in.holds.drained {
+		st.DrainReason, st.DrainedBy, st.DrainedAt = in.drain.reason, in.drain.by, in.drain.at
 	}
 	if in.holds.quarantined {
 		st.QuarantineReason = in.quarantinedFor

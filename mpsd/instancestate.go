@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/policy"
 )
 
@@ -186,6 +187,33 @@ func placementState(c lifecycle, h holds, restarts int) policy.InstanceState {
 		return policy.InstanceReady
 	}
 }
+
+// shownState is the state status and metrics show: placement's, with a
+// draining instance told apart as drained (an operator's drain, and no
+// lease left: its GPU is safe to reset) or retiring (gone from the
+// config, stopping once empty).
+func (in *instance) shownState() string {
+	st := in.placementState()
+	if st != policy.InstanceDraining {
+		return st.String()
+	}
+	switch {
+	case in.holds.retiring:
+		return api.InstanceRetiring
+	case in.holds.drained && len(in.leases) == 0:
+		return api.InstanceDrained
+	}
+	return st.String()
+}
+
+// drainRecord is an operator's drain: why, who and when.
+type drainRecord struct {
+	reason, by string
+	at         time.Time
+}
+
+// noDrainReason is the reason of a drain that gave none.
+const noDrainReason = "no reason given"
 
 func (in *instance) placementState() policy.InstanceState {
 	return placementState(in.life, in.holds, in.restarts)

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mpsd/mpsd/cgroup"
 
 	"github.com/mpsd/mpsd/internal/clock"
@@ -40,6 +42,7 @@ func (c *slowCgroup) Delete() error {
 	c.deleted = true
 	return nil
 }
+func (c *slowCgroup) Signal(unix.Signal) (int, error) { return 0, nil }
 func (c *slowCgroup) Kill(ctx context.Context) error {
 	close(c.killing)
 	select {

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mpsd/mpsd/cgroup"
 
 	"github.com/mpsd/mpsd/internal/clock"
@@ -21,15 +23,16 @@ type pathCgroup struct {
 	pids []int
 }
 
-func (c *pathCgroup) ID() cgroup.LeaseID             { return cgroup.LeaseID{Group: "g", Lease: "g-1"} }
-func (c *pathCgroup) Path() string                   { return c.path }
-func (c *pathCgroup) Attach(int) error               { return nil }
-func (c *pathCgroup) Start(*exec.Cmd) error          { return errors.New("not here") }
-func (c *pathCgroup) Pids() ([]int, error)           { return c.pids, nil }
-func (c *pathCgroup) Kill(context.Context) error     { return nil }
-func (c *pathCgroup) Delete() error                  { return nil }
-func (c *pathCgroup) Stats() (cgroup.Stats, error)   { return cgroup.Stats{}, nil }
-func (c *pathCgroup) Limits() (cgroup.Limits, error) { return cgroup.Limits{}, nil }
+func (c *pathCgroup) ID() cgroup.LeaseID              { return cgroup.LeaseID{Group: "g", Lease: "g-1"} }
+func (c *pathCgroup) Path() string                    { return c.path }
+func (c *pathCgroup) Attach(int) error                { return nil }
+func (c *pathCgroup) Start(*exec.Cmd) error           { return errors.New("not here") }
+func (c *pathCgroup) Pids() ([]int, error)            { return c.pids, nil }
+func (c *pathCgroup) Kill(context.Context) error      { return nil }
+func (c *pathCgroup) Signal(unix.Signal) (int, error) { return 0, nil }
+func (c *pathCgroup) Delete() error                   { return nil }
+func (c *pathCgroup) Stats() (cgroup.Stats, error)    { return cgroup.Stats{}, nil }
+func (c *pathCgroup) Limits() (cgroup.Limits, error)  { return cgroup.Limits{}, nil }
 
 func writeProcCgroup(t *testing.T, proc string, pid, line string) {
 	t.Helper()

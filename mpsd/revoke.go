@@ -6,7 +6,10 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/cgroup"
 )
 
 // revokeHow is what a revocation knows of its victims besides the leases.
@@ -34,6 +37,21 @@ type revokeHow struct {
 	// revoking, before the state write that records them (a recovery
 	// notes that its faults need not be read again).
 	marked func()
+	// signal, when set (mpsctl cancel --signal), is sent to the victims'
+	// processes once their launchers are told, and the revocation waits
+	// up to its grace for them to end before MPS and the kill end the
+	// rest; revoke records there what the signal did.
+	signal *revokeSignal
+}
+
+// revokeSignal is a revocation's signal before its kill.
+type revokeSignal struct {
+	sig   unix.Signal
+	grace time.Duration
+	// Filled by revoke: the processes the signal reached, and whether
+	// some were left when the grace ran out.
+	signalled int
+	left      bool
 }
 
 // revoke is the one revocation sequence, for recovery, an operator's
@@ -113,6 +131,9 @@ func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 	for _, l := range taken {
 		l.box.push(api.Event{Type: api.EventRevoked, Reason: why[l]})
 	}
+	if how.signal != nil {
+		d.signalLeases(taken, how.signal)
+	}
 	if dm := how.dm; dm != nil && !dm.Exited() {
 		mine := map[int]bool{}
 		for _, l := range taken {
@@ -153,6 +174,52 @@ func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 	wg.Wait()
 	d.requeue(taken, why, how.force)
 	return len(taken)
+}
+
+// cancelPoll is how often a revocation with a signal looks whether its
+// victims' processes have ended within the grace.
+const cancelPoll = 50 * time.Millisecond
+
+// signalLeases sends s.sig to the processes of leases (each proven a
+// member of its lease's cgroup) and waits, up to s.grace on the daemon's
+// clock, until none is left, or mpsd stops.
+func (d *Daemon) signalLeases(leases []*lease, s *revokeSignal) {
+	cgs := make([]cgroup.Lease, 0, len(leases))
+	for _, l := range leases {
+		l.cgMu.Lock()
+		if l.cg != nil {
+			cgs = append(cgs, l.cg)
+		}
+		l.cgMu.Unlock()
+	}
+	for _, cg := range cgs {
+		n, err := cg.Signal(s.sig)
+		s.signalled += n
+		if err != nil {
+			d.log.Warn("signal before a revocation's kill failed; the kill ends the processes", "cgroup", cg.Path(), "signal", s.sig.String(), "err", err)
+		}
+	}
+	deadline := d.clock.Now().Add(s.grace)
+	for {
+		s.left = false
+		for _, cg := range cgs {
+			if p, err := cg.Pids(); err == nil && len(p) > 0 {
+				s.left = true
+				break
+			}
+		}
+		wait := deadline.Sub(d.clock.Now())
+		if !s.left || wait <= 0 {
+			return
+		}
+		t := d.clock.NewTimer(min(wait, cancelPoll))
+		select {
+		case <-t.C():
+		case <-d.ctx.Done():
+			t.Stop()
+			return
+		}
+	}
 }
 
 // markRevokedLocked takes a running lease for a revocation (revoke's

@@ -39,6 +39,7 @@ func (d *Daemon) newHTTPServer() *http.Server {
 	mux.HandleFunc("POST "+api.PathResume, func(w http.ResponseWriter, r *http.Request) { d.serveAdmin(w, r, false) })
 	mux.HandleFunc("POST "+api.PathRestart, d.serveRestart)
 	mux.HandleFunc("POST "+api.PathRequeue, d.serveRequeue)
+	mux.HandleFunc("POST "+api.PathCancel, d.serveCancel)
 	mux.HandleFunc("POST "+api.PathInjectXid, d.serveInjectXid)
 	mux.HandleFunc("POST "+api.PathShutdown, d.serveShutdown)
 	mux.HandleFunc("POST "+api.PathLeases+"/{id}/release", d.serveRelease)
@@ -684,7 +685,18 @@ func (d *Daemon) serveAdmin(w http.ResponseWriter, r *http.Request, drain bool) 
 	if !ok {
 		return
 	}
-	res, err := d.setDrained(t, drain)
+	var rec drainRecord
+	if drain {
+		p, _, _ := d.credentials(r)
+		rec = drainRecord{reason: t.Reason, by: d.users.resolve(p.uid), at: d.clock.Now()}
+		if rec.by == "" {
+			rec.by = "uid " + strconv.FormatUint(uint64(p.uid), 10)
+		}
+		if rec.reason == "" {
+			rec.reason = noDrainReason
+		}
+	}
+	res, err := d.setDrained(t, drain, rec)
 	if err != nil {
 		adminError(w, err)
 		return
@@ -731,9 +743,12 @@ func (d *Daemon) matchInstances(t api.AdminTarget) ([]*instance, error) {
 	return out, nil
 }
 
-// setDrained drains or resumes the instances t names. Resume also lifts a
-// quarantine.
-func (d *Daemon) setDrained(t api.AdminTarget, drain bool) (api.AdminResult, error) {
+// setDrained drains (with rec, its record) or resumes the instances t
+// names. Resume also lifts a quarantine. A drain of a drained instance
+// changes nothing but its reason (when rec gives another one) and says it
+// was drained already; a resume of one neither drained nor quarantined
+// lifts nothing and says so.
+func (d *Daemon) setDrained(t api.AdminTarget, drain bool, rec drainRecord) (api.AdminResult, error) {
 	insts, err := d.matchInstances(t)
 	if err != nil {
 		return api.AdminResult{}, err
@@ -747,8 +762,16 @@ func (d *Daemon) setDrained(t api.AdminTarget, drain bool) (api.AdminResult, err
 	}
 	for _, in := range insts {
 		var lifted api.Lifted
-		if !drain {
+		already := drain && in.holds.drained
+		switch {
+		case !drain:
 			lifted.Drain = in.holds.drained
+			in.drain = drainRecord{}
+		case already && rec.reason != noDrainReason && rec.reason != in.drain.reason:
+			in.log.Info("drain reason changed by admin", "reason", rec.reason, "was", in.drain.reason, "user", rec.by)
+			in.drain.reason = rec.reason
+		case !already:
+			in.drain = rec
 		}
 		in.holds.drained = drain
 		if !drain && in.holds.quarantined {
@@ -768,12 +791,15 @@ func (d *Daemon) setDrained(t api.AdminTarget, drain bool) (api.AdminResult, err
 		res.Instances = append(res.Instances, in.statusLocked())
 		if !drain {
 			res.Lifted = append(res.Lifted, lifted)
+		} else {
+			res.Already = append(res.Already, already)
 		}
-		verb := "resumed"
-		if drain {
-			verb = "drained"
+		switch {
+		case !drain:
+			in.log.Info("instance resumed by admin", "state", in.shownState(), "lifted_drain", lifted.Drain, "lifted_quarantine", lifted.Quarantine)
+		case !already:
+			in.log.Info("instance drained by admin", "state", in.shownState(), "reason", rec.reason, "user", rec.by)
 		}
-		in.log.Info("instance "+verb+" by admin", "state", in.placementState().String())
 	}
 	if !drain {
 		for g := range groups {

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mpsd/mpsd/cgroup"
 	"github.com/mpsd/mpsd/mps"
 )
@@ -131,6 +133,16 @@ func (g *simCgroup) Kill(context.Context) error {
 	defer g.m.mu.Unlock()
 	g.m.killLocked(slices.Sorted(maps.Keys(g.pids))...)
 	return nil
+}
+
+// Signal ends the processes as a kill does: the simulation's workloads
+// do not trap signals.
+func (g *simCgroup) Signal(unix.Signal) (int, error) {
+	g.m.mu.Lock()
+	defer g.m.mu.Unlock()
+	n := len(g.pids)
+	g.m.killLocked(slices.Sorted(maps.Keys(g.pids))...)
+	return n, nil
 }
 
 func (g *simCgroup) Delete() error {

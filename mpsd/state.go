@@ -47,6 +47,9 @@ type savedState struct {
 	// drain): a drain holds until mpsctl resume, restarts included. A
 	// file without it (an older mpsd's) drains nothing.
 	Drained []string `json:"drained,omitempty"`
+	// Drains are the records of the drains of Drained (why, who, when),
+	// by instance key; a drain from an older mpsd has none.
+	Drains map[string]savedDrain `json:"drains,omitempty"`
 	// ServerLogs is, per instance, where in its server.log the next mpsd
 	// reads on, so a fault logged while none watched (or read too late to
 	// handle) is not missed: just past the last fault whose recovery had
@@ -65,6 +68,12 @@ type savedState struct {
 	// faults (culprit.go), sorted by uid: a bar holds across restarts
 	// until it lapses or an operator resumes the instance.
 	Barred map[string][]savedBar `json:"barred,omitempty"`
+}
+
+type savedDrain struct {
+	Reason string    `json:"reason"`
+	By     string    `json:"by"`
+	At     time.Time `json:"at"`
 }
 
 type savedBar struct {
@@ -537,6 +546,9 @@ func sameRest(a, b *savedState) bool {
 		slices.Equal(a.Quarantined, b.Quarantined) &&
 		maps.Equal(a.QuarantineReasons, b.QuarantineReasons) &&
 		slices.Equal(a.Drained, b.Drained) &&
+		maps.EqualFunc(a.Drains, b.Drains, func(x, y savedDrain) bool {
+			return x.Reason == y.Reason && x.By == y.By && x.At.Equal(y.At)
+		}) &&
 		maps.Equal(a.ServerLogs, b.ServerLogs) &&
 		maps.EqualFunc(a.Servers, b.Servers, func(x, y map[int]int) bool { return maps.Equal(x, y) }) &&
 		maps.Equal(a.Daemons, b.Daemons) &&
@@ -743,7 +755,10 @@ func (st savedState) intent() []string {
 		out = append(out, "q:"+k)
 	}
 	for _, k := range st.Drained {
-		out = append(out, "d:"+k)
+		// A drain's record (its reason may change) is the operator's
+		// intent too.
+		dr := st.Drains[k]
+		out = append(out, "d:"+k+"\x00"+dr.Reason+"\x00"+dr.By+"\x00"+dr.At.String())
 	}
 	return out
 }
@@ -969,6 +984,12 @@ func (d *Daemon) snapshotLocked() savedState {
 		}
 		if in.holds.drained {
 			st.Drained = append(st.Drained, key)
+			if in.drain != (drainRecord{}) {
+				if st.Drains == nil {
+					st.Drains = map[string]savedDrain{}
+				}
+				st.Drains[key] = savedDrain{Reason: in.drain.reason, By: in.drain.by, At: in.drain.at}
+			}
 		}
 		for _, uid := range in.barredUIDs(now) {
 			if st.Barred == nil {

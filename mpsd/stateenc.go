@@ -59,6 +59,27 @@ func (st *savedState) appendJSON(b []byte) ([]byte, error) {
 		b = append(b, `,"drained":`...)
 		b = appendJSONStrings(b, st.Drained)
 	}
+	if len(st.Drains) > 0 {
+		b = append(b, `,"drains":{`...)
+		for i, k := range sortedKeys(st.Drains) {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			dr := st.Drains[k]
+			b = appendJSONString(b, k)
+			b = append(b, `:{"reason":`...)
+			b = appendJSONString(b, dr.Reason)
+			b = append(b, `,"by":`...)
+			b = appendJSONString(b, dr.By)
+			b = append(b, `,"at":`...)
+			var err error
+			if b, err = appendJSONTime(b, dr.At); err != nil {
+				return nil, err
+			}
+			b = append(b, '}')
+		}
+		b = append(b, '}')
+	}
 	if len(st.ServerLogs) > 0 {
 		b = append(b, `,"server_logs":{`...)
 		for i, k := range sortedKeys(st.ServerLogs) {

@@ -28,6 +28,7 @@ func fullState() savedState {
 		Quarantined:       []string{"g/0", "g/1"},
 		QuarantineReasons: map[string]string{"g/1": "Xid 79", "g/0": "daemon \"hung\""},
 		Drained:           []string{"g/2"},
+		Drains:            map[string]savedDrain{"g/2": {Reason: "fan \"replacement\"\u2028", By: "root", At: t0}},
 		ServerLogs:        map[string]int64{"g/0": 1 << 40, "a/1": 0},
 		Servers:           map[string]map[int]int{"g/0": {100: 0, 99: 1001, 1000: 5}, "g/1": {}},
 		Daemons:           map[string]savedDaemon{"g/0": {PID: 77, StartTime: 1 << 50}},

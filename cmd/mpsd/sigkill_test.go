@@ -132,11 +132,11 @@ func parentOf(pid int) int {
 }
 
 // adopted reports whether want instances have their daemon and are past
-// their start: ready, or draining (drained).
+// their start: ready, or drained (and empty).
 func adopted(st api.Status, want int) bool {
 	n := 0
 	for _, in := range st.Instances {
-		if in.DaemonPID > 0 && (in.State == api.InstanceReady || in.State == api.InstanceDraining) {
+		if in.DaemonPID > 0 && (in.State == api.InstanceReady || in.State == api.InstanceDrained) {
 			n++
 		}
 	}

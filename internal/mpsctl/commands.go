@@ -56,10 +56,21 @@ var commands = []command{
 		daemon: true,
 		setup:  statusCommand,
 	},
-	adminCommand("drain", api.PathDrain, "drained",
-		"close instances to new leases; running ones go on",
-		"Closes the instances of a GPU (index, UUID or UUID prefix), of a group, or\n"+
-			"of that group on that GPU to new leases; running leases go on. Admins only."),
+	{
+		name:    "drain",
+		args:    "--gpu SEL | --group NAME [--reason TEXT]",
+		summary: "close instances to new leases; running ones go on",
+		long: "Closes the instances of a GPU (index, UUID or UUID prefix), of a group, or\n" +
+			"of that group on that GPU to new leases; running leases go on. --reason says\n" +
+			"why (\"no reason given\" without it): it is recorded with who drained and\n" +
+			"when, kept across restarts of mpsd, and shown in status until the resume,\n" +
+			"as Slurm's Reason= is. A drained instance reads draining\n" +
+			"while leases run on it and drained once it is empty (its GPU is then safe\n" +
+			"to reset). Draining a drained instance changes nothing but, with another\n" +
+			"reason, the reason, and says since when it was drained. Admins only.",
+		daemon: true,
+		setup:  drainCommand,
+	},
 	adminCommand("resume", api.PathResume, "resumed",
 		"reopen drained or quarantined instances",
 		"Reopens the drained or quarantined instances of a GPU, of a group, or of\n"+
@@ -80,6 +91,18 @@ var commands = []command{
 			"Admins only.",
 		daemon: true,
 		setup:  requeueCommand,
+	},
+	{
+		name:    "cancel",
+		args:    "[--signal SIG [--grace D]] LEASE...",
+		summary: "end leases for good, running or queued; no requeue",
+		long: "Ends each LEASE (an ID as mpsctl status lists it) for good: a queued one\n" +
+			"leaves its queue, a running one has its command stopped and is not requeued.\n" +
+			"Its mps-launch exits 122 and prints who cancelled it. --signal sends SIG to\n" +
+			"the command's processes first and gives them --grace (default 10s) to end\n" +
+			"before what is left is killed. The lease's owner or an admin.",
+		daemon: true,
+		setup:  cancelCommand,
 	},
 	{
 		name:    "shutdown",

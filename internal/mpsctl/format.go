@@ -185,7 +185,7 @@ func summary(st api.Status, running, queued int) string {
 		maxClients += in.MaxClients
 	}
 	var states []string
-	for _, s := range []string{api.InstanceReady, api.InstanceStarting, api.InstanceRecovering, api.InstanceDraining, api.InstanceQuarantined} {
+	for _, s := range []string{api.InstanceReady, api.InstanceStarting, api.InstanceRecovering, api.InstanceDraining, api.InstanceDrained, api.InstanceRetiring, api.InstanceQuarantined} {
 		if byState[s] > 0 {
 			states = append(states, fmt.Sprintf("%d %s", byState[s], s))
 			delete(byState, s)
@@ -281,7 +281,11 @@ func instanceNote(in api.InstanceStatus) string {
 		note = append(note, "multiuser")
 	}
 	if in.Drained {
-		note = append(note, "drained")
+		if r := drainRecord(in); r != "" {
+			note = append(note, "drained "+r)
+		} else {
+			note = append(note, "drained")
+		}
 	}
 	if in.State == api.InstanceQuarantined {
 		note = append(note, "quarantined: "+text(in.QuarantineReason, 100))

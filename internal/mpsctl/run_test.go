@@ -135,10 +135,25 @@ func TestAdmin(t *testing.T) {
 		override map[string]reply
 	}{
 		{
-			name: "drain gpu", args: []string{"drain", "--gpu", "0"}, path: api.PathDrain, body: api.AdminTarget{GPU: "0"},
+			name: "drain gpu", args: []string{"drain", "--gpu", "0", "--reason", " fan replacement "}, path: api.PathDrain,
+			body: api.AdminTarget{GPU: "0", Reason: "fan replacement"},
 			stdout: "drained gpu 0 (GPU-aaaaaaaa…) group inference: state draining\n" +
 				"drained gpu 1 (GPU-bbbbbbbb…) group inference: state draining\n" +
 				"drained gpu 2,3 (GPU-cccccccc…,GPU-dddddddd…) group batch: state draining\n",
+		},
+		{
+			name: "drain, some drained already", args: []string{"drain", "--group", "inference", "--reason", "reset"}, path: api.PathDrain,
+			body: api.AdminTarget{Group: "inference", Reason: "reset"},
+			stdout: "drained gpu 0 (GPU-aaaaaaaa…) group inference: state draining\n" +
+				"gpu 1 (GPU-bbbbbbbb…) group inference: drained already by alice at 2026-12-07T09:30:00Z: fan replacement; state drained\n",
+			override: map[string]reply{"POST " + api.PathDrain: ok(t, api.AdminResult{
+				Instances: []api.InstanceStatus{
+					{GPUUUID: "GPU-bbbbbbbb-1111-2222-3333-444444444444", GPUIndex: 1, Group: "inference", State: api.InstanceDrained,
+						Drained: true, DrainReason: "fan replacement", DrainedBy: "alice", DrainedAt: time.Date(2026, 12, 7, 9, 30, 0, 0, time.UTC)},
+					{GPUUUID: "GPU-aaaaaaaa-1111-2222-3333-444444444444", GPUIndex: 0, Group: "inference", State: api.InstanceDraining, Drained: true},
+				},
+				Already: []bool{true, false},
+			})},
 		},
 		{
 			name: "resume group on gpu", args: []string{"resume", "--group=batch", "--gpu", "GPU-aaaa"}, path: api.PathResume,
