@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -121,4 +122,27 @@ func TestDisabledKillHonoursContext(t *testing.T) {
 	if werr := p.wait(); !errors.As(werr, &ee) {
 		t.Fatalf("process ended with %v, want killed", werr)
 	}
+}
+
+// Signal reaches the tracked processes of a lease without cgroups, and
+// only them.
+func TestDisabledSignal(t *testing.T) {
+	d := NewDisabled(slog.New(&recordHandler{}))
+	l := mustCreate(t, d, LeaseID{"g", "sig"}, Limits{})
+	p := startIn(t, l.Start, "echo ready; exec sleep 1000")
+	p.readLine(t, 10*time.Second)
+	stranger := startIn(t, (*exec.Cmd).Start, "echo ready; exec sleep 1000")
+	stranger.readLine(t, 10*time.Second)
+	if n, err := l.Signal(unix.SIGTERM); err != nil || n != 1 {
+		t.Fatalf("Signal(SIGTERM) = %d, %v; want 1, nil", n, err)
+	}
+	var ee *exec.ExitError
+	if err := p.wait(); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGTERM {
+		t.Fatalf("the lease's process ended with %v, want SIGTERM", err)
+	}
+	if err := stranger.cmd.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("a process outside the lease was signalled: %v", err)
+	}
+	_ = stranger.cmd.Process.Kill()
+	_ = stranger.wait()
 }
