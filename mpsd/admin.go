@@ -116,6 +116,7 @@ func (d *Daemon) serveCancel(w http.ResponseWriter, r *http.Request) {
 		group := l.group
 		d.dequeueLocked(l, "cancelled by "+who)
 		d.store.request()
+		d.scheduleLocked(group) // the requests behind it may fit now
 		l.box.push(api.Event{Type: api.EventError, Code: api.CodeCancelled, Message: msg + " while it was queued"})
 		d.mu.Unlock()
 		d.log.Info("queued lease cancelled", "lease", l.id, "group", group, "job", l.jobID, "by", who)
