@@ -20,6 +20,8 @@ type Credentials struct {
 type Access struct {
 	admins idSet
 	groups []groupIDs // in Config.Groups order, by name
+	// defaults is each uid's default group (default_for).
+	defaults map[uint32]string
 }
 
 type groupIDs struct {
@@ -71,17 +73,25 @@ func (a *Access) Groups(c Credentials) []string {
 }
 
 // Choose returns the group a request of c runs in: the group it named, if
-// c is a member, or with no name its only or first (by name) group.
-// Errors wrap ErrUnknownGroup, ErrNotAllowed or ErrNoGroup and say so in
-// words a user can act on.
+// c is a member; with no name its only group, or the group whose
+// default_for names it. A caller of several groups with no default must
+// name one: mpsd does not guess. Errors wrap ErrUnknownGroup,
+// ErrNotAllowed, ErrNoGroup or ErrGroupNeeded and say so in words a user
+// can act on.
 func (a *Access) Choose(c Credentials, group string) (string, error) {
 	if group == "" {
-		for i := range a.groups {
-			if a.groups[i].ids.has(c) {
-				return a.groups[i].name, nil
-			}
+		mine := a.Groups(c)
+		switch {
+		case len(mine) == 1:
+			return mine[0], nil
+		case len(mine) == 0:
+			return "", fmt.Errorf("%w: uid %d is not a member of any group; ask an administrator to add it to one", ErrNoGroup, c.UID)
 		}
-		return "", fmt.Errorf("%w: uid %d is not a member of any group; ask an administrator to add it to one", ErrNoGroup, c.UID)
+		if def, ok := a.defaults[c.UID]; ok && slices.Contains(mine, def) {
+			return def, nil
+		}
+		return "", fmt.Errorf("%w: uid %d may use groups %s and has no default group; choose one with --group NAME (an administrator can name a default with the group's default_for)",
+			ErrGroupNeeded, c.UID, strings.Join(mine, ", "))
 	}
 	i, found := slices.BinarySearchFunc(a.groups, group, func(g groupIDs, name string) int { return strings.Compare(g.name, name) })
 	if !found {
@@ -93,6 +103,12 @@ func (a *Access) Choose(c Credentials, group string) (string, error) {
 	return group, nil
 }
 
+// DefaultGroup returns the group whose default_for names uid, if any.
+func (a *Access) DefaultGroup(uid uint32) (string, bool) {
+	g, ok := a.defaults[uid]
+	return g, ok
+}
+
 // resolveAccess resolves the config's member lists, reporting names the
 // user database does not know.
 func (d *decoder) resolveAccess(c *Config, u Users) Access {
@@ -101,7 +117,58 @@ func (d *decoder) resolveAccess(c *Config, u Users) Access {
 		g := &c.Groups[i]
 		a.groups = append(a.groups, groupIDs{name: g.Name, ids: d.resolveMembers(groupsKey+"."+g.Name, g.Members, u)})
 	}
+	a.defaults = d.resolveDefaults(c, a.groups, u)
 	return a
+}
+
+// resolveDefaults resolves each group's default_for to uids: each must be
+// one of the group's users (membership through a unix group changes
+// without mpsd knowing, so a default given through one could not be
+// checked), and the default of one group only.
+func (d *decoder) resolveDefaults(c *Config, ids []groupIDs, u Users) map[uint32]string {
+	var defaults map[uint32]string
+	for gi := range c.Groups {
+		g := &c.Groups[gi]
+		key := groupsKey + "." + g.Name + ".default_for"
+		if !d.ok(key) {
+			continue
+		}
+		for i, name := range g.DefaultFor {
+			ekey := fmt.Sprintf("%s[%d]", key, i)
+			if !d.ok(ekey) || memberProblem(name) != "" {
+				continue
+			}
+			var uid uint32
+			if isDigits(name) {
+				n, _ := strconv.ParseUint(name, 10, 32) // checked by memberProblem
+				uid = uint32(n)
+			} else {
+				id, err := u.UserID(name)
+				if err != nil {
+					if !slices.Contains(g.Users, name) { // else reported under users
+						d.problem(ekey, "%s", strings.TrimPrefix(err.Error(), "policy: "))
+					}
+					continue
+				}
+				uid = id
+			}
+			if _, member := slices.BinarySearch(ids[gi].ids.uids, uid); !member {
+				d.problem(ekey, "%q is not one of the group's users: a user's default group must be one of its groups, listed in its users", name)
+				continue
+			}
+			if other, dup := defaults[uid]; dup && other == g.Name {
+				continue // a repeat, reported as one
+			} else if dup {
+				d.problem(ekey, "%q is already in the default_for of group %s: a user has one default group", name, other)
+				continue
+			}
+			if defaults == nil {
+				defaults = map[uint32]string{}
+			}
+			defaults[uid] = g.Name
+		}
+	}
+	return defaults
 }
 
 func (d *decoder) resolveMembers(prefix string, m Members, u Users) idSet {

@@ -14,12 +14,13 @@ admins:
   unix_groups: [wheel]
 groups:
   batch:
-    users: [bob]
+    users: [bob, "2000"]
     unix_groups: [batch, ml]
     memory: 8G
   inference:
     users: [alice, "1001", "2000"]
     unix_groups: [ml]
+    default_for: ["2000"]
     memory: 8G
   solo:
     users: [carol]
@@ -37,7 +38,7 @@ groups:
 		{"admin by unix group", Credentials{UID: 5000, GIDs: []uint32{5000, 10}}, true, nil},
 		{"root is not listed", Credentials{UID: 0, GIDs: []uint32{0}}, false, nil},
 		{"name and duplicate number resolve once", Credentials{UID: 1001}, false, []string{"inference"}},
-		{"numeric uid", Credentials{UID: 2000}, false, []string{"inference"}},
+		{"numeric uid", Credentials{UID: 2000}, false, []string{"batch", "inference"}},
 		{"by supplementary group", Credentials{UID: 5000, GIDs: []uint32{5000, 3000}}, false, []string{"batch", "inference"}},
 		{"user and group", Credentials{UID: 1002, GIDs: []uint32{3001}}, false, []string{"batch"}},
 		{"stranger", Credentials{UID: 5000, GIDs: []uint32{5000}}, false, nil},
@@ -62,7 +63,10 @@ groups:
 	}{
 		{"named and allowed", Credentials{UID: 1001}, "inference", "inference", nil, ""},
 		{"only group", Credentials{UID: 1003}, "", "solo", nil, ""},
-		{"first of several, by name", Credentials{UID: 1, GIDs: []uint32{3000}}, "", "batch", nil, ""},
+		{"several, no default", Credentials{UID: 1, GIDs: []uint32{3000}}, "", "", ErrGroupNeeded,
+			"uid 1 may use groups batch, inference and has no default group; choose one with --group NAME"},
+		{"several, the default", Credentials{UID: 2000}, "", "inference", nil, ""},
+		{"several, another named", Credentials{UID: 2000}, "batch", "batch", nil, ""},
 		{"named, not a member", Credentials{UID: 1003}, "batch", "", ErrNotAllowed, `uid 1003 is not a member of group "batch"`},
 		{"unknown group", Credentials{UID: 1003}, "nope", "", ErrUnknownGroup, `unknown group "nope"`},
 		{"member of none", Credentials{UID: 4242}, "", "", ErrNoGroup, "uid 4242 is not a member of any group"},
@@ -78,9 +82,18 @@ groups:
 		})
 	}
 
+	t.Run("DefaultGroup", func(t *testing.T) {
+		if g, ok := a.DefaultGroup(2000); g != "inference" || !ok {
+			t.Errorf("DefaultGroup(2000) = %q, %v; want inference, true", g, ok)
+		}
+		if g, ok := a.DefaultGroup(1001); ok {
+			t.Errorf("DefaultGroup(1001) = %q, true; want none", g)
+		}
+	})
+
 	t.Run("Members", func(t *testing.T) {
 		uids, gids, ok := a.Members("batch")
-		if !ok || !slices.Equal(uids, []uint32{1002}) || !slices.Equal(gids, []uint32{3000, 3001}) {
+		if !ok || !slices.Equal(uids, []uint32{1002, 2000}) || !slices.Equal(gids, []uint32{3000, 3001}) {
 			t.Errorf("Members(batch) = %v, %v, %v", uids, gids, ok)
 		}
 		uids[0] = 1 // a copy: the Access must not change

@@ -179,6 +179,11 @@ type Group struct {
 
 	// Members may use the group. Users default: []; UnixGroups default: [].
 	Members
+	// DefaultFor names the users (names or numeric uids, each one of
+	// Users) whose request without a group runs in this group, when they
+	// may use several: a user in more than one group must otherwise name
+	// one. A user is the default of at most one group. Default: [].
+	DefaultFor []string
 
 	// GPUs selects the group's GPUs: "all", NVML indexes, GPU UUIDs or
 	// UUID prefixes (with or without "GPU-"). Default: [all].

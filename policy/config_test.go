@@ -46,6 +46,7 @@ func TestParseDesignExample(t *testing.T) {
 		Groups: []Group{{
 			Name:            "inference",
 			Members:         Members{Users: []string{"svc-infer", "1001"}, UnixGroups: []string{"ml"}},
+			DefaultFor:      []string{"svc-infer"},
 			GPUs:            []string{"all"},
 			GPUsPerInstance: 1,
 			SMPercent:       100,
@@ -93,7 +94,7 @@ func TestDefaults(t *testing.T) {
 		Limits:    LimitsConfig{Connections: 1024, ConnectionsPerUser: 128, QueuedPerUser: 64, MetricsConnections: 32, MetricsConnectionsPerUser: 8},
 		Placement: Binpack,
 		Admins:    Members{Users: []string{"root"}, UnixGroups: []string{}},
-		Groups: []Group{{Name: "inference", Members: Members{Users: []string{"alice"}, UnixGroups: []string{}},
+		Groups: []Group{{Name: "inference", Members: Members{Users: []string{"alice"}, UnixGroups: []string{}}, DefaultFor: []string{},
 			GPUs: []string{"all"}, GPUsPerInstance: 1, SMPercent: 100, Memory: 16 * gib, MaxClients: 48,
 			DefaultSM: 25, DefaultMem: 4 * gib, MaxSM: 100, MaxMem: 16 * gib, Priority: 0, RequeueAttempts: 3, Reconcile: ReconcileReport, MemoryGrace: 30 * time.Second, ShmSize: 64 << 20}},
 		Simulate: SimulateConfig{GPUs: 2, Model: "a100-40g"},
@@ -246,6 +247,15 @@ func TestParseProblems(t *testing.T) {
 				`groups.g.users[0]: "": empty`,
 				`groups.g.users[1]: "x y": not a name`,
 				`groups.g.users[2]: "99999999999": not a valid numeric id`,
+			}},
+		{"default_for", "version: 1\ngroups:\n  a:\n    users: [alice, bob, '4242']\n    unix_groups: [ml]\n    default_for: [alice, '4242', carol, mallory, '', alice]\n    memory: 1G\n" +
+			"  b:\n    users: [alice, '1002']\n    default_for: [alice, bob]\n    memory: 1G\n", nil,
+			[]string{
+				`groups.a.default_for[2]: "carol" is not one of the group's users`,
+				`groups.a.default_for[3]: unknown user "mallory"`,
+				`groups.a.default_for[4]: "": empty`,
+				`groups.a.default_for[5]: "alice" repeats entry 0`,
+				`groups.b.default_for[0]: "alice" is already in the default_for of group a: a user has one default group`,
 			}},
 		{"unknown names", "version: 1\nadmins:\n  unix_groups: [nogroup]\ngroups:\n  g:\n    users: [alice, mallory, '4242']\n    memory: 1G\n", nil,
 			[]string{`admins.unix_groups[0]: unknown unix group "nogroup"`, `groups.g.users[1]: unknown user "mallory"`}},

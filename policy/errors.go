@@ -13,8 +13,8 @@ var (
 	ErrInvalidConfig = errors.New("policy: invalid config")
 
 	// ErrInvalidRequest: a request asks for something its group never
-	// allows (sm outside 1-100 or above max_sm, mem above max_mem, more
-	// GPUs than an instance has). Refuse it at once.
+	// allows (sm outside 1-100 or above max_sm, mem above max_mem, a number
+	// of GPUs other than an instance's). Refuse it at once.
 	ErrInvalidRequest = errors.New("policy: invalid request")
 	// ErrNeverFits: a valid request that no instance of its group could
 	// hold even if it were empty (no instance, or budgets smaller than
@@ -37,6 +37,9 @@ var (
 	ErrNotAllowed = errors.New("policy: not allowed")
 	// ErrNoGroup: the caller named no group and is a member of none.
 	ErrNoGroup = errors.New("policy: no group allowed")
+	// ErrGroupNeeded: the caller named no group, may use several and has
+	// no default group (default_for).
+	ErrGroupNeeded = errors.New("policy: group needed")
 
 	// ErrWatchStopped: the config's directory went away, so the Watcher
 	// can no longer see edits.

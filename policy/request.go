@@ -14,7 +14,8 @@ type Demand struct {
 	SM int
 	// Mem is the pinned device memory per GPU, in bytes.
 	Mem int64
-	// GPUs is how many GPUs; default 1.
+	// GPUs is how many GPUs: the group's gpus_per_instance, its
+	// default, is the only number allowed.
 	GPUs int
 	// Procs is how many MPS client processes the lease runs (mps-launch
 	// --procs), among which its SM share is divided; default 1.
@@ -29,7 +30,8 @@ type Demand struct {
 // A demand the group never allows fails with an error wrapping
 // ErrInvalidRequest that lists every reason in plain words: sm outside
 // 1-100 or above max_sm, mem negative, below 1M or above max_mem, gpus
-// negative or more than the group's instances have, procs outside 1 to
+// negative or other than the size of the group's instances
+// (gpus_per_instance, also the default), procs outside 1 to
 // MaxClientsLimit, above sm (each process's share, sm/procs, would be
 // under 1%) or above max_clients (each process is a client of the
 // server).
@@ -60,12 +62,14 @@ func (g *Group) NewRequest(uid uint32, d Demand) (Request, error) {
 	gpus := d.GPUs
 	switch {
 	case gpus == 0:
-		gpus = 1
+		gpus = g.GPUsPerInstance
 	case gpus < 0:
 		why = append(why, fmt.Sprintf("gpus %d is negative", gpus))
-	case gpus > g.GPUsPerInstance:
-		why = append(why, fmt.Sprintf("gpus %d is more than group %q's instances have (gpus_per_instance %d)",
-			gpus, g.Name, g.GPUsPerInstance))
+	case gpus != g.GPUsPerInstance:
+		// A lease has its instance's GPUs, all of them: fewer would be
+		// widened without the user knowing, more never fit.
+		why = append(why, fmt.Sprintf("gpus %d: group %s's instances have %d GPU%s each; ask --gpus %d",
+			gpus, g.Name, g.GPUsPerInstance, plural(g.GPUsPerInstance), g.GPUsPerInstance))
 	}
 	procs := d.Procs
 	switch {
@@ -82,4 +86,11 @@ func (g *Group) NewRequest(uid uint32, d Demand) (Request, error) {
 		return Request{}, fmt.Errorf("%w: %s", ErrInvalidRequest, strings.Join(why, "; "))
 	}
 	return Request{Group: g.Name, UID: uid, SM: sm, Mem: mem, GPUs: gpus, Procs: procs, Priority: g.Priority}, nil
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
 }

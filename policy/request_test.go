@@ -19,12 +19,12 @@ func TestNewRequest(t *testing.T) {
 		// errs are substrings the error must contain, in order.
 		errs []string
 	}{
-		{"defaults", Demand{}, Request{Group: "inference", UID: 42, SM: 25, Mem: 8 * gib, GPUs: 1, Procs: 1, Priority: 7}, nil},
+		{"defaults", Demand{}, Request{Group: "inference", UID: 42, SM: 25, Mem: 8 * gib, GPUs: 2, Procs: 1, Priority: 7}, nil},
 		{"explicit", Demand{SM: 50, Mem: 20 * gib, GPUs: 2}, Request{Group: "inference", UID: 42, SM: 50, Mem: 20 * gib, GPUs: 2, Procs: 1, Priority: 7}, nil},
-		{"smallest", Demand{SM: 1, Mem: units.MiB}, Request{Group: "inference", UID: 42, SM: 1, Mem: units.MiB, GPUs: 1, Procs: 1, Priority: 7}, nil},
-		{"mem rounded down to MiB", Demand{Mem: 3*units.MiB + 5}, Request{Group: "inference", UID: 42, SM: 25, Mem: 3 * units.MiB, GPUs: 1, Procs: 1, Priority: 7}, nil},
-		{"procs share the sm", Demand{SM: 30, Procs: 4}, Request{Group: "inference", UID: 42, SM: 30, Mem: 8 * gib, GPUs: 1, Procs: 4, Priority: 7}, nil},
-		{"one percent each", Demand{SM: 8, Procs: 8}, Request{Group: "inference", UID: 42, SM: 8, Mem: 8 * gib, GPUs: 1, Procs: 8, Priority: 7}, nil},
+		{"smallest", Demand{SM: 1, Mem: units.MiB}, Request{Group: "inference", UID: 42, SM: 1, Mem: units.MiB, GPUs: 2, Procs: 1, Priority: 7}, nil},
+		{"mem rounded down to MiB", Demand{Mem: 3*units.MiB + 5}, Request{Group: "inference", UID: 42, SM: 25, Mem: 3 * units.MiB, GPUs: 2, Procs: 1, Priority: 7}, nil},
+		{"procs share the sm", Demand{SM: 30, Procs: 4}, Request{Group: "inference", UID: 42, SM: 30, Mem: 8 * gib, GPUs: 2, Procs: 4, Priority: 7}, nil},
+		{"one percent each", Demand{SM: 8, Procs: 8}, Request{Group: "inference", UID: 42, SM: 8, Mem: 8 * gib, GPUs: 2, Procs: 8, Priority: 7}, nil},
 		{"procs over sm", Demand{SM: 8, Procs: 9}, Request{}, []string{"procs 9 is more than sm 8: each process would get sm/procs, under 1% of the SMs (at most 8 processes for sm 8)"}},
 		{"procs over the default sm", Demand{Procs: 26}, Request{}, []string{"procs 26 is more than sm 25"}},
 		{"procs over max_clients", Demand{SM: 50, Procs: 17}, Request{}, []string{`procs 17 is more than group "inference" serves per instance (max_clients 16)`}},
@@ -36,7 +36,8 @@ func TestNewRequest(t *testing.T) {
 		{"mem over max_mem", Demand{Mem: 20*gib + 1}, Request{}, []string{`mem 20G is more than group "inference" allows one client (max_mem 20G)`}},
 		{"mem negative", Demand{Mem: -5}, Request{}, []string{"mem -5 is negative"}},
 		{"mem below 1M", Demand{Mem: 1000}, Request{}, []string{"mem 1000B is below 1M"}},
-		{"gpus over the set", Demand{GPUs: 3}, Request{}, []string{`gpus 3 is more than group "inference"'s instances have (gpus_per_instance 2)`}},
+		{"gpus over the set", Demand{GPUs: 3}, Request{}, []string{"gpus 3: group inference's instances have 2 GPUs each; ask --gpus 2"}},
+		{"gpus under the set", Demand{GPUs: 1}, Request{}, []string{"gpus 1: group inference's instances have 2 GPUs each; ask --gpus 2"}},
 		{"gpus negative", Demand{GPUs: -1}, Request{}, []string{"gpus -1 is negative"}},
 		{"every reason at once", Demand{SM: 101, Mem: 30 * gib, GPUs: 4}, Request{}, []string{"sm 101", "; mem 30G", "; gpus 4"}},
 	} {
@@ -58,6 +59,34 @@ func TestNewRequest(t *testing.T) {
 					t.Fatalf("error %q lacks %q", msg, want)
 				}
 				at += i + len(want)
+			}
+		})
+	}
+}
+
+func TestNewRequestGPUsOfOneGPUInstances(t *testing.T) {
+	g := Group{Name: "a", GPUsPerInstance: 1, SMPercent: 100, Memory: gib, MaxClients: 48,
+		DefaultSM: 25, DefaultMem: gib / 4, MaxSM: 100, MaxMem: gib}
+	for _, tc := range []struct {
+		name string
+		gpus int
+		want int
+		err  string
+	}{
+		{"default", 0, 1, ""},
+		{"the size", 1, 1, ""},
+		{"more", 2, 0, "gpus 2: group a's instances have 1 GPU each; ask --gpus 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := g.NewRequest(42, Demand{GPUs: tc.gpus})
+			if tc.err != "" {
+				if !errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("NewRequest(gpus %d) error %v, want one with %q", tc.gpus, err, tc.err)
+				}
+				return
+			}
+			if err != nil || r.GPUs != tc.want {
+				t.Fatalf("NewRequest(gpus %d) = gpus %d, %v; want %d", tc.gpus, r.GPUs, err, tc.want)
 			}
 		})
 	}

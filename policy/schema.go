@@ -79,6 +79,7 @@ const groupsKey = "groups"
 var groupFields = []field[Group]{
 	{"users", []any{}, func(g *Group) any { return &g.Users }},
 	{"unix_groups", []any{}, func(g *Group) any { return &g.UnixGroups }},
+	{"default_for", []any{}, func(g *Group) any { return &g.DefaultFor }},
 	{"gpus", []any{"all"}, func(g *Group) any { return &g.GPUs }},
 	{"gpus_per_instance", 1, func(g *Group) any { return &g.GPUsPerInstance }},
 	{"sm_percent", 100, func(g *Group) any { return &g.SMPercent }},

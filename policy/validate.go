@@ -105,6 +105,7 @@ func (d *decoder) validateGroup(g *Group) {
 
 	d.members(k("users"), g.Users)
 	d.members(k("unix_groups"), g.UnixGroups)
+	d.members(k("default_for"), g.DefaultFor)
 	if d.ok(k("users"), k("unix_groups")) {
 		d.check(k("users"), len(g.Users)+len(g.UnixGroups) > 0, "empty, and so is unix_groups: nobody could use the group")
 	}
