@@ -150,10 +150,11 @@ type LeaseRequest struct {
 	// MemBytes is the pinned device memory per GPU; 0 takes the group's
 	// default_mem.
 	MemBytes int64 `json:"mem_bytes,omitempty"`
-	// GPUs is how many GPUs; 0 means 1.
+	// GPUs is how many GPUs: 0 means the group's instance size
+	// (gpus_per_instance), the only other number allowed.
 	GPUs int `json:"gpus,omitempty"`
-	// Group names the tenant group; empty takes the caller's only or first
-	// allowed group.
+	// Group names the tenant group; empty takes the caller's only group,
+	// or the one whose default_for names it (else the request is refused).
 	Group string `json:"group,omitempty"`
 	// RequeueAttempts caps how often a revoked lease is requeued: absent
 	// takes the group's requeue_attempts, 0 never requeues, N requeues at

@@ -23,10 +23,12 @@ Runs COMMAND on a GPU shared through CUDA MPS, under a lease from mpsd.
   --sm PCT        percent of each GPU's SMs, 1-100 (default: the group's)
   --mem SIZE      pinned device memory per GPU: 8G, 8GiB, 512M, 1.5G, bytes;
                   units are binary (default: the group's)
-  --gpus N        number of GPUs (default 1)
+  --gpus N        number of GPUs: the group's instance size (the default;
+                  any other number is refused with the size)
   --gpu LIST      run only on these GPUs: NVML indexes, GPU UUIDs or UUID
                   prefixes, comma-separated (default: any of the group's)
-  --group NAME    tenant group (default: your only or first group)
+  --group NAME    tenant group (default: your only group, or the one the
+                  config names as your default; needed otherwise)
   --procs N       COMMAND runs N CUDA processes (a server's workers), 1-48:
                   each gets --sm divided by N, rounded down (at most --sm
                   processes), so together they keep to --sm; each may use

@@ -104,11 +104,11 @@ func TestE2ELaunchBadInput(t *testing.T) {
 		{"group without its value", []string{"--group", "--", "/bin/true"}, nil, 125, []string{"--group needs a value"}},
 		{"unknown GPU index", []string{"--gpu", "7", "--", "/bin/true"}, nil, 125, []string{"no GPU with index 7 (this host has " + hostGPUs + ")"}},
 		// Policy never lets a group accept a request its instances could
-		// not hold (max_mem <= memory, gpus <= gpus_per_instance), so
+		// not hold (max_mem <= memory, gpus = gpus_per_instance), so
 		// "larger than any GPU" is refused by the group's limits: it can
 		// never fit.
 		{"more GPUs than an instance has", []string{"--gpus", "2", "--", "/bin/true"}, nil, 125,
-			[]string{"can never fit", "gpus 2", "inference", "gpus_per_instance 1"}},
+			[]string{"can never fit", "gpus 2: group inference's instances have 1 GPU each; ask --gpus 1"}},
 		{"more memory than the group allows", []string{"--mem", "30G", "--", "/bin/true"}, nil, 125,
 			[]string{"can never fit", "mem 30G", "inference", "max_mem 20G"}},
 		{"more memory than a GPU has", []string{"--mem", "64G", "--", "/bin/true"}, nil, 125,

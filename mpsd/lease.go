@@ -266,11 +266,14 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 	cfg := d.cfg
 	name, err := cfg.Access.Choose(c, req.Group)
 	if err != nil {
-		msg := strings.TrimPrefix(err.Error(), "policy: ")
-		if errors.Is(err, policy.ErrUnknownGroup) {
+		msg, status := strings.TrimPrefix(err.Error(), "policy: "), 403
+		switch {
+		case errors.Is(err, policy.ErrUnknownGroup):
 			msg = fmt.Sprintf("unknown group %q (groups you may use: %s)", req.Group, orNone(cfg.Access.Groups(c)))
+		case errors.Is(err, policy.ErrGroupNeeded):
+			status = 422 // allowed, once the request names its group
 		}
-		return nil, &refusal{403, api.CodeRefused, msg}
+		return nil, &refusal{status, api.CodeRefused, msg}
 	}
 	g, _ := cfg.Group(name)
 	r, err := g.NewRequest(c.UID, policy.Demand{SM: req.SM, Mem: req.MemBytes, GPUs: req.GPUs, Procs: req.Procs})
@@ -285,6 +288,21 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 		}
 	}
 	insts := d.groupInstancesLocked(name)
+	if r.Only != nil {
+		sets := make([][]int, len(insts))
+		for i, in := range insts {
+			sets[i] = in.p.GPUs
+		}
+		if !r.WithinAny(sets) {
+			// Said in the group's GPUs, not its budgets: no budget is why.
+			where := policy.DescribeSets(sets)
+			if where == "" {
+				where = "no GPU"
+			}
+			return nil, &refusal{422, api.CodeRefused, fmt.Sprintf("--gpu %s: group %s has no instance on these GPUs; its instances are on %s",
+				strings.Join(req.GPUSelect, ","), name, where)}
+		}
+	}
 	if len(insts) > 0 && all(insts, func(in *instance) bool { return in.holds.retiring }) {
 		return nil, &refusal{503, api.CodeUnavailable, fmt.Sprintf("group %s is being removed from the config", name)}
 	}

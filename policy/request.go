@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/mpsd/mpsd/internal/units"
@@ -93,4 +94,37 @@ func plural(n int) string {
 		return ""
 	}
 	return "s"
+}
+
+// WithinAny reports whether r may run on one of sets (instances' GPU
+// index sets): always without Only; with it, whether some set has every
+// GPU in Only. A request confined to GPUs where its group has no whole
+// instance can never run.
+func (r *Request) WithinAny(sets [][]int) bool {
+	for _, s := range sets {
+		if r.allows(s) {
+			return true
+		}
+	}
+	return r.Only == nil
+}
+
+// DescribeSets words instances' GPU index sets for a user: "GPU 0, GPU 1"
+// for one GPU each, "GPUs 0,1; GPUs 2,3" for pairs.
+func DescribeSets(sets [][]int) string {
+	words := make([]string, len(sets))
+	for i, s := range sets {
+		idx := make([]string, len(s))
+		for j, g := range s {
+			idx[j] = strconv.Itoa(g)
+		}
+		words[i] = "GPU" + plural(len(s)) + " " + strings.Join(idx, ",")
+	}
+	sep := ", "
+	for _, s := range sets {
+		if len(s) > 1 {
+			sep = "; "
+		}
+	}
+	return strings.Join(words, sep)
 }

@@ -91,3 +91,32 @@ func TestNewRequestGPUsOfOneGPUInstances(t *testing.T) {
 		})
 	}
 }
+
+func TestWithinAny(t *testing.T) {
+	singles, pairs := [][]int{{0}, {1}}, [][]int{{0, 1}, {2, 3}}
+	for _, tc := range []struct {
+		name string
+		only []int
+		sets [][]int
+		want bool
+		text string
+	}{
+		{"any GPU", nil, singles, true, "GPU 0, GPU 1"},
+		{"one of the group's", []int{1}, singles, true, "GPU 0, GPU 1"},
+		{"some outside the group", []int{1, 5}, singles, true, "GPU 0, GPU 1"},
+		{"outside the group", []int{3}, singles, false, "GPU 0, GPU 1"},
+		{"a whole pair", []int{2, 3}, pairs, true, "GPUs 0,1; GPUs 2,3"},
+		{"half of each pair", []int{1, 2}, pairs, false, "GPUs 0,1; GPUs 2,3"},
+		{"no instances", []int{0}, nil, false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := Request{Only: tc.only}
+			if got := r.WithinAny(tc.sets); got != tc.want {
+				t.Errorf("WithinAny(%v) with only %v = %v, want %v", tc.sets, tc.only, got, tc.want)
+			}
+			if got := DescribeSets(tc.sets); got != tc.text {
+				t.Errorf("DescribeSets(%v) = %q, want %q", tc.sets, got, tc.text)
+			}
+		})
+	}
+}
