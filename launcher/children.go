@@ -143,6 +143,7 @@ func (s *session) unhold() {
 func (s *session) launch(ctx context.Context, lease *api.Lease) *done {
 	s.stopTicker()
 	s.status.clear()
+	s.status.granted(lease, time.Since(s.queuedSince))
 	for retried := false; ; retried = true {
 		c, err := s.kids.takeSpare()
 		if err != nil {

@@ -43,7 +43,7 @@ Runs COMMAND on a GPU shared through CUDA MPS, under a lease from mpsd.
   --job ID        tag the lease with batch job ID (mpsctl status shows it)
   --no-slurm      ignore the Slurm job's environment (see below)
   --socket PATH   mpsd's socket (default $MPSD_SOCKET, else /run/mpsd/mpsd.sock)
-  --quiet         no status or requeue lines on stderr
+  --quiet         no queue, grant or requeue lines on stderr
   --version       print the version (module version, commit, Go) and exit
 Inside a Slurm job ($SLURM_JOB_ID set) the job's allocation gives the
 defaults: --job $SLURM_JOB_ID.$SLURM_STEP_ID (.STEP only in a step), --sm
@@ -58,7 +58,9 @@ executable; 127 COMMAND not found; 75 wait timed out, requeue attempts used
 up, mpsctl shutdown ended the lease, or mpsd unreachable for a minute
 (slurm.conf RequeueExit=75 requeues the job).
 While mpsd restarts, mps-launch waits for it, keeping its lease or its place
-in the queue.
+in the queue. While queued it says where and why on stderr: one live line on
+a terminal; elsewhere (a batch job's log) a line when the wait begins, one
+when mpsd's reason changes and one at the grant, with the time waited.
 `
 
 // Options are mps-launch's parsed command line. Zero values of SM, Mem,

@@ -152,8 +152,11 @@ func TestRunResumesQueuedLease(t *testing.T) {
 		if code := h.wait(done); code != 0 {
 			t.Errorf("exit %d, want 0; stderr %s", code, h.read("stderr"))
 		}
-		if s := h.read("stderr"); s != "" {
-			t.Errorf("stderr %q, want nothing", s)
+		// The wait is logged once: the resumed stream's queued event
+		// says what the first one said.
+		want := regexp.MustCompile(`^mps-launch: queued, position 7 in group g\nmps-launch: granted lease lease-q in group default after waiting \d+s\n$`)
+		if s := h.read("stderr"); !want.MatchString(s) {
+			t.Errorf("stderr %q, want it to match %q", s, want)
 		}
 	})
 	t.Run("lost", func(t *testing.T) {
@@ -171,8 +174,11 @@ func TestRunResumesQueuedLease(t *testing.T) {
 		if code := h.wait(done); code != 0 {
 			t.Errorf("exit %d, want 0; stderr %s", code, h.read("stderr"))
 		}
-		if got, want := h.read("stderr"), "mps-launch: lease lease-q was lost while mpsd was away; requesting a new one\n"; got != want {
-			t.Errorf("stderr %q, want %q", got, want)
+		want := regexp.MustCompile(`^mps-launch: queued, position 7\n` +
+			`mps-launch: lease lease-q was lost while mpsd was away; requesting a new one\n` +
+			`mps-launch: granted lease lease-2 in group default after waiting \d+s\n$`)
+		if got := h.read("stderr"); !want.MatchString(got) {
+			t.Errorf("stderr %q, want it to match %q", got, want)
 		}
 	})
 	t.Run("granted while away, revoked on resume", func(t *testing.T) {
@@ -200,8 +206,11 @@ func TestRunResumesQueuedLease(t *testing.T) {
 		if got := ranMarker(t, h); got != "2\n" {
 			t.Errorf("the command ran as attempts %q, want once as attempt 2", got)
 		}
-		if got, want := h.read("stderr"), "mps-launch: lease lease-q revoked (MPS server 7 of group g on GPU 0 died while mpsd was away); requeued, attempt 2\n"; got != want {
-			t.Errorf("stderr %q, want %q", got, want)
+		want := regexp.MustCompile(`^mps-launch: queued, position 1 in group g\n` +
+			regexp.QuoteMeta("mps-launch: lease lease-q revoked (MPS server 7 of group g on GPU 0 died while mpsd was away); requeued, attempt 2\n") +
+			`mps-launch: granted lease lease-q in group default after waiting \d+s\n$`)
+		if got := h.read("stderr"); !want.MatchString(got) {
+			t.Errorf("stderr %q, want it to match %q", got, want)
 		}
 	})
 	t.Run("requeued", func(t *testing.T) {
@@ -331,7 +340,9 @@ func TestRunHoldsCommandUntilAttach(t *testing.T) {
 // gaveUp is the line of a launcher that gave up on mpsd: how long it was
 // unreachable, and the last failure.
 func gaveUp(last string) *regexp.Regexp {
-	return regexp.MustCompile(`^mps-launch: gave up on mpsd: unreachable for (\d+ms|\d+s): ` + last + `\n$`)
+	// A launch that was queued logged its wait first (stderr is no
+	// terminal).
+	return regexp.MustCompile(`^(mps-launch: queued, position \d+[^\n]*\n)?mps-launch: gave up on mpsd: unreachable for (\d+ms|\d+s): ` + last + `\n$`)
 }
 
 // TestRunGivesUpOnMpsd: mpsd away for longer than ReconnectTimeout ends

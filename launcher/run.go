@@ -38,7 +38,9 @@ type Config struct {
 	// which serves trampoline mode.
 	Self string
 	// Terminal turns on the live queue status line on Stderr (Main sets it
-	// when Stderr is a terminal); Quiet turns it off again.
+	// when Stderr is a terminal); without it the wait is logged instead, a
+	// line as it begins, at each change of its reason and at its grant.
+	// Quiet turns either off.
 	Terminal bool
 	// ReconnectTimeout is how long mps-launch waits for mpsd to come back
 	// once it went away (restarting): a closed stream, a request or an
@@ -143,9 +145,10 @@ func Run(ctx context.Context, cfg Config) int {
 		errw:   errw,
 		client: newClient(cfg.Socket),
 		req:    cfg.LeaseRequest(),
-		status: statusLine{w: errw, on: cfg.Terminal && !cfg.Quiet},
+		status: statusLine{w: errw, live: cfg.Terminal && !cfg.Quiet, logged: !cfg.Terminal && !cfg.Quiet},
 		tm:     timing{revokeGrace: cfg.RevokeGrace, reconnectTimeout: cfg.ReconnectTimeout, quiet: cfg.Quiet},
 	}
+	s.status.prefix = s.prefix()
 	s.conn = conn{client: s.client, window: cfg.ReconnectTimeout}
 	switch {
 	case cfg.NoWait:
@@ -344,7 +347,7 @@ func (s *session) apply(ctx context.Context, acts []action) *done {
 			fmt.Fprintf(s.errw, "%s%s\n", s.prefix(), a.line)
 		case actShowQueue:
 			s.status.update(s.st.position, s.st.group, s.st.reason, time.Since(s.queuedSince))
-			if s.status.on && s.ticker == nil {
+			if s.status.live && s.ticker == nil {
 				s.ticker = time.NewTicker(time.Second)
 			}
 		case actLaunch:

@@ -124,8 +124,10 @@ func TestRunGrantedLease(t *testing.T) {
 		t.Errorf("command environment\n got %q\nwant %q", got, want)
 	}
 	lc.WaitReleased(t)
-	if s := h.read("stderr"); s != "" {
-		t.Errorf("stderr %q, want nothing", s)
+	// stderr is no terminal: the wait is logged, and its end.
+	want := regexp.MustCompile(`^mps-launch: queued, position 1\nmps-launch: granted lease lease-1 in group default after waiting \d+s\n$`)
+	if s := h.read("stderr"); !want.MatchString(s) {
+		t.Errorf("stderr %q, want it to match %q", s, want)
 	}
 }
 
@@ -353,8 +355,10 @@ func TestRunAbandonWhileQueued(t *testing.T) {
 				t.Errorf("exit %d, want %d", code, 128+int(sig))
 			}
 			lc.WaitReleased(t)
-			if s := h.read("stderr"); s != "" {
-				t.Errorf("stderr %q, want nothing (not a terminal)", s)
+			// Nothing but the wait's logged line (not a terminal), if the
+			// queued event was read before the signal.
+			if s := h.read("stderr"); s != "" && s != "mps-launch: queued, position 4 in group g\n" {
+				t.Errorf("stderr %q, want at most the queued line", s)
 			}
 		})
 	}
@@ -665,8 +669,12 @@ func TestRunDaemonErrors(t *testing.T) {
 			if code := h.wait(done); code != tc.exit {
 				t.Errorf("exit %d, want %d", code, tc.exit)
 			}
-			if got := h.read("stderr"); got != "mps-launch: "+tc.msg+"\n" {
-				t.Errorf("stderr %q, want the message", got)
+			want := "mps-launch: " + tc.msg + "\n"
+			if tc.queued {
+				want = "mps-launch: queued, position 3 in group g\n" + want
+			}
+			if got := h.read("stderr"); got != want {
+				t.Errorf("stderr %q, want %q", got, want)
 			}
 		})
 	}
@@ -824,8 +832,11 @@ func TestRunStatusLine(t *testing.T) {
 	}{
 		{"terminal", true, false, `^\rmps-launch: queued, position 2 in group g, waited \d+s\x1b\[K\rmps-launch: queued, position 1 in group g, waited \d+s\x1b\[K` +
 			`\r\x1b\[Kmps-launch: waited too long\n$`},
-		{"not a terminal", false, false, `^mps-launch: waited too long\n$`},
+		// A batch log: the wait's first line; a new position alone
+		// says nothing more.
+		{"not a terminal", false, false, `^mps-launch: queued, position 2 in group g\nmps-launch: waited too long\n$`},
 		{"quiet terminal", true, true, `^mps-launch: waited too long\n$`},
+		{"quiet, not a terminal", false, true, `^mps-launch: waited too long\n$`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, nil)

@@ -564,7 +564,7 @@ func TestCrashLoopQuarantine(t *testing.T) {
 	}
 	// Quarantined means no placements: the lease keeps waiting.
 	deadline := time.Now().Add(waitFor)
-	for !strings.Contains(term.String(), "queued, position 1 in group a (waiting for room; GPU 0 quarantined)") {
+	for !strings.Contains(term.String(), "queued, position 1 in group a (waiting for room; GPU 0 quarantined until an admin's mpsctl resume)") {
 		if time.Now().After(deadline) {
 			t.Fatalf("terminal shows %q", term.String())
 		}
