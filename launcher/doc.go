@@ -53,13 +53,14 @@
 //   - signal forwarding (SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1,
 //     SIGUSR2 go to the command; with no command, the first four abandon
 //     the request; SIGHUP or SIGINT ignored when mps-launch started, as
-//     under nohup, stay ignored and are not passed on) and the live queue
-//     status line on a terminal.
+//     under nohup, stay ignored and are not passed on) and the queue
+//     status: a live line on a terminal, else (a batch job's log) a line
+//     as a wait begins, at each change of mpsd's reason and at the grant.
 //
 // It never touches MPS, cgroups or the GPU (mpsd does, as root), never
 // kills a command mpsd revoked (MPS wants terminate_client first; mpsd
 // kills the cgroup), never copies the command's stdin, stdout or stderr
 // (the command inherits the descriptors: 0, 1, 2 and every one the caller
 // passed down, at its own number, and no others), and never logs: what it says is
-// one line on stderr for the person who ran it.
+// a line on stderr for the person who ran it.
 package launcher

@@ -573,10 +573,10 @@ func classifyChaosEnd(code int, stderr string) (chaosEnd, string) {
 	var reason string
 	for _, line := range strings.Split(stderr, "\n") {
 		msg, ok := strings.CutPrefix(line, "mps-launch: ")
-		if !ok || strings.Contains(msg, "); requeued, attempt ") || strings.HasSuffix(msg, " was lost while mpsd was away; requesting a new one") {
+		if !ok || strings.Contains(msg, "); requeued, attempt ") || strings.HasSuffix(msg, " was lost while mpsd was away; requesting a new one") || waitLogLine(msg) {
 			// Progress, not an end: the lease was requeued, or a lease
 			// mpsd had not yet written when it went is asked for anew
-			// (nothing ran under it).
+			// (nothing ran under it), or the launch logged its wait.
 			continue
 		}
 		reason = msg

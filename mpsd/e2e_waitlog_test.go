@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/mpsd/mpsd/api"
@@ -84,5 +85,49 @@ func TestE2EQueuedLaunchLogsItsWait(t *testing.T) {
 	t.Logf("the waiter's log:\n%s", got)
 	if got := readQuiet(); got != "" {
 		t.Errorf("the quiet launch logged %q, want nothing", got)
+	}
+}
+
+// waitLogLine reports whether msg, a line of mps-launch's stderr after
+// "mps-launch: ", is one it logs of a wait in the queue (its stderr no
+// terminal): progress, not an end.
+func waitLogLine(msg string) bool {
+	if rest, ok := strings.CutPrefix(msg, "job "); ok {
+		if _, after, found := strings.Cut(rest, ": "); found {
+			msg = after
+		}
+	}
+	return strings.HasPrefix(msg, "queued, position ") || strings.HasPrefix(msg, "still queued, position ") ||
+		strings.HasPrefix(msg, "granted lease ")
+}
+
+// withoutWaitLog is mps-launch's stderr without the lines it logs of a
+// wait in the queue.
+func withoutWaitLog(stderr string) string {
+	var kept []string
+	for _, line := range strings.SplitAfter(stderr, "\n") {
+		if msg, ok := strings.CutPrefix(line, "mps-launch: "); ok && waitLogLine(strings.TrimSuffix(msg, "\n")) {
+			continue
+		}
+		kept = append(kept, line)
+	}
+	return strings.Join(kept, "")
+}
+
+func TestWithoutWaitLog(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"", ""},
+		{"mps-launch: queued, position 2 in group a (waiting for room)\n", ""},
+		{"mps-launch: job 4.0: queued, position 2 in group a (waiting for room)\n" +
+			"mps-launch: job 4.0: still queued, position 1 in group a (waiting for room; GPU 0 draining until an admin's mpsctl resume), waited 3s\n" +
+			"mps-launch: job 4.0: granted lease a-1 in group a after waiting 5s\n" +
+			"mps-launch: job 4.0: lease a-1 revoked (MPS server 7 died); requeued, attempt 2\n",
+			"mps-launch: job 4.0: lease a-1 revoked (MPS server 7 died); requeued, attempt 2\n"},
+		{"the command's own queued, position 1\nmps-launch: waited 1s in group a's queue (position 1)\n",
+			"the command's own queued, position 1\nmps-launch: waited 1s in group a's queue (position 1)\n"},
+	} {
+		if got := withoutWaitLog(tc.in); got != tc.want {
+			t.Errorf("withoutWaitLog(%q) = %q, want %q", tc.in, got, tc.want)
+		}
 	}
 }

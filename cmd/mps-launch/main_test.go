@@ -348,7 +348,8 @@ func TestWaitLimits(t *testing.T) {
 				_ = lc.Send(api.Event{Type: api.EventError, Code: api.CodeWaitTimeout, Message: "no room in group g"})
 			})
 			r := launch(t, fake.Socket, "", append(tc.args, "--", "/bin/true")...)
-			if r.code != launcher.ExitTempFail || r.stderr != "mps-launch: no room in group g\n" {
+			// stderr is no terminal: the wait is logged before its end.
+			if r.code != launcher.ExitTempFail || r.stderr != "mps-launch: queued, position 1 in group g\nmps-launch: no room in group g\n" {
 				t.Errorf("exit %d stderr %q, want 75 and the reason", r.code, r.stderr)
 			}
 		})
