@@ -36,8 +36,9 @@
 //
 //   - queued{position, group, reason, lease_id}: waiting; position 1 is
 //     next in the group's queue; reason, when set, says what it waits for
-//     (room, an instance that is quarantined or recovering, or mpsd's state
-//     directory, which it cannot write: no lease is granted until it can);
+//     (room, an instance that is drained, quarantined or recovering, or
+//     mpsd's state directory, which it cannot write: no lease is granted
+//     until it can; mpsd always sets it);
 //     lease_id, when set, is the waiting lease's id, to resume it by. Sent
 //     again whenever the position or the reason changes.
 //   - granted{lease}: the lease is placed, and recorded in mpsd's state
@@ -103,8 +104,12 @@
 // mpsd holds the sum over the lease's processes to it.
 //
 // Batch systems: LeaseRequest.GPUSelect confines a lease to the GPUs a job
-// was given (NVML indexes, UUIDs or prefixes; unknown ones are refused with
-// CodeRefused); LeaseRequest.JobID tags it with the job, shown in status.
+// was given (NVML indexes, UUIDs or prefixes; unknown ones, and GPUs where
+// the group has no whole instance, are refused with CodeRefused, naming the
+// group's GPUs); LeaseRequest.JobID tags it with the job, shown in status.
+// A request without a group runs in the caller's only group, or the one
+// whose default_for names it; a caller of several groups without a default
+// is refused with CodeRefused, naming them.
 //
 // POST /v1/leases/{id}/attach (AttachPath), body AttachRequest, sent on a
 // second connection while the lease stream is open. mpsd checks that the
