@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -18,8 +19,9 @@ const (
 
 // A queued mps-launch whose stderr is a file (a batch job's log) logs its
 // wait: a line when it begins, one when mpsd's reason changes (here a
-// state directory that cannot be written, then room again) and one at the
-// grant, with the time waited. With --quiet it logs nothing.
+// state directory that cannot be written, room again, an operator's drain
+// with its reason, room again after the resume) and one at the grant,
+// with the time waited. With --quiet it logs nothing.
 func TestE2EQueuedLaunchLogsItsWait(t *testing.T) {
 	e := newEnv(t, `  a:
     users: ["64920", "64921"]
@@ -64,6 +66,12 @@ func TestE2EQueuedLaunchLogsItsWait(t *testing.T) {
 	durWaitText(t, "the waiter's log", readLogged, "state directory "+state+" cannot be written")
 	free()
 	durWaitText(t, "the waiter's log", readLogged, "(waiting for room), waited ")
+	// An operator's drain, and its resume.
+	e.admin(t, "drain", "--gpu", "0", "--reason", "fan replacement")
+	durWaitText(t, "the waiter's log", readLogged, "GPU 0 draining (fan replacement) until an admin's mpsctl resume")
+	e.admin(t, "resume", "--gpu", "0")
+	roomAgain := func() string { return strconv.Itoa(strings.Count(readLogged(), "(waiting for room), waited ")) }
+	durWaitText(t, "the waiter's lines of room again", roomAgain, "2")
 
 	open()
 	if r := holder.wait(t); r.code != 0 {
@@ -76,6 +84,8 @@ func TestE2EQueuedLaunchLogsItsWait(t *testing.T) {
 	}
 	want := regexp.MustCompile(`^mps-launch: job 17: queued, position 1 in group a \(waiting for room\)\n` +
 		`mps-launch: job 17: still queued, position 1 in group a \(` + regexp.QuoteMeta("state directory "+state+" cannot be written (no space left on device); no lease is granted until it can") + `\), waited \d+s\n` +
+		`mps-launch: job 17: still queued, position 1 in group a \(waiting for room\), waited \d+s\n` +
+		`mps-launch: job 17: still queued, position 1 in group a \(waiting for room; GPU 0 draining \(fan replacement\) until an admin's mpsctl resume\), waited \d+s\n` +
 		`mps-launch: job 17: still queued, position 1 in group a \(waiting for room\), waited \d+s\n` +
 		`mps-launch: job 17: granted lease a-\S+ in group a after waiting \d+s\n$`)
 	got := readLogged()

@@ -550,13 +550,17 @@ func (d *Daemon) waitReasonLocked(group string) string {
 	var closed []string
 	for _, in := range d.groupInstancesLocked(group) {
 		if st := in.placementState(); st != policy.InstanceReady {
-			until := ""
-			if st == policy.InstanceDraining || st == policy.InstanceQuarantined {
-				// Closed until an operator reopens it: a wait nothing
-				// else ends, which a batch log should say.
-				until = " until an admin's mpsctl resume"
+			why := fmt.Sprintf("GPU %s %s", gpuList(in), in.shownState())
+			// Closed until an operator reopens it: a wait nothing else
+			// ends, which a batch log should say (with the drain's
+			// reason, which status shows everyone).
+			switch {
+			case in.holds.quarantined:
+				why += " until an admin's mpsctl resume"
+			case in.holds.drained:
+				why += " (" + in.drain.reason + ") until an admin's mpsctl resume"
 			}
-			closed = append(closed, fmt.Sprintf("GPU %s %s%s", gpuList(in), st, until))
+			closed = append(closed, why)
 		} else if in.mps.faulted() {
 			if f := in.mps.inFault(); len(f) > 0 {
 				closed = append(closed, fmt.Sprintf("GPU %s: MPS server %d in FAULT until its clients of no lease have gone", gpuList(in), f[0]))

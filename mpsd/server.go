@@ -801,8 +801,11 @@ func (d *Daemon) setDrained(t api.AdminTarget, drain bool, rec drainRecord) (api
 			in.log.Info("instance drained by admin", "state", in.shownState(), "reason", rec.reason, "user", rec.by)
 		}
 	}
-	if !drain {
-		for g := range groups {
+	for g := range groups {
+		if drain {
+			// Nothing more fits, but the queued leases' reason changed.
+			d.positionsLocked(g)
+		} else {
 			d.scheduleLocked(g)
 		}
 	}
