@@ -103,12 +103,6 @@ func (a *Access) Choose(c Credentials, group string) (string, error) {
 	return group, nil
 }
 
-// DefaultGroup returns the group whose default_for names uid, if any.
-func (a *Access) DefaultGroup(uid uint32) (string, bool) {
-	g, ok := a.defaults[uid]
-	return g, ok
-}
-
 // resolveAccess resolves the config's member lists, reporting names the
 // user database does not know.
 func (d *decoder) resolveAccess(c *Config, u Users) Access {

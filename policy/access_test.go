@@ -82,15 +82,6 @@ groups:
 		})
 	}
 
-	t.Run("DefaultGroup", func(t *testing.T) {
-		if g, ok := a.DefaultGroup(2000); g != "inference" || !ok {
-			t.Errorf("DefaultGroup(2000) = %q, %v; want inference, true", g, ok)
-		}
-		if g, ok := a.DefaultGroup(1001); ok {
-			t.Errorf("DefaultGroup(1001) = %q, true; want none", g)
-		}
-	})
-
 	t.Run("Members", func(t *testing.T) {
 		uids, gids, ok := a.Members("batch")
 		if !ok || !slices.Equal(uids, []uint32{1002, 2000}) || !slices.Equal(gids, []uint32{3000, 3001}) {
