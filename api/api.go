@@ -607,6 +607,36 @@ type InstanceStatus struct {
 	// holds them (an admin's status only; a non-admin's has none). An
 	// mpsd before them sends none.
 	Servers []ServerStatus `json:"servers,omitempty"`
+	// Unleased are the MPS clients of the instance's servers that no
+	// lease accounts for, as mpsd's last reconciliation confirmed them
+	// (sorted by pid); UnleasedMemBytes their device memory, summed per
+	// GPU, on the instance's GPU where it is highest; MemUsedBytes the
+	// device memory of all its MPS clients, the leases' and these, the
+	// same way: what MPS holds on it, beside MemAllocatedBytes, what its
+	// leases were granted. Absent until a reconciliation has read them.
+	// An admin's status only (a non-admin's has none of the three).
+	Unleased         []UnleasedClient `json:"unleased,omitempty"`
+	UnleasedMemBytes int64            `json:"unleased_mem_bytes,omitempty"`
+	MemUsedBytes     *uint64          `json:"mem_used_bytes,omitempty"`
+	// ServingUID is the uid MPS serves on the instance, as mpsd's model
+	// of MPS holds it, on a daemon without multiuser (one uid at a time;
+	// other uids' clients wait inside MPS): that of a server clients of
+	// no lease hold, else the running leases', else an idle server's.
+	// Absent when none of these is, and on a multiuser instance. An
+	// admin's status only.
+	ServingUID *int `json:"serving_uid,omitempty"`
+}
+
+// UnleasedClient is one MPS client of an instance that no lease holds: a
+// member who set CUDA_MPS_PIPE_DIRECTORY without mps-launch.
+type UnleasedClient struct {
+	PID int    `json:"pid"`
+	UID uint32 `json:"uid"`
+	// Server is the pid of the MPS server it is a client of.
+	Server int `json:"server"`
+	// MemBytes is the device memory NVML reports for it, summed over the
+	// instance's GPUs; absent when NVML does not say.
+	MemBytes *uint64 `json:"mem_bytes,omitempty"`
 }
 
 // ServerStatus is one live MPS server of an instance.
@@ -687,6 +717,11 @@ type LeaseStatus struct {
 	// container's processes. Absent until the plugin has bound it, and
 	// again after mpsd restarts until the plugin binds it anew.
 	Pod *PodContainer `json:"pod,omitempty"`
+	// LauncherPID is the process whose lease stream holds the lease now:
+	// its mps-launch (after an mpsd restart, the one that resumed it);
+	// absent while none does (a launcher away across a restart) and for
+	// a pod's lease (Pod set), whose stream is the device plugin's.
+	LauncherPID int `json:"launcher_pid,omitempty"`
 }
 
 // AdminTarget is the body of PathDrain and PathResume: the instances of

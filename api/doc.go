@@ -155,7 +155,11 @@
 // lease with its uid, pids and job id, and every instance with its daemon
 // and server pids and its Servers (each live MPS server's uid and its
 // clients of leases and of no lease, as the last reconciliation counted
-// them). Anyone else sees only its own leases (in full), the
+// them), its Unleased clients (pid, uid, server, device memory), their
+// memory and all its clients' (UnleasedMemBytes, MemUsedBytes) and the
+// uid MPS serves (ServingUID). A lease carries the pid of the launcher
+// that holds it now (LauncherPID; none for a pod's). Anyone else sees
+// only its own leases (in full), the
 // per-group counts of running (Status.Running) and queued (Status.Queue)
 // leases of everyone, and the instances' states and allocations without
 // any pid; Status.OwnOnly says the document is so restricted. Other

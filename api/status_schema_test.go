@@ -18,17 +18,20 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 func fullStatus() Status {
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	clients := 5
+	unleasedMem, usedMem, servingUID := uint64(2<<30), uint64(3<<30), 1001
 	return Status{
 		Instances: []InstanceStatus{{GPUUUID: "GPU-1", GPUIndex: 0, Group: "g", State: InstanceQuarantined, DaemonPID: 10, ServerPIDs: []int{11}, Clients: 1, Restarts: 5,
 			GPUIndexes: []int{0}, GPUUUIDs: []string{"GPU-1"}, SMAllocated: 30, SMBudget: 100, MemAllocatedBytes: 1, MemBudgetBytes: 2, MaxClients: 48,
 			Drained: true, QuarantineReason: "5 failures in 10m0s; the last: MPS server exited", ClientsAllocated: 4,
-			LastStartError: "mps: start control daemon: Cannot find MPS control daemon process",
-			Servers:        []ServerStatus{{PID: 11, UID: 1001, LeasedClients: 1, UnleasedClients: 2, PendingLeases: []string{"m2"}}}}},
+			LastStartError:   "mps: start control daemon: Cannot find MPS control daemon process",
+			Servers:          []ServerStatus{{PID: 11, UID: 1001, LeasedClients: 1, UnleasedClients: 2, PendingLeases: []string{"m2"}}},
+			Unleased:         []UnleasedClient{{PID: 13, UID: 1001, Server: 11, MemBytes: &unleasedMem}, {PID: 14, UID: 1001, Server: 11}},
+			UnleasedMemBytes: int64(unleasedMem), MemUsedBytes: &usedMem, ServingUID: &servingUID}},
 		Leases: []LeaseStatus{
 			{ID: "l", Group: "g", GPUIndexes: []int{0}, UID: 1001, PIDs: []int{12}, SM: 30, MemBytes: 1, Attempt: 2, State: LeaseRunning,
 				JobID: "42", Command: []string{"python", "train.py"}, RunningSince: at.Add(-time.Minute),
 				Procs: 4, SMPerProcess: 7, Clients: &clients,
-				Pod: &PodContainer{Namespace: "default", Pod: "train-0", Container: "main", ContainerID: "0123456789abcdef"}},
+				Pod: &PodContainer{Namespace: "default", Pod: "train-0", Container: "main", ContainerID: "0123456789abcdef"}, LauncherPID: 9},
 			{ID: "m", Group: "g", GPUIndexes: []int{}, UID: 1002, PIDs: []int{}, SM: 10, MemBytes: 1, Attempt: 1, State: LeaseQueued,
 				Command: []string{"true"}, QueuedSince: at.Add(-time.Second), Position: 1, WaitReason: "waiting for room; GPU 0 quarantined",
 				Procs: 1, SMPerProcess: 10},

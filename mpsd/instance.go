@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -68,6 +69,10 @@ type instance struct {
 	// startErr: why the bring-up's last attempt failed, until a daemon
 	// answers (status's LastStartError).
 	startErr string
+	// seen: what the last reconciliation read of the instance's MPS
+	// clients for status: those of no lease, and device memory
+	// (reconcile.go, noteUsage).
+	seen clientUsage
 
 	// The watchdog's state (watchdog.go).
 	pending    []fault        // faults for the supervisor's next recovery
@@ -211,6 +216,27 @@ func (in *instance) statusLocked() api.InstanceStatus {
 	}
 	st.DriverVersion, st.MPSVersion = in.versionsLocked()
 	st.LastStartError = in.startErr
+	if !in.p.Multiuser {
+		if up, uid, _, _ := in.mps.serving(in.placedUID()); up {
+			u := int(uid)
+			st.ServingUID = &u
+		}
+	}
+	if in.seen.read {
+		// Only the clients of servers that live on: a server's exit ends
+		// its clients' connection.
+		for _, c := range in.seen.unleased {
+			if slices.Contains(st.ServerPIDs, c.Server) {
+				if c.MemBytes != nil {
+					v := *c.MemBytes
+					c.MemBytes = &v
+				}
+				st.Unleased = append(st.Unleased, c)
+			}
+		}
+		used := in.seen.memUsed
+		st.MemUsedBytes, st.UnleasedMemBytes = &used, int64(min(in.seen.unleasedMem, math.MaxInt64))
+	}
 	return st
 }
 

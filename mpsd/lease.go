@@ -70,6 +70,9 @@ type lease struct {
 	position   int       // last position sent while queued
 	waitReason string    // last wait reason sent while queued
 	bound      bool      // a launcher's stream holds the lease
+	// launcherPID: the process whose stream holds the lease now (its
+	// peer credentials' pid when it connected); 0 while none does.
+	launcherPID int
 	// abandoned: the launcher left while the lease was being revoked; the
 	// revocation drops it instead of requeueing it.
 	abandoned bool
@@ -1043,7 +1046,7 @@ func (l *lease) statusLocked() api.LeaseStatus {
 	procs := l.req.Clients()
 	st := api.LeaseStatus{ID: l.id, Group: l.group, UID: l.uid, SM: l.req.SM, MemBytes: l.req.Mem,
 		Attempt: l.attempt, State: api.LeaseQueued, GPUIndexes: []int{}, PIDs: []int{}, JobID: l.jobID,
-		Command: l.command, Procs: procs, SMPerProcess: l.req.SM / procs}
+		Command: l.command, Procs: procs, SMPerProcess: l.req.SM / procs, LauncherPID: l.launcherPID}
 	if l.inst != nil {
 		st.State = api.LeaseRunning
 		st.RunningSince = l.grantedAt

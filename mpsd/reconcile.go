@@ -423,6 +423,13 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 		// daemon's one server serves every uid).
 		wasHeld := in.mps.held()
 		in.mps.setUnleased(unleased)
+		var unleasedFacts []unleasedFact
+		for _, c := range confirmed {
+			if c.f.kind == reconUnleased {
+				unleasedFacts = append(unleasedFacts, unleasedFact{pid: c.f.pid, uid: c.facts.uid, server: c.f.server})
+			}
+		}
+		in.seen = noteUsage(in.key, view.gpus, procs, leased, unleasedFacts)
 		if !multiuser && wasHeld != in.mps.held() {
 			// Released: another uid may be served now. Taken: the
 			// waiting requests of other uids say so.
@@ -1027,4 +1034,63 @@ func readProcFacts(proc string, pid int) (procFacts, error) {
 		facts.exe = strings.TrimSuffix(t, " (deleted)")
 	}
 	return facts, nil
+}
+
+// clientUsage is what a reconciliation read of an instance's MPS clients
+// for status (api.InstanceStatus's Unleased, UnleasedMemBytes and
+// MemUsedBytes): those no lease holds, and the device memory NVML
+// reported, per GPU, on the instance's GPU where it is highest.
+type clientUsage struct {
+	read        bool // a reconciliation has read them
+	unleased    []api.UnleasedClient
+	unleasedMem uint64 // the clients of no lease's
+	memUsed     uint64 // every client's of the instance, leased or not
+}
+
+// unleasedFact is a client of no lease a reconciliation confirmed: its
+// pid, its owner (read while a pidfd held it) and its server.
+type unleasedFact struct {
+	pid    int
+	uid    uint32
+	server int
+}
+
+// noteUsage joins the clients of no lease of instance inst (on GPUs
+// gpus) with NVML's processes (procs, by GPU) and the leased processes
+// (leased): each client's memory summed over the GPUs, and per GPU the
+// memory of the clients of no lease and of all the instance's clients,
+// the most of any GPU kept. A process NVML gives no memory for adds
+// none. Pure.
+func noteUsage(inst string, gpus []int, procs map[int][]gpu.ProcessMemory, leased map[int]leaseAt, unleased []unleasedFact) clientUsage {
+	u := clientUsage{read: true}
+	mine := map[int]int{} // pid of a client of no lease → its index in u.unleased
+	for _, f := range unleased {
+		if _, dup := mine[f.pid]; dup {
+			continue
+		}
+		mine[f.pid] = len(u.unleased)
+		u.unleased = append(u.unleased, api.UnleasedClient{PID: f.pid, UID: f.uid, Server: f.server})
+	}
+	for _, g := range gpus {
+		var free, all uint64
+		for _, pm := range procs[g] {
+			if pm.UsedBytes == nil {
+				continue
+			}
+			if i, ok := mine[pm.PID]; ok {
+				c := &u.unleased[i]
+				if c.MemBytes == nil {
+					c.MemBytes = new(uint64)
+				}
+				*c.MemBytes += *pm.UsedBytes
+				free += *pm.UsedBytes
+				all += *pm.UsedBytes
+			} else if at, ok := leased[pm.PID]; ok && at.inst == inst {
+				all += *pm.UsedBytes
+			}
+		}
+		u.unleasedMem, u.memUsed = max(u.unleasedMem, free), max(u.memUsed, all)
+	}
+	slices.SortFunc(u.unleased, func(a, b api.UnleasedClient) int { return a.PID - b.PID })
+	return u
 }

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/gpu"
 )
 
@@ -115,5 +116,30 @@ func BenchmarkReconcileJoin(b *testing.B) {
 				b.Fatalf("findings on a clean host: %+v", f)
 			}
 		}
+	}
+}
+
+// noteUsage sums memory per GPU and keeps the GPU where it is highest:
+// the instance's clients of no lease, and all its clients (its leases'
+// too, not another instance's); each client of no lease has its memory
+// summed over the GPUs, none when NVML gives none.
+func TestNoteUsage(t *testing.T) {
+	b := func(n uint64) *uint64 { return &n }
+	procs := map[int][]gpu.ProcessMemory{
+		4: {{PID: 10, UsedBytes: b(100)}, {PID: 20, UsedBytes: b(7)}, {PID: 30, UsedBytes: b(1000)}, {PID: 40}},
+		5: {{PID: 10, UsedBytes: b(50)}, {PID: 20, UsedBytes: b(300)}},
+	}
+	leased := map[int]leaseAt{20: {lease: "l", inst: "a/4,5"}, 30: {lease: "m", inst: "b/4"}}
+	unleased := []unleasedFact{{pid: 40, uid: 1002, server: 9}, {pid: 10, uid: 1001, server: 9}, {pid: 10, uid: 1001, server: 9}}
+	got := noteUsage("a/4,5", []int{4, 5}, procs, leased, unleased)
+	want := clientUsage{read: true, unleased: []api.UnleasedClient{
+		{PID: 10, UID: 1001, Server: 9, MemBytes: b(150)},
+		{PID: 40, UID: 1002, Server: 9},
+	}, unleasedMem: 100, memUsed: 350}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("noteUsage = %+v; want %+v", got, want)
+	}
+	if got := noteUsage("a/4,5", []int{4, 5}, nil, nil, nil); !got.read || got.memUsed != 0 || got.unleased != nil {
+		t.Errorf("nothing on the GPUs: %+v", got)
 	}
 }

@@ -188,6 +188,9 @@ func (d *Daemon) serveLease(w http.ResponseWriter, r *http.Request) {
 // The first grant of a new request attaches its attach_pid, if any,
 // before the event is written: the launcher then has no attach to send.
 func (d *Daemon) streamLease(w http.ResponseWriter, r *http.Request, l *lease, req api.LeaseRequest, p peer) {
+	d.mu.Lock()
+	l.launcherPID = p.pid
+	d.mu.Unlock()
 	w.Header().Set("Content-Type", api.ContentTypeNDJSON)
 	w.Header().Set(api.HeaderLeaseID, l.id)
 	w.WriteHeader(http.StatusOK)
@@ -273,7 +276,7 @@ func (d *Daemon) endStream(l *lease) {
 	select {
 	case <-d.stopping:
 		d.mu.Lock()
-		l.bound = false
+		l.bound, l.launcherPID = false, 0
 		d.mu.Unlock()
 		return
 	default:
@@ -615,6 +618,9 @@ func ownView(st api.Status, uid uint32) api.Status {
 	}
 	for _, in := range st.Instances {
 		in.DaemonPID, in.ServerPIDs, in.Servers = 0, []int{}, nil
+		// What MPS serves beside the leases names other users' processes
+		// and uids.
+		in.Unleased, in.UnleasedMemBytes, in.MemUsedBytes, in.ServingUID = nil, 0, nil, nil
 		// The last failure's reason names processes (a server's pid,
 		// another tenant's); the count and window are everyone's.
 		if before, _, found := strings.Cut(in.QuarantineReason, lastFailure); found {
@@ -658,6 +664,9 @@ func (d *Daemon) Status() api.Status {
 		if st.Leases[i].State == api.LeaseRunning {
 			st.Leases[i].PIDs = d.leasePids(l)
 			st.Leases[i].Pod = d.podRef(l.id)
+			if st.Leases[i].Pod != nil {
+				st.Leases[i].LauncherPID = 0 // the device plugin's stream
+			}
 		}
 	}
 	slices.SortFunc(st.Leases, func(a, b api.LeaseStatus) int { return strings.Compare(a.ID, b.ID) })

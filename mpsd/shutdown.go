@@ -147,6 +147,7 @@ func (d *Daemon) shutdown(uid uint32) (api.ShutdownResult, error) {
 		reqs = append(reqs, req)
 		in.daemon = nil
 		in.mps.daemonGone()
+		in.seen = clientUsage{}
 	}
 	late, lateProblems := d.lateStops, slices.Clone(d.lateProblems)
 	d.mu.Unlock()

@@ -456,6 +456,7 @@ func (d *Daemon) beginRecovery(in *instance, pending []fault) recovery {
 	if f.restart == restartDaemon {
 		in.daemon, in.logHandled = nil, -1
 		in.mps.daemonGone()
+		in.seen = clientUsage{}
 	}
 	d.mu.Unlock()
 	in.log.Warn("instance failed; recovering", "fault", f.kind, "reason", f.reason, "faults", len(pending), "leases", len(plan.victims), "restarting", f.restart, "failures_in_window", r.failures)
