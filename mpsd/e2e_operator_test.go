@@ -298,10 +298,11 @@ func TestStatusShowsWaitAndRun(t *testing.T) {
 		t.Fatalf("mpsctl status: exit %d, stderr %q", r.code, r.stderr)
 	}
 	for _, re := range []string{
-		`(?m)^instances: 1 ready; leases: 1 running, 1 queued; used: sm \d+%, mem 8G of 10G, clients 1/\d+$`,
-		// SM%, PROCS (one), CLIENTS (a shell has none), MEM, USED.
-		`(?m)^a-\S+\s+a\s+root\s+J1\s+0\s+\d+\s+1\s+(0|-)\s+8G\s+(0B|-)\s+1\s+[0-9.]+m?s\s+[\d,]+\s+/bin/sh -c "while`,
-		`(?m)^a\s+1\s+a-\S+\s+root\s+-\s+\d+\s+1\s+8G\s+1\s+[0-9.]+m?s\s+true second$`,
+		`(?m)^instances: 1 ready; leases: 1 running, 1 queued; granted: mem 8G of 10G, clients 1 of \d+$`,
+		// SM%, PROCS (one), CLIENTS (a shell has none), MEM, USED,
+		// LAUNCHER beside PIDS.
+		`(?m)^a-\S+\s+a\s+root\s+J1\s+0\s+\d+\s+1\s+(0|-)\s+8G\s+(0B|-)\s+1\s+[0-9.]+m?s\s+\d+\s+[\d,]+\s+/bin/sh -c "while`,
+		`(?m)^a\s+1\s+a-\S+\s+root\s+-\s+\d+\s+1\s+8G\s+1\s+[0-9.]+m?s\s+\d+\s+true second$`,
 		`(?m)^  a: waiting for room$`,
 	} {
 		if !regexp.MustCompile(re).MatchString(r.stdout) {

@@ -178,9 +178,9 @@ func TestExitStatus(t *testing.T) {
 		// stdout and stderr: the first line of each; "" for none.
 		stdout, stderr string
 	}{
-		{"status", socket, []string{"status"}, mpsctl.ExitOK, "instances: 1 ready; leases: 0 running, 0 queued; used: sm 25%, mem 8G of 40G, clients 1/48", ""},
+		{"status", socket, []string{"status"}, mpsctl.ExitOK, "instances: 1 ready; leases: 0 running, 0 queued; granted: mem 8G of 40G, clients 1 of 48", ""},
 		{"status json", "", []string{"--socket", socket, "status", "--json"}, mpsctl.ExitOK, "{", ""},
-		{"socket after command", missing, []string{"status", "--socket", socket}, mpsctl.ExitOK, "instances: 1 ready; leases: 0 running, 0 queued; used: sm 25%, mem 8G of 40G, clients 1/48", ""},
+		{"socket after command", missing, []string{"status", "--socket", socket}, mpsctl.ExitOK, "instances: 1 ready; leases: 0 running, 0 queued; granted: mem 8G of 40G, clients 1 of 48", ""},
 		{"resume", socket, []string{"resume", "--gpu", "0"}, mpsctl.ExitOK,
 			"resumed gpu 0 (GPU-12345678…) group inference: state ready", ""},
 		{"refused", socket, []string{"drain", "--gpu", "0"}, mpsctl.ExitFailure, "", "mpsctl: uid 1000 is not an mpsd admin"},

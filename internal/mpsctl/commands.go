@@ -47,14 +47,11 @@ type runFunc func(ctx context.Context, inv *invocation, args []string) error
 var commands = []command{
 	{
 		name:    "status",
-		args:    "[--json]",
+		args:    "[FILTERS] [-o FORMAT]",
 		summary: "show instances, leases and queues",
-		long: "Shows mpsd's MPS instances, the leases running and queued, and the queue\n" +
-			"length of every group. Admins see every lease; anyone else sees their own\n" +
-			"leases, the leases running and queued per group, and no pids. --json prints\n" +
-			"the status document as mpsd sent it.",
-		daemon: true,
-		setup:  statusCommand,
+		long:    statusLong,
+		daemon:  true,
+		setup:   statusCommand,
 	},
 	{
 		name:    "drain",
@@ -148,23 +145,6 @@ func lookup(name string) *command {
 		}
 	}
 	return nil
-}
-
-func statusCommand(fs *flag.FlagSet) runFunc {
-	asJSON := fs.Bool("json", false, "print the status document as mpsd sent it (indented JSON)")
-	return func(ctx context.Context, inv *invocation, args []string) error {
-		if len(args) > 0 {
-			return usagef("unexpected argument %q", args[0])
-		}
-		st, raw, err := inv.client().Status(ctx)
-		if err != nil {
-			return err
-		}
-		if *asJSON {
-			return WriteStatusJSON(inv.stdout, raw)
-		}
-		return WriteStatus(inv.stdout, st, inv.names())
-	}
 }
 
 // adminCommand is a command that posts an api.AdminTarget (--gpu,

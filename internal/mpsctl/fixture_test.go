@@ -23,6 +23,8 @@ func statusFixture() api.Status {
 				Servers:    []api.ServerStatus{{PID: 2101, UID: 1002, UnleasedClients: 1}},
 				GPUIndexes: []int{1}, GPUUUIDs: []string{"GPU-bbbbbbbb-1111-2222-3333-444444444444"},
 				SMAllocated: 25, SMBudget: 100, MemAllocatedBytes: 8 * units.GiB, MemBudgetBytes: 24 * units.GiB, MaxClients: 16,
+				Unleased:         []api.UnleasedClient{{PID: 2150, UID: 1002, Server: 2101, MemBytes: uint64p(uint64(2 * units.GiB))}},
+				UnleasedMemBytes: 2 * units.GiB, MemUsedBytes: uint64p(uint64(2 * units.GiB)), ServingUID: intp(1002),
 			},
 			{
 				GPUUUID: "GPU-cccccccc-1111-2222-3333-444444444444", GPUIndex: 2, Group: "batch", Multiuser: true,
@@ -37,7 +39,7 @@ func statusFixture() api.Status {
 				Servers:    []api.ServerStatus{{PID: 1001, UID: 0, LeasedClients: 1}, {PID: 1002, UID: 1001, LeasedClients: 5}},
 				GPUIndexes: []int{0}, GPUUUIDs: []string{"GPU-aaaaaaaa-1111-2222-3333-444444444444"},
 				SMAllocated: 75, SMBudget: 100, MemAllocatedBytes: 20*units.GiB + 512*units.MiB, MemBudgetBytes: 24 * units.GiB, MaxClients: 16,
-				ClientsAllocated: 6,
+				ClientsAllocated: 6, MemUsedBytes: uint64p(uint64(9*units.GiB + 256*units.MiB)), ServingUID: intp(1001),
 			},
 			{
 				GPUUUID: "GPU-aaaaaaaa-1111-2222-3333-444444444444", GPUIndex: 0, Group: "batch", Multiuser: true,
@@ -49,16 +51,16 @@ func statusFixture() api.Status {
 		Leases: []api.LeaseStatus{
 			{ID: "l-0003", Group: "inference", GPUIndexes: nil, UID: 1001, PIDs: nil, SM: 25, MemBytes: 8 * units.GiB, Attempt: 1, State: api.LeaseQueued,
 				Command: []string{"python3", "serve.py", "--port", "8080"}, QueuedSince: at.Add(-90 * time.Second), Position: 2, WaitReason: "waiting for room; GPU 1 draining",
-				Procs: 2, SMPerProcess: 12},
+				Procs: 2, SMPerProcess: 12, LauncherPID: 3299},
 			{ID: "l-0001", Group: "inference", GPUIndexes: []int{0}, UID: 1001, PIDs: []int{3001, 3002}, SM: 50, MemBytes: 12 * units.GiB, Attempt: 2, State: api.LeaseRunning, JobID: "4242.0",
 				Command: []string{"python3", "-c", "import torch; print(torch.cuda.is_available()) and a long tail"}, RunningSince: at.Add(-(2*time.Hour + 3*time.Minute + 4*time.Second)),
-				Procs: 4, SMPerProcess: 12, Clients: intp(5), MemUsedBytes: uint64p(uint64(9*units.GiB + 256*units.MiB))},
+				Procs: 4, SMPerProcess: 12, Clients: intp(5), MemUsedBytes: uint64p(uint64(9*units.GiB + 256*units.MiB)), LauncherPID: 2999},
 			{ID: "l-0002", Group: "inference", GPUIndexes: []int{0}, UID: 0, PIDs: []int{3100}, SM: 25, MemBytes: 8*units.GiB + 512*units.MiB, Attempt: 1, State: api.LeaseRunning,
-				Command: []string{"./bench"}, RunningSince: at.Add(-1500 * time.Millisecond), Procs: 1, SMPerProcess: 25, Clients: intp(1), MemUsedBytes: uint64p(0)},
+				Command: []string{"./bench"}, RunningSince: at.Add(-1500 * time.Millisecond), Procs: 1, SMPerProcess: 25, Clients: intp(1), MemUsedBytes: uint64p(0), LauncherPID: 3099},
 			{ID: "b-0001", Group: "batch", GPUIndexes: []int{2, 3}, UID: 1002, PIDs: nil, SM: 50, MemBytes: 10 * units.GiB, Attempt: 1, State: api.LeaseQueued, JobID: "run 7",
 				QueuedSince: at.Add(-5 * time.Minute), Position: 1, WaitReason: "waiting for room; GPU 0 quarantined, GPU 2,3 recovering"},
 			{ID: "l-0004", Group: "inference", UID: 1003, SM: 10, MemBytes: units.GiB, Attempt: 3, State: api.LeaseQueued,
-				Command: []string{"true"}, QueuedSince: at.Add(-2 * time.Second), Position: 1, WaitReason: "waiting for room; GPU 1 draining"},
+				Command: []string{"true"}, QueuedSince: at.Add(-2 * time.Second), Position: 1, WaitReason: "waiting for room; GPU 1 draining", LauncherPID: 3399},
 		},
 		Queue: map[string]int{"inference": 2, "batch": 1, "idle": 0},
 	}
@@ -95,6 +97,7 @@ func ownViewFixture() api.Status {
 	st.Leases = st.Leases[:1]
 	for i := range st.Instances {
 		st.Instances[i].DaemonPID, st.Instances[i].ServerPIDs, st.Instances[i].Servers = 0, []int{}, nil
+		st.Instances[i].Unleased, st.Instances[i].UnleasedMemBytes, st.Instances[i].MemUsedBytes, st.Instances[i].ServingUID = nil, 0, nil, nil
 		if st.Instances[i].LastStartError != "" {
 			st.Instances[i].LastStartError = "the control daemon does not start (an admin's status names why)"
 		}

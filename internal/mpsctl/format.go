@@ -25,17 +25,45 @@ const none = "-"
 // Names resolves a uid to a user name for status; "" when it has none.
 type Names func(uid uint32) string
 
-// WriteStatus renders st for people: a summary line, then the INSTANCES,
-// RUNNING and QUEUED tables (QUEUE, the counts per group, for a
-// non-admin's view), each sorted stably whatever order mpsd sent them in:
-// instances by GPU then group, running leases by group then id, queued
-// ones by group then their position, the order mpsd grants in. Users are
-// shown by name (names; nil shows uids), falling back to the uid. A
-// running lease shows its SM share and how it is divided (PROCS: "4x7%",
-// four processes of 7% each), the MPS clients mpsd saw of it (CLIENTS,
-// "5!" and a line below the table when more than its processes) and its
-// memory limit and use (MEM, USED).
+// WriteStatus is WriteStatusView with the default view: every section,
+// with headers, commands cut.
 func WriteStatus(w io.Writer, st api.Status, names Names) error {
+	return WriteStatusView(w, st, names, StatusView{})
+}
+
+// StatusView says how WriteStatusView shows a status document.
+type StatusView struct {
+	// Wide shows whole GPU UUIDs and commands, the uid each instance's
+	// MPS serves (SERVING) and the pids of its clients of no lease.
+	Wide bool
+	// NoHeaders leaves out the summary line, the sections' titles, the
+	// tables' header rows, the notes below them and "(none)": rows
+	// only, for scripts (with Only, one table's).
+	NoHeaders bool
+	// Only, when set, shows only these sections: "instances",
+	// "running", "queued" (a filter by a lease state, or by user, shows
+	// leases only; by an instance state, instances only).
+	Only []string
+}
+
+func (v StatusView) shows(section string) bool {
+	return len(v.Only) == 0 || slices.Contains(v.Only, section)
+}
+
+// WriteStatusView renders st for people: a summary line, then the
+// INSTANCES, RUNNING and QUEUED tables (QUEUE, the counts per group, for
+// a non-admin's view), each sorted stably whatever order mpsd sent them
+// in: instances by GPU then group, running leases by group then id,
+// queued ones by group then their position, the order mpsd grants in.
+// Users are shown by name (names; nil shows uids), falling back to the
+// uid. An instance shows the memory its leases were granted (MEM) and
+// what all its MPS clients hold (USED), and NOTE names the clients of no
+// lease among them. A lease shows its launcher's pid (LAUNCHER) beside its
+// workload's (PIDS); a running one its SM share and how it is divided
+// (PROCS: "4x7%", four processes of 7% each), the MPS clients mpsd saw of
+// it (CLIENTS, "5!" and a line below the table when more than its
+// processes) and its memory limit and use (MEM, USED).
+func WriteStatusView(w io.Writer, st api.Status, names Names, v StatusView) error {
 	var b bytes.Buffer
 	user := func(uid uint32) string {
 		if names != nil {
@@ -53,101 +81,165 @@ func WriteStatus(w io.Writer, st api.Status, names Names) error {
 			queued = append(queued, l)
 		}
 	}
-
-	b.WriteString(summary(st, len(running), len(queued)) + "\n\n")
-
-	b.WriteString("INSTANCES\n")
-	if len(st.Instances) == 0 {
-		b.WriteString("  (none)\n")
-	} else {
-		inst := slices.Clone(st.Instances)
-		slices.SortStableFunc(inst, func(a, b api.InstanceStatus) int {
-			return cmp.Or(cmp.Compare(a.GPUIndex, b.GPUIndex), cmp.Compare(a.Group, b.Group), cmp.Compare(a.GPUUUID, b.GPUUUID))
-		})
-		tw := newTable(&b)
-		fmt.Fprintln(tw, "GPU\tUUID\tGROUP\tSTATE\tDAEMON\tSERVERS\tCLIENTS\tSM%\tMEM\tRESTARTS\tNOTE")
-		for _, in := range inst {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d/%d\t%s/%s\t%d\t%s\n",
-				instanceGPUs(in), instanceUUIDs(in), cell(in.Group), cell(in.State),
-				pid(in.DaemonPID), pids(in.ServerPIDs),
-				instanceClients(in), in.MaxClients, in.SMAllocated, in.SMBudget,
-				units.FormatSize(in.MemAllocatedBytes), units.FormatSize(in.MemBudgetBytes),
-				in.Restarts, instanceNote(in))
+	// title starts a section: a blank line after the one before, and its
+	// name; what follows it only when headers are shown.
+	first := true
+	title := func(name string) {
+		if v.NoHeaders {
+			return
 		}
-		if err := tw.Flush(); err != nil {
-			return err
+		if !first {
+			b.WriteString("\n")
 		}
-		writeShared(&b, inst)
-		writeVersions(&b, inst)
+		first = false
+		b.WriteString(name + "\n")
+	}
+	notes := func(s string) {
+		if !v.NoHeaders {
+			b.WriteString(s)
+		}
+	}
+	header := func(tw io.Writer, h string) {
+		if !v.NoHeaders {
+			fmt.Fprintln(tw, h)
+		}
+	}
+	commandText := func(argv []string) string {
+		if v.Wide {
+			return argvText(argv, math.MaxInt)
+		}
+		return argvText(argv, maxCommand)
+	}
+
+	if !v.NoHeaders {
+		b.WriteString(summary(st, len(running), len(queued)) + "\n\n")
+	}
+
+	if v.shows("instances") {
+		title("INSTANCES")
+		if len(st.Instances) == 0 {
+			notes("  (none)\n")
+		} else {
+			inst := slices.Clone(st.Instances)
+			slices.SortStableFunc(inst, func(a, b api.InstanceStatus) int {
+				return cmp.Or(cmp.Compare(a.GPUIndex, b.GPUIndex), cmp.Compare(a.Group, b.Group), cmp.Compare(a.GPUUUID, b.GPUUUID))
+			})
+			tw := newTable(&b)
+			wide := ""
+			if v.Wide {
+				wide = "\tSERVING"
+			}
+			header(tw, "GPU\tUUID\tGROUP\tSTATE\tDAEMON\tSERVERS\tCLIENTS\tSM%\tMEM\tUSED\tRESTARTS"+wide+"\tNOTE")
+			for _, in := range inst {
+				uuids := instanceUUIDs(in)
+				if v.Wide {
+					uuids = cell(strings.Join(in.GPUUUIDs, ","))
+					if len(in.GPUUUIDs) == 0 {
+						uuids = cell(in.GPUUUID)
+					}
+					wide = "\t" + none
+					if in.ServingUID != nil && *in.ServingUID >= 0 {
+						wide = "\t" + user(uint32(*in.ServingUID))
+					}
+				}
+				note := instanceNote(in)
+				switch u := unleasedNote(in, user, v.Wide); {
+				case u == "":
+				case note == none:
+					note = u
+				default:
+					note = u + "; " + note
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d/%d\t%s/%s\t%s\t%d%s\t%s\n",
+					instanceGPUs(in), uuids, cell(in.Group), cell(in.State),
+					pid(in.DaemonPID), pids(in.ServerPIDs),
+					instanceClients(in), in.MaxClients, in.SMAllocated, in.SMBudget,
+					units.FormatSize(in.MemAllocatedBytes), units.FormatSize(in.MemBudgetBytes),
+					size(in.MemUsedBytes), in.Restarts, wide, note)
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if !v.NoHeaders {
+				writeShared(&b, inst)
+				writeVersions(&b, inst)
+			}
+		}
 	}
 
 	own := ""
 	if st.OwnOnly {
 		own = "  (yours only: mpsd shows other users' leases to admins)\n"
 	}
-	b.WriteString("\nRUNNING\n" + own)
-	if len(running) == 0 {
-		b.WriteString("  (none)\n")
-	} else {
-		slices.SortStableFunc(running, func(a, b api.LeaseStatus) int {
-			return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(a.ID, b.ID))
-		})
-		tw := newTable(&b)
-		fmt.Fprintln(tw, "ID\tGROUP\tUSER\tJOB\tGPUS\tSM%\tPROCS\tCLIENTS\tMEM\tUSED\tATTEMPT\tRUNNING\tPIDS\tCOMMAND")
-		for _, l := range running {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n",
-				cell(l.ID), cell(l.Group), user(l.UID), cell(l.JobID), ints(l.GPUIndexes), l.SM, procsText(l), clientsText(l),
-				units.FormatSize(l.MemBytes), memUsed(l), l.Attempt, since(st.At, l.RunningSince), pids(l.PIDs), argvText(l.Command))
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		// A lease that runs more MPS clients than it declared: each has its
-		// part of the share, so together they take more than the share.
-		for _, l := range running {
-			if n, procs := clientsSeen(l), leaseProcs(l); n > procs {
-				fmt.Fprintf(&b, "  %s: %d MPS clients, more than its %d declared processes (--procs): at %d%% each they can take %d%%, over its sm %d%%\n",
-					cell(l.ID), n, procs, perProcess(l), n*perProcess(l), l.SM)
+	if v.shows("running") {
+		title("RUNNING")
+		notes(own)
+		if len(running) == 0 {
+			notes("  (none)\n")
+		} else {
+			slices.SortStableFunc(running, func(a, b api.LeaseStatus) int {
+				return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(a.ID, b.ID))
+			})
+			tw := newTable(&b)
+			header(tw, "ID\tGROUP\tUSER\tJOB\tGPUS\tSM%\tPROCS\tCLIENTS\tMEM\tUSED\tATTEMPT\tRUNNING\tLAUNCHER\tPIDS\tCOMMAND")
+			for _, l := range running {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n",
+					cell(l.ID), cell(l.Group), user(l.UID), cell(l.JobID), ints(l.GPUIndexes), l.SM, procsText(l), clientsText(l),
+					units.FormatSize(l.MemBytes), memUsed(l), l.Attempt, since(st.At, l.RunningSince), pid(l.LauncherPID), pids(l.PIDs), commandText(l.Command))
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			// A lease that runs more MPS clients than it declared: each has its
+			// part of the share, so together they take more than the share.
+			for _, l := range running {
+				if n, procs := clientsSeen(l), leaseProcs(l); n > procs {
+					notes(fmt.Sprintf("  %s: %d MPS clients, more than its %d declared processes (--procs): at %d%% each they can take %d%%, over its sm %d%%\n",
+						cell(l.ID), n, procs, perProcess(l), n*perProcess(l), l.SM))
+				}
 			}
 		}
 	}
 
-	b.WriteString("\nQUEUED\n" + own)
-	if len(queued) == 0 {
-		b.WriteString("  (none)\n")
-	} else {
-		slices.SortStableFunc(queued, func(a, b api.LeaseStatus) int {
-			return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(position(a), position(b)), cmp.Compare(a.ID, b.ID))
-		})
-		tw := newTable(&b)
-		fmt.Fprintln(tw, "GROUP\tPOS\tID\tUSER\tJOB\tSM%\tPROCS\tMEM\tATTEMPT\tWAITING\tCOMMAND")
-		for _, l := range queued {
-			pos := none
-			if l.Position > 0 {
-				pos = strconv.Itoa(l.Position)
+	if v.shows("queued") {
+		title("QUEUED")
+		notes(own)
+		if len(queued) == 0 {
+			notes("  (none)\n")
+		} else {
+			slices.SortStableFunc(queued, func(a, b api.LeaseStatus) int {
+				return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(position(a), position(b)), cmp.Compare(a.ID, b.ID))
+			})
+			tw := newTable(&b)
+			header(tw, "GROUP\tPOS\tID\tUSER\tJOB\tSM%\tPROCS\tMEM\tATTEMPT\tWAITING\tLAUNCHER\tCOMMAND")
+			for _, l := range queued {
+				pos := none
+				if l.Position > 0 {
+					pos = strconv.Itoa(l.Position)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\t%s\n",
+					cell(l.Group), pos, cell(l.ID), user(l.UID), cell(l.JobID), l.SM, procsText(l),
+					units.FormatSize(l.MemBytes), l.Attempt, since(st.At, l.QueuedSince), pid(l.LauncherPID), commandText(l.Command))
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\n",
-				cell(l.Group), pos, cell(l.ID), user(l.UID), cell(l.JobID), l.SM, procsText(l),
-				units.FormatSize(l.MemBytes), l.Attempt, since(st.At, l.QueuedSince), argvText(l.Command))
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		// What a group's queue waits for, as mps-launch shows it: one
-		// reason per group (mpsd gives its leases the same one).
-		var reasons []string
-		for _, l := range queued {
-			r := cell(l.Group) + ": " + text(l.WaitReason, 200)
-			if l.WaitReason != "" && !slices.Contains(reasons, r) {
-				reasons = append(reasons, r)
+			if err := tw.Flush(); err != nil {
+				return err
 			}
-		}
-		for _, r := range reasons {
-			b.WriteString("  " + r + "\n")
+			// What a group's queue waits for, as mps-launch shows it: one
+			// reason per group (mpsd gives its leases the same one).
+			var reasons []string
+			for _, l := range queued {
+				r := cell(l.Group) + ": " + text(l.WaitReason, 200)
+				if l.WaitReason != "" && !slices.Contains(reasons, r) {
+					reasons = append(reasons, r)
+				}
+			}
+			for _, r := range reasons {
+				notes("  " + r + "\n")
+			}
 		}
 	}
 
-	if st.OwnOnly && len(st.Queue) > 0 {
+	if st.OwnOnly && len(st.Queue) > 0 && !v.NoHeaders && (v.shows("running") || v.shows("queued")) {
 		b.WriteString("\nQUEUE (everyone's)\n")
 		tw := newTable(&b)
 		groups := make([]string, 0, len(st.Queue))
@@ -167,25 +259,73 @@ func WriteStatus(w io.Writer, st api.Status, names Names) error {
 	return err
 }
 
-// summary is status's first line: instances by state, leases running and
-// queued (everyone's, also in a non-admin's view), and the capacity the
-// running leases use of the instances' budgets (per GPU, summed).
+// unleasedNote is NOTE's part about the MPS clients of an instance that
+// no lease accounts for: "unleased: 1 client of uid 1002, 2G of USED"
+// (their users by name; wide, their pids too); "" when it has none.
+func unleasedNote(in api.InstanceStatus, user func(uint32) string, wide bool) string {
+	if len(in.Unleased) == 0 {
+		return ""
+	}
+	var who []string
+	var uids []uint32
+	var ps []int
+	for _, c := range in.Unleased {
+		if !slices.Contains(uids, c.UID) {
+			uids = append(uids, c.UID)
+			who = append(who, user(c.UID))
+		}
+		ps = append(ps, c.PID)
+	}
+	n := "1 client"
+	if len(in.Unleased) > 1 {
+		n = fmt.Sprintf("%d clients", len(in.Unleased))
+	}
+	users := "user " + strings.Join(who, ",")
+	if len(who) > 1 {
+		users = "users " + strings.Join(who, ",")
+	}
+	note := fmt.Sprintf("unleased: %s of %s", n, users)
+	if wide {
+		note += " (pids " + pids(ps) + ")"
+	}
+	return note + ", " + units.FormatSize(in.UnleasedMemBytes) + " of USED"
+}
+
+// size is a byte count from mpsd that may be missing ("-").
+func size(n *uint64) string {
+	if n == nil || *n > math.MaxInt64 {
+		return none
+	}
+	return units.FormatSize(int64(*n))
+}
+
+// summary is status's first line: instances by state, leases running
+// and queued (everyone's, also in a non-admin's view), what the running
+// leases were granted of the instances' budgets, summed over every GPU
+// of every instance (memory in bytes, MPS clients in clients: no
+// percentage, which would average GPUs unlike each other), and what MPS
+// serves that no lease accounts for (clients and their memory, an
+// admin's view only).
 func summary(st api.Status, running, queued int) string {
 	byState := map[string]int{}
-	var smUsed, smBudget, clients, maxClients int
-	var memUsed, memBudget int64
+	var clients, maxClients, unleased int
+	var memGranted, memBudget, memUnleased int64
 	for _, in := range st.Instances {
 		byState[in.State]++
-		n := max(len(in.GPUIndexes), 1)
-		smUsed += in.SMAllocated * n
-		smBudget += in.SMBudget * n
-		memUsed += in.MemAllocatedBytes * int64(n)
-		memBudget += in.MemBudgetBytes * int64(n)
+		n := int64(max(len(in.GPUIndexes), 1))
+		memGranted += in.MemAllocatedBytes * n
+		memBudget += in.MemBudgetBytes * n
 		clients += instanceClients(in)
 		maxClients += in.MaxClients
+		unleased += len(in.Unleased)
+		for _, c := range in.Unleased {
+			if c.MemBytes != nil && *c.MemBytes <= math.MaxInt64 {
+				memUnleased += int64(*c.MemBytes)
+			}
+		}
 	}
 	var states []string
-	for _, s := range []string{api.InstanceReady, api.InstanceStarting, api.InstanceRecovering, api.InstanceDraining, api.InstanceDrained, api.InstanceRetiring, api.InstanceQuarantined} {
+	for _, s := range instanceStates {
 		if byState[s] > 0 {
 			states = append(states, fmt.Sprintf("%d %s", byState[s], s))
 			delete(byState, s)
@@ -206,16 +346,23 @@ func summary(st api.Status, running, queued int) string {
 			queued += n
 		}
 	}
-	pct := func(a, b int64) string {
-		if b <= 0 {
-			return none
+	line := fmt.Sprintf("instances: %s; leases: %d running, %d queued; granted: mem %s of %s, clients %d of %d",
+		strings.Join(states, ", "), running, queued,
+		units.FormatSize(memGranted), units.FormatSize(memBudget), clients, maxClients)
+	if unleased > 0 {
+		c := "clients"
+		if unleased == 1 {
+			c = "client"
 		}
-		return strconv.FormatInt(a*100/b, 10) + "%"
+		line += fmt.Sprintf("; unleased: %d %s, mem %s", unleased, c, units.FormatSize(memUnleased))
 	}
-	return fmt.Sprintf("instances: %s; leases: %d running, %d queued; used: sm %s, mem %s of %s, clients %d/%d",
-		strings.Join(states, ", "), running, queued, pct(int64(smUsed), int64(smBudget)),
-		units.FormatSize(memUsed), units.FormatSize(memBudget), clients, maxClients)
+	return line
 }
+
+// instanceStates are the instance states in the order the summary counts
+// them; a state mpsd sends that is not among them is counted after, by
+// name.
+var instanceStates = []string{api.InstanceReady, api.InstanceStarting, api.InstanceRecovering, api.InstanceDraining, api.InstanceDrained, api.InstanceRetiring, api.InstanceQuarantined}
 
 // instanceClients is how many of its max_clients an instance's leases
 // take: one per declared process (an mpsd before clients_allocated sends
@@ -362,9 +509,9 @@ func since(at, t time.Time) string {
 const maxCommand = 48
 
 // argvText is a lease's argv for a table's last column: arguments with
-// blanks or quotes quoted, control characters shown as '?', cut to
-// maxCommand characters with an ellipsis.
-func argvText(argv []string) string {
+// blanks or quotes quoted, control characters shown as '?', cut to n
+// characters with an ellipsis.
+func argvText(argv []string, n int) string {
 	if len(argv) == 0 {
 		return none
 	}
@@ -375,7 +522,7 @@ func argvText(argv []string) string {
 		}
 		parts[i] = a
 	}
-	return text(strings.Join(parts, " "), maxCommand)
+	return text(strings.Join(parts, " "), n)
 }
 
 // text is free text from mpsd for a table: control characters become

@@ -58,9 +58,9 @@ func FuzzStatus(f *testing.F) {
 			cols  int
 			own   bool
 		}{
-			{"INSTANCES", len(st.Instances), 11, false},
-			{"RUNNING", running, 14, st.OwnOnly},
-			{"QUEUED", queued, 11, st.OwnOnly},
+			{"INSTANCES", len(st.Instances), 12, false},
+			{"RUNNING", running, 15, st.OwnOnly},
+			{"QUEUED", queued, 12, st.OwnOnly},
 		}
 		if st.OwnOnly && len(st.Queue) > 0 {
 			sections = append(sections, struct {
@@ -109,6 +109,37 @@ func FuzzStatus(f *testing.F) {
 		}
 		if i != len(lines) {
 			t.Fatalf("%d lines; want %d:\n%s", len(lines), i, out)
+		}
+
+		// The wide view and the rows alone keep to one line per row too.
+		for _, v := range []StatusView{{Wide: true}, {NoHeaders: true}} {
+			var w bytes.Buffer
+			if err := WriteStatusView(&w, st, nil, v); err != nil {
+				t.Fatal(err)
+			}
+			if strings.ContainsFunc(w.String(), func(r rune) bool { return r != '\n' && unicode.IsControl(r) }) {
+				t.Fatalf("control characters in the table %+v:\n%q", v, w.String())
+			}
+		}
+		// A filter's JSON of a document mpsd might send is JSON, holding
+		// what the filter keeps.
+		var k kept
+		for i := range st.Instances {
+			if i%2 == 0 {
+				k.instances = append(k.instances, i)
+			}
+		}
+		for i := range st.Leases {
+			if i%2 == 1 {
+				k.leases = append(k.leases, i)
+			}
+		}
+		fj, err := k.filterJSON(raw, "g")
+		if err != nil {
+			t.Fatalf("filterJSON: %v", err)
+		}
+		if !json.Valid(fj) {
+			t.Fatalf("filterJSON made no JSON of %s: %s", raw, fj)
 		}
 
 		var j bytes.Buffer

@@ -17,6 +17,8 @@ import (
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/internal/buildinfo"
+	"github.com/mpsd/mpsd/internal/cli"
+	"github.com/mpsd/mpsd/internal/clock"
 )
 
 // Exit statuses of mpsctl.
@@ -68,6 +70,14 @@ type Config struct {
 	// LookupUser resolves a uid to a user name for status; nil means the
 	// host's user database (os/user). "" shows the uid.
 	LookupUser Names
+	// LookupUID resolves a user name to its uid for status --user; nil
+	// means the host's user database (os/user).
+	LookupUID func(name string) (uint32, bool)
+	// Clock times status --watch; nil means the real clock.
+	Clock clock.Clock
+	// IsTerminal says whether status --watch draws on a terminal (it
+	// clears the screen first); nil means asking the kernel of Stdout.
+	IsTerminal func(io.Writer) bool
 }
 
 // invocation is one run of one command.
@@ -154,6 +164,11 @@ func Run(ctx context.Context, cfg Config, args []string) int {
 	var ue *usageError
 	switch {
 	case err == nil:
+	case errors.As(err, &ue) && cli.IsUnknown(ue.msg):
+		// A name that does not exist: what was meant, if it is near one
+		// that does, and where the names are, not the whole usage.
+		fmt.Fprintf(cfg.Stderr, "mpsctl: %s\n", oneLine(ue.msg))
+		fmt.Fprintln(cfg.Stderr, usageHint(ue.cmd))
 	case errors.As(err, &ue):
 		fmt.Fprintf(cfg.Stderr, "mpsctl: %s\n\n", oneLine(ue.msg))
 		if ue.cmd != nil {
@@ -191,7 +206,7 @@ func run(ctx context.Context, cfg Config, args []string) error {
 			_, err := fmt.Fprint(cfg.Stdout, Usage())
 			return err
 		}
-		return usagef("%s", flagError(err))
+		return usagef("%s", cli.FlagError(err, global))
 	}
 	if *version {
 		_, err := fmt.Fprintln(cfg.Stdout, buildinfo.Read().Line("mpsctl"))
@@ -207,7 +222,7 @@ func run(ctx context.Context, cfg Config, args []string) error {
 	}
 	cmd := lookup(name)
 	if cmd == nil {
-		return usagef("unknown command %q", name)
+		return usagef("%s", cli.UnknownCommand(name, commandNames()))
 	}
 
 	fs := newFlagSet(name)
@@ -222,7 +237,7 @@ func run(ctx context.Context, cfg Config, args []string) error {
 		return err
 	}
 	if err != nil {
-		return &usageError{cmd: cmd, msg: name + ": " + flagError(err)}
+		return &usageError{cmd: cmd, msg: name + ": " + cli.FlagError(err, fs)}
 	}
 
 	inv := &invocation{stdout: cfg.Stdout, stderr: cfg.Stderr, cfg: cfg}
@@ -254,7 +269,7 @@ func help(stdout io.Writer, args []string) error {
 	}
 	cmd := lookup(args[0])
 	if cmd == nil {
-		return usagef("help: unknown command %q", args[0])
+		return usagef("help: %s", cli.UnknownCommand(args[0], commandNames()))
 	}
 	_, err := fmt.Fprint(stdout, commandUsage(cmd))
 	return err
@@ -291,19 +306,22 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-// flagError rewords package flag's errors for mpsctl's double-dash flags.
-func flagError(err error) string {
-	msg := err.Error()
-	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
-		return "unknown flag --" + name
+// usageHint is the line after an unknown command or flag: where to
+// read the names there are.
+func usageHint(cmd *command) string {
+	if cmd == nil {
+		return "Run 'mpsctl help' for the commands and options."
 	}
-	if name, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
-		return "flag --" + name + " needs an argument"
+	return fmt.Sprintf("Run 'mpsctl help %s' for its flags.", cmd.name)
+}
+
+// commandNames are the commands' names, help's among them.
+func commandNames() []string {
+	names := []string{"help"}
+	for _, c := range commands {
+		names = append(names, c.name)
 	}
-	if strings.Contains(msg, " for flag -") {
-		return strings.Replace(msg, " for flag -", " for flag --", 1)
-	}
-	return strings.Replace(msg, " for -", " for --", 1)
+	return names
 }
 
 // socketFlag is --socket: a non-empty path, and whether it was given.
@@ -357,21 +375,8 @@ func commandUsage(cmd *command) string {
 		fs.Var(&socketFlag{}, "socket", fmt.Sprintf("`PATH` is mpsd's socket (default $%s, else %s)", api.EnvSocket, api.DefaultSocket))
 	}
 	cmd.setup(fs)
-	var lines [][2]string
-	fs.VisitAll(func(f *flag.Flag) {
-		arg, usage := flag.UnquoteUsage(f)
-		if _, isBool := f.Value.(interface{ IsBoolFlag() bool }); isBool {
-			arg = ""
-		}
-		lines = append(lines, [2]string{strings.TrimSpace("--" + f.Name + " " + arg), usage})
-	})
-	if len(lines) > 0 {
-		b.WriteString("\nFlags:\n")
-		tw := tabwriter.NewWriter(&b, 0, 8, 2, ' ', 0)
-		for _, l := range lines {
-			fmt.Fprintf(tw, "  %s\t%s\n", l[0], l[1])
-		}
-		_ = tw.Flush()
+	if t := cli.FlagTable(fs); t != "" {
+		b.WriteString("\n" + t)
 	}
 	return b.String()
 }

@@ -29,12 +29,30 @@ func TestStatus(t *testing.T) {
 		{"empty table", ok(t, empty), []string{"status"}, "status-empty.golden"},
 		{"empty json", ok(t, empty), []string{"status", "--json"}, "status-empty.json.golden"},
 		{"null lists", reply{status: 200, body: `{"instances":null,"leases":null,"queue":null}`}, []string{"status"}, "status-empty.golden"},
+		{"wide", ok(t, statusFixture()), []string{"status", "-o", "wide"}, "status-wide.golden"},
+		{"json by -o", withUnknownField(t, ok(t, statusFixture())), []string{"status", "-o", "json"}, "status.json.golden"},
+		{"group", ok(t, statusFixture()), []string{"status", "--group", "inference"}, "status-group.golden"},
+		{"gpu by uuid prefix", ok(t, statusFixture()), []string{"status", "--gpu", "GPU-cccc"}, "status-gpu.golden"},
+		{"user by name, wide", ok(t, statusFixture()), []string{"status", "--user", "alice", "-o", "wide"}, "status-user.golden"},
+		{"user by uid", ok(t, statusFixture()), []string{"status", "--user", "1001", "-o", "wide"}, "status-user.golden"},
+		{"instance state", ok(t, statusFixture()), []string{"status", "--state", "ready"}, "status-state-ready.golden"},
+		{"running, rows only", ok(t, statusFixture()), []string{"status", "--state", "running", "--no-headers"}, "status-running-rows.golden"},
+		{"rows only", ok(t, statusFixture()), []string{"status", "--no-headers"}, "status-rows.golden"},
+		{"non-admin view of a group", ok(t, ownViewFixture()), []string{"status", "--group", "batch"}, "status-own-group.golden"},
+		{"json of a group on a gpu", withUnknownField(t, ok(t, statusFixture())), []string{"status", "--json", "--group", "inference", "--gpu", "0"}, "status-filtered.json.golden"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fake := newFake(t, map[string]reply{"GET " + api.PathStatus: tc.st})
 			// uid 1002 has no name: status shows the number.
 			names := map[uint32]string{0: "root", 1001: "alice", 1003: "bob"}
-			cfg := Config{LookupUser: func(uid uint32) string { return names[uid] }}
+			cfg := Config{LookupUser: func(uid uint32) string { return names[uid] }, LookupUID: func(name string) (uint32, bool) {
+				for uid, n := range names {
+					if n == name {
+						return uid, true
+					}
+				}
+				return 0, false
+			}}
 			r := mpsctl(t, cfg, nil, append([]string{"--socket", fake.socket}, tc.args...)...)
 			if r.code != ExitOK || r.stderr != "" {
 				t.Fatalf("exit %d, stderr %q; want 0 and nothing", r.code, r.stderr)
@@ -432,6 +450,20 @@ func TestUsage(t *testing.T) {
 		{[]string{"check-config", "--socket", "/x", "a.yaml"}, "mpsctl: check-config: unknown flag --socket", "check-config"},
 		{[]string{"help", "frob"}, `mpsctl: help: unknown command "frob"`, ""},
 		{[]string{"help", "status", "drain"}, `mpsctl: help: unexpected argument "drain"`, ""},
+		{[]string{"drian", "--gpu", "0"}, `mpsctl: unknown command "drian"; did you mean "drain"?`, ""},
+		{[]string{"help", "stauts"}, `mpsctl: help: unknown command "stauts"; did you mean "status"?`, ""},
+		{[]string{"--sockt", "/x", "status"}, "mpsctl: unknown flag --sockt; did you mean --socket?", ""},
+		{[]string{"status", "--jsno"}, "mpsctl: status: unknown flag --jsno; did you mean --json?", "status"},
+		{[]string{"status", "--no-header"}, "mpsctl: status: unknown flag --no-header; did you mean --no-headers?", "status"},
+		{[]string{"status", "-o", "yaml"}, `mpsctl: status: -o "yaml": want wide or json`, "status"},
+		{[]string{"status", "-o", "wdie"}, `mpsctl: status: -o "wdie": want wide or json; did you mean "wide"?`, "status"},
+		{[]string{"status", "--json", "-o", "wide"}, "mpsctl: status: --json and -o wide exclude each other", "status"},
+		{[]string{"status", "--state", "runing"}, `mpsctl: status: --state "runing": did you mean "running"? (instance states: ready, starting, recovering, draining, drained, retiring, quarantined; lease states: running, queued)`, "status"},
+		{[]string{"status", "--state", "x"}, `mpsctl: status: --state "x": want an instance state (ready, starting, recovering, draining, drained, retiring, quarantined) or a lease state (running, queued)`, "status"},
+		{[]string{"status", "--watch=1ms"}, `mpsctl: status: invalid boolean value "1ms" for --watch: want an interval of 100ms or more, such as 2s or 1m`, "status"},
+		{[]string{"status", "--watch", "soon"}, `mpsctl: status: unexpected argument "soon"`, "status"},
+		{[]string{"status", "--gpu", "all"}, `mpsctl: status: --gpu "all": want a GPU index, a UUID or a UUID prefix`, "status"},
+		{[]string{"status", "--user", "no-such-user-here"}, `mpsctl: status: --user "no-such-user-here": no such user (give a name this host knows, or a uid)`, "status"},
 	} {
 		// No socket exists: a usage error must be found before connecting.
 		r := mpsctl(t, Config{}, []string{api.EnvSocket + "=/nonexistent/s.sock"}, tc.args...)
@@ -444,6 +476,17 @@ func TestUsage(t *testing.T) {
 		want := "usage: mpsctl [--socket PATH] COMMAND"
 		if tc.cmd != "" {
 			want = "usage: mpsctl [--socket PATH] " + tc.cmd + " "
+		}
+		if strings.Contains(tc.line, "unknown command") || strings.Contains(tc.line, "unknown flag") {
+			// A name that does not exist: a hint, not the usage.
+			hint := "Run 'mpsctl help' for the commands and options.\n"
+			if tc.cmd != "" {
+				hint = "Run 'mpsctl help " + tc.cmd + "' for its flags.\n"
+			}
+			if _, rest, _ := strings.Cut(r.stderr, "\n"); rest != hint {
+				t.Errorf("%q: stderr after the first line %q; want the hint %q", tc.args, rest, hint)
+			}
+			continue
 		}
 		if _, rest, _ := strings.Cut(r.stderr, "\n\n"); !strings.HasPrefix(rest, want) {
 			t.Errorf("%q: stderr after the first line:\n%s\nwant it to start %q", tc.args, rest, want)
