@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/cli"
 	"github.com/mpsd/mpsd/internal/gpusel"
 	"github.com/mpsd/mpsd/internal/units"
 )
@@ -113,6 +114,10 @@ var (
 	errVersion = errors.New("launcher: version requested")
 )
 
+// flagNames are mps-launch's flags, for "did you mean".
+var flagNames = []string{"help", "version", "quiet", "no-requeue", "no-wait", "no-slurm",
+	"sm", "mem", "gpus", "gpu", "group", "procs", "requeue", "wait", "socket", "job"}
+
 // ParseArgs reads mps-launch's arguments. getenv supplies MPSD_SOCKET
 // and, inside a Slurm job (SLURM_JOB_ID set, no --no-slurm), the defaults
 // of --job, --sm and --gpu that Usage lists; a flag always wins over the
@@ -187,7 +192,7 @@ func ParseArgs(args []string, getenv func(string) string) (Options, error) {
 			continue
 		case "sm", "mem", "gpus", "gpu", "group", "procs", "requeue", "wait", "socket", "job":
 		default:
-			return usage("unknown flag %s (mps-launch --help lists the flags)", strings.SplitN(arg, "=", 2)[0])
+			return usage("%s (mps-launch --help lists the flags)", cli.UnknownFlag(arg, flagNames))
 		}
 		v, ok := needValue()
 		if !ok {

@@ -129,6 +129,8 @@ func TestParseArgsErrors(t *testing.T) {
 		{"gpus -1", []string{"--gpus=-1", "x"}, `--gpus "-1": want a whole number of GPUs, 1 or more`},
 		{"unknown flag", []string{"--frobnicate", "x"}, `unknown flag --frobnicate (mps-launch --help lists the flags)`},
 		{"unknown flag with value", []string{"--frob=1", "x"}, `unknown flag --frob (mps-launch --help lists the flags)`},
+		{"mistyped flag", []string{"--no-wiat", "x"}, `unknown flag --no-wiat; did you mean --no-wait? (mps-launch --help lists the flags)`},
+		{"mistyped flag with value", []string{"--memm=8G", "x"}, `unknown flag --memm; did you mean --mem? (mps-launch --help lists the flags)`},
 		{"missing command", []string{"--sm", "10"}, `missing command: mps-launch [flags] -- COMMAND [ARG...]`},
 		{"missing command after --", []string{"--sm", "10", "--"}, `missing command: mps-launch [flags] -- COMMAND [ARG...]`},
 		{"no arguments", nil, `missing command: mps-launch [flags] -- COMMAND [ARG...]`},

@@ -23,6 +23,7 @@ import (
 
 	"github.com/mpsd/mpsd/deviceplugin"
 	"github.com/mpsd/mpsd/internal/buildinfo"
+	"github.com/mpsd/mpsd/internal/cli"
 	"github.com/mpsd/mpsd/internal/kubeinfo"
 	"github.com/mpsd/mpsd/internal/sdnotify"
 	"github.com/mpsd/mpsd/mpsd"
@@ -64,39 +65,38 @@ type runConfig struct {
 // ends and pings the watchdog (WatchdogSec=) while the daemon is healthy.
 func run(ctx context.Context, args []string, stderr io.Writer, rc runConfig) int {
 	fs := flag.NewFlagSet("mpsd", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	configPath := fs.String("config", defaultConfigPath, "config file (YAML, version 1)")
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	configPath := fs.String("config", defaultConfigPath, "the config `FILE` (YAML, version 1; default "+defaultConfigPath+")")
 	simulate := fs.Bool("simulate", false, "run on simulated GPUs with the MPS emulator (the config's simulate section)")
-	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
-	format := fs.String("log-format", "text", "log format: text or json")
+	level := fs.String("log-level", "info", "log `LEVEL`: debug, info (default), warn or error")
+	format := fs.String("log-format", "text", "log `FORMAT`: text (default) or json")
 	var kf kubeletFlags
 	fs.BoolVar(&kf.enabled, "kubelet-device-plugin", false, "also serve the kubelet as a device plugin: one resource mpsd.io/<group>-sm per group")
-	fs.StringVar(&kf.dir, "kubelet-dir", deviceplugin.DefaultKubeletDir, "the kubelet's device-plugin directory (kubelet.sock), with --kubelet-device-plugin")
-	fs.StringVar(&kf.groups, "kubelet-groups", "", "comma-separated groups to offer the kubelet; default every group, with --kubelet-device-plugin")
-	fs.StringVar(&kf.kubeconfig, "kubelet-kubeconfig", kubeinfo.DefaultKubeconfig, "kubeconfig that reads the specs of pods on this node (the kubelet's own by default), or "+kubeinfo.InCluster+" for mpsd's pod's service account, with --kubelet-device-plugin")
-	fs.StringVar(&kf.podResources, "kubelet-pod-resources", kubeinfo.DefaultPodResourcesSocket, "the kubelet's PodResources API socket, with --kubelet-device-plugin")
-	fs.StringVar(&kf.runtime, "kubelet-cri", kubeinfo.DefaultRuntimeSocket, "the container runtime's CRI socket (containerd's; CRI-O's is /var/run/crio/crio.sock), through which each lease is bound to its pod's container, with --kubelet-device-plugin")
+	fs.StringVar(&kf.dir, "kubelet-dir", deviceplugin.DefaultKubeletDir, "the kubelet's device-plugin `DIR` (kubelet.sock; default "+deviceplugin.DefaultKubeletDir+"), with --kubelet-device-plugin")
+	fs.StringVar(&kf.groups, "kubelet-groups", "", "comma-separated `GROUPS` to offer the kubelet; default every group, with --kubelet-device-plugin")
+	fs.StringVar(&kf.kubeconfig, "kubelet-kubeconfig", kubeinfo.DefaultKubeconfig, "kubeconfig `FILE` that reads the specs of pods on this node (default the kubelet's own, "+kubeinfo.DefaultKubeconfig+"), or "+kubeinfo.InCluster+" for mpsd's pod's service account, with --kubelet-device-plugin")
+	fs.StringVar(&kf.podResources, "kubelet-pod-resources", kubeinfo.DefaultPodResourcesSocket, "the kubelet's PodResources API `SOCKET` (default "+kubeinfo.DefaultPodResourcesSocket+"), with --kubelet-device-plugin")
+	fs.StringVar(&kf.runtime, "kubelet-cri", kubeinfo.DefaultRuntimeSocket, "the container runtime's CRI `SOCKET` (default containerd's, "+kubeinfo.DefaultRuntimeSocket+"; CRI-O's is /var/run/crio/crio.sock), through which each lease is bound to its pod's container, with --kubelet-device-plugin")
 	fs.BoolVar(&kf.allowHostRoot, "kubelet-allow-host-root", false, "start containers holding mpsd's units without checking that they do not run as host root (trusted pods only), with --kubelet-device-plugin")
 	version := fs.Bool("version", false, "print mpsd's version, commit and Go version, and exit")
-	fs.Usage = func() {
-		_, _ = fmt.Fprintf(stderr, "usage: mpsd [--config FILE] [--simulate] [--log-level LEVEL] [--log-format text|json] [--kubelet-device-plugin [--kubelet-dir DIR] [--kubelet-groups G,...] [--kubelet-kubeconfig FILE|in-cluster] [--kubelet-pod-resources SOCKET] [--kubelet-cri SOCKET] [--kubelet-allow-host-root]]\n       mpsd --version\n")
-		fs.PrintDefaults()
+	out := rc.stdout
+	if out == nil {
+		out = os.Stdout
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			_, _ = fmt.Fprint(out, usage(fs))
 			return 0
 		}
+		_, _ = fmt.Fprintf(stderr, "mpsd: %s\nRun 'mpsd --help' for the flags.\n", cli.FlagError(err, fs))
 		return 2
 	}
 	if fs.NArg() > 0 {
-		_, _ = fmt.Fprintf(stderr, "mpsd: unexpected argument %q\n", fs.Arg(0))
+		_, _ = fmt.Fprintf(stderr, "mpsd: unexpected argument %q\nRun 'mpsd --help' for the flags.\n", fs.Arg(0))
 		return 2
 	}
 	if *version {
-		out := rc.stdout
-		if out == nil {
-			out = os.Stdout
-		}
 		_, _ = fmt.Fprintln(out, buildinfo.Read().Line("mpsd"))
 		return 0
 	}
@@ -183,6 +183,26 @@ func run(ctx context.Context, args []string, stderr io.Writer, rc runConfig) int
 		return 1
 	}
 	return 0
+}
+
+// usage is `mpsd --help`, in the form of mpsctl's and mps-launch's: the
+// synopsis, what mpsd does, its flags (from fs) and its exit statuses.
+func usage(fs *flag.FlagSet) string {
+	return `usage: mpsd [--config FILE] [--simulate] [--log-level LEVEL] [--log-format text|json]
+            [--kubelet-device-plugin [--kubelet-dir DIR] [--kubelet-groups G,...]
+             [--kubelet-kubeconfig FILE|in-cluster] [--kubelet-pod-resources SOCKET]
+             [--kubelet-cri SOCKET] [--kubelet-allow-host-root]]
+       mpsd --version
+
+Shares the host's GPUs among the config's tenant groups through CUDA MPS:
+one MPS control daemon per GPU and group, leases asked for by mps-launch
+and shown and managed by mpsctl, on the API socket the config names.
+SIGTERM or SIGINT stops mpsd and leaves the MPS daemons and the workloads
+running for the next mpsd to adopt; mpsctl shutdown stops them too.
+
+` + cli.FlagTable(fs) + `Exit status: 0 after a clean stop; 1 mpsd cannot start (an invalid config,
+another mpsd on its state or socket) or failed; 2 usage error.
+`
 }
 
 // warnSocketElsewhere warns when the socket systemd passed is not the

@@ -73,23 +73,31 @@ func TestMainUsage(t *testing.T) {
 		code int
 		want string
 	}{
-		{"unknown flag", []string{"--frob"}, 2, "flag provided but not defined: -frob"},
+		{"unknown flag", []string{"--frob"}, 2, "mpsd: unknown flag --frob\nRun 'mpsd --help' for the flags.\n"},
+		{"mistyped flag", []string{"--simulte"}, 2, "mpsd: unknown flag --simulte; did you mean --simulate?\nRun 'mpsd --help' for the flags.\n"},
+		{"flag without its value", []string{"--config"}, 2, "mpsd: flag --config needs an argument\n"},
 		{"stray argument", []string{"extra"}, 2, `unexpected argument "extra"`},
 		{"bad log level", []string{"--log-level", "loud"}, 2, `--log-level "loud"`},
 		{"bad log format", []string{"--log-format", "xml"}, 2, `--log-format "xml"`},
 		{"missing config", []string{"--config", filepath.Join(dir, "none.yaml")}, 1, "none.yaml"},
 		{"invalid config", []string{"--config", bad, "--simulate"}, 1, "groups.a.memroy: unknown key"},
-		{"help", []string{"--help"}, 0, "usage: mpsd"},
+		{"help", []string{"--help"}, 0, "usage: mpsd [--config FILE]"},
+		{"help, short", []string{"-h"}, 0, "\nFlags:\n  --config FILE "},
 		{"bad kubelet group", []string{"--kubelet-device-plugin", "--kubelet-groups", "a, Bad"}, 2, `--kubelet-groups: deviceplugin: "Bad" is not a group name`},
 		{"kubelet groups without the plugin", []string{"--kubelet-groups", "a"}, 2, "--kubelet-groups given without --kubelet-device-plugin"},
 		{"kubelet dir without the plugin", []string{"--kubelet-dir", dir, "--kubelet-groups", "a"}, 2, "--kubelet-dir and --kubelet-groups given without --kubelet-device-plugin"},
 		{"root check flags without the plugin", []string{"--kubelet-allow-host-root", "--kubelet-kubeconfig", "in-cluster"}, 2, "--kubelet-allow-host-root and --kubelet-kubeconfig given without --kubelet-device-plugin"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var stderr bytes.Buffer
-			code := run(context.Background(), tc.args, &stderr, runConfig{})
-			if code != tc.code || !strings.Contains(stderr.String(), tc.want) {
-				t.Errorf("run(%v) = %d, stderr %q; want %d and %q", tc.args, code, stderr.String(), tc.code, tc.want)
+			var stdout, stderr bytes.Buffer
+			code := run(context.Background(), tc.args, &stderr, runConfig{stdout: &stdout})
+			// Help goes to stdout, anything else to stderr.
+			got := stderr.String()
+			if code == 0 {
+				got = stdout.String()
+			}
+			if code != tc.code || !strings.Contains(got, tc.want) {
+				t.Errorf("run(%v) = %d, stdout %q, stderr %q; want %d and %q", tc.args, code, stdout.String(), stderr.String(), tc.code, tc.want)
 			}
 		})
 	}
