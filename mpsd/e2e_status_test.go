@@ -13,7 +13,8 @@ import (
 // client (pid, uid, server, memory), its memory within the instance's
 // used memory, the uid MPS serves, and each lease's launcher pid beside
 // its workload's; Bob's own view shows his lease and launcher, and
-// nothing of Alice's client. Once the client has gone, status shows none.
+// nothing of Alice's client. Once the client has gone, status shows none;
+// after an mpsd restart, Alice's lease shows the launcher that resumed it.
 func TestStatusShowsUnleasedClientsAndLaunchers(t *testing.T) {
 	e := newEnvGPUs(t, 1, tenGroup, faultWatchdog)
 	in0, client := e.tenReady()
@@ -64,6 +65,15 @@ func TestStatusShowsUnleasedClientsAndLaunchers(t *testing.T) {
 	e.waitStatus("the client of no lease gone from status", func(st api.Status) bool {
 		in := instanceOf(st, "a", 0)
 		return len(in.Unleased) == 0 && in.UnleasedMemBytes == 0
+	})
+	// Across a restart of mpsd the lease shows the launcher that holds
+	// it again, once it has resumed it.
+	e.stop()
+	e.start()
+	e.waitStatus("alice's launcher resumed her lease", func(st api.Status) bool {
+		return slices.ContainsFunc(st.Leases, func(l api.LeaseStatus) bool {
+			return l.UID == tenUIDAlice && l.State == api.LeaseRunning && l.LauncherPID == alice.cmd.Process.Pid
+		})
 	})
 	_ = alice.cmd.Process.Kill()
 	alice.wait(t)
