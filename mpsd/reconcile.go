@@ -32,7 +32,8 @@ import (
 const (
 	// reconUnleased: a client of one of the instance's servers that no
 	// lease holds: a member who set CUDA_MPS_PIPE_DIRECTORY without
-	// mps-launch (no admission, no cgroup, not in status).
+	// mps-launch (no admission, no cgroup, no lease; status lists it
+	// under its instance, to admins).
 	reconUnleased = "unleased"
 	// reconWrongInstance: a process of a lease placed on another
 	// instance, attached to a server of this one (it was given the limits
