@@ -348,7 +348,7 @@ for i in json.load(sys.stdin)["instances"]:
 /^RUNNING/ { s = "l"; next }
 /^QUEUE/ { s = "q"; next }
 s == "i" && $1 == "0" && $3 == g {
-	m["state"] = $4; m["daemon_pid"] = $5; m["server_pids"] = $6; m["clients"] = $7; m["restarts"] = $10
+	m["state"] = $4; m["daemon_pid"] = $5; m["server_pids"] = $6; m["clients"] = $7; m["restarts"] = $11
 	v = m[f]; sub("/.*", "", v); if (v == "-") v = ""; gsub(",", " ", v); print v; exit
 }'
 		;;
