@@ -12,8 +12,10 @@
 //     document of package api decoded into one line: status, drain,
 //     resume, restart, requeue of one lease, and inject-xid (a simulated
 //     Xid, which only mpsd --simulate accepts);
-//   - how those answers are shown: the status tables, the --json document
-//     as mpsd sent it (indented, unknown fields kept), one line per
+//   - how those answers are shown: the status tables (default and -o
+//     wide, or rows only), the --json document as mpsd sent it (indented,
+//     unknown fields kept), both narrowed by status's filters (status.go),
+//     status --watch's redrawing on Config.Clock, one line per
 //     instance an admin command changed (requeue: the instance the lease
 //     was on);
 //   - check-config: a config file checked by package policy against this
