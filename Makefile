@@ -40,10 +40,16 @@ help:
 # mps-launch is built without cgo: a static binary reaches main about 1 ms
 # sooner than one linked with libc, on every launch's critical path, and
 # runs in any container. mpsd and mpsctl keep cgo (go-nvml, os/user).
+# The binaries get their version and commit from hack/ldflags.sh (git
+# describe, or a release tarball's VERSION file), stamped with -X: the go
+# command's own VCS stamping misses a git worktree (.git is a file there)
+# and is off wherever GOFLAGS says -buildvcs=false, and it would fail the
+# build where git refuses the repository (safe.directory), so it is off.
 build: emu
 	$(GO) build ./...
-	@if [ -n "$$(ls -d cmd/*/ 2>/dev/null)" ]; then $(GO) build -o $(BIN)/ $$($(GO) list ./cmd/... | grep -v '/cmd/mps-launch$$'); fi
-	@if [ -d cmd/mps-launch ]; then CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./cmd/mps-launch; fi
+	@ldflags=$$(hack/ldflags.sh) && \
+	if [ -n "$$(ls -d cmd/*/ 2>/dev/null)" ]; then $(GO) build -buildvcs=false -ldflags "$$ldflags" -o $(BIN)/ $$($(GO) list ./cmd/... | grep -v '/cmd/mps-launch$$'); fi && \
+	if [ -d cmd/mps-launch ]; then CGO_ENABLED=0 $(GO) build -buildvcs=false -ldflags "$$ldflags" -o $(BIN)/ ./cmd/mps-launch; fi
 
 # The emulator programs carry the real binaries' names so they drop in via PATH.
 # A first build (no bin/mpsd yet, or an empty Go build cache) compiles the

@@ -1,24 +1,46 @@
-// Package buildinfo says which build of mpsd's tools is running: the
-// module version, the commit it was built from and the Go toolchain, as
-// the Go linker recorded them (runtime/debug.ReadBuildInfo). It backs the
-// --version flag of mpsd, mps-launch and mpsctl and mpsd's build_info
-// metric, so all of them agree.
+// Package buildinfo says which build of mpsd's tools is running: its
+// version, the commit it was built from and the Go toolchain. It backs the
+// --version flag of mpsd, mps-launch and mpsctl, mpsd's build_info metric
+// and the version mpsd reports on its API, so all of them agree.
+//
+// Where it learns them: `make build` stamps the version (git describe, or
+// a release tarball's VERSION file) and the commit into the binaries with
+// -ldflags -X (hack/ldflags.sh); a binary built otherwise has what the Go linker
+// recorded (runtime/debug.ReadBuildInfo: the module version and, where the
+// go command could read the repository, the VCS revision). Stamped values
+// win. It never runs programs or reads files.
 package buildinfo
 
 import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"strings"
+)
+
+// Set by the linker (make build, through hack/ldflags.sh): go build
+// -ldflags "-X github.com/mpsd/mpsd/internal/buildinfo.version=v1.2.3 -X
+// ...". Empty when the build did not stamp them.
+var (
+	// version is `git describe --tags --always --dirty`, or the first
+	// field of a release tarball's VERSION file.
+	version string
+	// commit is the full commit hash, "" when unknown.
+	commit string
+	// commitTime is the commit's time (RFC 3339), "" when unknown.
+	commitTime string
 )
 
 // Info is what the binary knows of its own build.
 type Info struct {
-	// Version is the main module's version: a tag, a pseudo-version, or
-	// "(devel)" for a build from a work tree.
+	// Version is the stamped version (a tag, "v1.2.3-4-gabcdef0", a bare
+	// abbreviated commit in a repository without tags, with "-dirty" for
+	// a work tree with changes), else the main module's version: a tag, a
+	// pseudo-version, or "(devel)" for a build from a work tree.
 	Version string
 	// Commit is the VCS revision the binary was built from ("" if the
-	// build did not record one, as with `go test` or -buildvcs=false);
-	// Modified says the work tree had uncommitted changes.
+	// build recorded none, as with `go test` or -buildvcs=false outside
+	// make build); Modified says the work tree had uncommitted changes.
 	Commit   string
 	Modified bool
 	// Time is the commit's time (RFC 3339), "" if unknown.
@@ -27,14 +49,15 @@ type Info struct {
 	GoVersion string
 }
 
-// Read returns the running binary's build information.
+// Read returns the running binary's build information: the stamped
+// version and commit where make build set them, else what the Go linker
+// recorded.
 func Read() Info {
 	in := Info{Version: "(devel)", GoVersion: runtime.Version()}
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return in
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		in = fromBuildInfo(bi)
 	}
-	return fromBuildInfo(bi)
+	return in.stamped(version, commit, commitTime)
 }
 
 func fromBuildInfo(bi *debug.BuildInfo) Info {
@@ -58,6 +81,22 @@ func fromBuildInfo(bi *debug.BuildInfo) Info {
 	return in
 }
 
+// stamped is in with the values make build stamped in place of the
+// linker's: a stamped version replaces the module's, and says whether the
+// work tree was modified ("-dirty", as git describe --dirty ends it); a
+// stamped commit replaces the recorded one, with its time (the recorded
+// time is another commit's, or the same one's).
+func (in Info) stamped(version, commit, commitTime string) Info {
+	if version != "" {
+		in.Version = version
+		in.Modified = strings.HasSuffix(version, "-dirty")
+	}
+	if commit != "" {
+		in.Commit, in.Time = commit, commitTime
+	}
+	return in
+}
+
 // ShortCommit is the commit's first 12 hex digits, with "+dirty" when the
 // work tree was modified, or "unknown".
 func (in Info) ShortCommit() string {
@@ -75,7 +114,7 @@ func (in Info) ShortCommit() string {
 }
 
 // Line is the one line `TOOL --version` prints:
-// "mpsctl (devel) commit 0123456789ab (2026-12-01T14:00:00Z) go1.26.0 linux/amd64".
+// "mpsctl v1.2.3 commit 0123456789ab (2026-12-01T14:00:00Z) go1.26.0 linux/amd64".
 func (in Info) Line(tool string) string {
 	when := ""
 	if in.Time != "" {
