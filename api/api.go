@@ -524,6 +524,10 @@ type Status struct {
 	// At is mpsd's clock when it made the document: the wait and run times
 	// of the leases are measured from their times to this one.
 	At time.Time `json:"at,omitzero"`
+	// Mpsd is the build of the mpsd that sent it and the API level it
+	// serves, as GET PathVersion answers (LevelVersion; absent from an
+	// older mpsd).
+	Mpsd *Version `json:"mpsd,omitempty"`
 }
 
 // Instance states.

@@ -198,6 +198,19 @@
 // lease is not running; 422 CodeRefused: the process is gone or in no
 // cgroup named after the container id.
 //
+// GET /v1/version (PathVersion) answers anyone with a Version: mpsd's
+// version and commit (as its --version line says them) and the API level
+// it serves. Every answer of mpsd, whatever its path or status (a lease
+// stream, a refusal, the 503 of a connection over a cap), carries its
+// version in the Mpsd-Version header (HeaderVersion) and its level in
+// Mpsd-Api-Level (HeaderAPILevel); the status document carries the
+// Version as Status.Mpsd. API levels (LevelBase, LevelVersion, ...,
+// APILevel) number what v1 added over time; an answer without the level
+// header comes from an mpsd of LevelBase. A client compares the level
+// with the newest one it uses and says so, once, when mpsd's is lower:
+// mpsd would refuse what it is about to send. A later level serves every
+// earlier one, so an mpsd newer than its clients is never a skew.
+//
 // Every request body is one JSON object: null, an array, a number or a
 // string is refused with 400 CodeBadRequest, never taken as an empty
 // request.

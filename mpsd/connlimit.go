@@ -380,8 +380,8 @@ func (l *limitListener) refuse(c net.Conn, msg string) {
 		_ = c.SetDeadline(time.Now().Add(refuseWithin))
 		body, _ := json.Marshal(api.Error{Code: api.CodeOverLimit, Message: msg})
 		body = append(body, '\n')
-		resp := fmt.Sprintf("HTTP/1.1 503 Service Unavailable\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
-			api.ContentTypeJSON, len(body), body)
+		resp := fmt.Sprintf("HTTP/1.1 503 Service Unavailable\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s: %s\r\n%s: %s\r\nConnection: close\r\n\r\n%s",
+			api.ContentTypeJSON, len(body), api.HeaderVersion, builtVersion().Version, api.HeaderAPILevel, apiLevelText, body)
 		if _, err := c.Write([]byte(resp)); err != nil {
 			return
 		}

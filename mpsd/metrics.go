@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/http"
 	"runtime"
-	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/mpsd/mpsd/gpu"
+	"github.com/mpsd/mpsd/internal/buildinfo"
 	"github.com/mpsd/mpsd/policy"
 )
 
@@ -159,14 +159,13 @@ func newMetrics(d *Daemon) *metrics {
 		m.gpuIndexStr = append(m.gpuIndexStr, strconv.Itoa(g.Index))
 		m.gpuLabels = append(m.gpuLabels, []*dto.LabelPair{labelPair("gpu", g.UUID), labelPair("gpu_index", strconv.Itoa(g.Index))})
 	}
-	version := "(devel)"
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		version = bi.Main.Version
-	}
+	// The build as mpsd --version says it (internal/buildinfo); commit is
+	// its 12 hex digits, "+dirty" for a modified work tree, or "unknown".
+	bi := buildinfo.Read()
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "mpsd_build_info",
 		Help:        "Build of the running mpsd; always 1.",
-		ConstLabels: prometheus.Labels{"version": version, "goversion": runtime.Version()},
+		ConstLabels: prometheus.Labels{"version": bi.Version, "commit": bi.ShortCommit(), "goversion": runtime.Version()},
 	})
 	buildInfo.Set(1)
 	m.newResourceMetrics()

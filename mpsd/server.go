@@ -35,6 +35,7 @@ func (d *Daemon) newHTTPServer() *http.Server {
 	mux.HandleFunc("POST "+api.PathLeases, d.serveLease)
 	mux.HandleFunc("POST "+api.PathLeases+"/{id}/attach", d.serveAttach)
 	mux.HandleFunc("GET "+api.PathStatus, d.serveStatus)
+	mux.HandleFunc("GET "+api.PathVersion, d.serveVersion)
 	mux.HandleFunc("POST "+api.PathDrain, func(w http.ResponseWriter, r *http.Request) { d.serveAdmin(w, r, true) })
 	mux.HandleFunc("POST "+api.PathResume, func(w http.ResponseWriter, r *http.Request) { d.serveAdmin(w, r, false) })
 	mux.HandleFunc("POST "+api.PathRestart, d.serveRestart)
@@ -70,8 +71,11 @@ func (d *Daemon) newHTTPServer() *http.Server {
 // body and never sends it would hold the connection, and the handler, for
 // ever. A handler that reads its body (readBody) lifts the deadline once
 // it has it: a lease stream lives long.
+//
+// Every answer carries mpsd's version and API level (setVersionHeaders).
 func (d *Daemon) track(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		setVersionHeaders(w.Header())
 		if r.ContentLength != 0 {
 			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(d.opts.RequestTimeout))
 		}
@@ -597,6 +601,8 @@ func (d *Daemon) serveStatus(w http.ResponseWriter, r *http.Request) {
 		}
 		st = ownView(st, uid)
 	}
+	v := builtVersion()
+	st.Mpsd = &v
 	writeJSON(w, st)
 }
 

@@ -58,6 +58,9 @@ type Server struct {
 	// refusedFields are lease-request fields the fake refuses as an
 	// older mpsd's strict decoder does (RefuseField).
 	refusedFields []string
+	// levelHeader and versionHeader are the api.HeaderAPILevel and
+	// api.HeaderVersion of every answer (Serves); "" sends none.
+	levelHeader, versionHeader string
 }
 
 // Drop is how the fake drops a request, as an mpsd that dies with the
@@ -133,7 +136,7 @@ func New(t testing.TB, onLease func(*LeaseConn)) *Server {
 	mux.HandleFunc("POST "+api.PathLeases, s.serveLease)
 	mux.HandleFunc("POST "+api.PathLeases+"/{id}/attach", s.serveAttach)
 	mux.HandleFunc("/", s.serveAnswer)
-	s.srv = httptest.NewUnstartedServer(mux)
+	s.srv = httptest.NewUnstartedServer(s.withVersion(mux))
 	s.srv.Listener = ln
 	s.srv.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
 		return context.WithValue(ctx, credKey{}, peerCred(c))
@@ -292,6 +295,30 @@ func (c *dropConn) Read(b []byte) (int, error) {
 	}
 	_ = c.UnixConn.Close()
 	return 0, errDropped
+}
+
+// Serves makes the fake send level and version in the api.HeaderAPILevel
+// and api.HeaderVersion headers of every answer from now on, as mpsd
+// does; level "" (the fake's default) sends neither, as an mpsd from
+// before API levels. A level that is not one is sent as it is.
+func (s *Server) Serves(level, version string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.levelHeader, s.versionHeader = level, version
+}
+
+// withVersion sets the headers Serves chose on every answer of h.
+func (s *Server) withVersion(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		level, version := s.levelHeader, s.versionHeader
+		s.mu.Unlock()
+		if level != "" {
+			w.Header().Set(api.HeaderAPILevel, level)
+			w.Header().Set(api.HeaderVersion, version)
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Answer is a canned answer of the fake to a request other than a lease

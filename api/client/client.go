@@ -74,10 +74,12 @@ type Client struct {
 	// Hint ends the message of an ErrUnreachable error, after the reason:
 	// what the user may do about it (" (is mpsd running?)").
 	Hint string
+	// served is what mpsd's latest answer said of itself (Served).
+	served *served
 }
 
 // New talks to mpsd at the unix socket path.
-func New(socket string) *Client { return &Client{socket: socket} }
+func New(socket string) *Client { return &Client{socket: socket, served: &served{}} }
 
 // Socket is the path the client connects to.
 func (c *Client) Socket() string { return c.socket }
@@ -116,6 +118,22 @@ func (c *Client) Status(ctx context.Context) (st api.Status, raw []byte, err err
 		return api.Status{}, nil, err
 	}
 	return st, raw, nil
+}
+
+// Version asks mpsd for its build and the API level it serves
+// (api.PathVersion). An mpsd from before api.LevelVersion answers 404
+// (an *api.Error, CodeNotFound); an answer that is not a valid
+// api.Version wraps ErrBadAnswer.
+func (c *Client) Version(ctx context.Context) (api.Version, error) {
+	raw, err := c.Get(ctx, api.PathVersion, nil)
+	if err != nil {
+		return api.Version{}, err
+	}
+	v, err := api.DecodeVersion(bytes.NewReader(raw))
+	if err != nil {
+		return api.Version{}, fmt.Errorf("%w at %s: GET %s: %w", ErrBadAnswer, c.socket, api.PathVersion, err)
+	}
+	return v, nil
 }
 
 // Admin posts target to an admin path (api.PathDrain, api.PathResume,
@@ -390,6 +408,9 @@ func (c *Client) roundTripOn(ctx context.Context, conn net.Conn, method, path st
 		return nil, c.requestError(ctx, what, err, headerDeadline)
 	}
 	rc.resp, rc.end = resp, end
+	if c.served != nil {
+		c.served.record(resp)
+	}
 	if err := conn.SetDeadline(end); err != nil || ctx.Err() != nil {
 		rc.close()
 		return nil, c.requestError(ctx, what, cmpErr(ctx.Err(), err), 0)

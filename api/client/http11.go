@@ -48,8 +48,12 @@ func encodeRequest(method, path, accept string, body []byte) []byte {
 	return []byte(b.String())
 }
 
-// leaseIDHeader is api.HeaderLeaseID as the header switch compares it.
-var leaseIDHeader = strings.ToLower(api.HeaderLeaseID)
+// The api headers as the header switch compares them.
+var (
+	leaseIDHeader  = strings.ToLower(api.HeaderLeaseID)
+	versionHeader  = strings.ToLower(api.HeaderVersion)
+	apiLevelHeader = strings.ToLower(api.HeaderAPILevel)
+)
 
 // response is an answer's status, the headers the client uses, and its
 // body, decoded from its framing.
@@ -57,6 +61,8 @@ type response struct {
 	status      int
 	contentType string
 	leaseID     string // api.HeaderLeaseID
+	version     string // api.HeaderVersion
+	apiLevel    string // api.HeaderAPILevel
 	body        io.Reader
 }
 
@@ -102,6 +108,10 @@ func readResponse(r io.Reader) (*response, error) {
 				resp.contentType = value
 			case leaseIDHeader:
 				resp.leaseID = value
+			case versionHeader:
+				resp.version = value
+			case apiLevelHeader:
+				resp.apiLevel = value
 			case "content-length":
 				v, err := strconv.ParseInt(value, 10, 64)
 				if err != nil || v < 0 || (length >= 0 && v != length) {

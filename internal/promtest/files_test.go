@@ -34,7 +34,7 @@ type metricContract struct {
 var (
 	instLabels = []string{"gpu", "gpu_index", "group"}
 	contract   = map[string]metricContract{
-		"mpsd_build_info":                            {labels: []string{"version", "goversion"}},
+		"mpsd_build_info":                            {labels: []string{"version", "commit", "goversion"}},
 		"mpsd_instance_up":                           {labels: instLabels},
 		"mpsd_mps_info":                              {labels: append(slices.Clone(instLabels), "driver_version", "mps_version")},
 		"mpsd_instance_state":                        {labels: append(slices.Clone(instLabels), "state")},
