@@ -30,6 +30,9 @@ type command struct {
 	// daemon says the command talks to mpsd: it accepts --socket after
 	// its name too, and inv.client() reaches the socket chosen.
 	daemon bool
+	// level is the API level of the newest thing the command uses (0:
+	// api.LevelBase); mpsctl warns once when mpsd serves a lower one.
+	level int
 	// setup defines the command's flags on fs (mpsctl parses them, and
 	// --socket for daemon commands, wherever they appear among the
 	// arguments) and returns the function that runs the command with the
@@ -124,6 +127,18 @@ var commands = []command{
 			"only against mpsd --simulate; an mpsd on real GPUs refuses it. Admins only.",
 		daemon: true,
 		setup:  injectXidCommand,
+	},
+	{
+		name:    "version",
+		args:    "",
+		summary: "show mpsctl's version and mpsd's",
+		long: "Prints mpsctl's version line (as --version does), then mpsd's: its version,\n" +
+			"commit, Go version and the API level it serves. When mpsd cannot be reached\n" +
+			"or does not say, mpsctl's line is printed all the same, and the reason on\n" +
+			"stderr (exit 1).",
+		daemon: true,
+		level:  api.LevelVersion,
+		setup:  versionCommand,
 	},
 	{
 		name:    "check-config",

@@ -166,6 +166,7 @@ func WriteStatusView(w io.Writer, st api.Status, names Names, v StatusView) erro
 			}
 		}
 	}
+	writeMpsdVersion(&b, st)
 
 	own := ""
 	if st.OwnOnly {

@@ -16,6 +16,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/client"
 	"github.com/mpsd/mpsd/internal/buildinfo"
 	"github.com/mpsd/mpsd/internal/cli"
 	"github.com/mpsd/mpsd/internal/clock"
@@ -119,6 +120,21 @@ func (inv *invocation) client() *Client {
 		inv.c = NewClient(inv.socket, inv.cfg.Timeout)
 	}
 	return inv.c
+}
+
+// warnSkew prints, once, the line that says mpsd serves a lower API
+// level than cmd uses (client.SkewWarning), if mpsd answered at all.
+func (inv *invocation) warnSkew(cmd *command) {
+	if inv.c == nil {
+		return
+	}
+	s, ok := inv.c.Served()
+	if !ok {
+		return
+	}
+	if w := client.SkewWarning("mpsctl", buildinfo.Read().Version, max(cmd.level, api.LevelBase), s); w != "" {
+		fmt.Fprintf(inv.stderr, "mpsctl: %s\n", w)
+	}
 }
 
 func (inv *invocation) nvml() nvml.Interface {
@@ -252,6 +268,7 @@ func run(ctx context.Context, cfg Config, args []string) error {
 		inv.socket = api.DefaultSocket
 	}
 	err = runCmd(ctx, inv, positional)
+	inv.warnSkew(cmd)
 	if ue := (*usageError)(nil); errors.As(err, &ue) && ue.cmd == nil {
 		return &usageError{cmd: cmd, msg: name + ": " + ue.msg}
 	}
