@@ -59,6 +59,9 @@ type Config struct {
 	// AttachTimeout bounds the attach request; 0 means
 	// DefaultAttachTimeout.
 	AttachTimeout time.Duration
+	// apiLevel is the API level the session needs of mpsd; 0 means what
+	// its request uses (requestLevel).
+	apiLevel int
 	// signalsRegistered, when not nil, is closed once Signals receives
 	// the forwarded signals (Main registers them in the background): a
 	// command started before would not have them forwarded.
@@ -198,6 +201,8 @@ type session struct {
 	// requestedAt is when mpsd first answered (--wait counts from it until
 	// the first grant).
 	requestedAt time.Time
+	// skewWarned: the API level skew was warned of (warnSkew).
+	skewWarned bool
 
 	// The command's processes (children.go), and a granted lease whose
 	// attach found mpsd gone, its command waiting unstarted in the spare

@@ -354,6 +354,7 @@ func (s *session) onReconnect(ctx context.Context, rc reconnectResult) *done {
 		s.conn.contacted, s.requestedAt = true, time.Now()
 	}
 	s.conn.open(rc.stream)
+	s.warnSkew()
 	if id := rc.stream.LeaseID(); id != "" {
 		return s.step(ctx, input{kind: inLeaseNamed, leaseID: id})
 	}
