@@ -252,3 +252,35 @@ func TestInterrupt(t *testing.T) {
 		t.Errorf("stderr %q; want %q", r.stderr, want)
 	}
 }
+
+// TestVersion: --version is one line naming the build, in the shape of
+// mpsd's and mps-launch's; `mpsctl version` prints the same line and
+// mpsd's, and the same line still when mpsd cannot be reached (exit 1).
+func TestVersion(t *testing.T) {
+	r := mpsctlRun(t, "", "--version")
+	line, _, _ := strings.Cut(r.stdout, "\n")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "mpsctl ") || !strings.Contains(r.stdout, " commit ") ||
+		strings.Count(r.stdout, "\n") != 1 || r.stderr != "" {
+		t.Fatalf("--version: exit %d stdout %q stderr %q, want 0 and one line naming the build", r.code, r.stdout, r.stderr)
+	}
+
+	socket := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(api.HeaderAPILevel, "2")
+		w.Header().Set(api.HeaderVersion, "v1.2.3")
+		if r.URL.Path != api.PathVersion {
+			apihttp.WriteError(w, http.StatusNotFound, api.CodeNotFound, "no "+r.URL.Path)
+			return
+		}
+		w.Header().Set("Content-Type", api.ContentTypeJSON)
+		_, _ = w.Write([]byte(`{"version":"v1.2.3","commit":"0123456789abcdef0123","api_level":2,"go_version":"go1.26.0"}`))
+	}))
+	r = mpsctlRun(t, socket, "version")
+	if want := line + "\nmpsd v1.2.3 commit 0123456789ab go1.26.0, API level 2\n"; r.code != 0 || r.stdout != want || r.stderr != "" {
+		t.Errorf("version: exit %d stdout %q stderr %q; want 0, %q, nothing", r.code, r.stdout, r.stderr, want)
+	}
+
+	r = mpsctlRun(t, filepath.Join(t.TempDir(), "none.sock"), "version")
+	if r.code != 1 || r.stdout != line+"\n" || !strings.Contains(r.stderr, "cannot reach mpsd") || strings.Count(r.stderr, "\n") != 1 {
+		t.Errorf("version with no mpsd: exit %d stdout %q stderr %q; want 1, mpsctl's line, one line saying mpsd cannot be reached", r.code, r.stdout, r.stderr)
+	}
+}
