@@ -55,7 +55,9 @@
 //     the request; SIGHUP or SIGINT ignored when mps-launch started, as
 //     under nohup, stay ignored and are not passed on) and the queue
 //     status: a live line on a terminal, else (a batch job's log) a line
-//     as a wait begins, at each change of mpsd's reason and at the grant.
+//     as a wait begins, at each change of mpsd's reason and at the grant;
+//   - the version skew warning (skew.go): one line, once, when mpsd serves
+//     a lower API level than the session needs (requestLevel).
 //
 // It never touches MPS, cgroups or the GPU (mpsd does, as root), never
 // kills a command mpsd revoked (MPS wants terminate_client first; mpsd

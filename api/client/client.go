@@ -15,8 +15,10 @@
 // restarting looks like; SocketAbsent tells a socket never there apart),
 // ErrBadAnswer (a 2xx answer whose body is not the document asked for),
 // ErrProtocol (a lease stream that breaks package api's grammar), and
-// *api.Error (mpsd's refusal). It never retries: the launcher's outage
-// window is the launcher's.
+// *api.Error (mpsd's refusal). It keeps what mpsd's latest answer said of
+// itself (Served: its API level and version) and words the warning of a
+// skew (SkewWarning). It never retries: the launcher's outage window is
+// the launcher's.
 package client
 
 import (

@@ -10,8 +10,10 @@
 //   - the client side of mpsd's admin and status requests (Client), one
 //     connection per request over the unix socket, with the error
 //     document of package api decoded into one line: status, drain,
-//     resume, restart, requeue of one lease, and inject-xid (a simulated
-//     Xid, which only mpsd --simulate accepts);
+//     resume, restart, requeue of one lease, inject-xid (a simulated
+//     Xid, which only mpsd --simulate accepts) and version (mpsctl's
+//     build and mpsd's); and the one line, once, that says mpsd serves a
+//     lower API level than a command needs (command.level);
 //   - how those answers are shown: the status tables (default and -o
 //     wide, or rows only), the --json document as mpsd sent it (indented,
 //     unknown fields kept), both narrowed by status's filters (status.go),
