@@ -525,7 +525,7 @@ type Status struct {
 	// of the leases are measured from their times to this one.
 	At time.Time `json:"at,omitzero"`
 	// Mpsd is the build of the mpsd that sent it and the API level it
-	// serves, as GET PathVersion answers (LevelVersion; absent from an
+	// serves, as GET PathVersion answers (LevelOperatorView; absent from an
 	// older mpsd).
 	Mpsd *Version `json:"mpsd,omitempty"`
 }

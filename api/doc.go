@@ -204,7 +204,7 @@
 // stream, a refusal, the 503 of a connection over a cap), carries its
 // version in the Mpsd-Version header (HeaderVersion) and its level in
 // Mpsd-Api-Level (HeaderAPILevel); the status document carries the
-// Version as Status.Mpsd. API levels (LevelBase, LevelVersion, ...,
+// Version as Status.Mpsd. API levels (LevelBase, LevelOperatorView, ...,
 // APILevel) number what v1 added over time; an answer without the level
 // header comes from an mpsd of LevelBase. A client compares the level
 // with the newest one it uses and says so, once, when mpsd's is lower:

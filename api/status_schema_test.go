@@ -41,7 +41,7 @@ func fullStatus() Status {
 		OwnOnly:       true,
 		SchemaVersion: StatusSchemaVersion,
 		At:            at,
-		Mpsd:          &Version{Version: "v1.2.3", Commit: "0123456789abcdef", Modified: true, APILevel: LevelVersion, GoVersion: "go1.26.0"},
+		Mpsd:          &Version{Version: "v1.2.3", Commit: "0123456789abcdef", Modified: true, APILevel: LevelOperatorView, GoVersion: "go1.26.0"},
 	}
 }
 

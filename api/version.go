@@ -22,15 +22,20 @@ const (
 	// shutdown and inject-xid. An answer without HeaderAPILevel comes
 	// from an mpsd of this level.
 	LevelBase = 1
-	// LevelVersion adds GET /v1/version (PathVersion, Version), the
-	// HeaderVersion and HeaderAPILevel headers on every answer, and
-	// Status.Mpsd.
-	LevelVersion = 2
+	// LevelOperatorView adds what an operator sees and does: GET
+	// /v1/version (PathVersion, Version), the HeaderVersion and
+	// HeaderAPILevel headers on every answer and Status.Mpsd; POST
+	// /v1/cancel (PathCancel) and the error event CodeCancelled; a
+	// drain's AdminTarget.Reason, recorded as InstanceStatus.DrainReason,
+	// DrainedBy and DrainedAt, with AdminResult.Already; the instance
+	// states InstanceDrained and InstanceRetiring. An mpsd without
+	// HeaderAPILevel may lack any of them.
+	LevelOperatorView = 2
 
 	// APILevel is the level this package describes: the one mpsd serves
 	// and reports. A change that adds to the protocol adds a Level
 	// constant above, says what it added, and moves APILevel to it.
-	APILevel = LevelVersion
+	APILevel = LevelOperatorView
 )
 
 // Where mpsd says what it is.

@@ -70,8 +70,8 @@ func TestParseAPILevel(t *testing.T) {
 // TestAPILevel: the level this package serves is its newest, so an mpsd
 // built with it serves every client built with it.
 func TestAPILevel(t *testing.T) {
-	if APILevel < LevelVersion || LevelVersion <= LevelBase {
-		t.Errorf("APILevel %d, LevelVersion %d, LevelBase %d: levels must rise and APILevel be the newest", APILevel, LevelVersion, LevelBase)
+	if APILevel < LevelOperatorView || LevelOperatorView <= LevelBase {
+		t.Errorf("APILevel %d, LevelOperatorView %d, LevelBase %d: levels must rise and APILevel be the newest", APILevel, LevelOperatorView, LevelBase)
 	}
 }
 

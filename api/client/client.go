@@ -123,7 +123,7 @@ func (c *Client) Status(ctx context.Context) (st api.Status, raw []byte, err err
 }
 
 // Version asks mpsd for its build and the API level it serves
-// (api.PathVersion). An mpsd from before api.LevelVersion answers 404
+// (api.PathVersion). An mpsd from before api.LevelOperatorView answers 404
 // (an *api.Error, CodeNotFound); an answer that is not a valid
 // api.Version wraps ErrBadAnswer.
 func (c *Client) Version(ctx context.Context) (api.Version, error) {

@@ -34,6 +34,9 @@ func drainCommand(fs *flag.FlagSet) runFunc {
 			return usagef("name --gpu, --group or both")
 		}
 		t.Reason = strings.TrimSpace(t.Reason)
+		if t.Reason != "" {
+			inv.uses(api.LevelOperatorView)
+		}
 		if err := t.Validate(); err != nil { // what mpsd would refuse
 			return usagef("%s", strings.TrimPrefix(err.Error(), api.ErrInvalid.Error()+": "))
 		}

@@ -102,6 +102,7 @@ var commands = []command{
 			"the command's processes first and gives them --grace (default 10s) to end\n" +
 			"before what is left is killed. The lease's owner or an admin.",
 		daemon: true,
+		level:  api.LevelOperatorView,
 		setup:  cancelCommand,
 	},
 	{
@@ -137,7 +138,7 @@ var commands = []command{
 			"or does not say, mpsctl's line is printed all the same, and the reason on\n" +
 			"stderr (exit 1).",
 		daemon: true,
-		level:  api.LevelVersion,
+		level:  api.LevelOperatorView,
 		setup:  versionCommand,
 	},
 	{

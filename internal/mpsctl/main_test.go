@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -63,6 +64,9 @@ type fakeMPSD struct {
 func newFake(t *testing.T, replies map[string]reply) *fakeMPSD {
 	t.Helper()
 	srv := apitest.New(t, nil)
+	// An mpsd of this build: it serves every command (a test of an older
+	// one says so with Serves).
+	srv.Serves(strconv.Itoa(api.APILevel), "v0.0.0-test")
 	for key, rep := range replies {
 		method, path, _ := strings.Cut(key, " ")
 		srv.Answer(method, path, apitest.Answer{Status: rep.status, Body: rep.body, ContentType: rep.contentType})

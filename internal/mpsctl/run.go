@@ -87,7 +87,14 @@ type invocation struct {
 	cfg            Config
 	socket         string
 	c              *Client
+	// level is the API level of what the command used beyond its
+	// table's (uses).
+	level int
 }
+
+// uses says the command is about to use what API level needs (a flag
+// that sends a field of that level), for warnSkew.
+func (inv *invocation) uses(level int) { inv.level = max(inv.level, level) }
 
 // names resolves uids for status through Config.LookupUser or the
 // host's user database, each uid once.
@@ -132,7 +139,7 @@ func (inv *invocation) warnSkew(cmd *command) {
 	if !ok {
 		return
 	}
-	if w := client.SkewWarning("mpsctl", buildinfo.Read().Version, max(cmd.level, api.LevelBase), s); w != "" {
+	if w := client.SkewWarning("mpsctl", buildinfo.Read().Version, max(cmd.level, inv.level, api.LevelBase), s); w != "" {
 		fmt.Fprintf(inv.stderr, "mpsctl: %s\n", w)
 	}
 }

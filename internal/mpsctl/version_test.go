@@ -70,17 +70,43 @@ func TestVersionCommand(t *testing.T) {
 	}
 }
 
-// TestNoSkewWarningForWhatMpsdServes: a command that needs only what
-// every mpsd serves (status) says nothing of an mpsd from before levels,
-// nor of one at this level.
-func TestNoSkewWarningForWhatMpsdServes(t *testing.T) {
-	for _, level := range []string{"", "2"} {
-		fake := newFake(t, map[string]reply{"GET " + api.PathStatus: ok(t, api.Status{SchemaVersion: 1, Queue: map[string]int{}})})
-		fake.srv.Serves(level, "v1.2.3")
-		r := mpsctl(t, Config{}, nil, "--socket", fake.socket, "status")
-		if r.code != ExitOK || r.stderr != "" {
-			t.Errorf("status of an mpsd at level %q: exit %d, stderr %q; want 0 and nothing", level, r.code, r.stderr)
-		}
+// TestSkewWarningByWhatIsUsed: mpsctl warns, once, when mpsd serves a
+// lower level than what the command uses (cancel; drain with --reason),
+// and says nothing where mpsd serves it (status and a drain without a
+// reason of any mpsd; anything of an mpsd at this level).
+func TestSkewWarningByWhatIsUsed(t *testing.T) {
+	drained := ok(t, api.AdminResult{})
+	for _, tc := range []struct {
+		name  string
+		level string // the fake's api.HeaderAPILevel ("": none, an mpsd from before levels)
+		args  []string
+		path  string // POST; "" for status
+		warn  bool
+	}{
+		{"status of an mpsd from before levels", "", []string{"status"}, "", false},
+		{"status of this level", "2", []string{"status"}, "", false},
+		{"drain without a reason, mpsd from before levels", "", []string{"drain", "--gpu", "0"}, api.PathDrain, false},
+		{"drain with a reason, mpsd from before levels", "", []string{"drain", "--gpu", "0", "--reason", "fan"}, api.PathDrain, true},
+		{"drain with a reason, this level", "2", []string{"drain", "--gpu", "0", "--reason", "fan"}, api.PathDrain, false},
+		{"cancel, mpsd from before levels", "", []string{"cancel", "l-1"}, api.PathCancel, true},
+		{"cancel, a later level", "7", []string{"cancel", "l-1"}, api.PathCancel, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			replies := map[string]reply{"GET " + api.PathStatus: ok(t, api.Status{SchemaVersion: 1, Queue: map[string]int{}})}
+			switch tc.path {
+			case api.PathDrain:
+				replies["POST "+tc.path] = drained
+			case api.PathCancel:
+				replies["POST "+tc.path] = ok(t, api.CancelResult{Lease: "l-1", Was: api.LeaseQueued})
+			}
+			fake := newFake(t, replies)
+			fake.srv.Serves(tc.level, "v1.2.3")
+			r := mpsctl(t, Config{}, nil, append([]string{"--socket", fake.socket}, tc.args...)...)
+			warnings := strings.Count(r.stderr, "mpsctl: warning: ")
+			if r.code != ExitOK || (warnings == 1) != tc.warn || warnings > 1 {
+				t.Errorf("exit %d, stderr %q; want 0 and a warning %v, once", r.code, r.stderr, tc.warn)
+			}
+		})
 	}
 }
 
