@@ -165,8 +165,10 @@ func WriteStatusView(w io.Writer, st api.Status, names Names, v StatusView) erro
 				writeVersions(&b, inst)
 			}
 		}
+		if !v.NoHeaders {
+			writeMpsdVersion(&b, st)
+		}
 	}
-	writeMpsdVersion(&b, st)
 
 	own := ""
 	if st.OwnOnly {

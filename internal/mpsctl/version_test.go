@@ -111,7 +111,8 @@ func TestSkewWarningByWhatIsUsed(t *testing.T) {
 }
 
 // TestStatusNamesMpsd: status shows the mpsd that answered on one line
-// under the instances, and nothing for an mpsd that does not say.
+// under the instances, and nothing for an mpsd that does not say, nor
+// where the instances or the notes are not shown.
 func TestStatusNamesMpsd(t *testing.T) {
 	const line = "  mpsd v1.2.3 commit 0123456789ab go1.26.0, API level 2\n"
 	st := statusFixture()
@@ -134,5 +135,15 @@ func TestStatusNamesMpsd(t *testing.T) {
 	}
 	if strings.Replace(got, line, "", 1) != without.String() {
 		t.Errorf("status with Status.Mpsd differs by more than its line:\n%s\nwithout:\n%s", got, without.String())
+	}
+	// Rows only, or no instances shown: no line.
+	for _, v := range []StatusView{{NoHeaders: true}, {Only: []string{"running"}}} {
+		var b bytes.Buffer
+		if err := WriteStatusView(&b, st, nil, v); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(b.String(), "API level") {
+			t.Errorf("status %+v names mpsd:\n%s", v, b.String())
+		}
 	}
 }
