@@ -637,6 +637,31 @@ func (d *Daemon) Probe(ctx context.Context) error {
 	return err
 }
 
+// Check is the probe that asks the daemon nothing: it reads the daemon
+// process's state under Config.ProcRoot, so NVIDIA's daemon logs nothing
+// for it (each control command costs four records in control.log, some
+// 220 bytes). It returns nil while the process runs or waits, as a daemon
+// serving its pipe does; an error wrapping ErrNoDaemon once it has exited
+// (its pidfd said so, or its /proc entry is gone or a zombie's); or one
+// wrapping ErrTimeout while it is stopped (SIGSTOP, a tracer), which no
+// command could get an answer from. A nil Check says nothing of a daemon
+// that runs but no longer answers: only Probe finds that.
+func (d *Daemon) Check() error {
+	if d.Exited() {
+		return fmt.Errorf("mps: check %s: daemon pid %d exited: %w", d.cfg.PipeDir, d.pid, ErrNoDaemon)
+	}
+	st, err := readProcStat(d.cfg.ProcRoot, d.pid)
+	switch {
+	case d.Exited() || errors.Is(err, os.ErrNotExist) || err == nil && (st.state == 'Z' || st.state == 'X'):
+		return fmt.Errorf("mps: check %s: daemon pid %d exited: %w", d.cfg.PipeDir, d.pid, ErrNoDaemon)
+	case err != nil:
+		return fmt.Errorf("mps: check %s: daemon pid %d: %w", d.cfg.PipeDir, d.pid, err)
+	case st.state == 'T' || st.state == 't':
+		return fmt.Errorf("mps: check %s: daemon pid %d is stopped (state %c): %w", d.cfg.PipeDir, d.pid, st.state, ErrTimeout)
+	}
+	return nil
+}
+
 // Barrier queues a Barrier event behind every event found so far and
 // returns a channel closed when the reader Acks it, or when the handle is
 // closed before delivering it.

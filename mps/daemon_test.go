@@ -437,3 +437,66 @@ func waitStopped(t *testing.T, pid int) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// Check asks the daemon nothing: the control log grows by no record for
+// it, on NVIDIA's daemons as on the emulator. It finds a stopped daemon
+// (ErrTimeout, as a command to it would) and a dead one (ErrNoDaemon).
+func TestCheckLogsNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		cfg := newConfig(t, b)
+		in := start(t, cfg)
+		// logged is control.log's size once the last probe's records are
+		// all in it: its command came back and the session's close after.
+		logged := func() int64 {
+			t.Helper()
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				b, err := os.ReadFile(filepath.Join(cfg.LogDir, controlLog))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, n := in.d.LogSilentSince(); n == 0 && strings.HasSuffix(string(b), "UI closed\n") {
+					return int64(len(b))
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the probes' records did not come back in control.log within 10s")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+		// One probe's records, then the same probe after many checks: the
+		// checks wrote nothing between them. A first probe puts every
+		// record of the start before them.
+		if err := in.d.Probe(testCtx(t, 5*time.Second)); err != nil {
+			t.Fatalf("Probe: %v", err)
+		}
+		before := logged()
+		if err := in.d.Probe(testCtx(t, 5*time.Second)); err != nil {
+			t.Fatalf("Probe: %v", err)
+		}
+		probe := logged() - before
+		for range 50 {
+			if err := in.d.Check(); err != nil {
+				t.Fatalf("Check of a running daemon: %v", err)
+			}
+		}
+		if err := in.d.Probe(testCtx(t, 5*time.Second)); err != nil {
+			t.Fatalf("Probe: %v", err)
+		}
+		if got := logged() - before - probe; got != probe {
+			t.Errorf("50 checks and a probe logged %d bytes, a probe alone %d: the checks logged something", got, probe)
+		}
+
+		if err := unix.Kill(in.d.PID(), unix.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		waitStopped(t, in.d.PID())
+		wantErr(t, in.d.Check(), ErrTimeout)
+		if err := unix.Kill(in.d.PID(), unix.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		sigkill(t, in.d.PID())
+		in.waitEvent(t, "daemon exited", kind(DaemonExited))
+		wantErr(t, in.d.Check(), ErrNoDaemon)
+	})
+}

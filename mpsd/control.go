@@ -27,6 +27,7 @@ type control interface {
 	Exited() bool
 	Barrier() <-chan struct{}
 	Probe(ctx context.Context) error
+	Check() error
 	Stop(ctx context.Context) (mps.StopReport, error)
 	Close() error
 

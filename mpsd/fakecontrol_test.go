@@ -64,6 +64,13 @@ func (f *fakeControl) Probe(ctx context.Context) error {
 	return ctx.Err()
 }
 
+func (f *fakeControl) Check() error {
+	if f.Exited() {
+		return mps.ErrNoDaemon
+	}
+	return nil
+}
+
 func (f *fakeControl) record(cmd string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

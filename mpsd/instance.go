@@ -81,6 +81,9 @@ type instance struct {
 	probeFails int            // failed probes in a row
 	faults     map[string]int // faults reported, by kind
 	restartsBy map[string]int // recoveries, by the kind of fault
+	// quietProbes: probes in a row that sent the daemon no command
+	// (probeNeedsCommandLocked).
+	quietProbes int
 	// handlingMarked: the recovery of handling has marked its victims
 	// revoking (with the state write that records them): the lines its
 	// faults were read from need not be read again (serverLogSavedLocked).
