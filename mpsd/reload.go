@@ -18,7 +18,8 @@ func (d *Daemon) onReload(r policy.Reload) {
 	d.metrics.reloadOK, d.metrics.reloadAt = r.Err == nil, d.clock.Now()
 	d.mu.Unlock()
 	if r.Err != nil {
-		d.log.Error("config reload failed; the previous config stays in force", "err", r.Err)
+		msg, n := LogConfigProblems(d.log, r.Err)
+		d.log.Error("config reload failed; the previous config stays in force", "err", msg, "problems", n)
 		return
 	}
 	if r.Changes.Empty() {

@@ -128,8 +128,15 @@ func run(ctx context.Context, args []string, stderr io.Writer, rc runConfig) int
 	log := slog.New(h)
 	sd := sdnotify.New(log, rc.statusEvery)
 	cannotStart := func(err error) int {
-		sd.Notify(sdnotify.StatusLine("mpsd cannot start: " + err.Error()))
-		log.Error("mpsd cannot start", "err", err)
+		// A config's problems one record each, then this one with
+		// their number.
+		msg, n := mpsd.LogConfigProblems(log, err)
+		sd.Notify(sdnotify.StatusLine("mpsd cannot start: " + msg))
+		if n > 0 {
+			log.Error("mpsd cannot start", "err", msg, "problems", n)
+		} else {
+			log.Error("mpsd cannot start", "err", err)
+		}
 		return 1
 	}
 	ln, err := sdnotify.ActivationListener(log)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -80,7 +81,7 @@ func TestMainUsage(t *testing.T) {
 		{"bad log level", []string{"--log-level", "loud"}, 2, `--log-level "loud"`},
 		{"bad log format", []string{"--log-format", "xml"}, 2, `--log-format "xml"`},
 		{"missing config", []string{"--config", filepath.Join(dir, "none.yaml")}, 1, "none.yaml"},
-		{"invalid config", []string{"--config", bad, "--simulate"}, 1, "groups.a.memroy: unknown key"},
+		{"invalid config", []string{"--config", bad, "--simulate"}, 1, `key=groups.a.memroy problem="unknown key`},
 		{"help", []string{"--help"}, 0, "usage: mpsd [--config FILE]"},
 		{"help, short", []string{"-h"}, 0, "\nFlags:\n  --config FILE "},
 		{"bad kubelet group", []string{"--kubelet-device-plugin", "--kubelet-groups", "a, Bad"}, 2, `--kubelet-groups: deviceplugin: "Bad" is not a group name`},
@@ -98,6 +99,62 @@ func TestMainUsage(t *testing.T) {
 			}
 			if code != tc.code || !strings.Contains(got, tc.want) {
 				t.Errorf("run(%v) = %d, stdout %q, stderr %q; want %d and %q", tc.args, code, stdout.String(), stderr.String(), tc.code, tc.want)
+			}
+		})
+	}
+}
+
+// A config with several problems is logged at start one problem a
+// record, each with its key path, and then one line that says how many,
+// in either log format: no record holds a line break (a journal showed
+// them as a literal \n), so each problem is a line of its own.
+func TestConfigProblemsLoggedOnePerLine(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("version: 1\nsocket: relative.sock\ngroups:\n  a: {users: [root], memroy: 1G}\nwatchdog: {probe_interval: -1s}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		`key=groups.a.memory problem=required`,
+		`key=groups.a.memroy problem="unknown key (did you mean groups.a.memory?)"`,
+		`key=socket problem="\"relative.sock\" is not an absolute path"`,
+		`key=watchdog.probe_interval problem="-1s: want a positive duration"`,
+	}
+	for _, tc := range []struct {
+		format string
+		// field is how a record of the format spells key=value.
+		field func(kv string) string
+		last  string
+	}{
+		{"text", func(kv string) string { return kv }, `msg="mpsd cannot start" err="mpsd: invalid config: policy: invalid config ` + bad + `: 4 problems" problems=4`},
+		{"json", func(kv string) string {
+			// key=K problem=P as JSON's "key":"K","problem":"P".
+			k, p, _ := strings.Cut(strings.TrimPrefix(kv, "key="), " problem=")
+			if !strings.HasPrefix(p, `"`) {
+				p = strconv.Quote(p)
+			}
+			return `"key":"` + k + `","problem":` + p
+		}, `"msg":"mpsd cannot start","err":"mpsd: invalid config: policy: invalid config ` + bad + `: 4 problems","problems":4`},
+	} {
+		t.Run(tc.format, func(t *testing.T) {
+			var stderr bytes.Buffer
+			if code := run(context.Background(), []string{"--config", bad, "--simulate", "--log-format", tc.format}, &stderr, runConfig{}); code != 1 {
+				t.Fatalf("run = %d, want 1; stderr %q", code, stderr.String())
+			}
+			out := stderr.String()
+			if strings.Contains(out, `\n`) {
+				t.Errorf("a record holds a line break:\n%s", out)
+			}
+			lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+			if len(lines) != len(want)+1 {
+				t.Fatalf("%d lines, want %d problems and the line that counts them:\n%s", len(lines), len(want), out)
+			}
+			for i, w := range want {
+				if f := tc.field(w); !strings.Contains(lines[i], "config problem") || !strings.Contains(lines[i], f) {
+					t.Errorf("line %d: %s\nwant the config problem %s", i+1, lines[i], f)
+				}
+			}
+			if !strings.Contains(lines[len(want)], tc.last) {
+				t.Errorf("last line: %s\nwant %s", lines[len(want)], tc.last)
 			}
 		})
 	}
