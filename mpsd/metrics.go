@@ -180,6 +180,7 @@ func newMetrics(d *Daemon) *metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		(*daemonCollector)(d),
 		(*stateCollector)(d),
+		(*budgetCollector)(d), // metrics_budget.go
 	)
 	return m
 }

@@ -30,6 +30,9 @@ var designMetrics = []string{
 	"mpsd_gpu_memory_used_bytes", "mpsd_gpu_utilization_ratio", "mpsd_config_last_reload_success", "mpsd_build_info",
 	"mpsd_mps_info", "mpsd_mps_cap_drift_total", "mpsd_lease_memory_used_bytes", "mpsd_unreconciled_clients_total",
 	"mpsd_unreconciled_clients_terminated_total", "mpsd_state_writable", "mpsd_state_write_failures_total",
+	"mpsd_sm_budget_percent", "mpsd_memory_budget_bytes", "mpsd_clients_budget", "mpsd_clients_allocated", "mpsd_leases_running",
+	"mpsd_group_sm_budget_percent", "mpsd_group_sm_allocated_percent", "mpsd_group_memory_budget_bytes",
+	"mpsd_group_memory_allocated_bytes", "mpsd_group_clients_budget", "mpsd_group_clients_allocated", "mpsd_group_leases_running",
 }
 
 func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
