@@ -303,34 +303,31 @@ func (d *Daemon) stopDaemon(in *instance, req *stopRequest) stopResult {
 	return res
 }
 
-// probeCommandEvery: one probe in this many sends the daemon a command
-// (probeNeedsCommandLocked); the others only check its process
-// (control.Check). NVIDIA's daemon logs four records, 221 bytes, in
-// control.log for every command: a command each probe (2 s by default)
-// wrote 110 B/s per idle instance, 9.5 MB a day; one every twelfth writes
-// 9.2 B/s, 0.8 MB a day, under a tenth (TestProbesWriteATenthOfControlLog).
-// A stopped or dead daemon is found as soon as before, a lost log within
-// one command interval more, and a daemon that runs but no longer answers
-// up to 11 probe intervals later.
-const probeCommandEvery = 12
-
 // probeNeedsCommandLocked reports whether in's next probe must send its
 // daemon a command, which NVIDIA's daemon logs, whatever its process
-// looks like: every probeCommandEvery-th probe (to find a daemon that runs
+// looks like, with watchdog.probe_command_every at every (the others only
+// check its process, control.Check). NVIDIA's daemon logs four records,
+// 221 bytes, in control.log for every command: a command each probe (the
+// default; 2 s) writes 110 B/s per idle instance, 9.5 MB a day; one every
+// twelfth 9.2 B/s, under a tenth (TestProbesWriteATenthOfControlLog), at
+// the cost of finding a daemon that runs but no longer answers up to
+// every-1 probe intervals later (a stopped or dead daemon is found as soon
+// as before). A command is sent every every-th probe (to find a daemon that runs
 // but no longer answers, to learn servers from its list, to see its log
 // carry the command back: loglost.go), every probe after a failed one,
 // and every probe while the log is lost (the daemon then writes nothing).
 // A probe also sends one while the last command's record has not come
 // back in control.log (probe), so a log that stops carrying them is
 // counted lost as fast from there as when every probe sent one.
-func (in *instance) probeNeedsCommandLocked() bool {
-	return in.quietProbes+1 >= probeCommandEvery || in.probeFails > 0 || in.logLostLocked()
+func (in *instance) probeNeedsCommandLocked(every int) bool {
+	return in.quietProbes+1 >= every || in.probeFails > 0 || in.logLostLocked()
 }
 
 // probe asks the instance's daemon whether it answers, if the instance is
 // up; failures in a row past the configured count mark the daemon hung. A
 // fault reported meanwhile cuts the probe short, and an interrupted probe
-// counts for nothing. Most probes send no command (probeNeedsCommandLocked):
+// counts for nothing. With watchdog.probe_command_every above 1 most probes
+// send no command (probeNeedsCommandLocked):
 // they read the daemon's process state, and one that finds it stopped or
 // gone sends the command at once, so a stopped daemon counts its failures
 // as fast as when every probe sent one, and a dead one is the pidfd's to
@@ -342,7 +339,7 @@ func (d *Daemon) probe(in *instance, timeout time.Duration, failures int) {
 		d.mu.Unlock()
 		return
 	}
-	quiet := !in.probeNeedsCommandLocked()
+	quiet := !in.probeNeedsCommandLocked(d.cfg.Watchdog.ProbeCommandEvery)
 	d.mu.Unlock()
 	if quiet {
 		// Stopped or gone, or the last command's record still out: the

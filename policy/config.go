@@ -97,6 +97,11 @@ type WatchdogConfig struct {
 	// ProbeFailures failed probes in a row mark an instance failed.
 	// Default: 3.
 	ProbeFailures int
+	// ProbeCommandEvery: one probe in this many sends the control daemon
+	// a command, which NVIDIA's daemon logs (221 bytes); the others read
+	// its process state only. Default: 1, every probe, which finds a
+	// daemon that runs but no longer answers within ProbeFailures probes.
+	ProbeCommandEvery int
 	// BackoffInitial is the first delay before restarting a failed
 	// server or daemon. Default: 200ms.
 	BackoffInitial time.Duration

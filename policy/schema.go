@@ -54,6 +54,7 @@ var configFields = []field[Config]{
 	{"watchdog.probe_interval", "2s", func(c *Config) any { return &c.Watchdog.ProbeInterval }},
 	{"watchdog.probe_timeout", "1s", func(c *Config) any { return &c.Watchdog.ProbeTimeout }},
 	{"watchdog.probe_failures", 3, func(c *Config) any { return &c.Watchdog.ProbeFailures }},
+	{"watchdog.probe_command_every", 1, func(c *Config) any { return &c.Watchdog.ProbeCommandEvery }},
 	{"watchdog.backoff_initial", "200ms", func(c *Config) any { return &c.Watchdog.BackoffInitial }},
 	{"watchdog.backoff_max", "30s", func(c *Config) any { return &c.Watchdog.BackoffMax }},
 	{"watchdog.quarantine_after", 5, func(c *Config) any { return &c.Watchdog.QuarantineAfter }},

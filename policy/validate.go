@@ -51,6 +51,7 @@ func (d *decoder) validate(c *Config) {
 			"%v is not shorter than watchdog.probe_interval (%v); probes would overlap", w.ProbeTimeout, w.ProbeInterval)
 	}
 	d.check("watchdog.probe_failures", w.ProbeFailures >= 1, "%d: want at least 1", w.ProbeFailures)
+	d.check("watchdog.probe_command_every", w.ProbeCommandEvery >= 1 && w.ProbeCommandEvery <= 1000, "%d: want 1 (every probe) to 1000", w.ProbeCommandEvery)
 	d.positive("watchdog.backoff_initial", w.BackoffInitial)
 	if d.ok("watchdog.backoff_initial") && w.BackoffInitial > 0 {
 		d.check("watchdog.backoff_max", w.BackoffMax >= w.BackoffInitial,
