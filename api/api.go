@@ -804,12 +804,27 @@ type ReleaseRequest struct {
 	// says how it goes on). 0, from a client older than the field, is not
 	// checked.
 	Attempt int `json:"attempt,omitempty"`
+	// ExitStatus is the command's exit status as mps-launch exits with
+	// it (0 to 255; 128+N when signal N killed it, Signal naming it), for
+	// the history (HistoryRecord). Absent, from a client older than the
+	// fields: unknown.
+	ExitStatus *int   `json:"exit_status,omitempty"`
+	Signal     string `json:"signal,omitempty"`
 }
 
-// Validate checks the attempt.
+// maxSignalLen bounds ReleaseRequest.Signal ("SIGRTMIN+15" and shorter).
+const maxSignalLen = 16
+
+// Validate checks the attempt, the exit status and the signal's name.
 func (q ReleaseRequest) Validate() error {
 	if q.Attempt < 0 {
 		return fmt.Errorf("%w: release: attempt %d", ErrInvalid, q.Attempt)
+	}
+	if q.ExitStatus != nil && (*q.ExitStatus < 0 || *q.ExitStatus > 255) {
+		return fmt.Errorf("%w: release: exit_status %d: want 0 to 255", ErrInvalid, *q.ExitStatus)
+	}
+	if q.Signal != "" && (q.ExitStatus == nil || len(q.Signal) > maxSignalLen || strings.Trim(q.Signal, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+") != "") {
+		return fmt.Errorf("%w: release: signal %q: want a signal's name (SIGKILL) with an exit_status", ErrInvalid, q.Signal)
 	}
 	return nil
 }

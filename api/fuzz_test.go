@@ -124,9 +124,12 @@ func FuzzDecodeLeaseRequest(f *testing.F) {
 }
 
 // FuzzDecodeReleaseRequest: a release request is one JSON object with
-// nothing but a non-negative attempt; it survives a round trip.
+// nothing but a non-negative attempt and an exit status of 0 to 255 with
+// a signal's name; it survives a round trip.
 func FuzzDecodeReleaseRequest(f *testing.F) {
-	for _, seed := range []string{`{}`, `{"attempt":2}`, `{"attempt":-1}`, `{"attempt":1.5}`, `{"x":1}`, `null`, `{}{}`} {
+	for _, seed := range []string{`{}`, `{"attempt":2}`, `{"attempt":-1}`, `{"attempt":1.5}`, `{"x":1}`, `null`, `{}{}`,
+		`{"attempt":1,"exit_status":3}`, `{"exit_status":137,"signal":"SIGKILL"}`, `{"exit_status":256}`, `{"signal":"SIGTERM"}`,
+		`{"exit_status":1,"signal":"sig kill\n"}`, `{"exit_status":null}`} {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -137,9 +140,16 @@ func FuzzDecodeReleaseRequest(f *testing.F) {
 		if q.Attempt < 0 {
 			t.Fatalf("accepted attempt %d", q.Attempt)
 		}
+		if q.ExitStatus != nil && (*q.ExitStatus < 0 || *q.ExitStatus > 255) {
+			t.Fatalf("accepted exit_status %d", *q.ExitStatus)
+		}
+		if q.Signal != "" && (q.ExitStatus == nil || strings.ContainsAny(q.Signal, " \n\x00")) {
+			t.Fatalf("accepted signal %q", q.Signal)
+		}
 		enc, _ := json.Marshal(q)
 		again, err := DecodeReleaseRequest(bytes.NewReader(enc))
-		if err != nil || again != q {
+		enc2, _ := json.Marshal(again)
+		if err != nil || !bytes.Equal(enc, enc2) {
 			t.Fatalf("round trip of %q: %+v, %v", body, again, err)
 		}
 	})
@@ -160,6 +170,32 @@ func FuzzDecodeShutdownRequest(f *testing.F) {
 		var m map[string]any
 		if err := json.Unmarshal(body, &m); err != nil || len(m) != 0 {
 			t.Fatalf("accepted %q, not an empty object", body)
+		}
+	})
+}
+
+// FuzzParseHistoryQuery: a history query from the URL is refused (as
+// invalid) or read into fields that survive the client's encoding and a
+// second read unchanged; it never panics.
+func FuzzParseHistoryQuery(f *testing.F) {
+	for _, seed := range []string{"", "since=2026-12-07T20:00:00Z", "user=alice&group=inference", "user=1001", "since=yesterday",
+		"user=a&user=b", "x=1", "user=%00", "group=" + strings.Repeat("g", 200), "since=2026-12-07T20:00:00.123456789%2B01:00", "%zz", ";"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		q, err := ParseHistoryQuery(raw)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			}
+			return
+		}
+		again, err := ParseHistoryQuery(q.Values().Encode())
+		if err != nil {
+			t.Fatalf("%q read as %+v, whose encoding is refused: %v", raw, q, err)
+		}
+		if !again.Since.Equal(q.Since) || again.User != q.User || again.Group != q.Group {
+			t.Fatalf("round trip of %q: %+v, then %+v", raw, q, again)
 		}
 	})
 }

@@ -219,6 +219,8 @@ func (s *session) onChildExit(ctx context.Context) *done {
 	if ws.Signaled() {
 		in.killedBy = unix.SignalName(ws.Signal())
 	}
+	code := in.code
+	s.exit = commandExit{status: &code, signal: in.killedBy}
 	return s.step(ctx, in)
 }
 

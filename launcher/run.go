@@ -214,8 +214,10 @@ type session struct {
 	// its pid has it in the lease's cgroup already. Compared as the
 	// process, not the pid, which a later trampoline could reuse.
 	attachAsked *child
-	held        *api.Lease
-	holdRetry   *time.Timer
+	// exit is how the command last exited, sent with its release.
+	exit      commandExit
+	held      *api.Lease
+	holdRetry *time.Timer
 
 	// verdictTimer fires at st.verdict.until (verdictAt).
 	verdictTimer *time.Timer
@@ -319,17 +321,31 @@ func (s *session) release(ctx context.Context) {
 		return
 	}
 	rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
-	_ = s.releaseLease(rctx, s.st.lease)
+	_ = s.releaseLease(rctx, s.st.lease, s.exit)
 	cancel()
 }
 
+// commandExit is how the command exited, for mpsd's history: its exit
+// status as mps-launch exits with it (nil: not known yet) and the
+// signal's name when a signal killed it.
+type commandExit struct {
+	status *int
+	signal string
+}
+
 // releaseLease asks mpsd to release lease, whose command ran under its
-// attempt and has ended; an mpsd from before the attempt was named is
+// attempt and has ended, with the command's exit status for mpsd's
+// history; an mpsd from before the status (or the attempt) was named is
 // asked without it.
-func (s *session) releaseLease(ctx context.Context, l *api.Lease) error {
-	err := s.client.Release(ctx, l.ID, l.Attempt)
+func (s *session) releaseLease(ctx context.Context, l *api.Lease, exit commandExit) error {
+	q := api.ReleaseRequest{Attempt: l.Attempt, ExitStatus: exit.status, Signal: exit.signal}
+	err := s.client.Release(ctx, l.ID, q)
+	if refusesField(err, "exit_status", "signal") {
+		q.ExitStatus, q.Signal = nil, ""
+		err = s.client.Release(ctx, l.ID, q)
+	}
 	if refusesField(err, "attempt") {
-		err = s.client.Release(ctx, l.ID, 0)
+		err = s.client.Release(ctx, l.ID, api.ReleaseRequest{})
 	}
 	return err
 }
@@ -388,10 +404,11 @@ func (s *session) apply(ctx context.Context, acts []action) *done {
 func (s *session) askRelease(ctx context.Context, l *api.Lease) {
 	ch := make(chan error, 1)
 	s.releaseAnswer = ch
+	exit := s.exit // the goroutine's copy: the next attempt's exit may come meanwhile
 	s.asks.Go(func() {
 		rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 		defer cancel()
-		ch <- s.releaseLease(rctx, l)
+		ch <- s.releaseLease(rctx, l, exit)
 	})
 }
 

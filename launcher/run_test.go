@@ -1042,8 +1042,8 @@ func TestRunFailureWithoutRevoke(t *testing.T) {
 	for _, r := range h.fake.Requests() {
 		if r.Path == api.ReleasePath("lease-1") {
 			n++
-			if r.Body != `{"attempt":1}` {
-				t.Errorf("release body %q, want the attempt the command ran under", r.Body)
+			if r.Body != `{"attempt":1,"exit_status":3}` {
+				t.Errorf("release body %q, want the attempt the command ran under and its status", r.Body)
 			}
 		}
 	}

@@ -182,12 +182,13 @@ func (c *Client) BindPod(ctx context.Context, id string, b api.BindPodRequest) e
 	return err
 }
 
-// Release asks mpsd to release lease id, whose command ran under attempt
-// and has ended, and waits for its answer: the lease is gone once it
+// Release asks mpsd to release lease id, whose command ran under
+// q.Attempt and has ended (with q.ExitStatus, where known), and waits for
+// its answer: the lease is gone, and its end in mpsd's history, once it
 // returns nil. A refusal is returned as an *api.Error (CodeRevoking: a
 // revocation has the lease, or has taken that attempt already).
-func (c *Client) Release(ctx context.Context, id string, attempt int) error {
-	_, err := c.Post(ctx, api.ReleasePath(id), api.ReleaseRequest{Attempt: attempt}, nil)
+func (c *Client) Release(ctx context.Context, id string, q api.ReleaseRequest) error {
+	_, err := c.Post(ctx, api.ReleasePath(id), q, nil)
 	return err
 }
 
