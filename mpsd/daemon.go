@@ -107,6 +107,8 @@ type Options struct {
 	writeHook func()
 	// wrapCgroups, when set (tests), wraps the cgroup manager Run makes.
 	wrapCgroups func(cgroup.Manager) cgroup.Manager
+	// historyMaxBytes, when set (tests), replaces DefaultHistoryMaxBytes.
+	historyMaxBytes int64
 	// killRetryInitial, when set (tests), replaces killRetryInitial.
 	killRetryInitial time.Duration
 	// mpsRunner, when set (tests), starts every MPS control command.
@@ -193,6 +195,10 @@ type Daemon struct {
 	res     *resources // connection caps, mpsd's own exhaustion
 	dur     durability // the state file's health (durability.go)
 	users   userNames  // uid → name, for the lease log lines
+
+	// hist writes the ended leases to state_dir's history file
+	// (history.go); set by Run before anything can end, nil before.
+	hist *history
 	// shutdownDone is closed once mpsctl shutdown has ended the MPS
 	// service: Run stops then.
 	shutdownDone chan struct{}
@@ -462,6 +468,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		defer stop()
 	}
+	// Before any lease can end (the adoption below may end some).
+	if d.hist, err = openHistory(d.layout.StateDir, d.opts.historyMaxBytes, d.log); err != nil {
+		return err
+	}
+	d.hist.start()
+	defer d.hist.close()
 	saved, err := d.store.load()
 	if err != nil {
 		// A state file that cannot be read must not stop the host's GPUs

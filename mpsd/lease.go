@@ -91,6 +91,18 @@ type lease struct {
 	// workers than it declared, and clientsOver is set (logged once).
 	clients     *int
 	clientsOver bool
+	// For the history (history.go): memPeak, the most of its memUsed
+	// readings (nil before one); waited, its time queued before its
+	// grants; lastGPUs, the GPUs of its last run once it has left them;
+	// exitStatus and exitSignal, how its command ended as its launcher
+	// told in its release (nil: unknown); recorded, closed once its end
+	// is in the history file (nil until it ends).
+	memPeak    *uint64
+	waited     time.Duration
+	lastGPUs   []int
+	exitStatus *int
+	exitSignal string
+	recorded   <-chan struct{}
 	// durable is closed once the state file records the grant, so a
 	// launcher is never told of a lease a crash could lose.
 	durable <-chan struct{}
@@ -447,7 +459,7 @@ func (d *Daemon) scheduleLocked(group string) {
 				l := q[qi]
 				q = slices.Delete(q, qi, qi+1)
 				d.queues[group] = q
-				d.failLocked(l, api.CodeRefused, fmt.Sprintf("group %s changed and the request (sm %d%%, mem %s) can no longer fit", group, l.req.SM, fmtSize(l.req.Mem)))
+				d.failLocked(l, api.EndedRefused, api.CodeRefused, fmt.Sprintf("group %s changed and the request (sm %d%%, mem %s) can no longer fit", group, l.req.SM, fmtSize(l.req.Mem)))
 				continue
 			}
 			if err != nil {
@@ -593,6 +605,7 @@ func (d *Daemon) grantLocked(l *lease, in *instance) {
 	in.leases[l.id] = l
 	l.inst = in
 	l.grantedAt = d.clock.Now()
+	l.waited += l.grantedAt.Sub(l.queuedAt)
 	l.position, l.waitReason = 0, ""
 	if eff&effPersist != 0 {
 		l.durable = d.store.request()
@@ -640,16 +653,18 @@ func (d *Daemon) dequeueLocked(l *lease, why string) {
 		d.queues[l.group] = slices.Delete(q, i, i+1)
 	}
 	delete(d.leases, l.id)
+	d.recordEnded(l, api.EndedWithdrawn, why)
 	d.positionsLocked(l.group)
 }
 
 // failLocked withdraws a queued lease (the caller has taken it off the
-// queue) with an error event.
-func (d *Daemon) failLocked(l *lease, code api.ErrorCode, msg string) {
+// queue) with an error event; how is how it ended, for the history.
+func (d *Daemon) failLocked(l *lease, how string, code api.ErrorCode, msg string) {
 	if _, err := l.step(leaseWithdraw, msg); err != nil {
 		return
 	}
 	delete(d.leases, l.id)
+	d.recordEnded(l, how, msg)
 	l.box.push(api.Event{Type: api.EventError, Code: code, Message: msg})
 }
 
@@ -770,9 +785,10 @@ func (d *Daemon) finishRelease(l *lease, why string) {
 	in.p.Release(&l.req)
 	delete(in.leases, l.id)
 	delete(d.leases, l.id)
+	// Its log line once the history has it.
+	d.endedLocked(l, releasedHow(why), why, in.log, "lease released", "why", why, "ran", d.clock.Since(l.grantedAt))
 	l.inst = nil
 	d.store.request()
-	d.mu.logAfter(in.log, "lease released", l.logAttrs("why", why, "ran", d.clock.Since(l.grantedAt))...)
 	d.retireIfEmptyLocked(in)
 	d.scheduleLocked(in.group)
 	d.mu.Unlock()

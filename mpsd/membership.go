@@ -114,7 +114,7 @@ func (d *Daemon) enforceMembershipLocked(cfg *policy.Config, creds map[uint32]po
 		for _, l := range drop {
 			msg := notMemberText(l.uid, group)
 			d.log.Info("queued request failed: its uid is no longer a member of its group", l.logAttrs("group", group)...)
-			d.failLocked(l, api.CodeRefused, msg)
+			d.failLocked(l, api.EndedRefused, api.CodeRefused, msg)
 			failed++
 		}
 		d.positionsLocked(group)

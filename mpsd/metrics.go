@@ -180,7 +180,8 @@ func newMetrics(d *Daemon) *metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		(*daemonCollector)(d),
 		(*stateCollector)(d),
-		(*budgetCollector)(d), // metrics_budget.go
+		(*budgetCollector)(d),  // metrics_budget.go
+		(*historyCollector)(d), // history.go
 	)
 	return m
 }

@@ -572,6 +572,10 @@ func (d *Daemon) checkLeaseMemory(in *instance, dm control, servers []int, procs
 			most = max(most, b)
 		}
 		l.memUsed = &most
+		if l.memPeak == nil || most > *l.memPeak {
+			peak := most
+			l.memPeak = &peak
+		}
 		if l.state != leaseRunning || grace <= 0 {
 			continue
 		}

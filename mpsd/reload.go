@@ -50,7 +50,7 @@ func (d *Daemon) onReload(r policy.Reload) {
 			continue
 		}
 		for _, l := range q {
-			d.failLocked(l, api.CodeUnavailable, "group "+group+" was removed from the config")
+			d.failLocked(l, api.EndedGroupRemoved, api.CodeUnavailable, "group "+group+" was removed from the config")
 		}
 		delete(d.queues, group)
 	}

@@ -286,6 +286,7 @@ func (d *Daemon) requeue(victims []*lease, why map[*lease]string, force bool) {
 		if in := l.inst; in != nil && eff&effFree != 0 {
 			in.p.Release(&l.req)
 			delete(in.leases, l.id)
+			l.lastGPUs = gpuIndexes(in)
 			l.inst = nil
 			l.memUsed, l.memOverSince = nil, time.Time{} // read anew where it runs next
 			// An operator's requeue of a retiring instance's last lease
@@ -294,18 +295,19 @@ func (d *Daemon) requeue(victims []*lease, why map[*lease]string, force bool) {
 		}
 		groups[l.group] = true
 		switch {
+		// Each end's log line is written once the history has it.
 		case l.abandoned:
 			delete(d.leases, l.id)
-			log.Info("lease ended after its revocation: its launcher left", l.logAttrs("attempt", l.attempt)...)
+			d.endedLocked(l, api.EndedLauncherGone, "its launcher left while it was revoked: "+reason, log, "lease ended after its revocation: its launcher left", "attempt", l.attempt)
 		case l.endWith != nil:
 			delete(d.leases, l.id)
+			d.endedLocked(l, endedByError(l.endWith), l.endWith.Message, log, "lease ended after its revocation", "attempt", l.attempt, "code", l.endWith.Code)
 			l.box.push(api.Event{Type: api.EventError, Code: l.endWith.Code, Message: l.endWith.Message})
-			log.Info("lease ended after its revocation", l.logAttrs("attempt", l.attempt, "code", l.endWith.Code)...)
 		case exhausted:
 			delete(d.leases, l.id)
-			l.box.push(api.Event{Type: api.EventError, Code: api.CodeAttemptsExhausted,
-				Message: fmt.Sprintf("lease revoked: %s; no requeue attempts left (%d used)", reason, l.charged())})
-			log.Info("lease ended after its revocation: no requeue attempts left", l.logAttrs("attempt", l.attempt)...)
+			msg := fmt.Sprintf("lease revoked: %s; no requeue attempts left (%d used)", reason, l.charged())
+			d.endedLocked(l, api.EndedExhausted, msg, log, "lease ended after its revocation: no requeue attempts left", "attempt", l.attempt)
+			l.box.push(api.Event{Type: api.EventError, Code: api.CodeAttemptsExhausted, Message: msg})
 		default:
 			l.attempt++
 			if spare {

@@ -44,6 +44,7 @@ func (d *Daemon) newHTTPServer() *http.Server {
 	mux.HandleFunc("POST "+api.PathInjectXid, d.serveInjectXid)
 	mux.HandleFunc("POST "+api.PathShutdown, d.serveShutdown)
 	mux.HandleFunc("POST "+api.PathLeases+"/{id}/release", d.serveRelease)
+	mux.HandleFunc("GET "+api.PathHistory, d.serveHistory)
 	mux.HandleFunc("POST "+api.PathLeases+"/{id}/pod", d.serveBindPod)
 	return &http.Server{
 		Handler:           d.track(mux),
@@ -227,6 +228,9 @@ func (d *Daemon) streamLease(w http.ResponseWriter, r *http.Request, l *lease, r
 					attachPID = 0
 					ev = d.attachAtGrant(l, p, ev, pid)
 				}
+			}
+			if ev.Type == api.EventError {
+				d.awaitRecorded(ctx, l) // its end is told once the history has it
 			}
 			if err := api.WriteEvent(w, ev); err != nil {
 				d.endStream(l)
@@ -524,10 +528,12 @@ func (d *Daemon) serveRelease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	revoking := false
-	d.releaseUnless(l, "its command ended", func(l *lease) bool {
+	d.releaseUnless(l, releaseCommandEnded, func(l *lease) bool {
 		revoking = l.revocationComingLocked(q.Attempt)
 		if revoking {
 			l.logger().Info("release refused: the lease is being revoked; its launcher waits for the revocation", l.logAttrs("attempt", q.Attempt)...)
+		} else {
+			l.exitStatus, l.exitSignal = q.ExitStatus, q.Signal
 		}
 		return revoking
 	})
@@ -546,6 +552,7 @@ func (d *Daemon) serveRelease(w http.ResponseWriter, r *http.Request) {
 		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is still ending (its processes have not died yet)", id))
 		return
 	}
+	d.awaitRecorded(r.Context(), l)
 	w.Header().Set("Content-Type", api.ContentTypeJSON)
 	_, _ = w.Write([]byte("{}\n"))
 }

@@ -196,7 +196,7 @@ func (d *Daemon) failQueuedLocked(reason string) int {
 		d.queues[g] = nil
 		for _, l := range q {
 			l.logger().Info("lease request withdrawn", l.logAttrs("reason", reason)...)
-			d.failLocked(l, api.CodeUnavailable, reason+"; the request was not granted")
+			d.failLocked(l, api.EndedShutdown, api.CodeUnavailable, reason+"; the request was not granted")
 			n++
 		}
 	}

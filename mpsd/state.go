@@ -1316,7 +1316,7 @@ func (d *Daemon) reapAdopted() {
 			l.cgMu.Unlock()
 			if empty && d.settled(l) {
 				d.log.Info("re-adopted lease's command has ended; releasing it", "lease", l.id)
-				d.releaseIf(l, "command ended while its launcher was away", true)
+				d.releaseIf(l, releaseEndedAway, true)
 			}
 		}
 	}

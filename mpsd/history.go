@@ -1,0 +1,637 @@
+package mpsd
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/api/apihttp"
+)
+
+// The history (docs/architecture.md#history): every ended lease is one
+// JSON line (api.HistoryRecord) appended to state_dir/history.jsonl.
+//
+//   - Durable like the state: a batch of records is written and fsynced
+//     before any of its leases' ends is reported (the end's log line, the
+//     launcher's answer or error event), so a SIGKILL of mpsd loses no
+//     ended lease it reported. A crash mid-write leaves at most a torn
+//     last line, which the next mpsd drops at its start (openHistory).
+//   - Bounded: once the live file would pass its bound it is renamed to
+//     history.1.jsonl (replacing the one before) and a new one begun, so
+//     the two hold at most twice the bound.
+//   - Shared fairly: a uid's records take at most a historyUserShare-th
+//     of the live file's bound; beyond it they are dropped (and counted,
+//     and logged once per uid until the next rotation), so one tenant's
+//     flood of tiny jobs cannot push everyone else's history out.
+//   - Off the end path: the ending lease's record is made under
+//     Daemon.mu and handed to the writer's goroutine, which writes what
+//     has gathered with one write and one fsync; no lock of the daemon is
+//     held across them.
+
+// DefaultHistoryMaxBytes bounds the live history file (history.jsonl):
+// about 20,000 ended leases of 400 bytes.
+const DefaultHistoryMaxBytes = 8 << 20
+
+// historyUserShare: one uid's records may take at most 1/historyUserShare
+// of the live file's bound.
+const historyUserShare = 4
+
+// maxHistoryPending bounds the records waiting for the writer; beyond it
+// a record is dropped and counted (the writer is stuck on a disk that does
+// not answer).
+const maxHistoryPending = 4096
+
+// maxHistoryLine bounds one record's line as the reader takes it: longer
+// lines are not mpsd's and are skipped.
+const maxHistoryLine = 64 << 10
+
+// Names of the history files in state_dir.
+const (
+	historyLive    = "history.jsonl"
+	historyRotated = "history.1.jsonl"
+)
+
+// Why a record was dropped (mpsd_history_records_dropped_total's reason).
+const (
+	historyDropShare   = "user_share"
+	historyDropPending = "queue_full"
+	historyDropWrite   = "write_failed"
+)
+
+var (
+	descHistoryWritten = prometheus.NewDesc("mpsd_history_records_total", "Ended leases written to the history file (state_dir/history.jsonl).", nil, nil)
+	descHistoryDropped = prometheus.NewDesc("mpsd_history_records_dropped_total", "Ended leases not written to the history file, by reason: user_share (the uid's records already take its share of the file's bound until the next rotation), queue_full (the writer is stuck), write_failed (the write or its fsync failed).", []string{"reason"}, nil)
+	descHistoryBytes   = prometheus.NewDesc("mpsd_history_bytes", "Size of the live history file; it is rotated at its bound.", nil, nil)
+)
+
+// historyEntry is one record on its way to the file: done is closed once
+// it is on disk (or dropped), then after runs (the end's log line).
+type historyEntry struct {
+	rec   api.HistoryRecord
+	done  chan struct{}
+	after func()
+}
+
+// history is the writer of the history file: add queues a record, the
+// goroutine run starts writes and fsyncs what has gathered.
+type history struct {
+	dir      string
+	maxBytes int64
+	log      *slog.Logger
+
+	mu      sync.Mutex
+	pending []historyEntry
+	closed  bool // stop was called: add writes nothing more
+	kick    chan struct{}
+	stop    chan struct{}
+	stopped chan struct{}
+
+	// fileMu is held by the writer while it rotates, and by a reader
+	// while it opens the two files, so a reader never sees the live file
+	// renamed and not yet replaced.
+	fileMu sync.RWMutex
+
+	// The writer's own (run's goroutine, or openHistory before it runs).
+	f        *os.File
+	size     int64
+	uidBytes map[uint32]int64
+	over     map[uint32]bool // logged as over its share since the last rotation
+
+	lastErr string
+	started bool // guarded by mu
+
+	written, size64                   atomic.Int64
+	dropShare, dropPending, dropWrite atomic.Uint64
+}
+
+// openHistory opens (or creates) dir's live history file, drops a torn
+// last line a crash left (anything after the last newline, and a last
+// line that is no record), and counts each uid's bytes in it. It starts
+// nothing; start does.
+func openHistory(dir string, maxBytes int64, log *slog.Logger) (*history, error) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultHistoryMaxBytes
+	}
+	h := &history{dir: dir, maxBytes: maxBytes, log: log, kick: make(chan struct{}, 1), stop: make(chan struct{}), stopped: make(chan struct{}),
+		uidBytes: map[uint32]int64{}, over: map[uint32]bool{}}
+	path := filepath.Join(dir, historyLive)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("mpsd: open history %s: %w", path, err)
+	}
+	good, torn, err := h.scan(f)
+	if err == nil && torn > 0 {
+		log.Warn("history: a torn last record (mpsd stopped while writing it) dropped", "path", path, "bytes", torn)
+		err = f.Truncate(good)
+		if err == nil {
+			err = f.Sync()
+		}
+	}
+	if err == nil {
+		// Its name, once: a record synced into a file whose entry a power
+		// loss took would be lost with it.
+		err = syncDir(dir)
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("mpsd: open history %s: %w", path, err)
+	}
+	h.f, h.size = f, good
+	h.size64.Store(good)
+	return h, nil
+}
+
+// scan reads the live file: good is the length of its whole records, torn
+// how many bytes follow them; each uid's bytes are counted.
+func (h *history) scan(f *os.File) (good, torn int64, err error) {
+	r := bufio.NewReaderSize(f, 64<<10)
+	var off int64
+	for {
+		line, err := r.ReadSlice('\n')
+		for errors.Is(err, bufio.ErrBufferFull) {
+			// A line longer than the buffer: not one of mpsd's records,
+			// but whole lines are kept (a reader skips them).
+			var more []byte
+			more, err = r.ReadSlice('\n')
+			line = append(append([]byte(nil), line...), more...)
+		}
+		n := int64(len(line))
+		if errors.Is(err, io.EOF) {
+			if n > 0 {
+				return off, n, nil
+			}
+			return off, 0, nil
+		}
+		if err != nil {
+			return 0, 0, err
+		}
+		var rec api.HistoryRecord
+		if json.Unmarshal(line, &rec) != nil {
+			// A line that is no record: torn if it is the last one (a
+			// crash between its write and its fsync can leave garbage
+			// there), kept and skipped by readers if not.
+			if _, perr := r.Peek(1); errors.Is(perr, io.EOF) {
+				return off, n, nil
+			}
+		} else {
+			h.uidBytes[rec.UID] += n
+		}
+		off += n
+	}
+}
+
+// start runs the writer; close ends it once what was added is written.
+func (h *history) start() {
+	h.mu.Lock()
+	h.started = true
+	h.mu.Unlock()
+	go h.run()
+}
+
+// close writes what is pending, closes the file and returns once the
+// writer has ended. A record added after it is dropped.
+func (h *history) close() {
+	h.mu.Lock()
+	was := h.closed
+	h.closed = true
+	started := h.started
+	h.mu.Unlock()
+	if was {
+		return
+	}
+	if started {
+		close(h.stop)
+		<-h.stopped
+	} else {
+		h.flush()
+	}
+	if h.f != nil {
+		_ = h.f.Close()
+		h.f = nil
+	}
+}
+
+// add queues rec and returns a channel closed once it is on disk (or
+// dropped: the uid's share is full, or the write failed); after, when not
+// nil, runs on the writer's goroutine once it is. It never blocks: the
+// caller may hold Daemon.mu.
+func (h *history) add(rec api.HistoryRecord, after func()) <-chan struct{} {
+	e := historyEntry{rec: rec, done: make(chan struct{}), after: after}
+	h.mu.Lock()
+	if h.closed || len(h.pending) >= maxHistoryPending {
+		closed := h.closed
+		h.mu.Unlock()
+		h.dropPending.Add(1)
+		h.log.Error("history: an ended lease is not recorded", "lease", rec.Lease, "uid", rec.UID, "why", map[bool]string{true: "mpsd is stopping", false: "the writer is behind by " + strconv.Itoa(maxHistoryPending) + " records"}[closed])
+		close(e.done)
+		if after != nil {
+			after()
+		}
+		return e.done
+	}
+	h.pending = append(h.pending, e)
+	h.mu.Unlock()
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
+	return e.done
+}
+
+// run writes whatever has gathered each time it is kicked, until stop.
+func (h *history) run() {
+	defer close(h.stopped)
+	for {
+		select {
+		case <-h.kick:
+			h.flush()
+		case <-h.stop:
+			h.flush()
+			return
+		}
+	}
+}
+
+// flush writes the pending records with one write and one fsync (two
+// and a rotation when they pass the bound) and releases their waiters.
+func (h *history) flush() {
+	h.mu.Lock()
+	batch := h.pending
+	h.pending = nil
+	h.mu.Unlock()
+	if len(batch) == 0 {
+		return
+	}
+	var buf bytes.Buffer
+	kept := 0
+	err := func() error {
+		for _, e := range batch {
+			line, err := json.Marshal(e.rec)
+			if err != nil {
+				return fmt.Errorf("encode record of lease %s: %w", e.rec.Lease, err)
+			}
+			line = append(line, '\n')
+			n := int64(len(line))
+			if h.size+int64(buf.Len())+n > h.maxBytes && h.size+int64(buf.Len()) > 0 {
+				if err := h.write(buf.Bytes()); err != nil {
+					return err
+				}
+				buf.Reset()
+				if err := h.rotate(); err != nil {
+					return err
+				}
+			}
+			if h.uidBytes[e.rec.UID]+n > h.maxBytes/historyUserShare {
+				h.dropShare.Add(1)
+				if !h.over[e.rec.UID] {
+					h.over[e.rec.UID] = true
+					h.log.Warn("history: the uid's records take its share of the history file; its ended leases are not recorded until the file is rotated",
+						"uid", e.rec.UID, "user", e.rec.User, "share_bytes", h.maxBytes/historyUserShare, "path", filepath.Join(h.dir, historyLive))
+				}
+				continue
+			}
+			h.uidBytes[e.rec.UID] += n
+			buf.Write(line)
+			kept++
+		}
+		return h.write(buf.Bytes())
+	}()
+	if err != nil {
+		h.dropWrite.Add(uint64(kept))
+		if err.Error() != h.lastErr {
+			h.log.Error("history: ended leases not recorded: the history file cannot be written", "dir", h.dir, "err", err)
+			h.lastErr = err.Error()
+		}
+	} else {
+		if h.lastErr != "" {
+			h.log.Info("history: the history file is written again", "dir", h.dir)
+		}
+		h.lastErr = ""
+		h.written.Add(int64(kept))
+	}
+	for _, e := range batch {
+		close(e.done)
+		if e.after != nil {
+			e.after()
+		}
+	}
+}
+
+// write appends b to the live file and fsyncs it.
+func (h *history) write(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	if h.f == nil {
+		if err := h.reopen(); err != nil {
+			return err
+		}
+	}
+	n, err := h.f.Write(b)
+	h.size += int64(n)
+	if err == nil {
+		err = h.f.Sync()
+	}
+	if err != nil {
+		// Reopened (and a torn tail dropped) before the next write.
+		_ = h.f.Close()
+		h.f = nil
+		return fmt.Errorf("write %s: %w", filepath.Join(h.dir, historyLive), err)
+	}
+	h.size64.Store(h.size)
+	return nil
+}
+
+// reopen opens the live file again after a failed write, dropping what a
+// failed write may have left after the last whole record.
+func (h *history) reopen() error {
+	n, err := openHistory(h.dir, h.maxBytes, h.log)
+	if err != nil {
+		return err
+	}
+	h.f, h.size, h.uidBytes = n.f, n.size, n.uidBytes
+	h.size64.Store(h.size)
+	return nil
+}
+
+// rotate renames the live file to history.1.jsonl (replacing it) and
+// begins an empty one; every uid's share starts anew.
+func (h *history) rotate() error {
+	live, old := filepath.Join(h.dir, historyLive), filepath.Join(h.dir, historyRotated)
+	h.fileMu.Lock()
+	defer h.fileMu.Unlock()
+	if h.f != nil {
+		_ = h.f.Close()
+		h.f = nil
+	}
+	if err := os.Rename(live, old); err != nil {
+		return fmt.Errorf("rotate %s: %w", live, err)
+	}
+	f, err := os.OpenFile(live, os.O_RDWR|os.O_CREATE|os.O_APPEND|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("rotate %s: %w", live, err)
+	}
+	if err := syncDir(h.dir); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("rotate %s: sync its directory: %w", live, err)
+	}
+	h.f, h.size = f, 0
+	h.size64.Store(0)
+	clear(h.uidBytes)
+	clear(h.over)
+	h.log.Info("history: rotated", "path", live, "to", old, "max_bytes", h.maxBytes)
+	return nil
+}
+
+// read returns the records of the two files that q selects (and of uid
+// only, when own), oldest first, at most api.MaxHistoryRecords of the
+// newest. Lines that are no record (a torn one being written) are skipped.
+func (h *history) read(q api.HistoryQuery, own bool, uid uint32) (api.History, error) {
+	h.fileMu.RLock()
+	var files []*os.File
+	for _, name := range []string{historyRotated, historyLive} {
+		f, err := os.Open(filepath.Join(h.dir, name))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			h.fileMu.RUnlock()
+			for _, f := range files {
+				_ = f.Close()
+			}
+			return api.History{}, fmt.Errorf("mpsd: read history: %w", err)
+		}
+		files = append(files, f)
+	}
+	h.fileMu.RUnlock()
+	out := api.History{Records: []api.HistoryRecord{}, OwnOnly: own}
+	var err error
+	for _, f := range files {
+		if err == nil {
+			err = readHistory(f, func(r api.HistoryRecord) {
+				if (own && r.UID != uid) || !q.Matches(r) {
+					return
+				}
+				if len(out.Records) == api.MaxHistoryRecords {
+					// The newest are kept: the oldest goes.
+					out.Records = append(out.Records[:0], out.Records[1:]...)
+					out.Truncated = true
+				}
+				out.Records = append(out.Records, r)
+			})
+		}
+		_ = f.Close()
+	}
+	if err != nil {
+		return api.History{}, fmt.Errorf("mpsd: read history: %w", err)
+	}
+	return out, nil
+}
+
+// readHistory calls each with every record of r, skipping lines that are
+// none (longer than maxHistoryLine, torn, not JSON).
+func readHistory(r io.Reader, each func(api.HistoryRecord)) error {
+	br := bufio.NewReaderSize(r, maxHistoryLine)
+	for {
+		line, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			// Too long to be a record: skipped to its end.
+			for errors.Is(err, bufio.ErrBufferFull) {
+				_, err = br.ReadSlice('\n')
+			}
+			if err == nil {
+				continue
+			}
+			line = nil
+		}
+		if errors.Is(err, io.EOF) {
+			// A last line without its newline is being written (or was
+			// torn): not a record yet.
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		var rec api.HistoryRecord
+		if json.Unmarshal(line, &rec) == nil && rec.Lease != "" {
+			each(rec)
+		}
+	}
+}
+
+// historyLocked is l's record as it ends now, how and why. d.mu is held.
+func (l *lease) historyLocked(how, why string, now time.Time) api.HistoryRecord {
+	r := api.HistoryRecord{Lease: l.id, JobID: l.jobID, UID: l.uid, User: l.user, Group: l.group, GPUIndexes: []int{},
+		SM: l.req.SM, MemBytes: uint64(max(l.req.Mem, 0)), Procs: l.req.Clients(), Start: l.created, End: now,
+		Attempts: l.attempt, Ended: how, Reason: why, ExitStatus: l.exitStatus, Signal: l.exitSignal}
+	waited := l.waited
+	if l.grantedAt.IsZero() || l.queuedAt.After(l.grantedAt) {
+		// It ends queued: this wait counts too.
+		waited += now.Sub(l.queuedAt)
+	}
+	if !l.grantedAt.IsZero() {
+		g := l.grantedAt
+		r.Granted = &g
+	}
+	r.WaitMillis = max(waited.Milliseconds(), 0)
+	if l.inst != nil {
+		for _, g := range l.inst.gpus {
+			r.GPUIndexes = append(r.GPUIndexes, g.Index)
+		}
+	} else {
+		r.GPUIndexes = append(r.GPUIndexes, l.lastGPUs...)
+	}
+	if l.memPeak != nil {
+		p := *l.memPeak
+		r.PeakMemBytes = &p
+	}
+	return r
+}
+
+// recordEnded appends l, which has just ended how (an api.Ended*
+// constant) and why (the words of its log line), to the history: every
+// path on which a lease leaves d.leases calls it, under d.mu, once. Its
+// end is reported (its log line, its launcher's answer or error event)
+// only once the record is on disk: see endedLocked and awaitRecorded.
+func (d *Daemon) recordEnded(l *lease, how, why string) {
+	d.endedLocked(l, how, why, nil, "")
+}
+
+// endedLocked is recordEnded that also writes the end's log line (msg,
+// with l's attributes and more) on log once the record is on disk; no
+// line when log is nil. d.mu is held.
+func (d *Daemon) endedLocked(l *lease, how, why string, log *slog.Logger, msg string, more ...any) {
+	var after func()
+	if log != nil {
+		attrs := l.logAttrs(more...)
+		after = func() { log.Info(msg, attrs...) }
+	}
+	if d.hist == nil {
+		// No history (a daemon that never ran): the line at once.
+		if log != nil {
+			d.mu.logAfter(log, msg, l.logAttrs(more...)...)
+		}
+		return
+	}
+	l.recorded = d.hist.add(l.historyLocked(how, why, d.clock.Now()), after)
+}
+
+// awaitRecorded waits until l's end is in the history (or ctx ends): its
+// end is reported only then.
+func (d *Daemon) awaitRecorded(ctx context.Context, l *lease) {
+	d.mu.Lock()
+	rec := l.recorded
+	d.mu.Unlock()
+	if rec == nil {
+		return
+	}
+	select {
+	case <-rec:
+	case <-ctx.Done():
+	}
+}
+
+// releaseCommandEnded is the why of a release its launcher asked for once
+// the command ended (serveRelease); releaseEndedAway, of one whose
+// command ended while its launcher was away (reapAdopted).
+const (
+	releaseCommandEnded = "its command ended"
+	releaseEndedAway    = "command ended while its launcher was away"
+)
+
+// releasedHow is how a lease released for why ended.
+func releasedHow(why string) string {
+	if why == releaseCommandEnded || why == releaseEndedAway {
+		return api.EndedReleased
+	}
+	return api.EndedLauncherGone
+}
+
+// gpuIndexes are in's GPUs' indexes.
+func gpuIndexes(in *instance) []int {
+	out := make([]int, len(in.gpus))
+	for i, g := range in.gpus {
+		out[i] = g.Index
+	}
+	return out
+}
+
+// endedByError is how a lease a revocation ended with err ended.
+func endedByError(err *api.Error) string {
+	switch err.Code {
+	case api.CodeUnavailable:
+		return api.EndedShutdown
+	case api.CodeLimitExceeded:
+		return api.EndedOverLimit
+	}
+	return api.EndedRevoked
+}
+
+// serveHistory answers GET /v1/history: the ended leases the query
+// selects, every uid's to an admin, the caller's own to anyone else.
+func (d *Daemon) serveHistory(w http.ResponseWriter, r *http.Request) {
+	_, c, ok := d.credentials(r)
+	q, err := api.ParseHistoryQuery(r.URL.RawQuery)
+	if err != nil {
+		apihttp.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+		return
+	}
+	d.mu.Lock()
+	admin := ok && d.cfg.Access.Admin(c)
+	d.mu.Unlock()
+	uid := c.UID
+	if !ok {
+		uid = math.MaxUint32 // nobody's records
+	}
+	if d.hist == nil {
+		apihttp.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "the history is not open")
+		return
+	}
+	h, err := d.hist.read(q, !admin, uid)
+	if err != nil {
+		apihttp.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
+		return
+	}
+	writeJSON(w, h)
+}
+
+// historyCollector exports the history's counters.
+type historyCollector Daemon
+
+func (c *historyCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descHistoryWritten
+	ch <- descHistoryDropped
+	ch <- descHistoryBytes
+}
+
+func (c *historyCollector) Collect(ch chan<- prometheus.Metric) {
+	h := (*Daemon)(c).hist
+	if h == nil {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(descHistoryWritten, prometheus.CounterValue, float64(h.written.Load()))
+	ch <- prometheus.MustNewConstMetric(descHistoryBytes, prometheus.GaugeValue, float64(h.size64.Load()))
+	for _, d := range []struct {
+		reason string
+		n      *atomic.Uint64
+	}{{historyDropPending, &h.dropPending}, {historyDropShare, &h.dropShare}, {historyDropWrite, &h.dropWrite}} {
+		ch <- prometheus.MustNewConstMetric(descHistoryDropped, prometheus.CounterValue, float64(d.n.Load()), d.reason)
+	}
+}
