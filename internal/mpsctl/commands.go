@@ -106,6 +106,21 @@ var commands = []command{
 		setup:  cancelCommand,
 	},
 	{
+		name:    "history",
+		args:    "[--since D] [--user U] [--group G] [--json]",
+		summary: "show ended leases, how each ended and its exit status",
+		long: "Shows the leases that have ended, oldest first, from mpsd's history file:\n" +
+			"who ran them where, with what share, how long they waited and ran, how they\n" +
+			"ended (released, withdrawn, exhausted, shutdown, ...), the command's exit\n" +
+			"status and the most device memory they held. --since D keeps those that\n" +
+			"ended in the last D (2h) or since D (an RFC 3339 time); --user a name or\n" +
+			"uid; --group a group. Admins see every user's; anyone else their own.\n" +
+			"--json prints the history document as mpsd sent it.",
+		daemon: true,
+		level:  api.LevelOperatorView,
+		setup:  historyCommand,
+	},
+	{
 		name:    "shutdown",
 		args:    "",
 		summary: "end the leases, stop MPS and restore compute modes, then stop mpsd",
