@@ -1,0 +1,193 @@
+package mpsd
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
+)
+
+// Test uids of the history's tests: two members of group a.
+const (
+	histUIDAlice = 64185
+	histUIDBob   = 64186
+)
+
+func histGroups() string {
+	return fmt.Sprintf(`  a:
+    users: ["%d", "%d"]
+    memory: 10G
+    gpus: ["0"]
+`, histUIDAlice, histUIDBob)
+}
+
+// history is mpsctl history --json as uid, decoded.
+func (e *testEnv) history(uid uint32, args ...string) api.History {
+	e.t.Helper()
+	r := e.mpsctl(uid, append([]string{"history", "--json"}, args...)...)
+	if r.code != 0 {
+		e.t.Fatalf("mpsctl history as uid %d: exit %d, stderr %q", uid, r.code, r.stderr)
+	}
+	var h api.History
+	if err := json.Unmarshal([]byte(r.stdout), &h); err != nil {
+		e.t.Fatalf("mpsctl history --json as uid %d: %v: %s", uid, err, r.stdout)
+	}
+	return h
+}
+
+// Every way two members' leases end is in the history, with its exit
+// status where the command ran to its end: Alice's command that fails
+// (3) and her gate that succeeds, Bob's that succeeds and his request
+// whose --wait runs out while Alice's gate fills the GPU (withdrawn,
+// never granted, its wait counted). An admin sees all four, with how
+// each ended, on GPU 0; Bob sees his own two only, and the table.
+func TestHistoryRecordsEveryEnd(t *testing.T) {
+	emutest.User(t, histUIDAlice)
+	emutest.User(t, histUIDBob)
+	e := newEnvGPUs(t, 1, histGroups(), "")
+	e.start()
+	if r := run(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--job", "fails", "--", "/bin/sh", "-c", "exit 3"), histUIDAlice)); r.code != 3 {
+		t.Fatalf("alice's failing command: exit %d, stderr %q; want 3", r.code, r.stderr)
+	}
+	if r := run(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--", "/bin/true"), histUIDBob)); r.code != 0 {
+		t.Fatalf("bob's command: exit %d, stderr %q", r.code, r.stderr)
+	}
+	gateArgs, open := e.gate("alice")
+	gate := startProc(t, asUID(e.launch(append([]string{"--sm", "100", "--mem", "1G", "--"}, gateArgs...)...), histUIDAlice))
+	e.waitStatus("alice's gate running", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 1 })
+	if r := run(t, asUID(e.launch("--sm", "50", "--mem", "1G", "--wait", "300ms", "--", "/bin/true"), histUIDBob)); r.code == 0 {
+		t.Fatalf("bob's request while the GPU is full: exit 0; want its wait to run out")
+	}
+	open()
+	if r := gate.wait(t); r.code != 0 {
+		t.Fatalf("alice's gate: exit %d, stderr %q", r.code, r.stderr)
+	}
+
+	all := e.history(0)
+	if len(all.Records) != 4 || all.OwnOnly {
+		t.Fatalf("admin's history: %+v; want 4 records, not own only", all)
+	}
+	type seen struct {
+		uid        uint32
+		ended      string
+		exit       string
+		ran        bool
+		waitAtLeast int64
+	}
+	exit := func(r api.HistoryRecord) string {
+		if r.ExitStatus == nil {
+			return "-"
+		}
+		return fmt.Sprint(*r.ExitStatus)
+	}
+	want := []seen{
+		{histUIDAlice, api.EndedReleased, "3", true, 0},
+		{histUIDBob, api.EndedReleased, "0", true, 0},
+		{histUIDBob, api.EndedWithdrawn, "-", false, 300},
+		{histUIDAlice, api.EndedReleased, "0", true, 0},
+	}
+	for i, r := range all.Records {
+		got := seen{r.UID, r.Ended, exit(r), r.Granted != nil, 0}
+		w := want[i]
+		if got.uid != w.uid || got.ended != w.ended || got.exit != w.exit || got.ran != w.ran || r.WaitMillis < w.waitAtLeast {
+			t.Errorf("record %d: %+v; want uid %d ended %s exit %s ran %v waited at least %dms", i+1, r, w.uid, w.ended, w.exit, w.ran, w.waitAtLeast)
+		}
+		if w.ran && (len(r.GPUIndexes) != 1 || r.GPUIndexes[0] != 0 || r.Attempts != 1) {
+			t.Errorf("record %d: gpus %v attempts %d; want GPU 0, attempt 1", i+1, r.GPUIndexes, r.Attempts)
+		}
+		if r.Group != "a" || r.End.Before(r.Start) || r.Procs != 1 || r.MemBytes != 1<<30 {
+			t.Errorf("record %d: %+v; want group a, mem 1G, 1 proc, an end after its start", i+1, r)
+		}
+	}
+	if all.Records[0].JobID != "fails" || all.Records[2].Reason != "wait ran out" {
+		t.Errorf("records: job %q, withdrawn's reason %q; want the job and why", all.Records[0].JobID, all.Records[2].Reason)
+	}
+
+	own := e.history(histUIDBob)
+	if len(own.Records) != 2 || !own.OwnOnly || own.Records[0].UID != histUIDBob || own.Records[1].UID != histUIDBob {
+		t.Errorf("bob's history: %+v; want his own two records only", own)
+	}
+	if other := e.history(histUIDBob, "--user", fmt.Sprint(histUIDAlice)); len(other.Records) != 0 {
+		t.Errorf("bob asking for alice's history: %+v; want none", other.Records)
+	}
+	if mine := e.history(0, "--user", fmt.Sprint(histUIDAlice), "--since", "1h"); len(mine.Records) != 2 {
+		t.Errorf("admin's history of alice in the last hour: %d records; want 2", len(mine.Records))
+	}
+	tbl := e.mpsctl(histUIDBob, "history")
+	if tbl.code != 0 || !strings.Contains(tbl.stdout, "withdrawn") || !strings.Contains(tbl.stdout, "your leases only") {
+		t.Errorf("bob's mpsctl history: exit %d, %q; want his table", tbl.code, tbl.stdout)
+	}
+}
+
+// A member's flood of tiny jobs cannot push the other's history out: on
+// a history bounded at 4,000 bytes (a share of 1,000 each, two or three
+// records), Alice's six jobs leave what fits her share, the rest dropped
+// and counted (mpsd_history_records_dropped_total{reason="user_share"})
+// with one log line; Bob's job after them is recorded.
+func TestHistoryUserShareE2E(t *testing.T) {
+	emutest.User(t, histUIDAlice)
+	emutest.User(t, histUIDBob)
+	e := newEnvGPUs(t, 1, histGroups(), "")
+	e.opts.historyMaxBytes = 4000
+	e.start()
+	for i := range 6 {
+		if r := run(t, asUID(e.launch("--sm", "1", "--mem", "1M", "--", "/bin/true"), histUIDAlice)); r.code != 0 {
+			t.Fatalf("alice's job %d: exit %d, stderr %q", i+1, r.code, r.stderr)
+		}
+	}
+	if r := run(t, asUID(e.launch("--sm", "1", "--mem", "1M", "--", "/bin/true"), histUIDBob)); r.code != 0 {
+		t.Fatalf("bob's job: exit %d, stderr %q", r.code, r.stderr)
+	}
+	h := e.history(0)
+	per := map[uint32]int{}
+	for _, r := range h.Records {
+		per[r.UID]++
+	}
+	kept := per[histUIDAlice]
+	if kept < 1 || kept > 3 || per[histUIDBob] != 1 {
+		t.Errorf("records per uid: %v; want what fits alice's share (1,000 bytes) and bob's 1", per)
+	}
+	b, err := os.ReadFile(filepath.Join(e.dir, "state", historyLive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	aliceBytes := 0
+	for _, line := range strings.SplitAfter(string(b), "\n") {
+		if strings.Contains(line, fmt.Sprintf(`"uid":%d,`, histUIDAlice)) {
+			aliceBytes += len(line)
+		}
+	}
+	if aliceBytes > 1000 || aliceBytes+aliceBytes/kept <= 1000 {
+		t.Errorf("alice's records take %d bytes of the file in %d records; want her share of 1,000 filled as far as whole records go", aliceBytes, kept)
+	}
+	fams, err := e.d.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropped := -1.0
+	for _, f := range fams {
+		if f.GetName() != "mpsd_history_records_dropped_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if m.GetLabel()[0].GetValue() == historyDropShare {
+				dropped = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if dropped != float64(6-kept) {
+		t.Errorf("mpsd_history_records_dropped_total{reason=%q} %v; want %d", historyDropShare, dropped, 6-kept)
+	}
+	b, err = os.ReadFile(filepath.Join(e.dir, "mpsd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "take its share"); n != 1 {
+		t.Errorf("%d log lines of alice's records over her share; want 1", n)
+	}
+}
