@@ -107,7 +107,7 @@ type Options struct {
 	writeHook func()
 	// wrapCgroups, when set (tests), wraps the cgroup manager Run makes.
 	wrapCgroups func(cgroup.Manager) cgroup.Manager
-	// historyMaxBytes, when set (tests), replaces DefaultHistoryMaxBytes.
+	// historyMaxBytes, when set (tests), replaces history.max_size.
 	historyMaxBytes int64
 	// killRetryInitial, when set (tests), replaces killRetryInitial.
 	killRetryInitial time.Duration
@@ -469,7 +469,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		defer stop()
 	}
 	// Before any lease can end (the adoption below may end some).
-	if d.hist, err = openHistory(d.layout.StateDir, d.opts.historyMaxBytes, d.log); err != nil {
+	if d.hist, err = openHistory(d.layout.StateDir, cmp.Or(d.opts.historyMaxBytes, cfg.History.MaxSize), d.log); err != nil {
 		return err
 	}
 	d.hist.start()

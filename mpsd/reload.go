@@ -27,7 +27,7 @@ func (d *Daemon) onReload(r policy.Reload) {
 	}
 	for _, k := range r.Changes.Global {
 		switch k {
-		case "socket", "run_dir", "state_dir", "log_dir", "cgroup.enabled", "cgroup.parent", "metrics.listen", "mps.control", "mps.path", "simulate.gpus", "simulate.model", "simulate.emulator_dir":
+		case "socket", "run_dir", "state_dir", "log_dir", "cgroup.enabled", "cgroup.parent", "metrics.listen", "history.max_size", "mps.control", "mps.path", "simulate.gpus", "simulate.model", "simulate.emulator_dir":
 			d.log.Warn("config key changed but applies only when mpsd restarts", "key", k)
 		}
 	}

@@ -35,6 +35,7 @@ type Config struct {
 	MPS      MPSConfig
 	Watchdog WatchdogConfig
 	Limits   LimitsConfig
+	History  HistoryConfig
 
 	// Placement chooses among instances with room. Default: binpack.
 	Placement Placement
@@ -72,6 +73,15 @@ type MetricsConfig struct {
 	// PerLease adds series labelled by lease (mpsd_lease_memory_used_bytes_by_lease):
 	// as many as running leases, so off by default. Default: false.
 	PerLease bool
+}
+
+// HistoryConfig is the `history` section: state_dir/history.jsonl, the
+// ended leases.
+type HistoryConfig struct {
+	// MaxSize bounds the live history file, in bytes; at it the file is
+	// rotated to history.1.jsonl, and one uid's records take at most a
+	// quarter of it. Default: 8M.
+	MaxSize int64
 }
 
 // MPSConfig is the `mps` section.

@@ -65,6 +65,7 @@ var configFields = []field[Config]{
 	{"limits.metrics_connections", 32, func(c *Config) any { return &c.Limits.MetricsConnections }},
 	{"limits.metrics_connections_per_user", 8, func(c *Config) any { return &c.Limits.MetricsConnectionsPerUser }},
 	{"limits.running_per_user", 0, func(c *Config) any { return &c.Limits.RunningPerUser }},
+	{"history.max_size", "8M", func(c *Config) any { return (*size)(&c.History.MaxSize) }},
 	{"placement", "binpack", func(c *Config) any { return (*string)(&c.Placement) }},
 	{"admins.users", []any{"root"}, func(c *Config) any { return &c.Admins.Users }},
 	{"admins.unix_groups", []any{}, func(c *Config) any { return &c.Admins.UnixGroups }},

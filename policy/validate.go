@@ -73,6 +73,9 @@ func (d *decoder) validate(c *Config) {
 	d.check("limits.running_per_user", 0 <= lim.RunningPerUser && lim.RunningPerUser <= MaxClientsLimit,
 		"%d: want 0 (half of each group's max_clients) to %d", lim.RunningPerUser, MaxClientsLimit)
 
+	d.check("history.max_size", c.History.MaxSize >= 64*units.KiB && c.History.MaxSize <= units.GiB,
+		"%s: want 64K to 1G (the live history file's bound; a uid's records take at most a quarter of it)", units.FormatSize(c.History.MaxSize))
+
 	d.check("placement", c.Placement == Binpack || c.Placement == Spread, "%q: want %s or %s", c.Placement, Binpack, Spread)
 	d.members("admins.users", c.Admins.Users)
 	d.members("admins.unix_groups", c.Admins.UnixGroups)
