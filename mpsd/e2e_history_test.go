@@ -73,10 +73,10 @@ func TestHistoryRecordsEveryEnd(t *testing.T) {
 		t.Fatalf("admin's history: %+v; want 4 records, not own only", all)
 	}
 	type seen struct {
-		uid        uint32
-		ended      string
-		exit       string
-		ran        bool
+		uid         uint32
+		ended       string
+		exit        string
+		ran         bool
 		waitAtLeast int64
 	}
 	exit := func(r api.HistoryRecord) string {

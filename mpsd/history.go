@@ -25,7 +25,7 @@ import (
 	"github.com/mpsd/mpsd/api/apihttp"
 )
 
-// The history (docs/architecture.md#history): every ended lease is one
+// The history (docs/architecture.md#the-history): every ended lease is one
 // JSON line (api.HistoryRecord) appended to state_dir/history.jsonl.
 //
 //   - Durable like the state: a batch of records is written and fsynced

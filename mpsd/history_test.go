@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/gpu"
 )
 
 // histRecord is a record of uid's lease n that ended at minute n.
@@ -280,5 +281,39 @@ func TestHistoryAddAfterClose(t *testing.T) {
 	<-h.add(histRecord(1000, 1), func() { ran = true })
 	if !ran || h.dropPending.Load() != 1 {
 		t.Errorf("record added after close: after ran %v, dropped %d; want the line written and 1 dropped", ran, h.dropPending.Load())
+	}
+}
+
+// A lease's record says what the history needs of its life: its GPUs
+// while it runs or after it left them, its wait over every attempt (the
+// current one too when it ends queued), whether it ran, its peak memory
+// and its command's status.
+func TestLeaseHistoryRecord(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 20, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	peak, status := uint64(3<<30), 0
+	in := &instance{gpus: []gpu.Info{{Index: 2}, {Index: 3}}}
+	for _, tc := range []struct {
+		name  string
+		l     lease
+		gpus  string
+		wait  int64
+		ran   bool
+		peak  bool
+		exit  bool
+		tries int
+	}{
+		{"withdrawn queued", lease{created: at(0), queuedAt: at(0), attempt: 1}, "[]", 10000, false, false, false, 1},
+		{"released", lease{created: at(0), queuedAt: at(0), grantedAt: at(2), waited: 2 * time.Second, attempt: 1, inst: in, memPeak: &peak, exitStatus: &status},
+			"[2 3]", 2000, true, true, true, 1},
+		{"requeued, ends queued", lease{created: at(0), queuedAt: at(6), grantedAt: at(2), waited: 2 * time.Second, attempt: 2, lastGPUs: []int{1}},
+			"[1]", 6000, true, false, false, 2},
+	} {
+		tc.l.req.Mem = 1 << 30
+		r := tc.l.historyLocked(api.EndedReleased, "why", at(10))
+		if fmt.Sprint(r.GPUIndexes) != tc.gpus || r.WaitMillis != tc.wait || (r.Granted != nil) != tc.ran ||
+			(r.PeakMemBytes != nil) != tc.peak || (r.ExitStatus != nil) != tc.exit || r.Attempts != tc.tries || !r.End.Equal(at(10)) {
+			t.Errorf("%s: %+v; want gpus %s, wait %dms, ran %v, peak %v, exit %v, attempts %d", tc.name, r, tc.gpus, tc.wait, tc.ran, tc.peak, tc.exit, tc.tries)
+		}
 	}
 }
