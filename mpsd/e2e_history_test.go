@@ -42,10 +42,11 @@ func (e *testEnv) history(uid uint32, args ...string) api.History {
 
 // Every way two members' leases end is in the history, with its exit
 // status where the command ran to its end: Alice's command that fails
-// (3) and her gate that succeeds, Bob's that succeeds and his request
-// whose --wait runs out while Alice's gate fills the GPU (withdrawn,
-// never granted, its wait counted). An admin sees all four, with how
-// each ended, on GPU 0; Bob sees his own two only, and the table.
+// (3) and her gate that succeeds, Bob's that succeeds, and his requests
+// whose --wait runs out, and that --no-wait gives up, while Alice's gate
+// fills the GPU (withdrawn, never granted, the wait counted). An admin
+// sees all five, with how each ended, on GPU 0; Bob sees his own three
+// only, and the table.
 func TestHistoryRecordsEveryEnd(t *testing.T) {
 	emutest.User(t, histUIDAlice)
 	emutest.User(t, histUIDBob)
@@ -63,14 +64,17 @@ func TestHistoryRecordsEveryEnd(t *testing.T) {
 	if r := run(t, asUID(e.launch("--sm", "50", "--mem", "1G", "--wait", "300ms", "--", "/bin/true"), histUIDBob)); r.code == 0 {
 		t.Fatalf("bob's request while the GPU is full: exit 0; want its wait to run out")
 	}
+	if r := run(t, asUID(e.launch("--sm", "50", "--mem", "1G", "--no-wait", "--", "/bin/true"), histUIDBob)); r.code == 0 {
+		t.Fatalf("bob's --no-wait request while the GPU is full: exit 0; want it refused")
+	}
 	open()
 	if r := gate.wait(t); r.code != 0 {
 		t.Fatalf("alice's gate: exit %d, stderr %q", r.code, r.stderr)
 	}
 
 	all := e.history(0)
-	if len(all.Records) != 4 || all.OwnOnly {
-		t.Fatalf("admin's history: %+v; want 4 records, not own only", all)
+	if len(all.Records) != 5 || all.OwnOnly {
+		t.Fatalf("admin's history: %+v; want 5 records, not own only", all)
 	}
 	type seen struct {
 		uid         uint32
@@ -89,6 +93,7 @@ func TestHistoryRecordsEveryEnd(t *testing.T) {
 		{histUIDAlice, api.EndedReleased, "3", true, 0},
 		{histUIDBob, api.EndedReleased, "0", true, 0},
 		{histUIDBob, api.EndedWithdrawn, "-", false, 300},
+		{histUIDBob, api.EndedWithdrawn, "-", false, 0},
 		{histUIDAlice, api.EndedReleased, "0", true, 0},
 	}
 	for i, r := range all.Records {
@@ -104,13 +109,18 @@ func TestHistoryRecordsEveryEnd(t *testing.T) {
 			t.Errorf("record %d: %+v; want group a, mem 1G, 1 proc, an end after its start", i+1, r)
 		}
 	}
-	if all.Records[0].JobID != "fails" || all.Records[2].Reason != "wait ran out" {
-		t.Errorf("records: job %q, withdrawn's reason %q; want the job and why", all.Records[0].JobID, all.Records[2].Reason)
+	if all.Records[0].JobID != "fails" || all.Records[2].Reason != "wait ran out" || all.Records[3].Reason != "no room and --no-wait" {
+		t.Errorf("records: job %q, withdrawn's reasons %q, %q; want the job and why", all.Records[0].JobID, all.Records[2].Reason, all.Records[3].Reason)
 	}
 
 	own := e.history(histUIDBob)
-	if len(own.Records) != 2 || !own.OwnOnly || own.Records[0].UID != histUIDBob || own.Records[1].UID != histUIDBob {
-		t.Errorf("bob's history: %+v; want his own two records only", own)
+	if len(own.Records) != 3 || !own.OwnOnly {
+		t.Errorf("bob's history: %+v; want his own three records only", own)
+	}
+	for _, r := range own.Records {
+		if r.UID != histUIDBob {
+			t.Errorf("bob's history holds %+v", r)
+		}
 	}
 	if other := e.history(histUIDBob, "--user", fmt.Sprint(histUIDAlice)); len(other.Records) != 0 {
 		t.Errorf("bob asking for alice's history: %+v; want none", other.Records)

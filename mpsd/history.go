@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -53,10 +52,11 @@ const DefaultHistoryMaxBytes = 8 << 20
 // of the live file's bound.
 const historyUserShare = 4
 
-// maxHistoryPending bounds the records waiting for the writer; beyond it
-// a record is dropped and counted (the writer is stuck on a disk that does
-// not answer).
-const maxHistoryPending = 4096
+// maxHistoryPending bounds the records waiting for the writer (about a
+// kilobyte each in memory): more than the leases a host holds at once,
+// so only a writer stuck on a disk that does not answer meets it; beyond
+// it a record is dropped and counted.
+const maxHistoryPending = 16384
 
 // maxHistoryLine bounds one record's line as the reader takes it: longer
 // lines are not mpsd's and are skipped.
@@ -236,10 +236,13 @@ func (h *history) add(rec api.HistoryRecord, after func()) <-chan struct{} {
 	e := historyEntry{rec: rec, done: make(chan struct{}), after: after}
 	h.mu.Lock()
 	if h.closed || len(h.pending) >= maxHistoryPending {
-		closed := h.closed
+		why := "mpsd is stopping: its history is closed"
+		if !h.closed {
+			why = fmt.Sprintf("the history's writer is %d records behind", maxHistoryPending)
+		}
 		h.mu.Unlock()
 		h.dropPending.Add(1)
-		h.log.Error("history: an ended lease is not recorded", "lease", rec.Lease, "uid", rec.UID, "why", map[bool]string{true: "mpsd is stopping", false: "the writer is behind by " + strconv.Itoa(maxHistoryPending) + " records"}[closed])
+		h.log.Error("history: an ended lease is not recorded", "lease", rec.Lease, "uid", rec.UID, "why", why)
 		close(e.done)
 		if after != nil {
 			after()

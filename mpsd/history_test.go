@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -258,7 +259,9 @@ func TestHistoryRead(t *testing.T) {
 	for i := range api.MaxHistoryRecords + 5 {
 		many = append(many, histRecord(3000, 10+i))
 	}
-	addAll(h, many...)
+	for c := range slices.Chunk(many, 1000) {
+		addAll(h, c...)
+	}
 	got, err := h.read(api.HistoryQuery{User: "3000"}, false, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -295,7 +298,7 @@ func TestLeaseHistoryRecord(t *testing.T) {
 	in := &instance{gpus: []gpu.Info{{Index: 2}, {Index: 3}}}
 	for _, tc := range []struct {
 		name  string
-		l     lease
+		l     *lease
 		gpus  string
 		wait  int64
 		ran   bool
@@ -303,10 +306,10 @@ func TestLeaseHistoryRecord(t *testing.T) {
 		exit  bool
 		tries int
 	}{
-		{"withdrawn queued", lease{created: at(0), queuedAt: at(0), attempt: 1}, "[]", 10000, false, false, false, 1},
-		{"released", lease{created: at(0), queuedAt: at(0), grantedAt: at(2), waited: 2 * time.Second, attempt: 1, inst: in, memPeak: &peak, exitStatus: &status},
+		{"withdrawn queued", &lease{created: at(0), queuedAt: at(0), attempt: 1}, "[]", 10000, false, false, false, 1},
+		{"released", &lease{created: at(0), queuedAt: at(0), grantedAt: at(2), waited: 2 * time.Second, attempt: 1, inst: in, memPeak: &peak, exitStatus: &status},
 			"[2 3]", 2000, true, true, true, 1},
-		{"requeued, ends queued", lease{created: at(0), queuedAt: at(6), grantedAt: at(2), waited: 2 * time.Second, attempt: 2, lastGPUs: []int{1}},
+		{"requeued, ends queued", &lease{created: at(0), queuedAt: at(6), grantedAt: at(2), waited: 2 * time.Second, attempt: 2, lastGPUs: []int{1}},
 			"[1]", 6000, true, false, false, 2},
 	} {
 		tc.l.req.Mem = 1 << 30

@@ -271,7 +271,8 @@ func (r *refusal) Error() string { return r.msg }
 // admit checks a new request against the config in force and queues it,
 // then runs the group's queue, all under one hold of Daemon.mu so the
 // decision and the queue never disagree. With NoWait a lease that is not
-// placed at once is withdrawn.
+// placed at once is withdrawn: it is returned with the refusal, whose
+// answer waits for its record in the history (lease.recorded).
 func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -359,7 +360,8 @@ func (d *Daemon) admit(c policy.Credentials, req api.LeaseRequest) (*lease, erro
 	if !l.running() && req.NoWait {
 		d.dequeueLocked(l, "no room and --no-wait")
 		ahead := l.position - 1
-		return nil, &refusal{503, api.CodeWaitTimeout, d.noWaitTextLocked(name, ahead)}
+		// l too: its refusal is told once the history has it.
+		return l, &refusal{503, api.CodeWaitTimeout, d.noWaitTextLocked(name, ahead)}
 	}
 	if !l.running() {
 		// Saved (without waiting for it), so that its launcher resumes

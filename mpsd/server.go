@@ -179,6 +179,9 @@ func (d *Daemon) serveLease(w http.ResponseWriter, r *http.Request) {
 			var rf *refusal
 			errors.As(err, &rf)
 			d.log.Info("lease refused", "uid", c.UID, "pid", p.pid, "group", req.Group, "reason", rf.msg)
+			if l != nil {
+				d.awaitRecorded(r.Context(), l) // withdrawn (--no-wait): told once the history has it
+			}
 			apihttp.WriteError(w, rf.status, rf.code, rf.msg)
 			return
 		}
