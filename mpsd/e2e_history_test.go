@@ -201,3 +201,37 @@ func TestHistoryUserShareE2E(t *testing.T) {
 		t.Errorf("%d log lines of alice's records over her share; want 1", n)
 	}
 }
+
+// A launcher killed while its command runs: mpsd releases the lease (its
+// processes killed) and records it launcher_gone, without an exit status
+// (none was told); Bob's job before it is released with his.
+func TestHistoryLauncherGone(t *testing.T) {
+	emutest.User(t, histUIDAlice)
+	emutest.User(t, histUIDBob)
+	e := newEnvGPUs(t, 1, histGroups(), "")
+	e.start()
+	// Bob's first: MPS serves one uid at a time on a daemon without
+	// multiuser, and Alice's lease would hold the GPU's server.
+	if r := run(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--job", "beside", "--", "/bin/true"), histUIDBob)); r.code != 0 {
+		t.Fatalf("bob's job: exit %d, stderr %q", r.code, r.stderr)
+	}
+	gateArgs, _ := e.gate("alice")
+	alice := startProc(t, asUID(e.launch(append([]string{"--sm", "10", "--mem", "1G", "--job", "killed", "--"}, gateArgs...)...), histUIDAlice))
+	e.waitStatus("alice's lease running", func(st api.Status) bool { return countLeases(st, api.LeaseRunning) == 1 })
+	if err := alice.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	alice.wait(t)
+	e.waitStatus("alice's lease released", func(st api.Status) bool { return len(st.Leases) == 0 })
+	h := e.history(0)
+	got := map[string]api.HistoryRecord{}
+	for _, r := range h.Records {
+		got[r.JobID] = r
+	}
+	if r := got["killed"]; len(h.Records) != 2 || r.Ended != api.EndedLauncherGone || r.ExitStatus != nil || r.Reason != "launcher disconnected" {
+		t.Errorf("alice's killed launcher: %+v; want launcher_gone, no exit status", r)
+	}
+	if r := got["beside"]; r.Ended != api.EndedReleased || r.ExitStatus == nil || *r.ExitStatus != 0 {
+		t.Errorf("bob's job: %+v; want released, exit 0", r)
+	}
+}

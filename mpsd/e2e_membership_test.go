@@ -129,6 +129,9 @@ func TestRemovedMemberLosesQueueAndPipeDir(t *testing.T) {
 	if r.code == 0 || !strings.Contains(r.stderr, fmt.Sprintf("uid %d is no longer a member of group a", memberUIDBob)) {
 		t.Errorf("bob's queued mps-launch after his removal: exit %d, stderr %q; want it failed naming the reason", r.code, r.stderr)
 	}
+	if h := e.history(0); len(h.Records) != 1 || h.Records[0].UID != memberUIDBob || h.Records[0].Ended != api.EndedRefused {
+		t.Errorf("history after bob's removal: %+v; want his queued request, refused", h.Records)
+	}
 	e.waitLogAny("queued request failed: its uid is no longer a member of its group")
 
 	// The reload has rewritten the ACLs before it logs "config reloaded".

@@ -117,6 +117,18 @@ func TestShutdownEndsWorkloadsAndMPS(t *testing.T) {
 	if !strings.Contains(string(b), "MPS service shut down; mpsd exits") {
 		t.Errorf("the log does not say the service was shut down")
 	}
+	// Both are in the history, ended by the shutdown.
+	b, err = os.ReadFile(filepath.Join(e.dir, "state", historyLive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := map[string]string{}
+	if err := readHistory(bytes.NewReader(b), func(r api.HistoryRecord) { ended[r.JobID] = r.Ended }); err != nil {
+		t.Fatal(err)
+	}
+	if ended["J-run"] != api.EndedShutdown || ended["J-queued"] != api.EndedShutdown || len(ended) != 2 {
+		t.Errorf("history after the shutdown: %v; want both jobs ended by it", ended)
+	}
 }
 
 // waitRunReturned waits for Run to return after a shutdown, without an

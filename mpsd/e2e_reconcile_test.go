@@ -314,4 +314,9 @@ func TestLeaseOverMemoryRevoked(t *testing.T) {
 		t.Error("the bystander's launcher ended")
 	}
 	e.waitLogAny("lease revoked: memory limit exceeded")
+	// Its history: ended over its limit, at the most memory it held.
+	if h := e.history(0); len(h.Records) != 1 || h.Records[0].Ended != api.EndedOverLimit ||
+		h.Records[0].PeakMemBytes == nil || *h.Records[0].PeakMemBytes != 1400<<20 {
+		t.Errorf("history: %+v; want the lease over its memory, ended over_limit at a peak of 1400 MiB", h.Records)
+	}
 }

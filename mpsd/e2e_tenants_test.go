@@ -280,6 +280,9 @@ func TestCulpritChargedAlone(t *testing.T) {
 	if r := b1.wait(t); r.code != 75 || !strings.Contains(r.stderr, "no requeue attempts left (1 used)") {
 		t.Errorf("bob's first job: exit %d, stderr %q; want 75, its one attempt used on its own faults", r.code, r.stderr)
 	}
+	if h := e.history(0); len(h.Records) != 1 || h.Records[0].UID != bobUID || h.Records[0].Ended != api.EndedExhausted || h.Records[0].Attempts != 2 {
+		t.Errorf("history after bob's first job: %+v; want it ended exhausted at attempt 2", h.Records)
+	}
 	b2 := bobRuns()
 	fault(3)
 	// Three faults of Bob's within the window: he is barred, and his
