@@ -166,12 +166,13 @@
 // tenants' uids, pids and job ids are never shown to a non-admin.
 //
 // POST /v1/leases/{id}/release (ReleasePath), body ReleaseRequest (the
-// attempt whose command ended; {} from an older client), sent by the
-// lease's launcher on a second connection once its command has ended,
-// before it closes the lease stream: mpsd releases the lease
-// as a closed stream would (its processes are killed, its capacity handed
-// back) and answers 200 {} once the lease is gone, so that status no
-// longer shows it by the time the launcher exits. 403 CodeForbidden: not
+// attempt whose command ended, and its exit status for the history; {}
+// from an older client), sent by the lease's launcher on a second
+// connection once its command has ended, before it closes the lease
+// stream: mpsd releases the lease as a closed stream would (its processes
+// are killed, its capacity handed back) and answers 200 {} once the lease
+// is gone and its end is in the history file, so that status no longer
+// shows it, and history does, by the time the launcher exits. 403 CodeForbidden: not
 // the caller's lease; 404 CodeNotFound: no such lease (it ended already);
 // 409 CodeRevoking: it is being revoked, a fault pending on its instance
 // will revoke it, or the attempt named was revoked already (the lease is
@@ -184,6 +185,13 @@
 // once they do), or the attempt named is one the lease never reached. A
 // launcher that never sends it loses nothing: closing the stream releases
 // the lease too, a moment later.
+//
+// GET /v1/history (PathHistory), query since (RFC 3339), user (a uid or a
+// name) and group, each optional and at most once (ParseHistoryQuery;
+// anything else is 400 CodeBadRequest), returns a History: the ended
+// leases that match, oldest first, at most MaxHistoryRecords of the
+// newest (Truncated says more matched). A non-admin gets its own records
+// only (History.OwnOnly), whatever user it names.
 //
 // POST /v1/leases/{id}/pod (PodPath), body BindPodRequest, root only and
 // for the caller's own running lease: the kubelet device plugin names the

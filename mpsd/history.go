@@ -107,6 +107,9 @@ type history struct {
 	// while it opens the two files, so a reader never sees the live file
 	// renamed and not yet replaced.
 	fileMu sync.RWMutex
+	// readMu lets one query read the files at a time: a tenant asking
+	// again and again costs mpsd at most one core.
+	readMu sync.Mutex
 
 	// The writer's own (run's goroutine, or openHistory before it runs).
 	f        *os.File
@@ -407,6 +410,8 @@ func (h *history) rotate() error {
 // only, when own), oldest first, at most api.MaxHistoryRecords of the
 // newest. Lines that are no record (a torn one being written) are skipped.
 func (h *history) read(q api.HistoryQuery, own bool, uid uint32) (api.History, error) {
+	h.readMu.Lock()
+	defer h.readMu.Unlock()
 	h.fileMu.RLock()
 	var files []*os.File
 	for _, name := range []string{historyRotated, historyLive} {
