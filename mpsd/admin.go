@@ -114,11 +114,12 @@ func (d *Daemon) serveCancel(w http.ResponseWriter, r *http.Request) {
 	switch l.state {
 	case leaseQueued:
 		group := l.group
-		d.dequeueLocked(l, "cancelled by "+who)
+		d.dequeueAsLocked(l, api.EndedCancelled, "cancelled by "+who)
 		d.store.request()
 		d.scheduleLocked(group) // the requests behind it may fit now
 		l.box.push(api.Event{Type: api.EventError, Code: api.CodeCancelled, Message: msg + " while it was queued"})
 		d.mu.Unlock()
+		d.awaitRecorded(r.Context(), l) // answered once the history has it
 		d.log.Info("queued lease cancelled", "lease", l.id, "group", group, "job", l.jobID, "by", who)
 		writeJSON(w, api.CancelResult{Lease: q.Lease, Was: api.LeaseQueued})
 		return
@@ -140,6 +141,7 @@ func (d *Daemon) serveCancel(w http.ResponseWriter, r *http.Request) {
 		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s ended or began its end meanwhile; not cancelled", q.Lease))
 		return
 	}
+	d.awaitRecorded(r.Context(), l) // answered once the history has it
 	res := api.CancelResult{Lease: q.Lease, Was: api.LeaseRunning, Killed: true}
 	if how.signal != nil {
 		res.Signalled, res.Killed = how.signal.signalled, how.signal.left

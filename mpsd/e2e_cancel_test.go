@@ -111,6 +111,16 @@ func TestCancelEndsLeasesForGood(t *testing.T) {
 	if r := e.mpsctl(0, "cancel", aliceLease.ID); r.code != 1 || !strings.Contains(r.stderr, "no lease "+aliceLease.ID) {
 		t.Errorf("second cancel: exit %d, stderr %q; want 1 and no such lease", r.code, r.stderr)
 	}
+	// Both are in the history, cancelled, Bob's never having run.
+	h := e.history(0)
+	if len(h.Records) != 2 || h.Records[0].JobID != "J-bob" || h.Records[1].JobID != "J-alice" {
+		t.Fatalf("history after both cancels: %+v; want bob's then alice's", h.Records)
+	}
+	for _, rec := range h.Records {
+		if rec.Ended != api.EndedCancelled || !strings.Contains(rec.Reason, "cancelled by") || (rec.Granted != nil) != (rec.JobID == "J-alice") {
+			t.Errorf("history record %+v; want ended cancelled naming who, granted only for alice's", rec)
+		}
+	}
 }
 
 // cancel --signal gives the workload its signal and the grace to end:

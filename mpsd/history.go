@@ -588,6 +588,8 @@ func endedByError(err *api.Error) string {
 		return api.EndedShutdown
 	case api.CodeLimitExceeded:
 		return api.EndedOverLimit
+	case api.CodeCancelled:
+		return api.EndedCancelled
 	}
 	return api.EndedRevoked
 }

@@ -646,7 +646,11 @@ func (d *Daemon) grantLocked(l *lease, in *instance) {
 }
 
 // dequeueLocked withdraws a queued lease.
-func (d *Daemon) dequeueLocked(l *lease, why string) {
+func (d *Daemon) dequeueLocked(l *lease, why string) { d.dequeueAsLocked(l, api.EndedWithdrawn, why) }
+
+// dequeueAsLocked withdraws a queued lease that ended how (the history's
+// api.Ended* value: withdrawn, cancelled).
+func (d *Daemon) dequeueAsLocked(l *lease, how, why string) {
 	if _, err := l.step(leaseWithdraw, why); err != nil {
 		return
 	}
@@ -655,7 +659,7 @@ func (d *Daemon) dequeueLocked(l *lease, why string) {
 		d.queues[l.group] = slices.Delete(q, i, i+1)
 	}
 	delete(d.leases, l.id)
-	d.recordEnded(l, api.EndedWithdrawn, why)
+	d.recordEnded(l, how, why)
 	d.positionsLocked(l.group)
 }
 
