@@ -28,8 +28,9 @@ const (
 	// /v1/cancel (PathCancel) and the error event CodeCancelled; a
 	// drain's AdminTarget.Reason, recorded as InstanceStatus.DrainReason,
 	// DrainedBy and DrainedAt, with AdminResult.Already; the instance
-	// states InstanceDrained and InstanceRetiring. An mpsd without
-	// HeaderAPILevel may lack any of them.
+	// states InstanceDrained and InstanceRetiring; GET /v1/history
+	// (PathHistory, History) and ReleaseRequest.ExitStatus and Signal.
+	// An mpsd without HeaderAPILevel may lack any of them.
 	LevelOperatorView = 2
 
 	// APILevel is the level this package describes: the one mpsd serves
