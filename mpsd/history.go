@@ -81,8 +81,8 @@ var (
 	descHistoryBytes   = prometheus.NewDesc("mpsd_history_bytes", "Size of the live history file; it is rotated at its bound.", nil, nil)
 )
 
-// historyEntry is one record on its way to the file: done is closed once
-// it is on disk (or dropped), then after runs (the end's log line).
+// historyEntry is one record on its way to the file: once it is on disk
+// (or dropped) after runs (the end's log line), then done is closed.
 type historyEntry struct {
 	rec   api.HistoryRecord
 	done  chan struct{}
@@ -233,7 +233,8 @@ func (h *history) close() {
 
 // add queues rec and returns a channel closed once it is on disk (or
 // dropped: the uid's share is full, or the write failed); after, when not
-// nil, runs on the writer's goroutine once it is. It never blocks: the
+// nil, runs on the writer's goroutine once it is, before the channel is
+// closed. It never blocks: the
 // caller may hold Daemon.mu.
 func (h *history) add(rec api.HistoryRecord, after func()) <-chan struct{} {
 	e := historyEntry{rec: rec, done: make(chan struct{}), after: after}
@@ -246,10 +247,10 @@ func (h *history) add(rec api.HistoryRecord, after func()) <-chan struct{} {
 		h.mu.Unlock()
 		h.dropPending.Add(1)
 		h.log.Error("history: an ended lease is not recorded", "lease", rec.Lease, "uid", rec.UID, "why", why)
-		close(e.done)
 		if after != nil {
 			after()
 		}
+		close(e.done)
 		return e.done
 	}
 	h.pending = append(h.pending, e)
@@ -333,10 +334,11 @@ func (h *history) flush() {
 		h.written.Add(int64(kept))
 	}
 	for _, e := range batch {
-		close(e.done)
+		// The end's log line first: whoever waits on done sees it written.
 		if e.after != nil {
 			e.after()
 		}
+		close(e.done)
 	}
 }
 
@@ -359,7 +361,7 @@ func (h *history) write(b []byte) error {
 		// Reopened (and a torn tail dropped) before the next write.
 		_ = h.f.Close()
 		h.f = nil
-		return fmt.Errorf("write %s: %w", filepath.Join(h.dir, historyLive), err)
+		return fmt.Errorf("append records: %w", err) // err names the file
 	}
 	h.size64.Store(h.size)
 	return nil

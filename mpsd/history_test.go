@@ -320,3 +320,37 @@ func TestLeaseHistoryRecord(t *testing.T) {
 		}
 	}
 }
+
+// A write that fails drops its records (counted, logged once) without
+// holding up the ends waiting for it; the next write reopens the file and
+// records again.
+func TestHistoryWriteFailure(t *testing.T) {
+	dir := t.TempDir()
+	var logb syncBuffer
+	h, err := openHistory(dir, 0, slog.New(slog.NewTextHandler(&logb, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The writer's file swapped for one it cannot write (as a disk that
+	// turned read-only would answer).
+	_ = h.f.Close()
+	if h.f, err = os.Open(filepath.Join(dir, historyLive)); err != nil {
+		t.Fatal(err)
+	}
+	h.start()
+	defer h.close()
+	ran := 0
+	for _, r := range []api.HistoryRecord{histRecord(1000, 1), histRecord(1001, 2)} {
+		<-h.add(r, func() { ran++ })
+	}
+	if h.dropWrite.Load() != 1 || ran != 2 || !strings.Contains(logb.String(), "cannot be written") {
+		t.Errorf("after a failed write: %d dropped, %d end lines written, log:\n%s; want the first dropped and told, both ends reported", h.dropWrite.Load(), ran, logb.String())
+	}
+	got, err := h.read(api.HistoryQuery{}, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := strings.Join(recordIDs(got.Records), " "); ids != "g-1001-0002" || !strings.Contains(logb.String(), "written again") {
+		t.Errorf("records after the file was reopened: %q; want the second, and the recovery logged", ids)
+	}
+}
