@@ -221,9 +221,7 @@ func ExitCode(err error) int {
 
 func run(ctx context.Context, cfg Config, args []string) error {
 	global := newFlagSet("mpsctl")
-	var socket socketFlag
-	global.Var(&socket, "socket", "")
-	version := global.Bool("version", false, "")
+	socket, version := globalFlags(global)
 	if err := global.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			_, err := fmt.Fprint(cfg.Stdout, Usage())
@@ -364,25 +362,96 @@ func (s *socketFlag) Set(v string) error {
 	return nil
 }
 
-// Usage is mpsctl's synopsis, generated from the command table.
+// synopsis holds the forms of mpsctl's command line.
+var synopsis = []string{"mpsctl [--socket PATH] COMMAND [ARGS]", "mpsctl --version"}
+
+// globalFlags defines mpsctl's options before the command on fs.
+func globalFlags(fs *flag.FlagSet) (*socketFlag, *bool) {
+	var socket socketFlag
+	fs.Var(&socket, "socket", fmt.Sprintf("`PATH` is mpsd's socket (default $%s, else %s); also accepted after the command's name", api.EnvSocket, api.DefaultSocket))
+	version := fs.Bool("version", false, "print mpsctl's version, commit and Go version")
+	return &socket, version
+}
+
+// exitStatuses says what ExitCode's statuses mean.
+const exitStatuses = "0 success; 1 mpsd refused or failed, could not be reached, or\n" +
+	"the config is invalid; 2 usage error."
+
+// helpSummary is the command list's line for help, which is no entry of
+// commands.
+const helpSummary = "show this help, or a command's"
+
+// Usage is mpsctl's synopsis, generated from the command table and the
+// options.
 func Usage() string {
 	var b bytes.Buffer
-	b.WriteString("usage: mpsctl [--socket PATH] COMMAND [ARGS]\n       mpsctl --version\n\nCommands:\n")
+	b.WriteString("usage: " + strings.Join(synopsis, "\n       ") + "\n\nCommands:\n")
 	tw := tabwriter.NewWriter(&b, 0, 8, 2, ' ', 0)
 	for _, c := range commands {
 		fmt.Fprintf(tw, "  %s\t%s\n", strings.TrimSpace(c.name+" "+c.args), c.summary)
 	}
-	fmt.Fprintf(tw, "  help [COMMAND]\tshow this help, or a command's\n")
+	fmt.Fprintf(tw, "  help [COMMAND]\t%s\n", helpSummary)
 	_ = tw.Flush()
-	fmt.Fprintf(&b, `
-Options:
-  --socket PATH  mpsd's socket (default $%s, else %s);
-                 also accepted after the command's name
-  --version      print mpsctl's version, commit and Go version
-Exit status: 0 success; 1 mpsd refused or failed, could not be reached, or
-the config is invalid; 2 usage error.
-`, api.EnvSocket, api.DefaultSocket)
+	b.WriteString("\nOptions:\n")
+	global := newFlagSet("mpsctl")
+	globalFlags(global)
+	opts := options(global)
+	width := 0
+	for _, o := range opts {
+		width = max(width, len(o.tag))
+	}
+	for _, o := range opts {
+		// The usage wrapped to 80 columns, under itself.
+		for i, l := range wrapWords(o.usage, 80-width-4) {
+			tag := ""
+			if i == 0 {
+				tag = o.tag
+			}
+			fmt.Fprintf(&b, "  %-*s  %s\n", width, tag, l)
+		}
+	}
+	b.WriteString("Exit status: " + exitStatuses + "\n")
 	return b.String()
+}
+
+// wrapWords breaks s at spaces into lines of at most width bytes (a
+// longer word stands alone).
+func wrapWords(s string, width int) []string {
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(s) {
+		switch {
+		case line == "":
+			line = w
+		case len(line)+1+len(w) > width:
+			lines = append(lines, line)
+			line = w
+		default:
+			line += " " + w
+		}
+	}
+	return append(lines, line)
+}
+
+// option is a flag as a usage text or a page shows it: "--socket PATH"
+// and what it does.
+type option struct {
+	name, arg, tag, usage string
+}
+
+// options lists fs's flags in name order, as package flag visits them
+// (and cli.FlagTable shows them); a boolean flag whose usage names a
+// value takes it optionally ("--watch [INTERVAL]").
+func options(fs *flag.FlagSet) []option {
+	var out []option
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(f)
+		if b, isBool := f.Value.(interface{ IsBoolFlag() bool }); isBool && b.IsBoolFlag() && arg != "" {
+			arg = "[" + arg + "]"
+		}
+		out = append(out, option{name: f.Name, arg: arg, tag: strings.TrimSpace(cli.Dashes(f.Name) + " " + arg), usage: usage})
+	})
+	return out
 }
 
 // commandUsage is `mpsctl help NAME`.
@@ -394,15 +463,21 @@ func commandUsage(cmd *command) string {
 		long = cmd.summary
 	}
 	fmt.Fprintf(&b, "\n%s\n", long)
+	if t := cli.FlagTable(commandFlags(cmd)); t != "" {
+		b.WriteString("\n" + t)
+	}
+	return b.String()
+}
+
+// commandFlags is cmd's flags as its help lists them: its setup's, and
+// --socket for a command that talks to mpsd.
+func commandFlags(cmd *command) *flag.FlagSet {
 	fs := newFlagSet(cmd.name)
 	if cmd.daemon {
 		fs.Var(&socketFlag{}, "socket", fmt.Sprintf("`PATH` is mpsd's socket (default $%s, else %s)", api.EnvSocket, api.DefaultSocket))
 	}
 	cmd.setup(fs)
-	if t := cli.FlagTable(fs); t != "" {
-		b.WriteString("\n" + t)
-	}
-	return b.String()
+	return fs
 }
 
 // oneLine keeps a message to one line: mpsd's messages and file errors
