@@ -14,55 +14,130 @@ import (
 	"github.com/mpsd/mpsd/internal/units"
 )
 
-// Usage is the synopsis mps-launch prints for --help.
-const Usage = `usage: mps-launch [--sm PCT] [--mem SIZE] [--gpus N] [--gpu LIST] [--group NAME]
+// usageSynopsis is mps-launch's command line, as its usage and
+// mps-launch(1) show it.
+const usageSynopsis = `mps-launch [--sm PCT] [--mem SIZE] [--gpus N] [--gpu LIST] [--group NAME]
                   [--procs N] [--requeue N|--no-requeue] [--wait DURATION|--no-wait]
                   [--job ID] [--no-slurm] [--socket PATH] [--quiet]
-                  -- COMMAND [ARG...]
+                  -- COMMAND [ARG...]`
 
-Runs COMMAND on a GPU shared through CUDA MPS, under a lease from mpsd.
-  --sm PCT        percent of each GPU's SMs, 1-100 (default: the group's)
-  --mem SIZE      pinned device memory per GPU: 8G, 8GiB, 512M, 1.5G, bytes;
-                  units are binary (default: the group's)
-  --gpus N        number of GPUs: the group's instance size (the default;
-                  any other number is refused with the size)
-  --gpu LIST      run only on these GPUs: NVML indexes, GPU UUIDs or UUID
-                  prefixes, comma-separated (default: any of the group's)
-  --group NAME    tenant group (default: your only group, or the one the
-                  config names as your default; needed otherwise)
-  --procs N       COMMAND runs N CUDA processes (a server's workers), 1-48:
-                  each gets --sm divided by N, rounded down (at most --sm
-                  processes), so together they keep to --sm; each may use
-                  --mem, and mpsd holds their sum to --mem (default 1)
-  --requeue N     relaunch at most N times if a fault revokes the lease
-                  (default: the group's requeue_attempts)
-  --no-requeue    never relaunch
-  --wait DURATION give up after waiting this long in the queue, or for an
-                  mpsd that does not answer (e.g. 90s, 5m; default: wait for
-                  ever in the queue, a minute for mpsd)
-  --no-wait       give up at once if the GPU is full or mpsd does not answer
-  --job ID        tag the lease with batch job ID (mpsctl status shows it)
-  --no-slurm      ignore the Slurm job's environment (see below)
-  --socket PATH   mpsd's socket (default $MPSD_SOCKET, else /run/mpsd/mpsd.sock)
-  --quiet         no queue, grant or requeue lines on stderr
-  --version       print the version (module version, commit, Go) and exit
-Inside a Slurm job ($SLURM_JOB_ID set) the job's allocation gives the
+// usageAbout says what mps-launch does, before the flags.
+const usageAbout = "Runs COMMAND on a GPU shared through CUDA MPS, under a lease from mpsd."
+
+// usageSlurm is what a Slurm job's environment changes.
+const usageSlurm = `Inside a Slurm job ($SLURM_JOB_ID set) the job's allocation gives the
 defaults: --job $SLURM_JOB_ID.$SLURM_STEP_ID (.STEP only in a step), --sm
 $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (gres/mps), --gpu $SLURM_STEP_GPUS, else
 $SLURM_JOB_GPUS, else $CUDA_VISIBLE_DEVICES. Flags override them.
 COMMAND's CUDA_VISIBLE_DEVICES names the lease's GPUs by UUID; the lease's
 MPS variables replace the caller's (mps-launch says which it ignored).
-mps-launch refuses to run as another user than $SLURM_JOB_UID.
-Exit status: COMMAND's; 128+N if it died by signal N; 125 launcher or mpsd
+mps-launch refuses to run as another user than $SLURM_JOB_UID.`
+
+// usageExit lists the exit statuses (ExitCode's).
+const usageExit = `COMMAND's; 128+N if it died by signal N; 125 launcher or mpsd
 error, or no mpsd at the socket and none restarting; 126 COMMAND not
 executable; 127 COMMAND not found; 75 wait timed out, requeue attempts used
 up, mpsctl shutdown ended the lease, or mpsd unreachable for a minute
-(slurm.conf RequeueExit=75 requeues the job).
-While mpsd restarts, mps-launch waits for it, keeping its lease or its place
+(slurm.conf RequeueExit=75 requeues the job).`
+
+// usageWaits says how mps-launch waits.
+const usageWaits = `While mpsd restarts, mps-launch waits for it, keeping its lease or its place
 in the queue. While queued it says where and why on stderr: one live line on
 a terminal; elsewhere (a batch job's log) a line when the wait begins, one
-when mpsd's reason changes and one at the grant, with the time waited.
-`
+when mpsd's reason changes and one at the grant, with the time waited.`
+
+// launcherFlag is one of mps-launch's flags. flagTable is the one list of
+// them: ParseArgs's check of a flag's name and whether it takes a value,
+// the "did you mean" of a mistyped one, the usage text, mps-launch(1)
+// and the completion scripts all read it.
+type launcherFlag struct {
+	// name is without dashes: "sm", "no-wait".
+	name string
+	// arg is the value's placeholder ("PCT"); "" for a flag that takes
+	// none.
+	arg string
+	// usage is one line on what the flag does (Usage wraps it).
+	usage string
+	// short is the one-letter name that works too ("h" for help).
+	short string
+}
+
+// flagTable is in the order of the usage text.
+var flagTable = []launcherFlag{
+	{name: "sm", arg: "PCT", usage: "percent of each GPU's SMs, 1-100 (default: the group's)"},
+	{name: "mem", arg: "SIZE", usage: "pinned device memory per GPU: 8G, 8GiB, 512M, 1.5G, bytes; units are binary (default: the group's)"},
+	{name: "gpus", arg: "N", usage: "number of GPUs: the group's instance size (the default; any other number is refused with the size)"},
+	{name: "gpu", arg: "LIST", usage: "run only on these GPUs: NVML indexes, GPU UUIDs or UUID prefixes, comma-separated (default: any of the group's)"},
+	{name: "group", arg: "NAME", usage: "tenant group (default: your only group, or the one the config names as your default; needed otherwise)"},
+	{name: "procs", arg: "N", usage: fmt.Sprintf("COMMAND runs N CUDA processes (a server's workers), 1-%d: each gets --sm divided by N, rounded down (at most --sm processes), so together they keep to --sm; each may use --mem, and mpsd holds their sum to --mem (default 1)", api.MaxProcs)},
+	{name: "requeue", arg: "N", usage: "relaunch at most N times if a fault revokes the lease (default: the group's requeue_attempts)"},
+	{name: "no-requeue", usage: "never relaunch"},
+	{name: "wait", arg: "DURATION", usage: "give up after waiting this long in the queue, or for an mpsd that does not answer (e.g. 90s, 5m; default: wait for ever in the queue, a minute for mpsd)"},
+	{name: "no-wait", usage: "give up at once if the GPU is full or mpsd does not answer"},
+	{name: "job", arg: "ID", usage: "tag the lease with batch job ID (mpsctl status shows it)"},
+	{name: "no-slurm", usage: "ignore the Slurm job's environment (see below)"},
+	{name: "socket", arg: "PATH", usage: fmt.Sprintf("mpsd's socket (default $%s, else %s)", api.EnvSocket, api.DefaultSocket)},
+	{name: "quiet", usage: "no queue, grant or requeue lines on stderr"},
+	{name: "version", usage: "print the version (module version, commit, Go) and exit"},
+	{name: "help", short: "h", usage: "print this usage and exit"},
+}
+
+// lookupFlag is the flag called name (without dashes), by its name or
+// its one-letter name.
+func lookupFlag(name string) (launcherFlag, bool) {
+	for _, f := range flagTable {
+		if f.name == name || (f.short != "" && f.short == name) {
+			return f, true
+		}
+	}
+	return launcherFlag{}, false
+}
+
+// usageColumn is where the flags' usage starts in Usage; usageWidth is
+// how wide its lines are.
+const (
+	usageColumn = 18
+	usageWidth  = 78
+)
+
+// Usage is the synopsis mps-launch prints for --help.
+var Usage = usageText()
+
+func usageText() string {
+	var b strings.Builder
+	b.WriteString("usage: " + usageSynopsis + "\n\n" + usageAbout + "\n")
+	for _, f := range flagTable {
+		tag := "  " + strings.TrimSpace("--"+f.name+" "+f.arg)
+		for i, line := range wrapWords(f.usage, usageWidth-usageColumn) {
+			if i > 0 {
+				tag = ""
+			}
+			pad := max(usageColumn-len(tag), 1)
+			b.WriteString(tag + strings.Repeat(" ", pad) + line + "\n")
+		}
+	}
+	b.WriteString(usageSlurm + "\nExit status: " + usageExit + "\n" + usageWaits + "\n")
+	return b.String()
+}
+
+// wrapWords breaks s at spaces into lines of at most width bytes (a
+// longer word stands alone).
+func wrapWords(s string, width int) []string {
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(s) {
+		switch {
+		case line == "":
+			line = w
+		case len(line)+1+len(w) > width:
+			lines = append(lines, line)
+			line = w
+		default:
+			line += " " + w
+		}
+	}
+	return append(lines, line)
+}
 
 // Options are mps-launch's parsed command line. Zero values of SM, Mem,
 // GPUs and Group take the group's defaults.
@@ -115,8 +190,13 @@ var (
 )
 
 // flagNames are mps-launch's flags, for "did you mean".
-var flagNames = []string{"help", "version", "quiet", "no-requeue", "no-wait", "no-slurm",
-	"sm", "mem", "gpus", "gpu", "group", "procs", "requeue", "wait", "socket", "job"}
+var flagNames = func() []string {
+	names := make([]string, len(flagTable))
+	for i, f := range flagTable {
+		names[i] = f.name
+	}
+	return names
+}()
 
 // ParseArgs reads mps-launch's arguments. getenv supplies MPSD_SOCKET
 // and, inside a Slurm job (SLURM_JOB_ID set, no --no-slurm), the defaults
@@ -159,40 +239,32 @@ func ParseArgs(args []string, getenv func(string) string) (Options, error) {
 			i++
 			return args[i], true
 		}
-		noValue := func() bool { return !hasValue }
-		switch name {
-		case "h", "help":
+		def, known := lookupFlag(name)
+		if !known {
+			return usage("%s (mps-launch --help lists the flags)", cli.UnknownFlag(arg, flagNames))
+		}
+		switch def.name {
+		case "help":
 			return Options{}, errHelp
 		case "version":
 			return Options{}, errVersion
-		case "quiet":
-			if !noValue() {
+		}
+		if def.arg == "" {
+			if hasValue {
 				return usage("%s takes no value", flag)
 			}
-			o.Quiet = true
-			continue
-		case "no-requeue":
-			if !noValue() {
-				return usage("%s takes no value", flag)
+			switch def.name {
+			case "quiet":
+				o.Quiet = true
+			case "no-requeue":
+				noRequeue = true
+				o.Requeue = 0
+			case "no-wait":
+				o.NoWait = true
+			case "no-slurm":
+				o.NoSlurm = true
 			}
-			noRequeue = true
-			o.Requeue = 0
 			continue
-		case "no-wait":
-			if !noValue() {
-				return usage("%s takes no value", flag)
-			}
-			o.NoWait = true
-			continue
-		case "no-slurm":
-			if !noValue() {
-				return usage("%s takes no value", flag)
-			}
-			o.NoSlurm = true
-			continue
-		case "sm", "mem", "gpus", "gpu", "group", "procs", "requeue", "wait", "socket", "job":
-		default:
-			return usage("%s (mps-launch --help lists the flags)", cli.UnknownFlag(arg, flagNames))
 		}
 		v, ok := needValue()
 		if !ok {

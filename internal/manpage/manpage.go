@@ -47,6 +47,9 @@ type Block struct {
 	// block keeps its lines.
 	Text    string
 	Literal bool
+	// Nested blocks follow Text, indented under it (.RS/.RE): a
+	// command's flags under the command.
+	Nested []Block
 }
 
 // Para is a block of filled text.
@@ -63,14 +66,14 @@ func Render(p Page) string {
 	b.WriteString(".SH NAME\n")
 	b.WriteString(escapeLine(p.Name+" - "+p.Summary, false) + "\n")
 	if len(p.Synopsis) > 0 {
-		b.WriteString(".SH SYNOPSIS\n.ad l\n")
+		b.WriteString(".SH SYNOPSIS\n.ad l\n.nh\n")
 		for i, form := range p.Synopsis {
 			if i > 0 {
 				b.WriteString(".br\n")
 			}
 			b.WriteString(lineStart(Styled(strings.Join(strings.Fields(form), " "))) + "\n")
 		}
-		b.WriteString(".ad b\n")
+		b.WriteString(".hy\n.ad b\n")
 	}
 	for _, s := range p.Sections {
 		fmt.Fprintf(&b, ".SH %s\n", quoteArg(strings.ToUpper(s.Title)))
@@ -111,6 +114,16 @@ func writeBlock(b *strings.Builder, bl Block, first bool) {
 		b.WriteString(".fi\n")
 		return
 	}
+	defer func() {
+		if len(bl.Nested) == 0 {
+			return
+		}
+		b.WriteString(".RS\n")
+		for i, n := range bl.Nested {
+			writeBlock(b, n, i == 0 && bl.Text == "")
+		}
+		b.WriteString(".RE\n")
+	}()
 	for i, para := range paragraphs(bl.Text) {
 		switch {
 		case i == 0:

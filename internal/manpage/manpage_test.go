@@ -85,6 +85,7 @@ var samplePage = Page{
 		{Title: "Options", Blocks: []Block{
 			Item("--flag N", "a flag; N's range is 1-100"),
 			Item("--other FILE", "two paragraphs\n\nin one item"),
+			{Tag: "sub [--x]", Text: "a command", Nested: []Block{Item("--x", "its flag"), Item("--y N", "another")}},
 			Para("After the list."),
 		}},
 	},
