@@ -17,6 +17,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -67,19 +68,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, rc runConfig) int
 	fs := flag.NewFlagSet("mpsd", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	configPath := fs.String("config", defaultConfigPath, "the config `FILE` (YAML, version 1; default "+defaultConfigPath+")")
-	simulate := fs.Bool("simulate", false, "run on simulated GPUs with the MPS emulator (the config's simulate section)")
-	level := fs.String("log-level", "info", "log `LEVEL`: debug, info (default), warn or error")
-	format := fs.String("log-format", "text", "log `FORMAT`: text (default) or json")
-	var kf kubeletFlags
-	fs.BoolVar(&kf.enabled, "kubelet-device-plugin", false, "also serve the kubelet as a device plugin: one resource mpsd.io/<group>-sm per group")
-	fs.StringVar(&kf.dir, "kubelet-dir", deviceplugin.DefaultKubeletDir, "the kubelet's device-plugin `DIR` (kubelet.sock; default "+deviceplugin.DefaultKubeletDir+"), with --kubelet-device-plugin")
-	fs.StringVar(&kf.groups, "kubelet-groups", "", "comma-separated `GROUPS` to offer the kubelet; default every group, with --kubelet-device-plugin")
-	fs.StringVar(&kf.kubeconfig, "kubelet-kubeconfig", kubeinfo.DefaultKubeconfig, "kubeconfig `FILE` that reads the specs of pods on this node (default the kubelet's own, "+kubeinfo.DefaultKubeconfig+"), or "+kubeinfo.InCluster+" for mpsd's pod's service account, with --kubelet-device-plugin")
-	fs.StringVar(&kf.podResources, "kubelet-pod-resources", kubeinfo.DefaultPodResourcesSocket, "the kubelet's PodResources API `SOCKET` (default "+kubeinfo.DefaultPodResourcesSocket+"), with --kubelet-device-plugin")
-	fs.StringVar(&kf.runtime, "kubelet-cri", kubeinfo.DefaultRuntimeSocket, "the container runtime's CRI `SOCKET` (default containerd's, "+kubeinfo.DefaultRuntimeSocket+"; CRI-O's is /var/run/crio/crio.sock), through which each lease is bound to its pod's container, with --kubelet-device-plugin")
-	fs.BoolVar(&kf.allowHostRoot, "kubelet-allow-host-root", false, "start containers holding mpsd's units without checking that they do not run as host root (trusted pods only), with --kubelet-device-plugin")
-	version := fs.Bool("version", false, "print mpsd's version, commit and Go version, and exit")
+	f := defineFlags(fs)
+	configPath, simulate, level, format, version, kf := f.config, f.simulate, f.level, f.format, f.version, f.kubelet
 	out := rc.stdout
 	if out == nil {
 		out = os.Stdout
@@ -172,7 +162,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, rc runConfig) int
 	runDaemon := d.Run
 	if kf.enabled {
 		kf.warn(log, *configPath, kgroups)
-		p, err := newDevicePlugin(d, kf, kgroups, log)
+		p, err := newDevicePlugin(d, *kf, kgroups, log)
 		if err != nil {
 			_ = d.Close()
 			closeListener()
@@ -192,24 +182,54 @@ func run(ctx context.Context, args []string, stderr io.Writer, rc runConfig) int
 	return 0
 }
 
-// usage is `mpsd --help`, in the form of mpsctl's and mps-launch's: the
-// synopsis, what mpsd does, its flags (from fs) and its exit statuses.
-func usage(fs *flag.FlagSet) string {
-	return `usage: mpsd [--config FILE] [--simulate] [--log-level LEVEL] [--log-format text|json]
+// mpsdFlags are mpsd's flags, as defineFlags defines them.
+type mpsdFlags struct {
+	config, level, format *string
+	simulate, version     *bool
+	kubelet               *kubeletFlags
+}
+
+// defineFlags defines mpsd's flags on fs: run parses them, and mpsd(8)
+// and the completion scripts are generated from them (manual.go).
+func defineFlags(fs *flag.FlagSet) mpsdFlags {
+	f := mpsdFlags{kubelet: &kubeletFlags{}}
+	f.config = fs.String("config", defaultConfigPath, "the config `FILE` (YAML, version 1; default "+defaultConfigPath+")")
+	f.simulate = fs.Bool("simulate", false, "run on simulated GPUs with the MPS emulator (the config's simulate section)")
+	f.level = fs.String("log-level", "info", "log `LEVEL`: debug, info (default), warn or error")
+	f.format = fs.String("log-format", "text", "log `FORMAT`: text (default) or json")
+	fs.BoolVar(&f.kubelet.enabled, "kubelet-device-plugin", false, "also serve the kubelet as a device plugin: one resource mpsd.io/<group>-sm per group")
+	fs.StringVar(&f.kubelet.dir, "kubelet-dir", deviceplugin.DefaultKubeletDir, "the kubelet's device-plugin `DIR` (kubelet.sock; default "+deviceplugin.DefaultKubeletDir+"), with --kubelet-device-plugin")
+	fs.StringVar(&f.kubelet.groups, "kubelet-groups", "", "comma-separated `GROUPS` to offer the kubelet; default every group, with --kubelet-device-plugin")
+	fs.StringVar(&f.kubelet.kubeconfig, "kubelet-kubeconfig", kubeinfo.DefaultKubeconfig, "kubeconfig `FILE` that reads the specs of pods on this node (default the kubelet's own, "+kubeinfo.DefaultKubeconfig+"), or "+kubeinfo.InCluster+" for mpsd's pod's service account, with --kubelet-device-plugin")
+	fs.StringVar(&f.kubelet.podResources, "kubelet-pod-resources", kubeinfo.DefaultPodResourcesSocket, "the kubelet's PodResources API `SOCKET` (default "+kubeinfo.DefaultPodResourcesSocket+"), with --kubelet-device-plugin")
+	fs.StringVar(&f.kubelet.runtime, "kubelet-cri", kubeinfo.DefaultRuntimeSocket, "the container runtime's CRI `SOCKET` (default containerd's, "+kubeinfo.DefaultRuntimeSocket+"; CRI-O's is /var/run/crio/crio.sock), through which each lease is bound to its pod's container, with --kubelet-device-plugin")
+	fs.BoolVar(&f.kubelet.allowHostRoot, "kubelet-allow-host-root", false, "start containers holding mpsd's units without checking that they do not run as host root (trusted pods only), with --kubelet-device-plugin")
+	f.version = fs.Bool("version", false, "print mpsd's version, commit and Go version, and exit")
+	return f
+}
+
+// usageSynopsis holds the forms of mpsd's command line.
+var usageSynopsis = []string{`mpsd [--config FILE] [--simulate] [--log-level LEVEL] [--log-format text|json]
             [--kubelet-device-plugin [--kubelet-dir DIR] [--kubelet-groups G,...]
              [--kubelet-kubeconfig FILE|in-cluster] [--kubelet-pod-resources SOCKET]
-             [--kubelet-cri SOCKET] [--kubelet-allow-host-root]]
-       mpsd --version
+             [--kubelet-cri SOCKET] [--kubelet-allow-host-root]]`, "mpsd --version"}
 
-Shares the host's GPUs among the config's tenant groups through CUDA MPS:
+// usageAbout says what mpsd does.
+const usageAbout = `Shares the host's GPUs among the config's tenant groups through CUDA MPS:
 one MPS control daemon per GPU and group, leases asked for by mps-launch
 and shown and managed by mpsctl, on the API socket the config names.
 SIGTERM or SIGINT stops mpsd and leaves the MPS daemons and the workloads
-running for the next mpsd to adopt; mpsctl shutdown stops them too.
+running for the next mpsd to adopt; mpsctl shutdown stops them too.`
 
-` + cli.FlagTable(fs) + `Exit status: 0 after a clean stop; 1 mpsd cannot start (an invalid config,
-another mpsd on its state or socket) or failed; 2 usage error.
-`
+// usageExit says what run's exit statuses mean.
+const usageExit = `0 after a clean stop; 1 mpsd cannot start (an invalid config,
+another mpsd on its state or socket) or failed; 2 usage error.`
+
+// usage is ` + "`mpsd --help`" + `, in the form of mpsctl's and mps-launch's: the
+// synopsis, what mpsd does, its flags (from fs) and its exit statuses.
+func usage(fs *flag.FlagSet) string {
+	return "usage: " + strings.Join(usageSynopsis, "\n       ") + "\n\n" + usageAbout + "\n\n" +
+		cli.FlagTable(fs) + "Exit status: " + usageExit + "\n"
 }
 
 // warnSocketElsewhere warns when the socket systemd passed is not the

@@ -63,17 +63,19 @@ func Render(p Page) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, ".\\\" %s(%s): generated from the program's own definitions; do not edit.\n", p.Name, p.Section)
 	fmt.Fprintf(&b, ".TH %s %s \"\" %s %s\n", quoteArg(strings.ToUpper(p.Name)), quoteArg(p.Section), quoteArg(p.Source), quoteArg(p.Manual))
+	// Flags and paths read best unbroken: no hyphenation, a ragged right
+	// margin.
+	b.WriteString(".nh\n.ad l\n")
 	b.WriteString(".SH NAME\n")
 	b.WriteString(escapeLine(p.Name+" - "+p.Summary, false) + "\n")
 	if len(p.Synopsis) > 0 {
-		b.WriteString(".SH SYNOPSIS\n.ad l\n.nh\n")
+		b.WriteString(".SH SYNOPSIS\n")
 		for i, form := range p.Synopsis {
 			if i > 0 {
 				b.WriteString(".br\n")
 			}
 			b.WriteString(lineStart(Styled(strings.Join(strings.Fields(form), " "))) + "\n")
 		}
-		b.WriteString(".hy\n.ad b\n")
 	}
 	for _, s := range p.Sections {
 		fmt.Fprintf(&b, ".SH %s\n", quoteArg(strings.ToUpper(s.Title)))
