@@ -23,6 +23,8 @@ const groupDocPrefix = groupsKey + ".<name>."
 type docRow struct {
 	line     int
 	typ, def string
+	// meaning is the row's "meaning" cell (markdown), "" without one.
+	meaning string
 }
 
 // docTableSeparator matches a markdown table's second line: |---|:--:|.
@@ -85,6 +87,7 @@ func readConfigDoc(t *testing.T) (rows map[string]*docRow, examples []string) {
 		}
 		typeCol, hasType := col["type"]
 		defCol, hasDef := col["default"]
+		meaningCol, hasMeaning := col["meaning"]
 		if strings.ToLower(header[0]) != "key" || !hasType || !hasDef {
 			continue
 		}
@@ -102,6 +105,9 @@ func readConfigDoc(t *testing.T) (rows map[string]*docRow, examples []string) {
 				continue
 			}
 			rows[key] = &docRow{line: i + 1, typ: cells[typeCol], def: cells[defCol]}
+			if hasMeaning {
+				rows[key].meaning = cells[meaningCol]
+			}
 		}
 		i-- // the loop's i++ must not skip the line after the table
 	}
