@@ -19,7 +19,7 @@ STATICCHECK ?= $(GOBIN_DIR)/staticcheck
 STATICCHECK_VERSION := v0.8.2
 TEST_TIMEOUT ?= 9m
 
-.PHONY: all build emu demo chaos test test-go lint fmt vet staticcheck fetch-mps fetch-prometheus conformance clean help check-leftovers testrun
+.PHONY: all build emu demo chaos test test-go lint fmt vet staticcheck fetch-mps fetch-prometheus conformance clean help check-leftovers testrun man
 
 all: build
 
@@ -35,6 +35,7 @@ help:
 	@echo "make fetch-kubelet  build the kubelet (k8s.io/kubernetes, 5-10 min cold) into $(MPSD_KUBELET_CACHE)"
 	@echo "make fetch-apiserver  build kube-apiserver and etcd (5-10 min cold, after the kubelet) into $(MPSD_APISERVER_CACHE)"
 	@echo "make conformance  print the emulator-vs-real conformance table"
+	@echo "make man          regenerate the man pages (docs/man) and the bash and zsh completions (docs/completion) from the programs' definitions"
 	@echo "make clean        remove $(BIN)/"
 
 # mps-launch is built without cgo: a static binary reaches main about 1 ms
@@ -125,6 +126,15 @@ conformance: fetch-mps emu
 	@table=$$(mktemp); \
 	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) MPSD_CONFORMANCE_TABLE=$$table $(GO) test -count=1 -run 'TestConformance$$' ./internal/mpsemu/conformance/; rc=$$?; \
 	echo; echo "NVIDIA's nvidia-cuda-mps-control vs the emulator in that generation's mode:"; cat $$table; rm -f $$table; exit $$rc
+
+# The man pages and completion scripts are generated from the programs'
+# own definitions by the tests that check them (TestManual in each
+# package that owns a program's flags or the config schema); -update
+# rewrites them. Commit what changed.
+MAN_PACKAGES := ./internal/mpsctl ./launcher ./cmd/mpsd ./policy
+man:
+	$(GO) test -count=1 -run '^TestManual$$' $(MAN_PACKAGES) -args -update
+	$(GO) test -count=1 -run '^TestShipped' ./internal/manpage
 
 lint: fmt vet staticcheck
 
