@@ -38,7 +38,8 @@ const usageExit = `COMMAND's; 128+N if it died by signal N; 125 launcher or mpsd
 error, or no mpsd at the socket and none restarting; 126 COMMAND not
 executable; 127 COMMAND not found; 75 wait timed out, requeue attempts used
 up, mpsctl shutdown ended the lease, or mpsd unreachable for a minute
-(slurm.conf RequeueExit=75 requeues the job).`
+(slurm.conf RequeueExit=75 requeues the job); 122 mpsctl cancel ended the
+lease (not to be requeued).`
 
 // usageWaits says how mps-launch waits.
 const usageWaits = `While mpsd restarts, mps-launch waits for it, keeping its lease or its place
