@@ -2,7 +2,6 @@ package manpage
 
 import (
 	"fmt"
-	"regexp"
 	"strings"
 )
 
@@ -62,9 +61,20 @@ type Command struct {
 	Args          Args
 }
 
-// name is what a program, command or flag may be called: the scripts
-// write names unquoted in case patterns.
-var name = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]*$`)
+// isName says whether s may name a program, command or flag: letters,
+// digits, '-' and '_', not starting with '-' or '_' (the scripts write
+// names unquoted in case patterns).
+func isName(s string) bool {
+	for i, r := range s {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+		case (r == '-' || r == '_') && i > 0:
+		default:
+			return false
+		}
+	}
+	return s != ""
+}
 
 // Check says what in p a script cannot carry: a name other than letters,
 // digits, '-' and '_', or a name given twice.
@@ -73,7 +83,7 @@ func Check(p Program) error {
 	checkFlags := func(where string, fs []Flag) {
 		seen := map[string]bool{}
 		for _, f := range fs {
-			if !name.MatchString(f.Name) {
+			if !isName(f.Name) {
 				problems = append(problems, fmt.Sprintf("%sflag %q: not a name", where, f.Name))
 			}
 			if seen[f.Name] {
@@ -82,13 +92,13 @@ func Check(p Program) error {
 			seen[f.Name] = true
 		}
 	}
-	if !name.MatchString(p.Name) {
+	if !isName(p.Name) {
 		problems = append(problems, fmt.Sprintf("program %q: not a name", p.Name))
 	}
 	checkFlags("", p.Flags)
 	seen := map[string]bool{}
 	for _, c := range p.Commands {
-		if !name.MatchString(c.Name) {
+		if !isName(c.Name) {
 			problems = append(problems, fmt.Sprintf("command %q: not a name", c.Name))
 		}
 		if seen[c.Name] {
