@@ -70,14 +70,14 @@ var flagTable = []launcherFlag{
 	{name: "gpus", arg: "N", usage: "number of GPUs: the group's instance size (the default; any other number is refused with the size)"},
 	{name: "gpu", arg: "LIST", usage: "run only on these GPUs: NVML indexes, GPU UUIDs or UUID prefixes, comma-separated (default: any of the group's)"},
 	{name: "group", arg: "NAME", usage: "tenant group (default: your only group, or the one the config names as your default; needed otherwise)"},
-	{name: "procs", arg: "N", usage: fmt.Sprintf("COMMAND runs N CUDA processes (a server's workers), 1-%d: each gets --sm divided by N, rounded down (at most --sm processes), so together they keep to --sm; each may use --mem, and mpsd holds their sum to --mem (default 1)", api.MaxProcs)},
+	{name: "procs", arg: "N", usage: "COMMAND runs N CUDA processes (a server's workers), 1-" + strconv.Itoa(api.MaxProcs) + ": each gets --sm divided by N, rounded down (at most --sm processes), so together they keep to --sm; each may use --mem, and mpsd holds their sum to --mem (default 1)"},
 	{name: "requeue", arg: "N", usage: "relaunch at most N times if a fault revokes the lease (default: the group's requeue_attempts)"},
 	{name: "no-requeue", usage: "never relaunch"},
 	{name: "wait", arg: "DURATION", usage: "give up after waiting this long in the queue, or for an mpsd that does not answer (e.g. 90s, 5m; default: wait for ever in the queue, a minute for mpsd)"},
 	{name: "no-wait", usage: "give up at once if the GPU is full or mpsd does not answer"},
 	{name: "job", arg: "ID", usage: "tag the lease with batch job ID (mpsctl status shows it)"},
 	{name: "no-slurm", usage: "ignore the Slurm job's environment (see below)"},
-	{name: "socket", arg: "PATH", usage: fmt.Sprintf("mpsd's socket (default $%s, else %s)", api.EnvSocket, api.DefaultSocket)},
+	{name: "socket", arg: "PATH", usage: "mpsd's socket (default $" + api.EnvSocket + ", else " + api.DefaultSocket + ")"},
 	{name: "quiet", usage: "no queue, grant or requeue lines on stderr"},
 	{name: "version", usage: "print the version (module version, commit, Go) and exit"},
 	{name: "help", short: "h", usage: "print this usage and exit"},
@@ -101,43 +101,64 @@ const (
 	usageWidth  = 78
 )
 
-// Usage is the synopsis mps-launch prints for --help.
+// Usage is the synopsis mps-launch prints for --help. It is built once,
+// at start, as every mps-launch starts: in one buffer, without a copy of
+// a word (mps-launch's start is on every launch's path).
 var Usage = usageText()
 
 func usageText() string {
 	var b strings.Builder
+	b.Grow(4096)
 	b.WriteString("usage: " + usageSynopsis + "\n\n" + usageAbout + "\n")
 	for _, f := range flagTable {
-		tag := "  " + strings.TrimSpace("--"+f.name+" "+f.arg)
-		for i, line := range wrapWords(f.usage, usageWidth-usageColumn) {
-			if i > 0 {
-				tag = ""
-			}
-			pad := max(usageColumn-len(tag), 1)
-			b.WriteString(tag + strings.Repeat(" ", pad) + line + "\n")
+		b.WriteString("  --")
+		b.WriteString(f.name)
+		col := 4 + len(f.name)
+		if f.arg != "" {
+			b.WriteByte(' ')
+			b.WriteString(f.arg)
+			col += 1 + len(f.arg)
 		}
+		writeSpaces(&b, max(usageColumn-col, 1))
+		writeWrapped(&b, f.usage)
 	}
 	b.WriteString(usageSlurm + "\nExit status: " + usageExit + "\n" + usageWaits + "\n")
 	return b.String()
 }
 
-// wrapWords breaks s at spaces into lines of at most width bytes (a
-// longer word stands alone).
-func wrapWords(s string, width int) []string {
-	var lines []string
-	line := ""
-	for _, w := range strings.Fields(s) {
-		switch {
-		case line == "":
-			line = w
-		case len(line)+1+len(w) > width:
-			lines = append(lines, line)
-			line = w
-		default:
-			line += " " + w
+// writeWrapped writes s's words into lines that end before usageWidth,
+// the lines after the first indented to usageColumn (a longer word
+// stands alone), and a newline.
+func writeWrapped(b *strings.Builder, s string) {
+	n := 0 // bytes on the line so far, from usageColumn
+	for s != "" {
+		w := s
+		if i := strings.IndexByte(s, ' '); i >= 0 {
+			w, s = s[:i], s[i+1:]
+		} else {
+			s = ""
 		}
+		switch {
+		case w == "":
+			continue
+		case n > 0 && n+1+len(w) > usageWidth-usageColumn:
+			b.WriteByte('\n')
+			writeSpaces(b, usageColumn)
+			n = 0
+		case n > 0:
+			b.WriteByte(' ')
+			n++
+		}
+		b.WriteString(w)
+		n += len(w)
 	}
-	return append(lines, line)
+	b.WriteByte('\n')
+}
+
+// writeSpaces writes n spaces (at most usageColumn).
+func writeSpaces(b *strings.Builder, n int) {
+	const spaces = "                                "
+	b.WriteString(spaces[:min(n, len(spaces))])
 }
 
 // Options are mps-launch's parsed command line. Zero values of SM, Mem,
@@ -191,13 +212,13 @@ var (
 )
 
 // flagNames are mps-launch's flags, for "did you mean".
-var flagNames = func() []string {
+func flagNames() []string {
 	names := make([]string, len(flagTable))
 	for i, f := range flagTable {
 		names[i] = f.name
 	}
 	return names
-}()
+}
 
 // ParseArgs reads mps-launch's arguments. getenv supplies MPSD_SOCKET
 // and, inside a Slurm job (SLURM_JOB_ID set, no --no-slurm), the defaults
@@ -242,7 +263,7 @@ func ParseArgs(args []string, getenv func(string) string) (Options, error) {
 		}
 		def, known := lookupFlag(name)
 		if !known {
-			return usage("%s (mps-launch --help lists the flags)", cli.UnknownFlag(arg, flagNames))
+			return usage("%s (mps-launch --help lists the flags)", cli.UnknownFlag(arg, flagNames()))
 		}
 		switch def.name {
 		case "help":
