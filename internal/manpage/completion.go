@@ -329,7 +329,7 @@ func Zsh(p Program) (string, error) {
 		b.WriteString("\t_arguments -S -A '-*'")
 		writeSpecs("\t\t", p.Flags, `'1:command:_command_names -e'`, `'*::arguments:_normal'`)
 	case len(p.Commands) > 0:
-		b.WriteString("\tlocal curcontext=$curcontext state line ret=1\n")
+		b.WriteString("\tlocal curcontext=$curcontext state line\n")
 		b.WriteString("\ttypeset -A opt_args\n")
 		b.WriteString("\tlocal -a commands\n")
 		b.WriteString("\tcommands=(\n")

@@ -2,7 +2,7 @@
 # zsh completion for tool-ctl: generated from tool-ctl's own definitions by make man; do not edit.
 
 _tool_ctl() {
-	local curcontext=$curcontext state line ret=1
+	local curcontext=$curcontext state line
 	typeset -A opt_args
 	local -a commands
 	commands=(
