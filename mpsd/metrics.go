@@ -299,10 +299,6 @@ type fastMetric struct {
 	labels  []*dto.LabelPair
 	value   float64
 	counter bool
-	// gauge or counter, set by sendFast, is its value's message, taken
-	// from one allocation for the scrape's metrics.
-	gauge   *dto.Gauge
-	counted *dto.Counter
 }
 
 func (m *fastMetric) Desc() *prometheus.Desc { return m.desc }
@@ -312,49 +308,16 @@ func (m *fastMetric) Write(out *dto.Metric) error {
 	switch {
 	case m.counter && m.value == 0:
 		out.Counter = counterZero
-	case m.counter && m.counted != nil:
-		out.Counter = m.counted
 	case m.counter:
 		out.Counter = &dto.Counter{Value: &m.value}
 	case m.value == 0:
 		out.Gauge = gaugeZero
 	case m.value == 1:
 		out.Gauge = gaugeOne
-	case m.gauge != nil:
-		out.Gauge = m.gauge
 	default:
 		out.Gauge = &dto.Gauge{Value: &m.value}
 	}
 	return nil
-}
-
-// sendFast sends the scrape's metrics fm on ch, their values' messages
-// taken from one allocation of each kind rather than one each (a scrape
-// of 64 instances has thousands of series).
-func sendFast(ch chan<- prometheus.Metric, fm []fastMetric) {
-	gauges, counters := 0, 0
-	for i := range fm {
-		switch m := &fm[i]; {
-		case m.counter && m.value != 0:
-			counters++
-		case !m.counter && m.value != 0 && m.value != 1:
-			gauges++
-		}
-	}
-	gs, cs := make([]dto.Gauge, gauges), make([]dto.Counter, counters)
-	for i := range fm {
-		switch m := &fm[i]; {
-		case m.counter && m.value != 0:
-			m.counted, cs = &cs[0], cs[1:]
-			m.counted.Value = &m.value
-		case !m.counter && m.value != 0 && m.value != 1:
-			m.gauge, gs = &gs[0], gs[1:]
-			m.gauge.Value = &m.value
-		}
-	}
-	for i := range fm {
-		ch <- &fm[i]
-	}
 }
 
 func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
@@ -465,7 +428,9 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 	emit(descReloadTime, nil, float64(m.reloadAt.UnixNano())/1e9, false)
 	clear(insts) // kept for its room, not its instances
 	d.mu.Unlock()
-	sendFast(ch, fm)
+	for i := range fm {
+		ch <- &fm[i]
+	}
 
 	// NVML is read outside the lock: a slow GPU must not stall admission.
 	usage, _ := d.host.UsageAll()

@@ -99,5 +99,7 @@ func (c *budgetCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	clear(insts) // kept for its room, not its instances
 	d.mu.Unlock()
-	sendFast(ch, fm)
+	for i := range fm {
+		ch <- &fm[i]
+	}
 }
