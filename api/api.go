@@ -673,6 +673,10 @@ type ServerStatus struct {
 const (
 	LeaseQueued  = "queued"
 	LeaseRunning = "running"
+	// LeaseRevoking is no state status shows (a lease being revoked reads
+	// running until it is requeued or ends); a cancel answers it
+	// (CancelResult.Was).
+	LeaseRevoking = "revoking"
 )
 
 // LeaseStatus is one lease in Status.
@@ -759,6 +763,11 @@ func (t AdminTarget) Validate() error {
 	return nil
 }
 
+// unprintable: a control character, or a format one (bidirectional
+// overrides and other invisible characters that would make a table or a
+// log line read otherwise than it is).
+func unprintable(c rune) bool { return unicode.IsControl(c) || unicode.Is(unicode.Cf, c) }
+
 // validReason checks an operator's reason: at most MaxReasonBytes of
 // valid UTF-8, one line, no control characters (it is shown in tables and
 // logs).
@@ -768,8 +777,8 @@ func validReason(r string) error {
 		return fmt.Errorf("%w: reason longer than %d bytes", ErrInvalid, MaxReasonBytes)
 	case !utf8.ValidString(r):
 		return fmt.Errorf("%w: reason is not valid UTF-8", ErrInvalid)
-	case strings.IndexFunc(r, unicode.IsControl) >= 0:
-		return fmt.Errorf("%w: reason has a control character (one line, printable)", ErrInvalid)
+	case strings.IndexFunc(r, unprintable) >= 0:
+		return fmt.Errorf("%w: reason has a control or format character (one line, printable)", ErrInvalid)
 	}
 	return nil
 }

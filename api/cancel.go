@@ -56,8 +56,9 @@ func (r CancelRequest) Validate() error {
 // CancelResult answers PathCancel once the lease has ended.
 type CancelResult struct {
 	Lease string `json:"lease"`
-	// Was is the state the cancel found it in: LeaseQueued or
-	// LeaseRunning.
+	// Was is the state the cancel found it in: LeaseQueued, LeaseRunning,
+	// or LeaseRevoking (a revocation had it: it ends when that is done,
+	// instead of being requeued; the answer does not wait for it).
 	Was string `json:"was"`
 	// Signalled is how many of its processes the signal reached;
 	// Killed says some were still there when the grace ran out (or no

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unicode"
 	"unicode/utf8"
 )
 
@@ -36,7 +35,7 @@ func FuzzDecodeCancelRequest(f *testing.F) {
 // FuzzDecodeAdminTarget: an admin request names a gpu or a group, and its
 // reason is one printable line of at most MaxReasonBytes.
 func FuzzDecodeAdminTarget(f *testing.F) {
-	for _, seed := range []string{`{"gpu":"0"}`, `{"group":"a","reason":"fan replacement"}`, `{"gpu":"0","reason":"a\nb"}`,
+	for _, seed := range []string{`{"gpu":"0"}`, `{"group":"a","reason":"fan replacement"}`, `{"gpu":"0","reason":"a\nb"}`, `{"gpu":"0","reason":"fan \u202ereplacement"}`,
 		`{"gpu":"0","reason":"` + strings.Repeat("x", MaxReasonBytes+1) + `"}`, `{}`, `null`} {
 		f.Add([]byte(seed))
 	}
@@ -48,7 +47,7 @@ func FuzzDecodeAdminTarget(f *testing.F) {
 		if q.GPU == "" && q.Group == "" {
 			t.Fatalf("accepted %q, which names nothing", body)
 		}
-		if len(q.Reason) > MaxReasonBytes || !utf8.ValidString(q.Reason) || strings.IndexFunc(q.Reason, unicode.IsControl) >= 0 {
+		if len(q.Reason) > MaxReasonBytes || !utf8.ValidString(q.Reason) || strings.IndexFunc(q.Reason, unprintable) >= 0 {
 			t.Fatalf("accepted reason %q", q.Reason)
 		}
 	})

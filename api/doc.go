@@ -142,7 +142,11 @@
 // (appended to their object; a reader ignores what it does not know),
 // never renamed, retyped, dropped or given another meaning; a change
 // that would break a reader of the document bumps the version, and mpsd
-// says so in the release notes. Queued leases carry their Position in
+// says so in the release notes. The values of an instance's State are an
+// open set within a version: a reader treats one it does not know as not
+// ready (closed to new leases). InstanceDrained and InstanceRetiring were
+// added so (LevelOperatorView); an mpsd before them showed both as
+// InstanceDraining. Queued leases carry their Position in
 // their group's queue (the order mpsd grants in), their QueuedSince and
 // the WaitReason their launcher's queued event gives; running ones their
 // RunningSince (this attempt's grant), the device memory NVML reports for

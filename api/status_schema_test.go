@@ -20,11 +20,13 @@ func fullStatus() Status {
 	clients := 5
 	unleasedMem, usedMem, servingUID := uint64(2<<30), uint64(3<<30), 1001
 	return Status{
-		Instances: []InstanceStatus{{GPUUUID: "GPU-1", GPUIndex: 0, Group: "g", State: InstanceQuarantined, DaemonPID: 10, ServerPIDs: []int{11}, Clients: 1, Restarts: 5,
+		Instances: []InstanceStatus{{GPUUUID: "GPU-1", GPUIndex: 1, Group: "g", State: InstanceQuarantined, DaemonPID: 10, ServerPIDs: []int{11}, Clients: 1, Restarts: 5,
 			GPUIndexes: []int{0}, GPUUUIDs: []string{"GPU-1"}, SMAllocated: 30, SMBudget: 100, MemAllocatedBytes: 1, MemBudgetBytes: 2, MaxClients: 48,
-			Drained: true, QuarantineReason: "5 failures in 10m0s; the last: MPS server exited", ClientsAllocated: 4,
-			LastStartError:   "mps: start control daemon: Cannot find MPS control daemon process",
-			Servers:          []ServerStatus{{PID: 11, UID: 1001, LeasedClients: 1, UnleasedClients: 2, PendingLeases: []string{"m2"}}},
+			Drained: true, DrainReason: "fan replacement", DrainedBy: "root", DrainedAt: time.Date(2026, 12, 7, 9, 30, 0, 0, time.UTC),
+			QuarantineReason: "5 failures in 10m0s; the last: MPS server exited", ClientsAllocated: 4,
+			LastStartError: "mps: start control daemon: Cannot find MPS control daemon process",
+			DriverVersion:  "580.159.04", MPSVersion: "13000", Multiuser: true,
+			Servers:          []ServerStatus{{PID: 11, UID: 1001, LeasedClients: 1, UnleasedClients: 2, PendingLeases: []string{"m2"}, Fault: true}},
 			Unleased:         []UnleasedClient{{PID: 13, UID: 1001, Server: 11, MemBytes: &unleasedMem}, {PID: 14, UID: 1001, Server: 11}},
 			UnleasedMemBytes: int64(unleasedMem), MemUsedBytes: &usedMem, ServingUID: &servingUID}},
 		Leases: []LeaseStatus{
@@ -80,4 +82,25 @@ func TestStatusSchemaGolden(t *testing.T) {
 	if back.SchemaVersion != 1 {
 		t.Errorf("schema_version %d in the golden file of version 1", back.SchemaVersion)
 	}
+}
+
+// fullStatus sets every field of every object of the document (each
+// instance, server, unleased client and lease field), so that a field
+// added without being set there fails here rather than missing from the
+// golden file.
+func TestFullStatusSetsEveryField(t *testing.T) {
+	st := fullStatus()
+	check := func(name string, v reflect.Value) {
+		t.Helper()
+		for i := range v.NumField() {
+			if v.Field(i).IsZero() {
+				t.Errorf("%s.%s is not set in fullStatus: set it so the golden file shows its key", name, v.Type().Field(i).Name)
+			}
+		}
+	}
+	check("Status", reflect.ValueOf(st))
+	check("InstanceStatus", reflect.ValueOf(st.Instances[0]))
+	check("ServerStatus", reflect.ValueOf(st.Instances[0].Servers[0]))
+	check("UnleasedClient", reflect.ValueOf(st.Instances[0].Unleased[0]))
+	check("Version", reflect.ValueOf(*st.Mpsd))
 }

@@ -11,8 +11,9 @@
 // kubelet.sock anew; the directory is watched with fsnotify).
 //
 //   - ListAndWatch: a unit is Healthy while its instance is ready and
-//     Unhealthy while it is starting, recovering, quarantined or draining
-//     (the kubelet places no new pod on it; running pods go on). mpsd's
+//     Unhealthy in any other state (starting, recovering, quarantined,
+//     draining, drained, retiring, or one this plugin does not know):
+//     the kubelet places no new pod on it; running pods go on. mpsd's
 //     status is polled (Options.PollInterval, and at once after a lease
 //     event) and a list is sent only when it changed.
 //   - GetPreferredAllocation packs a container's units onto one GPU.

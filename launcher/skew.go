@@ -11,9 +11,11 @@ import (
 // requestLevel is the API level of the newest thing a session with req
 // uses (api/version.go): the lease request and its fields, the lease
 // stream's events, attach and release are all api.LevelBase (the hints
-// an older mpsd refuses, attach_pid, will_attach and attempt, are asked
-// again without). A field or request added at a later level raises it
-// here when req uses it.
+// an older mpsd refuses, attach_pid, will_attach and attempt, and the
+// release's exit_status and signal of api.LevelOperatorView, are asked
+// again without, so the session needs none of them). A field or request
+// added at a later level that it cannot do without raises it here when req
+// uses it.
 func requestLevel(api.LeaseRequest) int { return api.LevelBase }
 
 // warnSkew prints, once in the session, the line that says mpsd serves a

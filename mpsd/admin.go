@@ -124,9 +124,22 @@ func (d *Daemon) serveCancel(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, api.CancelResult{Lease: q.Lease, Was: api.LeaseQueued})
 		return
 	case leaseRunning:
+	case leaseRevoking:
+		// A fault's (or an operator's requeue's) revocation has it: it
+		// ends with the cancel instead of being requeued, once its
+		// processes are gone (requeue), whenever that is (a kill that
+		// failed is retried). Saved, so a restart of mpsd ends it too.
+		if l.endWith == nil {
+			l.endWith = &api.Error{Code: api.CodeCancelled, Message: msg + "; its command was stopped"}
+			d.store.request()
+		}
+		d.mu.Unlock()
+		l.logger().Info("lease cancel requested while it is revoked: it ends instead of being requeued", l.logAttrs("by", who)...)
+		writeJSON(w, api.CancelResult{Lease: q.Lease, Was: api.LeaseRevoking})
+		return
 	default:
 		d.mu.Unlock()
-		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is ending already (being revoked or released); it is not requeued unless a fault revoked it", q.Lease))
+		apihttp.WriteError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("lease %s is ending already (its command ended and it is being released)", q.Lease))
 		return
 	}
 	in := l.inst

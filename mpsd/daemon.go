@@ -214,7 +214,10 @@ type Daemon struct {
 	xidAt   map[int]time.Time   // GPU index → its last Xid (verify.go)
 	queues  map[string][]*lease // queued leases per group, arrival order
 	leases  map[string]*lease   // every lease, queued or running
-	seq     uint64
+	// awayEnds: how leases ended while their launchers were away, for
+	// their resumes (awayend.go).
+	awayEnds map[string]awayEnd
+	seq      uint64
 	// leaseID names a new lease; nil: newLeaseID (random). The
 	// simulation names its leases in order, so that its seeds replay.
 	leaseID func(group string) string

@@ -3,12 +3,14 @@ package mpsd
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/cgroup"
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
 )
 
@@ -269,4 +271,98 @@ func TestDrainRecordedWithReason(t *testing.T) {
 	if in := e.d.Status().Instances[0]; in.State != api.InstanceDrained || in.DrainReason != "no reason given" || in.DrainedBy != "root" {
 		t.Errorf("drain without a reason: state %s, record %q by %q", in.State, in.DrainReason, in.DrainedBy)
 	}
+}
+
+// A cancel that mpsd stops in the middle of (here in its grace: Alice's
+// command ignores SIGTERM) is finished by the next mpsd as a cancel: the
+// saved revocation carries its end, so the lease is not requeued, her
+// launcher exits 122 naming who cancelled it, and her command is gone.
+// Bob's lease on the same GPU (group b) runs on untouched.
+func TestCancelSurvivesMpsdRestart(t *testing.T) {
+	emutest.User(t, cancelUIDAlice)
+	emutest.User(t, cancelUIDBob)
+	e := newEnv(t, cancelGroups, "")
+	e.start()
+	e.waitStatus("instances ready", func(st api.Status) bool { return len(st.Instances) == 2 })
+	alice := startProc(t, asUID(e.launch("--group", "a", "--mem", "1G", "--", "/bin/sh", "-c",
+		`trap '' TERM; while :; do sleep 0.05; done`), cancelUIDAlice))
+	bWork, bOpen := e.gate("bob")
+	bob := startProc(t, asUID(e.launch(append([]string{"--group", "b", "--mem", "1G", "--"}, bWork...)...), cancelUIDBob))
+	st := e.waitStatus("both leases running with their commands", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 2 && len(st.Leases[0].PIDs) > 0 && len(st.Leases[1].PIDs) > 0
+	})
+	a := leaseOf(t, st, cancelUIDAlice, api.LeaseRunning)
+	bobLease := leaseOf(t, st, cancelUIDBob, api.LeaseRunning)
+
+	cancel := startProc(t, exec.Command(filepath.Join(e.bin, "mpsctl"), "--socket", e.socket, "cancel", "--signal", "TERM", "--grace", "10m", a.ID))
+	waitCond(t, "the cancel's revocation saved with its end", func() bool {
+		return strings.Contains(string(e.stateBytes()), `"end_code":"cancelled"`)
+	}, nil)
+	e.stop()
+	if r := cancel.wait(t); r.code == 0 {
+		t.Errorf("the cancel answered %q though mpsd stopped in its grace", r.stdout)
+	}
+	e.start()
+	res := alice.wait(t)
+	if res.code != 122 || !strings.Contains(res.stderr, "cancelled by root (uid 0)") || strings.Contains(res.stderr, "requeued") {
+		t.Errorf("alice's launcher: exit %d, stderr %q; want 122, root named, no requeue", res.code, res.stderr)
+	}
+	for _, pid := range a.PIDs {
+		if procRunning(pid) {
+			t.Errorf("alice's command %d runs on after the restart finished the cancel", pid)
+		}
+	}
+	st = e.waitStatus("alice's lease gone, bob's running", func(st api.Status) bool { return len(st.Leases) == 1 })
+	if st.Leases[0].ID != bobLease.ID || st.Leases[0].Attempt != 1 {
+		t.Errorf("after the restart: %+v; want bob's lease %s alone, at its first attempt", st.Leases, bobLease.ID)
+	}
+	bOpen()
+	if r := bob.wait(t); r.code != 0 {
+		t.Errorf("bob's launcher: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+// A lease a revocation has (here root's requeue, whose kill fails for a
+// while) is cancelled too: it ends once its processes are gone instead of
+// being requeued, and Alice's launcher exits 122. Bob, another member,
+// may not cancel it.
+func TestCancelWhileRevoked(t *testing.T) {
+	emutest.User(t, cancelUIDAlice)
+	emutest.User(t, cancelUIDBob)
+	e := newEnv(t, cancelGroups, "")
+	s := &stuckKills{check: func(bool) {}}
+	s.target.Store("")
+	e.opts.wrapCgroups = func(m cgroup.Manager) cgroup.Manager { s.Manager = m; return s }
+	e.opts.killRetryInitial = 100e6 // 100ms
+	e.start()
+	e.waitStatus("instances ready", func(st api.Status) bool { return len(st.Instances) == 2 })
+	work, _ := e.gate("alice")
+	alice := startProc(t, asUID(e.launch(append([]string{"--group", "a", "--mem", "1G", "--"}, work...)...), cancelUIDAlice))
+	st := e.waitStatus("alice's lease running with its command", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && len(st.Leases[0].PIDs) > 0
+	})
+	a := st.Leases[0]
+	s.target.Store(a.ID)
+	s.fail.Store(true)
+	if r := e.mpsctl(0, "requeue", a.ID); r.code != 0 {
+		t.Fatalf("requeue: exit %d, stderr %q", r.code, r.stderr)
+	}
+	waitCond(t, "the requeue's kill failing", func() bool { return s.failed.Load() >= 2 }, nil)
+
+	if r := e.mpsctl(cancelUIDBob, "cancel", a.ID); r.code != 1 || !strings.Contains(r.stderr, "is not yours") {
+		t.Errorf("bob's cancel of alice's lease: exit %d, stderr %q; want 1 and a refusal", r.code, r.stderr)
+	}
+	r := e.mpsctl(cancelUIDAlice, "cancel", a.ID)
+	if want := fmt.Sprintf("cancelled lease %s (was being revoked; it ends once its processes are gone, instead of being requeued)\n", a.ID); r.code != 0 || r.stdout != want {
+		t.Fatalf("alice's cancel: exit %d, stdout %q, stderr %q; want %q", r.code, r.stdout, r.stderr, want)
+	}
+	s.fail.Store(false)
+	res := alice.wait(t)
+	if res.code != 122 || !strings.Contains(res.stderr, fmt.Sprintf("(uid %d)", cancelUIDAlice)) && !strings.Contains(res.stderr, fmt.Sprintf("uid %d", cancelUIDAlice)) {
+		t.Errorf("alice's launcher: exit %d, stderr %q; want 122 naming her", res.code, res.stderr)
+	}
+	if strings.Contains(res.stderr, "requeued, attempt 2") {
+		t.Errorf("alice's lease was requeued after its cancel: %q", res.stderr)
+	}
+	e.waitStatus("no lease left", func(st api.Status) bool { return len(st.Leases) == 0 })
 }

@@ -188,10 +188,12 @@ func placementState(c lifecycle, h holds, restarts int) policy.InstanceState {
 	}
 }
 
-// shownState is the state status and metrics show: placement's, with a
-// draining instance told apart as drained (an operator's drain, and no
-// lease left: its GPU is safe to reset) or retiring (gone from the
-// config, stopping once empty).
+// shownState is the state status and mpsd's summary show: placement's,
+// with a draining instance told apart as drained (an operator's drain, no
+// lease left, and no client of no lease on its servers at the last
+// reconciliation, which has run since mpsd took it up: nothing of anyone
+// on its GPUs through it, which is then safe to reset) or retiring (gone
+// from the config, stopping once empty).
 func (in *instance) shownState() string {
 	st := in.placementState()
 	if st != policy.InstanceDraining {
@@ -200,7 +202,7 @@ func (in *instance) shownState() string {
 	switch {
 	case in.holds.retiring:
 		return api.InstanceRetiring
-	case in.holds.drained && len(in.leases) == 0:
+	case in.holds.drained && len(in.leases) == 0 && !in.holds.unreconciled && !in.mps.held():
 		return api.InstanceDrained
 	}
 	return st.String()

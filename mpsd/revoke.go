@@ -133,6 +133,12 @@ func (d *Daemon) revoke(victims []*lease, reason string, how revokeHow) int {
 	}
 	if how.signal != nil {
 		d.signalLeases(taken, how.signal)
+		if d.ctx.Err() != nil {
+			// mpsd stops in the grace: its stop revokes nothing more.
+			// The revocation stays recorded, with its end, and the next
+			// mpsd finishes it (restoreState).
+			return len(taken)
+		}
 	}
 	if dm := how.dm; dm != nil && !dm.Exited() {
 		mine := map[int]bool{}
@@ -186,18 +192,25 @@ const cancelPoll = 50 * time.Millisecond
 func (d *Daemon) signalLeases(leases []*lease, s *revokeSignal) {
 	cgs := make([]cgroup.Lease, 0, len(leases))
 	for _, l := range leases {
+		// Under cgMu, as the kill: an attach that moved a process into
+		// the cgroup and finds it was not the one it checked moves it
+		// back under the same lock, so no stranger is signalled.
 		l.cgMu.Lock()
 		if l.cg != nil {
 			cgs = append(cgs, l.cg)
+			n, err := l.cg.Signal(s.sig)
+			s.signalled += n
+			if err != nil {
+				d.log.Warn("signal before a revocation's kill failed; the kill ends the processes", "cgroup", l.cg.Path(), "signal", s.sig.String(), "err", err)
+			}
 		}
 		l.cgMu.Unlock()
 	}
-	for _, cg := range cgs {
-		n, err := cg.Signal(s.sig)
-		s.signalled += n
-		if err != nil {
-			d.log.Warn("signal before a revocation's kill failed; the kill ends the processes", "cgroup", cg.Path(), "signal", s.sig.String(), "err", err)
-		}
+	if s.signalled == 0 {
+		// Nothing to wait for (no process, or no cgroup: a pod's lease,
+		// whose container's processes MPS and the kill end).
+		s.left = len(cgs) == 0
+		return
 	}
 	deadline := d.clock.Now().Add(s.grace)
 	for {
@@ -303,11 +316,13 @@ func (d *Daemon) requeue(victims []*lease, why map[*lease]string, force bool) {
 			delete(d.leases, l.id)
 			d.endedLocked(l, endedByError(l.endWith), l.endWith.Message, log, "lease ended after its revocation", "attempt", l.attempt, "code", l.endWith.Code)
 			l.box.push(api.Event{Type: api.EventError, Code: l.endWith.Code, Message: l.endWith.Message})
+			d.noteAwayEndLocked(l, l.endWith.Code, l.endWith.Message)
 		case exhausted:
 			delete(d.leases, l.id)
 			msg := fmt.Sprintf("lease revoked: %s; no requeue attempts left (%d used)", reason, l.charged())
 			d.endedLocked(l, api.EndedExhausted, msg, log, "lease ended after its revocation: no requeue attempts left", "attempt", l.attempt)
 			l.box.push(api.Event{Type: api.EventError, Code: api.CodeAttemptsExhausted, Message: msg})
+			d.noteAwayEndLocked(l, api.CodeAttemptsExhausted, msg)
 		default:
 			l.attempt++
 			if spare {

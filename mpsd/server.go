@@ -307,6 +307,11 @@ func (d *Daemon) resume(c policy.Credentials, req api.LeaseRequest) (*lease, err
 		return nil, &refusal{503, api.CodeUnavailable, "mpsd is shutting down (mpsctl shutdown)"}
 	}
 	l, ok := d.leases[req.ResumeLeaseID]
+	if !ok {
+		if r := d.takeAwayEndLocked(req.ResumeLeaseID, c.UID); r != nil {
+			return nil, r
+		}
+	}
 	if !ok || l.state == leaseReleasing {
 		return nil, &refusal{404, api.CodeNotFound, fmt.Sprintf("lease %s is not known to mpsd (it ended or was lost)", req.ResumeLeaseID)}
 	}

@@ -124,6 +124,11 @@ type savedLease struct {
 	// Spare: that revocation spares it (a victim of another lease's
 	// fault): its requeue uses up no attempt.
 	Spare bool `json:"spare,omitempty"`
+	// EndCode and EndMessage: that revocation ends the lease with this
+	// error instead of requeueing it (mpsctl cancel, mpsctl shutdown), so
+	// the next mpsd that finishes it ends it too.
+	EndCode    api.ErrorCode `json:"end_code,omitempty"`
+	EndMessage string        `json:"end_message,omitempty"`
 	// Queued: waiting in the queue, for its first run (Attempt 1) or,
 	// revoked by a fault, its next; Instance is then empty.
 	Queued bool `json:"queued,omitempty"`
@@ -567,6 +572,7 @@ func sameLease(a, b *savedLease) bool {
 		slices.Equal(a.Command, b.Command) && a.Created.Equal(b.Created) && slices.Equal(a.Only, b.Only) &&
 		a.JobID == b.JobID && a.RevokedFor == b.RevokedFor && a.AwaySince.Equal(b.AwaySince) &&
 		a.Ran == b.Ran && a.Granted.Equal(b.Granted) && a.Revoking == b.Revoking && a.Spare == b.Spare &&
+		a.EndCode == b.EndCode && a.EndMessage == b.EndMessage &&
 		a.Queued == b.Queued && a.Adopted == b.Adopted && a.Procs == b.Procs
 }
 
@@ -964,6 +970,9 @@ func (d *Daemon) snapshotLocked() savedState {
 		if l.req.Procs > 1 {
 			sl.Procs = l.req.Procs
 		}
+		if l.state == leaseRevoking && l.endWith != nil {
+			sl.EndCode, sl.EndMessage = l.endWith.Code, l.endWith.Message
+		}
 		if l.grace != nil {
 			sl.AwaySince = l.awaySince
 		}
@@ -1211,6 +1220,9 @@ func (d *Daemon) adoptLeases(saved savedState) {
 		if sl.Revoking {
 			l.state = leaseRevoking
 			l.spareNext = sl.Spare
+			if sl.EndCode != "" {
+				l.endWith = &api.Error{Code: sl.EndCode, Message: sl.EndMessage}
+			}
 		}
 		if !ok {
 			// Its instance left the config while mpsd was down: the lease

@@ -232,6 +232,14 @@ func (l *savedLease) appendJSON(b []byte) ([]byte, error) {
 	if l.Spare {
 		b = append(b, `,"spare":true`...)
 	}
+	if l.EndCode != "" {
+		b = append(b, `,"end_code":`...)
+		b = appendJSONString(b, string(l.EndCode))
+	}
+	if l.EndMessage != "" {
+		b = append(b, `,"end_message":`...)
+		b = appendJSONString(b, l.EndMessage)
+	}
 	if l.Queued {
 		b = append(b, `,"queued":true`...)
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mpsd/mpsd/api"
 )
 
 // fullState has every field of savedState and savedLease set (checked by
@@ -23,6 +25,7 @@ func fullState() savedState {
 			Command: []string{"python", "serve.py", `--name="a<b>&c"`, "tab\there", "\x00\x1f\x7f", "nl\n", "\xff\xfe", "\u2028\u2029", "é😀"},
 			Created: t0, Only: []int{0, 3}, JobID: "slurm-1234", RevokedFor: "server crashed (Xid 79)",
 			AwaySince: t0.Add(time.Second), Ran: 2, Granted: t0.Add(2 * time.Second), Revoking: true, Spare: true, Queued: true, Adopted: true,
+			EndCode: api.CodeCancelled, EndMessage: "lease l-1 cancelled by root (uid 0); its command was stopped",
 			Procs: 3,
 		}, {ID: "l-2", Group: "g", SM: 1, Attempt: 1, GPUs: 1, Created: t0.In(time.FixedZone("x", 3600))}},
 		Quarantined:       []string{"g/0", "g/1"},

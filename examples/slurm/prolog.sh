@@ -52,12 +52,13 @@ while :; do
 	out=$(status)
 	case $? in
 	0)
-		# Instance states are starting, ready, recovering, quarantined or
-		# draining; a lease's are queued or running.
+		# Instance states are starting, ready, recovering, quarantined,
+		# draining, drained (drained and empty) or retiring; a lease's are
+		# queued or running.
 		if printf '%s\n' "$out" | grep -Eq '"state": "(ready|starting|recovering)"'; then
 			exit 0
 		fi
-		why="mpsd at $MPSD_SOCKET has no instance that takes leases (all quarantined or draining; see mpsctl status)"
+		why="mpsd at $MPSD_SOCKET has no instance that takes leases (all quarantined, draining, drained or retiring; see mpsctl status)"
 		;;
 	124) why="mpsd at $MPSD_SOCKET gave no status within 5 s" ;;
 	*) why="mpsd does not answer at $MPSD_SOCKET: $(printf '%s' "$out" | tail -n 1)" ;;

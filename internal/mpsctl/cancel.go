@@ -155,8 +155,13 @@ func cancelCommand(fs *flag.FlagSet) runFunc {
 // grace)".
 func WriteCancelResult(w io.Writer, res api.CancelResult, sig unix.Signal) error {
 	what := "was " + cell(res.Was)
+	if res.Was == api.LeaseRevoking {
+		what = "was being revoked; it ends once its processes are gone, instead of being requeued"
+	}
 	if res.Was == api.LeaseRunning {
 		switch {
+		case sig != 0 && res.Signalled == 0:
+			what += fmt.Sprintf("; %s reached no process of it, its processes were killed", unix.SignalName(sig))
 		case sig != 0 && !res.Killed:
 			what += fmt.Sprintf("; %s reached %d process(es), all ended within the grace", unix.SignalName(sig), res.Signalled)
 		case sig != 0:

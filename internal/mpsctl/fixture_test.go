@@ -19,12 +19,25 @@ func statusFixture() api.Status {
 		Instances: []api.InstanceStatus{
 			{
 				GPUUUID: "GPU-bbbbbbbb-1111-2222-3333-444444444444", GPUIndex: 1, Group: "inference",
-				State: api.InstanceDraining, Drained: true, DaemonPID: 2100, ServerPIDs: []int{2101}, Clients: 1, Restarts: 0,
+				State: api.InstanceDraining, Drained: true, DrainReason: "fan replacement", DrainedBy: "alice", DrainedAt: at.Add(-20 * time.Minute),
+				DaemonPID: 2100, ServerPIDs: []int{2101}, Clients: 1, Restarts: 0,
 				Servers:    []api.ServerStatus{{PID: 2101, UID: 1002, UnleasedClients: 1}},
 				GPUIndexes: []int{1}, GPUUUIDs: []string{"GPU-bbbbbbbb-1111-2222-3333-444444444444"},
 				SMAllocated: 25, SMBudget: 100, MemAllocatedBytes: 8 * units.GiB, MemBudgetBytes: 24 * units.GiB, MaxClients: 16,
 				Unleased:         []api.UnleasedClient{{PID: 2150, UID: 1002, Server: 2101, MemBytes: uint64p(uint64(2 * units.GiB))}},
 				UnleasedMemBytes: 2 * units.GiB, MemUsedBytes: uint64p(uint64(2 * units.GiB)), ServingUID: intp(1002),
+			},
+			{
+				GPUUUID: "GPU-bbbbbbbb-1111-2222-3333-444444444444", GPUIndex: 1, Group: "training",
+				State: api.InstanceDrained, Drained: true, DrainReason: "driver upgrade", DrainedBy: "root", DrainedAt: at.Add(-3 * time.Hour),
+				DaemonPID: 2300, ServerPIDs: []int{}, GPUIndexes: []int{1}, GPUUUIDs: []string{"GPU-bbbbbbbb-1111-2222-3333-444444444444"},
+				SMBudget: 100, MemBudgetBytes: 24 * units.GiB, MaxClients: 16,
+			},
+			{
+				GPUUUID: "GPU-bbbbbbbb-1111-2222-3333-444444444444", GPUIndex: 1, Group: "legacy",
+				State: api.InstanceRetiring, DaemonPID: 2400, ServerPIDs: []int{2401}, Clients: 1,
+				GPUIndexes: []int{1}, GPUUUIDs: []string{"GPU-bbbbbbbb-1111-2222-3333-444444444444"},
+				SMAllocated: 10, SMBudget: 100, MemAllocatedBytes: units.GiB, MemBudgetBytes: 24 * units.GiB, MaxClients: 16, ClientsAllocated: 1,
 			},
 			{
 				GPUUUID: "GPU-cccccccc-1111-2222-3333-444444444444", GPUIndex: 2, Group: "batch", Multiuser: true,
