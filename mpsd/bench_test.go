@@ -35,7 +35,6 @@ import (
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
 	"github.com/mpsd/mpsd/internal/testrun"
 	"github.com/mpsd/mpsd/policy"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // leaseClient opens lease streams on its own connection each, as
@@ -1001,7 +1000,7 @@ func benchScrape(b *testing.B, leases int) {
 		}
 	}
 	d.mu.Unlock()
-	h := promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{})
+	h := d.metricsHandler() // what mpsd serves
 	req := httptest.NewRequest("GET", "/metrics", nil)
 	w := &discardResponse{header: http.Header{}}
 	took := make([]time.Duration, 0, 1<<16)

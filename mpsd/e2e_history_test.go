@@ -175,7 +175,7 @@ func TestHistoryUserShareE2E(t *testing.T) {
 	if aliceBytes > 1000 || aliceBytes+aliceBytes/kept <= 1000 {
 		t.Errorf("alice's records take %d bytes of the file in %d records; want her share of 1,000 filled as far as whole records go", aliceBytes, kept)
 	}
-	fams, err := e.d.metrics.reg.Gather()
+	fams, err := e.d.metricsGatherer().Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

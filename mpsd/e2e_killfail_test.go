@@ -65,7 +65,7 @@ func (l stuckLease) Kill(ctx context.Context) error {
 
 func gather(t *testing.T, e *testEnv) map[string]*dto.MetricFamily {
 	t.Helper()
-	fams, err := e.d.metrics.reg.Gather()
+	fams, err := e.d.metricsGatherer().Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

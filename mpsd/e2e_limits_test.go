@@ -101,11 +101,11 @@ func (f *limFlood) stop(t *testing.T) {
 	}
 }
 
-// limMetric is the value of the series of name with labels in mpsd's own
-// registry (a scrape would need a connection the test may be capping).
+// limMetric is the value of the series of name with labels as mpsd gathers it
+// for /metrics (a scrape would need a connection the test may be capping).
 func (e *testEnv) limMetric(name string, labels map[string]string) float64 {
 	e.t.Helper()
-	fams, err := e.d.metrics.reg.Gather()
+	fams, err := e.d.metricsGatherer().Gather()
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func (e *testEnv) limMetric(name string, labels map[string]string) float64 {
 // limSum is the sum of every series of name.
 func (e *testEnv) limSum(name string) float64 {
 	e.t.Helper()
-	fams, err := e.d.metrics.reg.Gather()
+	fams, err := e.d.metricsGatherer().Gather()
 	if err != nil {
 		e.t.Fatal(err)
 	}

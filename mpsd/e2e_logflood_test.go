@@ -123,7 +123,7 @@ func TestNewClientFloodReconcilesOncePerProbeInterval(t *testing.T) {
 // instance; ok is false when it has none.
 func mpsInfoVersion(t *testing.T, d *Daemon, group string) (string, bool) {
 	t.Helper()
-	fams, err := d.metrics.reg.Gather()
+	fams, err := d.metricsGatherer().Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -296,7 +296,7 @@ func unverifiedRecords(t *testing.T, d *Daemon, gpuUUID string) float64 {
 // metric name whose label has value, -1 when there is none.
 func metricOf(t *testing.T, d *Daemon, name, label, value string) float64 {
 	t.Helper()
-	fams, err := d.metrics.reg.Gather()
+	fams, err := d.metricsGatherer().Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -223,7 +223,7 @@ func testReconcile(t *testing.T, pol string) {
 // reconMetric is one series of a reconciliation counter.
 func (e *testEnv) reconMetric(name, group, kind string) float64 {
 	e.t.Helper()
-	fams, err := e.d.metrics.reg.Gather()
+	fams, err := e.d.metricsGatherer().Gather()
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/mpsd/mpsd/gpu"
@@ -28,37 +27,37 @@ var (
 	instLabels = []string{"gpu", "gpu_index", "group"}
 	gpuLabels  = []string{"gpu", "gpu_index"}
 
-	descMPSInfo       = prometheus.NewDesc("mpsd_mps_info", "The NVIDIA driver and the MPS control binary version (the CUDA version of the driver, from 580 on; empty before), both as NVML reports them, of the instance; always 1.", append(instLabels[:3:3], "driver_version", "mps_version"), nil)
-	descInstanceUp    = prometheus.NewDesc("mpsd_instance_up", "1 when the instance's MPS control daemon is up and takes clients.", instLabels, nil)
-	descInstanceState = prometheus.NewDesc("mpsd_instance_state", "1 for the instance's current state, 0 for the others.", append(instLabels[:3:3], "state"), nil)
-	descRestarts      = prometheus.NewDesc("mpsd_server_restarts_total", "Recoveries of the instance (revoke, restart, requeue), by the fault that caused them.", append(instLabels[:3:3], "reason"), nil)
-	descFaults        = prometheus.NewDesc("mpsd_faults_total", "Faults reported for the instance, by kind.", append(instLabels[:3:3], "kind"), nil)
-	descQuarantined   = prometheus.NewDesc("mpsd_quarantined", "1 while the instance is quarantined (mpsctl resume lifts it).", instLabels, nil)
-	descLogLost       = prometheus.NewDesc("mpsd_mps_log_lost", "1 while the instance's control daemon no longer logs mpsd's probes (its log FIFO may have been poisoned); it is replaced once no lease runs on it.", instLabels, nil)
-	descClients       = prometheus.NewDesc("mpsd_clients", "Running leases on the instance.", instLabels, nil)
-	descSM            = prometheus.NewDesc("mpsd_sm_allocated_percent", "Sum of the running leases' SM percentage, per GPU of the instance.", instLabels, nil)
-	descMem           = prometheus.NewDesc("mpsd_memory_allocated_bytes", "Sum of the running leases' pinned device memory, per GPU of the instance.", instLabels, nil)
-	descQueue         = prometheus.NewDesc("mpsd_queue_length", "Requests waiting in the group's queue.", []string{"group"}, nil)
-	descGranted       = prometheus.NewDesc("mpsd_leases_granted_total", "Leases granted in the group, requeued runs included.", []string{"group"}, nil)
-	descRequeues      = prometheus.NewDesc("mpsd_requeues_total", "Leases revoked by a fault and put back in the group's queue.", []string{"group"}, nil)
-	descKillFailures  = prometheus.NewDesc("mpsd_cgroup_kill_failures_total", "Kills of a lease's cgroup that failed (its processes would not die); the kill is retried.", []string{"group"}, nil)
-	descKillStuck     = prometheus.NewDesc("mpsd_leases_kill_stuck", "Leases whose processes would not die, holding their capacity while mpsd retries the kill.", nil, nil)
-	descXid           = prometheus.NewDesc("mpsd_gpu_xid_errors_total", "Xid errors NVML reported for the GPU.", append(gpuLabels[:2:2], "xid"), nil)
-	descGPUMem        = prometheus.NewDesc("mpsd_gpu_memory_used_bytes", "GPU memory in use, as NVML reports it.", gpuLabels, nil)
-	descGPUUtil       = prometheus.NewDesc("mpsd_gpu_utilization_ratio", "Share of the last sample period a kernel ran on the GPU (0-1).", gpuLabels, nil)
-	descUnverified    = prometheus.NewDesc("mpsd_unverified_mps_records_total", "MPS log records (or server list entries) that named a process which is no verified server of the instance's daemon, and were ignored: forged by a local user who can reach the pipe directory, or about a server gone before it could be checked.", instLabels, nil)
-	descUnreconciled  = prometheus.NewDesc("mpsd_unreconciled_clients_total", "GPU processes found on an instance that no lease of it accounts for, by kind: unleased (an MPS client without a lease), wrong_instance (a lease's process on another instance's server), bypass (a compute process beside MPS). group is the group it was found in (for bypass, the group its owner belongs to; empty for none).", []string{"group", "kind"}, nil)
-	descReconKilled   = prometheus.NewDesc("mpsd_unreconciled_clients_terminated_total", "Processes of mpsd_unreconciled_clients_total that mpsd ended (the group's reconcile: terminate), by kind.", []string{"group", "kind"}, nil)
-	descPodMemExceed  = prometheus.NewDesc("mpsd_pod_memory_exceeded_total", "Containers of pods (kubelet device-plugin leases) whose CUDA processes mpsd ended because they held more device memory than their lease for longer than the group's memory_grace (the lease ends, not requeued; the kubelet restarts the container).", []string{"group"}, nil)
-	descLeaseMemUsed  = prometheus.NewDesc("mpsd_lease_memory_used_bytes", "Device memory NVML reports for the group's running leases' processes, summed per lease on its GPU where it is highest, and over the group's leases.", []string{"group"}, nil)
-	descLeaseMemByID  = prometheus.NewDesc("mpsd_lease_memory_used_bytes_by_lease", "Device memory NVML reports for one running lease's processes, summed on its GPU where it is highest (metrics.per_lease: true only).", []string{"group", "lease"}, nil)
-	descCapDrift      = prometheus.NewDesc("mpsd_mps_cap_drift_total", "Times a cap of an MPS server of the instance (cap: thread_percentage, pinned_memory) was found off the group's max_sm or max_mem and set back: its owner changed it, or the server started with other defaults.", append(instLabels[:3:3], "cap"), nil)
-	descShmUsed       = prometheus.NewDesc("mpsd_shm_used_bytes", "Bytes the files in the instance's private /dev/shm hold (a tmpfs of its own, for a group the kubelet device plugin serves; absent otherwise).", instLabels, nil)
-	descShmSize       = prometheus.NewDesc("mpsd_shm_size_bytes", "Size of the instance's private /dev/shm (the group's shm_size).", instLabels, nil)
-	descShmFull       = prometheus.NewDesc("mpsd_shm_full", "1 while the instance's private /dev/shm is full (no byte or no inode left): shared memory allocations of its MPS servers, clients and pods fail until it is emptied, once no lease of the instance runs.", instLabels, nil)
-	descShmCleaned    = prometheus.NewDesc("mpsd_shm_cleaned_total", "Times mpsd emptied the instance's full private /dev/shm, no lease of the instance running.", instLabels, nil)
-	descReloadOK      = prometheus.NewDesc("mpsd_config_last_reload_success", "1 if the last config reload (or the initial load) succeeded.", nil, nil)
-	descReloadTime    = prometheus.NewDesc("mpsd_config_last_reload_timestamp_seconds", "When the config was last loaded or reload attempted.", nil, nil)
+	descMPSInfo       = gaugeFamily("mpsd_mps_info", "The NVIDIA driver and the MPS control binary version (the CUDA version of the driver, from 580 on; empty before), both as NVML reports them, of the instance; always 1.", append(instLabels[:3:3], "driver_version", "mps_version"))
+	descInstanceUp    = gaugeFamily("mpsd_instance_up", "1 when the instance's MPS control daemon is up and takes clients.", instLabels)
+	descInstanceState = gaugeFamily("mpsd_instance_state", "1 for the instance's current state, 0 for the others.", append(instLabels[:3:3], "state"))
+	descRestarts      = counterFamily("mpsd_server_restarts_total", "Recoveries of the instance (revoke, restart, requeue), by the fault that caused them.", append(instLabels[:3:3], "reason"))
+	descFaults        = counterFamily("mpsd_faults_total", "Faults reported for the instance, by kind.", append(instLabels[:3:3], "kind"))
+	descQuarantined   = gaugeFamily("mpsd_quarantined", "1 while the instance is quarantined (mpsctl resume lifts it).", instLabels)
+	descLogLost       = gaugeFamily("mpsd_mps_log_lost", "1 while the instance's control daemon no longer logs mpsd's probes (its log FIFO may have been poisoned); it is replaced once no lease runs on it.", instLabels)
+	descClients       = gaugeFamily("mpsd_clients", "Running leases on the instance.", instLabels)
+	descSM            = gaugeFamily("mpsd_sm_allocated_percent", "Sum of the running leases' SM percentage, per GPU of the instance.", instLabels)
+	descMem           = gaugeFamily("mpsd_memory_allocated_bytes", "Sum of the running leases' pinned device memory, per GPU of the instance.", instLabels)
+	descQueue         = gaugeFamily("mpsd_queue_length", "Requests waiting in the group's queue.", []string{"group"})
+	descGranted       = counterFamily("mpsd_leases_granted_total", "Leases granted in the group, requeued runs included.", []string{"group"})
+	descRequeues      = counterFamily("mpsd_requeues_total", "Leases revoked by a fault and put back in the group's queue.", []string{"group"})
+	descKillFailures  = counterFamily("mpsd_cgroup_kill_failures_total", "Kills of a lease's cgroup that failed (its processes would not die); the kill is retried.", []string{"group"})
+	descKillStuck     = gaugeFamily("mpsd_leases_kill_stuck", "Leases whose processes would not die, holding their capacity while mpsd retries the kill.", nil)
+	descXid           = counterFamily("mpsd_gpu_xid_errors_total", "Xid errors NVML reported for the GPU.", append(gpuLabels[:2:2], "xid"))
+	descGPUMem        = gaugeFamily("mpsd_gpu_memory_used_bytes", "GPU memory in use, as NVML reports it.", gpuLabels)
+	descGPUUtil       = gaugeFamily("mpsd_gpu_utilization_ratio", "Share of the last sample period a kernel ran on the GPU (0-1).", gpuLabels)
+	descUnverified    = counterFamily("mpsd_unverified_mps_records_total", "MPS log records (or server list entries) that named a process which is no verified server of the instance's daemon, and were ignored: forged by a local user who can reach the pipe directory, or about a server gone before it could be checked.", instLabels)
+	descUnreconciled  = counterFamily("mpsd_unreconciled_clients_total", "GPU processes found on an instance that no lease of it accounts for, by kind: unleased (an MPS client without a lease), wrong_instance (a lease's process on another instance's server), bypass (a compute process beside MPS). group is the group it was found in (for bypass, the group its owner belongs to; empty for none).", []string{"group", "kind"})
+	descReconKilled   = counterFamily("mpsd_unreconciled_clients_terminated_total", "Processes of mpsd_unreconciled_clients_total that mpsd ended (the group's reconcile: terminate), by kind.", []string{"group", "kind"})
+	descPodMemExceed  = counterFamily("mpsd_pod_memory_exceeded_total", "Containers of pods (kubelet device-plugin leases) whose CUDA processes mpsd ended because they held more device memory than their lease for longer than the group's memory_grace (the lease ends, not requeued; the kubelet restarts the container).", []string{"group"})
+	descLeaseMemUsed  = gaugeFamily("mpsd_lease_memory_used_bytes", "Device memory NVML reports for the group's running leases' processes, summed per lease on its GPU where it is highest, and over the group's leases.", []string{"group"})
+	descLeaseMemByID  = gaugeFamily("mpsd_lease_memory_used_bytes_by_lease", "Device memory NVML reports for one running lease's processes, summed on its GPU where it is highest (metrics.per_lease: true only).", []string{"group", "lease"})
+	descCapDrift      = counterFamily("mpsd_mps_cap_drift_total", "Times a cap of an MPS server of the instance (cap: thread_percentage, pinned_memory) was found off the group's max_sm or max_mem and set back: its owner changed it, or the server started with other defaults.", append(instLabels[:3:3], "cap"))
+	descShmUsed       = gaugeFamily("mpsd_shm_used_bytes", "Bytes the files in the instance's private /dev/shm hold (a tmpfs of its own, for a group the kubelet device plugin serves; absent otherwise).", instLabels)
+	descShmSize       = gaugeFamily("mpsd_shm_size_bytes", "Size of the instance's private /dev/shm (the group's shm_size).", instLabels)
+	descShmFull       = gaugeFamily("mpsd_shm_full", "1 while the instance's private /dev/shm is full (no byte or no inode left): shared memory allocations of its MPS servers, clients and pods fail until it is emptied, once no lease of the instance runs.", instLabels)
+	descShmCleaned    = counterFamily("mpsd_shm_cleaned_total", "Times mpsd emptied the instance's full private /dev/shm, no lease of the instance running.", instLabels)
+	descReloadOK      = gaugeFamily("mpsd_config_last_reload_success", "1 if the last config reload (or the initial load) succeeded.", nil)
+	descReloadTime    = gaugeFamily("mpsd_config_last_reload_timestamp_seconds", "When the config was last loaded or reload attempted.", nil)
 )
 
 var faultKinds = []string{faultDaemonExit, faultServerExit, faultFatalException, faultServerFault, faultHung, faultXid, faultAdmin}
@@ -67,8 +66,8 @@ var instanceStates = []policy.InstanceState{policy.InstanceStarting, policy.Inst
 
 // The orders the exposition sorts the kinds of faultKinds, instanceStates,
 // capKinds and reconKinds in. A scrape emits its series in the exposition's
-// order (instances by GPU and group, then these): the registry's sort then
-// finds them sorted.
+// order (instances by GPU and group, then these): the sort of a
+// family's series (ownScrape.families) then finds them sorted.
 var (
 	faultOrder = sortedOrder(faultKinds)
 	stateOrder = sortedOrder(func() (names []string) {
@@ -178,9 +177,7 @@ func newMetrics(d *Daemon) *metrics {
 		m.wait,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		(*daemonCollector)(d),
 		(*stateCollector)(d),
-		(*budgetCollector)(d),  // metrics_budget.go
 		(*historyCollector)(d), // history.go
 	)
 	return m
@@ -189,13 +186,6 @@ func newMetrics(d *Daemon) *metrics {
 // daemonCollector builds the daemon's metrics from its state at scrape
 // time, so they can never disagree with mpsctl status.
 type daemonCollector Daemon
-
-func (c *daemonCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInstanceUp, descInstanceState, descRestarts, descFaults, descQuarantined, descLogLost,
-		descClients, descSM, descMem, descMPSInfo, descQueue, descGranted, descRequeues, descKillFailures, descKillStuck, descXid, descGPUMem, descGPUUtil, descReloadOK, descReloadTime, descUnverified, descCapDrift, descUnreconciled, descReconKilled, descLeaseMemUsed, descLeaseMemByID, descPodMemExceed, descShmUsed, descShmSize, descShmFull, descShmCleaned} {
-		ch <- d
-	}
-}
 
 // labelPair is one label of a series.
 func labelPair(name, value string) *dto.LabelPair {
@@ -283,51 +273,9 @@ func newGroupLabels(index int, group string) *groupLabels {
 	return gl
 }
 
-// The counter and gauges of the values most series have (a fault never
-// seen, a state the instance is not in), shared by every scrape: what
-// Write gives the registry is only read (the protobuf encoder's size cache
-// is written atomically), as the label pairs made beforehand are.
-var (
-	counterZero = &dto.Counter{Value: new(0.0)}
-	gaugeZero   = &dto.Gauge{Value: new(0.0)}
-	gaugeOne    = &dto.Gauge{Value: new(1.0)}
-)
-
-// fastMetric is a const metric over label pairs made beforehand.
-type fastMetric struct {
-	desc    *prometheus.Desc
-	labels  []*dto.LabelPair
-	value   float64
-	counter bool
-}
-
-func (m *fastMetric) Desc() *prometheus.Desc { return m.desc }
-
-func (m *fastMetric) Write(out *dto.Metric) error {
-	out.Label = m.labels
-	switch {
-	case m.counter && m.value == 0:
-		out.Counter = counterZero
-	case m.counter:
-		out.Counter = &dto.Counter{Value: &m.value}
-	case m.value == 0:
-		out.Gauge = gaugeZero
-	case m.value == 1:
-		out.Gauge = gaugeOne
-	default:
-		out.Gauge = &dto.Gauge{Value: &m.value}
-	}
-	return nil
-}
-
-func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
+// collect adds the daemon's series to s.
+func (c *daemonCollector) collect(s *ownScrape) {
 	d := (*Daemon)(c)
-	gauge := func(desc *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, labels...)
-	}
-	counter := func(desc *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, v, labels...)
-	}
 	b2f := func(b bool) float64 {
 		if b {
 			return 1
@@ -336,46 +284,44 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	m := d.metrics
 	d.mu.Lock()
-	// One allocation for the series of this scrape over label pairs made
-	// beforehand: the instances', the groups', the daemon's and the GPUs'.
-	perInstance := 8 + len(instanceStates) + 2*len(faultKinds) + len(capKinds)
-	perGroup := 6 + 2*len(reconKinds)
-	fm := make([]fastMetric, 0, perInstance*len(d.instances)+perGroup*len(d.cfg.Groups)+3+2*len(m.gpuLabels))
-	emit := func(desc *prometheus.Desc, labels []*dto.LabelPair, v float64, isCounter bool) {
-		fm = append(fm, fastMetric{desc: desc, labels: labels, value: v, counter: isCounter})
-	}
+	// Room for the series of this scrape, over label pairs made
+	// beforehand: the instances', the groups', the daemon's and the GPUs',
+	// and budgetCollector's, which the scrape adds next.
+	perInstance := 8 + len(instanceStates) + 2*len(faultKinds) + len(capKinds) + budgetPerInstance
+	perGroup := 6 + 2*len(reconKinds) + budgetPerGroup
+	s.grow(perInstance*len(d.instances) + perGroup*len(d.cfg.Groups) + 3 + 2*len(m.gpuLabels))
 	insts := m.instancesInOrderLocked(d.instances)
 	for _, in := range insts {
 		il := in.metricLabels
 		state := in.placementState()
-		emit(descInstanceUp, il.base, b2f(in.daemonUp() && state == policy.InstanceReady), false)
+		s.add(descInstanceUp, il.base, b2f(in.daemonUp() && state == policy.InstanceReady))
 		for _, i := range stateOrder {
-			emit(descInstanceState, il.states[i], b2f(state == instanceStates[i]), false)
+			s.add(descInstanceState, il.states[i], b2f(state == instanceStates[i]))
 		}
 		// Every kind, zeros included, so increase() sees the first one.
 		for _, i := range faultOrder {
 			kind := faultKinds[i]
-			emit(descRestarts, il.restarts[i], float64(in.restartsBy[kind]), true)
-			emit(descFaults, il.faults[i], float64(in.faults[kind]), true)
+			s.add(descRestarts, il.restarts[i], float64(in.restartsBy[kind]))
+			s.add(descFaults, il.faults[i], float64(in.faults[kind]))
 		}
-		emit(descQuarantined, il.base, b2f(in.holds.quarantined), false)
-		emit(descLogLost, il.base, b2f(in.logLostLocked()), false)
-		emit(descClients, il.base, float64(len(in.leases)), false)
-		emit(descSM, il.base, float64(in.p.Alloc.SM), false)
-		emit(descMem, il.base, float64(in.p.Alloc.Mem), false)
-		emit(descUnverified, il.base, float64(in.unverified), true)
-		emit(descMPSInfo, il.infoLabels(in.versionsLocked()), 1, false)
+		s.add(descQuarantined, il.base, b2f(in.holds.quarantined))
+		s.add(descLogLost, il.base, b2f(in.logLostLocked()))
+		s.add(descClients, il.base, float64(len(in.leases)))
+		s.add(descSM, il.base, float64(in.p.Alloc.SM))
+		s.add(descMem, il.base, float64(in.p.Alloc.Mem))
+		s.add(descUnverified, il.base, float64(in.unverified))
+		s.add(descMPSInfo, il.infoLabels(in.versionsLocked()), 1)
 		if in.shm.known { // a private /dev/shm is mounted (shm.go)
-			emit(descShmUsed, il.base, float64(in.shm.usage.Used), false)
-			emit(descShmSize, il.base, float64(in.shm.usage.Size), false)
-			emit(descShmFull, il.base, b2f(in.shm.full), false)
-			emit(descShmCleaned, il.base, float64(in.shm.cleaned), true)
+			s.add(descShmUsed, il.base, float64(in.shm.usage.Used))
+			s.add(descShmSize, il.base, float64(in.shm.usage.Size))
+			s.add(descShmFull, il.base, b2f(in.shm.full))
+			s.add(descShmCleaned, il.base, float64(in.shm.cleaned))
 		}
 	}
 	// cap is the first label of these: by cap, then instance.
 	for _, i := range capOrder {
 		for _, in := range insts {
-			emit(descCapDrift, in.metricLabels.caps[i], float64(in.capDrifts[capKinds[i]]), true)
+			s.add(descCapDrift, in.metricLabels.caps[i], float64(in.capDrifts[capKinds[i]]))
 		}
 	}
 	// One pass over the leases: their memory in use by group, and those
@@ -394,60 +340,53 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 			memUsed[gl.index] += *l.memUsed
 		}
 		if d.cfg.Metrics.PerLease {
-			gauge(descLeaseMemByID, float64(*l.memUsed), l.group, l.id)
+			s.add(descLeaseMemByID, descLeaseMemByID.labelPairs(l.group, l.id), float64(*l.memUsed))
 		}
 	}
 	for i, g := range d.cfg.Groups {
 		gl := groups[g.Name]
-		emit(descLeaseMemUsed, gl.base, float64(memUsed[i]), false)
-		emit(descQueue, gl.base, float64(len(d.queues[g.Name])), false)
-		emit(descGranted, gl.base, float64(m.granted[g.Name]), true)
-		emit(descRequeues, gl.base, float64(m.requeues[g.Name]), true)
-		emit(descKillFailures, gl.base, float64(m.killFailures[g.Name]), true)
-		emit(descPodMemExceed, gl.base, float64(m.podMemExceeded[g.Name]), true)
+		s.add(descLeaseMemUsed, gl.base, float64(memUsed[i]))
+		s.add(descQueue, gl.base, float64(len(d.queues[g.Name])))
+		s.add(descGranted, gl.base, float64(m.granted[g.Name]))
+		s.add(descRequeues, gl.base, float64(m.requeues[g.Name]))
+		s.add(descKillFailures, gl.base, float64(m.killFailures[g.Name]))
+		s.add(descPodMemExceed, gl.base, float64(m.podMemExceeded[g.Name]))
 		// Every kind, zeros included, so increase() sees the first one.
 		for _, j := range reconOrder {
 			k := [2]string{g.Name, reconKinds[j]}
-			emit(descUnreconciled, gl.kinds[j], float64(m.unreconciled[k]), true)
-			emit(descReconKilled, gl.kinds[j], float64(m.reconTerminated[k]), true)
+			s.add(descUnreconciled, gl.kinds[j], float64(m.unreconciled[k]))
+			s.add(descReconKilled, gl.kinds[j], float64(m.reconTerminated[k]))
 		}
 	}
 	// Findings of no group (a bypass by a process of no member), and of
 	// groups no longer in the config.
 	for k, n := range m.unreconciled {
 		if _, ok := d.cfg.Group(k[0]); !ok {
-			counter(descUnreconciled, float64(n), k[0], k[1])
-			counter(descReconKilled, float64(m.reconTerminated[k]), k[0], k[1])
+			s.add(descUnreconciled, descUnreconciled.labelPairs(k[0], k[1]), float64(n))
+			s.add(descReconKilled, descReconKilled.labelPairs(k[0], k[1]), float64(m.reconTerminated[k]))
 		}
 	}
-	emit(descKillStuck, nil, float64(stuck), false)
+	s.add(descKillStuck, nil, float64(stuck))
 	for k, n := range m.xids {
-		counter(descXid, float64(n), m.gpuUUIDs[k[0]], m.gpuIndexStr[k[0]], strconv.FormatUint(k[1], 10))
+		s.add(descXid, descXid.labelPairs(m.gpuUUIDs[k[0]], m.gpuIndexStr[k[0]], strconv.FormatUint(k[1], 10)), float64(n))
 	}
-	emit(descReloadOK, nil, b2f(m.reloadOK), false)
-	emit(descReloadTime, nil, float64(m.reloadAt.UnixNano())/1e9, false)
+	s.add(descReloadOK, nil, b2f(m.reloadOK))
+	s.add(descReloadTime, nil, float64(m.reloadAt.UnixNano())/1e9)
 	clear(insts) // kept for its room, not its instances
 	d.mu.Unlock()
-	for i := range fm {
-		ch <- &fm[i]
-	}
 
 	// NVML is read outside the lock: a slow GPU must not stall admission.
 	usage, _ := d.host.UsageAll()
-	sent := len(fm)
 	for _, u := range usage {
 		if u.Index < 0 || u.Index >= len(m.gpuLabels) {
 			continue
 		}
 		if u.MemoryUsedBytes != nil {
-			emit(descGPUMem, m.gpuLabels[u.Index], float64(*u.MemoryUsedBytes), false)
+			s.add(descGPUMem, m.gpuLabels[u.Index], float64(*u.MemoryUsedBytes))
 		}
 		if u.Utilization != nil {
-			emit(descGPUUtil, m.gpuLabels[u.Index], *u.Utilization, false)
+			s.add(descGPUUtil, m.gpuLabels[u.Index], *u.Utilization)
 		}
-	}
-	for i := sent; i < len(fm); i++ {
-		ch <- &fm[i]
 	}
 }
 
@@ -455,7 +394,7 @@ func (c *daemonCollector) Collect(ch chan<- prometheus.Metric) {
 // listener until the daemon stops.
 func (d *Daemon) serveMetrics(ln net.Listener) *http.Server {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{ErrorLog: slogPromLogger{d}}))
+	mux.Handle("GET /metrics", d.metricsHandler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		if err := d.Healthy(r.Context()); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)

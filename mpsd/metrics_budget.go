@@ -1,10 +1,5 @@
 package mpsd
 
-import (
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-)
-
 // The denominators of the allocation gauges: each instance's budgets (the
 // group's sm, memory and max_clients, per GPU as mpsd_sm_allocated_percent
 // and mpsd_memory_allocated_bytes are) and what its running leases hold of
@@ -16,30 +11,27 @@ import (
 // Labelled as the instance metrics are, or by group: the series follow the
 // config's instances and groups, never the workload.
 var (
-	descSMBudget       = prometheus.NewDesc("mpsd_sm_budget_percent", "The instance's SM budget per GPU (its group's sm_percent): what mpsd_sm_allocated_percent may reach.", instLabels, nil)
-	descMemBudget      = prometheus.NewDesc("mpsd_memory_budget_bytes", "The instance's device memory budget per GPU (its group's memory): what mpsd_memory_allocated_bytes may reach.", instLabels, nil)
-	descClientsBudget  = prometheus.NewDesc("mpsd_clients_budget", "The most MPS clients the instance's leases may hold together (its group's max_clients).", instLabels, nil)
-	descClientsAlloc   = prometheus.NewDesc("mpsd_clients_allocated", "MPS clients the instance's running leases hold of mpsd_clients_budget (each lease its --procs, 1 by default).", instLabels, nil)
-	descLeasesRunning  = prometheus.NewDesc("mpsd_leases_running", "Leases running on the instance.", instLabels, nil)
-	descGroupSMBudget  = prometheus.NewDesc("mpsd_group_sm_budget_percent", "The group's SM budget: over its instances, the budget per GPU times their GPUs (100 a whole GPU).", []string{"group"}, nil)
-	descGroupSMAlloc   = prometheus.NewDesc("mpsd_group_sm_allocated_percent", "SM the group's running leases hold: over its instances, mpsd_sm_allocated_percent times their GPUs.", []string{"group"}, nil)
-	descGroupMemBudget = prometheus.NewDesc("mpsd_group_memory_budget_bytes", "The group's device memory budget: over its instances, the budget per GPU times their GPUs.", []string{"group"}, nil)
-	descGroupMemAlloc  = prometheus.NewDesc("mpsd_group_memory_allocated_bytes", "Device memory the group's running leases hold: over its instances, mpsd_memory_allocated_bytes times their GPUs.", []string{"group"}, nil)
-	descGroupCliBudget = prometheus.NewDesc("mpsd_group_clients_budget", "The most MPS clients the group's leases may hold: max_clients over its instances.", []string{"group"}, nil)
-	descGroupCliAlloc  = prometheus.NewDesc("mpsd_group_clients_allocated", "MPS clients the group's running leases hold.", []string{"group"}, nil)
-	descGroupRunning   = prometheus.NewDesc("mpsd_group_leases_running", "Leases of the group running on its instances.", []string{"group"}, nil)
+	descSMBudget       = gaugeFamily("mpsd_sm_budget_percent", "The instance's SM budget per GPU (its group's sm_percent): what mpsd_sm_allocated_percent may reach.", instLabels)
+	descMemBudget      = gaugeFamily("mpsd_memory_budget_bytes", "The instance's device memory budget per GPU (its group's memory): what mpsd_memory_allocated_bytes may reach.", instLabels)
+	descClientsBudget  = gaugeFamily("mpsd_clients_budget", "The most MPS clients the instance's leases may hold together (its group's max_clients).", instLabels)
+	descClientsAlloc   = gaugeFamily("mpsd_clients_allocated", "MPS clients the instance's running leases hold of mpsd_clients_budget (each lease its --procs, 1 by default).", instLabels)
+	descLeasesRunning  = gaugeFamily("mpsd_leases_running", "Leases running on the instance.", instLabels)
+	descGroupSMBudget  = gaugeFamily("mpsd_group_sm_budget_percent", "The group's SM budget: over its instances, the budget per GPU times their GPUs (100 a whole GPU).", []string{"group"})
+	descGroupSMAlloc   = gaugeFamily("mpsd_group_sm_allocated_percent", "SM the group's running leases hold: over its instances, mpsd_sm_allocated_percent times their GPUs.", []string{"group"})
+	descGroupMemBudget = gaugeFamily("mpsd_group_memory_budget_bytes", "The group's device memory budget: over its instances, the budget per GPU times their GPUs.", []string{"group"})
+	descGroupMemAlloc  = gaugeFamily("mpsd_group_memory_allocated_bytes", "Device memory the group's running leases hold: over its instances, mpsd_memory_allocated_bytes times their GPUs.", []string{"group"})
+	descGroupCliBudget = gaugeFamily("mpsd_group_clients_budget", "The most MPS clients the group's leases may hold: max_clients over its instances.", []string{"group"})
+	descGroupCliAlloc  = gaugeFamily("mpsd_group_clients_allocated", "MPS clients the group's running leases hold.", []string{"group"})
+	descGroupRunning   = gaugeFamily("mpsd_group_leases_running", "Leases of the group running on its instances.", []string{"group"})
 )
 
 // budgetCollector builds the budget and lease gauges from the daemon's
 // state at scrape time, as daemonCollector does the others.
 type budgetCollector Daemon
 
-func (c *budgetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descSMBudget, descMemBudget, descClientsBudget, descClientsAlloc, descLeasesRunning,
-		descGroupSMBudget, descGroupSMAlloc, descGroupMemBudget, descGroupMemAlloc, descGroupCliBudget, descGroupCliAlloc, descGroupRunning} {
-		ch <- d
-	}
-}
+// The series collect adds per instance and per group, for which
+// daemonCollector makes room.
+const budgetPerInstance, budgetPerGroup = 5, 7
 
 // groupBudget is what a group's instances add up to.
 type groupBudget struct {
@@ -49,16 +41,13 @@ type groupBudget struct {
 	running                     float64
 }
 
-func (c *budgetCollector) Collect(ch chan<- prometheus.Metric) {
+// collect adds the budget and lease gauges to s.
+func (c *budgetCollector) collect(s *ownScrape) {
 	d := (*Daemon)(c)
 	m := d.metrics
 	d.mu.Lock()
 	groups := m.groupLabelsLocked(d.cfg)
 	sums := make([]groupBudget, len(d.cfg.Groups))
-	fm := make([]fastMetric, 0, 5*len(d.instances)+7*len(d.cfg.Groups))
-	emit := func(desc *prometheus.Desc, labels []*dto.LabelPair, v float64) {
-		fm = append(fm, fastMetric{desc: desc, labels: labels, value: v})
-	}
 	insts := m.instancesInOrderLocked(d.instances)
 	for _, in := range insts {
 		il := in.metricLabels
@@ -69,37 +58,34 @@ func (c *budgetCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		b, a := in.p.Budget, in.p.Alloc
-		emit(descSMBudget, il.base, float64(b.SM))
-		emit(descMemBudget, il.base, float64(b.Mem))
-		emit(descClientsBudget, il.base, float64(b.Clients))
-		emit(descClientsAlloc, il.base, float64(a.Clients))
-		emit(descLeasesRunning, il.base, float64(running))
+		s.add(descSMBudget, il.base, float64(b.SM))
+		s.add(descMemBudget, il.base, float64(b.Mem))
+		s.add(descClientsBudget, il.base, float64(b.Clients))
+		s.add(descClientsAlloc, il.base, float64(a.Clients))
+		s.add(descLeasesRunning, il.base, float64(running))
 		// An instance of a group no longer configured (retiring) has
 		// its own series only.
 		if gl := groups[in.group]; gl != nil {
-			s, n := &sums[gl.index], float64(len(in.p.GPUs))
-			s.smBudget += float64(b.SM) * n
-			s.smAlloc += float64(a.SM) * n
-			s.memBudget += float64(b.Mem) * n
-			s.memAlloc += float64(a.Mem) * n
-			s.clientsBudget += float64(b.Clients)
-			s.clientsAlloc += float64(a.Clients)
-			s.running += float64(running)
+			sum, n := &sums[gl.index], float64(len(in.p.GPUs))
+			sum.smBudget += float64(b.SM) * n
+			sum.smAlloc += float64(a.SM) * n
+			sum.memBudget += float64(b.Mem) * n
+			sum.memAlloc += float64(a.Mem) * n
+			sum.clientsBudget += float64(b.Clients)
+			sum.clientsAlloc += float64(a.Clients)
+			sum.running += float64(running)
 		}
 	}
 	for i, g := range d.cfg.Groups {
-		gl, s := groups[g.Name], sums[i]
-		emit(descGroupSMBudget, gl.base, s.smBudget)
-		emit(descGroupSMAlloc, gl.base, s.smAlloc)
-		emit(descGroupMemBudget, gl.base, s.memBudget)
-		emit(descGroupMemAlloc, gl.base, s.memAlloc)
-		emit(descGroupCliBudget, gl.base, s.clientsBudget)
-		emit(descGroupCliAlloc, gl.base, s.clientsAlloc)
-		emit(descGroupRunning, gl.base, s.running)
+		gl, sum := groups[g.Name], sums[i]
+		s.add(descGroupSMBudget, gl.base, sum.smBudget)
+		s.add(descGroupSMAlloc, gl.base, sum.smAlloc)
+		s.add(descGroupMemBudget, gl.base, sum.memBudget)
+		s.add(descGroupMemAlloc, gl.base, sum.memAlloc)
+		s.add(descGroupCliBudget, gl.base, sum.clientsBudget)
+		s.add(descGroupCliAlloc, gl.base, sum.clientsAlloc)
+		s.add(descGroupRunning, gl.base, sum.running)
 	}
 	clear(insts) // kept for its room, not its instances
 	d.mu.Unlock()
-	for i := range fm {
-		ch <- &fm[i]
-	}
 }

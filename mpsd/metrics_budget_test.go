@@ -75,7 +75,7 @@ func TestBudgetGauges(t *testing.T) {
 		if err := os.MkdirAll(filepath.Dir(golden), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(golden, exposition(t, e.d.metrics.reg, budgetMetrics), 0o644); err != nil {
+		if err := os.WriteFile(golden, exposition(t, e.d.metricsGatherer(), budgetMetrics), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -83,10 +83,10 @@ func TestBudgetGauges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := testutil.GatherAndCompare(e.d.metrics.reg, strings.NewReader(string(want)), budgetMetrics...); err != nil {
+	if err := testutil.GatherAndCompare(e.d.metricsGatherer(), strings.NewReader(string(want)), budgetMetrics...); err != nil {
 		t.Error(err)
 	}
-	if problems, err := testutil.GatherAndLint(e.d.metrics.reg, budgetMetrics...); err != nil || len(problems) > 0 {
+	if problems, err := testutil.GatherAndLint(e.d.metricsGatherer(), budgetMetrics...); err != nil || len(problems) > 0 {
 		t.Errorf("metric lint: %v %v", problems, err)
 	}
 }

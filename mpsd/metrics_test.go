@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -160,7 +159,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	if v, _ := value(fams, "mpsd_config_last_reload_success", nil); v != 1 {
 		t.Errorf("config_last_reload_success = %v", v)
 	}
-	if problems, err := testutil.GatherAndLint(e.d.metrics.reg); err != nil || len(problems) > 0 {
+	if problems, err := testutil.GatherAndLint(e.d.metricsGatherer()); err != nil || len(problems) > 0 {
 		t.Errorf("metric lint: %v %v", problems, err)
 	}
 
@@ -248,7 +247,7 @@ func TestScrapesAtOnce(t *testing.T) {
 			runtime.Gosched()
 		}
 	}()
-	h := promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{})
+	h := d.metricsHandler()
 	scrapeAs := func(accept string) error {
 		req := httptest.NewRequest("GET", "/metrics", nil)
 		req.Header.Set("Accept", accept)

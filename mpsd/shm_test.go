@@ -74,11 +74,11 @@ func TestOwnShmDir(t *testing.T) {
 	}
 }
 
-// shmGauge is the value of an instance's series of name in mpsd's own
-// registry; ok is false when it has none.
+// shmGauge is the value of an instance's series of name as mpsd gathers
+// it for /metrics; ok is false when it has none.
 func (e *testEnv) shmGauge(name, group string) (float64, bool) {
 	e.t.Helper()
-	fams, err := e.d.metrics.reg.Gather()
+	fams, err := e.d.metricsGatherer().Gather()
 	if err != nil {
 		e.t.Fatal(err)
 	}
