@@ -53,8 +53,13 @@ func TestConfigTheDriverCannotRun(t *testing.T) {
 		// solo turns multiuser and shared is added: both refused, the
 		// config in force stays.
 		e.writeConfig(strings.Replace(startFailSolo, "memory: 5G\n", "memory: 5G\n    multiuser: true\n", 1)+startFailShared, "")
-		e.waitLogLine(`msg="config reload failed; the previous config stays in force"`, multiuser550,
-			strings.Replace(multiuser550, "groups.shared.", "groups.solo.", 1))
+		// One record per problem, then the reload's failure with their
+		// number.
+		e.waitLogLine(`msg="config reload failed; the previous config stays in force"`, "problems=2")
+		for _, group := range []string{"shared", "solo"} {
+			e.waitLogLine(`msg="config problem"`, "key=groups."+group+".multiuser",
+				strings.TrimPrefix(multiuser550, "groups.shared.multiuser: "))
+		}
 		e.d.mu.Lock()
 		reloadOK := e.d.metrics.reloadOK
 		e.d.mu.Unlock()
