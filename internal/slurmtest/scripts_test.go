@@ -90,7 +90,7 @@ func TestPrologEpilog(t *testing.T) {
 			t.Fatalf("mpsctl drain: %v\n%s", err, out)
 		}
 		check(t, tc{"", "prolog.sh", with(live, "SLURM_JOB_ID=7", "MPSD_CHECK_WAIT=1"), 1,
-			"mpsd-prolog: job 7: mpsd at " + e.socket + " has no instance that takes leases (all quarantined or draining; see mpsctl status); not starting jobs here"})
+			"mpsd-prolog: job 7: mpsd at " + e.socket + " has no instance that takes leases (all quarantined, draining, drained or retiring; see mpsctl status); not starting jobs here"})
 		resume := exec.Command(mpsctl, "--socket", e.socket, "resume", "--group", "slurm")
 		if out, err := resume.CombinedOutput(); err != nil {
 			t.Fatalf("mpsctl resume: %v\n%s", err, out)
