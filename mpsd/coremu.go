@@ -1,6 +1,7 @@
 package mpsd
 
 import (
+	"context"
 	"log/slog"
 	"sync"
 )
@@ -16,9 +17,10 @@ type coreMu struct {
 	after []afterLine // left by the holder; guarded by the mutex itself
 }
 
-// afterLine is an Info line left for after the unlock.
+// afterLine is a line left for after the unlock (Info unless level says).
 type afterLine struct {
 	log   *slog.Logger
+	level slog.Level
 	msg   string
 	attrs []any
 }
@@ -29,12 +31,17 @@ func (m *coreMu) logAfter(log *slog.Logger, msg string, attrs ...any) {
 	m.after = append(m.after, afterLine{log: log, msg: msg, attrs: attrs})
 }
 
+// errorAfter is logAfter for an Error line.
+func (m *coreMu) errorAfter(log *slog.Logger, msg string, attrs ...any) {
+	m.after = append(m.after, afterLine{log: log, level: slog.LevelError, msg: msg, attrs: attrs})
+}
+
 // Unlock lets go of the lock, then writes the lines its holder left.
 func (m *coreMu) Unlock() {
 	lines := m.after
 	m.after = nil
 	m.Mutex.Unlock()
 	for _, l := range lines {
-		l.log.Info(l.msg, l.attrs...)
+		l.log.Log(context.Background(), l.level, l.msg, l.attrs...)
 	}
 }

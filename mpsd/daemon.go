@@ -473,7 +473,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	// Before any lease can end (the adoption below may end some).
 	if d.hist, err = openHistory(d.layout.StateDir, cmp.Or(d.opts.historyMaxBytes, cfg.History.MaxSize), d.log); err != nil {
-		return err
+		// The history is a record, not a condition: mpsd serves without
+		// it, and its writer opens the file again at each write.
+		d.log.Error("history: the history file cannot be opened; ended leases are not recorded until it can be (mpsd_history_writable)", "err", err)
 	}
 	d.hist.start()
 	defer d.hist.close()

@@ -134,11 +134,12 @@ func TestHistoryRecordsEveryEnd(t *testing.T) {
 	}
 }
 
-// A member's flood of tiny jobs cannot push the other's history out: on
-// a history bounded at 4,000 bytes (a share of 1,000 each, two or three
-// records), Alice's six jobs leave what fits her share, the rest dropped
-// and counted (mpsd_history_records_dropped_total{reason="user_share"})
-// with one log line; Bob's job after them is recorded.
+// A member's flood of tiny jobs cannot push the other's history out, nor
+// stop her own from being recorded: on a history bounded at 4,000 bytes
+// (a share of 1,000 each, two or three records), Alice's six jobs leave
+// her newest within her share, her oldest removed and counted
+// (mpsd_history_records_dropped_total{reason="user_share"}) with one log
+// line; Bob's job after them is recorded, and so is her seventh.
 func TestHistoryUserShareE2E(t *testing.T) {
 	emutest.User(t, histUIDAlice)
 	emutest.User(t, histUIDBob)
@@ -153,6 +154,9 @@ func TestHistoryUserShareE2E(t *testing.T) {
 	if r := run(t, asUID(e.launch("--sm", "1", "--mem", "1M", "--", "/bin/true"), histUIDBob)); r.code != 0 {
 		t.Fatalf("bob's job: exit %d, stderr %q", r.code, r.stderr)
 	}
+	if r := run(t, asUID(e.launch("--sm", "1", "--mem", "1M", "--", "/bin/true"), histUIDAlice)); r.code != 0 {
+		t.Fatalf("alice's job 7: exit %d, stderr %q", r.code, r.stderr)
+	}
 	h := e.history(0)
 	per := map[uint32]int{}
 	for _, r := range h.Records {
@@ -161,6 +165,9 @@ func TestHistoryUserShareE2E(t *testing.T) {
 	kept := per[histUIDAlice]
 	if kept < 1 || kept > 3 || per[histUIDBob] != 1 {
 		t.Errorf("records per uid: %v; want what fits alice's share (1,000 bytes) and bob's 1", per)
+	}
+	if n := len(h.Records); n == 0 || h.Records[n-1].UID != histUIDAlice {
+		t.Errorf("records %v; want alice's seventh job, after bob's, the newest", recordIDs(h.Records))
 	}
 	b, err := os.ReadFile(filepath.Join(e.dir, "state", historyLive))
 	if err != nil {
@@ -172,8 +179,8 @@ func TestHistoryUserShareE2E(t *testing.T) {
 			aliceBytes += len(line)
 		}
 	}
-	if aliceBytes > 1000 || aliceBytes+aliceBytes/kept <= 1000 {
-		t.Errorf("alice's records take %d bytes of the file in %d records; want her share of 1,000 filled as far as whole records go", aliceBytes, kept)
+	if aliceBytes > 1000 {
+		t.Errorf("alice's records take %d bytes of the file in %d records; want at most her share of 1,000", aliceBytes, kept)
 	}
 	fams, err := e.d.metricsGatherer().Gather()
 	if err != nil {
@@ -190,8 +197,8 @@ func TestHistoryUserShareE2E(t *testing.T) {
 			}
 		}
 	}
-	if dropped != float64(6-kept) {
-		t.Errorf("mpsd_history_records_dropped_total{reason=%q} %v; want %d", historyDropShare, dropped, 6-kept)
+	if dropped != float64(7-kept) {
+		t.Errorf("mpsd_history_records_dropped_total{reason=%q} %v; want %d", historyDropShare, dropped, 7-kept)
 	}
 	b, err = os.ReadFile(filepath.Join(e.dir, "mpsd.log"))
 	if err != nil {

@@ -36,13 +36,20 @@ import (
 //     history.1.jsonl (replacing the one before) and a new one begun, so
 //     the two hold at most twice the bound.
 //   - Shared fairly: a uid's records take at most a historyUserShare-th
-//     of the live file's bound; beyond it they are dropped (and counted,
-//     and logged once per uid until the next rotation), so one tenant's
-//     flood of tiny jobs cannot push everyone else's history out.
+//     of the live file's bound. A record that would pass it compacts the
+//     file first (compact): the uid's oldest records are removed until
+//     it holds half its share (counted, and logged once per uid until the
+//     next rotation), so one tenant's flood of tiny jobs cannot push
+//     everyone else's history out, and no uid (root's, whose leases
+//     include every pod's of the device plugin) ever stops being recorded.
 //   - Off the end path: the ending lease's record is made under
 //     Daemon.mu and handed to the writer's goroutine, which writes what
 //     has gathered with one write and one fsync; no lock of the daemon is
-//     held across them.
+//     held across them, nor while a line is logged.
+//   - Not a condition: a file that cannot be opened (at the start, or
+//     after a failed write) leaves mpsd running without it, its records
+//     counted as dropped, mpsd_history_writable 0, and the writer opens
+//     it again at its next write.
 
 // DefaultHistoryMaxBytes bounds the live history file (history.jsonl):
 // about 20,000 ended leases of 400 bytes.
@@ -58,6 +65,11 @@ const historyUserShare = 4
 // it a record is dropped and counted.
 const maxHistoryPending = 16384
 
+// historyDropLogEvery: a record dropped before it reached the writer (see
+// add) is logged at most once in this period, with the count since the
+// line before.
+const historyDropLogEvery = time.Minute
+
 // maxHistoryLine bounds one record's line as the reader takes it: longer
 // lines are not mpsd's and are skipped.
 const maxHistoryLine = 64 << 10
@@ -66,6 +78,7 @@ const maxHistoryLine = 64 << 10
 const (
 	historyLive    = "history.jsonl"
 	historyRotated = "history.1.jsonl"
+	historyCompact = "history.jsonl.new" // compact's, renamed over historyLive
 )
 
 // Why a record was dropped (mpsd_history_records_dropped_total's reason).
@@ -76,9 +89,10 @@ const (
 )
 
 var (
-	descHistoryWritten = prometheus.NewDesc("mpsd_history_records_total", "Ended leases written to the history file (state_dir/history.jsonl).", nil, nil)
-	descHistoryDropped = prometheus.NewDesc("mpsd_history_records_dropped_total", "Ended leases not written to the history file, by reason: user_share (the uid's records already take its share of the file's bound until the next rotation), queue_full (the writer is stuck), write_failed (the write or its fsync failed).", []string{"reason"}, nil)
-	descHistoryBytes   = prometheus.NewDesc("mpsd_history_bytes", "Size of the live history file; it is rotated at its bound.", nil, nil)
+	descHistoryWritten  = prometheus.NewDesc("mpsd_history_records_total", "Ended leases written to the history file (state_dir/history.jsonl).", nil, nil)
+	descHistoryDropped  = prometheus.NewDesc("mpsd_history_records_dropped_total", "Ended leases not written to the history file, or removed from it, by reason: user_share (an old record of a uid whose records took its share of the file's bound, removed to make room for its new ones), queue_full (the writer is stuck, or mpsd is stopping), write_failed (the file cannot be opened or written, or its fsync failed).", []string{"reason"}, nil)
+	descHistoryBytes    = prometheus.NewDesc("mpsd_history_bytes", "Size of the live history file; it is rotated at its bound.", nil, nil)
+	descHistoryWritable = prometheus.NewDesc("mpsd_history_writable", "1 while the history file is open and its last write succeeded, 0 while it cannot be opened or written (ended leases are not recorded; the writer tries again at each write).", nil, nil)
 )
 
 // historyEntry is one record on its way to the file: once it is on disk
@@ -120,28 +134,54 @@ type history struct {
 	lastErr string
 	started bool // guarded by mu
 
+	// Records add dropped since the last line that said so, and when that
+	// line was left; guarded by mu.
+	unlogged    uint64
+	unloggedWhy string
+	dropLogged  time.Time
+
 	written, size64                   atomic.Int64
 	dropShare, dropPending, dropWrite atomic.Uint64
+	writable                          atomic.Bool
 }
 
 // openHistory opens (or creates) dir's live history file, drops a torn
 // last line a crash left (anything after the last newline, and a last
 // line that is no record), and counts each uid's bytes in it. It starts
-// nothing; start does.
+// nothing; start does. The history is returned with the error too: one
+// whose file cannot be opened records nothing, and opens it at its
+// writer's next write (write).
 func openHistory(dir string, maxBytes int64, log *slog.Logger) (*history, error) {
 	if maxBytes <= 0 {
 		maxBytes = DefaultHistoryMaxBytes
 	}
 	h := &history{dir: dir, maxBytes: maxBytes, log: log, kick: make(chan struct{}, 1), stop: make(chan struct{}), stopped: make(chan struct{}),
 		uidBytes: map[uint32]int64{}, over: map[uint32]bool{}}
-	path := filepath.Join(dir, historyLive)
+	if err := h.reopen(); err != nil {
+		h.lastErr = err.Error() // said by the caller; the writer says it again only when it changes
+		return h, err
+	}
+	return h, nil
+}
+
+// reopen opens the live file: at the start, after a failed write (dropping
+// what it may have left after the last whole record), or after a start
+// that could not open it. A compaction's leftover (a crash in the middle
+// of one) is removed.
+func (h *history) reopen() error {
+	path := filepath.Join(h.dir, historyLive)
+	if err := os.Remove(filepath.Join(h.dir, historyCompact)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("mpsd: open history %s: remove a compaction's leftover: %w", path, err)
+	}
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("mpsd: open history %s: %w", path, err)
+		h.writable.Store(false)
+		return fmt.Errorf("mpsd: open history %s: %w", path, err)
 	}
-	good, torn, err := h.scan(f)
+	uidBytes := map[uint32]int64{}
+	good, torn, err := scanHistory(f, uidBytes)
 	if err == nil && torn > 0 {
-		log.Warn("history: a torn last record (mpsd stopped while writing it) dropped", "path", path, "bytes", torn)
+		h.log.Warn("history: a torn last record (mpsd stopped while writing it) dropped", "path", path, "bytes", torn)
 		err = f.Truncate(good)
 		if err == nil {
 			err = f.Sync()
@@ -150,20 +190,23 @@ func openHistory(dir string, maxBytes int64, log *slog.Logger) (*history, error)
 	if err == nil {
 		// Its name, once: a record synced into a file whose entry a power
 		// loss took would be lost with it.
-		err = syncDir(dir)
+		err = syncDir(h.dir)
 	}
 	if err != nil {
 		_ = f.Close()
-		return nil, fmt.Errorf("mpsd: open history %s: %w", path, err)
+		h.writable.Store(false)
+		return fmt.Errorf("mpsd: open history %s: %w", path, err)
 	}
-	h.f, h.size = f, good
+	h.f, h.size, h.uidBytes = f, good, uidBytes
 	h.size64.Store(good)
-	return h, nil
+	h.writable.Store(true)
+	return nil
 }
 
-// scan reads the live file: good is the length of its whole records, torn
-// how many bytes follow them; each uid's bytes are counted.
-func (h *history) scan(f *os.File) (good, torn int64, err error) {
+// scanHistory reads the live file: good is the length of its whole
+// records, torn how many bytes follow them; each uid's bytes are counted
+// in uidBytes.
+func scanHistory(f *os.File, uidBytes map[uint32]int64) (good, torn int64, err error) {
 	r := bufio.NewReaderSize(f, 64<<10)
 	var off int64
 	for {
@@ -194,7 +237,7 @@ func (h *history) scan(f *os.File) (good, torn int64, err error) {
 				return off, n, nil
 			}
 		} else {
-			h.uidBytes[rec.UID] += n
+			uidBytes[rec.UID] += n
 		}
 		off += n
 	}
@@ -232,26 +275,26 @@ func (h *history) close() {
 }
 
 // add queues rec and returns a channel closed once it is on disk (or
-// dropped: the uid's share is full, or the write failed); after, when not
-// nil, runs on the writer's goroutine once it is, before the channel is
-// closed. It never blocks: the
-// caller may hold Daemon.mu.
-func (h *history) add(rec api.HistoryRecord, after func()) <-chan struct{} {
+// dropped: the write failed); after, when not nil, runs on the writer's
+// goroutine once it is, before the channel is closed. It never blocks and
+// never logs: the caller may hold Daemon.mu. A record that cannot be
+// queued (the history is closed, or its writer maxHistoryPending records
+// behind) is dropped at once and counted: add returns dropped, the
+// channel closed and after not run (the caller writes the end's line
+// itself once it lets go of its lock), and dropLine says when to log it.
+func (h *history) add(rec api.HistoryRecord, after func()) (done <-chan struct{}, dropped bool) {
 	e := historyEntry{rec: rec, done: make(chan struct{}), after: after}
 	h.mu.Lock()
 	if h.closed || len(h.pending) >= maxHistoryPending {
-		why := "mpsd is stopping: its history is closed"
+		h.unloggedWhy = "mpsd is stopping: its history is closed"
 		if !h.closed {
-			why = fmt.Sprintf("the history's writer is %d records behind", maxHistoryPending)
+			h.unloggedWhy = fmt.Sprintf("the history's writer is %d records behind", maxHistoryPending)
 		}
+		h.unlogged++
 		h.mu.Unlock()
 		h.dropPending.Add(1)
-		h.log.Error("history: an ended lease is not recorded", "lease", rec.Lease, "uid", rec.UID, "why", why)
-		if after != nil {
-			after()
-		}
 		close(e.done)
-		return e.done
+		return e.done, true
 	}
 	h.pending = append(h.pending, e)
 	h.mu.Unlock()
@@ -259,7 +302,21 @@ func (h *history) add(rec api.HistoryRecord, after func()) <-chan struct{} {
 	case h.kick <- struct{}{}:
 	default:
 	}
-	return e.done
+	return e.done, false
+}
+
+// dropLine is the Error line's attributes that say how many records add
+// dropped since the line before, and why the last was, when one is due at
+// now (at most one each historyDropLogEvery); ok is false when none is.
+func (h *history) dropLine(now time.Time) (attrs []any, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.unlogged == 0 || (!h.dropLogged.IsZero() && now.Sub(h.dropLogged) < historyDropLogEvery) {
+		return nil, false
+	}
+	attrs = []any{"dropped", h.unlogged, "why", h.unloggedWhy, "dir", h.dir}
+	h.unlogged, h.dropLogged = 0, now
+	return attrs, true
 }
 
 // run writes whatever has gathered each time it is kicked, until stop.
@@ -305,14 +362,27 @@ func (h *history) flush() {
 					return err
 				}
 			}
-			if h.uidBytes[e.rec.UID]+n > h.maxBytes/historyUserShare {
-				h.dropShare.Add(1)
+			if share := h.maxBytes / historyUserShare; h.uidBytes[e.rec.UID]+n > share {
+				// The uid's oldest records make room for its newest.
+				if err := h.write(buf.Bytes()); err != nil {
+					return err
+				}
+				buf.Reset()
+				removed, err := h.compact(e.rec.UID, share/2)
+				if err != nil {
+					return err
+				}
+				h.dropShare.Add(removed)
 				if !h.over[e.rec.UID] {
 					h.over[e.rec.UID] = true
-					h.log.Warn("history: the uid's records take its share of the history file; its ended leases are not recorded until the file is rotated",
-						"uid", e.rec.UID, "user", e.rec.User, "share_bytes", h.maxBytes/historyUserShare, "path", filepath.Join(h.dir, historyLive))
+					h.log.Warn("history: the uid's records take its share of the history file; its oldest records are removed to make room for its newest",
+						"uid", e.rec.UID, "user", e.rec.User, "share_bytes", share, "removed", removed, "path", filepath.Join(h.dir, historyLive))
 				}
-				continue
+				if h.uidBytes[e.rec.UID]+n > share {
+					// One record longer than the share: never recorded.
+					h.dropShare.Add(1)
+					continue
+				}
 			}
 			h.uidBytes[e.rec.UID] += n
 			buf.Write(line)
@@ -322,6 +392,7 @@ func (h *history) flush() {
 	}()
 	if err != nil {
 		h.dropWrite.Add(uint64(kept))
+		h.writable.Store(false)
 		if err.Error() != h.lastErr {
 			h.log.Error("history: ended leases not recorded: the history file cannot be written", "dir", h.dir, "err", err)
 			h.lastErr = err.Error()
@@ -331,6 +402,7 @@ func (h *history) flush() {
 			h.log.Info("history: the history file is written again", "dir", h.dir)
 		}
 		h.lastErr = ""
+		h.writable.Store(true)
 		h.written.Add(int64(kept))
 	}
 	for _, e := range batch {
@@ -367,16 +439,92 @@ func (h *history) write(b []byte) error {
 	return nil
 }
 
-// reopen opens the live file again after a failed write, dropping what a
-// failed write may have left after the last whole record.
-func (h *history) reopen() error {
-	n, err := openHistory(h.dir, h.maxBytes, h.log)
+// compact rewrites the live file without uid's oldest records, as many
+// as leave it keep bytes at most, through historyCompact renamed over it:
+// a reader sees the whole file before or after, a crash leaves one of the
+// two (and a leftover the next open removes). It returns how many it
+// removed. Everyone else's records, and lines that are no record, stay.
+func (h *history) compact(uid uint32, keep int64) (removed uint64, err error) {
+	live, tmp := filepath.Join(h.dir, historyLive), filepath.Join(h.dir, historyCompact)
+	defer func() {
+		if err != nil {
+			_ = os.Remove(tmp)
+			err = fmt.Errorf("compact %s: %w", live, err)
+		}
+	}()
+	src, err := os.OpenFile(live, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	h.f, h.size, h.uidBytes = n.f, n.size, n.uidBytes
-	h.size64.Store(h.size)
-	return nil
+	defer src.Close()
+	dst, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	over := h.uidBytes[uid] - keep
+	uidBytes := map[uint32]int64{}
+	var size int64
+	w := bufio.NewWriterSize(dst, 64<<10)
+	r := bufio.NewReaderSize(src, 64<<10)
+	for {
+		line, rerr := r.ReadSlice('\n')
+		for errors.Is(rerr, bufio.ErrBufferFull) {
+			var more []byte
+			more, rerr = r.ReadSlice('\n')
+			line = append(append([]byte(nil), line...), more...)
+		}
+		if rerr != nil && !errors.Is(rerr, io.EOF) {
+			_ = dst.Close()
+			return 0, rerr
+		}
+		n := int64(len(line))
+		var rec api.HistoryRecord
+		if n > 0 && json.Unmarshal(line, &rec) == nil {
+			if rec.UID == uid && over > 0 {
+				over -= n
+				removed++
+				continue
+			}
+			uidBytes[rec.UID] += n
+		}
+		if _, werr := w.Write(line); werr != nil {
+			_ = dst.Close()
+			return 0, werr
+		}
+		size += n
+		if rerr != nil {
+			break
+		}
+	}
+	err = w.Flush()
+	if err == nil {
+		err = dst.Sync()
+	}
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, err
+	}
+	h.fileMu.Lock()
+	defer h.fileMu.Unlock()
+	if h.f != nil {
+		_ = h.f.Close()
+		h.f = nil // reopened at the next write if what follows fails
+	}
+	if err := os.Rename(tmp, live); err != nil {
+		return 0, err
+	}
+	if err := syncDir(h.dir); err != nil {
+		return 0, fmt.Errorf("sync its directory: %w", err)
+	}
+	f, err := os.OpenFile(live, os.O_RDWR|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	h.f, h.size, h.uidBytes = f, size, uidBytes
+	h.size64.Store(size)
+	return removed, nil
 }
 
 // rotate renames the live file to history.1.jsonl (replacing it) and
@@ -431,7 +579,7 @@ func (h *history) read(q api.HistoryQuery, own bool, uid uint32) (api.History, e
 		files = append(files, f)
 	}
 	h.fileMu.RUnlock()
-	out := api.History{Records: []api.HistoryRecord{}, OwnOnly: own}
+	newest := newestRecords{max: api.MaxHistoryRecords}
 	var err error
 	for _, f := range files {
 		if err == nil {
@@ -439,12 +587,7 @@ func (h *history) read(q api.HistoryQuery, own bool, uid uint32) (api.History, e
 				if (own && r.UID != uid) || !q.Matches(r) {
 					return
 				}
-				if len(out.Records) == api.MaxHistoryRecords {
-					// The newest are kept: the oldest goes.
-					out.Records = append(out.Records[:0], out.Records[1:]...)
-					out.Truncated = true
-				}
-				out.Records = append(out.Records, r)
+				newest.add(r)
 			})
 		}
 		_ = f.Close()
@@ -452,7 +595,39 @@ func (h *history) read(q api.HistoryQuery, own bool, uid uint32) (api.History, e
 	if err != nil {
 		return api.History{}, fmt.Errorf("mpsd: read history: %w", err)
 	}
-	return out, nil
+	return api.History{Records: newest.records(), Truncated: newest.truncated, OwnOnly: own}, nil
+}
+
+// newestRecords keeps the newest max records it is given: a ring whose
+// next slot, once it is full, is the oldest's. Each record is copied
+// once as it is added and once by records, so a query costs what it
+// reads, however many records match.
+type newestRecords struct {
+	max       int
+	recs      []api.HistoryRecord
+	next      int
+	truncated bool // an older record was left out
+	copies    int  // records copied, for the test that keeps it linear
+}
+
+func (n *newestRecords) add(r api.HistoryRecord) {
+	n.copies++
+	if len(n.recs) < n.max {
+		n.recs = append(n.recs, r)
+		return
+	}
+	n.recs[n.next] = r
+	n.next = (n.next + 1) % n.max
+	n.truncated = true
+}
+
+// records are the kept ones, oldest first (never nil).
+func (n *newestRecords) records() []api.HistoryRecord {
+	out := make([]api.HistoryRecord, 0, len(n.recs))
+	out = append(out, n.recs[n.next:]...)
+	out = append(out, n.recs[:n.next]...)
+	n.copies += len(out)
+	return out
 }
 
 // readHistory calls each with every record of r, skipping lines that are
@@ -540,7 +715,18 @@ func (d *Daemon) endedLocked(l *lease, how, why string, log *slog.Logger, msg st
 		}
 		return
 	}
-	l.recorded = d.hist.add(l.historyLocked(how, why, d.clock.Now()), after)
+	done, dropped := d.hist.add(l.historyLocked(how, why, d.clock.Now()), after)
+	l.recorded = done
+	if dropped {
+		// Not recorded: the line (and, at most once a period, the drop's)
+		// once d.mu is let go.
+		if log != nil {
+			d.mu.logAfter(log, msg, l.logAttrs(more...)...)
+		}
+		if attrs, ok := d.hist.dropLine(d.clock.Now()); ok {
+			d.mu.errorAfter(d.hist.log, "history: ended leases not recorded", attrs...)
+		}
+	}
 }
 
 // awaitRecorded waits until l's end is in the history (or ctx ends): its
@@ -631,6 +817,7 @@ func (c *historyCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descHistoryWritten
 	ch <- descHistoryDropped
 	ch <- descHistoryBytes
+	ch <- descHistoryWritable
 }
 
 func (c *historyCollector) Collect(ch chan<- prometheus.Metric) {
@@ -640,6 +827,11 @@ func (c *historyCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descHistoryWritten, prometheus.CounterValue, float64(h.written.Load()))
 	ch <- prometheus.MustNewConstMetric(descHistoryBytes, prometheus.GaugeValue, float64(h.size64.Load()))
+	writable := 0.0
+	if h.writable.Load() {
+		writable = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descHistoryWritable, prometheus.GaugeValue, writable)
 	for _, d := range []struct {
 		reason string
 		n      *atomic.Uint64

@@ -38,7 +38,8 @@ func recordLine(t *testing.T, r api.HistoryRecord) []byte {
 func addAll(h *history, recs ...api.HistoryRecord) {
 	var done []<-chan struct{}
 	for _, r := range recs {
-		done = append(done, h.add(r, nil))
+		c, _ := h.add(r, nil)
+		done = append(done, c)
 	}
 	for _, c := range done {
 		<-c
@@ -160,10 +161,12 @@ func TestHistoryRotatesAtItsBound(t *testing.T) {
 	}
 }
 
-// One uid's flood of records stops at its share of the live file's bound
-// (a quarter): the rest of its records are dropped, counted and logged
-// once until the file rotates, and another uid's records after the flood
-// are all kept. After the rotation the uid has its share again.
+// One uid's flood of records stays within its share of the live file's
+// bound (a quarter): its oldest records are removed to make room for its
+// newest, counted and logged once until the file rotates; another uid's
+// records after the flood are all kept, and the flooding uid (root's, as
+// every pod lease of the device plugin is) goes on being recorded however
+// many it ends. After the rotation the uid has its share again.
 func TestHistoryUserShare(t *testing.T) {
 	dir := t.TempDir()
 	line := int64(len(recordLine(t, histRecord(1000, 1))))
@@ -180,6 +183,24 @@ func TestHistoryUserShare(t *testing.T) {
 		flood = append(flood, histRecord(1000, i+1))
 	}
 	addAll(h, flood...)
+	// Within its share in the file itself, whatever a reader shows.
+	shareOf := func(uid uint32) (n int64) {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(dir, historyLive))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range bytes.SplitAfter(b, []byte("\n")) {
+			var r api.HistoryRecord
+			if json.Unmarshal(line, &r) == nil && r.UID == uid {
+				n += int64(len(line))
+			}
+		}
+		return n
+	}
+	if n := shareOf(1000); n > bound/historyUserShare {
+		t.Errorf("uid 1000's records take %d bytes of the live file; its share is %d", n, bound/historyUserShare)
+	}
 	var others []api.HistoryRecord
 	for i := range 5 {
 		others = append(others, histRecord(1001, 100+i))
@@ -195,6 +216,9 @@ func TestHistoryUserShare(t *testing.T) {
 	}
 	if per[1000] != 10 || per[1001] != 5 {
 		t.Errorf("records kept per uid: %v; want uid 1000's share (10) and all 5 of uid 1001", per)
+	}
+	if ids := strings.Join(recordIDs(got.Records[:10]), " "); ids != strings.Join(recordIDs(flood[40:]), " ") {
+		t.Errorf("uid 1000's records kept: %s; want its newest 10", ids)
 	}
 	if n := h.dropShare.Load(); n != 40 {
 		t.Errorf("records dropped for their uid's share: %d; want 40", n)
@@ -216,6 +240,163 @@ func TestHistoryUserShare(t *testing.T) {
 	}
 	if len(got.Records) != 1 {
 		t.Errorf("uid 1000's record after the rotation: %v; want it kept", recordIDs(got.Records))
+	}
+}
+
+// Root ends thousands of leases (the device plugin's pods are all its):
+// its newest are always recorded, within its share, and the other uids'
+// records between them are all kept.
+func TestHistoryRootKeepsBeingRecorded(t *testing.T) {
+	dir := t.TempDir()
+	line := int64(len(recordLine(t, histRecord(0, 1))))
+	bound := 40 * line // a share of 10 records
+	h, err := openHistory(dir, bound, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.start()
+	defer h.close()
+	var others []api.HistoryRecord
+	for i := range 3000 {
+		r := histRecord(0, i+1)
+		if i%1000 == 999 {
+			r = histRecord(1001, i+1)
+			others = append(others, r)
+		}
+		addAll(h, r)
+	}
+	last := histRecord(0, 3001)
+	addAll(h, last)
+	got, err := h.read(api.HistoryQuery{}, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var root []string
+	for _, r := range got.Records {
+		if r.UID == 0 {
+			root = append(root, r.Lease)
+		}
+	}
+	// Its newest: more than half its share (a compaction leaves half), at
+	// most all of it.
+	var want []string
+	for i := 3001; len(want) < len(root); i-- {
+		if i%1000 != 0 {
+			want = append(want, histRecord(0, i).Lease)
+		}
+	}
+	slices.Reverse(want)
+	if len(root) <= 5 || len(root) > 10 || !slices.Equal(root, want) {
+		t.Errorf("root's records: %v; want its newest, 6 to 10 of them, ending with %s", root, last.Lease)
+	}
+	var kept []api.HistoryRecord
+	for _, r := range got.Records {
+		if r.UID == 1001 {
+			kept = append(kept, r)
+		}
+	}
+	if !slices.Equal(recordIDs(kept), recordIDs(others)) {
+		t.Errorf("uid 1001's records: %v; want all of them: %v", recordIDs(kept), recordIDs(others))
+	}
+	if n, want := h.dropShare.Load(), uint64(3001-len(others)-len(root)); n != want {
+		t.Errorf("root's records removed for its share: %d; want all but those kept (%d)", n, want)
+	}
+}
+
+// A query that matches many more records than it answers with keeps the
+// newest, oldest first, across both files, copying each record a bounded
+// number of times: its cost is what it reads, not what it reads times
+// what it keeps.
+func TestHistoryReadKeepsNewestLinearly(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		max  int
+		adds int
+	}{
+		{"under", 5, 3},
+		{"exactly", 5, 5},
+		{"wrapped", 5, 12},
+		{"over twice the answer", api.MaxHistoryRecords, 2*api.MaxHistoryRecords + 123},
+	} {
+		n := newestRecords{max: tc.max}
+		var all []api.HistoryRecord
+		for i := range tc.adds {
+			r := histRecord(1000, i+1)
+			all = append(all, r)
+			n.add(r)
+		}
+		got := n.records()
+		want := all[max(tc.adds-tc.max, 0):]
+		if !slices.Equal(recordIDs(got), recordIDs(want)) || n.truncated != (tc.adds > tc.max) {
+			t.Errorf("%s: %d records from %s, truncated %v; want the newest %d, oldest first", tc.name, len(got), got[0].Lease, n.truncated, len(want))
+		}
+		if n.copies > tc.adds+tc.max {
+			t.Errorf("%s: %d records copied for %d added; want at most %d", tc.name, n.copies, tc.adds, tc.adds+tc.max)
+		}
+	}
+	// Through read, the newest of two files.
+	dir := t.TempDir()
+	h, err := openHistory(dir, 1<<30, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.start()
+	defer h.close()
+	var many []api.HistoryRecord
+	for i := range 2*api.MaxHistoryRecords + 123 {
+		many = append(many, histRecord(3000, i+1))
+	}
+	for c := range slices.Chunk(many, 1000) {
+		addAll(h, c...)
+	}
+	// The writer is idle (each record added was written): the test may
+	// rotate as the writer would.
+	if err := h.rotate(); err != nil {
+		t.Fatal(err)
+	}
+	more := []api.HistoryRecord{histRecord(3000, len(many)+1), histRecord(3000, len(many)+2)}
+	addAll(h, more...)
+	many = append(many, more...)
+	got, err := h.read(api.HistoryQuery{User: "3000"}, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Truncated || !slices.Equal(recordIDs(got.Records), recordIDs(many[len(many)-api.MaxHistoryRecords:])) {
+		t.Errorf("%d records from %s, truncated %v; want the newest %d of both files, oldest first", len(got.Records), got.Records[0].Lease, got.Truncated, api.MaxHistoryRecords)
+	}
+}
+
+// A history file that cannot be opened (here a symlink, which it never
+// follows) leaves the history without a file rather than stopping mpsd:
+// its records are dropped and counted, mpsd_history_writable is 0, and
+// once the file can be opened the writer opens it at its next write.
+func TestHistoryOpenFailure(t *testing.T) {
+	dir := t.TempDir()
+	live := filepath.Join(dir, historyLive)
+	if err := os.Symlink(filepath.Join(dir, "elsewhere"), live); err != nil {
+		t.Fatal(err)
+	}
+	var logb syncBuffer
+	h, err := openHistory(dir, 0, slog.New(slog.NewTextHandler(&logb, nil)))
+	if err == nil || h == nil || h.writable.Load() {
+		t.Fatalf("open over a symlink: %v, writable %v; want an error and a history that is not writable", err, h != nil && h.writable.Load())
+	}
+	h.start()
+	defer h.close()
+	addAll(h, histRecord(1000, 1))
+	if h.dropWrite.Load() != 1 || h.writable.Load() {
+		t.Errorf("record while the file cannot be opened: %d dropped, writable %v; want 1, false", h.dropWrite.Load(), h.writable.Load())
+	}
+	if err := os.Remove(live); err != nil {
+		t.Fatal(err)
+	}
+	addAll(h, histRecord(1001, 2))
+	got, err := h.read(api.HistoryQuery{}, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := strings.Join(recordIDs(got.Records), " "); ids != "g-1001-0002" || !h.writable.Load() || !strings.Contains(logb.String(), "written again") {
+		t.Errorf("records once the file can be opened: %q, writable %v; want the second, and the recovery logged:\n%s", ids, h.writable.Load(), logb.String())
 	}
 }
 
@@ -272,18 +453,43 @@ func TestHistoryRead(t *testing.T) {
 }
 
 // A record added once the history is closed is not written, and its
-// waiter is not left waiting.
+// waiter is not left waiting; add neither runs its end's line nor logs
+// (its caller holds Daemon.mu): it says dropped, and dropLine gives the
+// drop's line at most once a period, with the count since the last.
 func TestHistoryAddAfterClose(t *testing.T) {
-	h, err := openHistory(t.TempDir(), 0, slog.New(slog.DiscardHandler))
+	var logb syncBuffer
+	h, err := openHistory(t.TempDir(), 0, slog.New(slog.NewTextHandler(&logb, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.start()
 	h.close()
 	ran := false
-	<-h.add(histRecord(1000, 1), func() { ran = true })
-	if !ran || h.dropPending.Load() != 1 {
-		t.Errorf("record added after close: after ran %v, dropped %d; want the line written and 1 dropped", ran, h.dropPending.Load())
+	done, dropped := h.add(histRecord(1000, 1), func() { ran = true })
+	<-done
+	if ran || !dropped || h.dropPending.Load() != 1 || logb.String() != "" {
+		t.Errorf("record added after close: after ran %v, dropped %v (%d counted), log %q; want it dropped, counted, nothing run or logged", ran, dropped, h.dropPending.Load(), logb.String())
+	}
+	t0 := time.Date(2026, 1, 2, 3, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		adds    int
+		at      time.Time
+		want    bool
+		dropped uint64
+	}{
+		{"first", 0, t0, true, 1},
+		{"within the period", 3, t0.Add(historyDropLogEvery / 2), false, 0},
+		{"after it, the count since", 0, t0.Add(historyDropLogEvery), true, 3},
+		{"none since", 0, t0.Add(3 * historyDropLogEvery), false, 0},
+	} {
+		for i := range tc.adds {
+			_, _ = h.add(histRecord(1000, 2+i), nil)
+		}
+		attrs, ok := h.dropLine(tc.at)
+		if ok != tc.want || (ok && attrs[1] != tc.dropped) {
+			t.Errorf("%s: line %v %v; want %v with %d dropped", tc.name, ok, attrs, tc.want, tc.dropped)
+		}
 	}
 }
 
@@ -341,7 +547,8 @@ func TestHistoryWriteFailure(t *testing.T) {
 	defer h.close()
 	ran := 0
 	for _, r := range []api.HistoryRecord{histRecord(1000, 1), histRecord(1001, 2)} {
-		<-h.add(r, func() { ran++ })
+		done, _ := h.add(r, func() { ran++ })
+		<-done
 	}
 	if h.dropWrite.Load() != 1 || ran != 2 || !strings.Contains(logb.String(), "cannot be written") {
 		t.Errorf("after a failed write: %d dropped, %d end lines written, log:\n%s; want the first dropped and told, both ends reported", h.dropWrite.Load(), ran, logb.String())
