@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -240,5 +241,55 @@ func TestHistoryLauncherGone(t *testing.T) {
 	}
 	if r := got["beside"]; r.Ended != api.EndedReleased || r.ExitStatus == nil || *r.ExitStatus != 0 {
 		t.Errorf("bob's job: %+v; want released, exit 0", r)
+	}
+}
+
+// A lease cancelled with a grace whose launcher is killed during it is
+// recorded cancelled, as the cancel ended it, not launcher_gone; Bob's
+// job before it is released.
+func TestHistoryCancelledLauncherGone(t *testing.T) {
+	emutest.User(t, histUIDAlice)
+	emutest.User(t, histUIDBob)
+	e := newEnvGPUs(t, 1, histGroups(), "")
+	e.start()
+	if r := run(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--job", "beside", "--", "/bin/true"), histUIDBob)); r.code != 0 {
+		t.Fatalf("bob's job: exit %d, stderr %q", r.code, r.stderr)
+	}
+	alice := startProc(t, asUID(e.launch("--sm", "10", "--mem", "1G", "--job", "cancelled", "--", "/bin/sh", "-c",
+		`trap '' TERM; while :; do sleep 0.05; done`), histUIDAlice))
+	st := e.waitStatus("alice's lease running with its command", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && len(st.Leases[0].PIDs) > 0
+	})
+	id := st.Leases[0].ID
+	cancel := startProc(t, exec.Command(filepath.Join(e.bin, "mpsctl"), "--socket", e.socket, "cancel", "--signal", "TERM", "--grace", "3s", id))
+	e.waitStatus("alice's lease revoked by the cancel", func(api.Status) bool {
+		e.d.mu.Lock()
+		defer e.d.mu.Unlock()
+		l := e.d.leases[id]
+		return l != nil && l.endWith != nil && l.state == leaseRevoking
+	})
+	if err := alice.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	alice.wait(t)
+	e.waitStatus("alice's launcher seen gone during the grace", func(api.Status) bool {
+		e.d.mu.Lock()
+		defer e.d.mu.Unlock()
+		l := e.d.leases[id]
+		return l == nil || l.abandoned
+	})
+	if r := cancel.wait(t); r.code != 0 {
+		t.Errorf("mpsctl cancel: exit %d, stderr %q", r.code, r.stderr)
+	}
+	e.waitStatus("alice's lease ended", func(st api.Status) bool { return len(st.Leases) == 0 })
+	got := map[string]api.HistoryRecord{}
+	for _, r := range e.history(0).Records {
+		got[r.JobID] = r
+	}
+	if r := got["cancelled"]; r.Ended != api.EndedCancelled || !strings.Contains(r.Reason, "cancelled by") {
+		t.Errorf("alice's cancelled lease whose launcher left: %+v; want cancelled, naming who", r)
+	}
+	if r := got["beside"]; r.Ended != api.EndedReleased {
+		t.Errorf("bob's job: %+v; want released", r)
 	}
 }

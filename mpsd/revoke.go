@@ -308,15 +308,17 @@ func (d *Daemon) requeue(victims []*lease, why map[*lease]string, force bool) {
 		}
 		groups[l.group] = true
 		switch {
-		// Each end's log line is written once the history has it.
+		// Each end's log line is written once the history has it. A
+		// lease given an end (a cancel's, a shutdown's) ends as that end,
+		// even if its launcher left during the revocation.
+		case l.endWith != nil:
+			delete(d.leases, l.id)
+			d.endedLocked(l, endedByError(l.endWith), l.endWith.Message, log, "lease ended after its revocation", "attempt", l.attempt, "code", l.endWith.Code, "launcher_gone", l.abandoned)
+			l.box.push(api.Event{Type: api.EventError, Code: l.endWith.Code, Message: l.endWith.Message})
+			d.noteAwayEndLocked(l, l.endWith.Code, l.endWith.Message)
 		case l.abandoned:
 			delete(d.leases, l.id)
 			d.endedLocked(l, api.EndedLauncherGone, "its launcher left while it was revoked: "+reason, log, "lease ended after its revocation: its launcher left", "attempt", l.attempt)
-		case l.endWith != nil:
-			delete(d.leases, l.id)
-			d.endedLocked(l, endedByError(l.endWith), l.endWith.Message, log, "lease ended after its revocation", "attempt", l.attempt, "code", l.endWith.Code)
-			l.box.push(api.Event{Type: api.EventError, Code: l.endWith.Code, Message: l.endWith.Message})
-			d.noteAwayEndLocked(l, l.endWith.Code, l.endWith.Message)
 		case exhausted:
 			delete(d.leases, l.id)
 			msg := fmt.Sprintf("lease revoked: %s; no requeue attempts left (%d used)", reason, l.charged())
