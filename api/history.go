@@ -26,7 +26,8 @@ const (
 	EndedReleased = "released"
 	// EndedLauncherGone: its launcher went away while it ran (its stream
 	// closed, or it did not come back within the reconnect grace, or it
-	// left while the lease was being revoked); its processes were killed.
+	// left while the lease was being revoked by anything but a cancel or
+	// a shutdown, whose ends it keeps); its processes were killed.
 	EndedLauncherGone = "launcher_gone"
 	// EndedWithdrawn: it left the queue without running again: its
 	// launcher left, its --wait ran out, --no-wait found no room, or its
@@ -35,7 +36,8 @@ const (
 	// EndedRefused: queued, then refused: its group changed and it can no
 	// longer fit, or the config no longer lets its uid use the group.
 	EndedRefused = "refused"
-	// EndedGroupRemoved: queued in a group the config no longer has.
+	// EndedGroupRemoved: queued in a group the config no longer has (a
+	// reload removed it, or it left the config while mpsd was down).
 	EndedGroupRemoved = "group_removed"
 	// EndedExhausted: revoked (a fault charged to it) with no requeue
 	// attempts left.
@@ -47,7 +49,8 @@ const (
 	EndedShutdown = "shutdown"
 	// EndedCancelled: ended by mpsctl cancel.
 	EndedCancelled = "cancelled"
-	// EndedRevoked: revoked for good for any other reason.
+	// EndedRevoked: revoked for good for any other reason, such as its
+	// instance leaving the config while mpsd was down.
 	EndedRevoked = "revoked"
 )
 

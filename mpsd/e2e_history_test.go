@@ -293,3 +293,45 @@ func TestHistoryCancelledLauncherGone(t *testing.T) {
 		t.Errorf("bob's job: %+v; want released", r)
 	}
 }
+
+// Leases whose place left the config while mpsd was down end at its
+// start, and are recorded: Alice's running lease, its instance gone,
+// revoked; Bob's queued request, its group gone, group_removed.
+func TestHistoryRestartEndsGoneLeases(t *testing.T) {
+	emutest.User(t, histUIDAlice)
+	emutest.User(t, histUIDBob)
+	groups := histGroups() + fmt.Sprintf(`  b:
+    users: ["%d", "%d"]
+    memory: 10G
+    gpus: ["0"]
+`, histUIDAlice, histUIDBob)
+	e := newEnvGPUs(t, 1, groups, "")
+	e.start()
+	work, _ := e.gate("never")
+	alice := startProc(t, asUID(e.launch(append([]string{"--group", "a", "--mem", "8G", "--job", "running", "--"}, work...)...), histUIDAlice))
+	e.waitStatus("alice's lease running with its command", func(st api.Status) bool {
+		return countLeases(st, api.LeaseRunning) == 1 && len(st.Leases[0].PIDs) > 0
+	})
+	bob := startProc(t, asUID(e.launch("--group", "a", "--mem", "8G", "--job", "queued", "--", "/bin/true"), histUIDBob))
+	e.waitStatus("bob's request queued", func(st api.Status) bool { return countLeases(st, api.LeaseQueued) == 1 })
+	e.stop()
+	e.writeConfig(fmt.Sprintf(`  b:
+    users: ["%d", "%d"]
+    memory: 10G
+    gpus: ["0"]
+`, histUIDAlice, histUIDBob), "")
+	e.start()
+	e.waitStatus("both leases ended", func(st api.Status) bool { return len(st.Leases) == 0 })
+	alice.wait(t)
+	bob.wait(t)
+	got := map[string]api.HistoryRecord{}
+	for _, r := range e.history(0).Records {
+		got[r.JobID] = r
+	}
+	if r := got["running"]; r.Ended != api.EndedRevoked || !strings.Contains(r.Reason, "instance") || r.Granted == nil {
+		t.Errorf("alice's running lease whose instance left the config: %+v; want revoked, saying why", r)
+	}
+	if r := got["queued"]; r.Ended != api.EndedGroupRemoved || !strings.Contains(r.Reason, "group") || r.Granted != nil {
+		t.Errorf("bob's queued request whose group left the config: %+v; want group_removed, never granted", r)
+	}
+}

@@ -1198,6 +1198,7 @@ func (d *Daemon) adoptLeases(saved savedState) {
 		if sl.Queued {
 			if _, known := d.cfg.Group(sl.Group); !known {
 				d.log.Warn("saved queued lease's group is gone from the config; dropping it", "lease", sl.ID)
+				d.recordEnded(l, api.EndedGroupRemoved, "its group left the config while mpsd was down")
 				continue
 			}
 			// Only a requeue moves a lease past its first attempt.
@@ -1228,6 +1229,7 @@ func (d *Daemon) adoptLeases(saved savedState) {
 			// Its instance left the config while mpsd was down: the lease
 			// cannot be accounted anywhere, so it ends.
 			d.log.Warn("saved lease's instance is gone from the config; ending it", "lease", sl.ID, "instance", sl.Instance)
+			d.recordEnded(l, api.EndedRevoked, "its instance left the config while mpsd was down")
 			drop = append(drop, l)
 			continue
 		}
