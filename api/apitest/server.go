@@ -333,6 +333,8 @@ type Answer struct {
 // Request is a request the fake answered from its canned answers.
 type Request struct {
 	Method, Path, ContentType, Body string
+	// Query is the request's raw query (after the "?").
+	Query string
 }
 
 // Answer makes the fake answer every `METHOD PATH` request with a (a
@@ -354,7 +356,7 @@ func (s *Server) Requests() []Request {
 func (s *Server) serveAnswer(w http.ResponseWriter, r *http.Request) {
 	b, _ := io.ReadAll(io.LimitReader(r.Body, api.MaxRequestBytes+1))
 	s.mu.Lock()
-	req := Request{r.Method, r.URL.Path, r.Header.Get("Content-Type"), string(b)}
+	req := Request{r.Method, r.URL.Path, r.Header.Get("Content-Type"), string(b), r.URL.RawQuery}
 	s.requests = append(s.requests, req)
 	a, ok := s.answers[r.Method+" "+r.URL.Path]
 	s.mu.Unlock()

@@ -26,7 +26,15 @@ func historyCommand(fs *flag.FlagSet) runFunc {
 		if len(args) > 0 {
 			return usagef("unexpected argument %q", args[0])
 		}
-		q, err := historyQuery(*since, *user, *group, time.Now())
+		// A name is asked by its uid: mpsd matches uids, and a record's
+		// name may be empty (a lease restored at mpsd's start, a uid its
+		// name cache did not hold). A name this host does not know is
+		// sent as it is, for the records that carry it.
+		who := *user
+		if uid, err := inv.lookupUID(who); who != "" && err == nil {
+			who = strconv.FormatUint(uint64(uid), 10)
+		}
+		q, err := historyQuery(*since, who, *group, time.Now())
 		if err != nil {
 			return err
 		}

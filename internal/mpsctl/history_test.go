@@ -96,3 +96,34 @@ func TestHistoryQuery(t *testing.T) {
 		}
 	}
 }
+
+// --user NAME is asked by the uid the name resolves to (mpsd matches
+// uids; a record's name may be empty); a uid as given; a name this host
+// does not know as it is.
+func TestHistoryUserByUID(t *testing.T) {
+	for _, tc := range []struct {
+		name, user, query string
+	}{
+		{"name", "alice", "user=1001"},
+		{"uid", "1002", "user=1002"},
+		{"unknown name", "carol", "user=carol"},
+		{"none", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := newFake(t, map[string]reply{"GET " + api.PathHistory: ok(t, api.History{Records: []api.HistoryRecord{}})})
+			cfg := Config{LookupUser: func(uint32) string { return "" }, LookupUID: func(name string) (uint32, bool) {
+				return 1001, name == "alice"
+			}}
+			args := []string{"--socket", fake.socket, "history"}
+			if tc.user != "" {
+				args = append(args, "--user", tc.user)
+			}
+			if r := mpsctl(t, cfg, nil, args...); r.code != ExitOK {
+				t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+			}
+			if reqs := fake.srv.Requests(); len(reqs) != 1 || reqs[0].Query != tc.query {
+				t.Errorf("requests %+v; want one whose query is %q", reqs, tc.query)
+			}
+		})
+	}
+}
