@@ -335,3 +335,59 @@ func TestHistoryRestartEndsGoneLeases(t *testing.T) {
 		t.Errorf("bob's queued request whose group left the config: %+v; want group_removed, never granted", r)
 	}
 }
+
+// A history file that cannot be opened (a symlink, which mpsd never
+// follows) does not stop mpsd: it starts, logs it, serves Alice's job
+// unrecorded (mpsd_history_writable 0, the record counted write_failed),
+// and once the file can be opened Bob's job is recorded (writable 1).
+func TestHistoryUnopenableAtStart(t *testing.T) {
+	emutest.User(t, histUIDAlice)
+	emutest.User(t, histUIDBob)
+	e := newEnvGPUs(t, 1, histGroups(), "")
+	state := filepath.Join(e.dir, "state")
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	live := filepath.Join(state, historyLive)
+	if err := os.Symlink(filepath.Join(e.dir, "elsewhere"), live); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	gauge := func(name, reason string) float64 {
+		t.Helper()
+		fams, err := e.d.metrics.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			if f.GetName() != name {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				if reason == "" || m.GetLabel()[0].GetValue() == reason {
+					return m.GetGauge().GetValue() + m.GetCounter().GetValue()
+				}
+			}
+		}
+		return -1
+	}
+	if r := run(t, asUID(e.launch("--sm", "1", "--mem", "1M", "--job", "unrecorded", "--", "/bin/true"), histUIDAlice)); r.code != 0 {
+		t.Fatalf("alice's job: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if w, d := gauge("mpsd_history_writable", ""), gauge("mpsd_history_records_dropped_total", historyDropWrite); w != 0 || d != 1 {
+		t.Errorf("mpsd_history_writable %v, dropped write_failed %v; want 0 and 1", w, d)
+	}
+	if b, err := os.ReadFile(filepath.Join(e.dir, "mpsd.log")); err != nil || !strings.Contains(string(b), "history file cannot be opened") {
+		t.Errorf("mpsd.log (%v) does not say the history cannot be opened", err)
+	}
+	if err := os.Remove(live); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, asUID(e.launch("--sm", "1", "--mem", "1M", "--job", "recorded", "--", "/bin/true"), histUIDBob)); r.code != 0 {
+		t.Fatalf("bob's job: exit %d, stderr %q", r.code, r.stderr)
+	}
+	h := e.history(0)
+	if len(h.Records) != 1 || h.Records[0].JobID != "recorded" || gauge("mpsd_history_writable", "") != 1 {
+		t.Errorf("history once the file can be opened: %+v, writable %v; want bob's job only, 1", h.Records, gauge("mpsd_history_writable", ""))
+	}
+}
