@@ -452,6 +452,13 @@ func (h *history) compact(uid uint32, keep int64) (removed uint64, err error) {
 			err = fmt.Errorf("compact %s: %w", live, err)
 		}
 	}()
+	if h.f == nil {
+		// A failed write may have left a torn tail: dropped first, or
+		// the next record would follow it on its line.
+		if err := h.reopen(); err != nil {
+			return 0, err
+		}
+	}
 	src, err := os.OpenFile(live, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		return 0, err

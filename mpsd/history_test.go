@@ -561,3 +561,49 @@ func TestHistoryWriteFailure(t *testing.T) {
 		t.Errorf("records after the file was reopened: %q; want the second, and the recovery logged", ids)
 	}
 }
+
+// A compaction after a failed write (the file closed, a torn tail left)
+// drops the torn tail first: every line of the compacted file is a
+// record, and the uid's newest are kept.
+func TestHistoryCompactAfterTornTail(t *testing.T) {
+	dir := t.TempDir()
+	line := int64(len(recordLine(t, histRecord(1000, 1))))
+	h, err := openHistory(dir, 40*line, slog.New(slog.DiscardHandler)) // a share of 10 records
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []api.HistoryRecord
+	for i := range 10 {
+		recs = append(recs, histRecord(1000, i+1))
+	}
+	h.start()
+	defer h.close()
+	addAll(h, recs...)
+	// As a failed write leaves it (the writer idle: each record added
+	// was written).
+	if _, err := h.f.Write([]byte(`{"lease":"g-1000-99`)); err != nil {
+		t.Fatal(err)
+	}
+	_ = h.f.Close()
+	h.f = nil
+	next := histRecord(1000, 11)
+	addAll(h, next)
+	b, err := os.ReadFile(filepath.Join(dir, historyLive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, l := range bytes.SplitAfter(b, []byte("\n")) {
+		if len(l) == 0 {
+			continue
+		}
+		var r api.HistoryRecord
+		if err := json.Unmarshal(l, &r); err != nil {
+			t.Fatalf("line %q of the compacted file is no record: %v", l, err)
+		}
+		ids = append(ids, r.Lease)
+	}
+	if want := recordIDs(append(recs[5:], next)); !slices.Equal(ids, want) {
+		t.Errorf("compacted file: %v; want uid 1000's newest: %v", ids, want)
+	}
+}
