@@ -16,6 +16,7 @@ import (
 
 	"github.com/mpsd/mpsd/gpu"
 	"github.com/mpsd/mpsd/internal/buildinfo"
+	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/policy"
 )
 
@@ -62,7 +63,10 @@ var (
 
 var faultKinds = []string{faultDaemonExit, faultServerExit, faultFatalException, faultServerFault, faultHung, faultXid, faultAdmin}
 
-var instanceStates = []policy.InstanceState{policy.InstanceStarting, policy.InstanceReady, policy.InstanceRecovering, policy.InstanceQuarantined, policy.InstanceDraining}
+// instanceStates are the states of mpsd_instance_state, as status shows
+// them (instance.shownState): drained and retiring told apart from
+// draining.
+var instanceStates = []string{api.InstanceStarting, api.InstanceReady, api.InstanceRecovering, api.InstanceQuarantined, api.InstanceDraining, api.InstanceDrained, api.InstanceRetiring}
 
 // The orders the exposition sorts the kinds of faultKinds, instanceStates,
 // capKinds and reconKinds in. A scrape emits its series in the exposition's
@@ -70,12 +74,7 @@ var instanceStates = []policy.InstanceState{policy.InstanceStarting, policy.Inst
 // family's series (ownScrape.families) then finds them sorted.
 var (
 	faultOrder = sortedOrder(faultKinds)
-	stateOrder = sortedOrder(func() (names []string) {
-		for _, st := range instanceStates {
-			names = append(names, st.String())
-		}
-		return names
-	}())
+	stateOrder = sortedOrder(instanceStates)
 	capOrder   = sortedOrder(capKinds)
 	reconOrder = sortedOrder(reconKinds)
 )
@@ -218,7 +217,7 @@ func newInstanceLabels(in *instance, index string) *instanceLabels {
 		il.caps = append(il.caps, withFirst("cap", c))
 	}
 	for _, st := range instanceStates {
-		il.states = append(il.states, with("state", st.String()))
+		il.states = append(il.states, with("state", st))
 	}
 	for _, k := range faultKinds {
 		il.restarts = append(il.restarts, with("reason", k))
@@ -293,8 +292,8 @@ func (c *daemonCollector) collect(s *ownScrape) {
 	insts := m.instancesInOrderLocked(d.instances)
 	for _, in := range insts {
 		il := in.metricLabels
-		state := in.placementState()
-		s.add(descInstanceUp, il.base, b2f(in.daemonUp() && state == policy.InstanceReady))
+		state := in.shownState()
+		s.add(descInstanceUp, il.base, b2f(in.daemonUp() && state == api.InstanceReady))
 		for _, i := range stateOrder {
 			s.add(descInstanceState, il.states[i], b2f(state == instanceStates[i]))
 		}

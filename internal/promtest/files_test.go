@@ -88,7 +88,7 @@ var (
 	}
 	// Values a matcher on these labels may name.
 	labelValues = map[string][]string{
-		"state":  {"starting", "ready", "recovering", "quarantined", "draining"},
+		"state":  {"starting", "ready", "recovering", "quarantined", "draining", "drained", "retiring"},
 		"reason": faultKinds,
 		"kind":   append(slices.Clone(faultKinds), reconKinds...),
 		"cap":    {"thread_percentage", "pinned_memory"},

@@ -54,7 +54,7 @@ func TestPromtoolTestRulesCatchesAChange(t *testing.T) {
 	promtool := PromtoolPath(t)
 	dir := t.TempDir()
 	rules := string(repoFile(t, rulesFile))
-	mutated := strings.Replace(rules, `state=~"quarantined|draining"`, `state=~"quarantined"`, 1)
+	mutated := strings.Replace(rules, `state=~"quarantined|draining|drained|retiring"`, `state=~"quarantined"`, 1)
 	if mutated == rules {
 		t.Fatalf("%s: MPSInstanceDown no longer excludes draining instances as this test expects", rulesFile)
 	}
