@@ -286,7 +286,13 @@ func (s *session) run(ctx context.Context) (int, error) {
 			r = s.retryHeld(sctx)
 		}
 		if r != nil {
-			s.release(sctx)
+			var ae *api.Error
+			if err := s.release(sctx); r.err == nil && errors.As(err, &ae) && ae.Code == api.CodeCancelled {
+				// The command ended (by the cancel's signal, perhaps with
+				// status 0) before the revoked event was read: mps-launch
+				// ends as cancelled, as it would have after the event.
+				r = &done{err: ae}
+			}
 			return r.code, r.err
 		}
 		// Whatever the handler did to s.st (a step, or a launch outside
@@ -307,22 +313,24 @@ const releaseTimeout = 5 * time.Second
 // a failure here only leaves that to do it.
 //
 // A release a verdict asked for that is still under way is waited for
-// instead (for as long as it may take): it is the same request.
-func (s *session) release(ctx context.Context) {
+// instead (for as long as it may take): it is the same request. It
+// returns the release's error (nil when none was asked).
+func (s *session) release(ctx context.Context) error {
 	if s.releaseAnswer != nil {
+		var err error
 		select {
-		case <-s.releaseAnswer:
+		case err = <-s.releaseAnswer:
 		case <-ctx.Done():
 		}
 		s.releaseAnswer = nil
-		return
+		return err
 	}
 	if s.conn.stream == nil || s.st.lease == nil || s.kids.child != nil || s.st.revoked != "" || s.st.released {
-		return
+		return nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
-	_ = s.releaseLease(rctx, s.st.lease, s.exit)
-	cancel()
+	defer cancel()
+	return s.releaseLease(rctx, s.st.lease, s.exit)
 }
 
 // commandExit is how the command exited, for mpsd's history: its exit

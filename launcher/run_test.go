@@ -1263,3 +1263,30 @@ func TestRunOlderMpsd(t *testing.T) {
 		})
 	}
 }
+
+// A cancel's signal can end the command, even with status 0, before
+// mps-launch reads the revoked event: mpsd then answers the release with
+// the cancel, and mps-launch exits 122 with its line, not the command's
+// 0 (or its failure's status once the grace is over).
+func TestRunCancelledCommandEndsAsCancelled(t *testing.T) {
+	for _, tc := range []struct {
+		name, script string
+	}{{"status 0", "exit 0"}, {"a failure", "exit 143"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			h.cfg.RevokeGrace = 20 * time.Millisecond
+			h.fake.Answer("POST", api.ReleasePath("lease-1"), apitest.Answer{Status: 409,
+				Body: `{"code":"cancelled","message":"lease lease-1 cancelled by root (uid 0); its command was stopped"}`})
+			done := h.start(t.Context(), h.sh(tc.script)...)
+			lc := h.fake.NextLease(t)
+			lc.MustSend(t, apitest.Granted(lc.Request, "lease-1", 1))
+			h.fake.NextAttach(t)
+			if code := h.wait(done); code != ExitCancelled {
+				t.Errorf("exit %d, want %d; stderr: %s", code, ExitCancelled, h.read("stderr"))
+			}
+			if !strings.Contains(h.read("stderr"), "lease lease-1 cancelled by root (uid 0)") {
+				t.Errorf("stderr does not name who cancelled it: %q", h.read("stderr"))
+			}
+		})
+	}
+}

@@ -489,6 +489,12 @@ func step(st state, in input, tm timing) (state, []action) {
 			break // the revocation came meanwhile, or the stream ended
 		}
 		var ae *api.Error
+		if errors.As(in.err, &ae) && ae.Code == api.CodeCancelled {
+			// A cancel ended the command: the session ends as cancelled.
+			st.verdict = nil
+			end(0, ae)
+			break
+		}
 		if errors.As(in.err, &ae) && ae.Code == api.CodeRevoking {
 			nv := *v
 			nv.why, nv.until = verdictRevoking, in.now.Add(tm.reconnectTimeout)

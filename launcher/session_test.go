@@ -262,6 +262,15 @@ func TestStep(t *testing.T) {
 					t.Errorf("verdict %+v", st.verdict)
 				}
 			}},
+		{name: "the release refused for a cancel: the session ends as cancelled",
+			st: failedVerdict(verdictAsked), in: input{kind: inReleaseAnswer, now: t0, err: &api.Error{Code: api.CodeCancelled, Message: "lease lease-1 cancelled by root (uid 0)"}},
+			phase: phaseDone, acts: []actionKind{actEnd},
+			check: func(t *testing.T, st state, acts []action) {
+				var ae *api.Error
+				if !errors.As(acts[0].err, &ae) || ae.Code != api.CodeCancelled || ExitCode(acts[0].err) != ExitCancelled || st.verdict != nil {
+					t.Errorf("end %+v, state %+v", acts[0], st)
+				}
+			}},
 		{name: "the release refused otherwise (unreachable, not found, still ending): the failure was the command's own",
 			st: failedVerdict(verdictAsked), in: input{kind: inReleaseAnswer, now: t0, err: &api.Error{Code: api.CodeNotFound, Message: "no lease"}},
 			phase: phaseDone, acts: []actionKind{actEnd},

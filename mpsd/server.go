@@ -536,8 +536,12 @@ func (d *Daemon) serveRelease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	revoking := false
+	var cancelled *api.Error
 	d.releaseUnless(l, releaseCommandEnded, func(l *lease) bool {
 		revoking = l.revocationComingLocked(q.Attempt)
+		if revoking && l.endWith != nil && l.endWith.Code == api.CodeCancelled {
+			cancelled = &api.Error{Code: l.endWith.Code, Message: l.endWith.Message}
+		}
 		if revoking {
 			l.logger().Info("release refused: the lease is being revoked; its launcher waits for the revocation", l.logAttrs("attempt", q.Attempt)...)
 		} else {
@@ -545,6 +549,14 @@ func (d *Daemon) serveRelease(w http.ResponseWriter, r *http.Request) {
 		}
 		return revoking
 	})
+	if cancelled != nil {
+		// A cancel's revocation has it (its signal may have ended the
+		// command, even with status 0, before its launcher read the
+		// revoked event): the launcher ends as cancelled, not with the
+		// command's status.
+		apihttp.WriteError(w, http.StatusConflict, cancelled.Code, cancelled.Message)
+		return
+	}
 	if revoking {
 		// Its launcher's command failed because of the fault: the revoked
 		// event is on its way (perhaps behind the revocation's state
