@@ -14,9 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/gpu"
 	"github.com/mpsd/mpsd/internal/buildinfo"
-	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/policy"
 )
 
