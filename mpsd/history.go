@@ -31,8 +31,9 @@ import (
 //     the kernel has it, whatever becomes of mpsd) before any of its
 //     leases' ends is reported (the end's log line, the launcher's answer
 //     or error event), so a SIGKILL of mpsd loses no ended lease it
-//     reported; the batch is fsynced right after, off the end path, so a
-//     crash of the host loses at most the batch being synced. A crash
+//     reported; it is fsynced within historySyncDelay (100 ms), off the
+//     end path and once for a burst, so a crash of the host loses at most
+//     the last 100 ms of ends. A crash
 //     mid-write leaves at most a torn last line, which the next mpsd drops
 //     at its start (openHistory).
 //   - Bounded: once the live file would pass its bound it is renamed to
@@ -47,8 +48,9 @@ import (
 //     include every pod's of the device plugin) ever stops being recorded.
 //   - Off the end path: the ending lease's record is made under
 //     Daemon.mu and handed to the writer's goroutine, which writes what
-//     has gathered with one write, releases its waiters, then fsyncs; no
-//     lock of the daemon is held across them, nor while a line is logged.
+//     has gathered with one write, releases its waiters, and fsyncs within
+//     historySyncDelay; no lock of the daemon is held across them, nor
+//     while a line is logged.
 //   - Not a condition: a file that cannot be opened (at the start, or
 //     after a failed write) leaves mpsd running without it, its records
 //     counted as dropped, mpsd_history_writable 0, and the writer opens
@@ -325,29 +327,61 @@ func (h *history) dropLine(now time.Time) (attrs []any, ok bool) {
 // run writes whatever has gathered each time it is kicked, until stop.
 func (h *history) run() {
 	defer close(h.stopped)
+	// The fsync of what was written waits up to historySyncDelay for
+	// more: a burst of ends costs one, not one each.
+	sync := time.NewTimer(time.Hour)
+	sync.Stop()
+	defer sync.Stop()
+	syncing := false
 	for {
 		select {
 		case <-h.kick:
-			h.flush()
+			if h.flush() && !syncing {
+				sync.Reset(historySyncDelay)
+				syncing = true
+			}
+		case <-sync.C:
+			syncing = false
+			h.sync()
 		case <-h.stop:
 			h.flush()
+			h.sync()
 			return
 		}
 	}
 }
 
+// historySyncDelay bounds how long records written into the history file
+// wait for their fsync: what a crash of the host (not of mpsd) can lose.
+const historySyncDelay = 100 * time.Millisecond
+
+// sync fsyncs what was written into the live file.
+func (h *history) sync() {
+	if h.f == nil {
+		return
+	}
+	if err := h.f.Sync(); err != nil {
+		// Written, not synced: the records survive mpsd, not a crash of
+		// the host. Reopened (and a torn tail dropped) before the next
+		// write.
+		h.writable.Store(false)
+		h.log.Error("history: fsync failed; the last records may not survive a crash of the host", "dir", h.dir, "err", err)
+		_ = h.f.Close()
+		h.f = nil
+	}
+}
+
 // flush writes the pending records with one write (two and a rotation
-// when they pass the bound), releases their waiters, then fsyncs the
-// file: what write(2) put in the file survives any end of mpsd, and the
-// fsync (some 0.2 ms here, more on a busy disk) stays off the ends'
-// path.
-func (h *history) flush() {
+// when they pass the bound) and releases their waiters, and reports
+// whether it wrote any: what write(2) put in the file survives any end of
+// mpsd, and run fsyncs it within historySyncDelay, off the ends' path.
+func (h *history) flush() bool {
 	h.mu.Lock()
 	batch := h.pending
 	h.pending = nil
 	h.mu.Unlock()
 	if len(batch) == 0 {
-		return
+		return false
 	}
 	var buf bytes.Buffer
 	kept := 0
@@ -418,17 +452,7 @@ func (h *history) flush() {
 		}
 		close(e.done)
 	}
-	if err == nil && kept > 0 && h.f != nil {
-		if err := h.f.Sync(); err != nil {
-			// Written, not synced: the records survive mpsd, not a crash
-			// of the host. Reopened (and a torn tail dropped) before the
-			// next write.
-			h.writable.Store(false)
-			h.log.Error("history: fsync failed; the last records may not survive a crash of the host", "dir", h.dir, "err", err)
-			_ = h.f.Close()
-			h.f = nil
-		}
-	}
+	return err == nil && kept > 0
 }
 
 // write appends b to the live file (flush fsyncs it once the batch's
