@@ -607,3 +607,28 @@ func TestHistoryCompactAfterTornTail(t *testing.T) {
 		t.Errorf("compacted file: %v; want uid 1000's newest: %v", ids, want)
 	}
 }
+
+// recordUID reads a record's uid as a decode of the line would, whatever
+// its strings hold (a job id or a reason that spells a "uid" key), and
+// finds none in a line that is no record.
+func FuzzRecordUID(f *testing.F) {
+	f.Add(uint32(1001), `x`, `its command ended`)
+	f.Add(uint32(0), `"uid":7`, `{"uid":9}`)
+	f.Add(uint32(4294967295), `\"uid\":1`, "\"uid\":12\n")
+	f.Fuzz(func(t *testing.T, uid uint32, job, reason string) {
+		r := histRecord(uid, 1)
+		r.JobID, r.Reason = job, reason
+		line := append(recordLine(t, r), '\n')
+		if got, ok := recordUID(line); !ok || got != uid {
+			t.Fatalf("recordUID(%s) = %d, %v; want %d", line, got, ok, uid)
+		}
+	})
+}
+
+func TestRecordUIDOfNoRecord(t *testing.T) {
+	for _, line := range []string{"", "\n", "{\"lease\":\"g-1\",\"ui", "garbage\n"} {
+		if u, ok := recordUID([]byte(line)); ok {
+			t.Errorf("recordUID(%q) = %d, true; want false", line, u)
+		}
+	}
+}
