@@ -134,7 +134,7 @@ func writeBlock(b *strings.Builder, bl Block, first bool) {
 		default:
 			b.WriteString(".PP\n")
 		}
-		for _, l := range wrap(para, 72) {
+		for _, l := range Wrap(para, 72) {
 			b.WriteString(escapeLine(l, false) + "\n")
 		}
 	}
@@ -152,10 +152,10 @@ func paragraphs(text string) []string {
 	return out
 }
 
-// wrap breaks s at spaces into lines of at most width bytes (a longer
-// word stands alone), for a readable troff source; troff fills them
-// again.
-func wrap(s string, width int) []string {
+// Wrap breaks s at spaces into lines of at most width bytes (a longer
+// word stands alone): for a readable troff source (troff fills them
+// again), and for the usage texts of the programs the pages describe.
+func Wrap(s string, width int) []string {
 	var lines []string
 	line := ""
 	for _, w := range strings.Fields(s) {

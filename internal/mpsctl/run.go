@@ -20,6 +20,7 @@ import (
 	"github.com/mpsd/mpsd/internal/buildinfo"
 	"github.com/mpsd/mpsd/internal/cli"
 	"github.com/mpsd/mpsd/internal/clock"
+	"github.com/mpsd/mpsd/internal/manpage"
 )
 
 // Exit statuses of mpsctl.
@@ -402,7 +403,7 @@ func Usage() string {
 	}
 	for _, o := range opts {
 		// The usage wrapped to 80 columns, under itself.
-		for i, l := range wrapWords(o.usage, 80-width-4) {
+		for i, l := range manpage.Wrap(o.usage, 80-width-4) {
 			tag := ""
 			if i == 0 {
 				tag = o.tag
@@ -412,25 +413,6 @@ func Usage() string {
 	}
 	b.WriteString("Exit status: " + exitStatuses + "\n")
 	return b.String()
-}
-
-// wrapWords breaks s at spaces into lines of at most width bytes (a
-// longer word stands alone).
-func wrapWords(s string, width int) []string {
-	var lines []string
-	line := ""
-	for _, w := range strings.Fields(s) {
-		switch {
-		case line == "":
-			line = w
-		case len(line)+1+len(w) > width:
-			lines = append(lines, line)
-			line = w
-		default:
-			line += " " + w
-		}
-	}
-	return append(lines, line)
 }
 
 // option is a flag as a usage text or a page shows it: "--socket PATH"
