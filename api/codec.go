@@ -94,6 +94,12 @@ func DecodeError(status int, r io.Reader) *Error {
 }
 
 func decodeStrict(r io.Reader, limit int64, what string, v any) error {
+	return decodeObject(r, limit, what, v, true)
+}
+
+// decodeObject is decodeStrict; with strict false, fields v does not know
+// are ignored (an answer of a later mpsd, as the package doc says).
+func decodeObject(r io.Reader, limit int64, what string, v any, strict bool) error {
 	body, err := io.ReadAll(io.LimitReader(r, limit+1))
 	if err != nil {
 		return fmt.Errorf("api: read %s: %w", what, err)
@@ -107,7 +113,9 @@ func decodeStrict(r io.Reader, limit int64, what string, v any) error {
 		return fmt.Errorf("%w: %s must be a JSON object, got %s", ErrInvalid, what, kind)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
+	if strict {
+		dec.DisallowUnknownFields()
+	}
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("%w: %s: %w", ErrInvalid, what, err)
 	}

@@ -1,8 +1,6 @@
 package api
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -121,23 +119,9 @@ func ValidVersionText(s string) error {
 // version does not know are ignored (an answer, package doc); Validate
 // must pass. Errors wrap ErrTooLarge or ErrInvalid.
 func DecodeVersion(r io.Reader) (Version, error) {
-	body, err := io.ReadAll(io.LimitReader(r, MaxVersionBytes+1))
-	if err != nil {
-		return Version{}, fmt.Errorf("api: read version: %w", err)
-	}
-	if len(body) > MaxVersionBytes {
-		return Version{}, fmt.Errorf("%w: version is more than %d bytes", ErrTooLarge, MaxVersionBytes)
-	}
-	if kind := jsonKind(body); kind != "an object" {
-		return Version{}, fmt.Errorf("%w: version must be a JSON object, got %s", ErrInvalid, kind)
-	}
 	var v Version
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(&v); err != nil {
-		return Version{}, fmt.Errorf("%w: version: %w", ErrInvalid, err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return Version{}, fmt.Errorf("%w: version: data after the JSON object", ErrInvalid)
+	if err := decodeObject(r, MaxVersionBytes, "version", &v, false); err != nil {
+		return Version{}, err
 	}
 	if err := v.Validate(); err != nil {
 		return Version{}, err
