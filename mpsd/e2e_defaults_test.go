@@ -3,6 +3,8 @@ package mpsd
 import (
 	"strings"
 	"testing"
+
+	"github.com/mpsd/mpsd/api"
 )
 
 // Real uids of the defaults tests; the config names them by number.
@@ -38,6 +40,15 @@ const defGroups = `  a:
 func TestE2EDefaultsSayWhatTheyChose(t *testing.T) {
 	e := newEnvGPUs(t, 4, defGroups, "")
 	e.start()
+	gpu1 := "" // GPU 1's UUID, which names its instance's pipe directory
+	for _, in := range e.waitStatus("the instances up", func(st api.Status) bool { return len(st.Instances) > 0 }).Instances {
+		if in.GPUIndex == 1 {
+			gpu1 = in.GPUUUID
+		}
+	}
+	if gpu1 == "" {
+		t.Fatal("no instance on GPU 1")
+	}
 	// The command says which group's pipe directory and which GPUs it got.
 	show := []string{"--sm", "10", "--mem", "1G", "--", "/bin/sh", "-c", `echo "pipe=$CUDA_MPS_PIPE_DIRECTORY gpus=$CUDA_VISIBLE_DEVICES"`}
 	for _, tc := range []struct {
@@ -63,7 +74,7 @@ func TestE2EDefaultsSayWhatTheyChose(t *testing.T) {
 			[]string{"--gpu 3: group b has no instance on these GPUs; its instances are on GPU 0, GPU 1"}},
 		{"half of a pair", defUIDAlice, []string{"--group", "pair", "--gpu", "2"}, 125,
 			[]string{"--gpu 2: group pair has no instance on these GPUs; its instances are on GPUs 2,3"}},
-		{"a GPU of the group", defUIDBob, []string{"--gpu", "1"}, 0, []string{"/run/b/"}},
+		{"a GPU of the group", defUIDBob, []string{"--gpu", "1"}, 0, []string{"/run/b/" + gpu1 + "/pipe"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := run(t, asUID(e.launch(append(tc.args, show...)...), tc.uid))

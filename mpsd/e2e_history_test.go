@@ -276,7 +276,7 @@ func TestHistoryCancelledLauncherGone(t *testing.T) {
 		e.d.mu.Lock()
 		defer e.d.mu.Unlock()
 		l := e.d.leases[id]
-		return l == nil || l.abandoned
+		return l != nil && l.abandoned
 	})
 	if r := cancel.wait(t); r.code != 0 {
 		t.Errorf("mpsctl cancel: exit %d, stderr %q", r.code, r.stderr)

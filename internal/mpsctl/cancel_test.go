@@ -73,7 +73,7 @@ func TestCancelUsage(t *testing.T) {
 		want string
 	}{
 		{[]string{"cancel"}, "mpsctl: cancel: missing LEASE"},
-		{[]string{"cancel", "../x"}, "mpsctl: cancel: "},
+		{[]string{"cancel", "../x"}, "mpsctl: cancel: lease id \"../x\""},
 		{[]string{"cancel", "--signal", "NOPE", "l-1"}, `mpsctl: cancel: invalid value "NOPE" for flag --signal: unknown signal`},
 		{[]string{"cancel", "--signal", "65", "l-1"}, `mpsctl: cancel: invalid value "65" for flag --signal: not a signal number (1-64)`},
 		{[]string{"cancel", "--grace", "2h", "l-1"}, "mpsctl: cancel: --grace 2h0m0s is out of range"},
