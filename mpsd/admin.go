@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 
 	"golang.org/x/sys/unix"
 
@@ -92,13 +91,10 @@ func (d *Daemon) serveCancel(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	who := d.users.resolve(p.uid)
-	if who == "" {
-		who = "uid " + strconv.FormatUint(uint64(p.uid), 10)
-	} else {
-		who = fmt.Sprintf("%s (uid %d)", who, p.uid)
-	}
+	who := d.users.who(p.uid, false)
 	msg := fmt.Sprintf("lease %s cancelled by %s", q.Lease, who)
+	// How a running (or revoking) lease ends: its revocation's end.
+	end := api.Error{Code: api.CodeCancelled, Message: msg + "; its command was stopped"}
 	d.mu.Lock()
 	l, found := d.leases[q.Lease]
 	if found && l.uid != p.uid && !d.cfg.Access.Admin(c) {
@@ -130,7 +126,7 @@ func (d *Daemon) serveCancel(w http.ResponseWriter, r *http.Request) {
 		// processes are gone (requeue), whenever that is (a kill that
 		// failed is retried). Saved, so a restart of mpsd ends it too.
 		if l.endWith == nil {
-			l.endWith = &api.Error{Code: api.CodeCancelled, Message: msg + "; its command was stopped"}
+			l.endWith = &end
 			d.store.request()
 		}
 		d.mu.Unlock()
@@ -144,7 +140,7 @@ func (d *Daemon) serveCancel(w http.ResponseWriter, r *http.Request) {
 	}
 	in := l.inst
 	how := revokeHow{dm: in.daemon, servers: in.mps.pids(), force: true,
-		end: &api.Error{Code: api.CodeCancelled, Message: msg + "; its command was stopped"}}
+		end: &end}
 	if q.Signal != 0 {
 		how.signal = &revokeSignal{sig: unix.Signal(q.Signal), grace: q.Grace()}
 	}

@@ -123,7 +123,7 @@ func TestShutdownEndsWorkloadsAndMPS(t *testing.T) {
 		t.Fatal(err)
 	}
 	ended := map[string]string{}
-	if err := readHistory(bytes.NewReader(b), func(r api.HistoryRecord) { ended[r.JobID] = r.Ended }); err != nil {
+	if err := readHistory(bytes.NewReader(b), nil, func(r api.HistoryRecord) { ended[r.JobID] = r.Ended }); err != nil {
 		t.Fatal(err)
 	}
 	if ended["J-run"] != api.EndedShutdown || ended["J-queued"] != api.EndedShutdown || len(ended) != 2 {

@@ -233,16 +233,24 @@ func scanHistory(f *os.File, uidBytes map[uint32]int64) (good, torn int64, err e
 		if err != nil {
 			return 0, 0, err
 		}
-		var rec api.HistoryRecord
-		if json.Unmarshal(line, &rec) != nil {
-			// A line that is no record: torn if it is the last one (a
-			// crash between its write and its fsync can leave garbage
-			// there), kept and skipped by readers if not.
-			if _, perr := r.Peek(1); errors.Is(perr, io.EOF) {
+		// Only the last line may be torn (a crash between its write and
+		// its fsync can leave garbage there): it is decoded whole; the
+		// others need only their uid.
+		_, perr := r.Peek(1)
+		last := errors.Is(perr, io.EOF)
+		uid, ok := recordUID(line)
+		if last && ok {
+			var rec api.HistoryRecord
+			ok = json.Unmarshal(line, &rec) == nil
+		}
+		if !ok {
+			// A line that is no record: torn if it is the last one, kept
+			// and skipped by readers if not.
+			if last {
 				return off, n, nil
 			}
 		} else {
-			uidBytes[rec.UID] += n
+			uidBytes[uid] += n
 		}
 		off += n
 	}
@@ -658,7 +666,11 @@ func (h *history) read(q api.HistoryQuery, own bool, uid uint32) (api.History, e
 	var err error
 	for _, f := range files {
 		if err == nil {
-			err = readHistory(f, func(r api.HistoryRecord) {
+			var only *uint32
+			if own {
+				only = &uid
+			}
+			err = readHistory(f, only, func(r api.HistoryRecord) {
 				if (own && r.UID != uid) || !q.Matches(r) {
 					return
 				}
@@ -705,9 +717,10 @@ func (n *newestRecords) records() []api.HistoryRecord {
 	return out
 }
 
-// readHistory calls each with every record of r, skipping lines that are
-// none (longer than maxHistoryLine, torn, not JSON).
-func readHistory(r io.Reader, each func(api.HistoryRecord)) error {
+// readHistory calls each with every record of r (of uid *only when only
+// is set: the others are not decoded), skipping lines that are none
+// (longer than maxHistoryLine, torn, not JSON).
+func readHistory(r io.Reader, only *uint32, each func(api.HistoryRecord)) error {
 	br := bufio.NewReaderSize(r, maxHistoryLine)
 	for {
 		line, err := br.ReadSlice('\n')
@@ -728,6 +741,11 @@ func readHistory(r io.Reader, each func(api.HistoryRecord)) error {
 		}
 		if err != nil {
 			return err
+		}
+		if only != nil {
+			if u, ok := recordUID(line); ok && u != *only {
+				continue
+			}
 		}
 		var rec api.HistoryRecord
 		if json.Unmarshal(line, &rec) == nil && rec.Lease != "" {
@@ -752,9 +770,7 @@ func (l *lease) historyLocked(how, why string, now time.Time) api.HistoryRecord 
 	}
 	r.WaitMillis = max(waited.Milliseconds(), 0)
 	if l.inst != nil {
-		for _, g := range l.inst.gpus {
-			r.GPUIndexes = append(r.GPUIndexes, g.Index)
-		}
+		r.GPUIndexes = gpuIndexes(l.inst)
 	} else {
 		r.GPUIndexes = append(r.GPUIndexes, l.lastGPUs...)
 	}
@@ -779,14 +795,15 @@ func (d *Daemon) recordEnded(l *lease, how, why string) {
 // line when log is nil. d.mu is held.
 func (d *Daemon) endedLocked(l *lease, how, why string, log *slog.Logger, msg string, more ...any) {
 	var after func()
+	var attrs []any
 	if log != nil {
-		attrs := l.logAttrs(more...)
+		attrs = l.logAttrs(more...)
 		after = func() { log.Info(msg, attrs...) }
 	}
 	if d.hist == nil {
 		// No history (a daemon that never ran): the line at once.
 		if log != nil {
-			d.mu.logAfter(log, msg, l.logAttrs(more...)...)
+			d.mu.logAfter(log, msg, attrs...)
 		}
 		return
 	}
@@ -796,7 +813,7 @@ func (d *Daemon) endedLocked(l *lease, how, why string, log *slog.Logger, msg st
 		// Not recorded: the line (and, at most once a period, the drop's)
 		// once d.mu is let go.
 		if log != nil {
-			d.mu.logAfter(log, msg, l.logAttrs(more...)...)
+			d.mu.logAfter(log, msg, attrs...)
 		}
 		if attrs, ok := d.hist.dropLine(d.clock.Now()); ok {
 			d.mu.errorAfter(d.hist.log, "history: ended leases not recorded", attrs...)

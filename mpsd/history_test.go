@@ -110,7 +110,7 @@ func TestReadHistorySkipsWhatIsNoRecord(t *testing.T) {
 	b.Write(recordLine(t, histRecord(1000, 2)))
 	b.Write(recordLine(t, histRecord(1000, 3))[:30])
 	var got []api.HistoryRecord
-	if err := readHistory(&b, func(r api.HistoryRecord) { got = append(got, r) }); err != nil {
+	if err := readHistory(&b, nil, func(r api.HistoryRecord) { got = append(got, r) }); err != nil {
 		t.Fatal(err)
 	}
 	if ids := strings.Join(recordIDs(got), " "); ids != "g-1000-0001 g-1000-0002" {

@@ -414,9 +414,11 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 		// The clients no lease holds, by server. Without MPS's lists
 		// read, NVML showed every MPS client leased: none.
 		unleased := map[int][]int{}
+		var unleasedFacts []unleasedFact
 		for _, c := range confirmed {
 			if c.f.kind == reconUnleased {
 				unleased[c.f.server] = append(unleased[c.f.server], c.f.pid)
+				unleasedFacts = append(unleasedFacts, unleasedFact{pid: c.f.pid, uid: c.facts.uid, server: c.f.server})
 			}
 		}
 		// What holds a server of one uid for MPS: its unleased clients
@@ -424,12 +426,6 @@ func (d *Daemon) reconcileInstance(in *instance, event bool) {
 		// daemon's one server serves every uid).
 		wasHeld := in.mps.held()
 		in.mps.setUnleased(unleased)
-		var unleasedFacts []unleasedFact
-		for _, c := range confirmed {
-			if c.f.kind == reconUnleased {
-				unleasedFacts = append(unleasedFacts, unleasedFact{pid: c.f.pid, uid: c.facts.uid, server: c.f.server})
-			}
-		}
 		in.seen = noteUsage(in.key, view.gpus, procs, leased, unleasedFacts)
 		if !multiuser && wasHeld != in.mps.held() {
 			// Released: another uid may be served now. Taken: the

@@ -540,7 +540,8 @@ func (d *Daemon) serveRelease(w http.ResponseWriter, r *http.Request) {
 	d.releaseUnless(l, releaseCommandEnded, func(l *lease) bool {
 		revoking = l.revocationComingLocked(q.Attempt)
 		if revoking && l.endWith != nil && l.endWith.Code == api.CodeCancelled {
-			cancelled = &api.Error{Code: l.endWith.Code, Message: l.endWith.Message}
+			e := *l.endWith
+			cancelled = &e
 		}
 		if revoking {
 			l.logger().Info("release refused: the lease is being revoked; its launcher waits for the revocation", l.logAttrs("attempt", q.Attempt)...)
@@ -730,10 +731,7 @@ func (d *Daemon) serveAdmin(w http.ResponseWriter, r *http.Request, drain bool) 
 	var rec drainRecord
 	if drain {
 		p, _, _ := d.credentials(r)
-		rec = drainRecord{reason: t.Reason, by: d.users.resolve(p.uid), at: d.clock.Now()}
-		if rec.by == "" {
-			rec.by = "uid " + strconv.FormatUint(uint64(p.uid), 10)
-		}
+		rec = drainRecord{reason: t.Reason, by: d.users.who(p.uid, true), at: d.clock.Now()}
 		if rec.reason == "" {
 			rec.reason = noDrainReason
 		}

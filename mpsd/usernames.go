@@ -43,6 +43,22 @@ func (u *userNames) resolve(uid uint32) string {
 	return name
 }
 
+// who names uid for an operator's record or a launcher's line: "alice
+// (uid 1001)", or "uid 1001" when the database has no name for it; short
+// gives the name alone when there is one. It looks the name up (outside
+// Daemon.mu).
+func (u *userNames) who(uid uint32, short bool) string {
+	id := "uid " + strconv.FormatUint(uint64(uid), 10)
+	switch name := u.resolve(uid); {
+	case name == "":
+		return id
+	case short:
+		return name
+	default:
+		return name + " (" + id + ")"
+	}
+}
+
 // cached is the name resolve found for uid, without looking it up.
 func (u *userNames) cached(uid uint32) string {
 	u.mu.Lock()
