@@ -21,7 +21,10 @@ const (
 	configFile    = "examples/prometheus/prometheus.yml"
 	dashboardFile = "examples/grafana/mpsd.json"
 	alertsDoc     = "docs/alerts.md"
-	runbookBase   = "https://github.com/mpsd/mpsd/blob/main/" + alertsDoc + "#"
+	// runbookBase is where the alerts' runbook_url and the dashboard's
+	// link point: docs/alerts.md as the package installs it (docs/install.md;
+	// the chart's prometheus.runbookBase replaces it).
+	runbookBase = "file:///usr/share/doc/mpsd/alerts.md#"
 )
 
 // metricContract is what mpsd exports (docs/architecture.md#metrics-and-systemd): each metric's labels,
@@ -171,6 +174,10 @@ type dashboard struct {
 			Definition string `json:"definition"`
 		} `json:"list"`
 	} `json:"templating"`
+	Links []struct {
+		Title string `json:"title"`
+		URL   string `json:"url"`
+	} `json:"links"`
 }
 
 type panel struct {
@@ -524,6 +531,20 @@ func TestEveryAlertIsTested(t *testing.T) {
 		if quiet[r.Alert] == 0 {
 			t.Errorf("%s: no test case where it must not fire", r.Alert)
 		}
+	}
+}
+
+// TestDashboardLinksRunbooks: the dashboard's runbook link is the alerts'
+// runbook base (the installed docs/alerts.md), not an address of its own.
+func TestDashboardLinksRunbooks(t *testing.T) {
+	d := loadDashboard(t)
+	want := strings.TrimSuffix(runbookBase, "#")
+	var urls []string
+	for _, l := range d.Links {
+		urls = append(urls, l.URL)
+	}
+	if !slices.Contains(urls, want) {
+		t.Errorf("dashboard links %q, want one to %s", urls, want)
 	}
 }
 
