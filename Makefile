@@ -19,7 +19,7 @@ STATICCHECK ?= $(GOBIN_DIR)/staticcheck
 STATICCHECK_VERSION := v0.8.2
 TEST_TIMEOUT ?= 9m
 
-.PHONY: all build emu demo chaos test test-go lint fmt vet staticcheck fetch-mps fetch-prometheus conformance clean help check-leftovers testrun man
+.PHONY: all build emu demo chaos test test-go lint fmt vet staticcheck fetch-mps fetch-prometheus conformance clean help check-leftovers testrun man chart
 
 all: build
 
@@ -36,6 +36,7 @@ help:
 	@echo "make fetch-apiserver  build kube-apiserver and etcd (5-10 min cold, after the kubelet) into $(MPSD_APISERVER_CACHE)"
 	@echo "make conformance  print the emulator-vs-real conformance table"
 	@echo "make man          regenerate the man pages (docs/man) and the bash and zsh completions (docs/completion) from the programs' definitions"
+	@echo "make chart        copy examples/prometheus's alert rules and examples/grafana's dashboard into the Helm chart (deploy/helm/mpsd/files) again, and its golden render"
 	@echo "make clean        remove $(BIN)/"
 
 # mps-launch is built without cgo: a static binary reaches main about 1 ms
@@ -135,6 +136,14 @@ MAN_PACKAGES := ./internal/mpsctl ./launcher ./cmd/mpsd ./policy
 man:
 	$(GO) test -count=1 -run '^TestManual$$' $(MAN_PACKAGES) -args -update
 	$(GO) test -count=1 -run '^TestShipped' ./internal/manpage
+
+# The Helm chart (deploy/helm/mpsd) carries copies of the alert rules and
+# the dashboard of examples/, as a packaged chart must; deploy/helm's
+# TestChartCopiesExamples fails when they drift, TestDefaultRender when the
+# default render leaves testdata/default.yaml. -update rewrites both.
+# Commit what changed.
+chart:
+	$(GO) test -count=1 -run '^(TestChartCopiesExamples|TestDefaultRender)$$' ./deploy/helm -args -update
 
 lint: fmt vet staticcheck
 
