@@ -636,10 +636,13 @@ func TestValues(t *testing.T) {
 	if err := yaml.Unmarshal(alertsSrc, &src); err != nil {
 		t.Fatal(err)
 	}
+	// srcURLs are the source rules' runbook URLs, by anchor.
+	srcURLs := map[string]string{}
 	for _, g := range src.Groups {
 		for _, r := range g.Rules {
 			if r.Alert != "" {
 				_, anchors[r.Alert], _ = strings.Cut(r.Annotations["runbook_url"], "#")
+				srcURLs[anchors[r.Alert]] = r.Annotations["runbook_url"]
 			}
 		}
 	}
@@ -675,6 +678,26 @@ func TestValues(t *testing.T) {
 		}
 		if seen != len(anchors) {
 			t.Errorf("PrometheusRule has %d alerts, the rules file %d", seen, len(anchors))
+		}
+		// Everything else is the rules file's, as data: the rendered
+		// spec with the source's runbook URLs put back is the file.
+		var want, got any
+		if err := yaml.Unmarshal(alertsSrc, &want); err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range pr.Spec.Groups {
+			for _, r := range g.Rules {
+				if u, ok := r.Annotations["runbook_url"]; ok {
+					_, anchor, _ := strings.Cut(u, "#")
+					r.Annotations["runbook_url"] = srcURLs[anchor]
+				}
+			}
+		}
+		if err := yaml.Unmarshal([]byte(asYAML(t, pr.Spec)), &got); err != nil {
+			t.Fatal(err)
+		}
+		if w, g := asYAML(t, want), asYAML(t, got); w != g {
+			t.Errorf("PrometheusRule's spec is not the rules file's:\n%s", lineDiff(w, g))
 		}
 	}
 	tests := []struct {
