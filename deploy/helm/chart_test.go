@@ -90,8 +90,14 @@ func values(t *testing.T, text string) map[string]any {
 // template name, without NOTES.txt, and NOTES.txt apart.
 func render(t *testing.T, vals map[string]any) (manifests map[string]string, notes string, err error) {
 	t.Helper()
+	return renderRelease(t, common.ReleaseOptions{Name: release, Namespace: namespace, Revision: 1, IsInstall: true}, vals)
+}
+
+// renderRelease is render for another release.
+func renderRelease(t *testing.T, rel common.ReleaseOptions, vals map[string]any) (manifests map[string]string, notes string, err error) {
+	t.Helper()
 	ch := loadChart(t)
-	top, err := util.ToRenderValues(ch, vals, common.ReleaseOptions{Name: release, Namespace: namespace, Revision: 1, IsInstall: true}, capabilities(t))
+	top, err := util.ToRenderValues(ch, vals, rel, capabilities(t))
 	if err != nil {
 		return nil, "", err
 	}
@@ -854,6 +860,63 @@ func equalMaps(a, b map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// TestReleaseName renders a release of another name in another namespace,
+// every optional object on: its objects are named after it, and they
+// still find each other: the DaemonSet's service account is bound to a
+// ClusterRole that may get pods (mpsd's root check reads pods with it),
+// its ConfigMap is the release's, the ServiceMonitor selects the
+// release's Service only.
+func TestReleaseName(t *testing.T) {
+	rel := common.ReleaseOptions{Name: "gpu-sharing", Namespace: "gpu", Revision: 1, IsInstall: true}
+	m, _, err := renderRelease(t, rel, values(t, `{prometheus: {rules: {enabled: true}, serviceMonitor: {enabled: true}}, grafana: {dashboard: {enabled: true}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := mustDecode(t, m)
+	want := []string{"ClusterRole/gpu-sharing-mpsd-pod-reader", "ClusterRoleBinding/gpu-sharing-mpsd-pod-reader", "ConfigMap/gpu-sharing-mpsd-config",
+		"ConfigMap/gpu-sharing-mpsd-dashboard", "DaemonSet/gpu-sharing-mpsd", "PrometheusRule/gpu-sharing-mpsd", "Service/gpu-sharing-mpsd-metrics",
+		"ServiceAccount/gpu-sharing-mpsd", "ServiceMonitor/gpu-sharing-mpsd"}
+	if got := o.kinds(); !slices.Equal(got, want) {
+		t.Fatalf("objects %v, want %v", got, want)
+	}
+	for _, x := range o {
+		if x.kind != "ClusterRole" && x.kind != "ClusterRoleBinding" && x.namespace != rel.Namespace {
+			t.Errorf("%s %s: namespace %q, want the release's %s", x.kind, x.name, x.namespace, rel.Namespace)
+		}
+	}
+	ds := o.get("DaemonSet", "gpu-sharing-mpsd").(*appsv1.DaemonSet)
+	spec := ds.Spec.Template.Spec
+	if o.get("ServiceAccount", spec.ServiceAccountName) == nil {
+		t.Errorf("serviceAccountName %q: no such ServiceAccount", spec.ServiceAccountName)
+	}
+	mayGetPods := false
+	for _, x := range o {
+		b, ok := x.obj.(*rbacv1.ClusterRoleBinding)
+		if !ok || !slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool {
+			return s.Kind == rbacv1.ServiceAccountKind && s.Name == spec.ServiceAccountName && s.Namespace == rel.Namespace
+		}) {
+			continue
+		}
+		if role, _ := o.get("ClusterRole", b.RoleRef.Name).(*rbacv1.ClusterRole); role != nil && b.RoleRef.Kind == "ClusterRole" {
+			for _, r := range role.Rules {
+				mayGetPods = mayGetPods || slices.Contains(r.APIGroups, "") && slices.Contains(r.Resources, "pods") && slices.Contains(r.Verbs, "get")
+			}
+		}
+	}
+	if !mayGetPods {
+		t.Errorf("service account %s/%s may not get pods: no ClusterRoleBinding to a ClusterRole that may", rel.Namespace, spec.ServiceAccountName)
+	}
+	for _, v := range spec.Volumes {
+		if v.ConfigMap != nil && v.ConfigMap.Name != "gpu-sharing-mpsd-config" {
+			t.Errorf("volume %s: ConfigMap %s, want the release's gpu-sharing-mpsd-config", v.Name, v.ConfigMap.Name)
+		}
+	}
+	sm := o.get("ServiceMonitor", "gpu-sharing-mpsd").(*serviceMonitor)
+	if sm.Spec.Selector.MatchLabels["app.kubernetes.io/instance"] != rel.Name || !slices.Equal(sm.Spec.NamespaceSelector.MatchNames, []string{rel.Namespace}) {
+		t.Errorf("ServiceMonitor selects %v in %v; want the release's Service (instance %s, namespace %s)", sm.Spec.Selector.MatchLabels, sm.Spec.NamespaceSelector.MatchNames, rel.Name, rel.Namespace)
+	}
 }
 
 // TestRefused checks the values the chart refuses and what it says:
