@@ -11,6 +11,9 @@ export MPSD_PROMETHEUS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/prom
 export MPSD_KUBELET_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/kubelet
 # Where hack/build-apiserver.sh caches the kube-apiserver and etcd it builds (outside the repo).
 export MPSD_APISERVER_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/apiserver
+# Where make package-deb (and package-image) write what they build; the
+# tests that install an artifact find it there.
+export MPSD_DIST_DIR ?= $(CURDIR)/dist
 
 BIN := bin
 EMU := $(BIN)/emu
@@ -37,6 +40,7 @@ help:
 	@echo "make conformance  print the emulator-vs-real conformance table"
 	@echo "make man          regenerate the man pages (docs/man) and the bash and zsh completions (docs/completion) from the programs' definitions"
 	@echo "make chart        copy examples/prometheus's alert rules and examples/grafana's dashboard into the Helm chart (deploy/helm/mpsd/files) again, and its golden render"
+	@echo "make package-deb  build, then dist/mpsd_<version>_<arch>.deb (internal/debpkg; reproducible from the commit)"
 	@echo "make clean        remove $(BIN)/"
 
 # mps-launch is built without cgo: a static binary reaches main about 1 ms
@@ -114,8 +118,23 @@ testrun:
 
 test: fetch-kubelet fetch-apiserver
 
+test: package-deb
+
 test: fetch-mps fetch-prometheus build testrun
 	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) MPSD_BIN_DIR=$(CURDIR)/bin GO=$(GO) $(TESTRUN) -race -timeout $(TEST_TIMEOUT) ./...
+
+# The Debian package of what make build built (internal/debpkg,
+# deploy/deb's maintainer scripts), stamped with hack/ldflags.sh's
+# version; its files carry the commit's time, so one commit gives the same
+# bytes. The systemd end-to-end test installs it with dpkg.
+.PHONY: package-deb
+package-deb: build
+	@$(GO) build -o $(BIN)/mkdeb ./internal/debpkg/cmd/mkdeb
+	@ldflags=$$(hack/ldflags.sh) && \
+	version=$$(sed -n 's/.*buildinfo\.version=\([^ ]*\).*/\1/p' <<<"$$ldflags") && \
+	ctime=$$(sed -n 's/.*buildinfo\.commitTime=\([^ ]*\).*/\1/p' <<<"$$ldflags") && \
+	rm -f $(MPSD_DIST_DIR)/mpsd_*.deb && \
+	$(BIN)/mkdeb -version "$$version" -commit-time "$$ctime" -bin $(BIN) -root . -out $(MPSD_DIST_DIR)
 
 # Checks the run named by MPSD_TEST_RUN (make test and make chaos check
 # their own runs).

@@ -354,9 +354,10 @@ func unitKeys(t *testing.T, path string) map[string][]string {
 // The shipped units say what docs/architecture.md#metrics-and-systemd and the deployment need, and
 // systemd-analyze verify accepts them without a word. verify also checks
 // that ExecStart's program exists, so the test verifies copies whose
-// ExecStart names the built bin/mpsd instead of /usr/local/bin/mpsd (the
-// only change); a copy with a typo must draw a complaint, or verify would
-// prove nothing here.
+// ExecStart names the built bin/mpsd instead of /usr/bin/mpsd (the
+// only change), with the man page Documentation= names where man finds
+// it; a copy with a typo must draw a complaint, or verify would prove
+// nothing here.
 func TestUnitsVerify(t *testing.T) {
 	src := filepath.Join("..", "..", "examples", "systemd")
 	svc := unitKeys(t, filepath.Join(src, "mpsd.service"))
@@ -364,7 +365,7 @@ func TestUnitsVerify(t *testing.T) {
 	for k, want := range map[string]string{
 		"Service.Type":            "notify",
 		"Service.NotifyAccess":    "main",
-		"Service.ExecStart":       "/usr/local/bin/mpsd --config " + defaultConfigPath,
+		"Service.ExecStart":       "/usr/bin/mpsd --config " + defaultConfigPath,
 		"Service.KillMode":        "process",
 		"Service.Delegate":        "yes",
 		"Service.WatchdogSec":     "30s",
@@ -380,6 +381,12 @@ func TestUnitsVerify(t *testing.T) {
 		}
 		if got := m[k]; len(got) != 1 || got[0] != want {
 			t.Errorf("%s = %q, want %q", k, got, want)
+		}
+	}
+	// Documentation= points at what the package installs.
+	for name, m := range map[string]map[string][]string{"mpsd.service": svc, "mpsd.socket": sock} {
+		if got, want := strings.Join(m["Unit.Documentation"], " "), "man:mpsd(8) file:///usr/share/doc/mpsd/architecture.md"; got != want {
+			t.Errorf("%s: Documentation=%q, want %q", name, got, want)
 		}
 	}
 	if !strings.Contains(strings.Join(svc["Unit.After"], " "), "mpsd.socket") {
@@ -413,15 +420,28 @@ func TestUnitsVerify(t *testing.T) {
 			}
 			s := string(b)
 			if name == "mpsd.service" {
-				s = strings.Replace(s, "ExecStart=/usr/local/bin/mpsd ", "ExecStart="+bin+" ", 1)
+				s = strings.Replace(s, "ExecStart=/usr/bin/mpsd ", "ExecStart="+bin+" ", 1)
 				s = edit(s)
 			}
 			if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
 				t.Fatal(err)
 			}
 		}
+		// Documentation=man:mpsd(8): verify runs man for it, which
+		// finds the page where the package puts it (MANPATH alone).
+		man := filepath.Join(dir, "man")
+		if err := os.MkdirAll(filepath.Join(man, "man8"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		page, err := os.ReadFile(filepath.Join("..", "..", "docs", "man", "mpsd.8"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(man, "man8", "mpsd.8"), page, 0o644); err != nil {
+			t.Fatal(err)
+		}
 		cmd := exec.Command(analyze, "verify", filepath.Join(dir, "mpsd.socket"), filepath.Join(dir, "mpsd.service"))
-		cmd.Env = append(os.Environ(), "SYSTEMD_LOG_COLOR=0")
+		cmd.Env = append(os.Environ(), "SYSTEMD_LOG_COLOR=0", "MANPATH="+man)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			return fmt.Sprintf("%v: %s", err, out)

@@ -1,0 +1,375 @@
+package debpkg
+
+import (
+	"bytes"
+	"compress/gzip"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/policy"
+)
+
+// root is the repository's root, from this package's directory.
+const root = "../.."
+
+var commitTime = time.Date(2026, 12, 8, 14, 30, 0, 0, time.UTC)
+
+func TestDebVersion(t *testing.T) {
+	tests := []struct {
+		name, stamped, want string
+	}{
+		{"tag", "v1.2.0", "1.2.0"},
+		{"tag without v", "1.2.0", "1.2.0"},
+		{"commits after a tag", "v1.2.0-12-gabc1234", "1.2.0+12.gabc1234"},
+		{"dirty tag", "v1.2.0-dirty", "1.2.0+dirty"},
+		{"dirty commits after a tag", "v1.2.0-12-gabc1234-dirty", "1.2.0+12.gabc1234.dirty"},
+		{"prerelease", "v1.2.0-rc.1", "1.2.0~rc.1"},
+		{"prerelease with a dash", "v1.2.0-rc-1", "1.2.0~rc.1"},
+		{"commits after a prerelease", "v1.2.0-rc.1-3-g0123abcd", "1.2.0~rc.1+3.g0123abcd"},
+		{"bare commit", "abc1234", "0~git20261208.143000.gabc1234"},
+		{"dirty bare commit", "abc1234-dirty", "0~git20261208.143000.gabc1234+dirty"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := DebVersion(tc.stamped, commitTime)
+			if err != nil || got != tc.want {
+				t.Errorf("DebVersion(%q) = %q, %v; want %q", tc.stamped, got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestDebVersionRefused(t *testing.T) {
+	for _, tc := range []struct{ name, stamped string }{
+		{"empty", ""},
+		{"devel", "(devel)"},
+		{"no digit first", "vnext"},
+		{"bare commit without a time", "abc1234"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ct := commitTime
+			if tc.name == "bare commit without a time" {
+				ct = time.Time{}
+			}
+			if got, err := DebVersion(tc.stamped, ct); !errors.Is(err, ErrVersion) {
+				t.Errorf("DebVersion(%q) = %q, %v; want ErrVersion", tc.stamped, got, err)
+			}
+		})
+	}
+}
+
+// TestDebVersionOrder checks with dpkg that the mapped versions sort as
+// the builds do: a prerelease before its release, commits after a tag
+// before the next tag, an untagged commit before every tag and after an
+// earlier untagged one. A dirty work tree's build has no place among them.
+func TestDebVersionOrder(t *testing.T) {
+	dpkg, err := exec.LookPath("dpkg")
+	if err != nil {
+		t.Skip("skipping: dpkg is not installed, it decides the order")
+	}
+	earlier := commitTime.Add(-time.Hour)
+	order := []struct {
+		stamped string
+		at      time.Time
+	}{
+		{"0123abc", earlier},
+		{"abc1234", commitTime},
+		{"v0.9.0", commitTime},
+		{"v1.2.0-rc.1", commitTime},
+		{"v1.2.0-rc.1-3-g0123abcd", commitTime},
+		{"v1.2.0", commitTime},
+		{"v1.2.0-2-gabc1234", commitTime},
+		{"v1.2.0-12-gabc1234", commitTime},
+		{"v1.2.1", commitTime},
+	}
+	var prev string
+	for _, o := range order {
+		v, err := DebVersion(o.stamped, o.at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if prev != "" {
+			if out, err := exec.Command(dpkg, "--compare-versions", prev, "lt", v).CombinedOutput(); err != nil {
+				t.Errorf("dpkg: %s is not before %s (%s): %v %s", prev, v, o.stamped, err, out)
+			}
+		}
+		prev = v
+	}
+}
+
+// fakeBin makes a bin directory with stand-ins for the three programs.
+func fakeBin(t *testing.T) string {
+	t.Helper()
+	bin := t.TempDir()
+	for _, p := range Programs {
+		if err := os.WriteFile(filepath.Join(bin, p), []byte("#!/bin/sh\necho "+p+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return bin
+}
+
+func build(t *testing.T, bin string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	s := Spec{Root: root, Bin: bin, Version: "1.2.0+3.gabc1234", Arch: "amd64", MTime: commitTime, Work: t.TempDir()}
+	if err := Build(s, &buf); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// TestBuildReproducible builds the package twice from the same inputs,
+// with the sources' own modification times changed in between, and wants
+// the same bytes.
+func TestBuildReproducible(t *testing.T) {
+	bin := fakeBin(t)
+	a := build(t, bin)
+	later := time.Now().Add(time.Hour)
+	for _, p := range Programs {
+		if err := os.Chtimes(filepath.Join(bin, p), later, later); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := build(t, bin)
+	if !bytes.Equal(a, b) {
+		t.Fatalf("two builds from the same inputs differ (%d and %d bytes)", len(a), len(b))
+	}
+}
+
+// TestBuildContents checks with dpkg-deb what the package holds: every
+// installed path of the contract, the modes, the conffiles, the control
+// fields and the maintainer scripts.
+func TestBuildContents(t *testing.T) {
+	if _, err := exec.LookPath("dpkg-deb"); err != nil {
+		t.Skip("skipping: dpkg-deb is not installed")
+	}
+	deb := filepath.Join(t.TempDir(), FileName("1.2.0+3.gabc1234", "amd64"))
+	if err := os.WriteFile(deb, build(t, fakeBin(t)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("dpkg-deb", "--contents", deb).CombinedOutput()
+	if err != nil {
+		t.Fatalf("dpkg-deb --contents: %v\n%s", err, out)
+	}
+	got := map[string]string{} // path -> mode owner
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 {
+			t.Fatalf("dpkg-deb line %q", line)
+		}
+		got[strings.TrimSuffix(strings.TrimPrefix(f[5], "."), "/")] = f[0] + " " + f[1] + " " + f[3] + " " + f[4]
+	}
+	stamp := commitTime.Format("2006-01-02 15:04")
+	want := map[string]string{
+		"/usr/bin/mpsd":                                               "-rwxr-xr-x",
+		"/usr/bin/mpsctl":                                             "-rwxr-xr-x",
+		"/usr/bin/mps-launch":                                         "-rwxr-xr-x",
+		"/lib/systemd/system/mpsd.service":                            "-rw-r--r--",
+		"/lib/systemd/system/mpsd.socket":                             "-rw-r--r--",
+		"/etc/mpsd":                                                   "drwxr-xr-x",
+		"/etc/mpsd/mpsd.yaml":                                         "-rw-r--r--",
+		"/etc/logrotate.d/mpsd":                                       "-rw-r--r--",
+		"/usr/share/man/man8/mpsd.8.gz":                               "-rw-r--r--",
+		"/usr/share/man/man8/mpsctl.8.gz":                             "-rw-r--r--",
+		"/usr/share/man/man1/mps-launch.1.gz":                         "-rw-r--r--",
+		"/usr/share/man/man5/mpsd.yaml.5.gz":                          "-rw-r--r--",
+		"/usr/share/bash-completion/completions/mpsd":                 "-rw-r--r--",
+		"/usr/share/bash-completion/completions/mpsctl":               "-rw-r--r--",
+		"/usr/share/bash-completion/completions/mps-launch":           "-rw-r--r--",
+		"/usr/share/zsh/vendor-completions/_mpsd":                     "-rw-r--r--",
+		"/usr/share/zsh/vendor-completions/_mpsctl":                   "-rw-r--r--",
+		"/usr/share/zsh/vendor-completions/_mps_launch":               "-rw-r--r--",
+		"/usr/share/doc/mpsd/architecture.md":                         "-rw-r--r--",
+		"/usr/share/doc/mpsd/alerts.md":                               "-rw-r--r--",
+		"/usr/share/doc/mpsd/install.md":                              "-rw-r--r--",
+		"/usr/share/doc/mpsd/examples/mpsd.yaml":                      "-rw-r--r--",
+		"/usr/share/doc/mpsd/examples/logrotate/mpsd":                 "-rw-r--r--",
+		"/usr/share/doc/mpsd/examples/prometheus/mpsd-alerts.yml":     "-rw-r--r--",
+		"/usr/share/doc/mpsd/examples/grafana/mpsd.json":              "-rw-r--r--",
+		"/usr/share/doc/mpsd/examples/kubernetes/mpsd-daemonset.yaml": "-rw-r--r--",
+		"/usr/share/doc/mpsd/examples/slurm/prolog.sh":                "-rw-r--r--",
+	}
+	for p, mode := range want {
+		g, ok := got[p]
+		if !ok {
+			t.Errorf("the package has no %s", p)
+			continue
+		}
+		if w := mode + " root/root"; !strings.HasPrefix(g, w) {
+			t.Errorf("%s: %q, want %q", p, g, w)
+		}
+		if !strings.HasSuffix(g, stamp) {
+			t.Errorf("%s: %q, want the time %s", p, g, stamp)
+		}
+	}
+	for p := range got {
+		if strings.HasSuffix(p, ".go") {
+			t.Errorf("the package has a Go file %s", p)
+		}
+	}
+
+	info, err := exec.Command("dpkg-deb", "--info", deb).CombinedOutput()
+	if err != nil {
+		t.Fatalf("dpkg-deb --info: %v\n%s", err, info)
+	}
+	for _, w := range []string{
+		"Package: mpsd", "Version: 1.2.0+3.gabc1234", "Architecture: amd64",
+		"Depends: " + strings.Join(Depends, ", "), "Recommends: " + strings.Join(Recommends, ", "),
+		"Suggests: " + strings.Join(Suggests, ", "), "postinst", "prerm", "postrm", "conffiles",
+	} {
+		if !strings.Contains(string(info), w) {
+			t.Errorf("dpkg-deb --info has no %q:\n%s", w, info)
+		}
+	}
+	conf, err := exec.Command("dpkg-deb", "--field", deb, "Package").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(conf)) != "mpsd" {
+		t.Errorf("dpkg-deb --field Package: %q, %v", conf, err)
+	}
+	ctrl := t.TempDir()
+	if out, err := exec.Command("dpkg-deb", "--control", deb, ctrl).CombinedOutput(); err != nil {
+		t.Fatalf("dpkg-deb --control: %v\n%s", err, out)
+	}
+	cf, err := os.ReadFile(filepath.Join(ctrl, "conffiles"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Fields(string(cf)), []string{LogrotateFile, ConfigFile}; !slices.Equal(got, want) {
+		t.Errorf("conffiles %v, want %v", got, want)
+	}
+	for _, s := range []string{"postinst", "prerm", "postrm"} {
+		fi, err := os.Stat(filepath.Join(ctrl, s))
+		if err != nil || fi.Mode().Perm() != 0o755 {
+			t.Errorf("maintainer script %s: %v, %v; want mode 0755", s, fi, err)
+		}
+	}
+}
+
+// TestManPagesGzipped checks that the man pages are gzipped as gzip -n
+// does: no name and no time in the header, and the page unchanged.
+func TestManPagesGzipped(t *testing.T) {
+	s := Spec{Root: root, Work: t.TempDir()}
+	es, err := s.manPages()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(es) != 4 {
+		t.Fatalf("%d man pages, want 4 (mpsd.8, mpsctl.8, mps-launch.1, mpsd.yaml.5)", len(es))
+	}
+	for _, e := range es {
+		f, err := os.Open(e.src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if zr.Name != "" || !zr.ModTime.IsZero() {
+			t.Errorf("%s: gzip header name %q time %v, want neither", e.dst, zr.Name, zr.ModTime)
+		}
+		b, err := io.ReadAll(zr)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		page := strings.TrimSuffix(filepath.Base(e.dst), ".gz")
+		src, err := os.ReadFile(filepath.Join(root, "docs", "man", page))
+		if err != nil || !bytes.Equal(b, src) {
+			t.Errorf("%s does not hold docs/man/%s (%v)", e.dst, page, err)
+		}
+		if sec := page[strings.LastIndexByte(page, '.')+1:]; !strings.HasPrefix(e.dst, ManDir+"/man"+sec+"/") {
+			t.Errorf("%s is not in section %s's directory", e.dst, sec)
+		}
+	}
+}
+
+// TestContentsMissingFile: a package that would lack one of its files is
+// not built.
+func TestContentsMissingFile(t *testing.T) {
+	bin := fakeBin(t)
+	if err := os.Remove(filepath.Join(bin, "mpsctl")); err != nil {
+		t.Fatal(err)
+	}
+	s := Spec{Root: root, Bin: bin, Version: "1.2.0", Arch: "amd64", MTime: commitTime, Work: t.TempDir()}
+	if err := Build(s, io.Discard); err == nil || !strings.Contains(err.Error(), "mpsctl") {
+		t.Errorf("Build without bin/mpsctl: %v, want an error naming it", err)
+	}
+}
+
+// TestMaintainerScriptsShellcheck runs shellcheck on the maintainer
+// scripts (POSIX sh, as dpkg runs them).
+func TestMaintainerScriptsShellcheck(t *testing.T) {
+	sc, err := exec.LookPath("shellcheck")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("shellcheck is not installed (.ci/run installs it)")
+		}
+		t.Skip("skipping: shellcheck is not installed (apt-get install shellcheck)")
+	}
+	for _, s := range []string{"postinst", "prerm", "postrm"} {
+		p := filepath.Join(root, "deploy", "deb", s)
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.HasPrefix(b, []byte("#!/bin/sh\n")) || !bytes.Contains(b, []byte("\nset -e\n")) {
+			t.Errorf("%s: want #!/bin/sh and set -e", s)
+		}
+		if out, err := exec.Command(sc, "--shell=sh", "--severity=style", p).CombinedOutput(); err != nil {
+			t.Errorf("shellcheck %s: %v\n%s", s, err, out)
+		}
+	}
+}
+
+// testUsers resolves the names the default config names.
+type testUsers struct{}
+
+func (testUsers) UserID(name string) (uint32, error) {
+	if name == "root" {
+		return 0, nil
+	}
+	return 0, fmt.Errorf("no user %s", name)
+}
+
+func (testUsers) GroupID(name string) (uint32, error) { return 0, fmt.Errorf("no group %s", name) }
+
+// TestDefaultConfigStarts: the config the package installs is valid on a
+// host with GPUs, the smallest that mpsd serves (one 8 GiB card) as much
+// as eight H100s, and names the units' socket.
+func TestDefaultConfigStarts(t *testing.T) {
+	const gib = int64(1) << 30
+	hosts := map[string][]policy.GPU{"one 8 GiB GPU": {{Index: 0, UUID: "GPU-00000000-0000-4000-8000-000000000000", Memory: 8 * gib}}}
+	h100 := make([]policy.GPU, 8)
+	for i := range h100 {
+		h100[i] = policy.GPU{Index: i, UUID: fmt.Sprintf("GPU-%08x-0000-4000-8000-000000000000", i), Memory: 85520809984}
+	}
+	hosts["eight H100"] = h100
+	for name, gpus := range hosts {
+		t.Run(name, func(t *testing.T) {
+			f, err := os.Open(filepath.Join(root, "deploy", "deb", "mpsd.yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			c, err := policy.Parse(f, policy.Host{GPUs: gpus, Users: testUsers{}})
+			if err != nil {
+				t.Fatalf("deploy/deb/mpsd.yaml: %v", err)
+			}
+			if len(c.Groups) != 1 || len(c.Groups[0].Instances) != len(gpus) {
+				t.Errorf("groups %+v, want one with an instance per GPU", c.Groups)
+			}
+			if c.Socket != "/run/mpsd/mpsd.sock" || c.StateDir != "/var/lib/mpsd" || c.LogDir != "/var/log/mpsd" {
+				t.Errorf("socket %s, state_dir %s, log_dir %s: want the units' socket and the directories postinst makes", c.Socket, c.StateDir, c.LogDir)
+			}
+		})
+	}
+}
