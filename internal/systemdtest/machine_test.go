@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,8 +45,9 @@ const (
 )
 
 // hostPrograms are the other programs the machine needs, looked up on
-// PATH: util-linux's unshare, nsenter, mount and systemd's clients.
-var hostPrograms = []string{"unshare", "nsenter", "mount", "mknod", "systemctl", "journalctl", "ss"}
+// PATH: util-linux's unshare, nsenter, mount, systemd's clients, and
+// dpkg and deb-systemd-helper, which install the package.
+var hostPrograms = []string{"unshare", "nsenter", "mount", "mknod", "systemctl", "journalctl", "ss", "dpkg", "dpkg-deb", "deb-systemd-helper"}
 
 // missing skips the test because of why, or fails it under
 // MPSD_REQUIRE_SYSTEMD=1.
@@ -174,19 +176,33 @@ func rmdirTree(top string) {
 //
 // Safety, in order (see doc.go): the root mount becomes read-only in this
 // namespace only (remount,bind changes this mount, never the filesystem),
-// the test's directory alone stays writable; /run and /dev are private
-// tmpfs; /sys is a fresh read-only sysfs (of the new network namespace);
-// /sys/fs/cgroup a cgroup2 mount made inside the new cgroup namespace, so
-// its root is the test's cgroup and its mount options change nothing
-// outside; /proc/sys is read-only. systemd runs with container= (so a
-// shutdown would not remount anything read-only), a unit path of the
-// test's units only (no sysinit.target.wants, no tmpfiles, no timers) and
-// no generators.
+// the test's directory alone stays writable; /usr, /etc and /var are
+// overlays whose upper directories are on a tmpfs of the namespace's
+// (dpkg installs there: the host's files and dpkg database stay as they
+// are); /lib/systemd/system and /etc/systemd/system are the test's own
+// directories, so that systemd sees the test's units and the package's,
+// never the host's; /run and /dev are private tmpfs; /sys is a fresh
+// read-only sysfs (of the new network namespace); /sys/fs/cgroup a
+// cgroup2 mount made inside the new cgroup namespace, so its root is the
+// test's cgroup and its mount options change nothing outside; /proc/sys
+// is read-only. systemd runs with container= (so a shutdown would not
+// remount anything read-only), a unit path of those two directories and
+// /run/systemd/system only (no sysinit.target.wants, no tmpfiles, no
+// timers) and no generators.
 const insideScript = `set -eu
 d=$1
 mount -o remount,bind,ro /
 mount --bind "$d" "$d"
 mount -o remount,bind,rw "$d"
+mount -t tmpfs -o mode=0755 tmpfs "$d/overlay"
+for p in usr etc var; do
+	mkdir "$d/overlay/$p" "$d/overlay/$p/upper" "$d/overlay/$p/work"
+	mount -t overlay overlay -o "lowerdir=/$p,upperdir=$d/overlay/$p/upper,workdir=$d/overlay/$p/work" "/$p"
+done
+mount --bind "$d/lib-units" /usr/lib/systemd/system
+mount --bind "$d/etc-units" /etc/systemd/system
+# man-db's dpkg trigger would rebuild the whole man database at each install.
+rm -f /var/lib/man-db/auto-update
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /run
 mkdir -p /run/systemd/journald.conf.d
 printf '[Journal]\nStorage=volatile\n' >/run/systemd/journald.conf.d/mpsd-test.conf
@@ -203,13 +219,15 @@ mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 /sys/fs/cgroup
 mount --bind /proc/sys /proc/sys
 mount -o remount,bind,ro /proc/sys
 exec env -i container=mpsd-test PATH=/usr/sbin:/usr/bin:/sbin:/bin \
-	SYSTEMD_UNIT_PATH="$d/units" SYSTEMD_GENERATOR_PATH="$d/empty" SYSTEMD_ENVIRONMENT_GENERATOR_PATH="$d/empty" \
+	SYSTEMD_UNIT_PATH=/etc/systemd/system:/run/systemd/system:/lib/systemd/system \
+	SYSTEMD_GENERATOR_PATH="$d/empty" SYSTEMD_ENVIRONMENT_GENERATOR_PATH="$d/empty" \
 	` + systemdBin + ` --system --unit=mpsd-test.target --show-status=no
 `
 
-// baseUnits are the units the test's systemd knows besides mpsd's: the
-// targets that default dependencies name, empty, and journald's units,
-// Debian's own.
+// baseUnits are the units the test's systemd knows besides the
+// package's, in its /lib/systemd/system: the targets that default
+// dependencies name, empty, and (journaldUnits) journald's units, copies
+// of Debian's own.
 var baseUnits = map[string]string{
 	"sysinit.target":  "[Unit]\nDescription=System Initialization (empty: mpsd test)\n",
 	"basic.target":    "[Unit]\nDescription=Basic System (mpsd test)\nRequires=sysinit.target\nAfter=sysinit.target\n",
@@ -222,12 +240,11 @@ var baseUnits = map[string]string{
 
 var journaldUnits = []string{"systemd-journald.service", "systemd-journald.socket", "systemd-journald-dev-log.socket"}
 
-// boot checks the prerequisites, writes the unit directory (units: name
-// -> content, besides baseUnits) and boots the machine; it returns once
-// mpsd-test.target is active. Cleanup kills the machine's systemd, which
+// boot checks the prerequisites, writes the unit directories (baseUnits)
+// and boots the machine; it returns once mpsd-test.target is active. Cleanup kills the machine's systemd, which
 // ends every process of the namespace, and removes the cgroups and the
 // directory.
-func boot(t *testing.T, units map[string]string, path string) *machine {
+func boot(t *testing.T, path string) *machine {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		missing(t, "the systemd test runs systemd as PID 1 of new namespaces, which needs root")
@@ -277,19 +294,21 @@ func boot(t *testing.T, units map[string]string, path string) *machine {
 	m := &machine{t: t, dir: dir, path: path, clientsFD: -1, nsenter: progs["nsenter"]}
 	m.cgroupName = fmt.Sprintf("%s%d-%d", cgroupPrefix, os.Getpid(), machineSeq.Add(1))
 	m.cgroup = filepath.Join(cg2, m.cgroupName)
-	for _, d := range []string{"units", "empty"} {
+	for _, d := range []string{"lib-units", "etc-units", "empty", "overlay"} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for name, body := range baseUnits {
-		m.writeUnit(name, body)
+	units := maps.Clone(baseUnits)
+	for _, u := range journaldUnits {
+		b, err := os.ReadFile(filepath.Join("/lib/systemd/system", u))
+		if err != nil {
+			missing(t, fmt.Sprintf("journald's unit: %v", err))
+		}
+		units[u] = string(b)
 	}
 	for name, body := range units {
-		m.writeUnit(name, body)
-	}
-	for _, u := range journaldUnits {
-		if err := os.Symlink(filepath.Join("/lib/systemd/system", u), filepath.Join(dir, "units", u)); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, "lib-units", name), []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -382,11 +401,11 @@ func boot(t *testing.T, units map[string]string, path string) *machine {
 }
 
 // writeUnit writes a unit file (or a drop-in: "x.service.d/y.conf") into
-// the machine's unit directory; systemctl daemon-reload makes a running
-// manager read it.
+// the machine's /etc/systemd/system; systemctl daemon-reload makes a
+// running manager read it.
 func (m *machine) writeUnit(name, body string) {
 	m.t.Helper()
-	p := filepath.Join(m.dir, "units", name)
+	p := m.etcUnit(name)
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		m.t.Fatal(err)
 	}
@@ -394,6 +413,14 @@ func (m *machine) writeUnit(name, body string) {
 		m.t.Fatal(err)
 	}
 }
+
+// etcUnit is the host's path of a file in the machine's
+// /etc/systemd/system.
+func (m *machine) etcUnit(name string) string { return filepath.Join(m.dir, "etc-units", name) }
+
+// libUnit is the host's path of a file in the machine's
+// /lib/systemd/system, where the package's units are installed.
+func (m *machine) libUnit(name string) string { return filepath.Join(m.dir, "lib-units", name) }
 
 // root is path inside the namespace, seen from the host (systemd's
 // root: the namespace's mounts, its /proc among them).
@@ -472,9 +499,24 @@ func (m *machine) stop() {
 // command prepares argv to run inside the namespace (nsenter into
 // systemd's namespaces), started in the test's clients cgroup there.
 func (m *machine) command(argv ...string) *exec.Cmd {
-	args := append([]string{"-t", strconv.Itoa(m.pid), "-m", "-p", "-u", "-n", "-C", "--"}, argv...)
-	cmd := exec.Command(m.nsenter, args...)
-	cmd.Env = []string{"PATH=" + m.path, "LANG=C.UTF-8", "SYSTEMD_PAGER=", "SYSTEMD_COLORS=0", "MPSD_SOCKET=" + mpsdSocket}
+	return m.commandAs(nil, argv...)
+}
+
+// user is a test user commands run as.
+type user struct {
+	name     string
+	uid, gid int
+}
+
+// commandAs is command run as u (nsenter's --setuid and --setgid, which
+// drop the supplementary groups); nil is root.
+func (m *machine) commandAs(u *user, argv ...string) *exec.Cmd {
+	args := []string{"-t", strconv.Itoa(m.pid), "-m", "-p", "-u", "-n", "-C"}
+	if u != nil {
+		args = append(args, "-S", strconv.Itoa(u.uid), "-G", strconv.Itoa(u.gid))
+	}
+	cmd := exec.Command(m.nsenter, append(append(args, "--"), argv...)...)
+	cmd.Env = []string{"PATH=" + m.path, "LANG=C.UTF-8", "SYSTEMD_PAGER=", "SYSTEMD_COLORS=0", "MPSD_SOCKET=" + mpsdSocket, "DEBIAN_FRONTEND=noninteractive"}
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: m.clientsFD}
 	return cmd
@@ -482,10 +524,16 @@ func (m *machine) command(argv ...string) *exec.Cmd {
 
 // run runs argv inside and returns its output (stdout and stderr).
 func (m *machine) run(argv ...string) (string, error) {
+	return m.runFor(waitFor, argv...)
+}
+
+// runFor is run with its own time limit (dpkg -i restarts mpsd, which
+// may take longer than a plain request).
+func (m *machine) runFor(limit time.Duration, argv ...string) (string, error) {
 	p := m.start(m.command(argv...))
-	r := p.waitQuiet(waitFor)
+	r := p.waitQuiet(limit)
 	if r.code != 0 {
-		return r.stdout + r.stderr, fmt.Errorf("%v: exit status %d: %s", argv, r.code, strings.TrimSpace(r.stderr))
+		return r.stdout + r.stderr, fmt.Errorf("%v: exit status %d: %s", argv, r.code, strings.TrimSpace(r.stdout+r.stderr))
 	}
 	return r.stdout + r.stderr, nil
 }

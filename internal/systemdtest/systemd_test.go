@@ -1,10 +1,14 @@
 package systemdtest
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -15,55 +19,75 @@ import (
 	"time"
 
 	"github.com/mpsd/mpsd/api"
+	"github.com/mpsd/mpsd/internal/debpkg"
 	"github.com/mpsd/mpsd/internal/mpsemu/emutest"
 )
 
 // mpsdSocket is mpsd.socket's ListenStream=, the default socket: the
-// shipped units run unchanged.
+// installed units run unchanged.
 const mpsdSocket = api.DefaultSocket
 
 // leaseParent is cgroup.parent: below the service's delegated cgroup.
 const leaseParent = "system.slice/mpsd.service/leases"
 
-// The test's drop-ins for the shipped mpsd.service. test.conf is all
-// that differs from examples/systemd for most of the test: the built
-// mpsd on simulated GPUs with the test's config, and a shorter watchdog
-// and restart delay. gate.conf, for one check, holds every start back
-// until the test opens a gate.
+// The test's drop-ins for the installed mpsd.service. test.conf is all
+// that differs from the package's units for most of the test: the
+// package's mpsd with --simulate, on the config the test wrote in place
+// of the package's (the operator's edit of a conffile), and a shorter
+// watchdog and restart delay. gate.conf, for one check, holds every start
+// back until the test opens a gate.
 const (
 	dropIn     = "mpsd.service.d/test.conf"
 	gateDropIn = "mpsd.service.d/gate.conf"
 )
 
-// testEnv is the machine with the shipped units and mpsd's config.
+// distEnv names the directory where make package-deb wrote the package.
+const distEnv = "MPSD_DIST_DIR"
+
+// distDeb is the package make package-deb built: the one mpsd_*.deb of
+// $MPSD_DIST_DIR. Without it the test skips, or fails under
+// MPSD_REQUIRE_SYSTEMD=1.
+func distDeb(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv(distEnv)
+	if dir == "" {
+		missing(t, distEnv+" is not set: the test installs the package make package-deb builds (make test sets it; or run make package-deb and set it to dist/)")
+	}
+	debs, _ := filepath.Glob(filepath.Join(dir, "mpsd_*.deb"))
+	if len(debs) != 1 {
+		missing(t, fmt.Sprintf("%s=%s holds %d mpsd_*.deb, want one: run make package-deb", distEnv, dir, len(debs)))
+	}
+	abs, err := filepath.Abs(debs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return abs
+}
+
+// testEnv is the machine with the package installed and mpsd's config.
 type testEnv struct {
 	*machine
-	bin, emu string
+	emu string
 	// gates the test opens: MPS may start; mpsd may start (with
 	// gate.conf).
 	gateMPS, gateStart string
+	config             string // what the test wrote to /etc/mpsd/mpsd.yaml
 }
 
-// setup boots a machine whose units are examples/systemd's, unchanged,
-// with test.conf, and writes mpsd's config and the emulator directory.
-func setup(t *testing.T) *testEnv {
+// setup boots a machine, installs deb with dpkg -i (its maintainer
+// scripts talk to the machine's systemd), checks what it installed
+// (checkInstalled), writes mpsd's config over the package's
+// /etc/mpsd/mpsd.yaml (the members: root and users) and test.conf, and
+// starts mpsd.socket as a boot would (sockets.target wants it once
+// enabled). Nothing starts mpsd until the first connection.
+func setup(t *testing.T, deb string, users ...string) *testEnv {
 	t.Helper()
-	bin, emu := emutest.CmdDir(t), emutest.BinDir(t)
-	bin, _ = filepath.Abs(bin)
-	emu, _ = filepath.Abs(emu)
-	units := map[string]string{}
-	for _, name := range []string{"mpsd.socket", "mpsd.service"} {
-		b, err := os.ReadFile(filepath.Join("..", "..", "examples", "systemd", name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		units[name] = string(b)
+	emu, err := filepath.Abs(emutest.BinDir(t))
+	if err != nil {
+		t.Fatal(err)
 	}
-	// The directory is made by boot; the drop-in and the config name
-	// paths in it, so they are written after, before anything starts
-	// mpsd (nothing does until the first connection).
-	m := boot(t, units, bin+":"+emu+":/usr/sbin:/usr/bin:/sbin:/bin")
-	e := &testEnv{machine: m, bin: bin, emu: emu,
+	m := boot(t, emu+":/usr/sbin:/usr/bin:/sbin:/bin")
+	e := &testEnv{machine: m, emu: emu,
 		gateMPS:   filepath.Join(m.dir, "gate-mps"),
 		gateStart: filepath.Join(m.dir, "gate-start")}
 
@@ -92,13 +116,19 @@ exec %s "$@"
 			t.Fatal(err)
 		}
 	}
-	cfg := fmt.Sprintf(`version: 1
-socket: %[2]s
-run_dir: %[3]s
-state_dir: %[1]s/state
-log_dir: %[1]s/log
+
+	e.install(deb)
+	e.checkInstalled(deb)
+
+	members := strings.Join(append([]string{"root"}, users...), ", ")
+	e.config = fmt.Sprintf(`# The mpsd test's config, written over the package's (an operator's edit).
+version: 1
+socket: %[1]s
+run_dir: %[2]s
+state_dir: /var/lib/mpsd
+log_dir: /var/log/mpsd
 cgroup:
-  parent: %[4]s
+  parent: %[3]s
 metrics:
   listen: ""
 watchdog:
@@ -110,25 +140,146 @@ watchdog:
 simulate:
   gpus: 2
   model: a100-40g
-  emulator_dir: %[5]s
+  emulator_dir: %[4]s
 groups:
   sdtest:
-    users: [root]
+    users: [%[5]s]
     sm_percent: 100
     memory: 8G
-`, m.dir, mpsdSocket, filepath.Dir(mpsdSocket), leaseParent, ed)
-	if err := os.WriteFile(filepath.Join(m.dir, "mpsd.yaml"), []byte(cfg), 0o644); err != nil {
+`, mpsdSocket, filepath.Dir(mpsdSocket), leaseParent, ed, members)
+	if err := os.WriteFile(e.root(debpkg.ConfigFile), []byte(e.config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	m.writeUnit(dropIn, fmt.Sprintf(`# The only changes to examples/systemd/mpsd.service for the test.
+	m.writeUnit(dropIn, fmt.Sprintf(`# The only changes to the package's mpsd.service for the test.
 [Service]
 ExecStart=
 ExecStart=%s --config %s --simulate
 WatchdogSec=6s
 RestartSec=1s
-`, filepath.Join(bin, "mpsd"), filepath.Join(m.dir, "mpsd.yaml")))
+`, path.Join(debpkg.BinDir, "mpsd"), debpkg.ConfigFile))
 	m.must("systemctl", "daemon-reload")
+	m.must("systemctl", "start", "mpsd.socket")
 	return e
+}
+
+// install installs a package with dpkg -i inside the machine.
+func (e *testEnv) install(deb string) string {
+	e.t.Helper()
+	out, err := e.runFor(3*time.Minute, "dpkg", "-i", deb)
+	if err != nil {
+		e.t.Fatalf("dpkg -i %s: %v", filepath.Base(deb), err)
+	}
+	return out
+}
+
+// checkInstalled checks what dpkg installed from deb against the package
+// itself, file by file, and what the maintainer scripts did: the
+// directories mpsd's checks want, both units enabled and neither started.
+func (e *testEnv) checkInstalled(deb string) {
+	e.t.Helper()
+	x := e.t.TempDir()
+	if out, err := exec.Command("dpkg-deb", "-x", deb, x).CombinedOutput(); err != nil {
+		e.t.Fatalf("dpkg-deb -x: %v: %s", err, out)
+	}
+	// What the package must hold: a missing one fails here.
+	for _, p := range []string{
+		"/usr/bin/mpsd", "/usr/bin/mpsctl", "/usr/bin/mps-launch",
+		debpkg.UnitDir + "/mpsd.service", debpkg.UnitDir + "/mpsd.socket",
+		debpkg.ConfigFile, debpkg.LogrotateFile,
+		debpkg.ManDir + "/man8/mpsd.8.gz", debpkg.ManDir + "/man8/mpsctl.8.gz",
+		debpkg.ManDir + "/man1/mps-launch.1.gz", debpkg.ManDir + "/man5/mpsd.yaml.5.gz",
+		debpkg.BashCompDir + "/mpsctl", debpkg.BashCompDir + "/mps-launch", debpkg.BashCompDir + "/mpsd",
+		debpkg.ZshCompDir + "/_mpsctl", debpkg.ZshCompDir + "/_mps_launch", debpkg.ZshCompDir + "/_mpsd",
+		debpkg.DocDir + "/architecture.md", debpkg.DocDir + "/install.md",
+	} {
+		if _, err := os.Stat(filepath.Join(x, p)); err != nil {
+			e.t.Errorf("the package lacks %s: %v", p, err)
+		}
+	}
+	// Every file of the package is where the machine's programs look,
+	// with the package's bytes.
+	n := 0
+	err := filepath.WalkDir(x, func(p string, de fs.DirEntry, err error) error {
+		if err != nil || !de.Type().IsRegular() {
+			return err
+		}
+		rel := strings.TrimPrefix(p, x)
+		want, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		got, err := os.ReadFile(e.root(rel))
+		if err != nil {
+			e.t.Errorf("installed %s: %v", rel, err)
+		} else if !bytes.Equal(got, want) {
+			e.t.Errorf("installed %s differs from the package's", rel)
+		}
+		n++
+		return nil
+	})
+	if err != nil || n == 0 {
+		e.t.Fatalf("walk the package's files: %d, %v", n, err)
+	}
+	// The units systemd reads are the package's, in the machine's
+	// /lib/systemd/system.
+	for _, u := range []string{"mpsd.service", "mpsd.socket"} {
+		want, _ := os.ReadFile(filepath.Join(x, debpkg.UnitDir, u))
+		if got, err := os.ReadFile(e.libUnit(u)); err != nil || !bytes.Equal(got, want) {
+			e.t.Errorf("%s in the machine's unit directory: %v (or not the package's)", u, err)
+		}
+		if p := e.show(u, "FragmentPath")["FragmentPath"]; p != path.Join(debpkg.UnitDir, u) {
+			e.t.Errorf("%s: systemd loaded %q, want the package's %s", u, p, path.Join(debpkg.UnitDir, u))
+		}
+	}
+	if out, err := e.run("dpkg", "--verify", debpkg.Name); err != nil || strings.TrimSpace(out) != "" {
+		e.t.Errorf("dpkg --verify mpsd: %v: %s", err, out)
+	}
+	// The directories mpsd's checks want (policy.CheckDirs, the daemon's
+	// makeDirs): root's, 0700 for the state, 0755 for the logs.
+	for dir, mode := range map[string]fs.FileMode{"/var/lib/mpsd": 0o700, "/var/log/mpsd": 0o755} {
+		fi, err := os.Lstat(e.root(dir))
+		if err != nil {
+			e.t.Errorf("postinst made no %s: %v", dir, err)
+			continue
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if !fi.IsDir() || fi.Mode().Perm() != mode || st.Uid != 0 || st.Gid != 0 {
+			e.t.Errorf("%s: %v uid %d gid %d, want a directory %04o of root's", dir, fi.Mode(), st.Uid, st.Gid, mode)
+		}
+	}
+	// Enabled, as a fresh install does, and not started: the operator
+	// edits the config first.
+	for _, u := range []string{"mpsd.socket", "mpsd.service"} {
+		if out, _ := e.run("systemctl", "is-enabled", u); strings.TrimSpace(out) != "enabled" {
+			e.t.Errorf("%s after dpkg -i: %q, want enabled", u, strings.TrimSpace(out))
+		}
+		if p := e.show(u, "ActiveState"); p["ActiveState"] != "inactive" {
+			e.t.Errorf("%s after dpkg -i: %v, want inactive (the postinst starts nothing)", u, p)
+		}
+	}
+	if _, err := os.Lstat(e.etcUnit("sockets.target.wants/mpsd.socket")); err != nil {
+		e.t.Errorf("mpsd.socket is not wanted by sockets.target: %v", err)
+	}
+	if e.t.Failed() {
+		e.t.FailNow()
+	}
+}
+
+// checkExe checks that the service's main process runs the package's
+// /usr/bin/mpsd.
+func (e *testEnv) checkExe(t *testing.T, pid int) {
+	t.Helper()
+	if exe := strings.TrimSpace(e.must("readlink", fmt.Sprintf("/proc/%d/exe", pid))); exe != path.Join(debpkg.BinDir, "mpsd") {
+		t.Errorf("mpsd.service's main process runs %s, want %s", exe, path.Join(debpkg.BinDir, "mpsd"))
+	}
+	got, err := os.ReadFile(e.root(fmt.Sprintf("/proc/%d/exe", pid)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile(e.root(path.Join(debpkg.BinDir, "mpsd")))
+	if err != nil || !bytes.Equal(got, want) {
+		t.Errorf("mpsd.service's main process is not the installed /usr/bin/mpsd (%v)", err)
+	}
 }
 
 // open creates a gate file.
@@ -271,10 +422,20 @@ type client struct {
 }
 
 func (e *testEnv) startClient(name string) *client {
+	return e.startClientAs(nil, name)
+}
+
+// startClientAs is startClient run as u (nil: root).
+func (e *testEnv) startClientAs(u *user, name string) *client {
 	e.t.Helper()
 	c := &client{out: filepath.Join(e.dir, name+".out"), gate: filepath.Join(e.dir, name+".gate")}
 	if err := syscall.Mkfifo(c.gate, 0o600); err != nil {
 		e.t.Fatal(err)
+	}
+	if u != nil {
+		if err := os.Chown(c.gate, u.uid, u.gid); err != nil {
+			e.t.Fatal(err)
+		}
 	}
 	f, err := os.Create(c.out)
 	if err != nil {
@@ -282,7 +443,7 @@ func (e *testEnv) startClient(name string) *client {
 	}
 	defer f.Close()
 	script := fmt.Sprintf("%[1]s && { read -r go <%[2]s || true; } && exec %[1]s", emutest.ClientName, c.gate)
-	cmd := e.command("mps-launch", "--sm", "20", "--mem", "1G", "--", "/bin/sh", "-c", script)
+	cmd := e.commandAs(u, "mps-launch", "--sm", "20", "--mem", "1G", "--", "/bin/sh", "-c", script)
 	cmd.Stdout = f
 	c.p = e.start(cmd)
 	return c
@@ -334,16 +495,18 @@ func (e *testEnv) journal(unit string) string {
 	return e.must("journalctl", "--no-pager", "-b", "-u", unit, "-o", "cat")
 }
 
-// TestMpsdUnderSystemd runs examples/systemd's mpsd.socket and
-// mpsd.service, unchanged but for test.conf, under a real systemd (PID 1
-// of private namespaces; see doc.go) with mpsd --simulate, and checks
-// what the units promise: socket activation, READY only when every
+// TestMpsdUnderSystemd installs the package make package-deb built with
+// dpkg -i in a real systemd's machine (PID 1 of private namespaces, /usr,
+// /etc and /var overlays; see doc.go), checks what it installed and what
+// its postinst did (checkInstalled), and runs its mpsd.socket and
+// mpsd.service, unchanged but for test.conf, with mpsd --simulate. It
+// checks what the units promise: socket activation, READY only when every
 // instance is up, the watchdog's kill and restart and a plain restart
 // keeping MPS and the clients, requests queueing in the socket while mpsd
 // is down, and leases under the service's delegated cgroup. The steps
 // build on each other: a failed step ends the test.
 func TestMpsdUnderSystemd(t *testing.T) {
-	e := setup(t)
+	e := setup(t, distDeb(t))
 	var clients []*client
 	var before mpsSnapshot
 
@@ -413,6 +576,7 @@ func TestMpsdUnderSystemd(t *testing.T) {
 				t.Fatalf("%d leases, want 2: %+v", len(st.Leases), st.Leases)
 			}
 			s := e.service()
+			e.checkExe(t, s.mainPID)
 			if cg := e.cgroupOf(s.mainPID); cg != "/system.slice/mpsd.service" {
 				t.Errorf("mpsd (pid %d) is in %s, want /system.slice/mpsd.service", s.mainPID, cg)
 			}
@@ -530,7 +694,7 @@ func TestMpsdUnderSystemd(t *testing.T) {
 			if r := launch.wait(t); r.code != 0 || !clientLine.MatchString(r.stdout) {
 				t.Errorf("mps-launch made while mpsd was down: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 			}
-			if err := os.Remove(filepath.Join(e.dir, "units", gateDropIn)); err != nil {
+			if err := os.Remove(e.etcUnit(gateDropIn)); err != nil {
 				t.Fatal(err)
 			}
 			e.must("systemctl", "daemon-reload")
