@@ -2,6 +2,7 @@ package systemdtest
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -734,4 +736,275 @@ func backlog(ss string) int {
 		}
 	}
 	return 0
+}
+
+// The older build the upgrade test installs first: the same programs,
+// stamped as a commit older than any build (a Debian version before every
+// other).
+const (
+	oldStamp      = "0000000"
+	oldCommit     = "0000000000000000000000000000000000000000"
+	oldCommitTime = "2000-01-01T00:00:00Z"
+	// Test users' uids (emutest.User), unused elsewhere.
+	upgradeUIDAlice = 64731
+	upgradeUIDBob   = 64732
+)
+
+// oldDeb builds the programs stamped as the older build into a temporary
+// bin directory, as make build does, and packages them with this
+// repository's files as debpkg does for make package-deb.
+func oldDeb(t *testing.T) (deb, version string) {
+	t.Helper()
+	goCmd := cmp.Or(os.Getenv("GO"), "go")
+	bin := t.TempDir()
+	const pkg = "github.com/mpsd/mpsd/internal/buildinfo"
+	ldflags := fmt.Sprintf("-X %[1]s.version=%s -X %[1]s.commit=%s -X %[1]s.commitTime=%s", pkg, oldStamp, oldCommit, oldCommitTime)
+	root := filepath.Join("..", "..")
+	for _, b := range []struct {
+		cgo  string
+		pkgs []string
+	}{{"1", []string{"./cmd/mpsd", "./cmd/mpsctl"}}, {"0", []string{"./cmd/mps-launch"}}} {
+		cmd := exec.Command(goCmd, append([]string{"build", "-buildvcs=false", "-ldflags", ldflags, "-o", bin + "/"}, b.pkgs...)...)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED="+b.cgo)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build the older programs: %v\n%s", err, out)
+		}
+	}
+	ct, err := time.Parse(time.RFC3339, oldCommitTime)
+	if err != nil {
+		t.Fatal(err)
+	}
+	version, err = debpkg.DebVersion(oldStamp, ct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := debpkg.Build(debpkg.Spec{Root: root, Bin: bin, Version: version, Arch: debArch(t), MTime: ct, Work: t.TempDir()}, &buf); err != nil {
+		t.Fatal(err)
+	}
+	deb = filepath.Join(t.TempDir(), debpkg.FileName(version, debArch(t)))
+	if err := os.WriteFile(deb, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return deb, version
+}
+
+func debArch(t *testing.T) string {
+	t.Helper()
+	a, err := debpkg.DebArch(runtime.GOARCH)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// TestDebUpgradeKeepsLeases installs an older build of the package, runs
+// a lease for each of two users, edits the conffile /etc/mpsd/mpsd.yaml
+// (the test's config), and installs the package make package-deb built
+// over it with dpkg -i. The new postinst restarts mpsd.service (the old
+// one was running), and: the same leases run, with the same processes,
+// on the same MPS daemons and servers; mpsctl status shows them; the
+// running mpsd is the new /usr/bin/mpsd and mpsctl version says so; the
+// operator's config is kept (dpkg's conffile handling); the clients run
+// on and exit 0, their MPS server the same before and after.
+func TestDebUpgradeKeepsLeases(t *testing.T) {
+	newDeb := distDeb(t)
+	newVersion := strings.TrimSpace(mustOut(t, "dpkg-deb", "--field", newDeb, "Version"))
+	alice := &user{name: emutest.User(t, upgradeUIDAlice), uid: upgradeUIDAlice, gid: upgradeUIDAlice}
+	bob := &user{name: emutest.User(t, upgradeUIDBob), uid: upgradeUIDBob, gid: upgradeUIDBob}
+	deb, oldVersion := oldDeb(t)
+	if out, err := exec.Command("dpkg", "--compare-versions", oldVersion, "lt", newVersion).CombinedOutput(); err != nil {
+		t.Fatalf("the older build's version %s does not sort before the package's %s: %v %s", oldVersion, newVersion, err, out)
+	}
+
+	e := setup(t, deb, alice.name, bob.name)
+	e.open(e.gateMPS)
+	var clients []*client
+	for _, u := range []*user{alice, bob} {
+		clients = append(clients, e.startClientAs(u, u.name))
+	}
+	for _, c := range clients {
+		e.waitUntil("the client's first MPS connection", func() bool { return len(c.servers()) == 1 || !c.p.running() })
+		if !c.p.running() {
+			r := c.p.wait(t)
+			t.Fatalf("client ended early: exit %d: %s", r.code, r.stderr)
+		}
+	}
+	old := e.waitActive(0)
+	st := e.status()
+	if len(st.Leases) != 2 {
+		t.Fatalf("%d leases, want 2: %+v", len(st.Leases), st.Leases)
+	}
+	owners := map[uint32]bool{}
+	for _, l := range st.Leases {
+		if l.State != api.LeaseRunning {
+			t.Fatalf("lease %s is %s, want running", l.ID, l.State)
+		}
+		owners[l.UID] = true
+	}
+	if !owners[upgradeUIDAlice] || !owners[upgradeUIDBob] {
+		t.Fatalf("leases' uids %v, want %d and %d", owners, upgradeUIDAlice, upgradeUIDBob)
+	}
+	before := snapshot(st)
+	if v := e.must("mpsctl", "version"); !strings.Contains(v, "mpsd "+oldStamp+" commit") {
+		t.Fatalf("mpsctl version before the upgrade:\n%s\nwant mpsd %s", v, oldStamp)
+	}
+
+	sockSince := e.show("mpsd.socket", "ActiveEnterTimestampMonotonic")["ActiveEnterTimestampMonotonic"]
+	out := e.install(newDeb)
+	if s := strings.TrimSpace(e.must("dpkg-query", "-W", "-f", "${Version} ${Status}", debpkg.Name)); s != newVersion+" install ok installed" {
+		t.Errorf("dpkg-query after the upgrade: %q, want %q", s, newVersion+" install ok installed")
+	}
+	s := e.waitActive(old.mainPID)
+	if e.alive(old.mainPID) {
+		t.Errorf("the old mpsd (pid %d) still runs after the upgrade", old.mainPID)
+	}
+	if s.restarts != 0 {
+		t.Errorf("NRestarts %d after the upgrade, want 0: the postinst restarts mpsd, no failure does", s.restarts)
+	}
+	e.checkExe(t, s.mainPID)
+	// Never stopped: running (handed to the running mpsd), as before.
+	if p := e.show("mpsd.socket", "ActiveState", "SubState"); p["ActiveState"] != "active" || p["SubState"] != "running" {
+		t.Errorf("mpsd.socket after the upgrade: %v, want active/running", p)
+	}
+	if since := e.show("mpsd.socket", "ActiveEnterTimestampMonotonic")["ActiveEnterTimestampMonotonic"]; since != sockSince {
+		t.Errorf("mpsd.socket was restarted by the upgrade (active since %s, before %s)", since, sockSince)
+	}
+	if n := e.show("mpsd.socket", "NRefused")["NRefused"]; n != "0" {
+		t.Errorf("mpsd.socket refused %s connections during the upgrade", n)
+	}
+
+	after := e.status()
+	if a := snapshot(after); a.String() != before.String() {
+		t.Errorf("after the upgrade: %s\nbefore: %s", a, before)
+	}
+	human := e.must("mpsctl", "status")
+	for _, l := range st.Leases {
+		if !strings.Contains(human, l.ID) {
+			t.Errorf("mpsctl status after the upgrade does not show lease %s:\n%s", l.ID, human)
+		}
+	}
+	for _, c := range clients {
+		if !c.p.running() {
+			t.Errorf("client %v ended during the upgrade", c.p.cmd.Args)
+		}
+	}
+	// The new programs: mpsd's version as it says itself, and as mpsctl
+	// version gets it from the running mpsd.
+	newStamp := strings.Fields(e.must(path.Join(debpkg.BinDir, "mpsd"), "--version"))
+	if len(newStamp) < 2 || newStamp[1] == oldStamp {
+		t.Fatalf("/usr/bin/mpsd --version after the upgrade: %v", newStamp)
+	}
+	if v := e.must("mpsctl", "version"); !strings.Contains(v, "mpsd "+newStamp[1]+" commit") || strings.Contains(v, oldStamp+" ") {
+		t.Errorf("mpsctl version after the upgrade:\n%s\nwant mpsd %s (and no %s)", v, newStamp[1], oldStamp)
+	}
+	// The conffile keeps the operator's edit, silently: the package's
+	// version of it did not change.
+	if b, err := os.ReadFile(e.root(debpkg.ConfigFile)); err != nil || string(b) != e.config {
+		t.Errorf("%s after the upgrade is not the operator's (%v):\n%s", debpkg.ConfigFile, err, b)
+	}
+	for _, suf := range []string{".dpkg-dist", ".dpkg-new", ".dpkg-old"} {
+		if _, err := os.Lstat(e.root(debpkg.ConfigFile + suf)); err == nil {
+			t.Errorf("dpkg left %s%s: it treated the edited conffile as changed", debpkg.ConfigFile, suf)
+		}
+	}
+	if t.Failed() {
+		t.Logf("dpkg -i of the upgrade said:\n%s", out)
+	}
+
+	for _, c := range clients {
+		c.release(t)
+		r := c.p.wait(t)
+		if r.code != 0 {
+			t.Errorf("client %v: exit %d: %s", c.p.cmd.Args, r.code, r.stderr)
+		}
+		if s := c.servers(); len(s) != 2 || s[0] != s[1] {
+			t.Errorf("client's MPS servers %v, want the same one twice (before and after the upgrade)", s)
+		}
+	}
+	e.waitUntil("no leases left", func() bool { return len(e.status().Leases) == 0 })
+}
+
+// mustOut runs a program on the host and returns its output.
+func mustOut(t *testing.T, argv ...string) string {
+	t.Helper()
+	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %v: %s", argv, err, out)
+	}
+	return string(out)
+}
+
+// TestDebRemoveKeepsWorkloads checks what removing the package does to a
+// host that serves a lease (docs/install.md, "Install the package"):
+// dpkg -r stops nothing (mpsd, its socket and the lease run on, served by
+// the mpsd whose program was removed); dpkg --purge keeps /var/lib/mpsd
+// and /var/log/mpsd while an mpsd holds the state and says so; once mpsd
+// is stopped with no lease left, a purge removes them.
+func TestDebRemoveKeepsWorkloads(t *testing.T) {
+	e := setup(t, distDeb(t))
+	e.open(e.gateMPS)
+	c := e.startClient("client")
+	e.waitUntil("the client's first MPS connection", func() bool { return len(c.servers()) == 1 || !c.p.running() })
+	if !c.p.running() {
+		r := c.p.wait(t)
+		t.Fatalf("client ended early: exit %d: %s", r.code, r.stderr)
+	}
+	svc := e.waitActive(0)
+	before := snapshot(e.status())
+
+	e.must("dpkg", "-r", debpkg.Name)
+	if _, err := os.Stat(e.root("/usr/bin/mpsd")); err == nil {
+		t.Fatalf("dpkg -r left /usr/bin/mpsd")
+	}
+	if s := e.service(); s.active != "active" || s.mainPID != svc.mainPID {
+		t.Errorf("mpsd.service after dpkg -r: %+v, want still active with pid %d", s, svc.mainPID)
+	}
+	if p := e.show("mpsd.socket", "ActiveState"); p["ActiveState"] != "active" {
+		t.Errorf("mpsd.socket after dpkg -r: %v, want active", p)
+	}
+	// The package's mpsctl is gone; the one the package holds asks.
+	x := t.TempDir()
+	if out, err := exec.Command("dpkg-deb", "-x", distDeb(t), x).CombinedOutput(); err != nil {
+		t.Fatalf("dpkg-deb -x: %v: %s", err, out)
+	}
+	if err := os.Chmod(x, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mpsctl := filepath.Join(x, "usr", "bin", "mpsctl")
+	if after := snapshot(decodeStatus(t, e.must(mpsctl, "status", "--json"))); after.String() != before.String() {
+		t.Errorf("after dpkg -r: %s\nbefore: %s", after, before)
+	}
+
+	out := e.must("dpkg", "--purge", debpkg.Name)
+	if !strings.Contains(out, "keeping /var/lib/mpsd and /var/log/mpsd") {
+		t.Errorf("dpkg --purge while mpsd runs said %q, want why it keeps the state", out)
+	}
+	for _, d := range []string{"/var/lib/mpsd/state.json", "/var/log/mpsd"} {
+		if _, err := os.Stat(e.root(d)); err != nil {
+			t.Errorf("dpkg --purge while mpsd serves a lease removed %s: %v", d, err)
+		}
+	}
+	c.release(t)
+	if r := c.p.wait(t); r.code != 0 {
+		t.Errorf("client after dpkg -r and --purge: exit %d: %s", r.code, r.stderr)
+	}
+	e.waitUntil("no leases left", func() bool { return len(decodeStatus(t, e.must(mpsctl, "status", "--json")).Leases) == 0 })
+
+	// Stopped, with no lease: a purge of the package installed again
+	// removes the state.
+	e.must("systemctl", "stop", "mpsd.socket", "mpsd.service")
+	e.install(distDeb(t))
+	e.must("dpkg", "--purge", debpkg.Name)
+	for _, d := range []string{"/var/lib/mpsd", "/var/log/mpsd", debpkg.ConfigFile} {
+		if _, err := os.Lstat(e.root(d)); err == nil {
+			t.Errorf("dpkg --purge of a stopped mpsd without leases left %s", d)
+		}
+	}
+	for _, w := range []string{"sockets.target.wants/mpsd.socket", "multi-user.target.wants/mpsd.service", "mpsd.service", "mpsd.socket"} {
+		if _, err := os.Lstat(e.etcUnit(w)); err == nil {
+			t.Errorf("dpkg --purge left /etc/systemd/system/%s", w)
+		}
+	}
 }
