@@ -183,19 +183,26 @@ func (e *testEnv) checkInstalled(deb string) {
 	if out, err := exec.Command("dpkg-deb", "-x", deb, x).CombinedOutput(); err != nil {
 		e.t.Fatalf("dpkg-deb -x: %v: %s", err, out)
 	}
-	// What the package must hold: a missing one fails here.
+	// What the package must hold, where the contract puts it (literal
+	// paths, not debpkg's: a path moved there fails here).
 	for _, p := range []string{
 		"/usr/bin/mpsd", "/usr/bin/mpsctl", "/usr/bin/mps-launch",
-		debpkg.UnitDir + "/mpsd.service", debpkg.UnitDir + "/mpsd.socket",
-		debpkg.ConfigFile, debpkg.LogrotateFile,
-		debpkg.ManDir + "/man8/mpsd.8.gz", debpkg.ManDir + "/man8/mpsctl.8.gz",
-		debpkg.ManDir + "/man1/mps-launch.1.gz", debpkg.ManDir + "/man5/mpsd.yaml.5.gz",
-		debpkg.BashCompDir + "/mpsctl", debpkg.BashCompDir + "/mps-launch", debpkg.BashCompDir + "/mpsd",
-		debpkg.ZshCompDir + "/_mpsctl", debpkg.ZshCompDir + "/_mps_launch", debpkg.ZshCompDir + "/_mpsd",
-		debpkg.DocDir + "/architecture.md", debpkg.DocDir + "/install.md",
+		"/lib/systemd/system/mpsd.service", "/lib/systemd/system/mpsd.socket",
+		"/etc/mpsd/mpsd.yaml", "/etc/logrotate.d/mpsd",
+		"/usr/share/man/man8/mpsd.8.gz", "/usr/share/man/man8/mpsctl.8.gz",
+		"/usr/share/man/man1/mps-launch.1.gz", "/usr/share/man/man5/mpsd.yaml.5.gz",
+		"/usr/share/bash-completion/completions/mpsctl", "/usr/share/bash-completion/completions/mps-launch",
+		"/usr/share/bash-completion/completions/mpsd",
+		"/usr/share/zsh/vendor-completions/_mpsctl", "/usr/share/zsh/vendor-completions/_mps_launch",
+		"/usr/share/zsh/vendor-completions/_mpsd",
+		"/usr/share/doc/mpsd/architecture.md", "/usr/share/doc/mpsd/alerts.md", "/usr/share/doc/mpsd/install.md",
+		"/usr/share/doc/mpsd/examples/mpsd.yaml", "/usr/share/doc/mpsd/examples/prometheus/mpsd-alerts.yml",
 	} {
 		if _, err := os.Stat(filepath.Join(x, p)); err != nil {
 			e.t.Errorf("the package lacks %s: %v", p, err)
+		}
+		if _, err := os.Stat(e.root(p)); err != nil {
+			e.t.Errorf("dpkg -i installed no %s: %v", p, err)
 		}
 	}
 	// Every file of the package is where the machine's programs look,
