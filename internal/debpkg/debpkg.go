@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -329,4 +330,58 @@ func Build(s Spec, w io.Writer) error {
 		return fmt.Errorf("debpkg: write the package: %w", err)
 	}
 	return nil
+}
+
+// MTime is the files' time: SOURCE_DATE_EPOCH's (sourceDateEpoch, seconds)
+// when set, else the commit's. Neither is an error: a build's time would
+// make its bytes differ.
+func MTime(commitTime time.Time, sourceDateEpoch string) (time.Time, error) {
+	if sourceDateEpoch != "" {
+		n, err := strconv.ParseInt(sourceDateEpoch, 10, 64)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("debpkg: SOURCE_DATE_EPOCH %q: %w", sourceDateEpoch, err)
+		}
+		return time.Unix(n, 0).UTC(), nil
+	}
+	if commitTime.IsZero() {
+		return time.Time{}, errors.New("debpkg: no time for the files: the commit's is unknown and SOURCE_DATE_EPOCH is not set")
+	}
+	return commitTime.UTC(), nil
+}
+
+// WriteDist builds the package into dir (made if missing) under its
+// Debian name, through a temporary file renamed into place, and returns
+// its path. s.Work is made and removed here when empty.
+func WriteDist(s Spec, dir string) (string, error) {
+	if s.Work == "" {
+		work, err := os.MkdirTemp("", "debpkg-")
+		if err != nil {
+			return "", fmt.Errorf("debpkg: work directory: %w", err)
+		}
+		defer os.RemoveAll(work)
+		s.Work = work
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("debpkg: create %s: %w", dir, err)
+	}
+	tmp, err := os.CreateTemp(dir, ".debpkg-*")
+	if err != nil {
+		return "", fmt.Errorf("debpkg: create the package: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	err = Build(s, tmp)
+	if err == nil {
+		err = tmp.Chmod(0o644)
+	}
+	if cerr := tmp.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("debpkg: write the package: %w", cerr)
+	}
+	if err != nil {
+		return "", err
+	}
+	dst := filepath.Join(dir, FileName(s.Version, s.Arch))
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return "", fmt.Errorf("debpkg: move the package into place: %w", err)
+	}
+	return dst, nil
 }

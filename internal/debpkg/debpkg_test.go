@@ -370,3 +370,54 @@ func TestDefaultConfigStarts(t *testing.T) {
 		})
 	}
 }
+
+func TestMTime(t *testing.T) {
+	tests := []struct {
+		name   string
+		commit time.Time
+		epoch  string
+		want   time.Time
+		err    bool
+	}{
+		{"the commit's", commitTime, "", commitTime, false},
+		{"SOURCE_DATE_EPOCH first", commitTime, "946684800", time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC), false},
+		{"SOURCE_DATE_EPOCH alone", time.Time{}, "946684800", time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC), false},
+		{"neither", time.Time{}, "", time.Time{}, true},
+		{"SOURCE_DATE_EPOCH not a number", commitTime, "yesterday", time.Time{}, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := MTime(tc.commit, tc.epoch)
+			if (err != nil) != tc.err || !got.Equal(tc.want) {
+				t.Errorf("MTime(%v, %q) = %v, %v; want %v (error: %v)", tc.commit, tc.epoch, got, err, tc.want, tc.err)
+			}
+		})
+	}
+}
+
+// TestWriteDist writes the package under its Debian name, readable by
+// all, with the bytes Build gives, and leaves nothing else behind.
+func TestWriteDist(t *testing.T) {
+	bin := fakeBin(t)
+	dir := filepath.Join(t.TempDir(), "dist")
+	s := Spec{Root: root, Bin: bin, Version: "1.2.0+3.gabc1234", Arch: "amd64", MTime: commitTime}
+	p, err := WriteDist(s, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(dir, "mpsd_1.2.0+3.gabc1234_amd64.deb"); p != want {
+		t.Errorf("WriteDist wrote %s, want %s", p, want)
+	}
+	fi, err := os.Stat(p)
+	if err != nil || fi.Mode().Perm() != 0o644 {
+		t.Fatalf("the package: %v, %v; want mode 0644", fi, err)
+	}
+	got, _ := os.ReadFile(p)
+	if !bytes.Equal(got, build(t, bin)) {
+		t.Errorf("WriteDist's package differs from Build's")
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 1 {
+		t.Errorf("dist holds %d entries, want the package alone", len(ents))
+	}
+}

@@ -786,12 +786,8 @@ func oldDeb(t *testing.T) (deb, version string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var buf bytes.Buffer
-	if err := debpkg.Build(debpkg.Spec{Root: root, Bin: bin, Version: version, Arch: debArch(t), MTime: ct, Work: t.TempDir()}, &buf); err != nil {
-		t.Fatal(err)
-	}
-	deb = filepath.Join(t.TempDir(), debpkg.FileName(version, debArch(t)))
-	if err := os.WriteFile(deb, buf.Bytes(), 0o644); err != nil {
+	deb, err = debpkg.WriteDist(debpkg.Spec{Root: root, Bin: bin, Version: version, Arch: debArch(t), MTime: ct}, t.TempDir())
+	if err != nil {
 		t.Fatal(err)
 	}
 	return deb, version

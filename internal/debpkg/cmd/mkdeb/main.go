@@ -9,23 +9,20 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"runtime"
-	"strconv"
 	"time"
 
 	"github.com/mpsd/mpsd/internal/debpkg"
 )
 
 func main() {
-	os.Exit(run(context.Background(), os.Args[1:]))
+	os.Exit(run(os.Args[1:]))
 }
 
-func run(_ context.Context, args []string) int {
+func run(args []string) int {
 	fs := flag.NewFlagSet("mkdeb", flag.ContinueOnError)
 	version := fs.String("version", "", "the stamped version (git describe --tags --always --dirty)")
 	debVersion := fs.String("deb-version", "", "the Debian version, instead of the one -version maps to")
@@ -37,73 +34,37 @@ func run(_ context.Context, args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if err := build(*version, *debVersion, *commitTime, *bin, *root, *out, *goarch); err != nil {
-		fmt.Fprintln(os.Stderr, "mkdeb:", err)
-		return 1
-	}
-	return 0
-}
-
-func build(version, debVersion, commitTime, bin, root, out, goarch string) error {
 	var ct time.Time
-	if commitTime != "" {
-		t, err := time.Parse(time.RFC3339, commitTime)
+	if *commitTime != "" {
+		t, err := time.Parse(time.RFC3339, *commitTime)
 		if err != nil {
-			return fmt.Errorf("-commit-time: %w", err)
+			fmt.Fprintln(os.Stderr, "mkdeb: -commit-time:", err)
+			return 2
 		}
 		ct = t
 	}
-	mtime := ct
-	if e := os.Getenv("SOURCE_DATE_EPOCH"); e != "" {
-		n, err := strconv.ParseInt(e, 10, 64)
-		if err != nil {
-			return fmt.Errorf("SOURCE_DATE_EPOCH %q: %w", e, err)
-		}
-		mtime = time.Unix(n, 0)
+	path, err := build(*version, *debVersion, ct, *bin, *root, *out, *goarch)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mkdeb:", err)
+		return 1
 	}
-	if mtime.IsZero() {
-		return fmt.Errorf("no time for the files: give -commit-time or SOURCE_DATE_EPOCH")
+	fmt.Println(path)
+	return 0
+}
+
+func build(version, debVersion string, commitTime time.Time, bin, root, out, goarch string) (string, error) {
+	mtime, err := debpkg.MTime(commitTime, os.Getenv("SOURCE_DATE_EPOCH"))
+	if err != nil {
+		return "", err
 	}
 	if debVersion == "" {
-		v, err := debpkg.DebVersion(version, ct)
-		if err != nil {
-			return err
+		if debVersion, err = debpkg.DebVersion(version, commitTime); err != nil {
+			return "", err
 		}
-		debVersion = v
 	}
 	arch, err := debpkg.DebArch(goarch)
 	if err != nil {
-		return err
+		return "", err
 	}
-	work, err := os.MkdirTemp("", "mkdeb-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(work)
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		return err
-	}
-	dst := filepath.Join(out, debpkg.FileName(debVersion, arch))
-	tmp, err := os.CreateTemp(out, ".mkdeb-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	spec := debpkg.Spec{Root: root, Bin: bin, Version: debVersion, Arch: arch, MTime: mtime.UTC(), Work: work}
-	if err := debpkg.Build(spec, tmp); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), dst); err != nil {
-		return err
-	}
-	fmt.Println(dst)
-	return nil
+	return debpkg.WriteDist(debpkg.Spec{Root: root, Bin: bin, Version: debVersion, Arch: arch, MTime: mtime}, out)
 }
