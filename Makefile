@@ -11,8 +11,10 @@ export MPSD_PROMETHEUS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/prom
 export MPSD_KUBELET_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/kubelet
 # Where hack/build-apiserver.sh caches the kube-apiserver and etcd it builds (outside the repo).
 export MPSD_APISERVER_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/apiserver
-# Where make package-deb (and package-image) write what they build; the
-# tests that install an artifact find it there.
+# Where hack/fetch-image-debs.sh caches the Debian packages of the image's user space.
+export MPSD_IMAGE_DEBS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/image-debs
+# Where make package-deb and package-image write what they build; the
+# tests that install or run an artifact find it there.
 export MPSD_DIST_DIR ?= $(CURDIR)/dist
 
 BIN := bin
@@ -117,6 +119,7 @@ testrun:
 	@$(GO) build -o $(TESTRUN) ./internal/testrun/cmd/testrun
 
 test: fetch-kubelet fetch-apiserver
+test: package-image
 
 test: package-deb
 
@@ -176,6 +179,18 @@ vet:
 staticcheck:
 	@[ -x $(STATICCHECK) ] || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	$(STATICCHECK) ./...
+
+# The container image archive (internal/ociimage): the programs as make
+# build stamped them at /usr/bin, on the host's libc6 and libgcc-s1
+# (hack/fetch-image-debs.sh), entrypoint /usr/bin/mpsd, tagged
+# mpsd:<version>. Reproducible: the same commit and packages give the same
+# bytes. Import it with `ctr -n k8s.io images import dist/mpsd-image.tar`.
+.PHONY: package-image
+package-image: build
+	@mkdir -p $(MPSD_DIST_DIR)
+	@$(GO) build -o $(BIN)/mpsd-image ./internal/ociimage/cmd/mpsd-image
+	@base=$$(hack/fetch-image-debs.sh) && ldflags=$$(hack/ldflags.sh) && \
+	$(BIN)/mpsd-image -out $(MPSD_DIST_DIR)/mpsd-image.tar -bin $(BIN) -ldflags "$$ldflags" $$(printf -- '-base %s ' $$base)
 
 clean:
 	rm -rf $(BIN)

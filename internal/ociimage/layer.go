@@ -1,0 +1,195 @@
+package ociimage
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"slices"
+	"strings"
+	"time"
+)
+
+// ErrName is returned for an entry whose name has a ".." element.
+var ErrName = errors.New("ociimage: entry name leaves the image's root")
+
+// ErrConflict is returned when two inputs put different things at one
+// path of a layer.
+var ErrConflict = errors.New("ociimage: conflicting layer entries")
+
+// Entry is one file, directory or link of a layer.
+type Entry struct {
+	// Name is the path in the image, relative and clean: usr/bin/mpsd.
+	Name string
+	// Type is tar.TypeReg, tar.TypeDir or tar.TypeSymlink.
+	Type byte
+	// Mode is the permission bits, setuid, setgid and sticky included.
+	Mode int64
+	// Linkname is a link's target.
+	Linkname string
+	// Body is a regular file's content.
+	Body []byte
+}
+
+// same reports whether e and o describe the same thing.
+func (e Entry) same(o Entry) bool {
+	return e.Type == o.Type && e.Mode == o.Mode && e.Linkname == o.Linkname && bytes.Equal(e.Body, o.Body)
+}
+
+// Stripped are the directories of the Debian packages' data left out of
+// the image: documentation, manual and info pages, translations, and
+// lintian's overrides. Nothing in the image reads them.
+var Stripped = []string{
+	"usr/share/doc",
+	"usr/share/man",
+	"usr/share/info",
+	"usr/share/locale",
+	"usr/share/lintian",
+	"usr/share/bug",
+}
+
+func stripped(name string) bool {
+	for _, s := range Stripped {
+		if name == s || strings.HasPrefix(name, s+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// cleanName is a tar entry's name as an Entry's Name: without "./", a
+// leading "/" or a trailing "/"; "" for the archive's root. A name with a
+// ".." element is refused (ErrName): no entry may point out of the root.
+func cleanName(name string) (string, error) {
+	if slices.Contains(strings.Split(name, "/"), "..") {
+		return "", fmt.Errorf("%w: %q", ErrName, name)
+	}
+	return strings.TrimPrefix(path.Clean("/"+name), "/"), nil
+}
+
+// ReadTar reads the entries of a package's data archive (what
+// `dpkg-deb --fsys-tarfile` writes) for a layer: directories, regular
+// files and symbolic links with their permission bits; hard links become
+// copies of the file they name (so leaving out that file cannot break
+// them); device nodes, FIFOs and whatever Stripped names are left out.
+// Owners and times are not kept: a layer's are root's and the build's.
+func ReadTar(r io.Reader) ([]Entry, error) {
+	tr := tar.NewReader(r)
+	var out []Entry
+	files := map[string][]byte{}
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("ociimage: read a package's data: %w", err)
+		}
+		name, err := cleanName(h.Name)
+		if err != nil {
+			return nil, err
+		}
+		if name == "" || stripped(name) {
+			continue
+		}
+		e := Entry{Name: name, Mode: h.Mode & 0o7777}
+		switch h.Typeflag {
+		case tar.TypeDir:
+			e.Type = tar.TypeDir
+		case tar.TypeReg:
+			e.Type = tar.TypeReg
+			if e.Body, err = io.ReadAll(tr); err != nil {
+				return nil, fmt.Errorf("ociimage: read %s: %w", name, err)
+			}
+			files[name] = e.Body
+		case tar.TypeSymlink:
+			e.Type, e.Linkname = tar.TypeSymlink, h.Linkname
+		case tar.TypeLink:
+			target, err := cleanName(h.Linkname)
+			if err != nil {
+				return nil, err
+			}
+			body, ok := files[target]
+			if !ok {
+				return nil, fmt.Errorf("ociimage: hard link %s to %s, which comes before no regular file of the archive", name, h.Linkname)
+			}
+			e.Type, e.Body = tar.TypeReg, body
+		default:
+			continue // device nodes, FIFOs: a container's /dev is the runtime's
+		}
+		out = append(out, e)
+	}
+}
+
+// Layer is the uncompressed tar of entries: sorted by name (a directory
+// before what it holds), the parent directories nobody listed added
+// (0755), every entry owned by uid and gid 0 with mtime as its time, in
+// the PAX format with no access or change times. The same entries give
+// the same bytes. An entry listed twice must be the same both times
+// (directories may differ in mode only if one of them was implied); else
+// ErrConflict.
+func Layer(entries []Entry, mtime time.Time) ([]byte, error) {
+	byName := map[string]Entry{}
+	for _, e := range entries {
+		name, err := cleanName(e.Name)
+		if err != nil {
+			return nil, err
+		}
+		if name == "" {
+			continue
+		}
+		e.Name = name
+		if old, ok := byName[name]; ok && !old.same(e) {
+			return nil, fmt.Errorf("%w: %s is listed twice, differently (type %c mode %o, then type %c mode %o)", ErrConflict, name, old.Type, old.Mode, e.Type, e.Mode)
+		}
+		byName[name] = e
+	}
+	for name := range byName {
+		for dir := path.Dir(name); dir != "."; dir = path.Dir(dir) {
+			if p, ok := byName[dir]; ok {
+				if p.Type != tar.TypeDir {
+					return nil, fmt.Errorf("%w: %s is under %s, which is not a directory", ErrConflict, name, dir)
+				}
+				continue
+			}
+			byName[dir] = Entry{Name: dir, Type: tar.TypeDir, Mode: 0o755}
+		}
+	}
+	names := make([]string, 0, len(byName))
+	for name := range byName {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	mtime = mtime.UTC().Truncate(time.Second)
+	for _, name := range names {
+		e := byName[name]
+		h := &tar.Header{
+			Name: name, Typeflag: e.Type, Mode: e.Mode, Linkname: e.Linkname,
+			ModTime: mtime, Format: tar.FormatPAX,
+		}
+		switch e.Type {
+		case tar.TypeDir:
+			h.Name += "/"
+		case tar.TypeReg:
+			h.Size = int64(len(e.Body))
+		case tar.TypeSymlink:
+		default:
+			return nil, fmt.Errorf("ociimage: %s: entry type %q is not one a layer holds", name, e.Type)
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return nil, fmt.Errorf("ociimage: write %s: %w", name, err)
+		}
+		if _, err := tw.Write(e.Body); err != nil {
+			return nil, fmt.Errorf("ociimage: write %s: %w", name, err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, fmt.Errorf("ociimage: close the layer: %w", err)
+	}
+	return buf.Bytes(), nil
+}
