@@ -56,10 +56,13 @@ func exampleMPSDConfig(t *testing.T, dir, emu string, gpus int, extraGroups stri
 	return cfg + extraGroups + fmt.Sprintf("simulate:\n  gpus: %d\n  emulator_dir: %s\n", gpus, emu)
 }
 
-// mpsdProc is bin/mpsd run as the DaemonSet runs it.
+// mpsdProc is bin/mpsd run as the DaemonSet runs it, or with pod set
+// mpsd from its image run by the kubelet as a static pod; mpsctl is
+// always bin/'s, on the host.
 type mpsdProc struct {
 	t      *testing.T
 	bin    string // mpsd's and mpsctl's directory
+	pod    *mpsdPod
 	cfg    string
 	socket string
 	log    string
@@ -93,6 +96,11 @@ func (m *mpsdProc) logLine(parts ...string) bool {
 // ready.
 func (m *mpsdProc) start() {
 	m.t.Helper()
+	if m.pod != nil {
+		m.pod.start(m)
+		m.waitReady()
+		return
+	}
 	logf, err := os.OpenFile(m.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		m.t.Fatal(err)
@@ -108,6 +116,12 @@ func (m *mpsdProc) start() {
 	}
 	m.done = make(chan error, 1)
 	go func(c *exec.Cmd, done chan<- error) { done <- c.Wait() }(m.cmd, m.done)
+	m.waitReady()
+}
+
+// waitReady waits until mpsd answers with every instance ready.
+func (m *mpsdProc) waitReady() {
+	m.t.Helper()
 	m.waitStatus("every mpsd instance ready", func(st api.Status) bool {
 		if len(st.Instances) == 0 {
 			return false
@@ -121,7 +135,23 @@ func (m *mpsdProc) start() {
 	})
 }
 
+// restart stops mpsd with SIGTERM and starts it again: as a process, its
+// MPS daemons and the leases live on; as a static pod, its container
+// restarts (the kubelet's restartPolicy: Always), which ends the MPS
+// daemons too (its children, in its cgroup), the leases live on.
+func (m *mpsdProc) restart() {
+	m.t.Helper()
+	if m.pod != nil {
+		m.pod.restart(m)
+		m.waitReady()
+		return
+	}
+	m.stop()
+	m.start()
+}
+
 // stop stops mpsd with SIGTERM: its MPS daemons and the leases live on.
+// A static pod's mpsd is left to the end of the test's namespaces.
 func (m *mpsdProc) stop() {
 	m.t.Helper()
 	if m.cmd == nil {
@@ -145,6 +175,10 @@ func (m *mpsdProc) stop() {
 // daemons (their instances stop for good) and exits.
 func (m *mpsdProc) shutdown() {
 	m.t.Helper()
+	if m.pod != nil {
+		m.pod.shutdown(m)
+		return
+	}
 	if out, err := exec.Command(filepath.Join(m.bin, "mpsctl"), "--socket", m.socket, "shutdown").CombinedOutput(); err != nil {
 		m.t.Fatalf("mpsctl shutdown: %v\n%s", err, out)
 	}
@@ -186,6 +220,9 @@ func (m *mpsdProc) waitStatus(what string, cond func(api.Status) bool) api.Statu
 		st, err := m.status()
 		if err == nil && cond(st) {
 			return st
+		}
+		if err != nil && m.pod != nil {
+			m.pod.check(m.t)
 		}
 		select {
 		case werr := <-m.done:

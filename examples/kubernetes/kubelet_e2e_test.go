@@ -38,7 +38,8 @@ import (
 // The kubelet end-to-end test runs a real kubelet (built by
 // hack/build-kubelet.sh) in standalone mode on Debian's containerd and
 // runc, with mpsd --simulate --kubelet-device-plugin on the example's
-// config, and pods of locally built images.
+// config, run from its image (make package-image) as a static pod
+// (mpsdpod_test.go), and pods of locally built images.
 //
 // The host is left as it was: the test re-executes its binary as PID 1 of
 // a new PID namespace (every process it starts dies with it, containers
@@ -51,8 +52,8 @@ import (
 // kernel.panic_on_oops host-wide). Its cgroups live under a cgroup root of
 // its own, removed at the end; its ports are free ones on 127.0.0.1.
 const (
-	// kubeletRequireEnv=1 (CI) makes a missing kubelet, containerd, runc
-	// or static busybox a failure instead of a skip.
+	// kubeletRequireEnv=1 (CI) makes a missing kubelet, containerd, runc,
+	// static busybox or image archive a failure instead of a skip.
 	kubeletRequireEnv = "MPSD_REQUIRE_KUBELET"
 	// kubeletCacheEnv is hack/build-kubelet.sh's cache (the Makefile
 	// exports it).
@@ -119,15 +120,21 @@ func kubeletInit() int {
 type engines struct {
 	Kubelet, Containerd, Ctr, Runc, Busybox string
 	MPSDBin, Emu                            string
-	CgroupRoot                              string // under every cgroup hierarchy
+	// Image is mpsd's image archive (make package-image).
+	Image string
+	// HostMPSD runs bin/mpsd as a process of the host instead of the
+	// image's as a static pod.
+	HostMPSD   bool
+	CgroupRoot string // under every cgroup hierarchy
 	// PodEmu holds a static mpsemu-client, which a pod's busybox image
 	// can run.
 	PodEmu string
 }
 
 // findEngines looks for the kubelet (in hack/build-kubelet.sh's cache),
-// containerd, ctr and runc (Debian's packages) and a static busybox
-// (busybox-static); without one the test skips, or fails when
+// containerd, ctr and runc (Debian's packages), a static busybox
+// (busybox-static) and mpsd's image archive ($MPSD_DIST_DIR, make
+// package-image); without one the test skips, or fails when
 // MPSD_REQUIRE_KUBELET=1.
 func findEngines(t *testing.T) engines {
 	t.Helper()
@@ -176,6 +183,10 @@ func findEngines(t *testing.T) engines {
 	}
 	if !hasFilesystem("overlay") {
 		missing("the kernel has no overlay filesystem")
+	}
+	var err error
+	if e.Image, err = findImage(); err != nil {
+		missing("%v", err)
 	}
 	e.MPSDBin, e.Emu = emutest.CmdDir(t), emutest.BinDir(t)
 	e.CgroupRoot = fmt.Sprintf("mpsd-kubelet-e2e-%d", os.Getpid())
@@ -251,12 +262,17 @@ func removeCgroupTree(dir string) error {
 	}
 }
 
-// TestKubeletE2E: a real kubelet offers mpsd's groups, admits a pod that
-// fits (its container sees the lease's environment and mounts), refuses
-// one that does not, keeps the allocation across mpsd and kubelet
-// restarts, and frees it when the pod is gone; a pod filling its /dev/shm
-// fills only its instance's private tmpfs, which is gone once the instance
-// stops.
+// TestKubeletE2E: a real kubelet runs mpsd from its image as a static
+// pod, offers mpsd's groups, admits a pod that fits (its container sees
+// the lease's environment and mounts), refuses one that does not, keeps
+// the allocation across a kubelet restart, and frees it when the pod is
+// gone; a pod filling its /dev/shm fills only its instance's private
+// tmpfs, which is gone once the instance stops. A restart of mpsd's
+// container ends its MPS daemons (its children, in its cgroup: the
+// runtime kills a hostPID container's every process with its first), so
+// the new mpsd revokes the leases; an mpsd run on the host (systemd)
+// keeps them across its restart, which the host run checks: the same
+// test with bin/mpsd a process of the host, up to the kubelet's restart.
 func TestKubeletE2E(t *testing.T) {
 	if work := os.Getenv(kubeletWorkEnv); work != "" {
 		var e engines
@@ -271,6 +287,19 @@ func TestKubeletE2E(t *testing.T) {
 		return
 	}
 	e := findEngines(t)
+	for _, host := range []bool{false, true} {
+		name := map[bool]string{false: "pod", true: "host"}[host]
+		t.Run(name, func(t *testing.T) {
+			e := e
+			e.HostMPSD, e.CgroupRoot = host, e.CgroupRoot+"-"+name
+			kubeletOutside(t, e)
+		})
+	}
+}
+
+// kubeletOutside runs kubeletInside in its namespaces, with its own work
+// directory and cgroup root, and removes them.
+func kubeletOutside(t *testing.T, e engines) {
 	work, err := os.MkdirTemp("", "k8se") // short: MPS socket paths under it must fit a sockaddr_un
 	if err != nil {
 		t.Fatal(err)
@@ -382,7 +411,8 @@ func kubeletInside(t *testing.T, work string, e engines) {
 
 	ctrd := startContainerd(t, work, e)
 	importImages(t, work, e, ctrd)
-	step("containerd up, images imported")
+	image := importMPSDImage(t, e, ctrd)
+	step("containerd up, images imported, mpsd's %s at %s", image.Name, image.Manifest)
 
 	// The example's config on one simulated GPU, plus a second group on
 	// it with half the SMs and a third with a tenth of them and a small
@@ -399,7 +429,11 @@ func kubeletInside(t *testing.T, work string, e engines) {
 		}
 		return k.pods()
 	})
-	m := &mpsdProc{t: t, bin: e.MPSDBin, socket: filepath.Join(cfgDir, "mpsd.sock"), cfg: filepath.Join(cfgDir, "mpsd.yaml"), log: filepath.Join(work, "mpsd.log"),
+	k = newKubelet(t, work, e, ctrd)
+	// mpsd runs in a static pod of the kubelet, from its image; mpsctl
+	// (bin/) reaches it on the host through the socket under cfgDir.
+	m := &mpsdProc{t: t, bin: e.MPSDBin, pod: &mpsdPod{k: k, image: image,
+		mounts: []string{work, "/var/lib/kubelet/device-plugins", "/sys/fs/cgroup", e.Emu}, propagate: work}, socket: filepath.Join(cfgDir, "mpsd.sock"), cfg: filepath.Join(cfgDir, "mpsd.yaml"), log: filepath.Join(work, "mpsd.log"),
 		args: []string{"--kubelet-device-plugin", "--kubelet-dir", "/var/lib/kubelet/device-plugins",
 			"--kubelet-kubeconfig", kubeconfig, "--kubelet-pod-resources", filepath.Join(work, "kubelet", "pod-resources", "kubelet.sock"),
 			"--kubelet-cri", ctrd.socket}}
@@ -427,16 +461,19 @@ func kubeletInside(t *testing.T, work string, e engines) {
 	if err := os.WriteFile(m.cfg, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if e.HostMPSD {
+		m.pod = nil
+	}
+	// The kubelet first: it runs mpsd's static pod.
+	k.start()
+	defer k.stop()
+	step("kubelet up; mpsd (from its image: %v)", m.pod != nil)
 	m.start()
 	defer m.stop()
 	step("mpsd ready")
 
-	k = newKubelet(t, work, e, ctrd)
-	k.start()
-	defer k.stop()
-
 	// Registration: one resource per group, a unit per SM percent.
-	step("kubelet up; waiting for the plugin's registration")
+	step("waiting for the plugin's registration")
 	k.waitAllocatable(map[string]int{"mpsd.io/inference-sm": 100, "mpsd.io/training-sm": 50, "mpsd.io/scratch-sm": 10})
 
 	// The example pod's 30 units are admitted; the container has the
@@ -483,22 +520,38 @@ func kubeletInside(t *testing.T, work string, e engines) {
 	}
 	k.deletePod(podB)
 
-	// An mpsd restart keeps the allocation's lease (the plugin adopts it).
+	// An mpsd restart on the host keeps the allocation's lease (the
+	// plugin adopts it).
 	step("refused; restarting mpsd")
-	m.stop()
-	m.start()
-	// Kept by mpsd, and held again by the new plugin (else mpsd would
-	// release it once its reconnect grace ran out).
-	// The new mpsd knows no binding until the plugin makes it again.
-	m.waitStatus("the pod's lease kept across mpsd's restart, resumed by its plugin and bound to its container again", func(st api.Status) bool {
-		return len(st.Leases) == 1 && st.Leases[0].ID == lease.ID && st.Leases[0].State == api.LeaseRunning &&
-			m.logLine(`msg="lease resumed"`, "component=deviceplugin", "lease="+lease.ID) &&
-			st.Leases[0].Pod != nil && *st.Leases[0].Pod == *bound
-	})
+	m.restart()
+	leases := 1
+	if m.pod == nil {
+		// Kept by mpsd, and held again by the new plugin (else mpsd would
+		// release it once its reconnect grace ran out).
+		// The new mpsd knows no binding until the plugin makes it again.
+		m.waitStatus("the pod's lease kept across mpsd's restart, resumed by its plugin and bound to its container again", func(st api.Status) bool {
+			return len(st.Leases) == 1 && st.Leases[0].ID == lease.ID && st.Leases[0].State == api.LeaseRunning &&
+				m.logLine(`msg="lease resumed"`, "component=deviceplugin", "lease="+lease.ID) &&
+				st.Leases[0].Pod != nil && *st.Leases[0].Pod == *bound
+		})
+	} else {
+		// mpsd's container restarted (SIGTERM, then the kubelet's
+		// restartPolicy): its MPS daemons ended with it, as the
+		// DaemonSet's comment says, so the new mpsd starts new ones and
+		// revokes the lease, saying why; the pod runs on (its CUDA
+		// clients, had it any, would have failed).
+		m.waitStatus("the pod's lease revoked by the restarted mpsd, its instance ready again", func(st api.Status) bool {
+			return len(st.Leases) == 0 && allReady(st)
+		})
+		if !m.logLine(`msg="lease revoked"`, "lease="+lease.ID, "was gone or hung when mpsd started") {
+			t.Errorf("the restarted mpsd's log does not say why it revoked lease %s", lease.ID)
+		}
+		leases = 0
+	}
 	k.waitAllocatable(map[string]int{"mpsd.io/inference-sm": 100, "mpsd.io/training-sm": 50, "mpsd.io/scratch-sm": 10})
 
 	// A kubelet restart: the plugin registers again; the pod runs on.
-	step("lease kept; restarting the kubelet")
+	step("mpsd restarted; restarting the kubelet")
 	k.stop()
 	k.start()
 	k.waitAllocatable(map[string]int{"mpsd.io/inference-sm": 100, "mpsd.io/training-sm": 50, "mpsd.io/scratch-sm": 10})
@@ -510,8 +563,20 @@ func kubeletInside(t *testing.T, work string, e engines) {
 	if p := k.waitRunning(podA); p.Status.ContainerStatuses[0].RestartCount != 0 {
 		t.Errorf("the pod's container restarted: %+v", p.Status.ContainerStatuses[0])
 	}
-	if st, err := m.status(); err != nil || len(st.Leases) != 1 || st.Leases[0].ID != lease.ID {
-		t.Errorf("after the kubelet's restart: leases %+v, %v; want %s", st.Leases, err, lease.ID)
+	// mpsd's container runs on across the kubelet's restart.
+	if m.pod != nil {
+		if p := k.waitPod(m.pod.podName(), "running", func(p *corev1.Pod) bool {
+			return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].State.Running != nil
+		}); p.Status.ContainerStatuses[0].RestartCount != m.pod.restarts {
+			t.Errorf("mpsd's container restarted with the kubelet: %+v", p.Status.ContainerStatuses[0])
+		}
+	}
+	if st, err := m.status(); err != nil || len(st.Leases) != leases || (leases == 1 && st.Leases[0].ID != lease.ID) {
+		t.Errorf("after the kubelet's restart: leases %+v, %v; want %d (%s)", st.Leases, err, leases, lease.ID)
+	}
+	if m.pod == nil {
+		step("the kubelet restarted; the rest runs with mpsd in its static pod only")
+		return
 	}
 
 	// Deleting the pod frees its units: the next pod's allocation finds
@@ -805,6 +870,12 @@ func isolateHost(t *testing.T, work string) {
 		must("overlay "+dir, unix.Mount("overlay", dir, "overlay", 0, "lowerdir="+dir+",upperdir="+upper+",workdir="+wk))
 	}
 	must("mkdir device-plugins", os.MkdirAll("/var/lib/kubelet/device-plugins", 0o755))
+	// The work dir is a shared mount, as a node's / is under systemd: the
+	// runtime binds it into mpsd's container with HostToContainer
+	// propagation (it refuses a private source), so the private /dev/shm
+	// mpsd mounts under run_dir in this namespace show there too.
+	must("bind the work dir", unix.Mount(work, work, "", unix.MS_BIND|unix.MS_REC, ""))
+	must("share the work dir", unix.Mount("", work, "", unix.MS_SHARED|unix.MS_REC, ""))
 }
 
 // daemon is an engine process with its log.

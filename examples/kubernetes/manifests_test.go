@@ -28,6 +28,7 @@ import (
 
 	"github.com/mpsd/mpsd/deviceplugin"
 	"github.com/mpsd/mpsd/internal/kubeinfo"
+	"github.com/mpsd/mpsd/internal/ociimage"
 	"github.com/mpsd/mpsd/policy"
 )
 
@@ -255,6 +256,11 @@ func (o *objects) check() []string {
 			args := slices.Concat(c.Command, c.Args)
 			if len(args) == 0 || path.Base(args[0]) != "mpsd" {
 				continue
+			}
+			// The image make package-image builds (internal/ociimage):
+			// mpsd:<version>, mpsd at its entrypoint's path.
+			if repo, _, _ := strings.Cut(c.Image, ":"); repo != ociimage.Repository || len(c.Command) > 0 && c.Command[0] != ociimage.Entrypoint {
+				bad("%s: container %s runs %s from image %s; want %s from make package-image's %s", where, c.Name, args[0], c.Image, ociimage.Entrypoint, ociimage.Ref("<version>"))
 			}
 			if !slices.Contains(args, "--kubelet-device-plugin") {
 				bad("%s: container %s runs mpsd without --kubelet-device-plugin", where, c.Name)
@@ -515,6 +521,8 @@ func TestExamplesBroken(t *testing.T) {
 		{"config mpsd refuses", "mpsd-daemonset.yaml", "memory: 32G", "memory: 32G\n        memroy: 1G", "memroy"},
 		{"run_dir not from the host", "mpsd-daemonset.yaml", "run_dir: /run/mpsd ", "run_dir: /run/mpsd2 ", "/run/mpsd2 is not mounted from the host"},
 		{"run_dir without propagation", "mpsd-daemonset.yaml", "              mountPropagation: HostToContainer\n", "", "without mountPropagation: HostToContainer"},
+		{"another image", "mpsd-daemonset.yaml", "image: mpsd:", "image: registry.example.com/mpsd:", "from make package-image's"},
+		{"mpsd not at the image's path", "mpsd-daemonset.yaml", "            - /usr/bin/mpsd\n", "            - /usr/local/bin/mpsd\n", "from make package-image's"},
 		{"no device plugin", "mpsd-daemonset.yaml", "            - --kubelet-device-plugin\n", "", "without --kubelet-device-plugin"},
 		{"no service account", "mpsd-daemonset.yaml", "      serviceAccountName: mpsd\n", "", "reads pods' specs as the pod's service account"},
 		{"a service account that may not get pods", "mpsd-daemonset.yaml", `verbs: ["get"]`, `verbs: ["list"]`, "may not get pods"},
