@@ -222,7 +222,8 @@ func (p *mpsdPod) waitRun(m *mpsdProc, restarts int32) {
 // failed says how mpsd's container failed in or before its restarts'th
 // run, or "" while it has not: an image the runtime cannot run (no
 // entrypoint, a program that does not execute) or an mpsd that exits
-// fails the test at once, not at a wait's deadline.
+// fails the test at once, not at a wait's deadline. (A back-off after a
+// failed run shows as a restart count past restarts.)
 func (p *mpsdPod) failed(pod *corev1.Pod, restarts int32) string {
 	if len(pod.Status.ContainerStatuses) != 1 {
 		return ""
@@ -233,7 +234,7 @@ func (p *mpsdPod) failed(pod *corev1.Pod, restarts int32) string {
 		return fmt.Sprintf("mpsd's container from %s ended: %+v\n%s", p.image.Name, cs.State.Terminated, tail(p.logPath(pod, cs.RestartCount), 4000))
 	case cs.RestartCount > restarts:
 		return fmt.Sprintf("mpsd's container from %s restarted %d times, want %d: its last run %+v\n%s", p.image.Name, cs.RestartCount, restarts, cs.LastTerminationState.Terminated, tail(p.logPath(pod, restarts), 4000))
-	case cs.State.Waiting != nil && slices.Contains([]string{"CreateContainerError", "RunContainerError", "StartError", "ErrImageNeverPull", "CreateContainerConfigError", "CrashLoopBackOff"}, cs.State.Waiting.Reason):
+	case cs.State.Waiting != nil && slices.Contains([]string{"CreateContainerError", "RunContainerError", "StartError", "ErrImageNeverPull", "CreateContainerConfigError"}, cs.State.Waiting.Reason):
 		return fmt.Sprintf("mpsd's container from %s does not run: %s: %s", p.image.Name, cs.State.Waiting.Reason, cs.State.Waiting.Message)
 	}
 	return ""
