@@ -40,10 +40,10 @@ help:
 	@echo "make fetch-kubelet  build the kubelet (k8s.io/kubernetes, 5-10 min cold) into $(MPSD_KUBELET_CACHE)"
 	@echo "make fetch-apiserver  build kube-apiserver and etcd (5-10 min cold, after the kubelet) into $(MPSD_APISERVER_CACHE)"
 	@echo "make conformance  print the emulator-vs-real conformance table"
-	@echo "make package-image  build, then write dist/mpsd-image.tar: mpsd's container image (mpsd:<version>), the same bytes from the same commit"
 	@echo "make man          regenerate the man pages (docs/man) and the bash and zsh completions (docs/completion) from the programs' definitions"
 	@echo "make chart        copy examples/prometheus's alert rules and examples/grafana's dashboard into the Helm chart (deploy/helm/mpsd/files) again, and its golden render"
 	@echo "make package-deb  build, then dist/mpsd_<version>_<arch>.deb (internal/debpkg; reproducible from the commit)"
+	@echo "make package-image  build, then write dist/mpsd-image.tar: mpsd's container image (mpsd:<version>), the same bytes from the same commit"
 	@echo "make clean        remove $(BIN)/"
 
 # mps-launch is built without cgo: a static binary reaches main about 1 ms
