@@ -42,6 +42,7 @@ help:
 	@echo "make conformance  print the emulator-vs-real conformance table"
 	@echo "make man          regenerate the man pages (docs/man) and the bash and zsh completions (docs/completion) from the programs' definitions"
 	@echo "make chart        copy examples/prometheus's alert rules and examples/grafana's dashboard into the Helm chart (deploy/helm/mpsd/files) again, and its golden render"
+	@echo "make package      make package-deb and make package-image"
 	@echo "make package-deb  build, then dist/mpsd_<version>_<arch>.deb (internal/debpkg; reproducible from the commit)"
 	@echo "make package-image  build, then write dist/mpsd-image.tar: mpsd's container image (mpsd:<version>), the same bytes from the same commit"
 	@echo "make clean        remove $(BIN)/"
@@ -131,6 +132,10 @@ test: fetch-mps fetch-prometheus build testrun
 # deploy/deb's maintainer scripts), stamped with hack/ldflags.sh's
 # version; its files carry the commit's time, so one commit gives the same
 # bytes. The systemd end-to-end test installs it with dpkg.
+# Both artifacts: the Debian package and the container image.
+.PHONY: package
+package: package-deb package-image
+
 .PHONY: package-deb
 package-deb: build
 	@$(GO) build -o $(BIN)/mkdeb ./internal/debpkg/cmd/mkdeb

@@ -281,6 +281,12 @@ func (o *objects) check() []string {
 			} else if served != "" && hostMounts["/dev/shm"] != "/dev/shm" {
 				bad("%s: container %s: groups outside --kubelet-groups share memory with host clients through the host's /dev/shm: mount it at /dev/shm", where, c.Name)
 			}
+			// The tie of each lease to its container (--kubelet-cri)
+			// finds the container's processes in the host's cgroup
+			// hierarchy and holds them to the lease there.
+			if flagValue(args, "--kubelet-cri", "") != "" && hostMounts["/sys/fs/cgroup"] != "/sys/fs/cgroup" {
+				bad("%s: container %s: --kubelet-cri ties leases to containers through their cgroups: mount the host's /sys/fs/cgroup at /sys/fs/cgroup", where, c.Name)
+			}
 			// The root check (on unless --kubelet-allow-host-root) reads
 			// pods' specs and the kubelet's PodResources socket.
 			if !slices.Contains(args, "--kubelet-allow-host-root") {
@@ -523,6 +529,7 @@ func TestExamplesBroken(t *testing.T) {
 		{"run_dir without propagation", "mpsd-daemonset.yaml", "              mountPropagation: HostToContainer\n", "", "without mountPropagation: HostToContainer"},
 		{"another image", "mpsd-daemonset.yaml", "image: mpsd:", "image: registry.example.com/mpsd:", "from make package-image's"},
 		{"mpsd not at the image's path", "mpsd-daemonset.yaml", "            - /usr/bin/mpsd\n", "            - /usr/local/bin/mpsd\n", "from make package-image's"},
+		{"no host cgroups", "mpsd-daemonset.yaml", "            - name: cgroup\n              mountPath: /sys/fs/cgroup\n", "", "mount the host's /sys/fs/cgroup"},
 		{"no device plugin", "mpsd-daemonset.yaml", "            - --kubelet-device-plugin\n", "", "without --kubelet-device-plugin"},
 		{"no service account", "mpsd-daemonset.yaml", "      serviceAccountName: mpsd\n", "", "reads pods' specs as the pod's service account"},
 		{"a service account that may not get pods", "mpsd-daemonset.yaml", `verbs: ["get"]`, `verbs: ["list"]`, "may not get pods"},
