@@ -323,10 +323,12 @@ func (users) GroupID(name string) (uint32, error) { return 0, fmt.Errorf("no gro
 
 // daemonSetConfig finds the rendered DaemonSet's mpsd container and the
 // config it runs with, parses that config with mpsd's own loader, and
-// checks that the DaemonSet can run it: --config is a key of a mounted
-// ConfigMap, run_dir, state_dir, log_dir and the socket's directory are
-// mounted from the host at their paths (run_dir with HostToContainer
-// propagation), and the readiness probe's port is metrics.listen's.
+// checks that the DaemonSet can run it: its volumes have names of their
+// own that Kubernetes accepts, no two mounts share a path, --config is a
+// key of a mounted ConfigMap, run_dir, state_dir, log_dir and the socket's
+// directory are mounted from the host at their paths (run_dir with
+// HostToContainer propagation), and the readiness probe's port is
+// metrics.listen's.
 func daemonSetConfig(t *testing.T, o objects) (*appsv1.DaemonSet, *policy.Config) {
 	t.Helper()
 	ds, _ := o.get("DaemonSet", "mpsd").(*appsv1.DaemonSet)
@@ -340,12 +342,23 @@ func daemonSetConfig(t *testing.T, o objects) (*appsv1.DaemonSet, *policy.Config
 	c := spec.Containers[0]
 	vols := map[string]corev1.Volume{}
 	for _, v := range spec.Volumes {
+		if _, dup := vols[v.Name]; dup {
+			t.Errorf("DaemonSet mpsd: two volumes named %s", v.Name)
+		}
+		for _, msg := range validation.IsDNS1123Label(v.Name) {
+			t.Errorf("DaemonSet mpsd: volume name %q: %s", v.Name, msg)
+		}
 		vols[v.Name] = v
 	}
 	hostMounts := map[string]string{}
 	propagation := map[string]corev1.MountPropagationMode{}
+	mountedAt := map[string]string{} // mount path -> volume
 	var cfgPath, cfgMap string
 	for _, m := range c.VolumeMounts {
+		if other, dup := mountedAt[m.MountPath]; dup {
+			t.Errorf("container mpsd: volumes %s and %s both mounted at %s", other, m.Name, m.MountPath)
+		}
+		mountedAt[m.MountPath] = m.Name
 		v, ok := vols[m.Name]
 		switch {
 		case !ok:
@@ -455,7 +468,7 @@ func TestDefaultRender(t *testing.T) {
 	m, notes := mustRender(t, nil)
 	o := mustDecode(t, m)
 	daemonSetConfig(t, o)
-	want := []string{"ClusterRole/mpsd-pod-reader", "ClusterRoleBinding/mpsd-pod-reader", "ConfigMap/mpsd-config", "DaemonSet/mpsd", "ServiceAccount/mpsd"}
+	want := []string{"ClusterRole/mpsd-pod-reader.mpsd", "ClusterRoleBinding/mpsd-pod-reader.mpsd", "ConfigMap/mpsd-config", "DaemonSet/mpsd", "ServiceAccount/mpsd"}
 	if got := o.kinds(); !slices.Equal(got, want) {
 		t.Errorf("default render: objects %v, want %v (the optional ones off)", got, want)
 	}
@@ -475,14 +488,34 @@ func asYAML(t *testing.T, v any) string {
 	return string(b)
 }
 
+// chartNames are the names the chart gives to what the example names
+// otherwise, by the example's kind/name: the chart's cluster-scoped
+// objects carry the release's namespace (two releases of one name in two
+// namespaces must not claim the same ones), and it mounts the CRI
+// socket's directory as volume cri-socket whatever that directory is
+// called (cri-dockerd's /run would clash with run_dir's volume "run").
+var chartNames = map[string]string{
+	"ClusterRole/mpsd-pod-reader":        "mpsd-pod-reader.mpsd",
+	"ClusterRoleBinding/mpsd-pod-reader": "mpsd-pod-reader.mpsd",
+	"Volume/containerd":                  "cri-socket",
+}
+
+// chartName is the chart's name for the example's kind/name.
+func chartName(kind, name string) string {
+	if n, ok := chartNames[kind+"/"+name]; ok {
+		return n
+	}
+	return name
+}
+
 // TestDefaultMatchesExample checks that the default render is
 // examples/kubernetes/mpsd-daemonset.yaml, object by object (its
 // Namespace aside: helm install --create-namespace makes it): the same
-// names, the example's labels among the chart's, the same DaemonSet spec
-// but for the image (the chart's image, its pull policy and mpsd's path
-// there, /usr/bin/mpsd), the same RBAC, and a ConfigMap whose mpsd.yaml is
-// the example's as data (the chart renders values, so without the
-// example's comments), both valid for mpsd.
+// names (but chartNames'), the example's labels among the chart's, the
+// same DaemonSet spec but for the image (the chart's image, its pull
+// policy and mpsd's path there, /usr/bin/mpsd), the same RBAC, and a
+// ConfigMap whose mpsd.yaml is the example's as data (the chart renders
+// values, so without the example's comments), both valid for mpsd.
 func TestDefaultMatchesExample(t *testing.T) {
 	src, err := os.ReadFile(exampleFile)
 	if err != nil {
@@ -499,7 +532,7 @@ func TestDefaultMatchesExample(t *testing.T) {
 			}
 			continue
 		}
-		got := chartObjs.get(ex.kind, ex.name)
+		got := chartObjs.get(ex.kind, chartName(ex.kind, ex.name))
 		if got == nil {
 			t.Errorf("%s %s of the example: the chart renders none (it renders %v)", ex.kind, ex.name, chartObjs.kinds())
 			continue
@@ -520,6 +553,10 @@ func TestDefaultMatchesExample(t *testing.T) {
 		case *appsv1.DaemonSet:
 			g := got.(*appsv1.DaemonSet)
 			exSpec, gotSpec := e.Spec.DeepCopy(), g.Spec.DeepCopy()
+			for i := range exSpec.Template.Spec.Volumes {
+				v := &exSpec.Template.Spec.Volumes[i]
+				v.Name = chartName("Volume", v.Name)
+			}
 			for _, s := range []*appsv1.DaemonSetSpec{exSpec, gotSpec} {
 				for i := range s.Template.Spec.Containers {
 					c := &s.Template.Spec.Containers[i]
@@ -527,6 +564,10 @@ func TestDefaultMatchesExample(t *testing.T) {
 						c.Command[0] = "mpsd"
 					}
 					c.Image, c.ImagePullPolicy = "", ""
+					for j := range c.VolumeMounts {
+						m := &c.VolumeMounts[j]
+						m.Name = chartName("Volume", m.Name)
+					}
 				}
 			}
 			exBody, gotBody = exSpec, gotSpec
@@ -536,7 +577,9 @@ func TestDefaultMatchesExample(t *testing.T) {
 			exBody, gotBody = e.Rules, got.(*rbacv1.ClusterRole).Rules
 		case *rbacv1.ClusterRoleBinding:
 			g := got.(*rbacv1.ClusterRoleBinding)
-			exBody, gotBody = []any{e.RoleRef, e.Subjects}, []any{g.RoleRef, g.Subjects}
+			ref := e.RoleRef
+			ref.Name = chartName(ref.Kind, ref.Name)
+			exBody, gotBody = []any{ref, e.Subjects}, []any{g.RoleRef, g.Subjects}
 		case *corev1.ConfigMap:
 			g := got.(*corev1.ConfigMap)
 			exBody, gotBody = parsedData(t, e), parsedData(t, g)
@@ -839,6 +882,15 @@ extraVolumeMounts: [{name: hostshm, mountPath: /dev/shm}]
 				t.Errorf("mounts %v of volumes %v: want the host's /var/run/crio and /dev/shm, no /run/containerd", mounts, hostPaths)
 			}
 		}},
+		// daemonSetConfig checks the volumes' names: one named after the
+		// socket's directory would be "run" here, run_dir's volume's name.
+		{"CRI socket in /run", `kubelet: {cri: /run/cri-dockerd.sock}`, func(t *testing.T, o objects, ds *appsv1.DaemonSet, cfg *policy.Config) {
+			checkCRIMount(t, ds, "/run/cri-dockerd.sock")
+		}},
+		// ... and here "cri_dockerd.d", which is no volume name.
+		{"CRI socket directory named with _ and .", `kubelet: {cri: /var/run/cri_dockerd.d/cri.sock}`, func(t *testing.T, o objects, ds *appsv1.DaemonSet, cfg *policy.Config) {
+			checkCRIMount(t, ds, "/var/run/cri_dockerd.d/cri.sock")
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -847,6 +899,28 @@ extraVolumeMounts: [{name: hostshm, mountPath: /dev/shm}]
 			ds, cfg := daemonSetConfig(t, o)
 			tt.check(t, o, ds, cfg)
 		})
+	}
+}
+
+// checkCRIMount checks that mpsd's container is given the CRI socket sock
+// and mounts its directory from the host at its path, read-only, as the
+// volume cri-socket.
+func checkCRIMount(t *testing.T, ds *appsv1.DaemonSet, sock string) {
+	t.Helper()
+	c := ds.Spec.Template.Spec.Containers[0]
+	if !slices.Contains(c.Command, "--kubelet-cri="+sock) {
+		t.Errorf("command %q: no --kubelet-cri=%s", c.Command, sock)
+	}
+	dir := path.Dir(sock)
+	i := slices.IndexFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == dir })
+	j := slices.IndexFunc(ds.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == "cri-socket" })
+	switch {
+	case i < 0 || j < 0:
+		t.Errorf("no mount at %s (%v) or no volume cri-socket", dir, c.VolumeMounts)
+	case c.VolumeMounts[i].Name != "cri-socket" || !c.VolumeMounts[i].ReadOnly:
+		t.Errorf("mount at %s: volume %s, read-only %v; want cri-socket, read-only", dir, c.VolumeMounts[i].Name, c.VolumeMounts[i].ReadOnly)
+	case ds.Spec.Template.Spec.Volumes[j].HostPath == nil || ds.Spec.Template.Spec.Volumes[j].HostPath.Path != dir:
+		t.Errorf("volume cri-socket %+v, want the host's %s", ds.Spec.Template.Spec.Volumes[j].VolumeSource, dir)
 	}
 }
 
@@ -875,7 +949,7 @@ func TestReleaseName(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := mustDecode(t, m)
-	want := []string{"ClusterRole/gpu-sharing-mpsd-pod-reader", "ClusterRoleBinding/gpu-sharing-mpsd-pod-reader", "ConfigMap/gpu-sharing-mpsd-config",
+	want := []string{"ClusterRole/gpu-sharing-mpsd-pod-reader.gpu", "ClusterRoleBinding/gpu-sharing-mpsd-pod-reader.gpu", "ConfigMap/gpu-sharing-mpsd-config",
 		"ConfigMap/gpu-sharing-mpsd-dashboard", "DaemonSet/gpu-sharing-mpsd", "PrometheusRule/gpu-sharing-mpsd", "Service/gpu-sharing-mpsd-metrics",
 		"ServiceAccount/gpu-sharing-mpsd", "ServiceMonitor/gpu-sharing-mpsd"}
 	if got := o.kinds(); !slices.Equal(got, want) {
@@ -916,6 +990,44 @@ func TestReleaseName(t *testing.T) {
 	sm := o.get("ServiceMonitor", "gpu-sharing-mpsd").(*serviceMonitor)
 	if sm.Spec.Selector.MatchLabels["app.kubernetes.io/instance"] != rel.Name || !slices.Equal(sm.Spec.NamespaceSelector.MatchNames, []string{rel.Namespace}) {
 		t.Errorf("ServiceMonitor selects %v in %v; want the release's Service (instance %s, namespace %s)", sm.Spec.Selector.MatchLabels, sm.Spec.NamespaceSelector.MatchNames, rel.Name, rel.Namespace)
+	}
+}
+
+// TestReleasesInTwoNamespaces renders releases of one name in two
+// namespaces, as two teams may install them: their cluster-scoped objects
+// (ClusterRole, ClusterRoleBinding) must have names of their own, or the
+// second install would fail on, or take over, the first one's, and each
+// binding must give its own release's service account its own role.
+func TestReleasesInTwoNamespaces(t *testing.T) {
+	owner := map[string]string{} // kind/name of a cluster-scoped object -> namespace of its release
+	for _, ns := range []string{"mpsd", "gpu"} {
+		m, _, err := renderRelease(t, common.ReleaseOptions{Name: release, Namespace: ns, Revision: 1, IsInstall: true}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := mustDecode(t, m)
+		for _, x := range o {
+			if x.namespace != "" {
+				continue
+			}
+			if other, ok := owner[x.kind+"/"+x.name]; ok {
+				t.Errorf("%s %s: rendered by the releases in namespaces %s and %s", x.kind, x.name, other, ns)
+			}
+			owner[x.kind+"/"+x.name] = ns
+			b, ok := x.obj.(*rbacv1.ClusterRoleBinding)
+			if !ok {
+				continue
+			}
+			if o.get("ClusterRole", b.RoleRef.Name) == nil {
+				t.Errorf("namespace %s: ClusterRoleBinding %s binds ClusterRole %s, not one of its release's", ns, b.Name, b.RoleRef.Name)
+			}
+			if len(b.Subjects) != 1 || b.Subjects[0].Namespace != ns || o.get("ServiceAccount", b.Subjects[0].Name) == nil {
+				t.Errorf("namespace %s: ClusterRoleBinding %s binds %v, want its release's service account", ns, b.Name, b.Subjects)
+			}
+		}
+	}
+	if len(owner) != 4 {
+		t.Errorf("cluster-scoped objects %v, want a ClusterRole and a ClusterRoleBinding per release", owner)
 	}
 }
 

@@ -5,7 +5,9 @@
 // the k8s.io/api types (the Prometheus operator's objects into the fields
 // its CRDs define), and check the default render against
 // examples/kubernetes/mpsd-daemonset.yaml, the rendered configs with mpsd's
-// own config loader, the values the chart refuses, and Helm's lint rules.
+// own config loader, that releases of one name in two namespaces do not
+// share a cluster-scoped object, the values the chart refuses, and Helm's
+// lint rules.
 // They also keep the chart's copies of examples/prometheus's alert rules
 // and examples/grafana's dashboard equal to those files.
 package helm

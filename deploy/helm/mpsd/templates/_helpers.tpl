@@ -66,6 +66,16 @@ mpsd.metricsPort is the port of config.metrics.listen (host:port).
 {{- end }}
 
 {{/*
+mpsd.clusterName names the release's cluster-scoped objects (its
+ClusterRole and ClusterRoleBinding): <fullname>-<what>.<namespace>, so
+that releases of one name in two namespaces do not claim the same object.
+A namespace holds no ".", so no other release's name can end the same.
+*/}}
+{{- define "mpsd.clusterName" -}}
+{{- printf "%s-%s.%s" (include "mpsd.fullname" .top) .what .top.Release.Namespace }}
+{{- end }}
+
+{{/*
 mpsd.dirs are config's run_dir, state_dir and log_dir (mpsd's defaults
 where absent), each mounted from the host at its path; the socket must be
 in run_dir.
