@@ -993,6 +993,71 @@ func TestReleaseName(t *testing.T) {
 	}
 }
 
+// TestValuesStayValues renders values that would add fields or mpsd
+// flags if the templates wrote them into the manifests as they are (a
+// newline, then YAML at the next line's indentation): each is refused
+// (refusedAt names the value in the error), or rendered as the one string
+// it is, and no render runs mpsd with --simulate or the pod in the host's
+// network.
+func TestValuesStayValues(t *testing.T) {
+	const arg = "\n            - --simulate"
+	container := func(o objects) corev1.Container {
+		return o.get("DaemonSet", "mpsd").(*appsv1.DaemonSet).Spec.Template.Spec.Containers[0]
+	}
+	tests := []struct {
+		name      string
+		vals      map[string]any
+		refusedAt string
+		want      string
+		got       func(o objects) string
+	}{
+		{"kubelet.dir", map[string]any{"kubelet": map[string]any{"dir": "/var/lib/kubelet/device-plugins" + arg}}, "/kubelet/dir", "", nil},
+		{"kubelet.podResources", map[string]any{"kubelet": map[string]any{"podResources": "/var/lib/kubelet/pod-resources/kubelet.sock" + arg}}, "/kubelet/podResources", "", nil},
+		{"kubelet.cri", map[string]any{"kubelet": map[string]any{"cri": "/run/containerd/containerd.sock" + arg}}, "/kubelet/cri", "", nil},
+		{"config.run_dir", map[string]any{"config": map[string]any{"run_dir": "/run/mpsd" + arg}}, "/config/run_dir", "", nil},
+		{"config.state_dir", map[string]any{"config": map[string]any{"state_dir": "/var/lib/mpsd\n  hostNetwork: true"}}, "/config/state_dir", "", nil},
+		{"grafana.dashboard.namespace", map[string]any{"grafana": map[string]any{"dashboard": map[string]any{"enabled": true, "namespace": "monitoring\n  annotations: {a: b}"}}}, "/grafana/dashboard/namespace", "", nil},
+		{"runtimeClassName", map[string]any{"runtimeClassName": "nvidia\n      hostNetwork: true"}, "", "nvidia\n      hostNetwork: true", func(o objects) string {
+			return *o.get("DaemonSet", "mpsd").(*appsv1.DaemonSet).Spec.Template.Spec.RuntimeClassName
+		}},
+		{"priorityClassName", map[string]any{"priorityClassName": "system-node-critical\n      hostNetwork: true"}, "", "system-node-critical\n      hostNetwork: true", func(o objects) string {
+			return o.get("DaemonSet", "mpsd").(*appsv1.DaemonSet).Spec.Template.Spec.PriorityClassName
+		}},
+		{"image.tag", map[string]any{"image": map[string]any{"tag": "v1" + arg}}, "", "mpsd:v1" + arg, func(o objects) string { return container(o).Image }},
+		{"extraArgs", map[string]any{"extraArgs": []any{"--kubelet-groups=inference" + arg}}, "", "--kubelet-groups=inference" + arg, func(o objects) string {
+			return container(o).Command[len(container(o).Command)-1]
+		}},
+		{"serviceMonitor.interval", map[string]any{"prometheus": map[string]any{"serviceMonitor": map[string]any{"enabled": true, "interval": "30s\n      scheme: http"}}}, "", "30s\n      scheme: http", func(o objects) string {
+			return o.get("ServiceMonitor", "mpsd").(*serviceMonitor).Spec.Endpoints[0].Interval
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, _, err := render(t, tt.vals)
+			if tt.refusedAt != "" {
+				if err == nil {
+					t.Fatalf("values %v rendered; want them refused", tt.vals)
+				}
+				if !strings.Contains(err.Error(), tt.refusedAt) {
+					t.Errorf("error %q does not name %s", err, tt.refusedAt)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("render: %v", err)
+			}
+			o := mustDecode(t, m)
+			if got := tt.got(o); got != tt.want {
+				t.Errorf("rendered as %q, want %q", got, tt.want)
+			}
+			ds := o.get("DaemonSet", "mpsd").(*appsv1.DaemonSet)
+			if c := container(o); slices.Contains(c.Command, "--simulate") || ds.Spec.Template.Spec.HostNetwork {
+				t.Errorf("the value added to the manifest: command %q, hostNetwork %v", c.Command, ds.Spec.Template.Spec.HostNetwork)
+			}
+		})
+	}
+}
+
 // TestReleasesInTwoNamespaces renders releases of one name in two
 // namespaces, as two teams may install them: their cluster-scoped objects
 // (ClusterRole, ClusterRoleBinding) must have names of their own, or the
@@ -1051,6 +1116,27 @@ func TestRefused(t *testing.T) {
 		{"runbookBase with an anchor", `prometheus: {runbookBase: "https://x/alerts.md#top"}`, []string{"/prometheus/runbookBase"}},
 		{"socket outside run_dir", `config: {socket: /tmp/mpsd.sock}`, []string{`config.socket "/tmp/mpsd.sock"`, "run_dir"}},
 		{"metrics without a port", `config: {metrics: {listen: localhost}}`, []string{`config.metrics.listen "localhost"`, "host:port"}},
+		// Each value that becomes a host path: absolute, one line, clean.
+		{"relative state_dir", `config: {state_dir: var/lib/mpsd}`, []string{"values don't meet the specifications of the schema", "/config/state_dir"}},
+		{"relative run_dir", `config: {run_dir: run/mpsd, socket: run/mpsd/mpsd.sock}`, []string{"/config/run_dir", "/config/socket"}},
+		{"log_dir with ..", `config: {log_dir: /var/log/../lib/mpsd}`, []string{"/config/log_dir"}},
+		{"log_dir with .", `config: {log_dir: /var/log/./mpsd}`, []string{"/config/log_dir"}},
+		{"log_dir ending in /", `config: {log_dir: /var/log/mpsd/}`, []string{`config.log_dir "/var/log/mpsd/" is not a clean path; write "/var/log/mpsd"`}},
+		{"state_dir with //", `config: {state_dir: //var/lib/mpsd}`, []string{`config.state_dir "//var/lib/mpsd" is not a clean path`}},
+		{"relative kubelet dir", `kubelet: {dir: var/lib/kubelet/device-plugins}`, []string{"/kubelet/dir"}},
+		{"kubelet dir with ..", `kubelet: {dir: /var/lib/kubelet/../../etc}`, []string{"/kubelet/dir"}},
+		{"CRI socket with //", `kubelet: {cri: /run/containerd//containerd.sock}`, []string{`kubelet.cri "/run/containerd//containerd.sock" is not a clean path`}},
+		{"CRI socket in /", `kubelet: {cri: /containerd.sock}`, []string{"kubelet.cri's directory is /"}},
+		// One mount per path: mpsd refuses run_dir, state_dir and log_dir
+		// that are one directory or one inside another, and a container
+		// cannot have two mounts at one path.
+		{"state_dir is log_dir", `config: {state_dir: /var/lib/mpsd, log_dir: /var/lib/mpsd}`, []string{`config.log_dir "/var/lib/mpsd" overlaps config.state_dir "/var/lib/mpsd"`}},
+		{"log_dir in state_dir", `config: {log_dir: /var/lib/mpsd/log}`, []string{`config.log_dir "/var/lib/mpsd/log" overlaps config.state_dir "/var/lib/mpsd"`}},
+		{"run_dir is state_dir", `config: {state_dir: /run/mpsd}`, []string{`config.state_dir "/run/mpsd" overlaps config.run_dir "/run/mpsd"`}},
+		{"CRI socket in run_dir", `kubelet: {cri: /run/mpsd/cri.sock}`, []string{`kubelet.cri's directory and config.run_dir are both "/run/mpsd"`}},
+		{"PodResources in the device plugin dir", `kubelet: {podResources: /var/lib/kubelet/device-plugins/kubelet.sock}`, []string{`kubelet.dir and kubelet.podResources' directory are both "/var/lib/kubelet/device-plugins"`}},
+		{"state_dir at the config's mount", `config: {state_dir: /etc/mpsd}`, []string{`config.state_dir and the config's mount are both "/etc/mpsd"`}},
+		{"extra mount at log_dir", `extraVolumeMounts: [{name: hostshm, mountPath: /var/log/mpsd}]`, []string{`config.log_dir and extraVolumeMounts' hostshm are both "/var/log/mpsd"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

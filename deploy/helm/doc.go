@@ -6,8 +6,9 @@
 // its CRDs define), and check the default render against
 // examples/kubernetes/mpsd-daemonset.yaml, the rendered configs with mpsd's
 // own config loader, that releases of one name in two namespaces do not
-// share a cluster-scoped object, the values the chart refuses, and Helm's
-// lint rules.
+// share a cluster-scoped object, the values the chart refuses, that a
+// value holding a newline never adds a field or a flag to a manifest, and
+// Helm's lint rules.
 // They also keep the chart's copies of examples/prometheus's alert rules
 // and examples/grafana's dashboard equal to those files.
 package helm

@@ -76,18 +76,51 @@ A namespace holds no ".", so no other release's name can end the same.
 {{- end }}
 
 {{/*
+mpsd.checkPath refuses a value (a list: its name, its path) that is not
+an absolute, clean path without control characters, as mpsd's own config
+check does: the chart mounts these host paths at the same paths, and
+writes them into the DaemonSet and the flags.
+*/}}
+{{- define "mpsd.checkPath" -}}
+{{- $name := index . 0 }}
+{{- $p := index . 1 }}
+{{- if not (kindIs "string" $p) }}
+{{- fail (printf "%s %v: want an absolute path" $name $p) }}
+{{- else if regexMatch `[[:cntrl:]]` $p }}
+{{- fail (printf "%s %q: a path without control characters (newlines) is needed" $name $p) }}
+{{- else if not (isAbs $p) }}
+{{- fail (printf "%s %q is not an absolute path" $name $p) }}
+{{- else if ne (clean $p) $p }}
+{{- fail (printf "%s %q is not a clean path; write %q" $name $p (clean $p)) }}
+{{- end }}
+{{- end }}
+
+{{/*
 mpsd.dirs are config's run_dir, state_dir and log_dir (mpsd's defaults
-where absent), each mounted from the host at its path; the socket must be
-in run_dir.
+where absent), as YAML: each mounted from the host at its path. Each must
+be an absolute, clean path, none the same as or inside another (mpsd
+refuses that config at start), and the socket must be in run_dir.
 */}}
 {{- define "mpsd.dirs" -}}
 {{- $c := .Values.config }}
-{{- $run := get $c "run_dir" | default "/run/mpsd" }}
+{{- $dirs := dict "run" (get $c "run_dir" | default "/run/mpsd") "state" (get $c "state_dir" | default "/var/lib/mpsd") "logs" (get $c "log_dir" | default "/var/log/mpsd") }}
 {{- $socket := get $c "socket" | default "/run/mpsd/mpsd.sock" }}
-{{- if ne (dir $socket) $run }}
-{{- fail (printf "config.socket %q: the chart mounts run_dir %q from the host, and the socket must be in it" $socket $run) }}
+{{- $keys := list (list "config.run_dir" $dirs.run) (list "config.state_dir" $dirs.state) (list "config.log_dir" $dirs.logs) }}
+{{- range $keys }}
+{{- include "mpsd.checkPath" . }}
 {{- end }}
-run: {{ $run }}
-state: {{ get $c "state_dir" | default "/var/lib/mpsd" }}
-logs: {{ get $c "log_dir" | default "/var/log/mpsd" }}
+{{- include "mpsd.checkPath" (list "config.socket" $socket) }}
+{{- range $i, $a := $keys }}
+{{- range $b := slice $keys (add1 $i) }}
+{{- $pa := index $a 1 }}
+{{- $pb := index $b 1 }}
+{{- if or (eq $pa $pb) (hasPrefix (printf "%s/" (trimSuffix "/" $pa)) $pb) (hasPrefix (printf "%s/" (trimSuffix "/" $pb)) $pa) }}
+{{- fail (printf "%s %q overlaps %s %q; give each of run_dir, state_dir and log_dir a directory of its own, none inside another" (index $b 0) $pb (index $a 0) $pa) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if ne (dir $socket) $dirs.run }}
+{{- fail (printf "config.socket %q: the chart mounts run_dir %q from the host, and the socket must be in it" $socket $dirs.run) }}
+{{- end }}
+{{- toYaml $dirs }}
 {{- end }}
