@@ -21,6 +21,7 @@ import (
 
 	"github.com/mpsd/mpsd/api"
 	"github.com/mpsd/mpsd/api/apitest"
+	"github.com/mpsd/mpsd/internal/procstat"
 )
 
 // ptyReader collects what mps-launch writes on a terminal.
@@ -383,7 +384,16 @@ func shellPIDs(st api.Status) []int {
 	var out []int
 	for _, l := range st.Leases {
 		for _, pid := range l.PIDs {
-			if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); strings.TrimSpace(string(comm)) == "sh" {
+			b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+			if err != nil {
+				continue
+			}
+			ps, err := procstat.Parse(string(b))
+			// A fork of the gate's shell that has not yet become its
+			// sleep is named sh too, and is gone a moment later: only a
+			// shell whose parent is no process of the lease is the
+			// workload.
+			if err == nil && ps.Comm == "sh" && !slices.Contains(l.PIDs, ps.PPID) {
 				out = append(out, pid)
 			}
 		}
