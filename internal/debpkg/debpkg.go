@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"compress/gzip"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"io"
@@ -25,15 +26,17 @@ import (
 const Name = "mpsd"
 
 // The package's control fields besides its name and version. Depends
-// names what the programs and the maintainer scripts need on every host
-// (deb-systemd-helper comes with init-system-helpers); Recommends what a
+// names what the maintainer scripts need on every host (deb-systemd-helper
+// and deb-systemd-invoke come with init-system-helpers); the programs'
+// libc6, at the version they were linked against, is added to it from the
+// programs themselves (LibcDepends). Recommends what a
 // host under systemd with rotated MPS logs has; Suggests the NVIDIA
 // driver's MPS programs, which mpsd runs but which come with the driver:
 // Debian packages them as nvidia-cuda-mps, NVIDIA's own repositories and
 // installers otherwise, so a Recommends could make apt pull Debian's
 // driver over NVIDIA's.
 var (
-	Depends    = []string{"libc6", "init-system-helpers (>= 1.54~)"}
+	Depends    = []string{"init-system-helpers (>= 1.54~)"}
 	Recommends = []string{"systemd", "logrotate"}
 	Suggests   = []string{"nvidia-cuda-mps", "bash-completion"}
 )
@@ -271,6 +274,83 @@ func (s Spec) manPages() ([]entry, error) {
 	return es, nil
 }
 
+// glibcRe is a glibc symbol version: GLIBC_2.34, GLIBC_2.3.2 (not
+// GLIBC_PRIVATE).
+var glibcRe = regexp.MustCompile(`^GLIBC_([0-9]+(?:\.[0-9]+)+)$`)
+
+// newestGlibc is the newest glibc version that needs ask for, whichever
+// of glibc's libraries (libc.so.6, libm.so.6, ld-linux) they name, or ""
+// when they ask for none. Versions compare number by number: 2.34 is
+// newer than 2.4 and 2.3.2.
+func newestGlibc(needs []elf.DynamicVersionNeed) string {
+	var newest string
+	for _, n := range needs {
+		for _, d := range n.Needs {
+			m := glibcRe.FindStringSubmatch(d.Dep)
+			if m != nil && compareVersions(m[1], newest) > 0 {
+				newest = m[1]
+			}
+		}
+	}
+	return newest
+}
+
+// compareVersions compares dotted numbers ("" is before every version).
+func compareVersions(a, b string) int {
+	num := func(v string) []int {
+		var out []int
+		for f := range strings.SplitSeq(v, ".") {
+			if f == "" {
+				continue
+			}
+			n, _ := strconv.Atoi(f)
+			out = append(out, n)
+		}
+		return out
+	}
+	return slices.Compare(num(a), num(b))
+}
+
+// LibcDepends is the libc6 dependency of the ELF programs at paths:
+// "libc6 (>= X)" with X the newest glibc symbol version any of them needs
+// (a program linked with cgo against glibc 2.34 does not start on a host
+// with 2.31), or "" when none needs glibc (static programs). A file that
+// is not an ELF program is an error: what it needs cannot be known.
+func LibcDepends(paths ...string) (string, error) {
+	var newest string
+	for _, p := range paths {
+		v, err := glibcVersion(p)
+		if err != nil {
+			return "", err
+		}
+		if compareVersions(v, newest) > 0 {
+			newest = v
+		}
+	}
+	if newest == "" {
+		return "", nil
+	}
+	return "libc6 (>= " + newest + ")", nil
+}
+
+// glibcVersion is the newest glibc version the ELF program at p needs, ""
+// for a static one.
+func glibcVersion(p string) (string, error) {
+	f, err := elf.Open(p)
+	if err != nil {
+		return "", fmt.Errorf("debpkg: read the program %s: %w", p, err)
+	}
+	defer f.Close()
+	if f.Section(".gnu.version_r") == nil {
+		return "", nil
+	}
+	needs, err := f.DynamicVersionNeeds()
+	if err != nil {
+		return "", fmt.Errorf("debpkg: the versions %s needs: %w", p, err)
+	}
+	return newestGlibc(needs), nil
+}
+
 // Info is the nfpm description of the package.
 func (s Spec) Info() (*nfpm.Info, error) {
 	if s.Version == "" || s.Arch == "" || s.MTime.IsZero() {
@@ -279,6 +359,18 @@ func (s Spec) Info() (*nfpm.Info, error) {
 	cs, err := s.Contents()
 	if err != nil {
 		return nil, err
+	}
+	var progs []string
+	for _, p := range Programs {
+		progs = append(progs, filepath.Join(s.Bin, p))
+	}
+	libc, err := LibcDepends(progs...)
+	if err != nil {
+		return nil, err
+	}
+	depends := slices.Clone(Depends)
+	if libc != "" {
+		depends = append([]string{libc}, depends...)
 	}
 	info := &nfpm.Info{
 		Name:          Name,
@@ -296,7 +388,7 @@ func (s Spec) Info() (*nfpm.Info, error) {
 			"fails and requeues the clients it affected; mpsctl operates it.",
 		MTime: s.MTime,
 		Overridables: nfpm.Overridables{
-			Depends:    Depends,
+			Depends:    depends,
 			Recommends: Recommends,
 			Suggests:   Suggests,
 			Contents:   cs,

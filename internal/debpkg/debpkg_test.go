@@ -2,7 +2,9 @@ package debpkg
 
 import (
 	"bytes"
+	"cmp"
 	"compress/gzip"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"io"
@@ -105,16 +107,114 @@ func TestDebVersionOrder(t *testing.T) {
 	}
 }
 
-// fakeBin makes a bin directory with stand-ins for the three programs.
+// hostTrue is a small program linked against the host's glibc, the
+// stand-in for the three programs.
+const hostTrue = "/bin/true"
+
+// fakeBin makes a bin directory with stand-ins for the three programs:
+// copies of hostTrue, ELF programs that need glibc as make build's mpsd
+// does.
 func fakeBin(t *testing.T) string {
 	t.Helper()
+	b, err := os.ReadFile(hostTrue)
+	if err != nil {
+		t.Skipf("skipping: %v: the package's programs are stood in for by it", err)
+	}
 	bin := t.TempDir()
 	for _, p := range Programs {
-		if err := os.WriteFile(filepath.Join(bin, p), []byte("#!/bin/sh\necho "+p+"\n"), 0o755); err != nil {
+		if err := os.WriteFile(filepath.Join(bin, p), b, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return bin
+}
+
+// readelfGlibc is the newest GLIBC_ version readelf -V lists for the
+// program at p, as binutils sees it.
+func readelfGlibc(t *testing.T, p string) string {
+	t.Helper()
+	if _, err := exec.LookPath("readelf"); err != nil {
+		t.Skip("skipping: readelf (binutils) is not installed, it checks the versions")
+	}
+	out, err := exec.Command("sh", "-c", `readelf -V --wide "$1" | grep -o 'GLIBC_[0-9][0-9.]*' | sort -uV | tail -n 1`, "sh", p).Output()
+	if err != nil {
+		t.Fatalf("readelf -V %s: %v", p, err)
+	}
+	return strings.TrimPrefix(strings.TrimSpace(string(out)), "GLIBC_")
+}
+
+func TestNewestGlibc(t *testing.T) {
+	need := func(lib string, deps ...string) elf.DynamicVersionNeed {
+		n := elf.DynamicVersionNeed{Name: lib}
+		for _, d := range deps {
+			n.Needs = append(n.Needs, elf.DynamicVersionDep{Dep: d})
+		}
+		return n
+	}
+	tests := []struct {
+		name  string
+		needs []elf.DynamicVersionNeed
+		want  string
+	}{
+		{"none", nil, ""},
+		{"one", []elf.DynamicVersionNeed{need("libc.so.6", "GLIBC_2.2.5")}, "2.2.5"},
+		{"by number, not by text", []elf.DynamicVersionNeed{need("libc.so.6", "GLIBC_2.4", "GLIBC_2.34", "GLIBC_2.3.2", "GLIBC_2.9")}, "2.34"},
+		{"a longer version of the same", []elf.DynamicVersionNeed{need("libc.so.6", "GLIBC_2.3", "GLIBC_2.3.4")}, "2.3.4"},
+		{"any of glibc's libraries", []elf.DynamicVersionNeed{need("libc.so.6", "GLIBC_2.17"), need("libm.so.6", "GLIBC_2.29")}, "2.29"},
+		{"private and other libraries' versions left out", []elf.DynamicVersionNeed{need("libc.so.6", "GLIBC_PRIVATE", "GLIBC_2.2.5"), need("libgcc_s.so.1", "GCC_3.0", "GCC_4.2.0")}, "2.2.5"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := newestGlibc(tc.needs); got != tc.want {
+				t.Errorf("newestGlibc = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestLibcDepends reads the glibc version from real programs: one linked
+// against glibc (as readelf sees it), a static Go program (no libc6), and
+// refuses what is not an ELF program.
+func TestLibcDepends(t *testing.T) {
+	want := readelfGlibc(t, hostTrue)
+	if want == "" {
+		t.Fatalf("readelf lists no GLIBC_ version for %s", hostTrue)
+	}
+	dir := t.TempDir()
+	static := filepath.Join(dir, "static")
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte("package main\n\nfunc main() {}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(cmp.Or(os.Getenv("GO"), "go"), "build", "-o", static, "main.go")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GO111MODULE=off")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build a static program: %v\n%s", err, out)
+	}
+	script := filepath.Join(dir, "script")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		paths []string
+		want  string
+		err   bool
+	}{
+		{"linked against glibc", []string{hostTrue}, "libc6 (>= " + want + ")", false},
+		{"static and linked", []string{static, hostTrue, static}, "libc6 (>= " + want + ")", false},
+		{"static alone", []string{static}, "", false},
+		{"not an ELF program", []string{hostTrue, script}, "", true},
+		{"missing", []string{filepath.Join(dir, "missing")}, "", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := LibcDepends(tc.paths...)
+			if got != tc.want || (err != nil) != tc.err {
+				t.Errorf("LibcDepends = %q, %v; want %q (error: %v)", got, err, tc.want, tc.err)
+			}
+		})
+	}
 }
 
 func build(t *testing.T, bin string) []byte {
@@ -223,7 +323,7 @@ func TestBuildContents(t *testing.T) {
 	}
 	for _, w := range []string{
 		"Package: mpsd", "Version: 1.2.0+3.gabc1234", "Architecture: amd64",
-		"Depends: " + strings.Join(Depends, ", "), "Recommends: " + strings.Join(Recommends, ", "),
+		"Depends: libc6 (>= " + readelfGlibc(t, hostTrue) + "), " + strings.Join(Depends, ", "), "Recommends: " + strings.Join(Recommends, ", "),
 		"Suggests: " + strings.Join(Suggests, ", "), "postinst", "prerm", "postrm", "conffiles",
 	} {
 		if !strings.Contains(string(info), w) {

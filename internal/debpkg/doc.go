@@ -3,8 +3,10 @@
 // make build). It owns what the package holds and where (Contents: the
 // three programs as make build stamped them, the systemd units, the
 // default config and the logrotate file as conffiles, man pages,
-// completions, docs and examples), its control fields (Depends,
-// Recommends, Suggests) and the maintainer scripts of deploy/deb, and the
+// completions, docs and examples), its control fields (Depends, with
+// libc6 at the newest glibc symbol version the programs need, read from
+// their ELF files; Recommends, Suggests) and the maintainer scripts of
+// deploy/deb, and the
 // mapping of the stamped version (git describe) to a Debian version
 // (DebVersion).
 //
