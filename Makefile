@@ -43,8 +43,8 @@ help:
 	@echo "make man          regenerate the man pages (docs/man) and the bash and zsh completions (docs/completion) from the programs' definitions"
 	@echo "make chart        copy examples/prometheus's alert rules and examples/grafana's dashboard into the Helm chart (deploy/helm/mpsd/files) again, and its golden render"
 	@echo "make package      make package-deb and make package-image"
-	@echo "make package-deb  build, then dist/mpsd_<version>_<arch>.deb (internal/debpkg; reproducible from the commit)"
-	@echo "make package-image  build, then write dist/mpsd-image.tar: mpsd's container image (mpsd:<version>), the same bytes from the same commit"
+	@echo "make package-deb  build, then dist/mpsd_<version>_<arch>.deb (internal/debpkg; reproducible from the commit and toolchain)"
+	@echo "make package-image  build, then write dist/mpsd-image.tar: mpsd's container image (mpsd:<version>), the same bytes from the same commit and toolchain"
 	@echo "make clean        remove $(BIN)/"
 
 # mps-launch is built without cgo: a static binary reaches main about 1 ms
@@ -55,11 +55,15 @@ help:
 # command's own VCS stamping misses a git worktree (.git is a file there)
 # and is off wherever GOFLAGS says -buildvcs=false, and it would fail the
 # build where git refuses the repository (safe.directory), so it is off.
+# -trimpath keeps the checkout's and the module cache's paths out of the
+# binaries, so that the package and the image built from one commit are
+# the same bytes wherever it is checked out (with the same Go toolchain
+# and C compiler).
 build: emu
 	$(GO) build ./...
 	@ldflags=$$(hack/ldflags.sh) && \
-	if [ -n "$$(ls -d cmd/*/ 2>/dev/null)" ]; then $(GO) build -buildvcs=false -ldflags "$$ldflags" -o $(BIN)/ $$($(GO) list ./cmd/... | grep -v '/cmd/mps-launch$$'); fi && \
-	if [ -d cmd/mps-launch ]; then CGO_ENABLED=0 $(GO) build -buildvcs=false -ldflags "$$ldflags" -o $(BIN)/ ./cmd/mps-launch; fi
+	if [ -n "$$(ls -d cmd/*/ 2>/dev/null)" ]; then $(GO) build -trimpath -buildvcs=false -ldflags "$$ldflags" -o $(BIN)/ $$($(GO) list ./cmd/... | grep -v '/cmd/mps-launch$$'); fi && \
+	if [ -d cmd/mps-launch ]; then CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags "$$ldflags" -o $(BIN)/ ./cmd/mps-launch; fi
 
 # The emulator programs carry the real binaries' names so they drop in via PATH.
 # A first build (no bin/mpsd yet, or an empty Go build cache) compiles the
@@ -131,7 +135,7 @@ test: fetch-mps fetch-prometheus build testrun
 # The Debian package of what make build built (internal/debpkg,
 # deploy/deb's maintainer scripts), stamped with hack/ldflags.sh's
 # version; its files carry the commit's time, so one commit gives the same
-# bytes. The systemd end-to-end test installs it with dpkg.
+# bytes (with the same Go toolchain and C compiler: see build). The systemd end-to-end test installs it with dpkg.
 # Both artifacts: the Debian package and the container image.
 .PHONY: package
 package: package-deb package-image
@@ -190,7 +194,7 @@ staticcheck:
 # build stamped them at /usr/bin, on the host's libc6 and libgcc-s1
 # (hack/fetch-image-debs.sh), entrypoint /usr/bin/mpsd, tagged
 # mpsd:<version>. Reproducible: the same commit and packages give the same
-# bytes. Import it with `ctr -n k8s.io images import dist/mpsd-image.tar`.
+# bytes (with the same Go toolchain and C compiler: see build). Import it with `ctr -n k8s.io images import dist/mpsd-image.tar`.
 .PHONY: package-image
 package-image: build
 	@mkdir -p $(MPSD_DIST_DIR)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -225,6 +226,53 @@ func build(t *testing.T, bin string) []byte {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
+}
+
+// sourcePathRe finds a file of package buildinfo, which every program
+// has, by the path the program names it with.
+var sourcePathRe = regexp.MustCompile(`[[:graph:]]*internal/buildinfo/buildinfo\.go`)
+
+// TestDistProgramsPortable checks the programs make build left
+// ($MPSD_BIN_DIR, which make test sets), as they go into the package: no
+// path of the checkout in them (built with -trimpath, so that one commit
+// gives the same package wherever it is checked out), and a libc6
+// dependency at the glibc version binutils sees them need.
+func TestDistProgramsPortable(t *testing.T) {
+	bin := os.Getenv("MPSD_BIN_DIR")
+	if bin == "" {
+		t.Skip("skipping: MPSD_BIN_DIR is not set (make test sets it to make build's bin/)")
+	}
+	checkout, err := filepath.Abs(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var paths []string
+	for _, p := range Programs {
+		path := filepath.Join(bin, p)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("%v (run make build)", err)
+		}
+		if n := bytes.Count(b, []byte(checkout+"/")); n > 0 {
+			t.Errorf("%s names the checkout %s %d times: built without -trimpath", path, checkout, n)
+		}
+		// Wherever it was built: the program's own sources are named by
+		// their import path alone.
+		for _, m := range sourcePathRe.FindAll(b, -1) {
+			if !bytes.HasPrefix(m, []byte("github.com/mpsd/mpsd/")) {
+				t.Errorf("%s names its source file %s by a path of the machine that built it: built without -trimpath", path, m)
+				break
+			}
+		}
+		paths = append(paths, path)
+	}
+	got, err := LibcDepends(paths...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "libc6 (>= " + readelfGlibc(t, filepath.Join(bin, "mpsd")) + ")"; got != want {
+		t.Errorf("LibcDepends(make build's programs) = %q, want %q", got, want)
+	}
 }
 
 // TestBuildReproducible builds the package twice from the same inputs,

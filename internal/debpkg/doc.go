@@ -13,7 +13,9 @@
 // A build is reproducible: every file, directory and archive member gets
 // one modification time (the commit's, or SOURCE_DATE_EPOCH), man pages
 // are gzipped without a name or a time, and the same inputs give the
-// same bytes.
+// same bytes. The programs are inputs: make build's are the same bytes
+// from one commit, wherever it is checked out (-trimpath), only with the
+// same Go toolchain and C compiler (cgo).
 //
 // It never runs a program and never installs anything: the systemd
 // end-to-end test (internal/systemdtest) installs what it builds with

@@ -10,7 +10,9 @@
 // sorted and owned by root, every time (file, config, history) is the
 // one given (the commit's time, as SOURCE_DATE_EPOCH), device nodes and
 // the packages' documentation, manual pages and locales are left out. So
-// two builds from the same commit have the same digest.
+// the same programs and packages give the same digest; make build's
+// programs are the same from one commit, wherever it is checked out
+// (-trimpath), with the same Go toolchain and C compiler (cgo).
 //
 // It reads archives and writes one; it never starts a program (the
 // Debian packages are fetched and unpacked to tar streams by

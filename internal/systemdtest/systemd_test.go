@@ -771,7 +771,7 @@ func oldDeb(t *testing.T) (deb, version string) {
 		cgo  string
 		pkgs []string
 	}{{"1", []string{"./cmd/mpsd", "./cmd/mpsctl"}}, {"0", []string{"./cmd/mps-launch"}}} {
-		cmd := exec.Command(goCmd, append([]string{"build", "-buildvcs=false", "-ldflags", ldflags, "-o", bin + "/"}, b.pkgs...)...)
+		cmd := exec.Command(goCmd, append([]string{"build", "-trimpath", "-buildvcs=false", "-ldflags", ldflags, "-o", bin + "/"}, b.pkgs...)...)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED="+b.cgo)
 		if out, err := cmd.CombinedOutput(); err != nil {
