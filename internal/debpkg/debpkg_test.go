@@ -488,11 +488,15 @@ func (testUsers) UserID(name string) (uint32, error) {
 func (testUsers) GroupID(name string) (uint32, error) { return 0, fmt.Errorf("no group %s", name) }
 
 // TestDefaultConfigStarts: the config the package installs is valid on a
-// host with GPUs, the smallest that mpsd serves (one 8 GiB card) as much
-// as eight H100s, and names the units' socket.
+// host with GPUs, the smallest that mpsd serves (one 2 GiB card, such as a
+// T400, less what NVML does not report) as much as eight H100s, and names
+// the units' socket.
 func TestDefaultConfigStarts(t *testing.T) {
-	const gib = int64(1) << 30
-	hosts := map[string][]policy.GPU{"one 8 GiB GPU": {{Index: 0, UUID: "GPU-00000000-0000-4000-8000-000000000000", Memory: 8 * gib}}}
+	const gib, mib = int64(1) << 30, int64(1) << 20
+	hosts := map[string][]policy.GPU{
+		"one 2 GiB GPU": {{Index: 0, UUID: "GPU-00000000-0000-4000-8000-000000000000", Memory: 2*gib - 64*mib}},
+		"one 8 GiB GPU": {{Index: 0, UUID: "GPU-00000000-0000-4000-8000-000000000000", Memory: 8 * gib}},
+	}
 	h100 := make([]policy.GPU, 8)
 	for i := range h100 {
 		h100[i] = policy.GPU{Index: i, UUID: fmt.Sprintf("GPU-%08x-0000-4000-8000-000000000000", i), Memory: 85520809984}
