@@ -939,6 +939,10 @@ func mustOut(t *testing.T, argv ...string) string {
 	return string(out)
 }
 
+// stateFiles are mpsd's state file and its journal, whose last whole
+// line is the state when it has one.
+var stateFiles = []string{"/var/lib/mpsd/state.json", "/var/lib/mpsd/state.json.journal"}
+
 // TestDebRemoveKeepsWorkloads checks what removing the package does to a
 // host that serves a lease (docs/install.md, "Install the package"):
 // dpkg -r stops nothing (mpsd, its socket and the lease run on, served by
@@ -955,7 +959,11 @@ func TestDebRemoveKeepsWorkloads(t *testing.T) {
 		t.Fatalf("client ended early: exit %d: %s", r.code, r.stderr)
 	}
 	svc := e.waitActive(0)
-	before := snapshot(e.status())
+	st := e.status()
+	if len(st.Leases) != 1 {
+		t.Fatalf("%d leases, want 1: %+v", len(st.Leases), st.Leases)
+	}
+	before := snapshot(st)
 
 	e.must("dpkg", "-r", debpkg.Name)
 	if _, err := os.Stat(e.root("/usr/bin/mpsd")); err == nil {
@@ -980,6 +988,18 @@ func TestDebRemoveKeepsWorkloads(t *testing.T) {
 		t.Errorf("after dpkg -r: %s\nbefore: %s", after, before)
 	}
 
+	// The state as the running mpsd saved it, with the lease: state.json
+	// and the journal that follows it.
+	saved := map[string][]byte{}
+	for _, f := range stateFiles {
+		if b, err := os.ReadFile(e.root(f)); err == nil {
+			saved[f] = b
+		}
+	}
+	if id := st.Leases[0].ID; !bytes.Contains(saved[stateFiles[0]], []byte(id)) && !bytes.Contains(saved[stateFiles[1]], []byte(id)) {
+		t.Fatalf("neither %v names the running lease %s", stateFiles, id)
+	}
+
 	out := e.must("dpkg", "--purge", debpkg.Name)
 	if !strings.Contains(out, "keeping /var/lib/mpsd and /var/log/mpsd") {
 		t.Errorf("dpkg --purge while mpsd runs said %q, want why it keeps the state", out)
@@ -995,9 +1015,32 @@ func TestDebRemoveKeepsWorkloads(t *testing.T) {
 	}
 	e.waitUntil("no leases left", func() bool { return len(decodeStatus(t, e.must(mpsctl, "status", "--json")).Leases) == 0 })
 
+	// Stopped, with a lease in the saved state (an mpsd stopped while it
+	// served one, to be re-adopted by the next): a purge keeps the state
+	// and says why. The lease is in the journal's last line, state.json
+	// being what the mpsd wrote at its start.
+	e.must("systemctl", "stop", "mpsd.socket", "mpsd.service")
+	e.install(distDeb(t))
+	for f, b := range saved {
+		if err := os.WriteFile(e.root(f), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out = e.must("dpkg", "--purge", debpkg.Name)
+	if !strings.Contains(out, "keeping /var/lib/mpsd and /var/log/mpsd: /var/lib/mpsd's saved state lists leases") {
+		t.Errorf("dpkg --purge of a stopped mpsd whose state lists a lease said %q, want why it keeps the state", out)
+	}
+	if _, err := os.Stat(e.root(stateFiles[0])); err != nil {
+		t.Errorf("dpkg --purge of a stopped mpsd whose state lists a lease removed it: %v", err)
+	}
+	for _, f := range stateFiles {
+		if err := os.Remove(e.root(f)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Fatal(err)
+		}
+	}
+
 	// Stopped, with no lease: a purge of the package installed again
 	// removes the state.
-	e.must("systemctl", "stop", "mpsd.socket", "mpsd.service")
 	e.install(distDeb(t))
 	e.must("dpkg", "--purge", debpkg.Name)
 	for _, d := range []string{"/var/lib/mpsd", "/var/log/mpsd", debpkg.ConfigFile} {
@@ -1009,5 +1052,65 @@ func TestDebRemoveKeepsWorkloads(t *testing.T) {
 		if _, err := os.Lstat(e.etcUnit(w)); err == nil {
 			t.Errorf("dpkg --purge left /etc/systemd/system/%s", w)
 		}
+	}
+}
+
+// TestDebUpgradeRestart checks when the postinst of an upgrade (here dpkg
+// -i of the installed version again, which runs it the same way:
+// configure with the old version) restarts mpsd.service:
+//   - an mpsd still starting (activating: its instances are held back,
+//     so no READY=1 yet) is restarted, and dpkg waits until the new one is
+//     ready;
+//   - an mpsd whose config the new mpsctl check-config refuses is left
+//     running, and the postinst says why and how to restart it.
+func TestDebUpgradeRestart(t *testing.T) {
+	deb := distDeb(t)
+	e := setup(t, deb)
+	e.must("systemctl", "start", "--no-block", "mpsd.service")
+	var old service
+	e.waitUntil("mpsd.service activating", func() bool {
+		old = e.service()
+		return old.active == "activating" && old.sub == "start" && old.mainPID != 0
+	})
+
+	dpkg := e.start(e.command("dpkg", "-i", deb))
+	e.waitUntil("mpsd restarted by the postinst", func() bool {
+		s := e.service()
+		return (s.mainPID != 0 && s.mainPID != old.mainPID) || !dpkg.running()
+	})
+	if !dpkg.running() {
+		r := dpkg.wait(t)
+		t.Fatalf("dpkg -i ended before mpsd was ready, without restarting the starting mpsd (pid %d): exit %d: %s%s", old.mainPID, r.code, r.stdout, r.stderr)
+	}
+	e.open(e.gateMPS)
+	if r := dpkg.wait(t); r.code != 0 {
+		t.Fatalf("dpkg -i: exit %d: %s%s", r.code, r.stdout, r.stderr)
+	}
+	// dpkg waited for READY=1: the new mpsd is active when it ends.
+	s := e.service()
+	if s.active != "active" || s.mainPID == old.mainPID {
+		t.Fatalf("mpsd.service when dpkg -i ended: %+v, want active with a pid other than %d", s, old.mainPID)
+	}
+	if e.alive(old.mainPID) {
+		t.Errorf("the starting mpsd (pid %d) still runs after the upgrade", old.mainPID)
+	}
+	e.checkExe(t, s.mainPID)
+
+	// A config the new mpsctl refuses: the running mpsd is kept.
+	refused := e.config + "no_such_key: true\n"
+	if err := os.WriteFile(e.root(debpkg.ConfigFile), []byte(refused), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := e.install(deb)
+	for _, w := range []string{"no_such_key", "not restarting mpsd.service", "systemctl restart mpsd"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("dpkg -i with a refused config said:\n%s\nwant %q", out, w)
+		}
+	}
+	if after := e.service(); after.active != "active" || after.mainPID != s.mainPID {
+		t.Errorf("mpsd.service after dpkg -i with a refused config: %+v, want still active with pid %d", after, s.mainPID)
+	}
+	if err := os.WriteFile(e.root(debpkg.ConfigFile), []byte(e.config), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
