@@ -11,6 +11,8 @@ export MPSD_PROMETHEUS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/prom
 export MPSD_KUBELET_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/kubelet
 # Where hack/build-apiserver.sh caches the kube-apiserver and etcd it builds (outside the repo).
 export MPSD_APISERVER_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/apiserver
+# Where hack/build-control-plane.sh caches kube-scheduler, kube-controller-manager and containerd 1.7 (outside the repo).
+export MPSD_CONTROLPLANE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/controlplane
 # Where hack/fetch-image-debs.sh caches the Debian packages of the image's user space.
 export MPSD_IMAGE_DEBS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mpsd/image-debs
 # Where make package-deb and package-image write what they build; the
@@ -39,6 +41,7 @@ help:
 	@echo "make fetch-prometheus  fetch promtool and prometheus (Debian package) into $(MPSD_PROMETHEUS_CACHE)"
 	@echo "make fetch-kubelet  build the kubelet (k8s.io/kubernetes, 5-10 min cold) into $(MPSD_KUBELET_CACHE)"
 	@echo "make fetch-apiserver  build kube-apiserver and etcd (5-10 min cold, after the kubelet) into $(MPSD_APISERVER_CACHE)"
+	@echo "make fetch-control-plane  build kube-scheduler, kube-controller-manager and containerd 1.7 (3 min cold, after the API server) into $(MPSD_CONTROLPLANE_CACHE)"
 	@echo "make conformance  print the emulator-vs-real conformance table"
 	@echo "make man          regenerate the man pages (docs/man) and the bash and zsh completions (docs/completion) from the programs' definitions"
 	@echo "make chart        copy examples/prometheus's alert rules and examples/grafana's dashboard into the Helm chart (deploy/helm/mpsd/files) again, and its golden render"
@@ -92,6 +95,15 @@ fetch-kubelet:
 fetch-apiserver:
 	@hack/build-apiserver.sh || echo "make: kube-apiserver or etcd unavailable; the admission policy test on a real API server will say so and skip"
 
+# The control-plane end-to-end test (examples/kubernetes) runs a one-node
+# cluster: etcd and kube-apiserver (fetch-apiserver), kube-scheduler,
+# kube-controller-manager and the kubelet (fetch-kubelet) on containerd 1.7
+# with CDI. make test runs it after fetch-apiserver, whose wrapper module
+# and Go build cache it shares.
+.PHONY: fetch-control-plane
+fetch-control-plane:
+	@hack/build-control-plane.sh || echo "make: kube-scheduler, kube-controller-manager or containerd 1.7 unavailable; the control-plane end-to-end test will say so and skip"
+
 demo: build
 	bash hack/demo.sh
 
@@ -124,7 +136,7 @@ TESTRUN := $(BIN)/testrun
 testrun:
 	@$(GO) build -o $(TESTRUN) ./internal/testrun/cmd/testrun
 
-test: fetch-kubelet fetch-apiserver
+test: fetch-kubelet fetch-apiserver fetch-control-plane
 test: package-image
 
 test: package-deb
