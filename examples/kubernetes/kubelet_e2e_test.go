@@ -129,6 +129,14 @@ type engines struct {
 	// PodEmu holds a static mpsemu-client, which a pod's busybox image
 	// can run.
 	PodEmu string
+	// The control plane's (controlplane_e2e_test.go): kube-apiserver and
+	// etcd, kube-scheduler, kube-controller-manager, and containerd's
+	// runc shim (a directory, put first in the PATH containerd gets).
+	APIServer, Etcd, Scheduler, ControllerManager string
+	ShimDir                                       string
+	// CDI enables CDI in containerd's CRI with one spec directory,
+	// cdiDir(work).
+	CDI bool
 }
 
 // findEngines looks for the kubelet (in hack/build-kubelet.sh's cache),
@@ -138,28 +146,56 @@ type engines struct {
 // MPSD_REQUIRE_KUBELET=1.
 func findEngines(t *testing.T) engines {
 	t.Helper()
-	missing := func(format string, args ...any) {
+	missing := missingEngine(t, kubeletRequireEnv)
+	e := findNode(t, missing)
+	var err error
+	if e.Image, err = findImage(); err != nil {
+		missing("%v", err)
+	}
+	e.MPSDBin, e.Emu = emutest.CmdDir(t), emutest.BinDir(t)
+	e.CgroupRoot = fmt.Sprintf("mpsd-kubelet-e2e-%d", os.Getpid())
+	return e
+}
+
+// missingEngine is what a test does without one of its engines: skip,
+// or fail when the environment variable require is 1 (CI).
+func missingEngine(t *testing.T, require string) func(format string, args ...any) {
+	return func(format string, args ...any) {
 		t.Helper()
 		msg := fmt.Sprintf(format, args...)
-		if os.Getenv(kubeletRequireEnv) == "1" {
-			t.Fatalf("%s (%s=1)", msg, kubeletRequireEnv)
+		if os.Getenv(require) == "1" {
+			t.Fatalf("%s (%s=1)", msg, require)
 		}
 		t.Skip(msg)
 	}
+}
+
+// engineCache is the cache directory a hack/build-*.sh script uses: env
+// when set (the Makefile exports it), else
+// ${XDG_CACHE_HOME:-$HOME/.cache}/mpsd/name.
+func engineCache(env, name string) string {
+	if cache := os.Getenv(env); cache != "" {
+		return cache
+	}
+	base := os.Getenv("XDG_CACHE_HOME")
+	if base == "" {
+		home, _ := os.UserHomeDir()
+		base = filepath.Join(home, ".cache")
+	}
+	return filepath.Join(base, "mpsd", name)
+}
+
+// findNode looks for what a node runs: root, the kubelet (in
+// hack/build-kubelet.sh's cache), containerd, ctr and runc (Debian's
+// packages), a static busybox (busybox-static) and the kernel's overlay
+// filesystem, calling missing for the first it lacks.
+func findNode(t *testing.T, missing func(format string, args ...any)) engines {
+	t.Helper()
 	if os.Geteuid() != 0 {
-		missing("the kubelet end-to-end test needs root (namespaces, mounts, cgroups)")
+		missing("the kubelet end-to-end tests need root (namespaces, mounts, cgroups)")
 	}
 	var e engines
-	cache := os.Getenv(kubeletCacheEnv)
-	if cache == "" {
-		base := os.Getenv("XDG_CACHE_HOME")
-		if base == "" {
-			home, _ := os.UserHomeDir()
-			base = filepath.Join(home, ".cache")
-		}
-		cache = filepath.Join(base, "mpsd", "kubelet")
-	}
-	e.Kubelet = filepath.Join(cache, "kubelet")
+	e.Kubelet = filepath.Join(engineCache(kubeletCacheEnv, "kubelet"), "kubelet")
 	if st, err := os.Stat(e.Kubelet); err != nil || st.Mode()&0o111 == 0 {
 		missing("no kubelet at %s (run hack/build-kubelet.sh; make test does): %v", e.Kubelet, err)
 	}
@@ -184,12 +220,6 @@ func findEngines(t *testing.T) engines {
 	if !hasFilesystem("overlay") {
 		missing("the kernel has no overlay filesystem")
 	}
-	var err error
-	if e.Image, err = findImage(); err != nil {
-		missing("%v", err)
-	}
-	e.MPSDBin, e.Emu = emutest.CmdDir(t), emutest.BinDir(t)
-	e.CgroupRoot = fmt.Sprintf("mpsd-kubelet-e2e-%d", os.Getpid())
 	return e
 }
 
@@ -275,15 +305,7 @@ func removeCgroupTree(dir string) error {
 // test with bin/mpsd a process of the host, up to the kubelet's restart.
 func TestKubeletE2E(t *testing.T) {
 	if work := os.Getenv(kubeletWorkEnv); work != "" {
-		var e engines
-		b, err := os.ReadFile(filepath.Join(work, "engines.json"))
-		if err == nil {
-			err = json.Unmarshal(b, &e)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		kubeletInside(t, work, e)
+		kubeletInside(t, work, readEngines(t, work))
 		return
 	}
 	e := findEngines(t)
@@ -300,11 +322,21 @@ func TestKubeletE2E(t *testing.T) {
 // kubeletOutside runs kubeletInside in its namespaces, with its own work
 // directory and cgroup root, and removes them.
 func kubeletOutside(t *testing.T, e engines) {
-	work, err := os.MkdirTemp("", "k8se") // short: MPS socket paths under it must fit a sockaddr_un
+	work := workDir(t, "k8se") // short: MPS socket paths under it must fit a sockaddr_un
+	cgroupRoot(t, e.CgroupRoot)
+	e.PodEmu = staticClient(t, work)
+	inNamespaces(t, "TestKubeletE2E", kubeletWorkEnv, work, e)
+}
+
+// workDir makes a test's work directory under the temp dir, named from
+// prefix, and removes it when the test ends. The pods' uid reaches its
+// own output directories through it.
+func workDir(t *testing.T, prefix string) string {
+	t.Helper()
+	work, err := os.MkdirTemp("", prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The pods' uid reaches its own output directories through it.
 	if err := os.Chmod(work, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -313,12 +345,19 @@ func kubeletOutside(t *testing.T, e engines) {
 			t.Errorf("removing %s: %v", work, err)
 		}
 	})
-	// The kubelet wants its cgroup root to exist; removed once the
-	// namespace (and so every process in those cgroups) is gone.
+	return work
+}
+
+// cgroupRoot makes the cgroup root name under every v1 hierarchy (the
+// kubelet wants its cgroup root to exist) and removes it, with whatever
+// is below it, in every hierarchy once the namespace (and so every
+// process in those cgroups) is gone.
+func cgroupRoot(t *testing.T, name string) {
+	t.Helper()
 	hierarchies := cgroupMounts()
 	t.Cleanup(func() {
 		for _, h := range hierarchies {
-			if err := removeCgroupTree(filepath.Join(h, e.CgroupRoot)); err != nil {
+			if err := removeCgroupTree(filepath.Join(h, name)); err != nil {
 				t.Errorf("cgroups left behind: %v", err)
 			}
 		}
@@ -327,20 +366,27 @@ func kubeletOutside(t *testing.T, e engines) {
 		if filepath.Base(h) == "unified" {
 			continue // hybrid: the v1 controllers are the kubelet's
 		}
-		if err := os.Mkdir(filepath.Join(h, e.CgroupRoot), 0o755); err != nil {
+		if err := os.Mkdir(filepath.Join(h, name), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	e.PodEmu = staticClient(t, work)
+}
+
+// inNamespaces runs the test named test again, as the child of this
+// binary as PID 1 (kubeletInit) of a new PID namespace, in a private
+// mount namespace, with workEnv=work in its environment and e in
+// work/engines.json, and fails t with its output if it fails. Every
+// process it starts dies with it.
+func inNamespaces(t *testing.T, test, workEnv, work string, e engines) {
+	t.Helper()
 	b, _ := json.Marshal(e)
 	if err := os.WriteFile(filepath.Join(work, "engines.json"), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestKubeletE2E$", "-test.v", "-test.count=1", "-test.timeout=7m")
-	cmd.Env = append(os.Environ(), kubeletInitEnv+"=1", kubeletWorkEnv+"="+work)
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+test+"$", "-test.v", "-test.count=1", "-test.timeout=7m")
+	cmd.Env = append(os.Environ(), kubeletInitEnv+"=1", workEnv+"="+work)
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:   syscall.CLONE_NEWPID,
 		Unshareflags: syscall.CLONE_NEWNS, // and / made private (os/exec does it)
@@ -348,7 +394,7 @@ func kubeletOutside(t *testing.T, e engines) {
 	}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	err = cmd.Run()
+	err := cmd.Run()
 	// Its own log with -v, everything on failure.
 	if testing.Verbose() && err == nil {
 		t.Logf("the test in its namespaces:\n%s", out.String())
@@ -356,6 +402,20 @@ func kubeletOutside(t *testing.T, e engines) {
 	if err != nil {
 		t.Errorf("the test in its namespaces failed: %v\n%s", err, out.String())
 	}
+}
+
+// readEngines is inNamespaces' e, read back in the namespaces.
+func readEngines(t *testing.T, work string) engines {
+	t.Helper()
+	var e engines
+	b, err := os.ReadFile(filepath.Join(work, "engines.json"))
+	if err == nil {
+		err = json.Unmarshal(b, &e)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
 
 // staticClient builds the emulator's CUDA client without cgo into a
@@ -947,9 +1007,14 @@ type containerd struct {
 	socket string
 }
 
+// cdiDir is the CDI spec directory of containerd's CRI with CDI enabled.
+func cdiDir(work string) string { return filepath.Join(work, "cdi") }
+
 // startContainerd runs containerd with the CRI plugin as ENGINES needs it
 // here: oom_score_adj restricted (no CAP_SYS_RESOURCE), the local pause
-// image, runc v2 with cgroupfs, everything under work.
+// image, runc v2 with cgroupfs, everything under work; with e.CDI, CDI
+// enabled with cdiDir(work) its one spec directory (containerd 1.7 and
+// later). Its shim is the first containerd-shim-runc-v2 in the PATH.
 func startContainerd(t *testing.T, work string, e engines) *containerd {
 	t.Helper()
 	dir := filepath.Join(work, "containerd")
@@ -957,6 +1022,10 @@ func startContainerd(t *testing.T, work string, e engines) *containerd {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "containerd.sock")
+	cdi := ""
+	if e.CDI {
+		cdi = fmt.Sprintf("  enable_cdi = true\n  cdi_spec_dirs = [%q]\n", cdiDir(work))
+	}
 	config := fmt.Sprintf(`version = 2
 root = %[1]q
 state = %[2]q
@@ -974,6 +1043,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = %[6]q
   restrict_oom_score_adj = true
+%[10]s
   disable_apparmor = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
@@ -989,7 +1059,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         SystemdCgroup = false
         BinaryName = %[9]q
 `, filepath.Join(dir, "root"), filepath.Join(dir, "state"), sock, sock+".ttrpc", filepath.Join(dir, "opt"),
-		pauseImage, filepath.Join(dir, "cni-bin"), filepath.Join(dir, "cni-conf"), e.Runc)
+		pauseImage, filepath.Join(dir, "cni-bin"), filepath.Join(dir, "cni-conf"), e.Runc, cdi)
 	cfg := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(cfg, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
@@ -1106,6 +1176,10 @@ type kubelet struct {
 	ctrd     string // containerd's socket
 	d        *daemon
 	logStart int64 // where the current run's log begins
+	// kubeconfig, when set, registers the kubelet as a node of that API
+	// server; args are more of its flags.
+	kubeconfig string
+	args       []string
 }
 
 func freePort(t *testing.T) int {
@@ -1171,8 +1245,12 @@ func (k *kubelet) start() {
 	if fi, err := os.Stat(k.log); err == nil {
 		k.logStart = fi.Size()
 	}
-	k.d = startDaemon(k.t, "kubelet", k.log, k.e.Kubelet, "--config", k.config, "--root-dir", k.root,
-		"--cert-dir", filepath.Join(k.root, "pki"), "--hostname-override", nodeName, "--v", "2")
+	argv := []string{k.e.Kubelet, "--config", k.config, "--root-dir", k.root,
+		"--cert-dir", filepath.Join(k.root, "pki"), "--hostname-override", nodeName, "--v", "2"}
+	if k.kubeconfig != "" {
+		argv = append(argv, "--kubeconfig", k.kubeconfig)
+	}
+	k.d = startDaemon(k.t, "kubelet", k.log, append(argv, k.args...)...)
 	k.d.wait("the kubelet's healthz", func() (bool, string) {
 		b, err := k.get(k.healthz, "/healthz")
 		return err == nil && string(b) == "ok", fmt.Sprintf("healthz: %q, %v", b, err)

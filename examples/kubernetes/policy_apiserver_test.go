@@ -50,15 +50,7 @@ const (
 // when MPSD_REQUIRE_APISERVER=1.
 func findAPIServer(t *testing.T) (apiserver, etcd string) {
 	t.Helper()
-	cache := os.Getenv(apiserverCacheEnv)
-	if cache == "" {
-		base := os.Getenv("XDG_CACHE_HOME")
-		if base == "" {
-			home, _ := os.UserHomeDir()
-			base = filepath.Join(home, ".cache")
-		}
-		cache = filepath.Join(base, "mpsd", "apiserver")
-	}
+	cache := engineCache(apiserverCacheEnv, "apiserver")
 	apiserver, etcd = filepath.Join(cache, "kube-apiserver"), filepath.Join(cache, "etcd")
 	for _, p := range []string{apiserver, etcd} {
 		if st, err := os.Stat(p); err != nil || st.Mode()&0o111 == 0 {
@@ -74,75 +66,122 @@ func findAPIServer(t *testing.T) (apiserver, etcd string) {
 
 // pki is the test's certificates: a CA, the API server's serving
 // certificate for 127.0.0.1, a client certificate in system:masters, and
-// a service-account signing key, as PEM files in a directory.
+// a service-account signing key, as PEM files in a directory; it issues
+// more client certificates (clientKubeconfig).
 type pki struct {
 	caFile, serverCert, serverKey, saKey string
 	client                               tls.Certificate
 	pool                                 *x509.CertPool
+	dir                                  string
+	ca                                   *x509.Certificate
+	caKey                                *ecdsa.PrivateKey
+	serial                               int64
+}
+
+// newCertKey makes a P-256 key, returned with its PEM.
+func newCertKey(t *testing.T) (*ecdsa.PrivateKey, []byte) {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: b})
+}
+
+// write writes a PEM file into the directory and returns its path.
+func (p *pki) write(t *testing.T, name string, b []byte) string {
+	t.Helper()
+	path := filepath.Join(p.dir, name)
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// sign issues tmpl for pub, signed by the CA's key (self-signed while
+// there is no CA certificate yet), valid for a day.
+func (p *pki) sign(t *testing.T, tmpl *x509.Certificate, pub *ecdsa.PublicKey) (*x509.Certificate, []byte) {
+	t.Helper()
+	p.serial++
+	tmpl.SerialNumber = big.NewInt(p.serial)
+	now := time.Now()
+	tmpl.NotBefore, tmpl.NotAfter = now.Add(-time.Hour), now.Add(24*time.Hour)
+	parent, parentKey := p.ca, p.caKey
+	if parent == nil {
+		parent = tmpl
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, pub, parentKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// clientCert issues a client certificate for user cn in groups orgs,
+// returned as PEM.
+func (p *pki) clientCert(t *testing.T, cn string, orgs ...string) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, keyPEM := newCertKey(t)
+	_, certPEM = p.sign(t, &x509.Certificate{Subject: pkix.Name{CommonName: cn, Organization: orgs},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}, &key.PublicKey)
+	return certPEM, keyPEM
+}
+
+// clientKubeconfig issues a client certificate for user cn in groups
+// orgs and writes NAME.kubeconfig for it and the API server at server
+// into the directory, returning its path.
+func (p *pki) clientKubeconfig(t *testing.T, name, server, cn string, orgs ...string) string {
+	t.Helper()
+	certPEM, keyPEM := p.clientCert(t, cn, orgs...)
+	cert, key := p.write(t, name+".crt", certPEM), p.write(t, name+".key", keyPEM)
+	return p.write(t, name+".kubeconfig", []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+current-context: %[1]s
+clusters:
+- name: test
+  cluster:
+    server: %[2]s
+    certificate-authority: %[3]s
+contexts:
+- name: %[1]s
+  context: {cluster: test, user: %[1]s}
+users:
+- name: %[1]s
+  user:
+    client-certificate: %[4]s
+    client-key: %[5]s
+`, name, server, p.caFile, cert, key)))
 }
 
 func newPKI(t *testing.T, dir string) *pki {
 	t.Helper()
-	newKey := func() (*ecdsa.PrivateKey, []byte) {
-		t.Helper()
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := x509.MarshalECPrivateKey(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: b})
-	}
-	write := func(name string, b []byte) string {
-		t.Helper()
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	now := time.Now()
-	serial := int64(1)
-	sign := func(tmpl *x509.Certificate, parent *x509.Certificate, pub *ecdsa.PublicKey, parentKey *ecdsa.PrivateKey) (*x509.Certificate, []byte) {
-		t.Helper()
-		serial++
-		tmpl.SerialNumber = big.NewInt(serial)
-		tmpl.NotBefore, tmpl.NotAfter = now.Add(-time.Hour), now.Add(24*time.Hour)
-		if parent == nil {
-			parent = tmpl
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, pub, parentKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := x509.ParseCertificate(der)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	}
-	p := &pki{pool: x509.NewCertPool()}
-	caKey, _ := newKey()
-	ca, caPEM := sign(&x509.Certificate{Subject: pkix.Name{CommonName: "mpsd-policy-test-ca"}, IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}, nil, &caKey.PublicKey, caKey)
-	p.caFile = write("ca.crt", caPEM)
+	p := &pki{pool: x509.NewCertPool(), dir: dir, serial: 1}
+	caKey, _ := newCertKey(t)
+	p.caKey = caKey // the CA signs itself
+	ca, caPEM := p.sign(t, &x509.Certificate{Subject: pkix.Name{CommonName: "mpsd-policy-test-ca"}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}, &caKey.PublicKey)
+	p.ca = ca
+	p.caFile = p.write(t, "ca.crt", caPEM)
 	p.pool.AddCert(ca)
-	srvKey, srvKeyPEM := newKey()
-	_, srvPEM := sign(&x509.Certificate{Subject: pkix.Name{CommonName: "kube-apiserver"}, DNSNames: []string{"localhost"},
+	srvKey, srvKeyPEM := newCertKey(t)
+	_, srvPEM := p.sign(t, &x509.Certificate{Subject: pkix.Name{CommonName: "kube-apiserver"}, DNSNames: []string{"localhost"},
 		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}, ca, &srvKey.PublicKey, caKey)
-	p.serverCert, p.serverKey = write("apiserver.crt", srvPEM), write("apiserver.key", srvKeyPEM)
-	cliKey, cliKeyPEM := newKey()
-	_, cliPEM := sign(&x509.Certificate{Subject: pkix.Name{CommonName: "mpsd-policy-test", Organization: []string{"system:masters"}},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}, ca, &cliKey.PublicKey, caKey)
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}, &srvKey.PublicKey)
+	p.serverCert, p.serverKey = p.write(t, "apiserver.crt", srvPEM), p.write(t, "apiserver.key", srvKeyPEM)
 	var err error
-	if p.client, err = tls.X509KeyPair(cliPEM, cliKeyPEM); err != nil {
+	if p.client, err = tls.X509KeyPair(p.clientCert(t, "mpsd-policy-test", "system:masters")); err != nil {
 		t.Fatal(err)
 	}
-	_, saPEM := newKey()
-	p.saKey = write("sa.key", saPEM)
+	_, saPEM := newCertKey(t)
+	p.saKey = p.write(t, "sa.key", saPEM)
 	return p
 }
 
@@ -275,11 +314,11 @@ func (a *apiClient) ensure(t *testing.T, path string, obj any) {
 	}
 }
 
-// startAPIServer starts etcd and kube-apiserver in dir and returns a client
-// of the API server once it is ready, with kube-apiserver's process.
-func startAPIServer(t *testing.T, dir string) (*apiClient, *controlProc) {
+// startAPIServer starts etcd and kube-apiserver (the binaries given) in
+// dir and returns a client of the API server once it is ready, with
+// kube-apiserver's process and the certificates.
+func startAPIServer(t *testing.T, dir, apiserverBin, etcdBin string) (*apiClient, *controlProc, *pki) {
 	t.Helper()
-	apiserverBin, etcdBin := findAPIServer(t)
 	certs := newPKI(t, dir)
 	clientURL := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
@@ -323,7 +362,7 @@ func startAPIServer(t *testing.T, dir string) (*apiClient, *controlProc) {
 		}
 		return code == http.StatusOK, fmt.Sprintf("%d %s", code, b)
 	})
-	return a, apiserver
+	return a, apiserver, certs
 }
 
 // applyPolicy creates each object of the shipped policy file, exactly as
@@ -376,7 +415,7 @@ func podName(s string) string {
 // added through pods/ephemeralcontainers, an UPDATE), then the example pod
 // and the DaemonSet's pod.
 func TestPolicyOnAPIServer(t *testing.T) {
-	findAPIServer(t)
+	apiserverBin, etcdBin := findAPIServer(t)
 	dir, err := os.MkdirTemp("", "k8spol")
 	if err != nil {
 		t.Fatal(err)
@@ -386,7 +425,7 @@ func TestPolicyOnAPIServer(t *testing.T) {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
-	a, apiserver := startAPIServer(t, dir)
+	a, apiserver, _ := startAPIServer(t, dir, apiserverBin, etcdBin)
 
 	// Namespaces and service accounts (there is no controller manager to
 	// make the default ones, which pods need to be admitted).
