@@ -23,8 +23,9 @@
 #   <cache>/VERSION                    "<kubernetes version> <containerd version>"
 # Prints one line: "<kubernetes version> <containerd version> <cache>".
 # Idempotent: a cache holding those versions is kept as is. After the
-# kubelet's and kube-apiserver's builds, about 150 s of wall time on 2 cores
-# and 2.7 GiB of memory; the Go build cache makes a rebuild take seconds.
+# kubelet's and kube-apiserver's builds, about 3 minutes of wall time on 2
+# cores (150 CPU-seconds) and 2.6 GiB of memory; the Go build cache makes a
+# rebuild take about 30 s.
 # Exits 0 when all four are available, 1 otherwise (with the reason on stderr).
 set -euo pipefail
 # shellcheck source=hack/k8s-wrapper.sh
