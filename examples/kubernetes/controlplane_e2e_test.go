@@ -116,7 +116,8 @@ func hostState(t *testing.T) map[string]string {
 // a template the controller manager turns into a claim) consuming the
 // capacity they ask, and keeps a pod whose claim does not fit in what is
 // left Pending as unschedulable. No DRA plugin serves the slice's
-// driver: the allocated pods wait for one, which the test does not ask.
+// driver: the kubelet holds an allocated pod, its event saying the driver
+// is not registered (where a later test starts mpsd --kubelet-dra).
 func TestControlPlaneE2E(t *testing.T) {
 	if work := os.Getenv(controlPlaneWorkEnv); work != "" {
 		controlPlaneInside(t, work, readEngines(t, work))
@@ -149,7 +150,7 @@ func controlPlaneInside(t *testing.T, work string, e engines) {
 	}
 	cl := startCluster(t, work, e, step)
 	defer cl.k.stop()
-	a, apiserver, scheduler, cm := cl.a, cl.apiserver, cl.scheduler, cl.cm
+	a, apiserver, scheduler := cl.a, cl.apiserver, cl.scheduler
 
 	// A Deployment: the controller manager makes its pod, the scheduler
 	// binds it to the node, the kubelet runs it.
@@ -186,7 +187,7 @@ func controlPlaneInside(t *testing.T, work string, e engines) {
 	}
 	step("the Deployment's pod %s scheduled to %s and running", running.Name, running.Spec.NodeName)
 
-	checkDRA(t, step, a, scheduler, cm)
+	checkDRA(t, step, cl)
 	step("memory: %s", namespaceRSS())
 
 	// Teardown through the API first, so the kubelet ends the pods.
@@ -334,9 +335,12 @@ func podCondition(p *corev1.Pod, typ corev1.PodConditionType) *corev1.PodConditi
 
 // checkDRA: resource.k8s.io/v1 with consumable capacity, the scheduler
 // and the controller manager's claim controller on a hand-made
-// ResourceSlice of the node: one device, 100 SM and 32Gi, shared.
-func checkDRA(t *testing.T, step func(string, ...any), a *apiClient, scheduler, cm *controlProc) {
+// ResourceSlice of the node: one device, 100 SM and 32Gi, shared. The
+// kubelet takes an allocated claim to its DRA manager, which waits for the
+// driver's plugin.
+func checkDRA(t *testing.T, step func(string, ...any), cl *cluster) {
 	t.Helper()
+	a, scheduler, cm := cl.a, cl.scheduler, cl.cm
 	q := resource.MustParse
 	a.create(t, "/apis/resource.k8s.io/v1/deviceclasses", &resourcev1.DeviceClass{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "resource.k8s.io/v1", Kind: "DeviceClass"},
@@ -445,6 +449,24 @@ func checkDRA(t *testing.T, step func(string, ...any), a *apiClient, scheduler, 
 	pod("dra-sm30", corev1.PodResourceClaim{Name: "gpu", ResourceClaimName: ptr("sm30")})
 	allocated("dra-sm30", "sm30", "30", "8Gi")
 	step("claim sm30 allocated 30 SM and 8Gi of gpu-0, pod dra-sm30 scheduled")
+	// The kubelet takes the pod's claim to its DRA manager, which waits
+	// for the driver's kubelet plugin: none registers here.
+	notRegistered := fmt.Sprintf("DRA driver %s is not registered", rigDriver)
+	cl.k.d.wait("the kubelet waiting for "+rigDriver+"'s plugin to prepare pod dra-sm30's claim", func() (bool, string) {
+		var evs corev1.EventList
+		if err := a.get("/api/v1/namespaces/default/events?fieldSelector="+url.QueryEscape("involvedObject.name=dra-sm30"), &evs); err != nil {
+			return false, err.Error()
+		}
+		var seen []string
+		for _, ev := range evs.Items {
+			if ev.Reason == "FailedPrepareDynamicResources" && strings.Contains(ev.Message, notRegistered) {
+				return true, ""
+			}
+			seen = append(seen, ev.Reason+": "+ev.Message)
+		}
+		return false, fmt.Sprintf("events %q", seen)
+	})
+	step("the kubelet waits for the driver's plugin: %s", notRegistered)
 
 	// A claim from a template: the controller manager makes the pod's
 	// claim, the scheduler allocates it on the same device.
