@@ -580,9 +580,32 @@ func kubeletInside(t *testing.T, work string, e engines) {
 	}
 	k.deletePod(podB)
 
+	// Deleting the pod frees its units: the plugin releases its lease
+	// (the pod has ended, or the next allocation hands its units out
+	// again), so 80 units fit now. Both runs check it before mpsd
+	// restarts, which in the pod run revokes every lease.
+	step("refused; deleting the pod, then asking 80")
+	k.deletePod(podA)
+	podC := k.writePod("sm80b", resource, 80)
+	k.waitRunning(podC)
+	step("second pod running")
+	// Both logs say so: the plugin's release and mpsd's end of the lease.
+	st = m.waitStatus("the deleted pod's lease released by the plugin, the new pod's running and bound to its container", func(st api.Status) bool {
+		return len(st.Leases) == 1 && st.Leases[0].ID != lease.ID && st.Leases[0].SM == 80 &&
+			st.Leases[0].Pod != nil && st.Leases[0].Pod.Pod == podC && len(st.Leases[0].PIDs) > 0 &&
+			m.logLine(`msg="releasing lease: `, "component=deviceplugin", "lease="+lease.ID) &&
+			m.logLine(`msg="lease released"`, "lease="+lease.ID)
+	})
+	envC, _ := k.podOutput(podC)
+	if envC[api.EnvLeaseID] != st.Leases[0].ID || envC[api.EnvThreadPercentage] != "80" {
+		t.Errorf("second pod's environment %v; want lease %s at 80%%", envC, st.Leases[0].ID)
+	}
+	// The restarts below keep this pod and its lease.
+	lease, bound = st.Leases[0], st.Leases[0].Pod
+
 	// An mpsd restart on the host keeps the allocation's lease (the
 	// plugin adopts it).
-	step("refused; restarting mpsd")
+	step("released; restarting mpsd")
 	m.restart()
 	leases := 1
 	if m.pod == nil {
@@ -620,7 +643,7 @@ func kubeletInside(t *testing.T, work string, e engines) {
 			t.Errorf("the restarted kubelet's log has no registration of %s", r)
 		}
 	}
-	if p := k.waitRunning(podA); p.Status.ContainerStatuses[0].RestartCount != 0 {
+	if p := k.waitRunning(podC); p.Status.ContainerStatuses[0].RestartCount != 0 {
 		t.Errorf("the pod's container restarted: %+v", p.Status.ContainerStatuses[0])
 	}
 	// mpsd's container runs on across the kubelet's restart.
@@ -639,29 +662,14 @@ func kubeletInside(t *testing.T, work string, e engines) {
 		return
 	}
 
-	// Deleting the pod frees its units: the next pod's allocation finds
-	// them available and the plugin releases the old lease, so 80 units
-	// fit now.
-	step("registered again; deleting the pod, then asking 80")
-	k.deletePod(podA)
-	step("deleted")
-	podC := k.writePod("sm80b", resource, 80)
-	k.waitRunning(podC)
-	step("second pod running")
-	st = m.waitStatus("the deleted pod's lease released, the new pod's running", func(st api.Status) bool {
-		return len(st.Leases) == 1 && st.Leases[0].ID != lease.ID && st.Leases[0].SM == 80
-	})
-	envC, _ := k.podOutput(podC)
-	if envC[api.EnvLeaseID] != st.Leases[0].ID || envC[api.EnvThreadPercentage] != "80" {
-		t.Errorf("second pod's environment %v; want lease %s at 80%%", envC, st.Leases[0].ID)
-	}
+	step("registered again; deleting the pod")
 	k.deletePod(podC)
 
 	// A pod whose container would run as uid 0 without a user namespace
 	// (host root, to the shared daemon) is admitted and allocated, but
 	// its container is never created: the kubelet's PreStartContainer
 	// call fails with the plugin's reason, which the pod's status shows.
-	step("pod C deleted; a root pod")
+	step("pod deleted; a root pod")
 	podR := k.writePodAs("root", "mpsd.io/training-sm", 10, "  securityContext:\n    runAsUser: 0\n")
 	p = k.waitPod(podR, "refused before its container starts", func(p *corev1.Pod) bool {
 		if len(p.Status.ContainerStatuses) != 1 || p.Status.ContainerStatuses[0].State.Waiting == nil {
