@@ -152,6 +152,19 @@ func findEngines(t *testing.T) engines {
 	if e.Image, err = findImage(); err != nil {
 		missing("%v", err)
 	}
+	// An archive there is this checkout's, or the test would run an
+	// older mpsd than it describes.
+	img, err := readImageArchive(e.Image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := stampNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkImageFresh(e.Image, img, now); err != nil {
+		t.Fatal(err)
+	}
 	e.MPSDBin, e.Emu = emutest.CmdDir(t), emutest.BinDir(t)
 	e.CgroupRoot = fmt.Sprintf("mpsd-kubelet-e2e-%d", os.Getpid())
 	return e

@@ -12,7 +12,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/mpsd/mpsd/internal/ociimage"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -59,17 +61,18 @@ func findImage() (string, error) {
 }
 
 // mpsdImage is the imported image: its name and manifest and config
-// digests as the archive's index.json and manifest give them.
+// digests as the archive's index.json and manifest give them, and the
+// commit its config's revision label names.
 type mpsdImage struct {
-	Name, Manifest, Config string
+	Name, Manifest, Config, Revision string
 }
 
-// readImageArchive reads the name and digests of the archive's image.
-func readImageArchive(t *testing.T, path string) mpsdImage {
-	t.Helper()
+// readImageArchive reads the name, digests and revision of the archive's
+// image.
+func readImageArchive(path string) (mpsdImage, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		t.Fatal(err)
+		return mpsdImage{}, err
 	}
 	defer f.Close()
 	files := map[string][]byte{}
@@ -80,11 +83,11 @@ func readImageArchive(t *testing.T, path string) mpsdImage {
 			break
 		}
 		if err != nil {
-			t.Fatalf("%s: %v", path, err)
+			return mpsdImage{}, fmt.Errorf("%s: %w", path, err)
 		}
 		if h.Name == "index.json" || (strings.HasPrefix(h.Name, "blobs/sha256/") && h.Size < 1<<16) {
 			if files[h.Name], err = io.ReadAll(tr); err != nil {
-				t.Fatal(err)
+				return mpsdImage{}, fmt.Errorf("%s: %w", path, err)
 			}
 		}
 	}
@@ -95,18 +98,50 @@ func readImageArchive(t *testing.T, path string) mpsdImage {
 		}
 	}
 	if err := json.Unmarshal(files["index.json"], &index); err != nil || len(index.Manifests) != 1 {
-		t.Fatalf("%s: index.json %s: %v; want one image", path, files["index.json"], err)
+		return mpsdImage{}, fmt.Errorf("%s: index.json %s: %v; want one image", path, files["index.json"], err)
 	}
 	img := mpsdImage{Name: index.Manifests[0].Annotations["io.containerd.image.name"], Manifest: index.Manifests[0].Digest}
 	var manifest struct{ Config struct{ Digest string } }
 	if err := json.Unmarshal(files["blobs/sha256/"+strings.TrimPrefix(img.Manifest, "sha256:")], &manifest); err != nil {
-		t.Fatalf("%s: the manifest %s: %v", path, img.Manifest, err)
+		return mpsdImage{}, fmt.Errorf("%s: the manifest %s: %w", path, img.Manifest, err)
 	}
 	img.Config = manifest.Config.Digest
-	if !strings.HasPrefix(img.Name, "docker.io/library/mpsd:") || img.Config == "" {
-		t.Fatalf("%s: image %+v; want docker.io/library/mpsd:<version> with a config", path, img)
+	var config struct {
+		Config struct{ Labels map[string]string }
 	}
-	return img
+	if err := json.Unmarshal(files["blobs/sha256/"+strings.TrimPrefix(img.Config, "sha256:")], &config); err != nil {
+		return mpsdImage{}, fmt.Errorf("%s: the config %s: %w", path, img.Config, err)
+	}
+	img.Revision = config.Config.Labels["org.opencontainers.image.revision"]
+	if !strings.HasPrefix(img.Name, "docker.io/library/mpsd:") || img.Config == "" {
+		return mpsdImage{}, fmt.Errorf("%s: image %+v; want docker.io/library/mpsd:<version> with a config", path, img)
+	}
+	return img, nil
+}
+
+// stampNow is what hack/ldflags.sh stamps now, from the repository's
+// root: the version and commit make build and make package-image use.
+func stampNow() (ociimage.Stamp, error) {
+	cmd := exec.Command("hack/ldflags.sh")
+	cmd.Dir = filepath.Join("..", "..")
+	out, err := cmd.Output()
+	if err != nil {
+		return ociimage.Stamp{}, fmt.Errorf("hack/ldflags.sh: %w", err)
+	}
+	return ociimage.ParseLdflags(string(out))
+}
+
+// checkImageFresh says whether the archive's image is the one make
+// package-image writes from this checkout now: its name is
+// ociimage.FullName of the stamped version and its revision label the
+// stamped commit. Else the test would run an older mpsd than the one
+// it describes, without notice.
+func checkImageFresh(path string, img mpsdImage, now ociimage.Stamp) error {
+	if img.Name != ociimage.FullName(now.Version) || img.Revision != now.Commit {
+		return fmt.Errorf("%s is stale: run make package-image (it holds %s of commit %q; hack/ldflags.sh stamps %s of commit %q)",
+			path, img.Name, img.Revision, ociimage.FullName(now.Version), now.Commit)
+	}
+	return nil
 }
 
 // importMPSDImage imports the image archive into the CRI's namespace, as
@@ -114,11 +149,15 @@ func readImageArchive(t *testing.T, path string) mpsdImage {
 // knows it by its name at the archive's digest.
 func importMPSDImage(t *testing.T, e engines, c *containerd) mpsdImage {
 	t.Helper()
-	img := readImageArchive(t, e.Image)
-	if out, err := exec.Command(e.Ctr, "--address", c.socket, "-n", "k8s.io", "images", "import", e.Image).CombinedOutput(); err != nil {
+	img, err := readImageArchive(e.Image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(e.Ctr, "--address", c.socket, "-n", "k8s.io", "images", "import", e.Image).CombinedOutput()
+	if err != nil {
 		t.Fatalf("ctr images import %s: %v\n%s", e.Image, err, out)
 	}
-	out, err := exec.Command(e.Ctr, "--address", c.socket, "-n", "k8s.io", "images", "ls").CombinedOutput()
+	out, err = exec.Command(e.Ctr, "--address", c.socket, "-n", "k8s.io", "images", "ls").CombinedOutput()
 	for _, line := range strings.Split(string(out), "\n") {
 		if f := strings.Fields(line); len(f) >= 3 && f[0] == img.Name && f[2] == img.Manifest {
 			return img
@@ -313,4 +352,52 @@ func (p *mpsdPod) shutdown(m *mpsdProc) {
 		}
 		return true, ""
 	})
+}
+
+// TestImageArchiveStale: an image archive of another version or commit
+// than hack/ldflags.sh stamps now is refused, saying to build it again;
+// this checkout's is taken.
+func TestImageArchiveStale(t *testing.T) {
+	const version, commit = "v1.2.0-3-g0123456789ab", "0123456789abcdef0123456789abcdef01234567"
+	created := time.Date(2026, 12, 1, 14, 0, 0, 0, time.UTC)
+	img, err := ociimage.Image(ociimage.Spec{Version: version, Revision: commit, Created: created, Arch: "amd64",
+		Programs: map[string][]byte{"mpsd": []byte("mpsd"), "mpsctl": []byte("mpsctl"), "mps-launch": []byte("mps-launch")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), imageArchive)
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ociimage.WriteArchive(f, img, version, created); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readImageArchive(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		now   ociimage.Stamp
+		stale bool
+	}{
+		{"this checkout's", ociimage.Stamp{Version: version, Commit: commit}, false},
+		{"another version", ociimage.Stamp{Version: "v1.2.0-4-gabcdefabcdef", Commit: commit}, true},
+		{"another commit", ociimage.Stamp{Version: version, Commit: "abcdefabcdefabcdefabcdefabcdefabcdefabcd"}, true},
+		{"a dirty tree", ociimage.Stamp{Version: version + "-dirty", Commit: commit}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkImageFresh(path, got, tc.now)
+			if tc.stale != (err != nil) {
+				t.Fatalf("checkImageFresh: %v; want stale %v", err, tc.stale)
+			}
+			if want := path + " is stale: run make package-image"; err != nil && !strings.Contains(err.Error(), want) {
+				t.Errorf("checkImageFresh: %v; want %q", err, want)
+			}
+		})
+	}
 }
