@@ -2,7 +2,10 @@
 # Prints the go build -ldflags that stamp the version, the commit and its
 # time into mpsd's binaries (package internal/buildinfo), for make build.
 # Run from the repository root. Where the root is a git work tree's:
-# `git describe --tags --always --dirty`, the HEAD commit and its time.
+# `git describe --tags --always --dirty --abbrev=12`, the HEAD commit and
+# its time. The abbreviation's length is fixed: git's default follows the
+# repository's object count and core.abbrev, so a shallow and a full
+# clone of one commit would stamp different versions.
 # Otherwise (a release tarball), the VERSION file at the root, whose
 # first line is "VERSION [COMMIT [TIME]]", e.g.
 #   v1.2.0 0123456789abcdef0123456789abcdef01234567 2026-12-01T14:00:00Z
@@ -16,7 +19,7 @@ version= commit= time=
 # Only the repository whose root this is: a tarball unpacked inside
 # another repository must not take that one's version.
 if [ "$(git rev-parse --show-toplevel 2>/dev/null)" = "$(pwd -P)" ]; then
-	version=$(git describe --tags --always --dirty)
+	version=$(git describe --tags --always --dirty --abbrev=12)
 	commit=$(git rev-parse HEAD)
 	time=$(TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ)
 elif [ -f VERSION ]; then

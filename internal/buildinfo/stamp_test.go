@@ -154,3 +154,30 @@ func TestStampedBinary(t *testing.T) {
 		t.Errorf("mps-launch --version = %q, want %q", out, want)
 	}
 }
+
+// TestLdflagsAbbrev: the commit in the version has 12 hex digits,
+// whatever core.abbrev says or the clone's object count would make git's
+// default, so every clone of a commit stamps the same version: after a
+// tag and with no tag at all.
+func TestLdflagsAbbrev(t *testing.T) {
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("no git on this host: make build stamps from VERSION only")
+	}
+	dir := t.TempDir()
+	git(t, dir, "init", "-q")
+	git(t, dir, "config", "core.abbrev", "7")
+	git(t, dir, "commit", "-q", "--allow-empty", "-m", "first")
+	head := git(t, dir, "rev-parse", "HEAD")
+	const p = "-X github.com/mpsd/mpsd/internal/buildinfo."
+	want := p + "version=" + head[:12] + " " + p + "commit=" + head + " " + p + "commitTime=2026-12-01T14:00:00Z"
+	if got, err := ldflags(t, dir); err != nil || got != want {
+		t.Errorf("no tag: %q, %v; want %q", got, err, want)
+	}
+	git(t, dir, "tag", "v9.9.9")
+	git(t, dir, "commit", "-q", "--allow-empty", "-m", "second")
+	head = git(t, dir, "rev-parse", "HEAD")
+	want = p + "version=v9.9.9-1-g" + head[:12] + " " + p + "commit=" + head + " " + p + "commitTime=2026-12-01T14:00:00Z"
+	if got, err := ldflags(t, dir); err != nil || got != want {
+		t.Errorf("a commit after a tag: %q, %v; want %q", got, err, want)
+	}
+}

@@ -80,12 +80,15 @@ func FileName(version, arch string) string {
 	return fmt.Sprintf("%s_%s_%s.deb", Name, version, arch)
 }
 
-// describeRe splits `git describe --tags --always --dirty`: a tag with
-// an optional -N-gHASH suffix, or a bare abbreviated commit; either with
-// -dirty.
+// describeRe splits `git describe --tags --always --dirty --abbrev=12`:
+// a tag with an optional -N-gHASH suffix, or a bare abbreviated commit;
+// either with -dirty. A hash shorter than abbrevLen is refused, as one
+// that git's default abbreviation (which varies with the clone) gave.
 var (
 	describeRe = regexp.MustCompile(`^(.+?)(?:-([0-9]+)-g([0-9a-f]{4,40}))?(-dirty)?$`)
 	hashRe     = regexp.MustCompile(`^[0-9a-f]{4,40}$`)
+	// abbrevLen is hack/ldflags.sh's --abbrev.
+	abbrevLen = 12
 	// debUpstreamRe is what a Debian upstream version without a
 	// revision may hold: it starts with a digit.
 	debUpstreamRe = regexp.MustCompile(`^[0-9][A-Za-z0-9.+~]*$`)
@@ -98,19 +101,27 @@ var ErrVersion = errors.New("debpkg: no Debian version for the stamped version")
 // describe) to a Debian version that sorts the way the builds do:
 //
 //	v1.2.0                 1.2.0
-//	v1.2.0-12-gabc1234     1.2.0+12.gabc1234   (after 1.2.0, before 1.2.1)
-//	v1.2.0-rc.1            1.2.0~rc.1          (before 1.2.0)
-//	v1.2.0-dirty           1.2.0+dirty
-//	abc1234 (no tag yet)   0~git20261208.143000.gabc1234  (commit time: later commits sort later, every tag after)
+//	v1.2.0-12-gabc1234abc12     1.2.0+12.gabc1234abc12   (after 1.2.0, before 1.2.1)
+//	v1.2.0-rc.1                 1.2.0~rc.1               (before 1.2.0)
+//	v1.2.0-dirty                1.2.0+dirty
+//	abc1234abc12 (no tag yet)   0~git20261208.143000.gabc1234abc12  (commit time: later commits sort later, every tag after)
 //
 // commitTime is the commit's time, used only for a bare commit. The
-// result is an upstream version without a Debian revision.
+// result is an upstream version without a Debian revision. A commit
+// abbreviated to fewer than 12 hex digits is an ErrVersion: the same
+// commit would give another version elsewhere.
 func DebVersion(stamped string, commitTime time.Time) (string, error) {
 	m := describeRe.FindStringSubmatch(stamped)
 	if m == nil {
 		return "", fmt.Errorf("%w: %q", ErrVersion, stamped)
 	}
 	tag, count, hash, dirty := m[1], m[2], m[3], m[4] != ""
+	if count == "" && hashRe.MatchString(tag) && !strings.HasPrefix(tag, "v") {
+		hash = tag
+	}
+	if hash != "" && len(hash) < abbrevLen {
+		return "", fmt.Errorf("%w: %q abbreviates the commit to fewer than %d hex digits (hack/ldflags.sh: git describe --abbrev=%d)", ErrVersion, stamped, abbrevLen, abbrevLen)
+	}
 	var v string
 	var extra []string
 	switch {

@@ -31,14 +31,14 @@ func TestDebVersion(t *testing.T) {
 	}{
 		{"tag", "v1.2.0", "1.2.0"},
 		{"tag without v", "1.2.0", "1.2.0"},
-		{"commits after a tag", "v1.2.0-12-gabc1234", "1.2.0+12.gabc1234"},
+		{"commits after a tag", "v1.2.0-12-gabc1234abc12", "1.2.0+12.gabc1234abc12"},
 		{"dirty tag", "v1.2.0-dirty", "1.2.0+dirty"},
-		{"dirty commits after a tag", "v1.2.0-12-gabc1234-dirty", "1.2.0+12.gabc1234.dirty"},
+		{"dirty commits after a tag", "v1.2.0-12-gabc1234abc12-dirty", "1.2.0+12.gabc1234abc12.dirty"},
 		{"prerelease", "v1.2.0-rc.1", "1.2.0~rc.1"},
 		{"prerelease with a dash", "v1.2.0-rc-1", "1.2.0~rc.1"},
-		{"commits after a prerelease", "v1.2.0-rc.1-3-g0123abcd", "1.2.0~rc.1+3.g0123abcd"},
-		{"bare commit", "abc1234", "0~git20261208.143000.gabc1234"},
-		{"dirty bare commit", "abc1234-dirty", "0~git20261208.143000.gabc1234+dirty"},
+		{"commits after a prerelease", "v1.2.0-rc.1-3-g0123abcd0123", "1.2.0~rc.1+3.g0123abcd0123"},
+		{"bare commit", "abc1234abc12", "0~git20261208.143000.gabc1234abc12"},
+		{"dirty bare commit", "abc1234abc12-dirty", "0~git20261208.143000.gabc1234abc12+dirty"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -55,7 +55,10 @@ func TestDebVersionRefused(t *testing.T) {
 		{"empty", ""},
 		{"devel", "(devel)"},
 		{"no digit first", "vnext"},
-		{"bare commit without a time", "abc1234"},
+		{"bare commit without a time", "abc1234abc12"},
+		{"git's default abbreviation", "v1.2.0-12-gabc1234"},
+		{"bare commit, git's default abbreviation", "abc1234"},
+		{"dirty, git's default abbreviation", "abc1234-dirty"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ct := commitTime
@@ -83,14 +86,14 @@ func TestDebVersionOrder(t *testing.T) {
 		stamped string
 		at      time.Time
 	}{
-		{"0123abc", earlier},
-		{"abc1234", commitTime},
+		{"0123abc0123a", earlier},
+		{"abc1234abc12", commitTime},
 		{"v0.9.0", commitTime},
 		{"v1.2.0-rc.1", commitTime},
-		{"v1.2.0-rc.1-3-g0123abcd", commitTime},
+		{"v1.2.0-rc.1-3-g0123abcd0123", commitTime},
 		{"v1.2.0", commitTime},
-		{"v1.2.0-2-gabc1234", commitTime},
-		{"v1.2.0-12-gabc1234", commitTime},
+		{"v1.2.0-2-gabc1234abc12", commitTime},
+		{"v1.2.0-12-gabc1234abc12", commitTime},
 		{"v1.2.1", commitTime},
 	}
 	var prev string
@@ -221,7 +224,7 @@ func TestLibcDepends(t *testing.T) {
 func build(t *testing.T, bin string) []byte {
 	t.Helper()
 	var buf bytes.Buffer
-	s := Spec{Root: root, Bin: bin, Version: "1.2.0+3.gabc1234", Arch: "amd64", MTime: commitTime, Work: t.TempDir()}
+	s := Spec{Root: root, Bin: bin, Version: "1.2.0+3.gabc1234abc12", Arch: "amd64", MTime: commitTime, Work: t.TempDir()}
 	if err := Build(s, &buf); err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +303,7 @@ func TestBuildContents(t *testing.T) {
 	if _, err := exec.LookPath("dpkg-deb"); err != nil {
 		t.Skip("skipping: dpkg-deb is not installed")
 	}
-	deb := filepath.Join(t.TempDir(), FileName("1.2.0+3.gabc1234", "amd64"))
+	deb := filepath.Join(t.TempDir(), FileName("1.2.0+3.gabc1234abc12", "amd64"))
 	if err := os.WriteFile(deb, build(t, fakeBin(t)), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -370,7 +373,7 @@ func TestBuildContents(t *testing.T) {
 		t.Fatalf("dpkg-deb --info: %v\n%s", err, info)
 	}
 	for _, w := range []string{
-		"Package: mpsd", "Version: 1.2.0+3.gabc1234", "Architecture: amd64",
+		"Package: mpsd", "Version: 1.2.0+3.gabc1234abc12", "Architecture: amd64",
 		"Depends: libc6 (>= " + readelfGlibc(t, hostTrue) + "), " + strings.Join(Depends, ", "), "Recommends: " + strings.Join(Recommends, ", "),
 		"Suggests: " + strings.Join(Suggests, ", "), "postinst", "prerm", "postrm", "conffiles",
 	} {
@@ -552,12 +555,12 @@ func TestMTime(t *testing.T) {
 func TestWriteDist(t *testing.T) {
 	bin := fakeBin(t)
 	dir := filepath.Join(t.TempDir(), "dist")
-	s := Spec{Root: root, Bin: bin, Version: "1.2.0+3.gabc1234", Arch: "amd64", MTime: commitTime}
+	s := Spec{Root: root, Bin: bin, Version: "1.2.0+3.gabc1234abc12", Arch: "amd64", MTime: commitTime}
 	p, err := WriteDist(s, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := filepath.Join(dir, "mpsd_1.2.0+3.gabc1234_amd64.deb"); p != want {
+	if want := filepath.Join(dir, "mpsd_1.2.0+3.gabc1234abc12_amd64.deb"); p != want {
 		t.Errorf("WriteDist wrote %s, want %s", p, want)
 	}
 	fi, err := os.Stat(p)
