@@ -749,7 +749,7 @@ func backlog(ss string) int {
 // stamped as a commit older than any build (a Debian version before every
 // other).
 const (
-	oldStamp      = "0000000"
+	oldStamp      = "000000000000" // hack/ldflags.sh abbreviates to 12 hex digits
 	oldCommit     = "0000000000000000000000000000000000000000"
 	oldCommitTime = "2000-01-01T00:00:00Z"
 	// Test users' uids (emutest.User), unused elsewhere.
