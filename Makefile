@@ -26,7 +26,7 @@ STATICCHECK ?= $(GOBIN_DIR)/staticcheck
 STATICCHECK_VERSION := v0.8.2
 TEST_TIMEOUT ?= 9m
 
-.PHONY: all build emu demo chaos test test-go lint fmt vet staticcheck fetch-mps fetch-prometheus conformance clean help check-leftovers testrun man chart
+.PHONY: all build programs emu demo chaos test test-go lint fmt vet staticcheck fetch-mps fetch-prometheus conformance clean help check-leftovers testrun man chart
 
 all: build
 
@@ -48,6 +48,7 @@ help:
 	@echo "make package      make package-deb and make package-image"
 	@echo "make package-deb  build, then dist/mpsd_<version>_<arch>.deb (internal/debpkg; reproducible from the commit and toolchain)"
 	@echo "make package-image  build, then write dist/mpsd-image.tar: mpsd's container image (mpsd:<version>), the same bytes from the same commit and toolchain"
+	@echo "make programs     build only bin/mpsd, bin/mpsctl and bin/mps-launch, stamped (what the package and the image hold)"
 	@echo "make clean        remove $(BIN)/"
 
 # mps-launch is built without cgo: a static binary reaches main about 1 ms
@@ -61,9 +62,13 @@ help:
 # -trimpath keeps the checkout's and the module cache's paths out of the
 # binaries, so that the package and the image built from one commit are
 # the same bytes wherever it is checked out (with the same Go toolchain
-# and C compiler).
-build: emu
+# and C compiler). make programs builds only bin/'s three programs, what
+# the package and the image hold.
+build: emu programs
 	$(GO) build ./...
+
+.PHONY: programs
+programs:
 	@ldflags=$$(hack/ldflags.sh) && \
 	if [ -n "$$(ls -d cmd/*/ 2>/dev/null)" ]; then $(GO) build -trimpath -buildvcs=false -ldflags "$$ldflags" -o $(BIN)/ $$($(GO) list ./cmd/... | grep -v '/cmd/mps-launch$$'); fi && \
 	if [ -d cmd/mps-launch ]; then CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags "$$ldflags" -o $(BIN)/ ./cmd/mps-launch; fi

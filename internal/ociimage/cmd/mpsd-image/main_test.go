@@ -3,11 +3,16 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/mpsd/mpsd/internal/ociimage"
 )
 
 // The acceptance check of the image's reproducibility: two builds, by two
@@ -204,4 +209,134 @@ func TestDistImageReproducible(t *testing.T) {
 		t.Errorf("a build from this commit differs from make package-image's %s (built from another commit or other programs?); digest %s", archive, digestA)
 	}
 	t.Logf("%s: digest %s, %d bytes, twice", archive, digestA, len(a))
+}
+
+// TestDistRebuiltElsewhere checks the claim of the docs: one commit gives
+// the same image and package wherever it is built. It copies this
+// checkout's files (git's tracked and untracked ones, as a release
+// tarball or another clone holds them) to another path, writes there the
+// VERSION file of what hack/ldflags.sh stamps here (the copy has no git),
+// and builds the programs, the package and the image again there (make
+// programs package-deb package-image): each is byte for byte what make
+// left in $MPSD_BIN_DIR and $MPSD_DIST_DIR. -trimpath keeps the checkout's
+// path out of the programs; the Go build cache makes the second build
+// cheap.
+func TestDistRebuiltElsewhere(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the programs again (-short)")
+	}
+	dist := os.Getenv("MPSD_DIST_DIR")
+	archive := filepath.Join(dist, "mpsd-image.tar")
+	debs, _ := filepath.Glob(filepath.Join(dist, "mpsd_*.deb"))
+	if _, err := os.Stat(archive); dist == "" || err != nil || len(debs) != 1 {
+		msg := "no image archive and package in $MPSD_DIST_DIR (make package-image package-deb; make test does)"
+		if os.Getenv(imageRequireEnv) == "1" {
+			t.Fatalf("%s (%s=1)", msg, imageRequireEnv)
+		}
+		t.Skip(msg)
+	}
+	for _, tool := range []string{"git", "make"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("no %s on this host", tool)
+		}
+	}
+	root, err := filepath.Abs("../../../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := os.Getenv("MPSD_BIN_DIR")
+	if bin == "" {
+		bin = filepath.Join(root, "bin")
+	}
+	ldflags := exec.Command(filepath.Join(root, "hack", "ldflags.sh"))
+	ldflags.Dir = root
+	flags, err := ldflags.Output()
+	if err != nil {
+		t.Fatalf("hack/ldflags.sh: %v", err)
+	}
+	stamp, err := ociimage.ParseLdflags(string(flags))
+	if err != nil || stamp.Version == "" {
+		t.Fatalf("hack/ldflags.sh stamps %q: %v; want a version", flags, err)
+	}
+
+	// The copy, at a path of another length and name.
+	copyDir := filepath.Join(t.TempDir(), "elsewhere", "mpsd-src")
+	ls := exec.Command("git", "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+	ls.Dir = root
+	list, err := ls.Output()
+	if err != nil {
+		t.Fatalf("git ls-files: %v", err)
+	}
+	for _, name := range strings.Split(strings.TrimSuffix(string(list), "\x00"), "\x00") {
+		copyFile(t, filepath.Join(root, name), filepath.Join(copyDir, name))
+	}
+	version := fmt.Sprintf("%s %s %s\n", stamp.Version, stamp.Commit, stamp.Time.Format(time.RFC3339))
+	if err := os.WriteFile(filepath.Join(copyDir, "VERSION"), []byte(version), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// build's other work (the emulator, go build ./...) is not packaged:
+	// -o build leaves it out.
+	mk := exec.Command("make", "--no-print-directory", "-o", "build", "programs", "package-deb", "package-image")
+	mk.Dir = copyDir
+	mk.Env = append(os.Environ(), "MPSD_DIST_DIR="+filepath.Join(copyDir, "dist"), "MAKEFLAGS=")
+	if out, err := mk.CombinedOutput(); err != nil {
+		t.Fatalf("make programs package-deb package-image in %s: %v\n%s", copyDir, err, out)
+	}
+
+	for _, p := range ociimage.Programs {
+		if !sameFile(t, filepath.Join(bin, p), filepath.Join(copyDir, "bin", p)) {
+			t.Errorf("%s built at %s differs from %s's", p, copyDir, bin)
+		}
+	}
+	for _, f := range []string{archive, debs[0]} {
+		if !sameFile(t, f, filepath.Join(copyDir, "dist", filepath.Base(f))) {
+			t.Errorf("%s built again at %s differs (or is missing there)", f, copyDir)
+		}
+	}
+}
+
+// copyFile copies a regular file (with its mode) or a symbolic link,
+// making its directory; a tracked file deleted from the work tree is
+// left out, as a clone of the tree would.
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	st, err := os.Lstat(from)
+	if errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode()&os.ModeSymlink != 0 {
+		target, err := os.Readlink(from)
+		if err == nil {
+			err = os.Symlink(target, to)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, st.Mode().Perm()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sameFile says whether a and b exist and hold the same bytes.
+func sameFile(t *testing.T, a, b string) bool {
+	t.Helper()
+	x, errA := os.ReadFile(a)
+	y, errB := os.ReadFile(b)
+	if errA != nil || errB != nil {
+		t.Logf("compare %s and %s: %v, %v", a, b, errA, errB)
+		return false
+	}
+	return bytes.Equal(x, y)
 }
