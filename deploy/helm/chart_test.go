@@ -327,7 +327,9 @@ func (users) GroupID(name string) (uint32, error) { return 0, fmt.Errorf("no gro
 // own that Kubernetes accepts, no two mounts share a path, --config is a
 // key of a mounted ConfigMap, run_dir, state_dir, log_dir and the socket's
 // directory are mounted from the host at their paths (run_dir with
-// HostToContainer propagation), and the readiness probe's port is
+// HostToContainer propagation), the host's /etc/passwd and /etc/group
+// are bound read-only over the image's (the config's users and groups
+// resolve through them), and the readiness probe's port is
 // metrics.listen's.
 func daemonSetConfig(t *testing.T, o objects) (*appsv1.DaemonSet, *policy.Config) {
 	t.Helper()
@@ -365,6 +367,9 @@ func daemonSetConfig(t *testing.T, o objects) (*appsv1.DaemonSet, *policy.Config
 			t.Errorf("container mpsd mounts volume %s, which is not in spec.volumes", m.Name)
 		case v.HostPath != nil:
 			hostMounts[m.MountPath] = v.HostPath.Path
+			if (m.MountPath == "/etc/passwd" || m.MountPath == "/etc/group") && (!m.ReadOnly || v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathFile) {
+				t.Errorf("container mpsd: %s is bound from the host without readOnly and hostPath type File", m.MountPath)
+			}
 		case v.ConfigMap != nil:
 			cfgPath, cfgMap = m.MountPath, v.ConfigMap.Name
 		}
@@ -389,6 +394,11 @@ func daemonSetConfig(t *testing.T, o objects) (*appsv1.DaemonSet, *policy.Config
 	for _, dir := range []string{cfg.RunDir, cfg.StateDir, cfg.LogDir, path.Dir(cfg.Socket)} {
 		if hostMounts[dir] != dir {
 			t.Errorf("container mpsd: %s is not mounted from the host's %s (host mounts %v)", dir, dir, hostMounts)
+		}
+	}
+	for _, f := range []string{"/etc/passwd", "/etc/group"} {
+		if hostMounts[f] != f {
+			t.Errorf("container mpsd: the host's %s is not mounted at %s: the config's users and groups would not resolve (the image's lists only root)", f, f)
 		}
 	}
 	if p := propagation[cfg.RunDir]; p != corev1.MountPropagationHostToContainer {

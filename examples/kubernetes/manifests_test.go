@@ -236,6 +236,9 @@ func (o *objects) check() []string {
 			// propagation maps each container path to its mount
 			// propagation.
 			propagation := map[string]corev1.MountPropagationMode{}
+			// hostFiles holds the container paths bound read-only to a
+			// host file (hostPath type File).
+			hostFiles := map[string]bool{}
 			var cfgPath, cfgMap string
 			for _, m := range c.VolumeMounts {
 				v, ok := vols[m.Name]
@@ -245,6 +248,7 @@ func (o *objects) check() []string {
 				}
 				if v.HostPath != nil {
 					hostMounts[m.MountPath] = v.HostPath.Path
+					hostFiles[m.MountPath] = m.ReadOnly && v.HostPath.Type != nil && *v.HostPath.Type == corev1.HostPathFile
 				}
 				if m.MountPropagation != nil {
 					propagation[m.MountPath] = *m.MountPropagation
@@ -267,6 +271,14 @@ func (o *objects) check() []string {
 			}
 			if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
 				bad("%s: container %s: mpsd drives GPUs and MPS daemons: privileged", where, c.Name)
+			}
+			// The config's users and groups resolve through the user
+			// database (policy's host lookups, unix groups' members);
+			// the image's lists only root, the node's are the ones meant.
+			for _, f := range []string{"/etc/passwd", "/etc/group"} {
+				if hostMounts[f] != f || !hostFiles[f] {
+					bad("%s: container %s: mount the host's %s read-only (hostPath type File) at %s: the config's users and groups resolve through it, and the image's lists only root", where, c.Name, f, f)
+				}
 			}
 			kdir := flagValue(args, "--kubelet-dir", deviceplugin.DefaultKubeletDir)
 			if hostMounts[kdir] != deviceplugin.DefaultKubeletDir {
@@ -530,6 +542,9 @@ func TestExamplesBroken(t *testing.T) {
 		{"another image", "mpsd-daemonset.yaml", "image: mpsd:", "image: registry.example.com/mpsd:", "from make package-image's"},
 		{"mpsd not at the image's path", "mpsd-daemonset.yaml", "            - /usr/bin/mpsd\n", "            - /usr/local/bin/mpsd\n", "from make package-image's"},
 		{"no host cgroups", "mpsd-daemonset.yaml", "            - name: cgroup\n              mountPath: /sys/fs/cgroup\n", "", "mount the host's /sys/fs/cgroup"},
+		{"no host passwd", "mpsd-daemonset.yaml", "            - name: passwd\n              mountPath: /etc/passwd\n              readOnly: true\n", "", "mount the host's /etc/passwd read-only"},
+		{"host group writable", "mpsd-daemonset.yaml", "              mountPath: /etc/group\n              readOnly: true\n", "              mountPath: /etc/group\n", "mount the host's /etc/group read-only"},
+		{"host group not a file", "mpsd-daemonset.yaml", "            path: /etc/group\n            type: File\n", "            path: /etc/group\n            type: FileOrCreate\n", "mount the host's /etc/group read-only"},
 		{"no device plugin", "mpsd-daemonset.yaml", "            - --kubelet-device-plugin\n", "", "without --kubelet-device-plugin"},
 		{"no service account", "mpsd-daemonset.yaml", "      serviceAccountName: mpsd\n", "", "reads pods' specs as the pod's service account"},
 		{"a service account that may not get pods", "mpsd-daemonset.yaml", `verbs: ["get"]`, `verbs: ["list"]`, "may not get pods"},
