@@ -45,7 +45,8 @@ help:
 	@echo "make conformance  print the emulator-vs-real conformance table"
 	@echo "make man          regenerate the man pages (docs/man) and the bash and zsh completions (docs/completion) from the programs' definitions"
 	@echo "make chart        copy examples/prometheus's alert rules and examples/grafana's dashboard into the Helm chart (deploy/helm/mpsd/files) again, and its golden render"
-	@echo "make package      make package-deb and make package-image"
+	@echo "make package      make package-deb, make package-image and make package-chart"
+	@echo "make package-chart  write dist/mpsd-<chart version>.tgz: the Helm chart, its default image the one make package-image writes"
 	@echo "make package-deb  build, then dist/mpsd_<version>_<arch>.deb (internal/debpkg; reproducible from the commit and toolchain)"
 	@echo "make package-image  build, then write dist/mpsd-image.tar: mpsd's container image (mpsd:<version>), the same bytes from the same commit and toolchain"
 	@echo "make programs     build only bin/mpsd, bin/mpsctl and bin/mps-launch, stamped (what the package and the image hold)"
@@ -145,6 +146,7 @@ test: fetch-kubelet fetch-apiserver fetch-control-plane
 test: package-image
 
 test: package-deb
+test: package-chart
 
 test: fetch-mps fetch-prometheus build testrun
 	MPSEMU_BIN_DIR=$(CURDIR)/$(EMU) MPSD_BIN_DIR=$(CURDIR)/bin GO=$(GO) $(TESTRUN) -race -timeout $(TEST_TIMEOUT) ./...
@@ -153,9 +155,9 @@ test: fetch-mps fetch-prometheus build testrun
 # deploy/deb's maintainer scripts), stamped with hack/ldflags.sh's
 # version; its files carry the commit's time, so one commit gives the same
 # bytes (with the same Go toolchain and C compiler: see build). The systemd end-to-end test installs it with dpkg.
-# Both artifacts: the Debian package and the container image.
+# The artifacts: the Debian package, the container image and the Helm chart.
 .PHONY: package
-package: package-deb package-image
+package: package-deb package-image package-chart
 
 .PHONY: package-deb
 package-deb: build
@@ -218,6 +220,19 @@ package-image: build
 	@$(GO) build -o $(BIN)/mpsd-image ./internal/ociimage/cmd/mpsd-image
 	@base=$$(hack/fetch-image-debs.sh) && ldflags=$$(hack/ldflags.sh) && \
 	$(BIN)/mpsd-image -out $(MPSD_DIST_DIR)/mpsd-image.tar -bin $(BIN) -ldflags "$$ldflags" $$(printf -- '-base %s ' $$base)
+
+# The Helm chart (deploy/helm/mpsd, internal/helmchart) packaged as
+# dist/mpsd-<chart version>.tgz with Helm's library: its version a SemVer
+# of hack/ldflags.sh's version (v1.2.0-3-g<commit> is 1.2.0+3.g<commit>),
+# its appVersion, the default image tag, the tag make package-image gives
+# the image, so the packaged chart runs that image; its files dated the
+# commit's time, so one commit gives the same bytes.
+.PHONY: package-chart
+package-chart:
+	@mkdir -p $(MPSD_DIST_DIR) $(BIN)
+	@$(GO) build -o $(BIN)/mkchart ./internal/helmchart/cmd/mkchart
+	@ldflags=$$(hack/ldflags.sh) && rm -f $(MPSD_DIST_DIR)/mpsd-*.tgz && \
+	$(BIN)/mkchart -chart deploy/helm/mpsd -ldflags "$$ldflags" -out $(MPSD_DIST_DIR)
 
 clean:
 	rm -rf $(BIN)

@@ -3,6 +3,7 @@ module github.com/mpsd/mpsd
 go 1.26.0
 
 require (
+	github.com/Masterminds/semver/v3 v3.5.0
 	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/containerd/cgroups/v3 v3.1.3
 	github.com/fsnotify/fsnotify v1.10.1
@@ -28,7 +29,6 @@ require (
 	github.com/AlekSi/pointer v1.2.0 // indirect
 	github.com/BurntSushi/toml v1.6.0 // indirect
 	github.com/Masterminds/goutils v1.1.1 // indirect
-	github.com/Masterminds/semver/v3 v3.5.0 // indirect
 	github.com/Masterminds/sprig/v3 v3.3.0 // indirect
 	github.com/Microsoft/go-winio v0.6.2 // indirect
 	github.com/ProtonMail/go-crypto v1.4.1 // indirect
