@@ -9,7 +9,8 @@
 // Everything it writes is a function of its inputs: layer entries are
 // sorted and owned by root, every time (file, config, history) is the
 // one given (the commit's time, as SOURCE_DATE_EPOCH), device nodes and
-// the packages' documentation, manual pages and locales are left out. So
+// the packages' documentation, manual pages and locales are left out,
+// and files lose their setuid and setgid bits (SetIDAllowed). So
 // the same programs and packages give the same digest; make build's
 // programs are the same from one commit, wherever it is checked out
 // (-trimpath), with the same Go toolchain and C compiler (cgo).

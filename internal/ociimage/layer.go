@@ -19,6 +19,19 @@ var ErrName = errors.New("ociimage: entry name leaves the image's root")
 // path of a layer.
 var ErrConflict = errors.New("ociimage: conflicting layer entries")
 
+// ErrSetID is returned for a regular file with its setuid or setgid bit
+// set that SetIDAllowed does not name.
+var ErrSetID = errors.New("ociimage: a set-id file the image does not allow")
+
+// SetIDAllowed are the files of the image that may keep a setuid or
+// setgid bit: none. mpsd runs as root and starts no program that must
+// change its ids; a set-id program from a package would only be a way
+// for an unprivileged process in the container to become another user.
+var SetIDAllowed = map[string]bool{}
+
+// setID is the setuid and setgid bits.
+const setID = 0o6000
+
 // Entry is one file, directory or link of a layer.
 type Entry struct {
 	// Name is the path in the image, relative and clean: usr/bin/mpsd.
@@ -75,6 +88,8 @@ func cleanName(name string) (string, error) {
 // copies of the file they name (so leaving out that file cannot break
 // them); device nodes, FIFOs and whatever Stripped names are left out.
 // Owners and times are not kept: a layer's are root's and the build's.
+// A regular file loses its setuid and setgid bits unless SetIDAllowed
+// names it.
 func ReadTar(r io.Reader) ([]Entry, error) {
 	tr := tar.NewReader(r)
 	var out []Entry
@@ -119,6 +134,9 @@ func ReadTar(r io.Reader) ([]Entry, error) {
 		default:
 			continue // device nodes, FIFOs: a container's /dev is the runtime's
 		}
+		if e.Type == tar.TypeReg && !SetIDAllowed[name] {
+			e.Mode &^= setID
+		}
 		out = append(out, e)
 	}
 }
@@ -129,7 +147,8 @@ func ReadTar(r io.Reader) ([]Entry, error) {
 // the PAX format with no access or change times. The same entries give
 // the same bytes. An entry listed twice must be the same both times
 // (directories may differ in mode only if one of them was implied); else
-// ErrConflict.
+// ErrConflict. A regular file with a setuid or setgid bit that
+// SetIDAllowed does not name is refused (ErrSetID).
 func Layer(entries []Entry, mtime time.Time) ([]byte, error) {
 	byName := map[string]Entry{}
 	for _, e := range entries {
@@ -141,6 +160,9 @@ func Layer(entries []Entry, mtime time.Time) ([]byte, error) {
 			continue
 		}
 		e.Name = name
+		if e.Type == tar.TypeReg && e.Mode&setID != 0 && !SetIDAllowed[name] {
+			return nil, fmt.Errorf("%w: %s has mode %o", ErrSetID, name, e.Mode)
+		}
 		if old, ok := byName[name]; ok && !old.same(e) {
 			return nil, fmt.Errorf("%w: %s is listed twice, differently (type %c mode %o, then type %c mode %o)", ErrConflict, name, old.Type, old.Mode, e.Type, e.Mode)
 		}

@@ -155,6 +155,8 @@ func TestLayerRefuses(t *testing.T) {
 			{Name: "etc/passwd", Type: tar.TypeReg, Mode: 0o644},
 		}, ErrConflict},
 		{"out of the root", []Entry{{Name: "../etc/passwd", Type: tar.TypeReg, Mode: 0o644}}, ErrName},
+		{"setuid", []Entry{{Name: "usr/bin/su", Type: tar.TypeReg, Mode: 0o4755}}, ErrSetID},
+		{"setgid", []Entry{{Name: "usr/bin/wall", Type: tar.TypeReg, Mode: 0o2755}}, ErrSetID},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := Layer(tc.entries, created); !errors.Is(err, tc.want) {
@@ -184,6 +186,8 @@ func debData(t *testing.T) []byte {
 		{Name: "./dev/null", Typeflag: tar.TypeChar, Mode: 0o666, Devmajor: 1, Devminor: 3},
 		{Name: "./run/fifo", Typeflag: tar.TypeFifo, Mode: 0o600},
 		{Name: "./usr/bin/su", Typeflag: tar.TypeReg, Mode: 0o4755, Size: 4},
+		{Name: "./usr/bin/wall", Typeflag: tar.TypeReg, Mode: 0o2755, Size: 4},
+		{Name: "./var/mail/", Typeflag: tar.TypeDir, Mode: 0o2775},
 	} {
 		h.ModTime = when
 		if err := tw.WriteHeader(h); err != nil {
@@ -212,7 +216,9 @@ func TestReadTar(t *testing.T) {
 		{Name: "lib/libc-2.36.so", Type: tar.TypeReg, Body: []byte("elf!")},
 		{Name: "lib64/ld.so", Type: tar.TypeSymlink, Mode: 0o777, Linkname: "../lib/ld.so"},
 		{Name: "usr/share/doc-base", Type: tar.TypeDir, Mode: 0o755},
-		{Name: "usr/bin/su", Type: tar.TypeReg, Mode: 0o4755, Body: []byte("elf!")},
+		{Name: "usr/bin/su", Type: tar.TypeReg, Mode: 0o755, Body: []byte("elf!")},   // setuid dropped
+		{Name: "usr/bin/wall", Type: tar.TypeReg, Mode: 0o755, Body: []byte("elf!")}, // setgid dropped
+		{Name: "var/mail", Type: tar.TypeDir, Mode: 0o2775},                          // a directory keeps its setgid
 	}
 	if !slices.EqualFunc(got, want, func(a, b Entry) bool { return a.Name == b.Name && a.same(b) }) {
 		t.Errorf("ReadTar:\n%+v\nwant\n%+v", got, want)
