@@ -45,13 +45,23 @@ type inputs struct {
 // returns the archive's bytes and the manifest digest it printed.
 func buildImage(t *testing.T, exe string, in inputs) ([]byte, string) {
 	t.Helper()
+	return buildImageIn(t, exe, in, "", "022")
+}
+
+// buildImageIn is buildImage with the builder in time zone tz (the
+// environment's when "") under umask.
+func buildImageIn(t *testing.T, exe string, in inputs, tz, umask string) ([]byte, string) {
+	t.Helper()
 	out := filepath.Join(t.TempDir(), "mpsd-image.tar")
 	args := []string{"-out", out, "-bin", in.bin, "-ldflags", in.ldflags}
 	for _, b := range in.base {
 		args = append(args, "-base", b)
 	}
-	cmd := exec.Command(exe, args...)
+	cmd := exec.Command("/bin/sh", append([]string{"-c", `umask "$0" && exec "$@"`, umask, exe}, args...)...)
 	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH=")
+	if tz != "" {
+		cmd.Env = append(cmd.Env, "TZ="+tz)
+	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.Output()
@@ -113,12 +123,53 @@ func fakeInputs(t *testing.T, dir string) inputs {
 		ldflags: "-X " + pkg + ".version=v1.2.0 -X " + pkg + ".commit=0123456789abcdef0123456789abcdef01234567 -X " + pkg + ".commitTime=2026-12-01T14:00:00Z"}
 }
 
+// copyInputs copies in's files under dir, each with the given mtime and
+// permission bits g+w (what another umask or checkout gives).
+func copyInputs(t *testing.T, in inputs, dir string, mtime time.Time) inputs {
+	t.Helper()
+	c := inputs{bin: filepath.Join(dir, "programs"), ldflags: in.ldflags}
+	if err := os.Mkdir(c.bin, 0o775); err != nil {
+		t.Fatal(err)
+	}
+	cp := func(from, to string) {
+		b, err := os.ReadFile(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := os.Stat(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(to, b, st.Mode().Perm()|0o020); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(to, st.Mode().Perm()|0o020); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(to, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []string{"mpsd", "mpsctl", "mps-launch"} {
+		cp(filepath.Join(in.bin, p), filepath.Join(c.bin, p))
+	}
+	for i, b := range in.base {
+		to := filepath.Join(dir, fmt.Sprintf("base-%d.tar", i))
+		cp(b, to)
+		c.base = append(c.base, to)
+	}
+	return c
+}
+
 func TestReproducible(t *testing.T) {
 	exe := builder(t)
 	dir := t.TempDir()
 	in := fakeInputs(t, dir)
 	a, digestA := buildImage(t, exe, in)
-	b, digestB := buildImage(t, exe, in)
+	// The second build: the inputs copied to other paths, with other
+	// times and modes, the builder in another time zone and umask.
+	elsewhere := copyInputs(t, in, t.TempDir(), time.Now().Add(time.Hour))
+	b, digestB := buildImageIn(t, exe, elsewhere, "Pacific/Chatham", "077")
 	if digestA != digestB || !bytes.Equal(a, b) {
 		t.Fatalf("two builds of the same inputs: digests %s and %s, archives equal %v", digestA, digestB, bytes.Equal(a, b))
 	}
