@@ -13,8 +13,18 @@
 #   <cache>/<package>_<version>_<arch>.deb
 #   <cache>/<package>_<version>_<arch>.tar   its files
 # Prints the tars' paths, one a line. A cached .deb is not fetched again;
-# with empty apt lists (a fresh CI machine) it runs apt-get update once.
-# Exits 1 when a package is not installed here or cannot be fetched.
+# where apt cannot download the installed version (the apt lists are empty,
+# as on a fresh CI machine, or no longer name it) it runs apt-get update
+# once and tries again, showing apt's errors when that fails too.
+#
+# Every run, cached or not, checks the files of each package's tar
+# against what dpkg recorded when it installed that package here
+# (/var/lib/dpkg/info/<package>:<arch>.md5sums, and the conffiles' sums in
+# dpkg's status): the programs were linked
+# against those files, and a mirror's, a cache's or a proxy's other bytes
+# under the same name and version are refused.
+# Exits 1 when a package is not installed here, cannot be fetched, or its
+# files differ from the installed package's.
 set -euo pipefail
 
 # The image's packages: the C library (mpsd, mpsctl and the MPS
@@ -29,6 +39,33 @@ arch=$(dpkg --print-architecture)
 
 die() { echo "fetch-image-debs: $*" >&2; exit 1; }
 
+# verify checks the files of the tar $2 against the md5sums dpkg keeps for
+# the installed package $1.
+verify() {
+	local p=$1 tar=$2 sums dir bad
+	sums=/var/lib/dpkg/info/$p:$arch.md5sums
+	[ -f "$sums" ] || sums=/var/lib/dpkg/info/$p.md5sums
+	[ -s "$sums" ] || die "$p: dpkg keeps no md5sums of its files here ($sums): cannot check $tar"
+	dir=$(mktemp -d "$cache/.verify.XXXXXX")
+	# The conffiles' sums are in dpkg's status, as the package shipped
+	# them (" /etc/x <md5>", "obsolete" after some).
+	dpkg-query -W -f '${Conffiles}\n' "$p:$arch" | awk 'NF >= 2 { sub(/^\//, "", $1); print $2 "  " $1 }' >"$dir.conffiles" ||
+		{ rm -rf "$dir" "$dir.conffiles"; die "$p: dpkg-query cannot list its conffiles"; }
+	if ! tar -xf "$tar" -C "$dir"; then
+		rm -rf "$dir"
+		die "$p: cannot unpack $tar"
+	fi
+	local lists=("$sums")
+	[ ! -s "$dir.conffiles" ] || lists+=("$dir.conffiles")
+	if ! bad=$(cd "$dir" && md5sum --check --quiet "${lists[@]}" 2>&1); then
+		rm -rf "$dir" "$dir.conffiles"
+		die "$p: $tar is not the package installed here (its files against $sums):
+$bad
+remove $cache/${tar##*/} and ${tar%.tar}.deb to fetch it again"
+	fi
+	rm -rf "$dir" "$dir.conffiles"
+}
+
 updated=
 for p in "${packages[@]}"; do
 	v=$(dpkg-query -W -f '${Version}' "$p:$arch" 2>/dev/null) || die "$p is not installed on this machine (apt-get install $p)"
@@ -36,21 +73,22 @@ for p in "${packages[@]}"; do
 	deb="$cache/$base.deb" tar="$cache/$base.tar"
 	if [ ! -s "$deb" ]; then
 		tmp=$(mktemp -d "$cache/.fetch.XXXXXX")
-		if ! (cd "$tmp" && apt-get download -qq "$p:$arch=$v" 2>/dev/null); then
+		if ! first=$(cd "$tmp" && apt-get download -qq "$p:$arch=$v" 2>&1); then
 			if [ -z "$updated" ]; then
-				echo "fetch-image-debs: $p=$v not in the apt lists; apt-get update" >&2
-				apt-get update -qq >&2 || true
+				echo "fetch-image-debs: apt-get download $p=$v: ${first:-failed}; apt-get update, then again" >&2
+				apt-get update -qq >&2 || echo "fetch-image-debs: apt-get update failed (its errors above); downloading anyway" >&2
 				updated=1
 			fi
-			(cd "$tmp" && apt-get download -qq "$p:$arch=$v" >&2) || { rm -rf "$tmp"; die "cannot fetch $p=$v"; }
+			(cd "$tmp" && apt-get download -qq "$p:$arch=$v" >&2) || { rm -rf "$tmp"; die "cannot fetch $p=$v (apt-get download's errors above)"; }
 		fi
 		mv "$tmp"/*.deb "$deb"
 		rm -rf "$tmp"
 		rm -f "$tar"
 	fi
 	if [ ! -s "$tar" ]; then
-		dpkg-deb --fsys-tarfile "$deb" >"$tar.tmp"
+		dpkg-deb --fsys-tarfile "$deb" >"$tar.tmp" || { rm -f "$tar.tmp"; die "cannot unpack $deb"; }
 		mv "$tar.tmp" "$tar"
 	fi
+	verify "$p" "$tar"
 	echo "$tar"
 done

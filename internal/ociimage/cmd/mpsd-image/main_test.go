@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -390,4 +391,102 @@ func sameFile(t *testing.T, a, b string) bool {
 		return false
 	}
 	return bytes.Equal(x, y)
+}
+
+// TestFetchImageDebsVerifies runs hack/fetch-image-debs.sh on a cache of
+// its own seeded with the packages make package-image fetched: a cached
+// package whose unpacked files differ from what dpkg installed here is
+// refused, naming the file, every run; the real package passes.
+func TestFetchImageDebsVerifies(t *testing.T) {
+	if _, err := exec.LookPath("dpkg-deb"); err != nil {
+		t.Skip("no dpkg-deb: the image's packages come from a Debian host")
+	}
+	root, err := filepath.Abs("../../../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := filepath.Join(root, "hack", "fetch-image-debs.sh")
+	fetch := func(cache string) (string, error) {
+		cmd := exec.Command(script)
+		cmd.Env = append(os.Environ(), "MPSD_IMAGE_DEBS_CACHE="+cache)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	// The real cache: what make package-image fetched (else fetched now).
+	out, err := exec.Command(script).Output()
+	if err != nil {
+		t.Skipf("hack/fetch-image-debs.sh cannot fetch here: %v", err)
+	}
+	tars := strings.Fields(string(out))
+	if len(tars) == 0 {
+		t.Fatal("hack/fetch-image-debs.sh printed no tar")
+	}
+
+	cache := t.TempDir()
+	for _, tr := range tars {
+		deb := strings.TrimSuffix(tr, ".tar") + ".deb"
+		copyFile(t, deb, filepath.Join(cache, filepath.Base(deb)))
+	}
+	if out, err := fetch(cache); err != nil {
+		t.Fatalf("the installed packages, unpacked again: %v\n%s", err, out)
+	}
+
+	// One byte of a library in the cached tar of the first package.
+	victim := filepath.Join(cache, filepath.Base(tars[0]))
+	// A changed library (dpkg's md5sums), then a changed conffile
+	// (dpkg's status) of the first package.
+	for _, lib := range []string{"/lib/x86_64-linux-gnu/lib", "etc/"} {
+		changed := tamper(t, victim, lib)
+		out2, err := fetch(cache)
+		if err == nil || !strings.Contains(out2, "is not the package installed here") || !strings.Contains(out2, strings.TrimPrefix(changed, "./")) {
+			t.Errorf("a changed file %s in %s: %v\n%s; want refused, naming it", changed, victim, err, out2)
+		}
+	}
+}
+
+// tamper changes one byte of the first file in the tar at p whose name
+// holds lib, in place, and returns its name.
+func tamper(t *testing.T, p, lib string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	tw := tar.NewWriter(&out)
+	tr := tar.NewReader(bytes.NewReader(b))
+	changed := ""
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if changed == "" && h.Typeflag == tar.TypeReg && strings.Contains(h.Name, lib) && len(body) > 0 {
+			body[len(body)/2] ^= 0xff
+			changed = h.Name
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if changed == "" {
+		t.Fatalf("%s holds no shared library", p)
+	}
+	if err := os.WriteFile(p, out.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return changed
 }
