@@ -219,7 +219,7 @@ package-image: build
 	@mkdir -p $(MPSD_DIST_DIR)
 	@$(GO) build -o $(BIN)/mpsd-image ./internal/ociimage/cmd/mpsd-image
 	@base=$$(hack/fetch-image-debs.sh) && ldflags=$$(hack/ldflags.sh) && \
-	$(BIN)/mpsd-image -out $(MPSD_DIST_DIR)/mpsd-image.tar -bin $(BIN) -ldflags "$$ldflags" $$(printf -- '-base %s ' $$base)
+	$(BIN)/mpsd-image -out $(MPSD_DIST_DIR)/mpsd-image.tar -bin $(BIN) -ldflags "$$ldflags" $$(for b in $$base; do printf -- '-base %s -status %s ' "$$b" "$${b%.tar}.control"; done)
 
 # The Helm chart (deploy/helm/mpsd, internal/helmchart) packaged as
 # dist/mpsd-<chart version>.tgz with Helm's library: its version a SemVer

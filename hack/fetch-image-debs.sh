@@ -12,6 +12,8 @@
 # Result: $MPSD_IMAGE_DEBS_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/mpsd/image-debs)
 #   <cache>/<package>_<version>_<arch>.deb
 #   <cache>/<package>_<version>_<arch>.tar   its files
+#   <cache>/<package>_<version>_<arch>.control   its control paragraph
+#     (dpkg-deb -f), which the image lists in /var/lib/dpkg/status.d
 # Prints the tars' paths, one a line. A cached .deb is not fetched again;
 # where apt cannot download the installed version (the apt lists are empty,
 # as on a fresh CI machine, or no longer name it) it runs apt-get update
@@ -29,7 +31,9 @@ set -euo pipefail
 
 # The image's packages: the C library (mpsd, mpsctl and the MPS
 # emulator are linked with it) and libgcc-s1, which it depends on (glibc
-# loads libgcc_s for thread cancellation and unwinding).
+# loads libgcc_s for thread cancellation and unwinding), and the
+# gcc-N-base that libgcc-s1 depends on: it holds libgcc's copyright file
+# (/usr/share/doc/libgcc-s1 is a link to its directory).
 packages=(libc6 libgcc-s1)
 
 : "${HOME:=$(getent passwd "$(id -u)" | cut -d: -f6)}"
@@ -38,6 +42,10 @@ mkdir -p "$cache"
 arch=$(dpkg --print-architecture)
 
 die() { echo "fetch-image-debs: $*" >&2; exit 1; }
+
+gccbase=$(dpkg-query -W -f '${Depends}' "libgcc-s1:$arch") || die "libgcc-s1 is not installed on this machine (apt-get install libgcc-s1)"
+gccbase=$(grep -o 'gcc-[0-9]*-base' <<<"$gccbase" | head -n1) || die "libgcc-s1 depends on no gcc-N-base here"
+packages+=("$gccbase")
 
 # verify checks the files of the tar $2 against the md5sums dpkg keeps for
 # the installed package $1.
@@ -90,5 +98,15 @@ for p in "${packages[@]}"; do
 		mv "$tar.tmp" "$tar"
 	fi
 	verify "$p" "$tar"
+	control="$cache/$base.control"
+	if [ ! -s "$control" ]; then
+		dpkg-deb -f "$deb" >"$control.tmp" || { rm -f "$control.tmp"; die "cannot read the control of $deb"; }
+		mv "$control.tmp" "$control"
+	fi
+	# It names the package installed here.
+	got=$(dpkg-deb -f "$deb" Package Version Architecture 2>&1 | sed -n 's/^[A-Za-z]*: //p' | tr '\n' ' ')
+	want=$(dpkg-query -W -f '${Package} ${Version} ${Architecture} ' "$p:$arch")
+	[ "$got" = "$want" ] || die "$deb is $got, not the installed $want"
+	grep -qx "Version: $v" "$control" || die "$control does not name version $v: remove it to write it again"
 	echo "$tar"
 done

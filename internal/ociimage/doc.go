@@ -1,7 +1,8 @@
 // Package ociimage assembles mpsd's container image (make package-image):
 // a layer of the minimal user space the programs need, unpacked from
 // Debian packages' data archives (libc6 and what it depends on, passwd
-// and group files naming root), a layer of the three programs at
+// and group files naming root, each package's control paragraph in
+// /var/lib/dpkg/status.d for scanners, their copyright files kept), a layer of the three programs at
 // /usr/bin, an OCI config whose entrypoint is /usr/bin/mpsd, and an
 // archive holding both an OCI image layout and a docker-archive
 // manifest.json, which `ctr images import` and `docker load` take.

@@ -53,7 +53,11 @@ func (e Entry) same(o Entry) bool {
 
 // Stripped are the directories of the Debian packages' data left out of
 // the image: documentation, manual and info pages, translations, and
-// lintian's overrides. Nothing in the image reads them.
+// lintian's overrides. Nothing in the image reads them. Each package's
+// copyright file stays (usr/share/doc/<package>/copyright, or the link
+// usr/share/doc/<package> to another package's directory): the
+// licenses of glibc and libgcc (LGPL, GPL with its runtime exception)
+// ask for it to go with the binaries.
 var Stripped = []string{
 	"usr/share/doc",
 	"usr/share/man",
@@ -63,7 +67,16 @@ var Stripped = []string{
 	"usr/share/bug",
 }
 
-func stripped(name string) bool {
+func stripped(name string, typ byte) bool {
+	if rest, ok := strings.CutPrefix(name, "usr/share/doc/"); ok {
+		pkg, file, _ := strings.Cut(rest, "/")
+		switch {
+		case pkg != "" && file == "copyright" && (typ == tar.TypeReg || typ == tar.TypeLink || typ == tar.TypeSymlink):
+			return false
+		case pkg != "" && file == "" && typ == tar.TypeSymlink:
+			return false
+		}
+	}
 	for _, s := range Stripped {
 		if name == s || strings.HasPrefix(name, s+"/") {
 			return true
@@ -86,7 +99,8 @@ func cleanName(name string) (string, error) {
 // `dpkg-deb --fsys-tarfile` writes) for a layer: directories, regular
 // files and symbolic links with their permission bits; hard links become
 // copies of the file they name (so leaving out that file cannot break
-// them); device nodes, FIFOs and whatever Stripped names are left out.
+// them); device nodes, FIFOs and whatever Stripped names (but the
+// copyright files) are left out.
 // Owners and times are not kept: a layer's are root's and the build's.
 // A regular file loses its setuid and setgid bits unless SetIDAllowed
 // names it.
@@ -106,7 +120,15 @@ func ReadTar(r io.Reader) ([]Entry, error) {
 		if err != nil {
 			return nil, err
 		}
-		if name == "" || stripped(name) {
+		if name == "" {
+			continue
+		}
+		if stripped(name, h.Typeflag) {
+			if h.Typeflag == tar.TypeReg { // a kept hard link may name it
+				if files[name], err = io.ReadAll(tr); err != nil {
+					return nil, fmt.Errorf("ociimage: read %s: %w", name, err)
+				}
+			}
 			continue
 		}
 		e := Entry{Name: name, Mode: h.Mode & 0o7777}

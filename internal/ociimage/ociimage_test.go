@@ -180,6 +180,8 @@ func debData(t *testing.T) []byte {
 		{Name: "./lib/libc-2.36.so", Typeflag: tar.TypeLink, Linkname: "./lib/libc.so.6"},
 		{Name: "./lib64/ld.so", Typeflag: tar.TypeSymlink, Linkname: "../lib/ld.so", Mode: 0o777},
 		{Name: "./usr/share/doc/libc6/copyright", Typeflag: tar.TypeReg, Mode: 0o644, Size: 4},
+		{Name: "./usr/share/doc/libc6/changelog.gz", Typeflag: tar.TypeReg, Mode: 0o644, Size: 4},
+		{Name: "./usr/share/doc/libgcc-s1", Typeflag: tar.TypeSymlink, Linkname: "gcc-12-base", Mode: 0o777},
 		{Name: "./usr/share/locale/de/LC_MESSAGES/libc.mo", Typeflag: tar.TypeReg, Mode: 0o644, Size: 4},
 		{Name: "./usr/share/man/man1/ldd.1.gz", Typeflag: tar.TypeReg, Mode: 0o644, Size: 4},
 		{Name: "./usr/share/doc-base/", Typeflag: tar.TypeDir, Mode: 0o755},
@@ -215,6 +217,8 @@ func TestReadTar(t *testing.T) {
 		{Name: "lib/libc.so.6", Type: tar.TypeReg, Mode: 0o755, Body: []byte("elf!")},
 		{Name: "lib/libc-2.36.so", Type: tar.TypeReg, Body: []byte("elf!")},
 		{Name: "lib64/ld.so", Type: tar.TypeSymlink, Mode: 0o777, Linkname: "../lib/ld.so"},
+		{Name: "usr/share/doc/libc6/copyright", Type: tar.TypeReg, Mode: 0o644, Body: []byte("elf!")}, // licenses stay
+		{Name: "usr/share/doc/libgcc-s1", Type: tar.TypeSymlink, Mode: 0o777, Linkname: "gcc-12-base"},
 		{Name: "usr/share/doc-base", Type: tar.TypeDir, Mode: 0o755},
 		{Name: "usr/bin/su", Type: tar.TypeReg, Mode: 0o755, Body: []byte("elf!")},   // setuid dropped
 		{Name: "usr/bin/wall", Type: tar.TypeReg, Mode: 0o755, Body: []byte("elf!")}, // setgid dropped
@@ -262,8 +266,11 @@ func FuzzReadTar(f *testing.F) {
 			return
 		}
 		for _, e := range entries {
-			if e.Name == "" || strings.HasPrefix(e.Name, "/") || slices.Contains(strings.Split(e.Name, "/"), "..") || stripped(e.Name) {
+			if e.Name == "" || strings.HasPrefix(e.Name, "/") || slices.Contains(strings.Split(e.Name, "/"), "..") || stripped(e.Name, e.Type) {
 				t.Errorf("ReadTar gave entry %q", e.Name)
+			}
+			if e.Type == tar.TypeReg && e.Mode&setID != 0 {
+				t.Errorf("ReadTar gave %s with set-id mode %o", e.Name, e.Mode)
 			}
 			if e.Type != tar.TypeReg && e.Type != tar.TypeDir && e.Type != tar.TypeSymlink {
 				t.Errorf("ReadTar gave %s of type %q", e.Name, e.Type)
@@ -351,20 +358,24 @@ func TestImageConfig(t *testing.T) {
 		}
 	}
 	for name, want := range map[string]header{
-		"usr/bin/mpsd":       {"usr/bin/mpsd", tar.TypeReg, 0o755, "", "mpsd"},
-		"usr/bin/mpsctl":     {"usr/bin/mpsctl", tar.TypeReg, 0o755, "", "mpsctl"},
-		"usr/bin/mps-launch": {"usr/bin/mps-launch", tar.TypeReg, 0o755, "", "mps-launch"},
-		"lib/libc.so.6":      {"lib/libc.so.6", tar.TypeReg, 0o755, "", "elf!"},
-		"etc/passwd":         {"etc/passwd", tar.TypeReg, 0o644, "", "root:x:0:0:root:/root:/usr/sbin/nologin\n"},
-		"etc/group":          {"etc/group", tar.TypeReg, 0o644, "", "root:x:0:\n"},
-		"tmp/":               {"tmp/", tar.TypeDir, 0o1777, "", ""},
+		"usr/bin/mpsd":                  {"usr/bin/mpsd", tar.TypeReg, 0o755, "", "mpsd"},
+		"usr/bin/mpsctl":                {"usr/bin/mpsctl", tar.TypeReg, 0o755, "", "mpsctl"},
+		"usr/bin/mps-launch":            {"usr/bin/mps-launch", tar.TypeReg, 0o755, "", "mps-launch"},
+		"lib/libc.so.6":                 {"lib/libc.so.6", tar.TypeReg, 0o755, "", "elf!"},
+		"etc/passwd":                    {"etc/passwd", tar.TypeReg, 0o644, "", "root:x:0:0:root:/root:/usr/sbin/nologin\n"},
+		"etc/group":                     {"etc/group", tar.TypeReg, 0o644, "", "root:x:0:\n"},
+		"tmp/":                          {"tmp/", tar.TypeDir, 0o1777, "", ""},
+		"usr/share/doc/libc6/copyright": {"usr/share/doc/libc6/copyright", tar.TypeReg, 0o644, "", "elf!"},
 	} {
 		if got := files[name]; got != want {
 			t.Errorf("the image's %s: %+v; want %+v", name, got, want)
 		}
 	}
 	for name := range files {
-		if strings.HasPrefix(name, "usr/share/doc/") || strings.HasPrefix(name, "dev/") {
+		// Of the packages' documentation only the copyright files stay
+		// (and the directories that hold them).
+		kept := strings.HasSuffix(name, "/copyright") || strings.HasSuffix(name, "/") || name == "usr/share/doc/libgcc-s1"
+		if (strings.HasPrefix(name, "usr/share/doc/") && !kept) || strings.HasPrefix(name, "dev/") {
 			t.Errorf("the image has %s", name)
 		}
 	}
@@ -458,4 +469,57 @@ func TestWriteArchive(t *testing.T) {
 	if zr.Name != "" || !zr.ModTime.IsZero() {
 		t.Errorf("layer gzip header: name %q mtime %v", zr.Name, zr.ModTime)
 	}
+}
+
+func TestStatusEntry(t *testing.T) {
+	for _, tc := range []struct{ name, control, file, want string }{
+		{"status added after Package", "Package: libc6\nSource: glibc\nVersion: 2.36-9+deb12u14\nArchitecture: amd64\nDescription: GNU C Library\n shared libraries\n",
+			"var/lib/dpkg/status.d/libc6",
+			"Package: libc6\nStatus: install ok installed\nSource: glibc\nVersion: 2.36-9+deb12u14\nArchitecture: amd64\nDescription: GNU C Library\n shared libraries\n"},
+		{"status kept, no final newline", "Package: gcc-12-base\nStatus: install ok installed\nVersion: 12.2.0-14\nArchitecture: amd64",
+			"var/lib/dpkg/status.d/gcc-12-base",
+			"Package: gcc-12-base\nStatus: install ok installed\nVersion: 12.2.0-14\nArchitecture: amd64\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := StatusEntry([]byte(tc.control))
+			if err != nil || e.Name != tc.file || string(e.Body) != tc.want || e.Type != tar.TypeReg || e.Mode != 0o644 {
+				t.Errorf("StatusEntry = %s %q (type %c mode %o), %v; want %s %q", e.Name, e.Body, e.Type, e.Mode, err, tc.file, tc.want)
+			}
+		})
+	}
+	for _, tc := range []struct{ name, control string }{
+		{"empty", ""},
+		{"no version", "Package: libc6\nArchitecture: amd64\n"},
+		{"no architecture", "Package: libc6\nVersion: 1\n"},
+		{"a path as name", "Package: ../etc\nVersion: 1\nArchitecture: amd64\n"},
+		{"two paragraphs", "Package: libc6\nVersion: 1\nArchitecture: amd64\n\nPackage: x\n"},
+		{"not a field", "Package: libc6\nVersion: 1\nArchitecture: amd64\nnonsense\n"},
+		{"a field twice", "Package: libc6\nVersion: 1\nVersion: 2\nArchitecture: amd64\n"},
+		{"continuation first", " x\nPackage: libc6\nVersion: 1\nArchitecture: amd64\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if e, err := StatusEntry([]byte(tc.control)); !errors.Is(err, ErrControl) {
+				t.Errorf("StatusEntry = %s, %v; want ErrControl", e.Name, err)
+			}
+		})
+	}
+}
+
+func FuzzStatusEntry(f *testing.F) {
+	f.Add([]byte("Package: libc6\nVersion: 2.36-9\nArchitecture: amd64\n"))
+	f.Add([]byte("Package: a\nStatus: x\nVersion: 1\nArchitecture: all\nDescription: x\n y\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		e, err := StatusEntry(b)
+		if err != nil {
+			return
+		}
+		name, ok := strings.CutPrefix(e.Name, StatusDir+"/")
+		if !ok || strings.Contains(name, "/") || name == ".." || !bytes.HasSuffix(e.Body, []byte("\n")) || !bytes.Contains(e.Body, []byte("\nStatus:")) && !bytes.HasPrefix(e.Body, []byte("Status:")) {
+			t.Errorf("StatusEntry(%q) = %s %q", b, e.Name, e.Body)
+		}
+		// A layer holds it.
+		if _, err := Layer([]Entry{e}, created); err != nil {
+			t.Errorf("Layer of %s: %v", e.Name, err)
+		}
+	})
 }

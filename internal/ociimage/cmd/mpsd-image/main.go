@@ -2,14 +2,16 @@
 // ociimage) for make package-image:
 //
 //	mpsd-image -out dist/mpsd-image.tar -bin bin -ldflags "$(hack/ldflags.sh)" \
-//	    -base libc6.tar -base libgcc-s1.tar
+//	    -base libc6.tar -status libc6.control -base libgcc-s1.tar -status libgcc-s1.control
 //
 // -bin is the directory of the built programs (mpsd, mpsctl, mps-launch),
 // -ldflags what they were stamped with (the image's tag, revision and
 // time come from it; with none, SOURCE_DATE_EPOCH or 0 is the time and
 // the tag is latest), each -base a Debian package's data archive
-// (dpkg-deb --fsys-tarfile; hack/fetch-image-debs.sh writes them). It
-// prints the image's reference and manifest digest.
+// (dpkg-deb --fsys-tarfile; hack/fetch-image-debs.sh writes them), each
+// -status a package's control paragraph (dpkg-deb -f), listed in the
+// image's /var/lib/dpkg/status.d for scanners. It prints the image's
+// reference and manifest digest.
 package main
 
 import (
@@ -42,8 +44,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	bin := fs.String("bin", "bin", "the directory of the built programs")
 	ldflags := fs.String("ldflags", "", "what hack/ldflags.sh stamped the programs with")
 	arch := fs.String("arch", runtime.GOARCH, "the programs' and packages' architecture")
-	var base paths
+	var base, status paths
 	fs.Var(&base, "base", "a Debian package's data archive (repeatable)")
+	fs.Var(&status, "status", "a Debian package's control paragraph, for /var/lib/dpkg/status.d (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -51,7 +54,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "mpsd-image: want -out and no arguments")
 		return 2
 	}
-	ref, digest, err := build(*out, *bin, *ldflags, *arch, base)
+	ref, digest, err := build(*out, *bin, *ldflags, *arch, base, status)
 	if err != nil {
 		fmt.Fprintf(stderr, "mpsd-image: %v\n", err)
 		return 1
@@ -60,7 +63,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func build(out, bin, ldflags, arch string, base []string) (ref, digest string, err error) {
+func build(out, bin, ldflags, arch string, base, status []string) (ref, digest string, err error) {
 	stamp, err := ociimage.ParseLdflags(ldflags)
 	if err != nil {
 		return "", "", err
@@ -87,6 +90,17 @@ func build(out, bin, ldflags, arch string, base []string) (ref, digest string, e
 			return "", "", fmt.Errorf("%s: %w", p, err)
 		}
 		spec.Base = append(spec.Base, entries...)
+	}
+	for _, p := range status {
+		control, err := os.ReadFile(p)
+		if err != nil {
+			return "", "", err
+		}
+		e, err := ociimage.StatusEntry(control)
+		if err != nil {
+			return "", "", fmt.Errorf("%s: %w", p, err)
+		}
+		spec.Base = append(spec.Base, e)
 	}
 	for _, name := range ociimage.Programs {
 		if spec.Programs[name], err = os.ReadFile(filepath.Join(bin, name)); err != nil {

@@ -3,6 +3,8 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -39,6 +41,7 @@ func builder(t *testing.T) string {
 type inputs struct {
 	bin     string   // the programs' directory
 	base    []string // the packages' data archives
+	status  []string // their control paragraphs
 	ldflags string
 }
 
@@ -57,6 +60,9 @@ func buildImageIn(t *testing.T, exe string, in inputs, tz, umask string) ([]byte
 	args := []string{"-out", out, "-bin", in.bin, "-ldflags", in.ldflags}
 	for _, b := range in.base {
 		args = append(args, "-base", b)
+	}
+	for _, s := range in.status {
+		args = append(args, "-status", s)
 	}
 	cmd := exec.Command("/bin/sh", append([]string{"-c", `umask "$0" && exec "$@"`, umask, exe}, args...)...)
 	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH=")
@@ -120,7 +126,11 @@ func fakeInputs(t *testing.T, dir string) inputs {
 	}
 	base := dataArchive(t, dir, "./lib/libc.so.6")
 	const pkg = "github.com/mpsd/mpsd/internal/buildinfo"
-	return inputs{bin: bin, base: []string{base},
+	control := filepath.Join(dir, "libc6.control")
+	if err := os.WriteFile(control, []byte("Package: libc6\nVersion: 2.36-9+deb12u14\nArchitecture: amd64\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return inputs{bin: bin, base: []string{base}, status: []string{control},
 		ldflags: "-X " + pkg + ".version=v1.2.0 -X " + pkg + ".commit=0123456789abcdef0123456789abcdef01234567 -X " + pkg + ".commitTime=2026-12-01T14:00:00Z"}
 }
 
@@ -159,6 +169,11 @@ func copyInputs(t *testing.T, in inputs, dir string, mtime time.Time) inputs {
 		cp(b, to)
 		c.base = append(c.base, to)
 	}
+	for i, s := range in.status {
+		to := filepath.Join(dir, fmt.Sprintf("base-%d.control", i))
+		cp(s, to)
+		c.status = append(c.status, to)
+	}
 	return c
 }
 
@@ -190,6 +205,15 @@ func TestReproducible(t *testing.T) {
 		{"a package", func(t *testing.T) inputs {
 			c := in
 			c.base = append([]string{dataArchive(t, t.TempDir(), "./lib/libm.so.6")}, in.base...)
+			return c
+		}},
+		{"a package's control", func(t *testing.T) inputs {
+			c := in
+			control := filepath.Join(t.TempDir(), "libc6.control")
+			if err := os.WriteFile(control, []byte("Package: libc6\nVersion: 2.36-9+deb12u15\nArchitecture: amd64\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			c.status = []string{control}
 			return c
 		}},
 		{"the commit's time", func(t *testing.T) inputs {
@@ -247,6 +271,9 @@ func TestDistImageReproducible(t *testing.T) {
 		return strings.TrimSpace(string(out))
 	}
 	in := inputs{bin: bin, base: strings.Fields(script("fetch-image-debs.sh")), ldflags: script("ldflags.sh")}
+	for _, b := range in.base {
+		in.status = append(in.status, strings.TrimSuffix(b, ".tar")+".control")
+	}
 	want, err := os.ReadFile(archive)
 	if err != nil {
 		t.Fatal(err)
@@ -489,4 +516,107 @@ func tamper(t *testing.T, p, lib string) string {
 		t.Fatal(err)
 	}
 	return changed
+}
+
+// TestDistImageScannable reads make package-image's archive: the image
+// lists each of its packages in /var/lib/dpkg/status.d at the version
+// installed here (what scanners such as Trivy read), and holds each
+// package's copyright file.
+func TestDistImageScannable(t *testing.T) {
+	dist := os.Getenv("MPSD_DIST_DIR")
+	archive := filepath.Join(dist, "mpsd-image.tar")
+	if _, err := os.Stat(archive); dist == "" || err != nil {
+		msg := "no image archive in $MPSD_DIST_DIR (make package-image; make test does)"
+		if os.Getenv(imageRequireEnv) == "1" {
+			t.Fatalf("%s (%s=1)", msg, imageRequireEnv)
+		}
+		t.Skip(msg)
+	}
+	files := imageFiles(t, archive)
+	for _, pkg := range []string{"libc6", "libgcc-s1"} {
+		status, ok := files["var/lib/dpkg/status.d/"+pkg]
+		if !ok {
+			t.Errorf("the image has no var/lib/dpkg/status.d/%s", pkg)
+			continue
+		}
+		out, err := exec.Command("dpkg-query", "-W", "-f", "${Version}", pkg).Output()
+		if err != nil {
+			t.Fatalf("dpkg-query %s: %v", pkg, err)
+		}
+		if !strings.Contains(status, "\nVersion: "+string(out)+"\n") || !strings.Contains(status, "\nStatus: install ok installed\n") {
+			t.Errorf("status.d/%s:\n%s\nwant Version: %s, installed", pkg, status, out)
+		}
+	}
+	for _, f := range []string{"usr/share/doc/libc6/copyright", "usr/share/doc/libgcc-s1"} {
+		if _, ok := files[f]; !ok {
+			t.Errorf("the image has no %s", f)
+		}
+	}
+	if link := files["usr/share/doc/libgcc-s1"]; link != "" {
+		if _, ok := files["usr/share/doc/"+link+"/copyright"]; !ok {
+			t.Errorf("usr/share/doc/libgcc-s1 links to %s, which has no copyright file in the image", link)
+		}
+	}
+}
+
+// imageFiles reads the image in an archive: each regular file's body and
+// each link's target by name, over all its layers.
+func imageFiles(t *testing.T, archive string) map[string]string {
+	t.Helper()
+	blobs := map[string][]byte{}
+	f, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if blobs[h.Name], err = io.ReadAll(tr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var index struct{ Manifests []struct{ Digest string } }
+	if err := json.Unmarshal(blobs["index.json"], &index); err != nil || len(index.Manifests) != 1 {
+		t.Fatalf("%s: index.json: %v", archive, err)
+	}
+	blob := func(digest string) []byte { return blobs["blobs/sha256/"+strings.TrimPrefix(digest, "sha256:")] }
+	var manifest struct{ Layers []struct{ Digest string } }
+	if err := json.Unmarshal(blob(index.Manifests[0].Digest), &manifest); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{}
+	for _, l := range manifest.Layers {
+		zr, err := gzip.NewReader(bytes.NewReader(blob(l.Digest)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lr := tar.NewReader(zr)
+		for {
+			h, err := lr.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch h.Typeflag {
+			case tar.TypeReg:
+				b, err := io.ReadAll(lr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				files[h.Name] = string(b)
+			case tar.TypeSymlink:
+				files[h.Name] = h.Linkname
+			}
+		}
+	}
+	return files
 }
