@@ -531,6 +531,7 @@ func kubeletInside(t *testing.T, work string, e engines) {
 		t.Fatal("the test's mpsd.yaml has no metrics listen line")
 	}
 	cfg = strings.Replace(cfg, "  listen: \"\"\n", "  listen: "+metricsAddr+"\n", 1)
+	m.pod.metrics = metricsAddr
 	if err := os.WriteFile(m.cfg, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -6,24 +6,31 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/mpsd/mpsd/internal/ociimage"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 )
 
 // The kubelet end-to-end test runs mpsd from its image, make
 // package-image's $MPSD_DIST_DIR/mpsd-image.tar imported into containerd
-// with ctr (never pulled), as a static pod of the kubelet shaped as the
-// example DaemonSet's (mpsd-daemonset.yaml): hostPID, hostNetwork,
-// privileged, the image's entrypoint (/usr/bin/mpsd) given only
-// arguments, and hostPath volumes at the paths mpsd is told: the test's
+// with ctr (never pulled), as a static pod of the kubelet made from the
+// example DaemonSet's pod template (mpsd-daemonset.yaml; mpsdPod.manifest
+// says what it changes): hostPID, privileged, its memory limit,
+// environment and readiness probe, the image's entrypoint (/usr/bin/mpsd)
+// given the test's arguments, hostNetwork (the node has no pod network),
+// the DaemonSet's host mounts of the node's /etc/passwd and /etc/group,
+// and hostPath volumes at the paths mpsd is told: the test's
 // work directory (its config, run_dir, state and log dirs, the kubelet's
 // pod-resources socket, containerd's socket), with HostToContainer
 // propagation for the private /dev/shm mpsd mounts under run_dir in the
@@ -175,6 +182,8 @@ type mpsdPod struct {
 	// container; propagate, the one that receives the host's mounts.
 	mounts    []string
 	propagate string
+	// metrics is mpsd's metrics address, which the readiness probe asks.
+	metrics string
 	// restarts is the container's restart count in the current run.
 	restarts int32
 	// id is the current run's container id.
@@ -184,38 +193,113 @@ type mpsdPod struct {
 // podName is the kubelet's name of mpsd's static pod.
 func (p *mpsdPod) podName() string { return mpsdPodName + "-" + nodeName }
 
-// manifest is the static pod: the example DaemonSet's pod as the test's
-// node runs it, mpsd's arguments given to the image's entrypoint.
-func (p *mpsdPod) manifest(args []string) string {
-	argv, _ := json.Marshal(args)
-	var mounts, volumes strings.Builder
-	for i, path := range p.mounts {
-		fmt.Fprintf(&mounts, "        - name: v%d\n          mountPath: %s\n", i, path)
-		if path == p.propagate {
-			mounts.WriteString("          mountPropagation: HostToContainer\n")
-		}
-		fmt.Fprintf(&volumes, "    - name: v%d\n      hostPath:\n        path: %s\n        type: Directory\n", i, path)
+// daemonSetPodSpec is the pod template of the example DaemonSet
+// (mpsd-daemonset.yaml), decoded as the manifests' test decodes it.
+func daemonSetPodSpec() (corev1.PodTemplateSpec, error) {
+	src, err := os.ReadFile("mpsd-daemonset.yaml")
+	if err != nil {
+		return corev1.PodTemplateSpec{}, err
 	}
-	return fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata:
-  name: %s
-  namespace: %s
-spec:
-  hostNetwork: true
-  hostPID: true
-  restartPolicy: Always
-  terminationGracePeriodSeconds: 30
-  containers:
-    - name: %s
-      image: %s
-      imagePullPolicy: Never
-      args: %s
-      securityContext:
-        privileged: true
-      volumeMounts:
-%s  volumes:
-%s`, mpsdPodName, mpsdPodNamespace, mpsdContainer, p.image.Name, argv, mounts.String(), volumes.String())
+	o, problems := decode(map[string][]byte{"mpsd-daemonset.yaml": src})
+	if len(problems) > 0 || len(o.daemonSets) != 1 {
+		return corev1.PodTemplateSpec{}, fmt.Errorf("mpsd-daemonset.yaml: %d DaemonSets: %v", len(o.daemonSets), problems)
+	}
+	return *o.daemonSets[0].Spec.Template.DeepCopy(), nil
+}
+
+// manifest is the static pod: the example DaemonSet's pod template as
+// the test's node runs it. What the node lacks goes: no API server (so
+// no service account, ConfigMap or node labels to select on), no pod
+// network (hostNetwork), no NVIDIA runtime (--simulate). The image is the
+// imported one, never pulled; the entrypoint is the DaemonSet's, given
+// the test's arguments; the DaemonSet's host mounts stay where the test
+// mounts the same host path, and its other mounts (under /run, /var,
+// /etc/mpsd) are the test's work directory; the readiness probe asks the
+// test's metrics address. Everything else (hostPID, privileged, the
+// memory limit, the environment, tolerations, the priority class, the
+// grace period) is the DaemonSet's.
+func (p *mpsdPod) manifest(args []string) (string, error) {
+	tmpl, err := daemonSetPodSpec()
+	if err != nil {
+		return "", err
+	}
+	spec := tmpl.Spec
+	if len(spec.Containers) != 1 || len(spec.Containers[0].Command) == 0 {
+		return "", fmt.Errorf("mpsd-daemonset.yaml: want one container with a command, have %+v", spec.Containers)
+	}
+	spec.HostNetwork = true
+	spec.NodeSelector, spec.RuntimeClassName, spec.ServiceAccountName = nil, nil, ""
+	spec.RestartPolicy = corev1.RestartPolicyAlways
+	c := &spec.Containers[0]
+	c.Name = mpsdContainer
+	c.Image, c.ImagePullPolicy = p.image.Name, corev1.PullNever
+	c.Command, c.Args = c.Command[:1], args
+	// The DaemonSet's mounts of the host paths the test mounts too, and
+	// of host files (the user database), stay.
+	hostPaths := map[string]*corev1.HostPathVolumeSource{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = v.HostPath
+		}
+	}
+	keptVolumes := map[string]bool{}
+	covered := map[string]bool{}
+	var mounts []corev1.VolumeMount
+	for _, m := range c.VolumeMounts {
+		hp := hostPaths[m.Name]
+		if hp == nil || hp.Path != m.MountPath {
+			continue
+		}
+		if slices.Contains(p.mounts, hp.Path) || (hp.Type != nil && *hp.Type == corev1.HostPathFile) {
+			mounts, keptVolumes[m.Name], covered[hp.Path] = append(mounts, m), true, true
+		}
+	}
+	var volumes []corev1.Volume
+	for _, v := range spec.Volumes {
+		if keptVolumes[v.Name] {
+			volumes = append(volumes, v)
+		}
+	}
+	dir := corev1.HostPathDirectory
+	for i, path := range p.mounts {
+		if covered[path] {
+			continue
+		}
+		name := fmt.Sprintf("test-%d", i)
+		m := corev1.VolumeMount{Name: name, MountPath: path}
+		if path == p.propagate {
+			prop := corev1.MountPropagationHostToContainer
+			m.MountPropagation = &prop
+		}
+		mounts = append(mounts, m)
+		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path, Type: &dir}}})
+	}
+	c.VolumeMounts, spec.Volumes = mounts, volumes
+	if p.metrics != "" {
+		host, port, err := net.SplitHostPort(p.metrics)
+		if err != nil {
+			return "", err
+		}
+		n, err := strconv.Atoi(port)
+		if err != nil {
+			return "", err
+		}
+		for i := range c.Ports {
+			if c.Ports[i].Name == "metrics" {
+				c.Ports[i].ContainerPort = int32(n)
+			}
+		}
+		if c.ReadinessProbe != nil && c.ReadinessProbe.HTTPGet != nil {
+			c.ReadinessProbe.HTTPGet.Host = host
+		}
+	}
+	pod := corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: mpsdPodName, Namespace: mpsdPodNamespace, Labels: tmpl.Labels},
+		Spec:       spec,
+	}
+	b, err := yaml.Marshal(&pod)
+	return string(b), err
 }
 
 // start writes the static pod (renamed into place) and waits until its
@@ -224,7 +308,11 @@ func (p *mpsdPod) start(m *mpsdProc) {
 	m.t.Helper()
 	args := append([]string{"--config", m.cfg, "--simulate", "--log-level", "debug"}, m.args...)
 	staged := filepath.Join(p.k.work, "staging", mpsdPodName+".yaml")
-	if err := os.WriteFile(staged, []byte(p.manifest(args)), 0o644); err != nil {
+	manifest, err := p.manifest(args)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	if err := os.WriteFile(staged, []byte(manifest), 0o644); err != nil {
 		m.t.Fatal(err)
 	}
 	if err := os.Rename(staged, filepath.Join(p.k.manifest, mpsdPodName+".yaml")); err != nil {
@@ -399,5 +487,57 @@ func TestImageArchiveStale(t *testing.T) {
 				t.Errorf("checkImageFresh: %v; want %q", err, want)
 			}
 		})
+	}
+}
+
+// TestMPSDStaticPod: the e2e test's static pod is the example DaemonSet's
+// pod, changed only where the test's node differs: what the DaemonSet
+// sets (hostPID, privileged, the memory limit, the environment, the
+// readiness probe, the user database's mounts, the entrypoint) is there.
+func TestMPSDStaticPod(t *testing.T) {
+	tmpl, err := daemonSetPodSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := tmpl.Spec.Containers[0]
+	p := &mpsdPod{image: mpsdImage{Name: "docker.io/library/mpsd:v1.2.0"}, mounts: []string{"/work", "/var/lib/kubelet/device-plugins", "/sys/fs/cgroup", "/emu"},
+		propagate: "/work", metrics: "127.0.0.1:19486"}
+	text, err := p.manifest([]string{"--config", "/work/m/mpsd.yaml", "--simulate"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pod corev1.Pod
+	if err := yaml.UnmarshalStrict([]byte(text), &pod); err != nil {
+		t.Fatalf("%v\n%s", err, text)
+	}
+	s := pod.Spec
+	c := s.Containers[0]
+	if !s.HostPID || !s.HostNetwork || s.ServiceAccountName != "" || s.RuntimeClassName != nil || s.NodeSelector != nil || s.PriorityClassName != tmpl.Spec.PriorityClassName {
+		t.Errorf("pod spec %+v; want the DaemonSet's hostPID and priority class, hostNetwork, no service account, runtime class or node selector", s)
+	}
+	if c.Image != p.image.Name || c.ImagePullPolicy != corev1.PullNever || !slices.Equal(c.Command, []string{ociimage.Entrypoint}) || !slices.Equal(c.Args, []string{"--config", "/work/m/mpsd.yaml", "--simulate"}) {
+		t.Errorf("container runs %s (%s) %q %q; want the imported image's entrypoint with the test's arguments", c.Image, c.ImagePullPolicy, c.Command, c.Args)
+	}
+	if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged ||
+		!c.Resources.Limits.Memory().Equal(*want.Resources.Limits.Memory()) || !slices.Equal(c.Env, want.Env) {
+		t.Errorf("container %+v; want the DaemonSet's privileged, memory limit %v and environment %v", c, want.Resources.Limits.Memory(), want.Env)
+	}
+	if pr := c.ReadinessProbe; pr == nil || pr.HTTPGet == nil || pr.HTTPGet.Path != "/readyz" || pr.HTTPGet.Host != "127.0.0.1" || len(c.Ports) != 1 || c.Ports[0].ContainerPort != 19486 {
+		t.Errorf("readiness probe %+v ports %+v; want the DaemonSet's /readyz at the test's metrics address", pr, c.Ports)
+	}
+	mounts := map[string]corev1.VolumeMount{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.MountPath] = m
+	}
+	for _, path := range append([]string{"/etc/passwd", "/etc/group"}, p.mounts...) {
+		if _, ok := mounts[path]; !ok {
+			t.Errorf("no mount at %s: %+v", path, c.VolumeMounts)
+		}
+	}
+	if m := mounts["/work"]; m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationHostToContainer {
+		t.Errorf("the work directory's mount %+v; want HostToContainer", m)
+	}
+	if len(c.VolumeMounts) != len(s.Volumes) || len(c.VolumeMounts) != len(p.mounts)+2 {
+		t.Errorf("mounts %+v of volumes %+v; want the test's %d and the user database's 2", c.VolumeMounts, s.Volumes, len(p.mounts))
 	}
 }
