@@ -591,6 +591,10 @@ type InstanceStatus struct {
 	// any member can write). Empty before 580 and when unknown.
 	DriverVersion string `json:"driver_version,omitempty"`
 	MPSVersion    string `json:"mps_version,omitempty"`
+	// GPUModel is the product name NVML reports for the instance's first
+	// GPU ("NVIDIA A100-SXM4-40GB"); empty when NVML gave none. An mpsd
+	// before it sends none.
+	GPUModel string `json:"gpu_model,omitempty"`
 	// ClientsAllocated is the clients the running leases are charged of
 	// MaxClients: one per declared process (LeaseRequest.Procs), where
 	// Clients counts the leases. An mpsd before it sends none.

@@ -25,7 +25,7 @@ func fullStatus() Status {
 			Drained: true, DrainReason: "fan replacement", DrainedBy: "root", DrainedAt: time.Date(2026, 12, 7, 9, 30, 0, 0, time.UTC),
 			QuarantineReason: "5 failures in 10m0s; the last: MPS server exited", ClientsAllocated: 4,
 			LastStartError: "mps: start control daemon: Cannot find MPS control daemon process",
-			DriverVersion:  "580.159.04", MPSVersion: "13000", Multiuser: true,
+			DriverVersion:  "580.159.04", MPSVersion: "13000", GPUModel: "NVIDIA A100-SXM4-40GB", Multiuser: true,
 			Servers:          []ServerStatus{{PID: 11, UID: 1001, LeasedClients: 1, UnleasedClients: 2, PendingLeases: []string{"m2"}, Fault: true}},
 			Unleased:         []UnleasedClient{{PID: 13, UID: 1001, Server: 11, MemBytes: &unleasedMem}, {PID: 14, UID: 1001, Server: 11}},
 			UnleasedMemBytes: int64(unleasedMem), MemUsedBytes: &usedMem, ServingUID: &servingUID}},

@@ -490,12 +490,22 @@ func (p *Plugin) adoptLocked(st api.Status) {
 	}
 }
 
-// containerResponse is what the container gets for a lease: the MPS
-// environment of the lease, the GPUs for the NVIDIA container toolkit,
-// the instance's pipe directory with its log FIFO and pid file masked
-// (podMounts), the instance's private shared-memory directory as
-// /dev/shm, and on a host with NVIDIA's driver the GPUs' device nodes.
+// containerResponse is what the container gets for a lease
+// (ContainerEdits).
 func (p *Plugin) containerResponse(l *api.Lease, daemonPID int) (*pluginapi.ContainerAllocateResponse, error) {
+	return ContainerEdits(l, p.opts.ProcRoot, p.opts.DevRoot, daemonPID)
+}
+
+// ContainerEdits is what a container gets for lease l of an instance whose
+// control daemon is daemonPID: the MPS environment of the lease, the GPUs
+// for the NVIDIA container toolkit, the instance's pipe directory with its
+// log FIFO and pid file masked (podMounts), the instance's private
+// shared-memory directory as /dev/shm, and on a host with NVIDIA's driver
+// the GPUs' device nodes (procRoot and devRoot are where /proc and /dev
+// are). The kubelet's DRA driver (package dra) gives its claims the same.
+// An instance without a private /dev/shm its daemon shares is a
+// FailedPrecondition status error.
+func ContainerEdits(l *api.Lease, procRoot, devRoot string, daemonPID int) (*pluginapi.ContainerAllocateResponse, error) {
 	envs := map[string]string{}
 	for _, k := range []string{api.EnvPipeDirectory, api.EnvThreadPercentage, api.EnvPinnedMemLimit, api.EnvLeaseID, api.EnvGroup} {
 		v, ok := l.Env[k]
@@ -517,12 +527,12 @@ func (p *Plugin) containerResponse(l *api.Lease, daemonPID int) (*pluginapi.Cont
 		// of) the lease's limits: refuse it rather than start it so.
 		return nil, fmt.Errorf("deviceplugin: lease %s: %w", l.ID, err)
 	}
-	mounts, err := podMounts(envs[api.EnvPipeDirectory], p.opts.ProcRoot, daemonPID)
+	mounts, err := podMounts(envs[api.EnvPipeDirectory], procRoot, daemonPID)
 	if err != nil {
 		return nil, err
 	}
 	resp := &pluginapi.ContainerAllocateResponse{Envs: envs, Mounts: mounts}
-	devs, err := deviceNodes(p.opts.ProcRoot, p.opts.DevRoot, l.GPUUUIDs)
+	devs, err := deviceNodes(procRoot, devRoot, l.GPUUUIDs)
 	if err != nil {
 		return nil, err
 	}

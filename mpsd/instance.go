@@ -214,6 +214,9 @@ func (in *instance) statusLocked() api.InstanceStatus {
 		st.GPUIndexes = append(st.GPUIndexes, g.Index)
 		st.GPUUUIDs = append(st.GPUUUIDs, g.UUID)
 	}
+	if len(in.gpus) > 0 {
+		st.GPUModel = in.gpus[0].Name
+	}
 	if in.daemon != nil {
 		st.DaemonPID = in.daemon.PID()
 	}
