@@ -1,0 +1,285 @@
+package dra
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/mpsd/mpsd/api"
+)
+
+// prepare prepares claims on d and fails the test on an overall error.
+func prepare(t *testing.T, d *Driver, claims ...*resourceapi.ResourceClaim) map[types.UID]kubeletplugin.PrepareResult {
+	t.Helper()
+	res, err := d.PrepareResourceClaims(context.Background(), claims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != len(claims) {
+		t.Fatalf("%d results for %d claims", len(res), len(claims))
+	}
+	return res
+}
+
+// readSpec reads a claim's CDI spec as a container runtime does
+// (validated by the CDI library).
+func readSpec(t *testing.T, d *Driver, uid types.UID) *cdi.Spec {
+	t.Helper()
+	s, err := cdi.ReadSpec(d.specPath(uid), 0)
+	if err != nil {
+		t.Fatalf("CDI spec of claim %s: %v", uid, err)
+	}
+	return s
+}
+
+// Two users' claims (two namespaces) on one device each get a lease of
+// what they consumed, under their claim's UID as job id, a CDI spec with
+// their lease's environment and the instance's masked pipe directory and
+// private /dev/shm (no host /dev/shm), and their lease in the claim's
+// status.
+func TestPrepareTwoClaims(t *testing.T) {
+	f := newFakeMPSD(instance("inference", 0))
+	alice := allocated("alice", "infer", "uid-alice", "node-a", "inference-gpu0", 30, 8<<30)
+	bob := allocated("bob", "train", "uid-bob", "node-a", "inference-gpu0", 20, 4<<30)
+	kube := fake.NewClientset(alice, bob)
+	d := newTestDriver(t, f, func(o *Options) { o.Kube = kube })
+
+	res := prepare(t, d, alice, bob)
+	for _, c := range []struct {
+		claim   *resourceapi.ResourceClaim
+		sm      int
+		mem     int64
+		ownEnvs []string
+	}{
+		{alice, 30, 8 << 30, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M"}},
+		{bob, 20, 4 << 30, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M"}},
+	} {
+		t.Run(c.claim.Namespace, func(t *testing.T) {
+			r := res[c.claim.UID]
+			if r.Err != nil {
+				t.Fatal(r.Err)
+			}
+			want := CDIDeviceID(c.claim.UID, 0)
+			if len(r.Devices) != 1 || r.Devices[0].DeviceName != "inference-gpu0" || r.Devices[0].PoolName != "node-a" ||
+				!slices.Equal(r.Devices[0].CDIDeviceIDs, []string{want}) || !slices.Equal(r.Devices[0].Requests, []string{"gpu"}) ||
+				r.Devices[0].ShareID == nil {
+				t.Fatalf("devices %+v, want inference-gpu0 of node-a as %s with its share", r.Devices, want)
+			}
+			var ls *api.LeaseStatus
+			for _, l := range f.leases() {
+				if l.JobID == JobID(c.claim.UID, 0) {
+					ls = &l
+				}
+			}
+			if ls == nil || ls.SM != c.sm || ls.MemBytes != c.mem {
+				t.Fatalf("lease of job %s: %+v, want sm %d, mem %d", JobID(c.claim.UID, 0), ls, c.sm, c.mem)
+			}
+			spec := readSpec(t, d, c.claim.UID)
+			dev := spec.GetDevice(strings.TrimPrefix(want, CDIKind+"="))
+			if dev == nil {
+				t.Fatalf("CDI spec has no device %s", want)
+			}
+			e := dev.ContainerEdits
+			for _, env := range append(c.ownEnvs, "MPSD_LEASE_ID="+ls.ID, "MPSD_GROUP=inference") {
+				if !slices.Contains(e.Env, env) {
+					t.Errorf("env %q missing from %q", env, e.Env)
+				}
+			}
+			mounts := map[string]string{}
+			for _, m := range e.Mounts {
+				mounts[m.ContainerPath] = m.HostPath + " " + strings.Join(m.Options, ",")
+			}
+			pipe := "/run/mpsd/inference/GPU-00000000-0000-0000-0000-000000000000/pipe"
+			for path, want := range map[string]string{
+				pipe:                                  pipe + " rbind,rprivate,nosuid,nodev,ro",
+				pipe + "/log":                         "/dev/null rbind,rprivate,nosuid,nodev,ro",
+				pipe + "/nvidia-cuda-mps-control.pid": "/dev/null rbind,rprivate,nosuid,nodev,ro",
+				"/dev/shm":                            pipe + ".shm rbind,rprivate,nosuid,nodev,rw",
+			} {
+				if mounts[path] != want {
+					t.Errorf("mount at %s: %q, want %q", path, mounts[path], want)
+				}
+			}
+			got, err := kube.ResourceV1().ResourceClaims(c.claim.Namespace).Get(context.Background(), c.claim.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got.Status.Devices) != 1 || got.Status.Devices[0].Driver != DriverName || got.Status.Devices[0].Device != "inference-gpu0" {
+				t.Fatalf("claim status devices %+v, want one of %s", got.Status.Devices, DriverName)
+			}
+			var data LeaseData
+			if err := json.Unmarshal(got.Status.Devices[0].Data.Raw, &data); err != nil {
+				t.Fatal(err)
+			}
+			if data.Lease != ls.ID || data.State != "running" || data.SM != c.sm || data.MemBytes != c.mem {
+				t.Errorf("claim status data %+v, want lease %s running with sm %d, mem %d", data, ls.ID, c.sm, c.mem)
+			}
+		})
+	}
+}
+
+// A second prepare of a claim (the kubelet restarted) makes no new lease
+// and returns the same devices.
+func TestPrepareIdempotent(t *testing.T) {
+	f := newFakeMPSD(instance("inference", 0))
+	d := newTestDriver(t, f, nil)
+	c := allocated("alice", "infer", "uid-alice", "node-a", "inference-gpu0", 30, 8<<30)
+	first := prepare(t, d, c)[c.UID]
+	second := prepare(t, d, c)[c.UID]
+	if first.Err != nil || second.Err != nil {
+		t.Fatal(first.Err, second.Err)
+	}
+	if n := len(f.leaseRequests()); n != 1 {
+		t.Errorf("%d lease requests, want 1", n)
+	}
+	if !slices.Equal(first.Devices[0].CDIDeviceIDs, second.Devices[0].CDIDeviceIDs) {
+		t.Errorf("devices %v then %v", first.Devices, second.Devices)
+	}
+}
+
+// A claim mpsd cannot honour fails with mpsd's reason and leaves no
+// lease and no CDI spec; the other user's claim is untouched.
+func TestPrepareRefused(t *testing.T) {
+	f := newFakeMPSD(instance("inference", 0))
+	d := newTestDriver(t, f, nil)
+	alice := allocated("alice", "infer", "uid-alice", "node-a", "inference-gpu0", 80, 8<<30)
+	bob := allocated("bob", "train", "uid-bob", "node-a", "inference-gpu0", 30, 4<<30)
+	res := prepare(t, d, alice, bob)
+	if res[alice.UID].Err != nil {
+		t.Fatal(res[alice.UID].Err)
+	}
+	err := res[bob.UID].Err
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "no room now: GPU 0 has 20% SM") {
+		t.Fatalf("bob's claim: %v, want ErrRefused with mpsd's reason", err)
+	}
+	if _, err := os.Stat(d.specPath(bob.UID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("refused claim's CDI spec: %v, want none", err)
+	}
+	if n := len(f.leases()); n != 1 {
+		t.Errorf("%d leases, want alice's only", n)
+	}
+	f.mu.Lock()
+	f.refuse = `uid 1001 is not a member of group "inference"`
+	f.mu.Unlock()
+	carol := allocated("carol", "x", "uid-carol", "node-a", "inference-gpu0", 10, 1<<30)
+	if err := prepare(t, d, carol)[carol.UID].Err; !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "not a member") {
+		t.Errorf("carol's claim: %v, want mpsd's refusal", err)
+	}
+}
+
+// Unprepare releases the claim's lease and removes its CDI spec; a
+// second unprepare, and one of a claim never prepared, are no error.
+func TestUnprepareReleases(t *testing.T) {
+	f := newFakeMPSD(instance("inference", 0))
+	d := newTestDriver(t, f, nil)
+	alice := allocated("alice", "infer", "uid-alice", "node-a", "inference-gpu0", 30, 8<<30)
+	bob := allocated("bob", "train", "uid-bob", "node-a", "inference-gpu0", 20, 4<<30)
+	prepare(t, d, alice, bob)
+	objs := []kubeletplugin.NamespacedObject{{UID: alice.UID}, {UID: "never-prepared"}}
+	for range 2 {
+		res, err := d.UnprepareResourceClaims(context.Background(), objs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for uid, err := range res {
+			if err != nil {
+				t.Errorf("unprepare %s: %v", uid, err)
+			}
+		}
+	}
+	ls := f.leases()
+	if len(ls) != 1 || ls[0].JobID != JobID(bob.UID, 0) {
+		t.Fatalf("leases %+v, want bob's only", ls)
+	}
+	if _, err := os.Stat(d.specPath(alice.UID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("alice's CDI spec: %v, want removed", err)
+	}
+	readSpec(t, d, bob.UID)
+	entries, _ := os.ReadDir(d.opts.CDIDir)
+	if len(entries) != 1 {
+		t.Errorf("CDI dir holds %d entries, want bob's spec only (no temporary files)", len(entries))
+	}
+}
+
+// After mpsd and the driver restart, a prepare of a claim prepared before
+// adopts its lease by job id and resumes it: no new lease, the same CDI
+// device; unprepare then releases it.
+func TestPrepareAfterRestart(t *testing.T) {
+	f := newFakeMPSD(instance("inference", 0))
+	dir := t.TempDir()
+	d1 := newTestDriver(t, f, func(o *Options) { o.CDIDir = dir })
+	c := allocated("alice", "infer", "uid-alice", "node-a", "inference-gpu0", 30, 8<<30)
+	before := prepare(t, d1, c)[c.UID]
+	f.restart()
+	d1.stop()
+	if n := len(f.leases()); n != 1 {
+		t.Fatalf("%d leases after the restart, want 1 kept", n)
+	}
+	d2 := newTestDriver(t, f, func(o *Options) { o.CDIDir = dir })
+	after := prepare(t, d2, c)[c.UID]
+	if after.Err != nil {
+		t.Fatal(after.Err)
+	}
+	reqs := f.leaseRequests()
+	if len(reqs) != 2 || reqs[1].ResumeLeaseID != f.leases()[0].ID {
+		t.Fatalf("lease requests %+v, want the first and its resumption", reqs)
+	}
+	if !slices.Equal(before.Devices[0].CDIDeviceIDs, after.Devices[0].CDIDeviceIDs) {
+		t.Errorf("CDI devices %v, then %v", before.Devices[0].CDIDeviceIDs, after.Devices[0].CDIDeviceIDs)
+	}
+	readSpec(t, d2, c.UID)
+	if _, err := d2.UnprepareResourceClaims(context.Background(), []kubeletplugin.NamespacedObject{{UID: c.UID}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.leases()); n != 0 {
+		t.Errorf("%d leases after unprepare, want 0", n)
+	}
+}
+
+// Without consumable capacity a claim gets the whole device: a lease of
+// the group's max_sm and max_mem.
+func TestPrepareWholeDevice(t *testing.T) {
+	f := newFakeMPSD(instance("inference", 0))
+	d := newTestDriver(t, f, func(o *Options) { o.Mode = Whole })
+	c := allocated("alice", "infer", "uid-alice", "node-a", "inference-gpu0", 0, 0)
+	if err := prepare(t, d, c)[c.UID].Err; err != nil {
+		t.Fatal(err)
+	}
+	ls := f.leases()
+	if len(ls) != 1 || ls[0].SM != 50 || ls[0].MemBytes != 12<<30 {
+		t.Fatalf("leases %+v, want one of max_sm 50, max_mem 12G", ls)
+	}
+}
+
+// A claim for a device of another node or one mpsd runs no instance of
+// fails without a lease.
+func TestPrepareUnknownDevice(t *testing.T) {
+	f := newFakeMPSD(instance("inference", 0))
+	d := newTestDriver(t, f, nil)
+	for _, c := range []*resourceapi.ResourceClaim{
+		allocated("alice", "a", "uid-a", "node-b", "inference-gpu0", 10, 1<<30),
+		allocated("alice", "b", "uid-b", "node-a", "inference-gpu7", 10, 1<<30),
+	} {
+		if err := prepare(t, d, c)[c.UID].Err; err == nil {
+			t.Errorf("claim %s on %s/%s prepared", c.Name, c.Status.Allocation.Devices.Results[0].Pool, c.Status.Allocation.Devices.Results[0].Device)
+		}
+	}
+	if n := len(f.leaseRequests()); n != 0 {
+		t.Errorf("%d lease requests, want none", n)
+	}
+	if entries, _ := os.ReadDir(filepath.Clean(d.opts.CDIDir)); len(entries) != 0 {
+		t.Errorf("CDI dir holds %d entries", len(entries))
+	}
+}
