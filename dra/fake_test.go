@@ -277,3 +277,6 @@ func newTestDriver(t *testing.T, f *fakeMPSD, mutate func(*Options)) *Driver {
 	t.Cleanup(d.stop)
 	return d
 }
+
+// afterWait fires when a test has waited too long for an event.
+func afterWait() <-chan time.Time { return time.After(wait) }
