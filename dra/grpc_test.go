@@ -106,7 +106,6 @@ func TestGRPCPrepareUnprepare(t *testing.T) {
 	}
 }
 
-
 // nextSlice waits for a ResourceSlice to be added.
 func nextSlice(t *testing.T, events <-chan watch.Event) *resourceapi.ResourceSlice {
 	t.Helper()
