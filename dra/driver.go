@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -109,9 +110,10 @@ type Driver struct {
 	holders  sync.WaitGroup
 	// since is when each device's instance was last seen becoming not
 	// ready: its taint's TimeAdded.
-	since   map[string]time.Time
-	poke    chan struct{}
-	lastPub []resourceapi.Device
+	since map[string]time.Time
+	poke  chan struct{}
+	// republish: the last publication failed.
+	republish atomic.Bool
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -170,6 +172,17 @@ func (d *Driver) unlock() { <-d.ops }
 // streams as mpsd stops keeps them for the next plugin).
 func (d *Driver) Run(ctx context.Context, pub Publisher) error {
 	defer d.stop()
+	// Publishing blocks until the API server answers (the helper's
+	// ResourceSlice controller syncs first): it has a goroutine of its
+	// own, handed the latest devices, so leases are kept meanwhile.
+	pending := make(chan []resourceapi.Device, 1)
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		d.publish(ctx, pub, pending)
+	}()
+	defer func() { <-published }()
+	var last []resourceapi.Device
 	for {
 		st, err := d.status(ctx)
 		switch {
@@ -180,16 +193,13 @@ func (d *Driver) Run(ctx context.Context, pub Publisher) error {
 		default:
 			d.reconcile(ctx, st)
 			devs := d.devices(st)
-			if !reflect.DeepEqual(devs, d.lastPub) {
-				res := resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
-					d.opts.NodeName: {Slices: []resourceslice.Slice{{Devices: devs}}},
-				}}
-				if err := pub.PublishResources(ctx, res); err != nil {
-					d.log.Warn("cannot publish the node's ResourceSlice", "err", err)
-				} else {
-					d.log.Info("published the node's devices", "devices", len(devs), "unavailable", tainted(devs))
-					d.lastPub = devs
+			if d.republish.Swap(false) || !reflect.DeepEqual(devs, last) {
+				select {
+				case <-pending: // superseded
+				default:
 				}
+				pending <- devs
+				last = devs
 			}
 		}
 		select {
@@ -197,6 +207,29 @@ func (d *Driver) Run(ctx context.Context, pub Publisher) error {
 			return nil
 		case <-d.opts.Clock.After(d.opts.PollInterval):
 		case <-d.poke:
+		}
+	}
+}
+
+// publish publishes each list of devices handed over on pending until
+// ctx ends; one that fails is published again after the next poll.
+func (d *Driver) publish(ctx context.Context, pub Publisher, pending <-chan []resourceapi.Device) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case devs := <-pending:
+			res := resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
+				d.opts.NodeName: {Slices: []resourceslice.Slice{{Devices: devs}}},
+			}}
+			if err := pub.PublishResources(ctx, res); err != nil {
+				if ctx.Err() == nil {
+					d.log.Warn("cannot publish the node's ResourceSlice", "err", err)
+					d.republish.Store(true)
+				}
+				continue
+			}
+			d.log.Info("published the node's devices", "devices", len(devs), "unavailable", tainted(devs))
 		}
 	}
 }
