@@ -30,27 +30,42 @@ type kubeletFlags struct {
 	// runtime is the container runtime's CRI socket, through which each
 	// lease is bound to its pod's container (kubeinfo.Pods).
 	runtime string
+	// dra is the DRA driver's (--kubelet-dra), which shares groups and
+	// kubeconfig.
+	dra draFlags
 }
 
 // isKubeletFlag: the flags that need --kubelet-device-plugin.
 func isKubeletFlag(name string) bool {
-	return strings.HasPrefix(name, "kubelet-") && name != "kubelet-device-plugin"
+	return strings.HasPrefix(name, "kubelet-") && name != "kubelet-device-plugin" && name != "kubelet-dra" &&
+		!isDRAFlag(name) && !isSharedKubeletFlag(name)
 }
 
-// check refuses the plugin's other flags without --kubelet-device-plugin:
-// they would be ignored, and an operator who wrote them expects a plugin.
+// check refuses the kubelet flags given without the server that reads
+// them (--kubelet-device-plugin, --kubelet-dra, or either for
+// --kubelet-groups and --kubelet-kubeconfig): they would be ignored, and
+// an operator who wrote them expects it. The device plugin and the DRA
+// driver are one or the other.
 func (kf kubeletFlags) check(fs *flag.FlagSet) error {
-	if kf.enabled {
-		return nil
+	if kf.enabled && kf.dra.enabled {
+		return errors.New("--kubelet-device-plugin and --kubelet-dra: give one (a node's pods use mpsd's devices through one or the other)")
 	}
 	var stray []string
+	need := "--kubelet-device-plugin"
 	fs.Visit(func(f *flag.Flag) {
-		if isKubeletFlag(f.Name) {
+		switch {
+		case isSharedKubeletFlag(f.Name) && !kf.enabled && !kf.dra.enabled:
 			stray = append(stray, "--"+f.Name)
+			need = "--kubelet-device-plugin (or --kubelet-dra)"
+		case isKubeletFlag(f.Name) && !kf.enabled:
+			stray = append(stray, "--"+f.Name)
+		case isDRAFlag(f.Name) && !kf.dra.enabled:
+			stray = append(stray, "--"+f.Name)
+			need = "--kubelet-dra"
 		}
 	})
 	if len(stray) > 0 {
-		return fmt.Errorf("%s given without --kubelet-device-plugin: add it to serve the kubelet, or drop %s", strings.Join(stray, " and "), strings.Join(stray, " and "))
+		return fmt.Errorf("%s given without %s: add it to serve the kubelet, or drop %s", strings.Join(stray, " and "), need, strings.Join(stray, " and "))
 	}
 	return nil
 }
@@ -82,11 +97,12 @@ func (kf kubeletFlags) warn(log *slog.Logger, configPath string, groups []string
 	}
 }
 
-// privateShm is mpsd.Options.PrivateShm: with the device plugin on, the groups
-// it serves (every group without --kubelet-groups) run their daemons with
-// a private /dev/shm, which Allocate mounts into their pods.
+// privateShm is mpsd.Options.PrivateShm: with the device plugin or the
+// DRA driver on, the groups it serves (every group without
+// --kubelet-groups) run their daemons with a private /dev/shm, which
+// Allocate (or a claim's CDI spec) mounts into their pods.
 func (kf kubeletFlags) privateShm(groups []string) func(string) bool {
-	if !kf.enabled {
+	if !kf.enabled && !kf.dra.enabled {
 		return nil
 	}
 	return func(group string) bool { return len(groups) == 0 || slices.Contains(groups, group) }

@@ -170,6 +170,15 @@ func run(ctx context.Context, args []string, stderr io.Writer, rc runConfig) int
 		}
 		runDaemon = func(ctx context.Context) error { return runWithDevicePlugin(ctx, d, p, log) }
 	}
+	if kf.dra.enabled {
+		r, err := newDRA(d, *kf, *configPath, kgroups, log)
+		if err != nil {
+			_ = d.Close()
+			closeListener()
+			return cannotStart(fmt.Errorf("--kubelet-dra: %w", err))
+		}
+		runDaemon = func(ctx context.Context) error { return runWithDRA(ctx, d, r) }
+	}
 	if err := sd.Run(ctx, d, ready, runDaemon); err != nil {
 		if errors.Is(err, mpsd.ErrStateInUse) || errors.Is(err, mpsd.ErrSocketInUse) {
 			// Another mpsd serves this state or socket: this one
@@ -199,11 +208,16 @@ func defineFlags(fs *flag.FlagSet) mpsdFlags {
 	f.format = fs.String("log-format", "text", "log `FORMAT`: text (default) or json")
 	fs.BoolVar(&f.kubelet.enabled, "kubelet-device-plugin", false, "also serve the kubelet as a device plugin: one resource mpsd.io/<group>-sm per group")
 	fs.StringVar(&f.kubelet.dir, "kubelet-dir", deviceplugin.DefaultKubeletDir, "the kubelet's device-plugin `DIR` (kubelet.sock; default "+deviceplugin.DefaultKubeletDir+"), with --kubelet-device-plugin")
-	fs.StringVar(&f.kubelet.groups, "kubelet-groups", "", "comma-separated `GROUPS` to offer the kubelet; default every group, with --kubelet-device-plugin")
-	fs.StringVar(&f.kubelet.kubeconfig, "kubelet-kubeconfig", kubeinfo.DefaultKubeconfig, "kubeconfig `FILE` that reads the specs of pods on this node (default the kubelet's own, "+kubeinfo.DefaultKubeconfig+"), or "+kubeinfo.InCluster+" for mpsd's pod's service account, with --kubelet-device-plugin")
+	fs.StringVar(&f.kubelet.groups, "kubelet-groups", "", "comma-separated `GROUPS` to offer the kubelet; default every group, with --kubelet-device-plugin or --kubelet-dra")
+	fs.StringVar(&f.kubelet.kubeconfig, "kubelet-kubeconfig", kubeinfo.DefaultKubeconfig, "kubeconfig `FILE` that reads the specs of pods on this node (default the kubelet's own, "+kubeinfo.DefaultKubeconfig+"), or "+kubeinfo.InCluster+" for mpsd's pod's service account, with --kubelet-device-plugin; with --kubelet-dra the client of the API server that reads claims, publishes the node's ResourceSlice and writes claims' status")
 	fs.StringVar(&f.kubelet.podResources, "kubelet-pod-resources", kubeinfo.DefaultPodResourcesSocket, "the kubelet's PodResources API `SOCKET` (default "+kubeinfo.DefaultPodResourcesSocket+"), with --kubelet-device-plugin")
 	fs.StringVar(&f.kubelet.runtime, "kubelet-cri", kubeinfo.DefaultRuntimeSocket, "the container runtime's CRI `SOCKET` (default containerd's, "+kubeinfo.DefaultRuntimeSocket+"; CRI-O's is /var/run/crio/crio.sock), through which each lease is bound to its pod's container, with --kubelet-device-plugin")
 	fs.BoolVar(&f.kubelet.allowHostRoot, "kubelet-allow-host-root", false, "start containers holding mpsd's units without checking that they do not run as host root (trusted pods only), with --kubelet-device-plugin")
+	fs.BoolVar(&f.kubelet.dra.enabled, "kubelet-dra", false, "also serve the kubelet as DRA driver mpsd.io: a ResourceSlice of one device per GPU and group, sm and memory as consumable capacity, each claim a lease (not with --kubelet-device-plugin; only in an mpsd built with the tag dra, make build-dra)")
+	fs.StringVar(&f.kubelet.dra.node, "kubelet-dra-node", "", "this node's `NAME` in the cluster (default $NODE_NAME, else the host name), with --kubelet-dra")
+	fs.StringVar(&f.kubelet.dra.capacity, "kubelet-dra-capacity", capacityAuto, "`MODE` of sharing a device: consumable (claims ask for sm and memory; Kubernetes 1.36 on), whole (one claim per device), or auto (default: by the API server's version), with --kubelet-dra")
+	fs.StringVar(&f.kubelet.dra.cdiDir, "kubelet-dra-cdi-dir", defaultCDIDir, "`DIR` of the claims' CDI specs, where the container runtime reads them (default "+defaultCDIDir+"), with --kubelet-dra")
+	fs.StringVar(&f.kubelet.dra.root, "kubelet-dra-root", defaultKubeletRoot, "the kubelet's root `DIR` (default "+defaultKubeletRoot+"): the driver's socket goes in plugins/mpsd.io, its registration in plugins_registry, with --kubelet-dra")
 	f.version = fs.Bool("version", false, "print mpsd's version, commit and Go version, and exit")
 	return f
 }
@@ -212,7 +226,10 @@ func defineFlags(fs *flag.FlagSet) mpsdFlags {
 var usageSynopsis = []string{`mpsd [--config FILE] [--simulate] [--log-level LEVEL] [--log-format text|json]
             [--kubelet-device-plugin [--kubelet-dir DIR] [--kubelet-groups G,...]
              [--kubelet-kubeconfig FILE|in-cluster] [--kubelet-pod-resources SOCKET]
-             [--kubelet-cri SOCKET] [--kubelet-allow-host-root]]`, "mpsd --version"}
+             [--kubelet-cri SOCKET] [--kubelet-allow-host-root]]
+            [--kubelet-dra [--kubelet-dra-node NAME] [--kubelet-dra-capacity MODE]
+             [--kubelet-dra-cdi-dir DIR] [--kubelet-dra-root DIR]
+             [--kubelet-groups G,...] [--kubelet-kubeconfig FILE|in-cluster]]`, "mpsd --version"}
 
 // usageAbout says what mpsd does.
 const usageAbout = `Shares the host's GPUs among the config's tenant groups through CUDA MPS:

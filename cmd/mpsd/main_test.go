@@ -88,6 +88,11 @@ func TestMainUsage(t *testing.T) {
 		{"kubelet groups without the plugin", []string{"--kubelet-groups", "a"}, 2, "--kubelet-groups given without --kubelet-device-plugin"},
 		{"kubelet dir without the plugin", []string{"--kubelet-dir", dir, "--kubelet-groups", "a"}, 2, "--kubelet-dir and --kubelet-groups given without --kubelet-device-plugin"},
 		{"root check flags without the plugin", []string{"--kubelet-allow-host-root", "--kubelet-kubeconfig", "in-cluster"}, 2, "--kubelet-allow-host-root and --kubelet-kubeconfig given without --kubelet-device-plugin"},
+		{"device plugin and DRA", []string{"--kubelet-device-plugin", "--kubelet-dra"}, 2, "--kubelet-device-plugin and --kubelet-dra: give one"},
+		{"DRA flags without DRA", []string{"--kubelet-dra-node", "n", "--kubelet-dra-capacity", "whole"}, 2, "--kubelet-dra-capacity and --kubelet-dra-node given without --kubelet-dra"},
+		{"DRA flags with the device plugin", []string{"--kubelet-device-plugin", "--kubelet-dra-cdi-dir", dir}, 2, "--kubelet-dra-cdi-dir given without --kubelet-dra"},
+		{"device plugin flags with DRA", []string{"--kubelet-dra", "--kubelet-cri", "/run/crio/crio.sock"}, 2, "--kubelet-cri given without --kubelet-device-plugin"},
+		{"bad DRA group", []string{"--kubelet-dra", "--kubelet-groups", "Bad"}, 2, `--kubelet-groups: deviceplugin: "Bad" is not a group name`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer

@@ -1,6 +1,7 @@
 package archtest
 
 import (
+	"go/build/constraint"
 	"go/parser"
 	"go/token"
 	"io/fs"
@@ -190,11 +191,58 @@ func TestAllowed(t *testing.T) {
 // cost megabytes of every mpsd's resident memory (make bench's Footprint:
 // 38 MiB idle became 45 with core/v1 for a pod's few fields); the device
 // plugin decodes what it reads of a pod into its own types
-// (internal/kubeinfo/pod.go). Tests may use them.
+// (internal/kubeinfo/pod.go). Tests may use them. The DRA driver (package
+// dra, on client-go and the kubeletplugin helper: some 40 MiB more) is
+// the one exception, built into mpsd only with the build tag dra: no file
+// of the default build imports it.
 func TestNoKubernetesAPITypesInProducts(t *testing.T) {
+	root := repoRoot(t)
+	optIn := 0
 	productImports(t, func(rel, path string) {
-		if path == "k8s.io/api" || strings.HasPrefix(path, "k8s.io/api/") || strings.HasPrefix(path, "k8s.io/apimachinery/") {
+		if strings.HasPrefix(rel, draDir+"/") {
+			return
+		}
+		if !inDefaultBuild(t, filepath.Join(root, rel)) {
+			optIn++
+			return
+		}
+		if path == "k8s.io/api" || strings.HasPrefix(path, "k8s.io/api/") || strings.HasPrefix(path, "k8s.io/apimachinery/") ||
+			path == "k8s.io/client-go" || strings.HasPrefix(path, "k8s.io/client-go/") || strings.HasPrefix(path, "k8s.io/dynamic-resource-allocation/") {
 			t.Errorf("%s imports %s; product code decodes the few Kubernetes fields it reads into its own types", rel, path)
 		}
+		if path == module+"/"+draDir {
+			t.Errorf("%s imports %s in mpsd's default build; only files built with the tag dra may", rel, path)
+		}
 	})
+	if optIn == 0 {
+		t.Errorf("no product file is built only with the tag dra: the DRA driver's composition has moved and this test checks nothing")
+	}
+}
+
+// draDir is the DRA driver's package, linked only into builds with the
+// tag dra.
+const draDir = "dra"
+
+// inDefaultBuild reports whether the file's //go:build constraint (if
+// any) holds without build tags, on linux.
+func inDefaultBuild(t *testing.T, file string) bool {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "package ") {
+			break
+		}
+		if constraint.IsGoBuild(line) {
+			expr, err := constraint.Parse(line)
+			if err != nil {
+				t.Fatalf("%s: %v", file, err)
+			}
+			return expr.Eval(func(tag string) bool { return tag == "linux" || tag == "unix" || tag == "cgo" })
+		}
+	}
+	return true
 }
