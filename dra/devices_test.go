@@ -6,7 +6,6 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -114,7 +113,6 @@ func TestDeviceTaints(t *testing.T) {
 
 // publisher records what the driver publishes.
 type publisher struct {
-	mu  sync.Mutex
 	got chan []resourceapi.Device
 }
 

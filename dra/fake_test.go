@@ -280,3 +280,14 @@ func newTestDriver(t *testing.T, f *fakeMPSD, mutate func(*Options)) *Driver {
 
 // afterWait fires when a test has waited too long for an event.
 func afterWait() <-chan time.Time { return time.After(wait) }
+
+// end ends lease id for good, as mpsd does (an error event), and
+// forgets it.
+func (f *fakeMPSD) end(id string, code api.ErrorCode, msg string) {
+	f.mu.Lock()
+	s := f.streams[id]
+	delete(f.streams, id)
+	f.mu.Unlock()
+	f.release(id)
+	s.events <- api.Event{Type: api.EventError, Code: code, Message: msg}
+}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -282,4 +283,84 @@ func TestPrepareUnknownDevice(t *testing.T) {
 	if entries, _ := os.ReadDir(filepath.Clean(d.opts.CDIDir)); len(entries) != 0 {
 		t.Errorf("CDI dir holds %d entries", len(entries))
 	}
+}
+
+// A lease mpsd ends (its instance recovering) is asked for anew once the
+// instance is ready again, and the claim's CDI spec rewritten with the
+// new lease; the other user's claim keeps its lease.
+func TestLeaseRenewedAfterMPSDEndsIt(t *testing.T) {
+	f := newFakeMPSD(instance("inference", 0))
+	d := newTestDriver(t, f, nil)
+	alice := allocated("alice", "infer", "uid-alice", "node-a", "inference-gpu0", 30, 8<<30)
+	bob := allocated("bob", "train", "uid-bob", "node-a", "inference-gpu0", 20, 4<<30)
+	prepare(t, d, alice, bob)
+	var aliceLease, bobLease string
+	for _, l := range f.leases() {
+		switch l.JobID {
+		case JobID(alice.UID, 0):
+			aliceLease = l.ID
+		case JobID(bob.UID, 0):
+			bobLease = l.ID
+		}
+	}
+	pub := &publisher{got: make(chan []resourceapi.Device, 16)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- d.Run(ctx, pub) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	f.setState(0, "inference", api.InstanceRecovering)
+	f.end(aliceLease, api.CodeUnavailable, "the instance's MPS server failed")
+	for devs := pub.next(t); len(devs[0].Taints) == 0; devs = pub.next(t) {
+	}
+	f.setState(0, "inference", api.InstanceReady)
+	deadline := afterWait()
+	for {
+		spec := readSpec(t, d, alice.UID)
+		env := spec.Devices[0].ContainerEdits.Env
+		if slices.ContainsFunc(env, func(e string) bool {
+			return strings.HasPrefix(e, "MPSD_LEASE_ID=") && e != "MPSD_LEASE_ID="+aliceLease
+		}) {
+			break
+		}
+		select {
+		case <-deadline:
+			t.Fatalf("alice's CDI spec still names lease %s: %q", aliceLease, env)
+		case <-pub.got:
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	ls := f.leases()
+	if len(ls) != 2 || !slices.ContainsFunc(ls, func(l api.LeaseStatus) bool { return l.ID == bobLease }) {
+		t.Errorf("leases %+v, want bob's %s and alice's new one", ls, bobLease)
+	}
+}
+
+// A claim prepared before mpsd and the driver restarted, unprepared
+// before any prepare: its lease, adopted by job id, is resumed and
+// released.
+func TestUnprepareAfterRestart(t *testing.T) {
+	f := newFakeMPSD(instance("inference", 0))
+	dir := t.TempDir()
+	d1 := newTestDriver(t, f, func(o *Options) { o.CDIDir = dir })
+	alice := allocated("alice", "infer", "uid-alice", "node-a", "inference-gpu0", 30, 8<<30)
+	bob := allocated("bob", "train", "uid-bob", "node-a", "inference-gpu0", 20, 4<<30)
+	prepare(t, d1, alice, bob)
+	f.restart()
+	d1.stop()
+	d2 := newTestDriver(t, f, func(o *Options) { o.CDIDir = dir })
+	if _, err := d2.UnprepareResourceClaims(context.Background(), []kubeletplugin.NamespacedObject{{UID: alice.UID}}); err != nil {
+		t.Fatal(err)
+	}
+	if ls := f.leases(); len(ls) != 1 || ls[0].JobID != JobID(bob.UID, 0) {
+		t.Fatalf("leases %+v, want bob's only", ls)
+	}
+	if _, err := os.Stat(d2.specPath(alice.UID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("alice's CDI spec: %v, want removed", err)
+	}
+	readSpec(t, d2, bob.UID)
 }

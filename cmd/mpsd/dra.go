@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strconv"
 	"strings"
 )
@@ -48,22 +47,6 @@ func isDRAFlag(name string) bool { return strings.HasPrefix(name, "kubelet-dra-"
 // --kubelet-dra reads.
 func isSharedKubeletFlag(name string) bool {
 	return name == "kubelet-groups" || name == "kubelet-kubeconfig"
-}
-
-// nodeName is --kubelet-dra-node, else $NODE_NAME (the downward API's
-// spec.nodeName in mpsd's pod), else the host name.
-func (df draFlags) nodeName() (string, error) {
-	if df.node != "" {
-		return df.node, nil
-	}
-	if n := os.Getenv("NODE_NAME"); n != "" {
-		return n, nil
-	}
-	h, err := os.Hostname()
-	if err != nil {
-		return "", fmt.Errorf("node name: %w", err)
-	}
-	return strings.ToLower(h), nil
 }
 
 // serverVersion is the API server's version as discovery reports it:

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -22,6 +23,22 @@ import (
 	"github.com/mpsd/mpsd/mpsd"
 	"github.com/mpsd/mpsd/policy"
 )
+
+// nodeName is --kubelet-dra-node, else $NODE_NAME (the downward API's
+// spec.nodeName in mpsd's pod), else the host name.
+func (df draFlags) nodeName() (string, error) {
+	if df.node != "" {
+		return df.node, nil
+	}
+	if n := os.Getenv("NODE_NAME"); n != "" {
+		return n, nil
+	}
+	h, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("node name: %w", err)
+	}
+	return strings.ToLower(h), nil
+}
 
 // kubeClient is the API client of --kubelet-kubeconfig (a file, or
 // in-cluster for mpsd's pod's service account).
