@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"syscall"
 
 	"k8s.io/apimachinery/pkg/types"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -26,6 +27,52 @@ func CDIDeviceID(claim types.UID, n int) string {
 }
 
 func cdiName(claim types.UID, n int) string { return string(claim) + "-" + strconv.Itoa(n) }
+
+// validUID reports whether uid may name a CDI spec file and a job id:
+// 1 to 64 letters, digits, '-', '_' or '.' (a Kubernetes UID is a
+// UUID), so that no UID reaches outside CDIDir.
+func validUID(uid types.UID) bool {
+	if uid == "" || len(uid) > 64 || uid == "." || uid == ".." {
+		return false
+	}
+	for _, r := range string(uid) {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkUID refuses a claim UID that is not validUID.
+func checkUID(uid types.UID) error {
+	if !validUID(uid) {
+		return errf("claim UID %q is not a UID (1 to 64 letters, digits, '-', '_' or '.')", uid)
+	}
+	return nil
+}
+
+// checkCDIDir refuses a CDI directory that someone other than root (or
+// euid) could change: a runtime reads its specs as root. One not there
+// yet is made, 0755.
+func checkCDIDir(dir string, euid int) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return errf("CDI directory: %w", err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return errf("CDI directory: %w", err)
+	}
+	if fi.Mode()&os.ModeSymlink != 0 || !fi.IsDir() {
+		return errf("CDI directory %s is not a directory (a symlink?); give the real directory", dir)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 && int(st.Uid) != euid {
+		return errf("CDI directory %s is owned by uid %d, not root; chown root %s", dir, st.Uid, dir)
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return errf("CDI directory %s is writable by its group or by others (mode %s); chmod go-w %s", dir, fi.Mode().Perm(), dir)
+	}
+	return nil
+}
 
 // specPath is the CDI spec file of a claim.
 func (d *Driver) specPath(claim types.UID) string {

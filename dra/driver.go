@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
 	"reflect"
 	"slices"
 	"sync"
@@ -128,6 +129,9 @@ func New(opts Options) (*Driver, error) {
 	}
 	if opts.CDIDir == "" {
 		opts.CDIDir = DefaultCDIDir
+	}
+	if err := checkCDIDir(opts.CDIDir, os.Geteuid()); err != nil {
+		return nil, err
 	}
 	if opts.PollInterval <= 0 {
 		opts.PollInterval = DefaultPollInterval

@@ -45,7 +45,7 @@ func ParseJobID(s string) (claim types.UID, n int, ok bool) {
 		return "", 0, false
 	}
 	uid := rest[:i]
-	if strings.ContainsAny(uid, ":/\\ \t\n") || len(uid) > 64 {
+	if !validUID(types.UID(uid)) {
 		return "", 0, false
 	}
 	return types.UID(uid), n, true
@@ -113,6 +113,9 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 }
 
 func (d *Driver) prepare(ctx context.Context, st api.Status, rc *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+	if err := checkUID(rc.UID); err != nil {
+		return nil, err
+	}
 	if rc.Status.Allocation == nil {
 		return nil, errf("claim %s/%s is not allocated", rc.Namespace, rc.Name)
 	}
@@ -374,6 +377,11 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	}
 	out := map[types.UID]error{}
 	for _, o := range claims {
+		if err := checkUID(o.UID); err != nil {
+			d.log.Warn("cannot unprepare claim", "namespace", o.Namespace, "claim", o.Name, "uid", o.UID, "err", err)
+			out[o.UID] = err
+			continue
+		}
 		d.mu.Lock()
 		c := d.claims[o.UID]
 		delete(d.claims, o.UID)
