@@ -37,6 +37,8 @@ type fakeMPSD struct {
 	streams  map[string]*fakeStream
 	// refuse, when set, is the message of a refusal of every new lease.
 	refuse string
+	// statusErr, when set, is what Status answers.
+	statusErr error
 }
 
 var _ deviceplugin.MPSD = (*fakeMPSD)(nil)
@@ -59,6 +61,9 @@ func instance(group string, gpu int) api.InstanceStatus {
 func (f *fakeMPSD) Status(ctx context.Context) (api.Status, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.statusErr != nil {
+		return api.Status{}, f.statusErr
+	}
 	st := f.st
 	st.Instances = slices.Clone(st.Instances)
 	st.Leases = slices.Clone(st.Leases)

@@ -372,14 +372,25 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		return nil, err
 	}
 	defer d.unlock()
-	if st, err := d.status(ctx); err == nil {
+	st, serr := d.status(ctx)
+	if serr == nil {
 		d.adoptOnce(st)
 	}
+	d.mu.Lock()
+	adopted := d.adopted
+	d.mu.Unlock()
 	out := map[types.UID]error{}
 	for _, o := range claims {
 		if err := checkUID(o.UID); err != nil {
 			d.log.Warn("cannot unprepare claim", "namespace", o.Namespace, "claim", o.Name, "uid", o.UID, "err", err)
 			out[o.UID] = err
+			continue
+		}
+		if !adopted {
+			// The leases of claims prepared before a restart are not
+			// known yet: one of them may be this claim's. The kubelet
+			// retries.
+			out[o.UID] = errf("mpsd status (the leases of claims prepared before a restart are not known yet): %w", serr)
 			continue
 		}
 		d.mu.Lock()

@@ -364,3 +364,45 @@ func TestUnprepareAfterRestart(t *testing.T) {
 	}
 	readSpec(t, d2, bob.UID)
 }
+
+// A claim unprepared after a restart while mpsd's status cannot be read
+// fails (its lease is not known yet), keeping its lease; once the status
+// reads, unprepare releases it and bob's lease stays.
+func TestUnprepareWhileStatusFails(t *testing.T) {
+	f := newFakeMPSD(instance("inference", 0))
+	dir := t.TempDir()
+	d1 := newTestDriver(t, f, func(o *Options) { o.CDIDir = dir })
+	alice := allocated("alice", "infer", "uid-alice", "node-a", "inference-gpu0", 30, 8<<30)
+	bob := allocated("bob", "train", "uid-bob", "node-a", "inference-gpu0", 20, 4<<30)
+	prepare(t, d1, alice, bob)
+	f.restart()
+	d1.stop()
+	d2 := newTestDriver(t, f, func(o *Options) { o.CDIDir = dir })
+	f.mu.Lock()
+	f.statusErr = errors.New("connection refused")
+	f.mu.Unlock()
+	objs := []kubeletplugin.NamespacedObject{{UID: alice.UID}}
+	res, err := d2.UnprepareResourceClaims(context.Background(), objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[alice.UID] == nil {
+		t.Fatal("unprepare succeeded while mpsd's status could not be read")
+	}
+	if n := len(f.leases()); n != 2 {
+		t.Fatalf("%d leases, want both kept", n)
+	}
+	f.mu.Lock()
+	f.statusErr = nil
+	f.mu.Unlock()
+	res, err = d2.UnprepareResourceClaims(context.Background(), objs)
+	if err != nil || res[alice.UID] != nil {
+		t.Fatalf("unprepare once the status reads: %v, %v", err, res[alice.UID])
+	}
+	if ls := f.leases(); len(ls) != 1 || ls[0].JobID != JobID(bob.UID, 0) {
+		t.Fatalf("leases %+v, want bob's only", ls)
+	}
+	if _, err := os.Stat(d2.specPath(alice.UID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("alice's CDI spec: %v, want removed", err)
+	}
+}
