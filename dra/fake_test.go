@@ -39,6 +39,8 @@ type fakeMPSD struct {
 	refuse string
 	// statusErr, when set, is what Status answers.
 	statusErr error
+	// leaseErr, when set, is what Lease answers.
+	leaseErr error
 }
 
 var _ deviceplugin.MPSD = (*fakeMPSD)(nil)
@@ -84,6 +86,9 @@ func (f *fakeMPSD) Lease(ctx context.Context, req api.LeaseRequest) (deviceplugi
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.requests = append(f.requests, req)
+	if f.leaseErr != nil {
+		return nil, f.leaseErr
+	}
 	if req.ResumeLeaseID != "" {
 		for _, l := range f.st.Leases {
 			if l.ID == req.ResumeLeaseID {

@@ -132,7 +132,7 @@ func (d *Driver) prepare(ctx context.Context, st api.Status, rc *resourceapi.Res
 	var made []*lease
 	fail := func(err error) ([]kubeletplugin.Device, error) {
 		for _, l := range made {
-			d.release(ctx, l, "its claim could not be prepared")
+			_ = d.release(ctx, l, "its claim could not be prepared") // logged; made by this call, it has its stream
 		}
 		d.mu.Lock()
 		if fresh && len(c.leases) == 0 {
@@ -401,8 +401,22 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 			ls = slices.Clone(c.leases)
 		}
 		d.mu.Unlock()
+		var errs []error
 		for _, l := range ls {
-			d.release(ctx, l, "its claim was unprepared")
+			if err := d.release(ctx, l, "its claim was unprepared"); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if len(errs) > 0 {
+			// The kubelet retries: the claim keeps the leases not
+			// released, and its spec.
+			d.mu.Lock()
+			if d.claims[o.UID] == nil {
+				d.claims[o.UID] = c
+			}
+			d.mu.Unlock()
+			out[o.UID] = errors.Join(errs...)
+			continue
 		}
 		out[o.UID] = d.removeSpec(o.UID)
 		if c != nil {
@@ -414,31 +428,47 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 
 // release ends l's lease: closing its stream makes mpsd release it. A
 // lease no stream holds (mpsd restarted meanwhile) is resumed and closed
-// at once.
-func (d *Driver) release(ctx context.Context, l *lease, why string) {
+// at once; when that fails, but for mpsd not knowing the lease (it ended),
+// l stays its claim's, for a later release, and the error is returned.
+func (d *Driver) release(ctx context.Context, l *lease, why string) error {
 	d.mu.Lock()
 	if l.ended {
 		d.mu.Unlock()
-		return
+		return nil
 	}
 	l.ended = true
 	l.c.leases = slices.DeleteFunc(l.c.leases, func(m *lease) bool { return m == l })
 	s, id, attempt := l.stream, l.id, l.attempt
 	l.stream = nil
 	d.mu.Unlock()
-	d.log.With(d.claimAttrs(l.c)...).Info("releasing lease: "+why, "group", l.group, "gpu", l.gpu, "lease", id)
+	log := d.log.With(d.claimAttrs(l.c)...).With("group", l.group, "gpu", l.gpu, "lease", id)
+	log.Info("releasing lease: " + why)
 	if s != nil {
 		_ = s.Close()
-		return
+		return nil
 	}
 	if id == "" {
-		return
+		return nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, grantTimeout)
 	defer cancel()
-	if s, err := d.opts.MPSD.Lease(rctx, api.LeaseRequest{Group: l.group, ResumeLeaseID: id, Attempt: attempt, JobID: l.req.JobID}); err == nil {
+	s, err := d.opts.MPSD.Lease(rctx, api.LeaseRequest{Group: l.group, ResumeLeaseID: id, Attempt: attempt, JobID: l.req.JobID})
+	if err == nil {
 		_ = s.Close()
+		return nil
 	}
+	var ae *api.Error
+	if errors.As(err, &ae) && ae.Code == api.CodeNotFound {
+		return nil
+	}
+	d.mu.Lock()
+	l.ended = false
+	if !slices.Contains(l.c.leases, l) {
+		l.c.leases = append(l.c.leases, l)
+	}
+	d.mu.Unlock()
+	log.Warn("cannot release lease; kept for a later try", "err", err)
+	return errf("release lease %s of group %s on GPU %d: %w", id, l.group, l.gpu, err)
 }
 
 // claimAttrs are c's log attributes: its namespace, name and UID.

@@ -406,3 +406,46 @@ func TestUnprepareWhileStatusFails(t *testing.T) {
 		t.Errorf("alice's CDI spec: %v, want removed", err)
 	}
 }
+
+// A lease that cannot be released (mpsd answers its resumption with an
+// error other than not found) fails the claim's unprepare, keeping the
+// lease; the kubelet's retry then releases it. Bob's lease stays.
+func TestUnprepareReleaseFails(t *testing.T) {
+	f := newFakeMPSD(instance("inference", 0))
+	dir := t.TempDir()
+	d1 := newTestDriver(t, f, func(o *Options) { o.CDIDir = dir })
+	alice := allocated("alice", "infer", "uid-alice", "node-a", "inference-gpu0", 30, 8<<30)
+	bob := allocated("bob", "train", "uid-bob", "node-a", "inference-gpu0", 20, 4<<30)
+	prepare(t, d1, alice, bob)
+	f.restart()
+	d1.stop()
+	d2 := newTestDriver(t, f, func(o *Options) { o.CDIDir = dir })
+	f.mu.Lock()
+	f.leaseErr = &api.Error{Code: api.CodeUnavailable, Message: "mpsd is starting"}
+	f.mu.Unlock()
+	objs := []kubeletplugin.NamespacedObject{{UID: alice.UID}}
+	res, err := d2.UnprepareResourceClaims(context.Background(), objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[alice.UID] == nil || !strings.Contains(res[alice.UID].Error(), "mpsd is starting") {
+		t.Fatalf("unprepare: %v, want mpsd's error", res[alice.UID])
+	}
+	if n := len(f.leases()); n != 2 {
+		t.Fatalf("%d leases, want both kept", n)
+	}
+	readSpec(t, d2, alice.UID)
+	f.mu.Lock()
+	f.leaseErr = nil
+	f.mu.Unlock()
+	res, err = d2.UnprepareResourceClaims(context.Background(), objs)
+	if err != nil || res[alice.UID] != nil {
+		t.Fatalf("unprepare once mpsd answers: %v, %v", err, res[alice.UID])
+	}
+	if ls := f.leases(); len(ls) != 1 || ls[0].JobID != JobID(bob.UID, 0) {
+		t.Fatalf("leases %+v, want bob's only", ls)
+	}
+	if _, err := os.Stat(d2.specPath(alice.UID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("alice's CDI spec: %v, want removed", err)
+	}
+}
