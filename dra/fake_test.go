@@ -181,6 +181,20 @@ func (f *fakeMPSD) restart() {
 	}
 }
 
+// add puts lease l in mpsd's status, as another client's request did,
+// counting it on its instance.
+func (f *fakeMPSD) add(l api.LeaseStatus) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for j := range f.st.Instances {
+		if in := &f.st.Instances[j]; in.Group == l.Group && in.GPUIndex == l.GPUIndexes[0] {
+			in.SMAllocated += l.SM
+			in.MemAllocatedBytes += l.MemBytes
+		}
+	}
+	f.st.Leases = append(f.st.Leases, l)
+}
+
 func (f *fakeMPSD) leases() []api.LeaseStatus {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -72,6 +72,9 @@ type lease struct {
 	group   string
 	gpu     int
 	req     api.LeaseRequest
+	// adopted: taken over from mpsd's status by job id (adoptOnce), not
+	// yet checked against its claim's allocation (job ids are free text).
+	adopted bool
 
 	id      string // "" while mpsd holds none
 	attempt int
@@ -150,6 +153,18 @@ func (d *Driver) prepare(ctx context.Context, st api.Status, rc *resourceapi.Res
 			return fail(errf("claim %s/%s: device %s is of pool %s, not this node's", rc.Namespace, rc.Name, r.Device, r.Pool))
 		}
 		l := d.leaseOf(c, n)
+		if l != nil && l.adopted {
+			if why := d.mismatch(st, l, r, JobID(rc.UID, n)); why != "" {
+				if err := d.release(ctx, l, why); err != nil {
+					return fail(err)
+				}
+				l = nil
+			} else {
+				d.mu.Lock()
+				l.adopted = false
+				d.mu.Unlock()
+			}
+		}
 		if l == nil {
 			in, err := instanceOf(st, r.Device)
 			if err != nil {
@@ -202,6 +217,27 @@ func (d *Driver) leaseOf(c *claim, n int) *lease {
 		}
 	}
 	return nil
+}
+
+// mismatch says why adopted lease l is not what allocation r asks for
+// (another device, SM or memory: a lease someone else gave the claim's
+// job id), or "".
+func (d *Driver) mismatch(st api.Status, l *lease, r resourceapi.DeviceRequestAllocationResult, job string) string {
+	if dev := DeviceName(l.group, l.gpu); dev != r.Device {
+		return "it is of device " + dev + ", not the allocated " + r.Device
+	}
+	in, err := instanceOf(st, r.Device)
+	if err != nil {
+		return "" // regain fails the claim
+	}
+	want, err := d.leaseRequest(in, r, job)
+	if err != nil {
+		return err.Error()
+	}
+	if want.SM != l.req.SM || want.MemBytes != l.req.MemBytes {
+		return fmt.Sprintf("it is of sm %d, memory %d bytes, not the allocated sm %d, memory %d bytes", l.req.SM, l.req.MemBytes, want.SM, want.MemBytes)
+	}
+	return ""
 }
 
 // leaseRequest is the lease of allocation r on instance in: in

@@ -449,3 +449,76 @@ func TestUnprepareReleaseFails(t *testing.T) {
 		t.Errorf("alice's CDI spec: %v, want removed", err)
 	}
 }
+
+// A running lease another client of this uid opened with a claim's job id
+// (job ids are free text) is adopted, but not handed to the claim when its
+// device or size is not the allocation's: prepare releases it and opens
+// the claim's own. Bob's claim keeps his lease.
+func TestForgedJobIDNotHandedOut(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		gpu, sm int
+		mem     int64
+	}{
+		{"other device", 1, 30, 8 << 30},
+		{"other sm", 0, 50, 8 << 30},
+		{"other memory", 0, 30, 12 << 30},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFakeMPSD(instance("inference", 0), instance("inference", 1))
+			alice := allocated("alice", "infer", "uid-alice", "node-a", "inference-gpu0", 30, 8<<30)
+			bob := allocated("bob", "train", "uid-bob", "node-a", "inference-gpu0", 20, 4<<30)
+			f.add(api.LeaseStatus{ID: "forged", Group: "inference", GPUIndexes: []int{c.gpu}, UID: uint32(os.Getuid()),
+				SM: c.sm, MemBytes: c.mem, Attempt: 1, State: api.LeaseRunning, JobID: JobID(alice.UID, 0)})
+			d := newTestDriver(t, f, nil)
+			res := prepare(t, d, alice, bob)
+			for uid, r := range res {
+				if r.Err != nil {
+					t.Fatalf("claim %s: %v", uid, r.Err)
+				}
+			}
+			ls := f.leases()
+			if len(ls) != 2 || slices.ContainsFunc(ls, func(l api.LeaseStatus) bool { return l.ID == "forged" }) {
+				t.Fatalf("leases %+v, want alice's and bob's, not the forged one", ls)
+			}
+			for _, l := range ls {
+				if l.JobID == JobID(alice.UID, 0) && (l.GPUIndexes[0] != 0 || l.SM != 30 || l.MemBytes != 8<<30) {
+					t.Errorf("alice's lease %+v, want GPU 0, sm 30, 8 GiB", l)
+				}
+			}
+			env := readSpec(t, d, alice.UID).Devices[0].ContainerEdits.Env
+			if slices.Contains(env, "MPSD_LEASE_ID=forged") {
+				t.Errorf("alice's CDI spec hands out the forged lease: %q", env)
+			}
+		})
+	}
+}
+
+// A running lease of another uid carrying a claim's job id is not
+// adopted: prepare opens the claim's own lease and leaves that one be.
+func TestOtherUIDLeaseNotAdopted(t *testing.T) {
+	in := instance("inference", 0)
+	in.MemBudgetBytes = 32 << 30
+	f := newFakeMPSD(in)
+	alice := allocated("alice", "infer", "uid-alice", "node-a", "inference-gpu0", 30, 8<<30)
+	bob := allocated("bob", "train", "uid-bob", "node-a", "inference-gpu0", 20, 4<<30)
+	f.add(api.LeaseStatus{ID: "theirs", Group: "inference", GPUIndexes: []int{0}, UID: uint32(os.Getuid()) + 1000,
+		SM: 30, MemBytes: 8 << 30, Attempt: 1, State: api.LeaseRunning, JobID: JobID(alice.UID, 0)})
+	d := newTestDriver(t, f, nil)
+	for uid, r := range prepare(t, d, alice, bob) {
+		if r.Err != nil {
+			t.Fatalf("claim %s: %v", uid, r.Err)
+		}
+	}
+	for _, r := range f.leaseRequests() {
+		if r.ResumeLeaseID != "" {
+			t.Errorf("lease request %+v resumes a lease", r)
+		}
+	}
+	if ls := f.leases(); len(ls) != 3 || ls[0].ID != "theirs" {
+		t.Fatalf("leases %+v, want the other uid's kept, alice's and bob's", ls)
+	}
+	if env := readSpec(t, d, alice.UID).Devices[0].ContainerEdits.Env; slices.Contains(env, "MPSD_LEASE_ID=theirs") {
+		t.Errorf("alice's CDI spec hands out the other uid's lease: %q", env)
+	}
+}

@@ -37,7 +37,7 @@ func (d *Driver) adoptOnce(st api.Status) {
 			sel[i] = strconv.Itoa(g)
 		}
 		zero := 0
-		l := &lease{c: c, n: n, group: ls.Group, gpu: ls.GPUIndexes[0], id: ls.ID, attempt: ls.Attempt,
+		l := &lease{c: c, n: n, group: ls.Group, gpu: ls.GPUIndexes[0], id: ls.ID, attempt: ls.Attempt, adopted: true,
 			req: api.LeaseRequest{Group: ls.Group, SM: ls.SM, MemBytes: ls.MemBytes, GPUs: len(ls.GPUIndexes),
 				GPUSelect: sel, RequeueAttempts: &zero, NoWait: true, JobID: ls.JobID}}
 		c.leases = append(c.leases, l)
