@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"k8s.io/client-go/kubernetes"
@@ -21,7 +20,6 @@ import (
 	"github.com/mpsd/mpsd/dra"
 	"github.com/mpsd/mpsd/internal/kubeinfo"
 	"github.com/mpsd/mpsd/mpsd"
-	"github.com/mpsd/mpsd/policy"
 )
 
 // nodeName is --kubelet-dra-node, else $NODE_NAME (the downward API's
@@ -55,27 +53,6 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	}
 	cfg.UserAgent = "mpsd-dra"
 	return kubernetes.NewForConfig(cfg)
-}
-
-// groupLimits are the config's groups' lease limits, for the devices'
-// requestPolicy, read once at start (a reload that changes them is
-// published at mpsd's next start); groups not offered are left out.
-func groupLimits(configPath string, groups []string, log *slog.Logger) map[string]dra.Limits {
-	cfg, err := policy.LoadFile(configPath, policy.Host{})
-	if err != nil {
-		return nil
-	}
-	out := map[string]dra.Limits{}
-	for _, g := range cfg.Groups {
-		if len(groups) > 0 && !slices.Contains(groups, g.Name) {
-			continue
-		}
-		out[g.Name] = dra.Limits{MaxSM: g.MaxSM, DefaultSM: g.DefaultSM, MaxMem: g.MaxMem, DefaultMem: g.DefaultMem}
-		if !g.Multiuser {
-			log.Warn("group offered to DRA is not multiuser: pods run as any uid, and this group serves one uid at a time per instance, so pods of other users wait; set multiuser: true, or leave the group out with --kubelet-groups", "group", g.Name)
-		}
-	}
-	return out
 }
 
 // draRunner is the DRA driver of --kubelet-dra and what starts its
@@ -120,9 +97,13 @@ func newDRA(d *mpsd.Daemon, kf kubeletFlags, configPath string, groups []string,
 			return nil, fmt.Errorf("kubelet plugin directory: %w", err)
 		}
 	}
+	limits, err := dra.LoadLimits(configPath, groups, log)
+	if err != nil {
+		return nil, err
+	}
 	drv, err := dra.New(dra.Options{
 		MPSD: deviceplugin.NewClient(d.SocketPath()), NodeName: node, Kube: kube, CDIDir: df.cdiDir,
-		Groups: groups, Limits: groupLimits(configPath, groups, log), Mode: mode, Logger: log,
+		Groups: groups, Limits: limits, Mode: mode, Logger: log,
 	})
 	if err != nil {
 		return nil, err

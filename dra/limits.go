@@ -1,0 +1,32 @@
+package dra
+
+import (
+	"log/slog"
+	"slices"
+
+	mpsdpolicy "github.com/mpsd/mpsd/policy"
+)
+
+// LoadLimits reads the lease limits of the groups offered (every group
+// where offered is empty) from mpsd's config file at path, for the
+// devices' requestPolicy: read once at start (a reload that changes them
+// is published at mpsd's next start). A config that does not load is an
+// error: without it the devices would publish no group maximum. A group
+// offered that is not multiuser is logged.
+func LoadLimits(path string, offered []string, log *slog.Logger) (map[string]Limits, error) {
+	cfg, err := mpsdpolicy.LoadFile(path, mpsdpolicy.Host{})
+	if err != nil {
+		return nil, errf("group limits: %w", err)
+	}
+	out := map[string]Limits{}
+	for _, g := range cfg.Groups {
+		if len(offered) > 0 && !slices.Contains(offered, g.Name) {
+			continue
+		}
+		out[g.Name] = Limits{MaxSM: g.MaxSM, DefaultSM: g.DefaultSM, MaxMem: g.MaxMem, DefaultMem: g.DefaultMem}
+		if !g.Multiuser {
+			log.Warn("group offered to DRA is not multiuser: pods run as any uid, and this group serves one uid at a time per instance, so pods of other users wait; set multiuser: true, or leave the group out with --kubelet-groups", "group", g.Name)
+		}
+	}
+	return out, nil
+}
