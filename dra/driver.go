@@ -127,6 +127,9 @@ func New(opts Options) (*Driver, error) {
 	if opts.NodeName == "" {
 		return nil, errors.New("dra: no node name")
 	}
+	if err := checkGroupNames(append(slices.Sorted(maps.Keys(opts.Limits)), opts.Groups...)); err != nil {
+		return nil, err
+	}
 	if opts.CDIDir == "" {
 		opts.CDIDir = DefaultCDIDir
 	}

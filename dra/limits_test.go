@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -47,5 +48,38 @@ groups:
 		if l, err := LoadLimits(p, nil, log); err == nil {
 			t.Errorf("LoadLimits(%s) = %+v, want an error", filepath.Base(p), l)
 		}
+	}
+}
+
+// Two groups whose device names collide (a_b and a-b) are refused at
+// start, naming both, whether they come from the config or the groups
+// offered.
+func TestGroupNameCollision(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "mpsd.yaml")
+	if err := os.WriteFile(p, []byte(`version: 1
+groups:
+  a_b:
+    users: ["1001"]
+    memory: 16G
+  a-b:
+    users: ["1002"]
+    memory: 16G
+  c:
+    users: ["1003"]
+    memory: 16G
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	_, err := LoadLimits(p, nil, log)
+	if err == nil || !strings.Contains(err.Error(), "a_b") || !strings.Contains(err.Error(), "a-b") {
+		t.Errorf("LoadLimits: %v, want a collision of a_b and a-b", err)
+	}
+	if _, err := LoadLimits(p, []string{"a_b", "c"}, log); err != nil {
+		t.Errorf("LoadLimits of a_b and c: %v", err)
+	}
+	_, err = New(Options{MPSD: newFakeMPSD(), NodeName: "node-a", CDIDir: t.TempDir(), Groups: []string{"a-b", "a_b"}})
+	if err == nil || !strings.Contains(err.Error(), "a_b") || !strings.Contains(err.Error(), "a-b") {
+		t.Errorf("New: %v, want a collision of a-b and a_b", err)
 	}
 }
