@@ -243,20 +243,22 @@ func (d *Driver) mismatch(st api.Status, l *lease, r resourceapi.DeviceRequestAl
 // leaseRequest is the lease of allocation r on instance in: in
 // Consumable mode the sm and memory it consumed (a request without them
 // took the requestPolicy's defaults, which the scheduler writes into
-// ConsumedCapacity), in Whole mode the most the group allows one lease
+// ConsumedCapacity; an allocation without both is refused, as mpsd's
+// defaults would not be what the scheduler counted), in Whole mode the most the group allows one lease
 // on the instance; confined to the instance's GPUs, never queued, never
 // requeued (a revoked lease ends, and the driver asks for a new one once
 // the instance is ready).
 func (d *Driver) leaseRequest(in api.InstanceStatus, r resourceapi.DeviceRequestAllocationResult, job string) (api.LeaseRequest, error) {
 	lim := d.opts.Limits[in.Group]
 	var sm, mem int64
-	if q, ok := r.ConsumedCapacity[CapacitySM]; ok {
-		sm = q.Value()
-	}
-	if q, ok := r.ConsumedCapacity[CapacityMemory]; ok {
-		mem = q.Value()
-	}
-	if len(r.ConsumedCapacity) == 0 {
+	if d.opts.Mode == Consumable {
+		qs, okSM := r.ConsumedCapacity[CapacitySM]
+		qm, okMem := r.ConsumedCapacity[CapacityMemory]
+		if !okSM || !okMem {
+			return api.LeaseRequest{}, errf("device %s: the allocation consumed no %s and %s (an API server without consumable capacity needs --kubelet-dra-capacity=whole)", r.Device, CapacitySM, CapacityMemory)
+		}
+		sm, mem = qs.Value(), qm.Value()
+	} else {
 		sm, mem = int64(in.SMBudget), in.MemBudgetBytes
 		if lim.MaxSM > 0 {
 			sm = min(sm, int64(lim.MaxSM))

@@ -522,3 +522,27 @@ func TestOtherUIDLeaseNotAdopted(t *testing.T) {
 		t.Errorf("alice's CDI spec hands out the other uid's lease: %q", env)
 	}
 }
+
+// In Consumable mode an allocation that consumed no memory, or nothing,
+// is refused with a reason and without a lease (mpsd's defaults are not
+// what the scheduler counted); bob's full one is prepared.
+func TestConsumableWithoutCapacityRefused(t *testing.T) {
+	f := newFakeMPSD(instance("inference", 0))
+	d := newTestDriver(t, f, nil)
+	noMem := allocated("alice", "infer", "uid-alice", "node-a", "inference-gpu0", 30, 8<<30)
+	delete(noMem.Status.Allocation.Devices.Results[0].ConsumedCapacity, CapacityMemory)
+	none := allocated("alice", "whole", "uid-alice-2", "node-a", "inference-gpu0", 0, 0)
+	bob := allocated("bob", "train", "uid-bob", "node-a", "inference-gpu0", 20, 4<<30)
+	res := prepare(t, d, noMem, none, bob)
+	for _, c := range []*resourceapi.ResourceClaim{noMem, none} {
+		if err := res[c.UID].Err; err == nil || !strings.Contains(err.Error(), "consumed no") {
+			t.Errorf("claim %s: %v, want refused for its missing capacity", c.Name, err)
+		}
+	}
+	if res[bob.UID].Err != nil {
+		t.Fatal(res[bob.UID].Err)
+	}
+	if ls := f.leases(); len(ls) != 1 || ls[0].JobID != JobID(bob.UID, 0) {
+		t.Fatalf("leases %+v, want bob's only", ls)
+	}
+}
