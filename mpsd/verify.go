@@ -105,8 +105,10 @@ func (d *Daemon) claimServerFaultLocked(in *instance, dm control, ev mps.Event, 
 	}
 	c := &faultClaim{f: f, ev: ev, dm: dm, at: now, decided: make(chan struct{})}
 	in.claims = append(in.claims, c)
+	// Armed here, when the claim begins, not in the goroutine: on a fake
+	// clock, time advanced after this call must count toward the wait.
+	t := d.clock.NewTimer(faultClaimWait)
 	started := d.spawn(func() {
-		t := d.clock.NewTimer(faultClaimWait)
 		defer t.Stop()
 		select {
 		case <-t.C():
@@ -128,6 +130,7 @@ func (d *Daemon) claimServerFaultLocked(in *instance, dm control, ev mps.Event, 
 		}
 	})
 	if !started { // mpsd is stopping: the next one reads the record again
+		t.Stop()
 		d.settleClaimLocked(in, c)
 		d.decideClaimLocked(in, c)
 	}
