@@ -395,16 +395,7 @@ func TestUnprepareWhileStatusFails(t *testing.T) {
 	f.mu.Lock()
 	f.statusErr = nil
 	f.mu.Unlock()
-	res, err = d2.UnprepareResourceClaims(context.Background(), objs)
-	if err != nil || res[alice.UID] != nil {
-		t.Fatalf("unprepare once the status reads: %v, %v", err, res[alice.UID])
-	}
-	if ls := f.leases(); len(ls) != 1 || ls[0].JobID != JobID(bob.UID, 0) {
-		t.Fatalf("leases %+v, want bob's only", ls)
-	}
-	if _, err := os.Stat(d2.specPath(alice.UID)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("alice's CDI spec: %v, want removed", err)
-	}
+	retryReleases(t, f, d2, objs, alice.UID, bob.UID, "once the status reads")
 }
 
 // A lease that cannot be released (mpsd answers its resumption with an
@@ -438,15 +429,23 @@ func TestUnprepareReleaseFails(t *testing.T) {
 	f.mu.Lock()
 	f.leaseErr = nil
 	f.mu.Unlock()
-	res, err = d2.UnprepareResourceClaims(context.Background(), objs)
-	if err != nil || res[alice.UID] != nil {
-		t.Fatalf("unprepare once mpsd answers: %v, %v", err, res[alice.UID])
+	retryReleases(t, f, d2, objs, alice.UID, bob.UID, "once mpsd answers")
+}
+
+// retryReleases is the kubelet's retry of a failed unprepare of claim
+// gone (objs): it must succeed now, release that claim's lease and remove
+// its CDI spec, and leave kept's lease alone.
+func retryReleases(t *testing.T, f *fakeMPSD, d *Driver, objs []kubeletplugin.NamespacedObject, gone, kept types.UID, when string) {
+	t.Helper()
+	res, err := d.UnprepareResourceClaims(context.Background(), objs)
+	if err != nil || res[gone] != nil {
+		t.Fatalf("unprepare %s: %v, %v", when, err, res[gone])
 	}
-	if ls := f.leases(); len(ls) != 1 || ls[0].JobID != JobID(bob.UID, 0) {
-		t.Fatalf("leases %+v, want bob's only", ls)
+	if ls := f.leases(); len(ls) != 1 || ls[0].JobID != JobID(kept, 0) {
+		t.Fatalf("leases %+v, want %s's only", ls, kept)
 	}
-	if _, err := os.Stat(d2.specPath(alice.UID)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("alice's CDI spec: %v, want removed", err)
+	if _, err := os.Stat(d.specPath(gone)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("CDI spec of %s: %v, want removed", gone, err)
 	}
 }
 
